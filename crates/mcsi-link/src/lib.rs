@@ -1,0 +1,1 @@
+//! mcsi-link

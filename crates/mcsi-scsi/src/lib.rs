@@ -1,0 +1,106 @@
+//! The SCSI device server: CDB parsing, SPC-4/SBC-3 command handling, sense data, reservations,
+//! and the [`Backend`] trait with RAM, file and block-device backends.
+//!
+//! It knows nothing of iSCSI. The transport hands it a [`Command`] (CDB, the data-out buffer, the
+//! I_T nexus it came from) and gets back an [`Outcome`] (status, sense, data-in).
+//!
+//! CONTRACT NOTE: the types in this file are what the target uses. Change them only together
+//! with every user.
+
+pub mod backend;
+pub mod sense;
+
+use bytes::Bytes;
+use std::sync::Arc;
+
+
+
+
+/// SCSI status codes (SAM-5).
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const ACA_ACTIVE: u8 = 0x30;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+/// An I_T nexus: which initiator port talks to which target port. Reservations and unit
+/// attentions are kept per nexus.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Nexus {
+    /// SCSI initiator port name, for iSCSI "<initiator name>,i,0x<ISID hex>" (RFC 7143 10.1.1).
+    pub initiator_port: Arc<str>,
+    /// SCSI target port name, for iSCSI "<target name>,t,0x<TPGT hex>".
+    pub target_port: Arc<str>,
+    /// Relative target port identifier (the portal group tag), reported in VPD 83h.
+    pub relative_port: u16,
+}
+
+/// Task attribute as SAM defines it; the transport maps its own encoding onto this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TaskAttribute {
+    #[default]
+    Simple,
+    Ordered,
+    HeadOfQueue,
+    Aca,
+}
+
+/// One SCSI command as the transport delivers it.
+#[derive(Debug, Clone)]
+pub struct Command<'a> {
+    pub nexus: &'a Nexus,
+    /// The CDB, possibly followed by zero padding (iSCSI carries at least 16 bytes).
+    pub cdb: &'a [u8],
+    /// The data-out buffer the initiator sent (may be shorter or longer than the CDB asks for;
+    /// the device server checks).
+    pub data_out: Bytes,
+    /// The most data-in bytes the initiator will accept (iSCSI ExpectedDataTransferLength for
+    /// reads). The device server may return more; the transport truncates and reports residuals.
+    pub data_in_limit: u32,
+    pub attr: TaskAttribute,
+}
+
+/// What a command came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: u8,
+    /// Fixed or descriptor format sense data, present with CHECK CONDITION.
+    pub sense: Option<Bytes>,
+    /// Data-in, as long as the command produced (already cut to the CDB's allocation length).
+    pub data_in: Bytes,
+}
+
+/// What the transport needs to know about a CDB before the data-out phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataPhase {
+    /// Bytes of data-out the command needs according to its CDB.
+    pub data_out_len: u32,
+    /// Bytes of data-in the command will produce at most according to its CDB.
+    pub data_in_len: u32,
+}
+
+/// Per-LU settings.
+#[derive(Debug, Clone)]
+pub struct LuConfig {
+    pub block_size: u32,
+    /// T10 vendor identification (8 ASCII chars, padded).
+    pub vendor: String,
+    /// Product identification (16 chars, padded).
+    pub product: String,
+    /// Product revision (4 chars).
+    pub revision: String,
+    /// Unit serial number (VPD 80h).
+    pub serial: String,
+    /// NAA / EUI identifier bytes for VPD 83h (8 bytes, NAA 6 registered extended is 16).
+    pub naa_id: [u8; 16],
+    pub read_only: bool,
+    /// Advertise thin provisioning (UNMAP, WRITE SAME with UNMAP, GET LBA STATUS, VPD B2h).
+    pub thin_provisioning: bool,
+    /// Write cache enabled bit of the caching mode page.
+    pub write_cache: bool,
+}

@@ -1,0 +1,50 @@
+//! `mcsi`: iSCSI target, initiator tools, link emulator and models for difficult networks.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "mcsi", version, about, propagate_version = true)]
+struct Cli {
+    /// Log filter (tracing's RUST_LOG syntax), e.g. "info" or "mcsi_target=debug".
+    #[arg(long, global = true, env = "MCSI_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve SCSI block devices over iSCSI.
+    Target(cmd::target::Args),
+    /// Closed-form models: 802.11 MAC, TCP throughput, queues, QoS bandwidth.
+    #[command(subcommand)]
+    Model(cmd::model::Command),
+    /// Run a command behind an emulated link (rate, delay, loss, 802.11 airtime, several paths).
+    #[command(subcommand)]
+    Link(cmd::link::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Target(args) => cmd::target::run(args),
+        Command::Model(c) => cmd::model::run(c),
+        Command::Link(c) => cmd::link::run(c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mcsi: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
