@@ -25,6 +25,10 @@ enum Command {
     /// Run a command behind an emulated link (rate, delay, loss, 802.11 airtime, several paths).
     #[command(subcommand)]
     Link(cmd::link::Command),
+    /// Copy between files and iSCSI LUNs (iscsi://host[:port]/iqn/lun), over many connections.
+    Copy(cmd::copy::Args),
+    /// fio-like load generator against an iSCSI LUN.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +43,8 @@ fn main() -> ExitCode {
         Command::Target(args) => cmd::target::run(args),
         Command::Model(c) => cmd::model::run(c),
         Command::Link(c) => cmd::link::run(c),
+        Command::Copy(args) => cmd::copy::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(code) => code,
