@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up, so the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve SCSI block devices over iSCSI.
