@@ -1,14 +1,22 @@
 //! Sans-IO iSCSI (RFC 7143). No sockets, no threads, no clock reads: bytes in, typed values out;
 //! time is passed in by the caller.
 //!
-//! - [`pdu`]: every PDU of RFC 7143 section 11, typed, with encode and decode (AHS, padding,
-//!   CRC32C header and data digests).
-//! - [`digest`]: CRC32C as iSCSI uses it.
+//! - [`pdu`]: every PDU of RFC 7143 section 11, typed, with the codec: [`pdu::decode`] (need-more
+//!   vs typed malformed errors that say whether the PDU was consumed, lengths capped before
+//!   buffering, zero-copy payloads), [`pdu::pdu_len`], [`pdu::Bhs`] (a panic-free view of the
+//!   48-byte header) and `Pdu::encode` into an [`pdu::Encoded`] of header, payload and trailer
+//!   for vectored writes (AHS, padding, CRC32C header and data digests).
+//! - [`digest`]: CRC32C as iSCSI uses it, with its wire byte order.
 //! - [`serial`]: 32-bit serial number arithmetic (RFC 1982) for CmdSN, StatSN, DataSN, R2TSN.
-//! - [`text`]: `key=value\0` text segments.
-//! - [`keys`]: the negotiation table of RFC 7143 section 13, one table for both sides.
-//! - [`login`]: login stages, status classes and details, and the login state machines.
+//! - [`text`]: `key=value\0` text segments, continuation over several PDUs, caps.
+//! - [`keys`]: the negotiation table of RFC 7143 section 13, one table for both sides, the
+//!   [`keys::Negotiator`] and the negotiated [`keys::SessionParams`] and
+//!   [`keys::ConnectionParams`].
+//! - [`login`]: status classes and details, and the login state machines of both sides
+//!   ([`login::TargetLogin`], [`login::InitiatorLogin`]) with the [`login::LoginEnv`] and
+//!   [`login::Authenticator`] seams.
 
+mod codec;
 pub mod digest;
 pub mod keys;
 pub mod login;

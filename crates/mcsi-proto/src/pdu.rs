@@ -3,9 +3,6 @@
 //! Field names follow the RFC in snake_case. Data segments are `bytes::Bytes` slices of the
 //! receive buffer: decoding never copies a payload, and encoding hands the payload back untouched
 //! so that header and data go out in one vectored write.
-//!
-//! CONTRACT NOTE: these type definitions are shared by the target and the initiator. Change a
-//! field only together with every user.
 
 use bytes::Bytes;
 
@@ -380,3 +377,8 @@ pub enum Pdu {
     AsyncMessage(AsyncMessage),
     Reject(Reject),
 }
+
+pub use crate::codec::{
+    decode, pdu_len, reject_reason, Bhs, DecodeError, EncodeError, Encoded, Framing,
+    AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, MAX_AHS_LEN, MAX_CDB_LEN, MAX_DATA_SEGMENT_FIELD,
+};
