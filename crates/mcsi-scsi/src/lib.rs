@@ -3,18 +3,25 @@
 //!
 //! It knows nothing of iSCSI. The transport hands it a [`Command`] (CDB, the data-out buffer, the
 //! I_T nexus it came from) and gets back an [`Outcome`] (status, sense, data-in).
-//!
-//! CONTRACT NOTE: the types in this file are what the target uses. Change them only together
-//! with every user.
 
 pub mod backend;
+pub mod lun;
 pub mod sense;
+
+mod lu;
+mod opcodes;
+mod pr;
+mod server;
+
+pub use backend::{
+    open_backend, Backend, BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend,
+};
+pub use lu::LogicalUnit;
+pub use sense::Sense;
+pub use server::DeviceServer;
 
 use bytes::Bytes;
 use std::sync::Arc;
-
-
-
 
 /// SCSI status codes (SAM-5).
 pub mod status {
@@ -103,4 +110,50 @@ pub struct LuConfig {
     pub thin_provisioning: bool,
     /// Write cache enabled bit of the caching mode page.
     pub write_cache: bool,
+}
+
+impl Default for LuConfig {
+    /// 512-byte blocks, read-write, thin provisioned, write cache on, generic identity.
+    fn default() -> Self {
+        LuConfig {
+            block_size: 512,
+            vendor: "MCSI".into(),
+            product: "VIRTUAL-DISK".into(),
+            revision: "0001".into(),
+            serial: "mcsi0000".into(),
+            naa_id: [0x60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01],
+            read_only: false,
+            thin_provisioning: true,
+            write_cache: true,
+        }
+    }
+}
+
+impl Outcome {
+    /// GOOD status with data-in.
+    pub fn good(data_in: Bytes) -> Self {
+        Outcome {
+            status: status::GOOD,
+            sense: None,
+            data_in,
+        }
+    }
+
+    /// CHECK CONDITION with fixed-format sense data.
+    pub fn check(sense: &Sense) -> Self {
+        Outcome {
+            status: status::CHECK_CONDITION,
+            sense: Some(sense.to_fixed()),
+            data_in: Bytes::new(),
+        }
+    }
+
+    /// A status without sense data or data-in (RESERVATION CONFLICT, BUSY, ...).
+    pub fn status(status: u8) -> Self {
+        Outcome {
+            status,
+            sense: None,
+            data_in: Bytes::new(),
+        }
+    }
 }

@@ -1,1 +1,34 @@
-//! mcsi-target
+//! The mcsi iSCSI target (RFC 7143) over tokio.
+//!
+//! Protocol logic (PDU codec, text keys, negotiation, login state machines) lives in the sans-IO
+//! `mcsi-proto`; SCSI semantics live in `mcsi-scsi`, which knows nothing of iSCSI. This crate
+//! drives both over TCP: portals, connections, sessions with many connections, command ordering,
+//! data transfer and task management.
+//!
+//! Module map:
+//! - [`config`]: TOML config and CLI-built configuration, validated; [`name`]: iSCSI names.
+//! - [`server`]: portals, accept loop, a connection's life, session create/join/reinstate,
+//!   shutdown. [`login`]: the login phase over the socket.
+//! - [`session`]: targets, sessions (many connections, one CmdSN window, task table), registry.
+//! - [`conn`]: per-connection reader (decode, dispatch) and writer (StatSN stamping, vectored
+//!   writes). [`scsi`]: one SCSI task from command to status. [`control`]: NOP, Text, Logout,
+//!   Task Management. [`text`]: SendTargets.
+//! - Plain data, unit tested: [`window`] (CmdSN window), [`taskset`] (task attributes),
+//!   [`transfer`] (Data-Out / R2T bookkeeping), [`datain`] (Data-In split, residuals).
+
+pub mod config;
+pub mod conn;
+pub mod control;
+pub mod datain;
+pub mod login;
+pub mod name;
+pub mod scsi;
+pub mod server;
+pub mod session;
+pub mod taskset;
+pub mod text;
+pub mod transfer;
+pub mod window;
+
+pub use config::ServerConfig;
+pub use server::{Server, StartError};

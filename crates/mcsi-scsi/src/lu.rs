@@ -1,0 +1,1590 @@
+//! One logical unit: SPC-4/SBC-3 command handling over a [`Backend`].
+
+use crate::backend::{Backend, BackendError};
+use crate::pr::{Access, PrError, PrState};
+use crate::sense::{asc, key, Sense};
+use crate::{status, Command, DataPhase, LuConfig, Nexus, Outcome};
+use bytes::Bytes;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Operation codes handled here.
+pub(crate) mod op {
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    pub const REQUEST_SENSE: u8 = 0x03;
+    pub const READ_6: u8 = 0x08;
+    pub const WRITE_6: u8 = 0x0A;
+    pub const INQUIRY: u8 = 0x12;
+    pub const MODE_SELECT_6: u8 = 0x15;
+    pub const RESERVE_6: u8 = 0x16;
+    pub const RELEASE_6: u8 = 0x17;
+    pub const MODE_SENSE_6: u8 = 0x1A;
+    pub const START_STOP_UNIT: u8 = 0x1B;
+    pub const PREVENT_ALLOW: u8 = 0x1E;
+    pub const READ_CAPACITY_10: u8 = 0x25;
+    pub const READ_10: u8 = 0x28;
+    pub const WRITE_10: u8 = 0x2A;
+    pub const WRITE_VERIFY_10: u8 = 0x2E;
+    pub const VERIFY_10: u8 = 0x2F;
+    pub const PRE_FETCH_10: u8 = 0x34;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    pub const READ_DEFECT_DATA_12: u8 = 0xB7;
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const WRITE_SAME_10: u8 = 0x41;
+    pub const UNMAP: u8 = 0x42;
+    pub const MODE_SELECT_10: u8 = 0x55;
+    pub const RESERVE_10: u8 = 0x56;
+    pub const RELEASE_10: u8 = 0x57;
+    pub const MODE_SENSE_10: u8 = 0x5A;
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
+    pub const READ_16: u8 = 0x88;
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const WRITE_16: u8 = 0x8A;
+    pub const WRITE_VERIFY_16: u8 = 0x8E;
+    pub const VERIFY_16: u8 = 0x8F;
+    pub const PRE_FETCH_16: u8 = 0x90;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    pub const WRITE_SAME_16: u8 = 0x93;
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
+    pub const REPORT_LUNS: u8 = 0xA0;
+    pub const MAINTENANCE_IN: u8 = 0xA3;
+    pub const READ_12: u8 = 0xA8;
+    pub const WRITE_12: u8 = 0xAA;
+    pub const WRITE_VERIFY_12: u8 = 0xAE;
+    pub const VERIFY_12: u8 = 0xAF;
+    // Service actions.
+    pub const SA_READ_CAPACITY_16: u8 = 0x10;
+    pub const SA_GET_LBA_STATUS: u8 = 0x12;
+    pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
+    pub const SA_REPORT_SUPPORTED_TMF: u8 = 0x0D;
+}
+
+/// Limits advertised in the Block Limits VPD page (SBC-3 6.5.3) and enforced.
+const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+const MAX_UNMAP_LBA_COUNT: u32 = 1 << 20;
+const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 20;
+const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 255;
+
+/// Why a command did not complete with GOOD.
+pub(crate) enum Fail {
+    Sense(Sense),
+    Status(u8),
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Self {
+        Fail::Sense(s)
+    }
+}
+
+pub(crate) type Res = Result<Outcome, Fail>;
+
+fn illegal(code: (u8, u8)) -> Fail {
+    Fail::Sense(Sense::new(key::ILLEGAL_REQUEST, code))
+}
+
+pub(crate) fn bad_cdb(byte: u16, bit: Option<u8>) -> Fail {
+    Fail::Sense(Sense::invalid_cdb_field(byte, bit))
+}
+
+fn lba_oor() -> Fail {
+    illegal(asc::LBA_OUT_OF_RANGE)
+}
+
+/// A CDB copied into a zero-padded array so that field access cannot run off the end.
+pub(crate) struct Cdb([u8; 32]);
+
+impl Cdb {
+    pub(crate) fn new(raw: &[u8]) -> Self {
+        let mut b = [0u8; 32];
+        let n = raw.len().min(32);
+        b[..n].copy_from_slice(&raw[..n]);
+        Cdb(b)
+    }
+    pub(crate) fn b(&self, i: usize) -> u8 {
+        self.0[i]
+    }
+    fn u16(&self, i: usize) -> u16 {
+        u16::from_be_bytes([self.0[i], self.0[i + 1]])
+    }
+    fn u24(&self, i: usize) -> u32 {
+        u32::from_be_bytes([0, self.0[i], self.0[i + 1], self.0[i + 2]])
+    }
+    pub(crate) fn u32(&self, i: usize) -> u32 {
+        u32::from_be_bytes([self.0[i], self.0[i + 1], self.0[i + 2], self.0[i + 3]])
+    }
+    fn u64(&self, i: usize) -> u64 {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&self.0[i..i + 8]);
+        u64::from_be_bytes(v)
+    }
+    pub(crate) fn op(&self) -> u8 {
+        self.0[0]
+    }
+    fn sa(&self) -> u8 {
+        self.0[1] & 0x1F
+    }
+    /// Length of the CDB from its group code (SPC-4 4.2.5.1).
+    fn len(&self) -> usize {
+        match self.0[0] >> 5 {
+            0 => 6,
+            1 | 2 => 10,
+            4 => 16,
+            5 => 12,
+            _ => 16,
+        }
+    }
+    fn control(&self) -> u8 {
+        self.0[self.len() - 1]
+    }
+}
+
+/// LBA, block count and byte-1 flags of a read/write-style CDB (SBC-3 5.x).
+#[derive(Debug, Clone, Copy)]
+struct Rw {
+    lba: u64,
+    nlb: u64,
+    flags: u8,
+}
+
+fn rw_fields(c: &Cdb) -> Option<Rw> {
+    let o = c.op();
+    let r = match o {
+        op::READ_6 | op::WRITE_6 => {
+            let n = c.b(4) as u64;
+            Rw {
+                lba: (c.u24(1) & 0x1F_FFFF) as u64,
+                // A transfer length of 0 means 256 blocks (SBC-3 5.13).
+                nlb: if n == 0 { 256 } else { n },
+                flags: 0,
+            }
+        }
+        op::READ_10
+        | op::WRITE_10
+        | op::WRITE_VERIFY_10
+        | op::VERIFY_10
+        | op::PRE_FETCH_10
+        | op::SYNCHRONIZE_CACHE_10
+        | op::WRITE_SAME_10 => Rw {
+            lba: c.u32(2) as u64,
+            nlb: c.u16(7) as u64,
+            flags: c.b(1),
+        },
+        op::READ_12 | op::WRITE_12 | op::WRITE_VERIFY_12 | op::VERIFY_12 => Rw {
+            lba: c.u32(2) as u64,
+            nlb: c.u32(6) as u64,
+            flags: c.b(1),
+        },
+        op::READ_16
+        | op::WRITE_16
+        | op::WRITE_VERIFY_16
+        | op::VERIFY_16
+        | op::PRE_FETCH_16
+        | op::SYNCHRONIZE_CACHE_16
+        | op::WRITE_SAME_16 => Rw {
+            lba: c.u64(2),
+            nlb: c.u32(10) as u64,
+            flags: c.b(1),
+        },
+        op::COMPARE_AND_WRITE => Rw {
+            lba: c.u64(2),
+            nlb: c.b(13) as u64,
+            flags: c.b(1),
+        },
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// Mode parameters that MODE SELECT may change.
+#[derive(Debug, Clone, Copy)]
+struct ModeState {
+    wce: bool,
+    d_sense: bool,
+    swp: bool,
+}
+
+struct State {
+    /// Nexuses that have been told about the power-on (SAM-5 6.3.2).
+    seen: HashSet<Nexus>,
+    ua: HashMap<Nexus, VecDeque<Sense>>,
+    pr: PrState,
+    /// SPC-2 RESERVE(6)/(10) holder.
+    spc2: Option<Nexus>,
+    mode: ModeState,
+    prevent: HashSet<Nexus>,
+}
+
+/// Byte ranges held by writers, so that COMPARE AND WRITE is atomic w.r.t. other writes.
+#[derive(Default)]
+struct RangeLocks {
+    held: Mutex<Vec<(u64, u64)>>,
+    cv: Condvar,
+}
+
+struct RangeGuard<'a> {
+    locks: &'a RangeLocks,
+    range: (u64, u64),
+}
+
+impl RangeLocks {
+    fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
+        let mut held = match self.held.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        while held.iter().any(|&(s, e)| s < end && start < e) {
+            held = match self.cv.wait(held) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+        held.push((start, end));
+        RangeGuard {
+            locks: self,
+            range: (start, end),
+        }
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut held = match self.locks.held.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(i) = held.iter().position(|r| *r == self.range) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        self.locks.cv.notify_all();
+    }
+}
+
+/// A SCSI block device (peripheral device type 0). Send + Sync: commands may run concurrently
+/// from many threads; the state lock is never held across backend I/O.
+pub struct LogicalUnit {
+    backend: Arc<dyn Backend>,
+    cfg: LuConfig,
+    block_size: u64,
+    blocks: u64,
+    state: Mutex<State>,
+    ranges: RangeLocks,
+}
+
+impl LogicalUnit {
+    /// A logical unit over `backend`. The capacity is the backend size rounded down to whole
+    /// blocks; a block size that is zero or not a multiple of 512 is replaced by 512.
+    pub fn new(backend: Arc<dyn Backend>, cfg: LuConfig) -> Self {
+        let bs = if cfg.block_size >= 512 && cfg.block_size.is_multiple_of(512) && cfg.block_size <= 65536 {
+            cfg.block_size as u64
+        } else {
+            512
+        };
+        let blocks = backend.size() / bs;
+        let mode = ModeState {
+            wce: cfg.write_cache,
+            d_sense: false,
+            swp: false,
+        };
+        LogicalUnit {
+            backend,
+            block_size: bs,
+            blocks,
+            cfg,
+            state: Mutex::new(State {
+                seen: HashSet::new(),
+                ua: HashMap::new(),
+                pr: PrState::default(),
+                spc2: None,
+                mode,
+                prevent: HashSet::new(),
+            }),
+            ranges: RangeLocks::default(),
+        }
+    }
+
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Capacity in logical blocks.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.block_size as u32
+    }
+
+    fn st(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn max_transfer_blocks(&self) -> u64 {
+        MAX_TRANSFER_BYTES / self.block_size
+    }
+
+    /// Data-out and data-in sizes the CDB asks for. Invalid CDBs give zeros; the command then
+    /// fails in `execute` with the right sense.
+    pub fn data_phase(&self, cdb: &[u8]) -> DataPhase {
+        let c = Cdb::new(cdb);
+        let bs = self.block_size;
+        let cap = |v: u64| v.min(u32::MAX as u64) as u32;
+        let mut out = 0u64;
+        let mut inl = 0u64;
+        match c.op() {
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => {
+                if let Some(r) = rw_fields(&c) {
+                    inl = r.nlb * bs;
+                }
+            }
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::WRITE_VERIFY_10
+            | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
+                if let Some(r) = rw_fields(&c) {
+                    out = r.nlb * bs;
+                }
+            }
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => {
+                if let Some(r) = rw_fields(&c) {
+                    out = match (r.flags >> 1) & 3 {
+                        1 => r.nlb * bs,
+                        3 => bs,
+                        _ => 0,
+                    };
+                }
+            }
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => {
+                let ndob = c.op() == op::WRITE_SAME_16 && c.b(1) & 0x01 != 0;
+                out = if ndob { 0 } else { bs };
+            }
+            op::COMPARE_AND_WRITE => out = 2 * c.b(13) as u64 * bs,
+            op::UNMAP => out = c.u16(7) as u64,
+            op::MODE_SELECT_6 => out = c.b(4) as u64,
+            op::MODE_SELECT_10 => out = c.u16(7) as u64,
+            op::PERSISTENT_RESERVE_OUT => out = c.u32(5) as u64,
+            op::INQUIRY => inl = c.u16(3) as u64,
+            op::REQUEST_SENSE | op::MODE_SENSE_6 => inl = c.b(4) as u64,
+            op::MODE_SENSE_10 | op::PERSISTENT_RESERVE_IN => inl = c.u16(7) as u64,
+            op::READ_CAPACITY_10 => inl = 8,
+            op::READ_DEFECT_DATA_10 => inl = c.u16(7) as u64,
+            op::READ_DEFECT_DATA_12 => inl = c.u32(6) as u64,
+            op::SERVICE_ACTION_IN_16 => inl = c.u32(10) as u64,
+            op::REPORT_LUNS | op::MAINTENANCE_IN => inl = c.u32(6) as u64,
+            _ => {}
+        }
+        // Oversized requests fail in execute; do not ask the transport to buffer them.
+        let limit = MAX_TRANSFER_BYTES + bs;
+        if out > 2 * limit {
+            out = 0;
+        }
+        if inl > limit {
+            inl = 0;
+        }
+        DataPhase {
+            data_out_len: cap(out),
+            data_in_len: cap(inl),
+        }
+    }
+
+    /// Whether this CDB may block on backend I/O.
+    pub fn blocking(&self, cdb: &[u8]) -> bool {
+        if !self.backend.blocking() {
+            return false;
+        }
+        let c = Cdb::new(cdb);
+        if c.op() == op::SERVICE_ACTION_IN_16 && c.sa() == op::SA_READ_CAPACITY_16 {
+            return false;
+        }
+        !matches!(
+            c.op(),
+            op::TEST_UNIT_READY
+                | op::REQUEST_SENSE
+                | op::INQUIRY
+                | op::MODE_SENSE_6
+                | op::MODE_SENSE_10
+                | op::MODE_SELECT_6
+                | op::MODE_SELECT_10
+                | op::READ_CAPACITY_10
+                | op::REPORT_LUNS
+                | op::MAINTENANCE_IN
+                | op::PERSISTENT_RESERVE_IN
+                | op::PERSISTENT_RESERVE_OUT
+                | op::RESERVE_6
+                | op::RELEASE_6
+                | op::RESERVE_10
+                | op::RELEASE_10
+                | op::PREVENT_ALLOW
+                | op::READ_DEFECT_DATA_10
+                | op::READ_DEFECT_DATA_12
+        )
+    }
+
+    /// Logical unit reset (SAM-5 6.3.3): unit attention 29/03 on every nexus, SPC-2
+    /// reservation released; persistent reservations survive.
+    pub fn reset(&self) {
+        let mut st = self.st();
+        st.spc2 = None;
+        st.prevent.clear();
+        let seen: Vec<Nexus> = st.seen.iter().cloned().collect();
+        for n in seen {
+            let q = st.ua.entry(n).or_default();
+            q.clear();
+            q.push_back(Sense::new(key::UNIT_ATTENTION, asc::BUS_DEVICE_RESET));
+        }
+    }
+
+    /// The I_T nexus ended: drop its SPC-2 reservation, prevent state and unit attentions.
+    /// Persistent reservation registrations survive nexus loss (SPC-4 5.9.4).
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        let mut st = self.st();
+        if st.spc2.as_ref() == Some(nexus) {
+            st.spc2 = None;
+        }
+        st.prevent.remove(nexus);
+        st.ua.remove(nexus);
+        st.seen.remove(nexus);
+    }
+
+    pub fn flush(&self) -> Result<(), BackendError> {
+        self.backend.flush()
+    }
+
+    fn encode_sense(&self, s: &Sense) -> Bytes {
+        let d = self.st().mode.d_sense;
+        s.encode(d)
+    }
+
+    fn check(&self, s: &Sense) -> Outcome {
+        Outcome {
+            status: status::CHECK_CONDITION,
+            sense: Some(self.encode_sense(s)),
+            data_in: Bytes::new(),
+        }
+    }
+
+    /// Runs one command. May block on backend I/O.
+    pub fn execute(&self, cmd: Command<'_>) -> Outcome {
+        let c = Cdb::new(cmd.cdb);
+        let opc = c.op();
+        // Unit attention and reservation checks (SAM-5 5.14, SPC-4 5.9.1, SPC-2 5.5.1).
+        {
+            let mut st = self.st();
+            if st.seen.insert(cmd.nexus.clone()) {
+                push_ua(
+                    &mut st,
+                    cmd.nexus,
+                    Sense::new(key::UNIT_ATTENTION, asc::POWER_ON_RESET),
+                );
+            }
+            if !matches!(opc, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+                if let Some(q) = st.ua.get_mut(cmd.nexus) {
+                    if let Some(s) = q.pop_front() {
+                        let d = st.mode.d_sense;
+                        return Outcome {
+                            status: status::CHECK_CONDITION,
+                            sense: Some(s.encode(d)),
+                            data_in: Bytes::new(),
+                        };
+                    }
+                }
+            }
+            if self.conflicts(&st, cmd.nexus, &c) {
+                return Outcome::status(status::RESERVATION_CONFLICT);
+            }
+        }
+        // NACA is not supported (SAM-5 5.10, SPC-4 4.2.5.5).
+        if c.control() & 0x04 != 0 {
+            return self.check(&Sense::invalid_cdb_field(c.len() as u16 - 1, Some(2)));
+        }
+        match self.dispatch(&cmd, &c) {
+            Ok(o) => o,
+            Err(Fail::Sense(s)) => self.check(&s),
+            Err(Fail::Status(s)) => Outcome::status(s),
+        }
+    }
+
+    fn access_of(c: &Cdb) -> Access {
+        match c.op() {
+            op::INQUIRY
+            | op::REPORT_LUNS
+            | op::REQUEST_SENSE
+            | op::READ_CAPACITY_10
+            | op::TEST_UNIT_READY
+            | op::PERSISTENT_RESERVE_IN
+            | op::PERSISTENT_RESERVE_OUT
+            | op::MAINTENANCE_IN => Access::Always,
+            op::SERVICE_ACTION_IN_16 if c.sa() == op::SA_READ_CAPACITY_16 => Access::Always,
+            op::PREVENT_ALLOW if c.b(4) & 0x03 == 0 => Access::Always,
+            op::READ_6
+            | op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::PRE_FETCH_10
+            | op::PRE_FETCH_16
+            | op::MODE_SENSE_6
+            | op::MODE_SENSE_10
+            | op::READ_DEFECT_DATA_10
+            | op::READ_DEFECT_DATA_12
+            | op::SERVICE_ACTION_IN_16 => Access::Read,
+            _ => Access::Write,
+        }
+    }
+
+    fn conflicts(&self, st: &State, n: &Nexus, c: &Cdb) -> bool {
+        let opc = c.op();
+        if let Some(holder) = &st.spc2 {
+            if holder != n {
+                // SPC-2 7.21/7.24: a RELEASE from another nexus is GOOD and does nothing;
+                // INQUIRY, REPORT LUNS, REQUEST SENSE and READ CAPACITY stay allowed.
+                let allowed = matches!(
+                    opc,
+                    op::INQUIRY
+                        | op::REPORT_LUNS
+                        | op::REQUEST_SENSE
+                        | op::RELEASE_6
+                        | op::RELEASE_10
+                        | op::READ_CAPACITY_10
+                ) || (opc == op::SERVICE_ACTION_IN_16
+                    && c.sa() == op::SA_READ_CAPACITY_16)
+                    || (opc == op::PREVENT_ALLOW && c.b(4) & 0x03 == 0);
+                if !allowed {
+                    return true;
+                }
+            }
+        }
+        if matches!(
+            opc,
+            op::RESERVE_6 | op::RELEASE_6 | op::RESERVE_10 | op::RELEASE_10
+        ) {
+            // SPC-4 5.9.1: RESERVE/RELEASE conflict with any persistent reservation.
+            return st.pr.active();
+        }
+        st.pr.conflicts(n, Self::access_of(c))
+    }
+
+    fn dispatch(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        match c.op() {
+            op::TEST_UNIT_READY => Ok(Outcome::good(Bytes::new())),
+            op::REQUEST_SENSE => self.request_sense(cmd, c),
+            op::INQUIRY => self.inquiry(cmd, c),
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(c),
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => self.write(cmd, c),
+            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
+                self.write(cmd, c)
+            }
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cmd, c),
+            op::READ_CAPACITY_10 => self.read_capacity10(c),
+            op::SERVICE_ACTION_IN_16 => match c.sa() {
+                op::SA_READ_CAPACITY_16 => self.read_capacity16(c),
+                op::SA_GET_LBA_STATUS if self.cfg.thin_provisioning => self.get_lba_status(c),
+                _ => Err(bad_cdb(1, Some(4))),
+            },
+            op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => self.sync_cache(c),
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => self.prefetch(c),
+            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => self.read_defect_data(c),
+            op::MODE_SENSE_6 | op::MODE_SENSE_10 => self.mode_sense(c),
+            op::MODE_SELECT_6 | op::MODE_SELECT_10 => self.mode_select(cmd, c),
+            op::START_STOP_UNIT => self.start_stop(c),
+            op::PREVENT_ALLOW => self.prevent_allow(cmd, c),
+            op::UNMAP if self.cfg.thin_provisioning => self.unmap(cmd, c),
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same(cmd, c),
+            op::COMPARE_AND_WRITE => self.compare_and_write(cmd, c),
+            op::PERSISTENT_RESERVE_IN => self.pr_in(cmd, c),
+            op::PERSISTENT_RESERVE_OUT => self.pr_out(cmd, c),
+            op::RESERVE_6 | op::RESERVE_10 => self.reserve(cmd, c),
+            op::RELEASE_6 | op::RELEASE_10 => self.release(cmd),
+            op::REPORT_LUNS => crate::server::report_luns(c, &[0]),
+            op::MAINTENANCE_IN => match c.sa() {
+                op::SA_REPORT_SUPPORTED_OPCODES => self.report_opcodes(c),
+                op::SA_REPORT_SUPPORTED_TMF => self.report_tmf(c),
+                _ => Err(bad_cdb(1, Some(4))),
+            },
+            _ => Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE)),
+        }
+    }
+
+    // ---- SPC --------------------------------------------------------------------------------
+
+    fn request_sense(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let desc = c.b(1) & 0x01 != 0;
+        let alloc = c.b(4) as usize;
+        let pending = {
+            let mut st = self.st();
+            st.ua.get_mut(cmd.nexus).and_then(|q| q.pop_front())
+        };
+        // SPC-4 6.29: REQUEST SENSE returns (and clears) a pending unit attention, else NO SENSE.
+        let s = pending.unwrap_or(Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL_SENSE));
+        let mut b = s.encode(desc).to_vec();
+        b.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(b)))
+    }
+
+    fn inquiry(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let evpd = c.b(1) & 0x01 != 0;
+        // CMDDT (obsolete bit 1) is not supported.
+        if c.b(1) & 0x02 != 0 {
+            return Err(bad_cdb(1, Some(1)));
+        }
+        let page = c.b(2);
+        let alloc = c.u16(3) as usize;
+        if !evpd && page != 0 {
+            // SPC-4 6.6.1: PAGE CODE must be zero when EVPD is zero.
+            return Err(bad_cdb(2, None));
+        }
+        let mut d = if evpd {
+            self.vpd(cmd.nexus, page)?
+        } else {
+            self.standard_inquiry()
+        };
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn standard_inquiry(&self) -> Vec<u8> {
+        let mut d = vec![0u8; 96];
+        d[0] = 0x00; // connected, direct access block device
+        d[1] = 0x00; // not removable
+        d[2] = 0x06; // SPC-4
+        d[3] = 0x12; // HISUP, response data format 2
+        d[4] = (d.len() - 5) as u8;
+        d[6] = 0x00;
+        d[7] = 0x02; // CMDQUE
+        pad_into(&mut d[8..16], &self.cfg.vendor);
+        pad_into(&mut d[16..32], &self.cfg.product);
+        pad_into(&mut d[32..36], &self.cfg.revision);
+        // Version descriptors (SPC-4 table 148): SAM-5, iSCSI, SPC-4, SBC-3.
+        let versions: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
+        for (i, v) in versions.iter().enumerate() {
+            d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        d
+    }
+
+    fn supported_vpd(&self) -> Vec<u8> {
+        let mut v = vec![0x00, 0x80, 0x83, 0xB0, 0xB1];
+        if self.cfg.thin_provisioning {
+            v.push(0xB2);
+        }
+        v
+    }
+
+    fn vpd(&self, nexus: &Nexus, page: u8) -> Result<Vec<u8>, Fail> {
+        let mut d = vec![0x00, page, 0, 0];
+        match page {
+            0x00 => d.extend_from_slice(&self.supported_vpd()),
+            0x80 => {
+                let s = self.cfg.serial.as_bytes();
+                d.extend_from_slice(&s[..s.len().min(250)]);
+            }
+            0x83 => self.device_identification(nexus, &mut d),
+            0xB0 => {
+                // Block Limits (SBC-3 6.5.3), page length 3Ch.
+                let mut p = [0u8; 0x3C];
+                p[0] = 0x01; // WSNZ: WRITE SAME with zero blocks is rejected
+                p[1] = MAX_COMPARE_AND_WRITE_BLOCKS;
+                p[2..4].copy_from_slice(&1u16.to_be_bytes());
+                p[4..8].copy_from_slice(&(self.max_transfer_blocks() as u32).to_be_bytes());
+                p[8..12].copy_from_slice(&((1u32 << 20) / self.block_size as u32).to_be_bytes());
+                if self.cfg.thin_provisioning {
+                    p[16..20].copy_from_slice(&MAX_UNMAP_LBA_COUNT.to_be_bytes());
+                    p[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
+                    p[24..28].copy_from_slice(&1u32.to_be_bytes());
+                }
+                // MAXIMUM WRITE SAME LENGTH, page bytes 36..44.
+                p[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
+                d.extend_from_slice(&p);
+            }
+            0xB1 => {
+                // Block Device Characteristics (SBC-3 6.5.2): non-rotating medium.
+                let mut p = [0u8; 0x3C];
+                p[0..2].copy_from_slice(&1u16.to_be_bytes());
+                d.extend_from_slice(&p);
+            }
+            0xB2 if self.cfg.thin_provisioning => {
+                // Logical Block Provisioning (SBC-3 6.5.4): LBPU, LBPWS, LBPWS10, LBPRZ; thin.
+                d.extend_from_slice(&[0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00]);
+            }
+            _ => return Err(bad_cdb(2, None)),
+        }
+        let len = (d.len() - 4) as u16;
+        d[2..4].copy_from_slice(&len.to_be_bytes());
+        Ok(d)
+    }
+
+    /// Device Identification VPD page (SPC-4 7.8.6).
+    fn device_identification(&self, nexus: &Nexus, d: &mut Vec<u8>) {
+        // NAA designator: NAA 6 (registered extended) is 16 bytes, NAA 5/others 8 bytes.
+        let naa_len = if self.cfg.naa_id[0] >> 4 == 6 { 16 } else { 8 };
+        d.extend_from_slice(&[0x01, 0x03, 0x00, naa_len as u8]);
+        d.extend_from_slice(&self.cfg.naa_id[..naa_len]);
+        // T10 vendor ID designator: vendor (8 bytes) + serial.
+        let mut t10 = vec![b' '; 8];
+        pad_into(&mut t10[..8], &self.cfg.vendor);
+        t10.extend_from_slice(self.cfg.serial.as_bytes());
+        t10.truncate(200);
+        d.extend_from_slice(&[0x02, 0x01, 0x00, t10.len() as u8]);
+        d.extend_from_slice(&t10);
+        // Relative target port designator (PIV=1, association target port, iSCSI).
+        d.extend_from_slice(&[0x51, 0x94, 0x00, 0x04, 0, 0]);
+        d.extend_from_slice(&nexus.relative_port.to_be_bytes());
+        // SCSI name string of the target port, UTF-8, NUL-terminated, padded to 4.
+        let name = nexus.target_port.as_bytes();
+        let name = &name[..name.len().min(220)];
+        let n = (name.len() + 1).div_ceil(4) * 4;
+        d.extend_from_slice(&[0x53, 0x98, 0x00, n as u8]);
+        let start = d.len();
+        d.extend_from_slice(name);
+        d.resize(start + n, 0);
+    }
+
+    fn report_tmf(&self, c: &Cdb) -> Res {
+        let alloc = c.u32(6) as usize;
+        // SPC-4 6.36: ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LU RESET; I_T NEXUS RESET.
+        let mut d = vec![0x80 | 0x40 | 0x20 | 0x08, 0x01, 0, 0];
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn report_opcodes(&self, c: &Cdb) -> Res {
+        let rctd = c.b(2) & 0x80 != 0;
+        let opts = c.b(2) & 0x07;
+        let req_op = c.b(3);
+        let req_sa = c.u16(4);
+        let alloc = c.u32(6) as usize;
+        let table = crate::opcodes::supported(self.cfg.thin_provisioning);
+        let table: Vec<&crate::opcodes::Entry> = table;
+        let timeout = |d: &mut Vec<u8>| {
+            // Command timeouts descriptor (SPC-4 6.35.4): length 0Ah, no timeouts given.
+            d.extend_from_slice(&[0x00, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        };
+        let mut d = Vec::new();
+        match opts {
+            0 => {
+                d.extend_from_slice(&[0, 0, 0, 0]);
+                for e in &table {
+                    d.push(e.op);
+                    d.push(0);
+                    d.extend_from_slice(&e.sa.unwrap_or(0).to_be_bytes());
+                    d.push(0);
+                    let mut f = 0u8;
+                    if rctd {
+                        f |= 0x02;
+                    }
+                    if e.sa.is_some() {
+                        f |= 0x01;
+                    }
+                    d.push(f);
+                    d.extend_from_slice(&(e.usage.len() as u16).to_be_bytes());
+                    if rctd {
+                        timeout(&mut d);
+                    }
+                }
+                let len = (d.len() - 4) as u32;
+                d[0..4].copy_from_slice(&len.to_be_bytes());
+            }
+            1..=3 => {
+                let has_sa = table.iter().any(|e| e.op == req_op && e.sa.is_some());
+                let found = match opts {
+                    1 => {
+                        if has_sa {
+                            return Err(bad_cdb(2, Some(0)));
+                        }
+                        table.iter().find(|e| e.op == req_op)
+                    }
+                    2 => {
+                        if !has_sa && table.iter().any(|e| e.op == req_op) {
+                            return Err(bad_cdb(2, Some(0)));
+                        }
+                        table
+                            .iter()
+                            .find(|e| e.op == req_op && e.sa == Some(req_sa))
+                    }
+                    _ => table.iter().find(|e| {
+                        e.op == req_op && (e.sa.is_none() || e.sa == Some(req_sa))
+                    }),
+                };
+                match found {
+                    Some(e) => {
+                        d.push(0);
+                        d.push(if rctd { 0x80 | 0x03 } else { 0x03 });
+                        d.extend_from_slice(&(e.usage.len() as u16).to_be_bytes());
+                        d.extend_from_slice(e.usage);
+                        if rctd {
+                            timeout(&mut d);
+                        }
+                    }
+                    // SUPPORT 001b: not supported.
+                    None => d.extend_from_slice(&[0, 0x01, 0, 0]),
+                }
+            }
+            _ => return Err(bad_cdb(2, Some(0))),
+        }
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    // ---- Mode pages (SPC-4 7.5, SBC-3 6.4) --------------------------------------------------
+
+    /// One mode page as (current, changeable, default) bytes.
+    fn mode_page(&self, page: u8, pc: u8, m: &ModeState) -> Option<Vec<u8>> {
+        match page {
+            0x01 => {
+                // Read-Write Error Recovery: AWRE/ARRE set by default, nothing changeable.
+                let mut p = vec![0x01, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                if pc != 1 {
+                    p[2] = 0xC0;
+                }
+                Some(p)
+            }
+            0x08 => {
+                let mut p = vec![0u8; 20];
+                p[0] = 0x08;
+                p[1] = 0x12;
+                p[2] = match pc {
+                    0 => u8::from(m.wce) << 2,
+                    1 => 0x04,
+                    _ => u8::from(self.cfg.write_cache) << 2,
+                };
+                Some(p)
+            }
+            0x0A => {
+                let mut p = vec![0u8; 12];
+                p[0] = 0x0A;
+                p[1] = 0x0A;
+                match pc {
+                    0 => {
+                        p[2] = u8::from(m.d_sense) << 2;
+                        p[3] = 0x10; // QUEUE ALGORITHM MODIFIER 1: unrestricted reordering
+                        p[4] = u8::from(m.swp) << 3;
+                    }
+                    1 => {
+                        p[2] = 0x04;
+                        p[4] = 0x08;
+                    }
+                    _ => p[3] = 0x10,
+                }
+                Some(p)
+            }
+            _ => None,
+        }
+    }
+
+    fn mode_sense(&self, c: &Cdb) -> Res {
+        let ten = c.op() == op::MODE_SENSE_10;
+        let dbd = c.b(1) & 0x08 != 0;
+        let llbaa = ten && c.b(1) & 0x10 != 0;
+        let pc = c.b(2) >> 6;
+        let page = c.b(2) & 0x3F;
+        let sub = c.b(3);
+        let alloc = if ten { c.u16(7) as usize } else { c.b(4) as usize };
+        if pc == 3 {
+            return Err(illegal(asc::SAVING_PARAMETERS_NOT_SUPPORTED));
+        }
+        if sub != 0 && sub != 0xFF {
+            return Err(bad_cdb(3, None));
+        }
+        let m = self.st().mode;
+        let mut pages = Vec::new();
+        if page == 0x3F {
+            for p in [0x01, 0x08, 0x0A] {
+                if let Some(b) = self.mode_page(p, pc, &m) {
+                    pages.extend_from_slice(&b);
+                }
+            }
+        } else {
+            match self.mode_page(page, pc, &m) {
+                Some(b) => pages.extend_from_slice(&b),
+                None => return Err(bad_cdb(2, Some(5))),
+            }
+        }
+        // Block descriptor (SPC-4 7.5.5): short unless LLBAA.
+        let mut bd = Vec::new();
+        if !dbd {
+            if llbaa {
+                bd.extend_from_slice(&self.blocks.to_be_bytes());
+                bd.extend_from_slice(&[0, 0, 0, 0]);
+                bd.extend_from_slice(&(self.block_size as u32).to_be_bytes());
+            } else {
+                let n = u32::try_from(self.blocks).unwrap_or(u32::MAX);
+                bd.extend_from_slice(&n.to_be_bytes());
+                bd.push(0);
+                bd.extend_from_slice(&(self.block_size as u32).to_be_bytes()[1..4]);
+            }
+        }
+        // Device-specific parameter (SBC-3 6.4.1): WP, DPOFUA.
+        let wp = self.cfg.read_only || m.swp;
+        let dsp = (u8::from(wp) << 7) | 0x10;
+        let mut d = Vec::new();
+        if ten {
+            let len = (6 + bd.len() + pages.len()) as u16;
+            d.extend_from_slice(&len.to_be_bytes());
+            d.push(0);
+            d.push(dsp);
+            d.push(u8::from(llbaa && !dbd));
+            d.push(0);
+            d.extend_from_slice(&(bd.len() as u16).to_be_bytes());
+        } else {
+            let len = (3 + bd.len() + pages.len()).min(255) as u8;
+            d.extend_from_slice(&[len, 0, dsp, bd.len() as u8]);
+        }
+        d.extend_from_slice(&bd);
+        d.extend_from_slice(&pages);
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn mode_select(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let ten = c.op() == op::MODE_SELECT_10;
+        let sp = c.b(1) & 0x01 != 0;
+        let len = if ten { c.u16(7) as usize } else { c.b(4) as usize };
+        if sp {
+            return Err(illegal(asc::SAVING_PARAMETERS_NOT_SUPPORTED));
+        }
+        if len == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let data = &cmd.data_out[..cmd.data_out.len().min(len)];
+        let hdr = if ten { 8 } else { 4 };
+        if data.len() < hdr {
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let bdl = if ten {
+            u16::from_be_bytes([data[6], data[7]]) as usize
+        } else {
+            data[3] as usize
+        };
+        let mut pos = hdr;
+        if bdl > 0 {
+            let Some(bd) = data.get(pos..pos + bdl) else {
+                return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+            };
+            // The block length in the descriptor must match ours (no format change).
+            let bl = if bdl >= 16 && ten && data[4] & 0x01 != 0 {
+                u32::from_be_bytes([bd[12], bd[13], bd[14], bd[15]])
+            } else if bdl >= 8 {
+                u32::from_be_bytes([0, bd[5], bd[6], bd[7]])
+            } else {
+                return Err(Fail::Sense(Sense::invalid_param_field(hdr as u16 - 1, None)));
+            };
+            if bl != 0 && bl as u64 != self.block_size {
+                return Err(Fail::Sense(Sense::invalid_param_field(
+                    (pos + bdl - 3) as u16,
+                    None,
+                )));
+            }
+            pos += bdl;
+        }
+        let mut m = self.st().mode;
+        let before = m;
+        while pos < data.len() {
+            let pcode = data[pos] & 0x3F;
+            if data[pos] & 0x40 != 0 {
+                return Err(Fail::Sense(Sense::invalid_param_field(pos as u16, Some(6))));
+            }
+            let Some(&plen) = data.get(pos + 1) else {
+                return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+            };
+            let Some(p) = data.get(pos..pos + 2 + plen as usize) else {
+                return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+            };
+            let (Some(cur), Some(chg)) =
+                (self.mode_page(pcode, 0, &m), self.mode_page(pcode, 1, &m))
+            else {
+                return Err(Fail::Sense(Sense::invalid_param_field(pos as u16, None)));
+            };
+            if p.len() != cur.len() {
+                return Err(Fail::Sense(Sense::invalid_param_field(pos as u16 + 1, None)));
+            }
+            // Only changeable bits may differ from the current values (SPC-4 6.11).
+            for i in 2..p.len() {
+                if (p[i] ^ cur[i]) & !chg[i] != 0 {
+                    return Err(Fail::Sense(Sense::invalid_param_field(
+                        (pos + i) as u16,
+                        None,
+                    )));
+                }
+            }
+            match pcode {
+                0x08 => m.wce = p[2] & 0x04 != 0,
+                0x0A => {
+                    m.d_sense = p[2] & 0x04 != 0;
+                    m.swp = p[4] & 0x08 != 0;
+                }
+                _ => {}
+            }
+            pos += p.len();
+        }
+        let changed = before.wce != m.wce || before.d_sense != m.d_sense || before.swp != m.swp;
+        if before.wce && !m.wce {
+            // Turning the write cache off makes cached data durable first.
+            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        }
+        let mut st = self.st();
+        st.mode = m;
+        if changed {
+            // SPC-4 6.11: MODE PARAMETERS CHANGED to every other I_T nexus.
+            let others: Vec<Nexus> = st.seen.iter().filter(|n| *n != cmd.nexus).cloned().collect();
+            for n in others {
+                push_ua(
+                    &mut st,
+                    &n,
+                    Sense::new(key::UNIT_ATTENTION, asc::MODE_PARAMETERS_CHANGED),
+                );
+            }
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn start_stop(&self, c: &Cdb) -> Res {
+        let loej = c.b(4) & 0x02 != 0;
+        let start = c.b(4) & 0x01 != 0;
+        // SBC-3 5.25: the medium is not removable, so load/eject is refused.
+        if loej {
+            return Err(bad_cdb(4, Some(1)));
+        }
+        if !start && c.b(4) & 0x04 == 0 {
+            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn prevent_allow(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let prevent = c.b(4) & 0x03;
+        let mut st = self.st();
+        match prevent {
+            0 => {
+                st.prevent.remove(cmd.nexus);
+            }
+            1 => {
+                st.prevent.insert(cmd.nexus.clone());
+            }
+            _ => return Err(bad_cdb(4, Some(1))),
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn reserve(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        // Third-party and extent reservations are not supported (SPC-2 7.21).
+        let third = if c.op() == op::RESERVE_10 {
+            c.b(1) & 0x10 != 0
+        } else {
+            false
+        };
+        if c.b(1) & 0x01 != 0 {
+            return Err(bad_cdb(1, Some(0)));
+        }
+        if third {
+            return Err(bad_cdb(1, Some(4)));
+        }
+        let mut st = self.st();
+        match &st.spc2 {
+            Some(h) if h != cmd.nexus => Err(Fail::Status(status::RESERVATION_CONFLICT)),
+            _ => {
+                st.spc2 = Some(cmd.nexus.clone());
+                Ok(Outcome::good(Bytes::new()))
+            }
+        }
+    }
+
+    fn release(&self, cmd: &Command<'_>) -> Res {
+        let mut st = self.st();
+        if st.spc2.as_ref() == Some(cmd.nexus) {
+            st.spc2 = None;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn pr_in(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let alloc = c.u16(7) as usize;
+        let st = self.st();
+        let mut d = st.pr.pr_in(cmd.nexus, c.sa()).map_err(Fail::Sense)?;
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn pr_out(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let len = c.u32(5) as usize;
+        if len != 24 {
+            // Only the basic parameter list is supported (no SPEC_I_PT, no REGISTER AND MOVE).
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        if cmd.data_out.len() < len {
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let mut st = self.st();
+        if st.spc2.is_some() {
+            return Err(Fail::Status(status::RESERVATION_CONFLICT));
+        }
+        match st.pr.pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len]) {
+            Ok(uas) => {
+                for (n, s) in uas {
+                    push_ua(&mut st, &n, s);
+                }
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Err(PrError::Conflict) => Err(Fail::Status(status::RESERVATION_CONFLICT)),
+            Err(PrError::Sense(s)) => Err(Fail::Sense(s)),
+        }
+    }
+
+    // ---- SBC --------------------------------------------------------------------------------
+
+    fn medium_error(&self, e: BackendError, write: bool) -> Fail {
+        tracing::warn!(error = %e, backend = %self.backend.describe(), "backend I/O failed");
+        let code = if write {
+            asc::WRITE_ERROR
+        } else {
+            asc::UNRECOVERED_READ_ERROR
+        };
+        let mut s = Sense::new(key::MEDIUM_ERROR, code);
+        if let Some(off) = e.offset() {
+            s = s.with_info(off / self.block_size);
+        }
+        Fail::Sense(s)
+    }
+
+    /// LBA range check (SBC-3 4.5): LBA OUT OF RANGE when any block is past the end.
+    fn check_range(&self, lba: u64, nlb: u64) -> Result<(), Fail> {
+        match lba.checked_add(nlb) {
+            Some(end) if end <= self.blocks && lba <= self.blocks => Ok(()),
+            _ => Err(lba_oor()),
+        }
+    }
+
+    fn write_protected(&self) -> bool {
+        self.cfg.read_only || self.st().mode.swp
+    }
+
+    fn read(&self, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        // No protection information: RDPROTECT must be zero (SBC-3 5.13).
+        if r.flags & 0xE0 != 0 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        self.check_range(r.lba, r.nlb)?;
+        if r.nlb > self.max_transfer_blocks() {
+            return Err(bad_cdb(if c.len() == 16 { 10 } else { 7 }, None));
+        }
+        if r.nlb == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let mut buf = vec![0u8; (r.nlb * self.block_size) as usize];
+        self.backend
+            .read_at(r.lba * self.block_size, &mut buf)
+            .map_err(|e| self.medium_error(e, false))?;
+        Ok(Outcome::good(Bytes::from(buf)))
+    }
+
+    /// Durability of a write: FUA, or the write cache disabled, means fdatasync before GOOD.
+    fn write_through(&self, fua: bool) -> bool {
+        fua || !self.st().mode.wce
+    }
+
+    fn write(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        let verify = matches!(
+            c.op(),
+            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16
+        );
+        if r.flags & 0xE0 != 0 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        if self.write_protected() {
+            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+        }
+        self.check_range(r.lba, r.nlb)?;
+        if r.nlb > self.max_transfer_blocks() {
+            return Err(bad_cdb(if c.len() == 16 { 10 } else { 7 }, None));
+        }
+        // Only whole blocks the initiator actually sent are written; the transport reports the
+        // residual (RFC 7143 11.4.5.2).
+        let have = (cmd.data_out.len() as u64 / self.block_size).min(r.nlb);
+        if have == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let len = (have * self.block_size) as usize;
+        let off = r.lba * self.block_size;
+        let fua = verify || r.flags & 0x08 != 0;
+        {
+            let _g = self.ranges.lock(off, off + len as u64);
+            self.backend
+                .write_at(off, &cmd.data_out[..len])
+                .map_err(|e| self.medium_error(e, true))?;
+        }
+        if self.write_through(fua) {
+            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn verify(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        if r.flags & 0xE0 != 0 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        let bytchk = (r.flags >> 1) & 0x03;
+        if bytchk == 2 {
+            return Err(bad_cdb(1, Some(2)));
+        }
+        self.check_range(r.lba, r.nlb)?;
+        if r.nlb > self.max_transfer_blocks() {
+            return Err(bad_cdb(if c.len() == 16 { 10 } else { 7 }, None));
+        }
+        if r.nlb == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let bs = self.block_size as usize;
+        let mut buf = vec![0u8; r.nlb as usize * bs];
+        self.backend
+            .read_at(r.lba * self.block_size, &mut buf)
+            .map_err(|e| self.medium_error(e, false))?;
+        let data = &cmd.data_out;
+        let mismatch = match bytchk {
+            0 => None,
+            1 => {
+                if data.len() < buf.len() {
+                    return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+                }
+                first_diff(&buf, &data[..buf.len()])
+            }
+            _ => {
+                if data.len() < bs {
+                    return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+                }
+                buf.chunks(bs)
+                    .enumerate()
+                    .find_map(|(i, b)| first_diff(b, &data[..bs]).map(|o| i * bs + o))
+            }
+        };
+        match mismatch {
+            // SBC-3 5.29: MISCOMPARE DURING VERIFY OPERATION, offset in INFORMATION.
+            Some(o) => Err(Fail::Sense(
+                Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(o as u64),
+            )),
+            None => Ok(Outcome::good(Bytes::new())),
+        }
+    }
+
+    fn read_capacity10(&self, c: &Cdb) -> Res {
+        let pmi = c.b(8) & 0x01 != 0;
+        // SBC-3 5.15: without PMI the LBA field must be zero.
+        if !pmi && c.u32(2) != 0 {
+            return Err(bad_cdb(2, None));
+        }
+        let last = self.blocks.saturating_sub(1);
+        let last32 = u32::try_from(last).unwrap_or(u32::MAX);
+        let mut d = Vec::with_capacity(8);
+        d.extend_from_slice(&last32.to_be_bytes());
+        d.extend_from_slice(&(self.block_size as u32).to_be_bytes());
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn read_capacity16(&self, c: &Cdb) -> Res {
+        let alloc = c.u32(10) as usize;
+        let mut d = vec![0u8; 32];
+        d[0..8].copy_from_slice(&self.blocks.saturating_sub(1).to_be_bytes());
+        d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        if self.cfg.thin_provisioning {
+            d[14] = 0x80 | 0x40; // LBPME, LBPRZ (SBC-3 5.16.2)
+        }
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn get_lba_status(&self, c: &Cdb) -> Res {
+        let lba = c.u64(2);
+        let alloc = c.u32(10) as usize;
+        if lba >= self.blocks {
+            return Err(lba_oor());
+        }
+        let bs = self.block_size;
+        // Look at a bounded window; the initiator asks again for the rest (SBC-3 5.6).
+        let max_desc = alloc.saturating_sub(8) / 16;
+        let window = (self.blocks - lba).min(1 << 20);
+        let ext = self
+            .backend
+            .mapped(lba * bs, window * bs)
+            .map_err(|e| self.medium_error(e, false))?;
+        let mut d = vec![0u8; 8];
+        // Extents are in bytes; convert to whole blocks. A partially mapped block is mapped.
+        let mut descs: Vec<(u64, u64, u8)> = Vec::new();
+        for (off, len, mapped) in ext {
+            let first = off / bs;
+            let end = (off + len).div_ceil(bs);
+            let st = u8::from(!mapped);
+            let last = descs.last().copied();
+            match last {
+                Some(l) if l.0 + l.1 >= first => {
+                    let lend = l.0 + l.1;
+                    if l.2 == st {
+                        if let Some(m) = descs.last_mut() {
+                            m.1 = end.max(lend) - l.0;
+                        }
+                    } else if end > lend {
+                        descs.push((lend, end - lend, st));
+                    }
+                }
+                _ => descs.push((first, end - first, st)),
+            }
+        }
+        for (l, n, s) in descs.iter().take(max_desc.max(1)) {
+            let n = u32::try_from(*n).unwrap_or(u32::MAX);
+            d.extend_from_slice(&l.to_be_bytes());
+            d.extend_from_slice(&n.to_be_bytes());
+            d.push(*s);
+            d.extend_from_slice(&[0, 0, 0]);
+        }
+        let len = (d.len() - 4) as u32;
+        d[0..4].copy_from_slice(&len.to_be_bytes());
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn sync_cache(&self, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        self.check_range(r.lba, r.nlb)?;
+        self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn prefetch(&self, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        self.check_range(r.lba, r.nlb)?;
+        // There is no separate cache to load, so nothing was prefetched: GOOD rather than
+        // CONDITION MET (SBC-3 5.8).
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    /// READ DEFECT DATA (SBC-3 5.17/5.18): there are no defects, so an empty list in the
+    /// requested format.
+    fn read_defect_data(&self, c: &Cdb) -> Res {
+        let d = if c.op() == op::READ_DEFECT_DATA_10 {
+            let f = c.b(2) & 0x1F;
+            let alloc = c.u16(7) as usize;
+            let mut d = vec![0, f, 0, 0];
+            d.truncate(alloc);
+            d
+        } else {
+            let f = c.b(1) & 0x1F;
+            let alloc = c.u32(6) as usize;
+            let mut d = vec![0, f, 0, 0, 0, 0, 0, 0];
+            d.truncate(alloc);
+            d
+        };
+        Ok(Outcome::good(Bytes::from(d)))
+    }
+
+    fn unmap(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        if c.b(1) & 0x01 != 0 {
+            // ANCHOR without ANC_SUP (SBC-3 5.28).
+            return Err(bad_cdb(1, Some(0)));
+        }
+        if self.write_protected() {
+            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+        }
+        let len = c.u16(7) as usize;
+        if len == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let data = &cmd.data_out[..cmd.data_out.len().min(len)];
+        if data.len() < 8 {
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let bdl = u16::from_be_bytes([data[2], data[3]]) as usize;
+        let descs = &data[8..data.len().min(8 + bdl)];
+        let n = descs.len() / 16;
+        if n as u32 > MAX_UNMAP_DESCRIPTORS {
+            return Err(Fail::Sense(Sense::invalid_param_field(2, None)));
+        }
+        let mut ranges = Vec::with_capacity(n);
+        let mut total = 0u64;
+        for (i, d) in descs.chunks_exact(16).enumerate() {
+            let mut l = [0u8; 8];
+            l.copy_from_slice(&d[0..8]);
+            let lba = u64::from_be_bytes(l);
+            let nlb = u32::from_be_bytes([d[8], d[9], d[10], d[11]]) as u64;
+            self.check_range(lba, nlb)?;
+            total += nlb;
+            if nlb > MAX_UNMAP_LBA_COUNT as u64 || total > MAX_UNMAP_LBA_COUNT as u64 * 16 {
+                return Err(Fail::Sense(Sense::invalid_param_field(
+                    (8 + i * 16 + 8) as u16,
+                    None,
+                )));
+            }
+            ranges.push((lba, nlb));
+        }
+        let bs = self.block_size;
+        for (lba, nlb) in ranges {
+            if nlb == 0 {
+                continue;
+            }
+            let _g = self.ranges.lock(lba * bs, (lba + nlb) * bs);
+            self.backend
+                .unmap(lba * bs, nlb * bs)
+                .map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn write_same(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        let sixteen = c.op() == op::WRITE_SAME_16;
+        let unmap = r.flags & 0x08 != 0;
+        let anchor = r.flags & 0x10 != 0;
+        let ndob = sixteen && r.flags & 0x01 != 0;
+        if r.flags & 0xE0 != 0 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        if anchor {
+            return Err(bad_cdb(1, Some(4)));
+        }
+        if unmap && !self.cfg.thin_provisioning {
+            return Err(bad_cdb(1, Some(3)));
+        }
+        if self.write_protected() {
+            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+        }
+        self.check_range(r.lba, r.nlb)?;
+        // WSNZ is set in the Block Limits page: zero blocks is an invalid field (SBC-3 5.42).
+        if r.nlb == 0 {
+            return Err(bad_cdb(if sixteen { 10 } else { 7 }, None));
+        }
+        if r.nlb > MAX_WRITE_SAME_BLOCKS {
+            return Err(bad_cdb(if sixteen { 10 } else { 7 }, None));
+        }
+        let bs = self.block_size as usize;
+        let block: Vec<u8> = if ndob {
+            vec![0u8; bs]
+        } else {
+            // Exactly one block of data-out (SBC-3 5.42).
+            if cmd.data_out.len() != bs {
+                return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+            }
+            cmd.data_out.to_vec()
+        };
+        let off = r.lba * self.block_size;
+        let end = off + r.nlb * self.block_size;
+        let _g = self.ranges.lock(off, end);
+        if unmap {
+            // With UNMAP the blocks are deallocated whatever the data-out holds; LBPRZ says
+            // they then read as zeros (SBC-3 5.43, 4.7.3.3).
+            self.backend
+                .unmap(off, end - off)
+                .map_err(|e| self.medium_error(e, true))?;
+        } else {
+            // Write in pieces of up to 1 MiB built from the pattern.
+            let per = ((1usize << 20) / bs).max(1);
+            let chunk: Vec<u8> = block.repeat(per);
+            let mut pos = off;
+            while pos < end {
+                let n = ((end - pos) as usize).min(chunk.len());
+                self.backend
+                    .write_at(pos, &chunk[..n])
+                    .map_err(|e| self.medium_error(e, true))?;
+                pos += n as u64;
+            }
+        }
+        drop(_g);
+        if self.write_through(false) {
+            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn compare_and_write(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        if r.flags & 0xE0 != 0 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        if self.write_protected() {
+            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+        }
+        self.check_range(r.lba, r.nlb)?;
+        if r.nlb > MAX_COMPARE_AND_WRITE_BLOCKS as u64 {
+            return Err(bad_cdb(13, None));
+        }
+        if r.nlb == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let bs = self.block_size as usize;
+        let n = r.nlb as usize * bs;
+        // SBC-3 5.2: the data-out buffer holds the verify data then the write data.
+        if cmd.data_out.len() != 2 * n {
+            return Err(bad_cdb(13, None));
+        }
+        let off = r.lba * self.block_size;
+        let _g = self.ranges.lock(off, off + n as u64);
+        let mut cur = vec![0u8; n];
+        self.backend
+            .read_at(off, &mut cur)
+            .map_err(|e| self.medium_error(e, false))?;
+        if let Some(o) = first_diff(&cur, &cmd.data_out[..n]) {
+            return Err(Fail::Sense(
+                Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(o as u64),
+            ));
+        }
+        self.backend
+            .write_at(off, &cmd.data_out[n..2 * n])
+            .map_err(|e| self.medium_error(e, true))?;
+        drop(_g);
+        if self.write_through(r.flags & 0x08 != 0) {
+            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+}
+
+/// Most unit attentions kept per nexus; older ones beyond this are dropped (SAM-5 5.14 lets
+/// a device server report fewer when it runs out of space).
+const MAX_UA_QUEUE: usize = 8;
+
+fn push_ua(st: &mut State, n: &Nexus, s: Sense) {
+    let q = st.ua.entry(n.clone()).or_default();
+    if q.contains(&s) {
+        return;
+    }
+    if q.len() >= MAX_UA_QUEUE {
+        q.pop_front();
+    }
+    q.push_back(s);
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b.iter()).position(|(x, y)| x != y)
+}
+
+/// Copies `s` into `dst`, space padded and cut to fit (SPC-4 4.4.1 ASCII fields).
+fn pad_into(dst: &mut [u8], s: &str) {
+    dst.fill(b' ');
+    for (d, b) in dst.iter_mut().zip(s.bytes().filter(|b| (0x20..0x7F).contains(b))) {
+        *d = b;
+    }
+}

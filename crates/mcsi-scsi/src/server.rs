@@ -1,0 +1,155 @@
+//! The LUN inventory of one SCSI target: REPORT LUNS and commands to absent LUNs.
+
+use crate::backend::BackendError;
+use crate::lu::{bad_cdb, Cdb, Fail, LogicalUnit, Res};
+use crate::sense::{asc, key, Sense};
+use crate::{lun, Command, DataPhase, Nexus, Outcome};
+use bytes::Bytes;
+use std::sync::Arc;
+
+const REPORT_LUNS: u8 = 0xA0;
+const INQUIRY: u8 = 0x12;
+const REQUEST_SENSE: u8 = 0x03;
+
+/// REPORT LUNS parameter data (SPC-4 6.33) for the given LUN indices.
+pub(crate) fn report_luns(c: &Cdb, luns: &[u16]) -> Res {
+    let select = c.b(2);
+    let alloc = c.u32(6) as usize;
+    // SPC-4 6.33: the allocation length must be at least 16.
+    if alloc < 16 {
+        return Err(bad_cdb(6, None));
+    }
+    let list: &[u16] = match select {
+        0x00 | 0x02 => luns,
+        // Well-known logical units only: there are none.
+        0x01 => &[],
+        _ => return Err(bad_cdb(2, None)),
+    };
+    let mut d = Vec::with_capacity(8 + 8 * list.len());
+    d.extend_from_slice(&((list.len() * 8) as u32).to_be_bytes());
+    d.extend_from_slice(&[0; 4]);
+    for &l in list {
+        d.extend_from_slice(&lun::encode(l).to_be_bytes());
+    }
+    d.truncate(alloc);
+    Ok(Outcome::good(Bytes::from(d)))
+}
+
+/// The logical units behind one SCSI target.
+pub struct DeviceServer {
+    luns: Vec<(u16, Arc<LogicalUnit>)>,
+}
+
+impl DeviceServer {
+    /// An inventory of `(index, unit)`; a repeated index keeps its first unit.
+    pub fn new(mut luns: Vec<(u16, Arc<LogicalUnit>)>) -> Self {
+        luns.sort_by_key(|(i, _)| *i);
+        luns.dedup_by_key(|(i, _)| *i);
+        DeviceServer { luns }
+    }
+
+    /// The unit addressed by an 8-byte SAM LUN.
+    pub fn lu(&self, raw: u64) -> Option<&Arc<LogicalUnit>> {
+        let idx = lun::decode(raw)?;
+        self.luns
+            .binary_search_by_key(&idx, |(i, _)| *i)
+            .ok()
+            .map(|p| &self.luns[p].1)
+    }
+
+    /// `(index, unit)` pairs in index order.
+    pub fn luns(&self) -> impl Iterator<Item = (u16, &Arc<LogicalUnit>)> {
+        self.luns.iter().map(|(i, lu)| (*i, lu))
+    }
+
+    /// Runs a command for a LUN: REPORT LUNS here, absent LUNs answered per SPC-4 (INQUIRY
+    /// with peripheral qualifier 011b, REQUEST SENSE with LOGICAL UNIT NOT SUPPORTED, others
+    /// CHECK CONDITION 25/00), everything else by the unit.
+    pub fn execute(&self, raw: u64, cmd: Command<'_>) -> Outcome {
+        let c = Cdb::new(cmd.cdb);
+        if c.op() == REPORT_LUNS {
+            let idx: Vec<u16> = self.luns.iter().map(|(i, _)| *i).collect();
+            return match report_luns(&c, &idx) {
+                Ok(o) => o,
+                Err(Fail::Sense(s)) => Outcome::check(&s),
+                Err(Fail::Status(s)) => Outcome::status(s),
+            };
+        }
+        if let Some(lu) = self.lu(raw) {
+            return lu.execute(cmd);
+        }
+        let not_supported = Sense::new(key::ILLEGAL_REQUEST, asc::LUN_NOT_SUPPORTED);
+        match c.op() {
+            INQUIRY => {
+                let alloc = u16::from_be_bytes([c.b(3), c.b(4)]) as usize;
+                if c.b(1) & 0x01 != 0 {
+                    // No VPD pages for a LUN that does not exist.
+                    return Outcome::check(&Sense::invalid_cdb_field(1, Some(0)));
+                }
+                let mut d = vec![0u8; 36];
+                d[0] = 0x7F; // qualifier 011b, type 1Fh: no unit at this LUN (SPC-4 6.6.2)
+                d[2] = 0x06;
+                d[3] = 0x02;
+                d[4] = 31;
+                d.truncate(alloc);
+                Outcome::good(Bytes::from(d))
+            }
+            REQUEST_SENSE => {
+                let alloc = c.b(4) as usize;
+                let mut d = not_supported.encode(c.b(1) & 0x01 != 0).to_vec();
+                d.truncate(alloc);
+                Outcome::good(Bytes::from(d))
+            }
+            _ => Outcome::check(&not_supported),
+        }
+    }
+
+    /// Data phase sizes for a CDB to a LUN (zeros for an absent LUN, except INQUIRY,
+    /// REQUEST SENSE and REPORT LUNS).
+    pub fn data_phase(&self, raw: u64, cdb: &[u8]) -> DataPhase {
+        let c = Cdb::new(cdb);
+        match self.lu(raw) {
+            Some(lu) => lu.data_phase(cdb),
+            None => {
+                let inl = match c.op() {
+                    REPORT_LUNS => c.u32(6),
+                    INQUIRY => u16::from_be_bytes([c.b(3), c.b(4)]) as u32,
+                    REQUEST_SENSE => c.b(4) as u32,
+                    _ => 0,
+                };
+                DataPhase {
+                    data_out_len: 0,
+                    data_in_len: inl.min(1 << 20),
+                }
+            }
+        }
+    }
+
+    pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
+        self.lu(raw).is_some_and(|lu| lu.blocking(cdb))
+    }
+
+    /// Target reset: every unit gets a logical unit reset.
+    pub fn reset_all(&self) {
+        for (_, lu) in &self.luns {
+            lu.reset();
+        }
+    }
+
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        for (_, lu) in &self.luns {
+            lu.nexus_lost(nexus);
+        }
+    }
+
+    /// Flushes every unit; returns the last error, after trying all.
+    pub fn flush_all(&self) -> Result<(), BackendError> {
+        let mut res = Ok(());
+        for (_, lu) in &self.luns {
+            if let Err(e) = lu.flush() {
+                res = Err(e);
+            }
+        }
+        res
+    }
+}

@@ -1,0 +1,573 @@
+//! One connection in full feature phase: a reader that decodes PDUs and dispatches them, and a
+//! writer that stamps sequence numbers and sends queued PDUs with vectored writes.
+
+use crate::control;
+use crate::scsi;
+use crate::session::{Conn, Ordered, Out, Register, Session};
+use crate::transfer::{BurstParams, WriteTransfer};
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::{
+    self, reject_reason, DecodeError, Encoded, Framing, Pdu, Reject, ScsiCommand,
+};
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn, Instrument};
+
+/// Most bytes gathered into one vectored write.
+const BATCH_BYTES: usize = 4 << 20;
+/// Most slices per `writev` call (well under IOV_MAX).
+const MAX_IOV: usize = 64;
+
+/// A Reject (11.17) of `pdu`, carrying its BHS.
+pub fn reject_pdu(reason: u8, pdu: &Pdu) -> Pdu {
+    let enc = pdu.encode(&Framing {
+        header_digest: false,
+        data_digest: false,
+        max_data_segment_length: u32::MAX,
+    });
+    let bhs = &enc.header()[..pdu::BHS_LEN.min(enc.header().len())];
+    reject_header(reason, Bytes::copy_from_slice(bhs))
+}
+
+/// A Reject carrying an already known header.
+pub fn reject_header(reason: u8, header: Bytes) -> Pdu {
+    let header = header.slice(..pdu::BHS_LEN.min(header.len()));
+    Pdu::Reject(Reject {
+        reason,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        data_sn_r2t_sn: 0,
+        header,
+    })
+}
+
+/// Fills StatSN / ExpCmdSN / MaxCmdSN of an outgoing PDU. StatSN advances for PDUs that carry a
+/// status (11.1.3 and 4.2.2.2); R2T, Data-In without status and unsolicited NOP-In carry the next
+/// StatSN (or 0) without advancing it.
+pub fn stamp(p: &mut Pdu, stat_sn: &mut u32, exp: u32, max: u32) {
+    let mut take = || {
+        let v = *stat_sn;
+        *stat_sn = v.wrapping_add(1);
+        v
+    };
+    match p {
+        Pdu::ScsiResponse(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::DataIn(d) => {
+            d.stat_sn = if d.status.is_some() { take() } else { 0 };
+            d.exp_cmd_sn = exp;
+            d.max_cmd_sn = max;
+        }
+        Pdu::NopIn(n) => {
+            n.stat_sn = if n.itt != pdu::RESERVED_TAG {
+                take()
+            } else {
+                *stat_sn
+            };
+            n.exp_cmd_sn = exp;
+            n.max_cmd_sn = max;
+        }
+        Pdu::R2t(r) => {
+            r.stat_sn = *stat_sn;
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::TaskMgmtResponse(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::TextResponse(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::LogoutResponse(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::Reject(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        Pdu::AsyncMessage(r) => {
+            r.stat_sn = take();
+            r.exp_cmd_sn = exp;
+            r.max_cmd_sn = max;
+        }
+        _ => {}
+    }
+}
+
+/// Writes every slice of every PDU, resuming after partial writes.
+pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    batch: &[Encoded],
+) -> io::Result<()> {
+    let bufs: Vec<&[u8]> = batch
+        .iter()
+        .flat_map(|e| [e.header(), &e.data()[..], e.trailer()])
+        .filter(|s| !s.is_empty())
+        .collect();
+    let (mut idx, mut off) = (0usize, 0usize);
+    while idx < bufs.len() {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
+        slices.push(IoSlice::new(&bufs[idx][off..]));
+        slices.extend(
+            bufs[idx + 1..]
+                .iter()
+                .take(MAX_IOV - 1)
+                .map(|b| IoSlice::new(b)),
+        );
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && idx < bufs.len() {
+            let rem = bufs[idx].len() - off;
+            if n >= rem {
+                n -= rem;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The writer of one connection: drains the queue, stamps, coalesces into vectored writes.
+pub async fn writer(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    session: Arc<Session>,
+    framing: Framing,
+    mut stat_sn: u32,
+) {
+    let mut batch: Vec<Encoded> = Vec::new();
+    loop {
+        let Some(first) = rx.recv().await else { break };
+        let mut close = false;
+        let mut bytes = 0usize;
+        let mut next = Some(first);
+        while let Some(out) = next.take() {
+            match out {
+                Out::Pdu(mut p) => {
+                    let (exp, max) = session.cmd_sns();
+                    stamp(&mut p, &mut stat_sn, exp, max);
+                    let e = p.encode(&framing);
+                    bytes += e.len();
+                    batch.push(e);
+                }
+                Out::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if bytes < BATCH_BYTES {
+                next = rx.try_recv().ok();
+            }
+        }
+        if let Err(e) = write_batch(&mut w, &batch).await {
+            debug!("write failed: {e}");
+            break;
+        }
+        batch.clear();
+        if close {
+            break;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// The reader side of one connection in full feature phase.
+pub struct Reader {
+    pub session: Arc<Session>,
+    pub conn: Arc<Conn>,
+    pub framing: Framing,
+    pub buf: BytesMut,
+}
+
+impl Reader {
+    /// Reads and dispatches until the connection ends. Returns whether it ended cleanly (logout
+    /// or replaced by connection reinstatement).
+    pub async fn run(mut self, mut rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
+        let why = loop {
+            // Decode everything buffered first.
+            match pdu::decode(&mut self.buf, &self.framing) {
+                Ok(Some(p)) => {
+                    if let Err(e) = self.dispatch(p) {
+                        break e;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if let (true, Some(reason), Some(h)) =
+                        (e.consumed(), e.reject_reason(), e.rejected_header())
+                    {
+                        debug!("rejecting PDU: {e}");
+                        let reason = match e {
+                            // An opcode RFC 7143 does not define is a protocol error (11.17.1).
+                            DecodeError::UnknownOpcode { .. } => reject_reason::PROTOCOL_ERROR,
+                            _ => reason,
+                        };
+                        self.consume_rejected_cmd_sn(h);
+                        self.conn.send(reject_header(reason, h.clone()));
+                        continue;
+                    }
+                    break format!("unrecoverable PDU error: {e}");
+                }
+            }
+            if *stop.borrow() {
+                break "dropped by the target".into();
+            }
+            // Reserve for the next PDU (capped by the codec's limit on data segment length).
+            let need = pdu::pdu_len(&self.buf, &self.framing).unwrap_or(pdu::BHS_LEN);
+            if self.buf.capacity() - self.buf.len() < need.saturating_sub(self.buf.len()).max(4096)
+            {
+                self.buf
+                    .reserve(need.saturating_sub(self.buf.len()).max(64 * 1024));
+            }
+            tokio::select! {
+                r = rd.read_buf(&mut self.buf) => match r {
+                    Ok(0) => break "closed by the initiator".into(),
+                    Ok(_) => {}
+                    Err(e) => break format!("read failed: {e}"),
+                },
+                _ = crate::session::flag_set(&mut stop) => break "dropped by the target".into(),
+            }
+        };
+        let clean = self.conn.clean_exit();
+        if clean {
+            debug!(parent: &self.conn.span, "connection ended: {why}");
+        } else {
+            warn!(parent: &self.conn.span, "connection ended: {why}");
+        }
+        self.conn.stop();
+        self.session.connection_ended(&self.conn, clean).await;
+    }
+
+    /// A rejected non-immediate command still uses up its CmdSN, so that the commands after it
+    /// are not held forever.
+    fn consume_rejected_cmd_sn(&self, header: &Bytes) {
+        let Some(bhs) = pdu::Bhs::new(header) else {
+            return;
+        };
+        let op = bhs.opcode_raw();
+        // Commands carrying a CmdSN at bytes 24..28 (11.2): NOP-Out, SCSI, TMF, Text, Logout.
+        if matches!(op, 0x00 | 0x01 | 0x02 | 0x04 | 0x06) && !bhs.immediate() {
+            let cmd_sn = bhs.be32(24);
+            let (_, ctl) = self.session.submit_ordered(cmd_sn, Ordered::Nothing);
+            control::run_all(&self.session, ctl);
+        }
+    }
+
+    /// Handles one PDU. An Err ends the connection.
+    fn dispatch(&mut self, p: Pdu) -> Result<(), String> {
+        match p {
+            Pdu::ScsiCommand(c) => self.on_command(c),
+            Pdu::DataOut(d) => match self.session.data_route(d.itt, self.conn.cid) {
+                Ok(tx) => {
+                    let _ = tx.send(d);
+                    Ok(())
+                }
+                // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
+                Err(true) => Err(format!(
+                    "Data-Out for ITT {:#x} on a connection it is not allegiant to",
+                    d.itt
+                )),
+                Err(false) => {
+                    // The task ended or was aborted: the data is discarded (4.2.3.1).
+                    debug!(parent: &self.conn.span, itt = d.itt, "Data-Out for no task, discarded");
+                    Ok(())
+                }
+            },
+            Pdu::NopOut(_)
+            | Pdu::TextRequest(_)
+            | Pdu::LogoutRequest(_)
+            | Pdu::TaskMgmtRequest(_) => {
+                if self.session.is_discovery() && matches!(p, Pdu::TaskMgmtRequest(_)) {
+                    // Discovery sessions carry Text and Logout only (RFC 7143 4.3).
+                    self.conn
+                        .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                    self.consume_cmd_sn_of(&p);
+                    return Ok(());
+                }
+                if p.is_immediate() {
+                    control::run(&self.session, self.conn.clone(), p);
+                } else {
+                    let cmd_sn = cmd_sn_of(&p);
+                    let (accepted, ctl) = self
+                        .session
+                        .submit_ordered(cmd_sn, Ordered::Control(self.conn.clone(), p));
+                    if !accepted {
+                        debug!(parent: &self.conn.span, cmd_sn, "request outside the CmdSN window dropped");
+                    }
+                    control::run_all(&self.session, ctl);
+                }
+                Ok(())
+            }
+            Pdu::SnackRequest(_) => {
+                // SNACK needs ErrorRecoveryLevel > 0 (RFC 7143 7.1): a protocol error here.
+                self.conn
+                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                Ok(())
+            }
+            other => {
+                // A Login Request in full feature phase, or a target opcode from the initiator.
+                self.conn
+                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &other));
+                Ok(())
+            }
+        }
+    }
+
+    fn consume_cmd_sn_of(&self, p: &Pdu) {
+        if !p.is_immediate() {
+            let (_, ctl) = self.session.submit_ordered(cmd_sn_of(p), Ordered::Nothing);
+            control::run_all(&self.session, ctl);
+        }
+    }
+
+    fn on_command(&mut self, c: ScsiCommand) -> Result<(), String> {
+        let Some(target) = self.session.target.clone() else {
+            let p = Pdu::ScsiCommand(c);
+            self.conn
+                .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+            self.consume_cmd_sn_of(&p);
+            return Ok(());
+        };
+        let ops = self.session.ops;
+        let phase = target.dev.data_phase(c.lun, &c.cdb);
+        let edtl = c.expected_data_transfer_length;
+        let transfer = if c.write {
+            WriteTransfer::new(
+                BurstParams {
+                    initial_r2t: ops.initial_r2t,
+                    immediate_data: ops.immediate_data,
+                    first_burst_length: ops.first_burst_length,
+                    max_burst_length: ops.max_burst_length,
+                    max_outstanding_r2t: ops.max_outstanding_r2t.into(),
+                },
+                edtl,
+                phase.data_out_len.min(edtl),
+                c.data.len() as u32,
+                c.final_,
+            )
+            .map(Some)
+        } else if !c.data.is_empty() {
+            Err(crate::transfer::TransferError::ImmediateDataNotAllowed)
+        } else {
+            Ok(None)
+        };
+        let transfer = match transfer {
+            Ok(t) => t,
+            Err(e) => {
+                debug!(parent: &self.conn.span, itt = c.itt, "command rejected: {e}");
+                let p = Pdu::ScsiCommand(c);
+                self.conn
+                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                self.consume_cmd_sn_of(&p);
+                return Ok(());
+            }
+        };
+        let attr = match c.attr {
+            pdu::TaskAttr::Ordered => mcsi_scsi::TaskAttribute::Ordered,
+            pdu::TaskAttr::HeadOfQueue => mcsi_scsi::TaskAttribute::HeadOfQueue,
+            // Untagged is SIMPLE (RFC 7143 11.3.1); ACA is not offered, so treated as SIMPLE.
+            _ => mcsi_scsi::TaskAttribute::Simple,
+        };
+        let (reg, handles, ctl) = self.session.register_task(
+            &self.conn,
+            c.itt,
+            c.lun,
+            c.cmd_sn,
+            c.immediate,
+            attr,
+            transfer.is_some(),
+        );
+        control::run_all(&self.session, ctl);
+        match (reg, handles) {
+            (Register::Ok, Some(h)) => {
+                let span = tracing::debug_span!(parent: &self.conn.span, "task", itt = c.itt, cmd_sn = c.cmd_sn);
+                let ctx = scsi::TaskCtx {
+                    session: self.session.clone(),
+                    conn: self.conn.clone(),
+                    dev: target.dev.clone(),
+                    attr,
+                    cmd: c,
+                    phase,
+                    transfer,
+                    handles: h,
+                };
+                tokio::spawn(scsi::run(ctx).instrument(span));
+            }
+            (Register::OutOfWindow, _) => {
+                // Silently ignored (RFC 7143 4.2.2.1).
+                debug!(parent: &self.conn.span, cmd_sn = c.cmd_sn, "command outside the CmdSN window dropped");
+            }
+            (Register::IttInUse, _) => {
+                self.conn.send(reject_pdu(
+                    reject_reason::TASK_IN_PROGRESS,
+                    &Pdu::ScsiCommand(c),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The CmdSN field of an initiator request.
+pub fn cmd_sn_of(p: &Pdu) -> u32 {
+    match p {
+        Pdu::NopOut(x) => x.cmd_sn,
+        Pdu::ScsiCommand(x) => x.cmd_sn,
+        Pdu::TaskMgmtRequest(x) => x.cmd_sn,
+        Pdu::TextRequest(x) => x.cmd_sn,
+        Pdu::LogoutRequest(x) => x.cmd_sn,
+        Pdu::LoginRequest(x) => x.cmd_sn,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcsi_proto::pdu::{DataIn, NopIn, R2t, ScsiResponse};
+
+    #[test]
+    fn stat_sn_advances_only_for_status() {
+        let mut sn = 10;
+        let mut r2t = Pdu::R2t(R2t {
+            lun: 0,
+            itt: 1,
+            ttt: 2,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            r2t_sn: 0,
+            buffer_offset: 0,
+            desired_data_transfer_length: 512,
+        });
+        stamp(&mut r2t, &mut sn, 5, 9);
+        let Pdu::R2t(r) = &r2t else { unreachable!() };
+        assert_eq!((r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, sn), (10, 5, 9, 10));
+
+        let mut din = Pdu::DataIn(DataIn {
+            final_: true,
+            ack: false,
+            overflow: false,
+            underflow: false,
+            status: None,
+            lun: 0,
+            itt: 1,
+            ttt: pdu::RESERVED_TAG,
+            stat_sn: 77,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+            residual_count: 0,
+            data: Bytes::new(),
+        });
+        stamp(&mut din, &mut sn, 5, 9);
+        let Pdu::DataIn(d) = &din else { unreachable!() };
+        assert_eq!((d.stat_sn, sn), (0, 10));
+
+        let mut nop = Pdu::NopIn(NopIn {
+            lun: 0,
+            itt: pdu::RESERVED_TAG,
+            ttt: 7,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data: Bytes::new(),
+        });
+        stamp(&mut nop, &mut sn, 5, 9);
+        assert_eq!(sn, 10, "an unsolicited NOP-In does not advance StatSN");
+
+        let mut resp = Pdu::ScsiResponse(ScsiResponse {
+            bidi_overflow: false,
+            bidi_underflow: false,
+            overflow: false,
+            underflow: false,
+            response: 0,
+            status: 0,
+            itt: 1,
+            snack_tag: 0,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            exp_data_sn: 0,
+            bidi_residual_count: 0,
+            residual_count: 0,
+            sense: Bytes::new(),
+        });
+        stamp(&mut resp, &mut sn, 6, 9);
+        let Pdu::ScsiResponse(r) = &resp else {
+            unreachable!()
+        };
+        assert_eq!((r.stat_sn, r.exp_cmd_sn, sn), (10, 6, 11));
+    }
+
+    #[tokio::test]
+    async fn partial_vectored_writes_resume() {
+        // A writer that accepts at most 7 bytes per call.
+        struct Trickle(Vec<u8>);
+        impl tokio::io::AsyncWrite for Trickle {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<io::Result<usize>> {
+                let n = buf.len().min(7);
+                self.0.extend_from_slice(&buf[..n]);
+                std::task::Poll::Ready(Ok(n))
+            }
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let data = Bytes::from((0..=250u8).collect::<Vec<u8>>());
+        let p = Pdu::NopIn(NopIn {
+            lun: 0,
+            itt: 3,
+            ttt: pdu::RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 3,
+            data,
+        });
+        let f = Framing::default();
+        let batch = vec![p.encode(&f), p.encode(&f)];
+        let mut expect = batch[0].to_vec();
+        expect.extend(batch[1].to_vec());
+        let mut w = Trickle(Vec::new());
+        write_batch(&mut w, &batch).await.unwrap();
+        assert_eq!(w.0, expect);
+        // 48-byte header + 251 data + 1 pad byte, twice.
+        assert_eq!(w.0.len(), 2 * (48 + 252));
+    }
+}

@@ -1,0 +1,443 @@
+//! One SCSI task from command to status: data-out collection (immediate, unsolicited, R2T),
+//! waiting for its turn (CmdSN order and task attributes), execution by the device server
+//! (on tokio's blocking pool when the LU says so), then Data-In and status.
+
+use crate::datain::{residual, split, Residual};
+use crate::session::{Conn, Session, TaskHandles};
+use crate::transfer::WriteTransfer;
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::{DataIn, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG};
+use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute};
+use std::sync::Arc;
+use tracing::{debug, warn};
+
+/// Everything one task's future needs.
+pub struct TaskCtx {
+    pub session: Arc<Session>,
+    pub conn: Arc<Conn>,
+    pub dev: Arc<DeviceServer>,
+    pub attr: TaskAttribute,
+    pub cmd: ScsiCommand,
+    pub phase: DataPhase,
+    pub transfer: Option<WriteTransfer>,
+    pub handles: TaskHandles,
+}
+
+/// Runs the task to its end. The task always leaves the session's table at the end, so the
+/// window and task set move on; an aborted task sends nothing (RFC 7143 4.2.3).
+pub async fn run(ctx: TaskCtx) {
+    let TaskCtx {
+        session,
+        conn,
+        dev,
+        attr,
+        cmd,
+        phase,
+        transfer,
+        handles,
+    } = ctx;
+    let TaskHandles {
+        id,
+        ready_rx,
+        mut abort_rx,
+        data_rx,
+        done_tx,
+    } = handles;
+    let itt = cmd.itt;
+    let pdus = async {
+        let data_out = match transfer {
+            Some(t) => collect(&session, &conn, &cmd, t, data_rx, &mut abort_rx).await?,
+            None => Bytes::new(),
+        };
+        tokio::select! {
+            biased;
+            _ = crate::session::flag_set(&mut abort_rx) => return None,
+            r = ready_rx => r.ok()?,
+        }
+        let read_expected = read_expected(&cmd);
+        let outcome = execute(&session, &dev, &cmd, attr, data_out, read_expected).await;
+        Some(response_pdus(
+            &cmd,
+            phase,
+            outcome,
+            conn.ops.send_mrdsl,
+            session.ops.max_burst_length,
+        ))
+    }
+    .await;
+    let sent = session.finish_task(itt, id, &conn, pdus.unwrap_or_default());
+    if !sent {
+        debug!("task ended without status (aborted or connection gone)");
+    }
+    drop(done_tx);
+}
+
+/// The data-in length the initiator expects: EDTL for a read, the Bidirectional Read Expected
+/// Data Transfer Length AHS for a bidirectional command (11.3.6), else nothing.
+fn read_expected(cmd: &ScsiCommand) -> u32 {
+    match (cmd.read, cmd.write) {
+        (true, false) => cmd.expected_data_transfer_length,
+        (true, true) => cmd.bidi_read_length.unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Gathers the data-out buffer: immediate data, the unsolicited burst, and R2T-solicited data.
+async fn collect(
+    session: &Session,
+    conn: &Conn,
+    cmd: &ScsiCommand,
+    mut t: WriteTransfer,
+    data_rx: Option<tokio::sync::mpsc::UnboundedReceiver<mcsi_proto::pdu::DataOut>>,
+    abort_rx: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<Bytes> {
+    let want = t.want() as usize;
+    let imm = t.accept_immediate(cmd.data.len() as u32);
+    if t.done() {
+        // Everything came as immediate data: hand on the received bytes without a copy.
+        return Some(cmd.data.slice(..imm.len as usize));
+    }
+    let mut rx = data_rx?;
+    let mut buf = BytesMut::zeroed(want);
+    buf[..imm.len as usize].copy_from_slice(&cmd.data[..imm.len as usize]);
+    loop {
+        for r in t.next_r2ts(|| session.alloc_ttt()) {
+            conn.send(Pdu::R2t(R2t {
+                lun: cmd.lun,
+                itt: cmd.itt,
+                ttt: r.ttt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                r2t_sn: r.r2t_sn,
+                buffer_offset: r.offset,
+                desired_data_transfer_length: r.len,
+            }));
+        }
+        if t.done() {
+            return Some(buf.freeze());
+        }
+        let d = tokio::select! {
+            biased;
+            _ = crate::session::flag_set(abort_rx) => return None,
+            d = rx.recv() => d?,
+        };
+        match t.on_data_out(
+            d.ttt,
+            d.data_sn,
+            d.buffer_offset,
+            d.data.len() as u32,
+            d.final_,
+        ) {
+            Ok(a) => {
+                let (o, n) = (a.offset as usize, a.len as usize);
+                buf[o..o + n].copy_from_slice(&d.data[a.skip as usize..a.skip as usize + n]);
+            }
+            Err(e) => {
+                // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143 7.1.4.1,
+                // 7.2): the connection, and with it the session, ends.
+                warn!(
+                    itt = cmd.itt,
+                    "Data-Out error, dropping the connection: {e}"
+                );
+                conn.stop();
+                return None;
+            }
+        }
+    }
+}
+
+async fn execute(
+    session: &Session,
+    dev: &Arc<DeviceServer>,
+    cmd: &ScsiCommand,
+    attr: TaskAttribute,
+    data_out: Bytes,
+    data_in_limit: u32,
+) -> Outcome {
+    let lun = cmd.lun;
+    if dev.blocking(lun, &cmd.cdb) {
+        let dev = dev.clone();
+        let nexus = session.nexus.clone();
+        let cdb = cmd.cdb.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            dev.execute(
+                lun,
+                Command {
+                    nexus: &nexus,
+                    cdb: &cdb,
+                    data_out,
+                    data_in_limit,
+                    attr,
+                },
+            )
+        })
+        .await;
+        match r {
+            Ok(o) => o,
+            Err(e) => {
+                warn!("device server failed: {e}");
+                Outcome::status(status::BUSY)
+            }
+        }
+    } else {
+        dev.execute(
+            lun,
+            Command {
+                nexus: &session.nexus,
+                cdb: &cmd.cdb,
+                data_out,
+                data_in_limit,
+                attr,
+            },
+        )
+    }
+}
+
+/// The PDUs that end a task (11.4, 11.7): Data-In split by the initiator's
+/// MaxRecvDataSegmentLength with sequences of at most MaxBurstLength, status in the last Data-In
+/// when it is GOOD without sense (phase collapse) and the command is not bidirectional, else a
+/// SCSI Response. Residuals compare the initiator's expected lengths with what the command
+/// moved (reads) or needed (writes).
+pub fn response_pdus(
+    cmd: &ScsiCommand,
+    phase: DataPhase,
+    outcome: Outcome,
+    mrdsl: u32,
+    max_burst: u32,
+) -> Vec<Pdu> {
+    let read_exp = read_expected(cmd);
+    let write_exp = if cmd.write {
+        cmd.expected_data_transfer_length
+    } else {
+        0
+    };
+    let produced = u32::try_from(outcome.data_in.len()).unwrap_or(u32::MAX);
+    let read_res = residual(read_exp, produced);
+    let write_res = residual(write_exp, phase.data_out_len);
+    let (main, bidi) = match (cmd.read, cmd.write) {
+        (true, false) => (read_res, None),
+        (false, true) => (write_res, None),
+        (true, true) => (write_res, Some(read_res)),
+        // No direction flagged (EDTL 0): report what the CDB wanted as overflow.
+        (false, false) if produced > 0 || phase.data_in_len > 0 => (read_res, None),
+        (false, false) => (write_res, None),
+    };
+    let send_len = if cmd.read { produced.min(read_exp) } else { 0 };
+    let collapse =
+        outcome.status == status::GOOD && outcome.sense.is_none() && send_len > 0 && bidi.is_none();
+    let pieces = split(send_len, mrdsl, max_burst);
+    let n = pieces.len();
+    let mut out = Vec::with_capacity(n + 1);
+    for (i, p) in pieces.into_iter().enumerate() {
+        let last = i + 1 == n;
+        let with_status = last && collapse;
+        out.push(Pdu::DataIn(DataIn {
+            final_: p.final_ || last,
+            ack: false,
+            overflow: with_status && main.overflow,
+            underflow: with_status && main.underflow,
+            status: with_status.then_some(outcome.status),
+            lun: cmd.lun,
+            itt: cmd.itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data_sn: i as u32,
+            buffer_offset: p.offset,
+            residual_count: if with_status { main.count } else { 0 },
+            data: outcome
+                .data_in
+                .slice(p.offset as usize..(p.offset + p.len) as usize),
+        }));
+    }
+    if !collapse {
+        let b = bidi.unwrap_or(Residual::default());
+        out.push(Pdu::ScsiResponse(ScsiResponse {
+            bidi_overflow: b.overflow,
+            bidi_underflow: b.underflow,
+            overflow: main.overflow,
+            underflow: main.underflow,
+            response: 0,
+            status: outcome.status,
+            itt: cmd.itt,
+            snack_tag: 0,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            exp_data_sn: n as u32,
+            bidi_residual_count: b.count,
+            residual_count: main.count,
+            sense: outcome.sense.unwrap_or_default(),
+        }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcsi_proto::pdu::TaskAttr;
+
+    fn cmd(read: bool, write: bool, edtl: u32) -> ScsiCommand {
+        ScsiCommand {
+            immediate: false,
+            final_: true,
+            read,
+            write,
+            attr: TaskAttr::Simple,
+            lun: 0,
+            itt: 0x42,
+            expected_data_transfer_length: edtl,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+            cdb: Bytes::from_static(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]),
+            bidi_read_length: None,
+            data: Bytes::new(),
+        }
+    }
+
+    fn read_phase(n: u32) -> DataPhase {
+        DataPhase {
+            data_out_len: 0,
+            data_in_len: n,
+        }
+    }
+
+    #[test]
+    fn read_with_phase_collapse() {
+        // 20000 bytes to an initiator with MRDSL 8192: 3 Data-In, status in the last.
+        let data = Bytes::from(vec![7u8; 20000]);
+        let pdus = response_pdus(
+            &cmd(true, false, 20000),
+            read_phase(20000),
+            Outcome::good(data),
+            8192,
+            1 << 20,
+        );
+        assert_eq!(pdus.len(), 3);
+        let Pdu::DataIn(last) = &pdus[2] else {
+            panic!("{pdus:?}")
+        };
+        assert_eq!(
+            (last.data_sn, last.buffer_offset, last.data.len()),
+            (2, 16384, 3616)
+        );
+        assert_eq!(last.status, Some(0));
+        assert!(last.final_ && !last.underflow && !last.overflow);
+        let Pdu::DataIn(first) = &pdus[0] else {
+            panic!()
+        };
+        assert!(first.status.is_none() && !first.final_);
+    }
+
+    #[test]
+    fn read_residuals_of_libiscsi_read10_invalid() {
+        let block = Bytes::from(vec![1u8; 512]);
+        // EDTL 10000: one block sent, underflow 9488 in the status-carrying Data-In.
+        let p = response_pdus(
+            &cmd(true, false, 10000),
+            read_phase(512),
+            Outcome::good(block.clone()),
+            8192,
+            1 << 20,
+        );
+        let Pdu::DataIn(d) = &p[0] else { panic!() };
+        assert_eq!(
+            (d.data.len(), d.underflow, d.residual_count),
+            (512, true, 9488)
+        );
+        // EDTL 200: 200 bytes sent, overflow 312.
+        let p = response_pdus(
+            &cmd(true, false, 200),
+            read_phase(512),
+            Outcome::good(block.clone()),
+            8192,
+            1 << 20,
+        );
+        let Pdu::DataIn(d) = &p[0] else { panic!() };
+        assert_eq!(
+            (d.data.len(), d.overflow, d.residual_count),
+            (200, true, 312)
+        );
+        // EDTL 0 and no direction flag: no data, SCSI Response GOOD with overflow 512.
+        let p = response_pdus(
+            &cmd(false, false, 0),
+            read_phase(512),
+            Outcome::good(block),
+            8192,
+            1 << 20,
+        );
+        assert_eq!(p.len(), 1);
+        let Pdu::ScsiResponse(r) = &p[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (r.status, r.overflow, r.residual_count, r.exp_data_sn),
+            (0, true, 512, 0)
+        );
+    }
+
+    #[test]
+    fn write_residuals() {
+        // WRITE10 of 2 blocks with EDTL one block: overflow 512 (test_write10_residuals).
+        let phase = DataPhase {
+            data_out_len: 1024,
+            data_in_len: 0,
+        };
+        let p = response_pdus(
+            &cmd(false, true, 512),
+            phase,
+            Outcome::good(Bytes::new()),
+            8192,
+            1 << 20,
+        );
+        let Pdu::ScsiResponse(r) = &p[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (r.overflow, r.underflow, r.residual_count),
+            (true, false, 512)
+        );
+        // EDTL 10000 for one block: underflow 9488.
+        let phase = DataPhase {
+            data_out_len: 512,
+            data_in_len: 0,
+        };
+        let p = response_pdus(
+            &cmd(false, true, 10000),
+            phase,
+            Outcome::good(Bytes::new()),
+            8192,
+            1 << 20,
+        );
+        let Pdu::ScsiResponse(r) = &p[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (r.overflow, r.underflow, r.residual_count),
+            (false, true, 9488)
+        );
+    }
+
+    #[test]
+    fn check_condition_goes_in_a_response_with_sense() {
+        let sense =
+            Bytes::from_static(&[0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x21, 0, 0, 0, 0, 0]);
+        let o = Outcome {
+            status: status::CHECK_CONDITION,
+            sense: Some(sense.clone()),
+            data_in: Bytes::new(),
+        };
+        let p = response_pdus(&cmd(true, false, 512), read_phase(512), o, 8192, 1 << 20);
+        assert_eq!(p.len(), 1);
+        let Pdu::ScsiResponse(r) = &p[0] else {
+            panic!()
+        };
+        assert_eq!(
+            (r.status, &r.sense, r.underflow, r.residual_count),
+            (2, &sense, true, 512)
+        );
+    }
+}

@@ -1,0 +1,656 @@
+//! Targets, sessions and the session registry.
+//!
+//! A session owns many connections from the start (RFC 7143 MC/S): one CmdSN window across all of
+//! them (commands reach SCSI in CmdSN order whichever connection carried them), one task table
+//! keyed by ITT with each task's connection allegiance, and one task set per LUN. StatSN is per
+//! connection and assigned by the connection's writer.
+
+use crate::config::Limits;
+use crate::taskset::TaskSet;
+use crate::window::{CmdWindow, Submit};
+use mcsi_proto::pdu::{DataOut, Isid, Pdu};
+use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// One iSCSI target: a name, its portals (one portal group) and its LUNs.
+pub struct Target {
+    pub name: String,
+    pub alias: Option<String>,
+    pub portals: Vec<SocketAddr>,
+    /// Target portal group tag (one group per target).
+    pub tpgt: u16,
+    pub limits: Limits,
+    pub dev: Arc<DeviceServer>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("portals", &self.portals)
+            .finish()
+    }
+}
+
+/// Resolves once the flag behind `rx` is true (or its sender is gone).
+pub async fn flag_set(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// State shared by every connection of the server.
+pub struct Shared {
+    pub targets: Vec<Arc<Target>>,
+    sessions: Mutex<HashMap<u16, Arc<Session>>>,
+    next_tsih: AtomicU16,
+    next_task_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(targets: Vec<Arc<Target>>) -> Self {
+        Shared {
+            targets,
+            sessions: Mutex::new(HashMap::new()),
+            next_tsih: AtomicU16::new(1),
+            next_task_id: AtomicU64::new(1),
+        }
+    }
+
+    pub fn target(&self, name: &str) -> Option<&Arc<Target>> {
+        self.targets.iter().find(|t| t.name == name)
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, HashMap<u16, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A TSIH not in use (never 0, RFC 7143 11.12.6).
+    pub fn alloc_tsih(&self) -> u16 {
+        let map = self.sessions();
+        loop {
+            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+            if t != 0 && !map.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    pub fn session(&self, tsih: u16) -> Option<Arc<Session>> {
+        self.sessions().get(&tsih).cloned()
+    }
+
+    /// The session of this initiator port (name + ISID) on this target, if any: the one a new
+    /// leading login reinstates (RFC 7143 6.3.5).
+    pub fn find_session(
+        &self,
+        initiator: &str,
+        isid: Isid,
+        target: Option<&str>,
+    ) -> Option<Arc<Session>> {
+        self.sessions()
+            .values()
+            .find(|s| {
+                s.isid == isid
+                    && s.initiator_name == initiator
+                    && s.target.as_ref().map(|t| t.name.as_str()) == target
+            })
+            .cloned()
+    }
+
+    pub fn insert(&self, s: Arc<Session>) {
+        self.sessions().insert(s.tsih, s);
+    }
+
+    fn remove(&self, s: &Session) {
+        let mut map = self.sessions();
+        if map
+            .get(&s.tsih)
+            .is_some_and(|x| std::ptr::eq(Arc::as_ptr(x), s))
+        {
+            map.remove(&s.tsih);
+        }
+    }
+
+    /// Every live session, for target-wide task management and shutdown.
+    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions().values().cloned().collect()
+    }
+
+    pub fn task_id(&self) -> u64 {
+        self.next_task_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Operational values of a session that the full feature phase uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOps {
+    pub max_connections: u16,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+    pub max_outstanding_r2t: u16,
+    pub queue_depth: u32,
+}
+
+/// Operational values of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnOps {
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// What we accept (our MaxRecvDataSegmentLength).
+    pub recv_mrdsl: u32,
+    /// What the initiator accepts (its MaxRecvDataSegmentLength): the Data-In size.
+    pub send_mrdsl: u32,
+}
+
+/// What the writer of a connection is asked to do.
+#[derive(Debug)]
+pub enum Out {
+    /// Stamp StatSN / ExpCmdSN / MaxCmdSN and send.
+    Pdu(Pdu),
+    /// Send what is queued, then close the connection.
+    Close,
+}
+
+/// One connection of a session, as the session sees it.
+pub struct Conn {
+    pub cid: u16,
+    pub ops: ConnOps,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    tx: mpsc::UnboundedSender<Out>,
+    /// Set to true to make the connection's reader stop (connection dropped by the target).
+    stop: watch::Sender<bool>,
+    /// A SendTargets answer too long for one Text Response, sent in pieces (11.10.2).
+    pub text: Mutex<Option<crate::text::Pending>>,
+    /// Logged out or replaced (connection reinstatement): its end does not fail the session.
+    clean: AtomicBool,
+    pub span: tracing::Span,
+}
+
+impl Conn {
+    pub fn new(
+        cid: u16,
+        ops: ConnOps,
+        peer: SocketAddr,
+        local: SocketAddr,
+        tx: mpsc::UnboundedSender<Out>,
+        span: tracing::Span,
+    ) -> (Arc<Conn>, watch::Receiver<bool>) {
+        let (stop, stop_rx) = watch::channel(false);
+        let c = Conn {
+            cid,
+            ops,
+            peer,
+            local,
+            tx,
+            stop,
+            text: Mutex::new(None),
+            clean: AtomicBool::new(false),
+            span,
+        };
+        (Arc::new(c), stop_rx)
+    }
+
+    /// Marks the connection as ending on purpose (logout, reinstatement).
+    pub fn mark_clean(&self) {
+        self.clean.store(true, Ordering::Release);
+    }
+
+    pub fn clean_exit(&self) -> bool {
+        self.clean.load(Ordering::Acquire)
+    }
+
+    /// Queues a PDU (dropped silently if the connection is gone).
+    pub fn send(&self, pdu: Pdu) {
+        let _ = self.tx.send(Out::Pdu(pdu));
+    }
+
+    /// Sends what is queued, then closes.
+    pub fn close_after_flush(&self) {
+        let _ = self.tx.send(Out::Close);
+    }
+
+    /// Drops the connection now.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+        let _ = self.tx.send(Out::Close);
+    }
+}
+
+/// A command that takes its turn in CmdSN order.
+pub enum Ordered {
+    /// A SCSI task (by its session-unique id).
+    Task(u64),
+    /// A non-SCSI request (NOP-Out, Text, Logout, Task Management) to run in order.
+    Control(Arc<Conn>, Pdu),
+    /// A CmdSN consumed without a command (a rejected command, an aborted gap).
+    Nothing,
+}
+
+/// Requests other than SCSI commands that came up in CmdSN order, with their connection.
+pub type InOrder = Vec<(Arc<Conn>, Pdu)>;
+
+/// One task in the task table.
+pub struct TaskEntry {
+    pub id: u64,
+    pub cid: u16,
+    pub lun: u64,
+    pub cmd_sn: u32,
+    pub attr: TaskAttribute,
+    /// Data-Out PDUs for this task go here.
+    pub data_tx: Option<mpsc::UnboundedSender<DataOut>>,
+    /// Fired when the task may run (its CmdSN came up and the task set admits it).
+    ready: Option<oneshot::Sender<()>>,
+    pub aborted: bool,
+    abort_tx: watch::Sender<bool>,
+    /// Closed (sender dropped) when the task's future has ended.
+    done_rx: watch::Receiver<()>,
+}
+
+/// What a task's future holds.
+pub struct TaskHandles {
+    pub id: u64,
+    pub ready_rx: oneshot::Receiver<()>,
+    pub abort_rx: watch::Receiver<bool>,
+    pub data_rx: Option<mpsc::UnboundedReceiver<DataOut>>,
+    /// Dropped when the future ends, which wakes task management waiting for the task.
+    pub done_tx: watch::Sender<()>,
+}
+
+/// Mutable session state.
+pub struct SessionState {
+    pub window: CmdWindow<Ordered>,
+    pub conns: HashMap<u16, Arc<Conn>>,
+    pub tasks: HashMap<u32, TaskEntry>,
+    task_sets: HashMap<u64, TaskSet<u64>>,
+    next_ttt: u32,
+    pub closing: bool,
+}
+
+/// Why a new task could not be registered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Register {
+    /// Registered; the handles go to the task's future.
+    Ok,
+    /// Outside the CmdSN window: dropped silently (RFC 7143 4.2.2.1).
+    OutOfWindow,
+    /// The ITT is in use by another task (Reject 0x07... "task in progress").
+    IttInUse,
+    /// The session is closing.
+    Closing,
+}
+
+/// An iSCSI session: discovery (no target) or normal.
+pub struct Session {
+    pub tsih: u16,
+    pub isid: Isid,
+    pub initiator_name: String,
+    pub target: Option<Arc<Target>>,
+    pub ops: SessionOps,
+    pub nexus: Nexus,
+    pub shared: Arc<Shared>,
+    pub span: tracing::Span,
+    state: Mutex<SessionState>,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shared: Arc<Shared>,
+        tsih: u16,
+        isid: Isid,
+        initiator_name: String,
+        target: Option<Arc<Target>>,
+        ops: SessionOps,
+        exp_cmd_sn: u32,
+    ) -> Arc<Session> {
+        let isid_hex: String = isid.0.iter().map(|b| format!("{b:02x}")).collect();
+        let tpgt = target.as_ref().map(|t| t.tpgt).unwrap_or(1);
+        // SCSI port names of RFC 7143 10.1.1 / SAM: "<name>,i,0x<ISID>" and "<name>,t,0x<TPGT>".
+        let nexus = Nexus {
+            initiator_port: format!("{initiator_name},i,0x{isid_hex}").into(),
+            target_port: format!(
+                "{},t,0x{tpgt:04x}",
+                target
+                    .as_ref()
+                    .map(|t| t.name.as_str())
+                    .unwrap_or("discovery")
+            )
+            .into(),
+            relative_port: tpgt,
+        };
+        let span = tracing::info_span!(
+            "session",
+            tsih,
+            initiator = %initiator_name,
+            isid = %isid_hex,
+            target = target.as_ref().map(|t| t.name.as_str()).unwrap_or("discovery"),
+        );
+        Arc::new(Session {
+            tsih,
+            isid,
+            initiator_name,
+            target,
+            ops,
+            nexus,
+            shared,
+            span,
+            state: Mutex::new(SessionState {
+                window: CmdWindow::new(exp_cmd_sn, ops.queue_depth),
+                conns: HashMap::new(),
+                tasks: HashMap::new(),
+                task_sets: HashMap::new(),
+                next_ttt: 1,
+                closing: false,
+            }),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) to put in a PDU now.
+    pub fn cmd_sns(&self) -> (u32, u32) {
+        let st = self.lock();
+        (st.window.exp_cmd_sn(), st.window.max_cmd_sn())
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.target.is_none()
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.lock().conns.len()
+    }
+
+    pub fn conn(&self, cid: u16) -> Option<Arc<Conn>> {
+        self.lock().conns.get(&cid).cloned()
+    }
+
+    /// Adds a connection; an existing one with the same CID is returned (to be dropped by the
+    /// caller: connection reinstatement, RFC 7143 6.3.4).
+    pub fn add_conn(&self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
+        self.lock().conns.insert(conn.cid, conn)
+    }
+
+    /// A Target Transfer Tag not equal to the reserved value.
+    pub fn alloc_ttt(&self) -> u32 {
+        let mut st = self.lock();
+        alloc_ttt(&mut st)
+    }
+
+    /// Registers a SCSI task and submits it to the CmdSN window. Returns the handles for its
+    /// future and the requests its arrival put in order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_task(
+        &self,
+        conn: &Arc<Conn>,
+        itt: u32,
+        lun: u64,
+        cmd_sn: u32,
+        immediate: bool,
+        attr: TaskAttribute,
+        wants_data: bool,
+    ) -> (Register, Option<TaskHandles>, InOrder) {
+        let mut st = self.lock();
+        if st.closing {
+            return (Register::Closing, None, Vec::new());
+        }
+        if !immediate && !st.window.accepts(cmd_sn) {
+            return (Register::OutOfWindow, None, Vec::new());
+        }
+        if st.tasks.contains_key(&itt) {
+            // The CmdSN is still consumed so that later commands are not held forever.
+            let ctl = if immediate {
+                Vec::new()
+            } else {
+                submit(&mut st, cmd_sn, Ordered::Nothing)
+            };
+            return (Register::IttInUse, None, ctl);
+        }
+        let id = self.shared.task_id();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (abort_tx, abort_rx) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(());
+        let (data_tx, data_rx) = if wants_data {
+            let (t, r) = mpsc::unbounded_channel();
+            (Some(t), Some(r))
+        } else {
+            (None, None)
+        };
+        st.tasks.insert(
+            itt,
+            TaskEntry {
+                id,
+                cid: conn.cid,
+                lun,
+                cmd_sn,
+                attr,
+                data_tx,
+                ready: Some(ready_tx),
+                aborted: false,
+                abort_tx,
+                done_rx,
+            },
+        );
+        st.window.task_started();
+        let ctl = if immediate {
+            // Immediate commands skip the ordering (RFC 7143 3.2.2.1) but still enter the task set.
+            admit(&mut st, id);
+            Vec::new()
+        } else {
+            submit(&mut st, cmd_sn, Ordered::Task(id))
+        };
+        (
+            Register::Ok,
+            Some(TaskHandles {
+                id,
+                ready_rx,
+                abort_rx,
+                data_rx,
+                done_tx,
+            }),
+            ctl,
+        )
+    }
+
+    /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
+    /// the requests now in order (possibly including this one) and whether it was dropped.
+    pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, Vec<(Arc<Conn>, Pdu)>) {
+        let mut st = self.lock();
+        if !st.window.accepts(cmd_sn) {
+            return (false, Vec::new());
+        }
+        (true, submit(&mut st, cmd_sn, item))
+    }
+
+    /// Whether `cmd_sn` is in the window now.
+    pub fn accepts(&self, cmd_sn: u32) -> bool {
+        self.lock().window.accepts(cmd_sn)
+    }
+
+    /// The Data-Out channel of task `itt` if it is allegiant to `cid`: Err(true) if the task
+    /// lives on another connection (a protocol error), Err(false) if there is no such task.
+    pub fn data_route(&self, itt: u32, cid: u16) -> Result<mpsc::UnboundedSender<DataOut>, bool> {
+        let st = self.lock();
+        match st.tasks.get(&itt) {
+            Some(t) if t.cid != cid => Err(true),
+            Some(t) => t.data_tx.clone().ok_or(false),
+            None => Err(false),
+        }
+    }
+
+    /// Ends a task: removes it, lets the task set go on and, unless the task was aborted, queues
+    /// its final PDUs on its connection while still holding the lock (so a later task
+    /// management response cannot overtake them).
+    pub fn finish_task(&self, itt: u32, id: u64, conn: &Conn, pdus: Vec<Pdu>) -> bool {
+        let mut st = self.lock();
+        let Some(entry) = st.tasks.get(&itt) else {
+            return false;
+        };
+        if entry.id != id {
+            return false;
+        }
+        let Some(entry) = st.tasks.remove(&itt) else {
+            return false;
+        };
+        let ready = st
+            .task_sets
+            .get_mut(&entry.lun)
+            .map(|ts| ts.leave(&id))
+            .unwrap_or_default();
+        for rid in ready {
+            fire_ready(&mut st, rid);
+        }
+        st.window.task_done();
+        if entry.aborted {
+            return false;
+        }
+        for p in pdus {
+            conn.send(p);
+        }
+        true
+    }
+
+    /// Marks tasks aborted (their status will not be sent, RFC 7143 4.2.3) and returns what to
+    /// wait on for their end.
+    pub fn abort_where(
+        &self,
+        mut pred: impl FnMut(u32, &TaskEntry) -> bool,
+    ) -> Vec<watch::Receiver<()>> {
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        for (itt, t) in st.tasks.iter_mut() {
+            if pred(*itt, t) {
+                t.aborted = true;
+                let _ = t.abort_tx.send(true);
+                out.push(t.done_rx.clone());
+            }
+        }
+        out
+    }
+
+    /// Closes the session: aborts every task, drops every connection, leaves the registry and
+    /// tells the device server the I_T nexus is gone once the tasks have ended.
+    pub async fn close(self: &Arc<Self>) {
+        let (waits, conns, first) = {
+            let mut st = self.lock();
+            let first = !st.closing;
+            st.closing = true;
+            let _ = st.window.drain_held();
+            let conns: Vec<Arc<Conn>> = st.conns.drain().map(|(_, c)| c).collect();
+            let mut waits = Vec::new();
+            for t in st.tasks.values_mut() {
+                t.aborted = true;
+                let _ = t.abort_tx.send(true);
+                waits.push(t.done_rx.clone());
+            }
+            (waits, conns, first)
+        };
+        for c in conns {
+            c.stop();
+        }
+        self.shared.remove(self);
+        wait_all(waits).await;
+        if !first {
+            return;
+        }
+        if let Some(t) = &self.target {
+            t.dev.nexus_lost(&self.nexus);
+        }
+        tracing::info!(parent: &self.span, "session closed");
+    }
+
+    /// A connection ended. At ErrorRecoveryLevel 0 a connection that fails (not logged out)
+    /// takes the session with it (RFC 7143 7.1.5 / 6.1); a logged-out connection only ends its
+    /// own tasks. A session without connections ends.
+    pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, logged_out: bool) {
+        let (remaining, waits) = {
+            let mut st = self.lock();
+            if st
+                .conns
+                .get(&conn.cid)
+                .is_some_and(|c| Arc::ptr_eq(c, conn))
+            {
+                st.conns.remove(&conn.cid);
+            }
+            let cid = conn.cid;
+            let mut waits = Vec::new();
+            for t in st.tasks.values_mut() {
+                if t.cid == cid {
+                    t.aborted = true;
+                    let _ = t.abort_tx.send(true);
+                    waits.push(t.done_rx.clone());
+                }
+            }
+            (st.conns.len(), waits)
+        };
+        if !logged_out || remaining == 0 {
+            self.close().await;
+        } else {
+            wait_all(waits).await;
+        }
+    }
+}
+
+/// Waits until every task future behind these receivers has ended.
+pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
+    for mut w in waits {
+        while w.changed().await.is_ok() {}
+    }
+}
+
+fn alloc_ttt(st: &mut SessionState) -> u32 {
+    let t = st.next_ttt;
+    st.next_ttt = st.next_ttt.wrapping_add(1);
+    if st.next_ttt == mcsi_proto::pdu::RESERVED_TAG {
+        st.next_ttt = 1;
+    }
+    t
+}
+
+/// Puts an item into the window and admits what became in order. Returns the control requests
+/// now in order, to be run by the caller outside the lock.
+fn submit(st: &mut SessionState, cmd_sn: u32, item: Ordered) -> Vec<(Arc<Conn>, Pdu)> {
+    let mut ctl = Vec::new();
+    if let Submit::Deliver(items) = st.window.submit(cmd_sn, item) {
+        for it in items {
+            match it {
+                Ordered::Task(id) => admit(st, id),
+                Ordered::Control(c, p) => ctl.push((c, p)),
+                Ordered::Nothing => {}
+            }
+        }
+    }
+    ctl
+}
+
+/// A task's turn came in CmdSN order: enter its LUN's task set, start it if the set allows.
+fn admit(st: &mut SessionState, id: u64) {
+    let Some((lun, attr)) = st
+        .tasks
+        .values()
+        .find(|t| t.id == id && !t.aborted)
+        .map(|t| (t.lun, t.attr))
+    else {
+        return;
+    };
+    let ready = st.task_sets.entry(lun).or_default().enter(id, attr);
+    if ready {
+        fire_ready(st, id);
+    }
+}
+
+fn fire_ready(st: &mut SessionState, id: u64) {
+    if let Some(t) = st.tasks.values_mut().find(|t| t.id == id) {
+        if let Some(r) = t.ready.take() {
+            let _ = r.send(());
+        }
+    }
+}

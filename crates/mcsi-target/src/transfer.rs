@@ -1,0 +1,448 @@
+//! Data-Out bookkeeping for one write task (RFC 7143 sections 4.2.5.2, 11.7 and 11.8): immediate
+//! data, the unsolicited burst up to FirstBurstLength, and R2Ts for the rest, each at most
+//! MaxBurstLength, at most MaxOutstandingR2T at a time. Plain data, no I/O.
+//!
+//! mcsi negotiates DataPDUInOrder=Yes and DataSequenceInOrder=Yes (both "OR" keys, so offering
+//! Yes settles them), so every sequence must arrive with increasing offsets and DataSN from 0.
+
+/// The negotiated values that shape a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BurstParams {
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+    pub max_outstanding_r2t: u32,
+}
+
+/// A Data-Out or command that breaks the rules of the data transfer. At ErrorRecoveryLevel 0 the
+/// caller ends the connection (RFC 7143 section 7.1.4.1: a sequence error cannot be recovered).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    #[error("immediate data sent although ImmediateData=No")]
+    ImmediateDataNotAllowed,
+    #[error("unsolicited data announced (F=0) although InitialR2T=Yes")]
+    UnsolicitedNotAllowed,
+    #[error(
+        "unsolicited data of {got} bytes exceeds {limit} (FirstBurstLength / expected length)"
+    )]
+    TooMuchUnsolicited { got: u64, limit: u32 },
+    #[error("unsolicited Data-Out after the unsolicited burst ended")]
+    NoUnsolicitedBurst,
+    #[error("Data-Out for unknown Target Transfer Tag {0:#010x}")]
+    UnknownTtt(u32),
+    #[error("Data-Out DataSN {got}, expected {expected}")]
+    DataSn { expected: u32, got: u32 },
+    #[error("Data-Out BufferOffset {got}, expected {expected}")]
+    Offset { expected: u32, got: u32 },
+    #[error("Data-Out of {len} bytes at offset {offset} goes past the end of its burst ({end})")]
+    BeyondBurst { offset: u32, len: u32, end: u32 },
+    #[error("Data-Out sequence ended (F bit) after {got} of {len} bytes")]
+    ShortSequence { got: u32, len: u32 },
+}
+
+/// One R2T to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct R2tPlan {
+    pub ttt: u32,
+    pub r2t_sn: u32,
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// Bytes of an accepted Data-Out payload to keep: `data[skip..skip+len]` goes to buffer offset
+/// `offset`. Payload beyond what the command needs is dropped (residual underflow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accept {
+    pub offset: u32,
+    pub skip: u32,
+    pub len: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seq {
+    next_offset: u32,
+    next_data_sn: u32,
+    end: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Solicited {
+    ttt: u32,
+    start: u32,
+    seq: Seq,
+}
+
+/// The data-out state of one task.
+#[derive(Debug)]
+pub struct WriteTransfer {
+    params: BurstParams,
+    /// Bytes the command keeps: min(ExpectedDataTransferLength, what the CDB needs).
+    want: u32,
+    unsolicited: Option<Seq>,
+    /// Where the unsolicited data ended; R2Ts ask for [solicit_from, want).
+    solicit_from: u32,
+    next_r2t_offset: u32,
+    next_r2t_sn: u32,
+    outstanding: Vec<Solicited>,
+}
+
+impl WriteTransfer {
+    /// Starts the transfer of a command with ExpectedDataTransferLength `edtl` of which `want`
+    /// bytes are needed, carrying `immediate_len` bytes of immediate data and the F bit `final_`.
+    pub fn new(
+        params: BurstParams,
+        edtl: u32,
+        want: u32,
+        immediate_len: u32,
+        final_: bool,
+    ) -> Result<Self, TransferError> {
+        let unsolicited_limit = params.first_burst_length.min(edtl);
+        if immediate_len > 0 && !params.immediate_data {
+            return Err(TransferError::ImmediateDataNotAllowed);
+        }
+        if immediate_len > unsolicited_limit {
+            return Err(TransferError::TooMuchUnsolicited {
+                got: immediate_len.into(),
+                limit: unsolicited_limit,
+            });
+        }
+        let unsolicited = if final_ || edtl == 0 {
+            None
+        } else {
+            if params.initial_r2t {
+                return Err(TransferError::UnsolicitedNotAllowed);
+            }
+            Some(Seq {
+                next_offset: immediate_len,
+                next_data_sn: 0,
+                end: unsolicited_limit,
+            })
+        };
+        Ok(WriteTransfer {
+            params,
+            want: want.min(edtl),
+            unsolicited,
+            solicit_from: immediate_len,
+            next_r2t_offset: immediate_len,
+            next_r2t_sn: 0,
+            outstanding: Vec::new(),
+        })
+    }
+
+    /// Bytes the command keeps.
+    pub fn want(&self) -> u32 {
+        self.want
+    }
+
+    /// The part of the immediate data to keep.
+    pub fn accept_immediate(&self, len: u32) -> Accept {
+        Accept {
+            offset: 0,
+            skip: 0,
+            len: len.min(self.want),
+        }
+    }
+
+    /// Whether the initiator is still sending its unsolicited burst.
+    pub fn unsolicited_open(&self) -> bool {
+        self.unsolicited.is_some()
+    }
+
+    /// Checks one Data-Out and says which of its bytes to keep.
+    pub fn on_data_out(
+        &mut self,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        len: u32,
+        final_: bool,
+    ) -> Result<Accept, TransferError> {
+        let seq = if ttt == mcsi_proto::pdu::RESERVED_TAG {
+            self.unsolicited
+                .as_mut()
+                .ok_or(TransferError::NoUnsolicitedBurst)?
+        } else {
+            &mut self
+                .outstanding
+                .iter_mut()
+                .find(|s| s.ttt == ttt)
+                .ok_or(TransferError::UnknownTtt(ttt))?
+                .seq
+        };
+        if data_sn != seq.next_data_sn {
+            return Err(TransferError::DataSn {
+                expected: seq.next_data_sn,
+                got: data_sn,
+            });
+        }
+        if offset != seq.next_offset {
+            return Err(TransferError::Offset {
+                expected: seq.next_offset,
+                got: offset,
+            });
+        }
+        let end = u64::from(offset) + u64::from(len);
+        if end > u64::from(seq.end) {
+            return Err(TransferError::BeyondBurst {
+                offset,
+                len,
+                end: seq.end,
+            });
+        }
+        let end = end as u32;
+        seq.next_offset = end;
+        seq.next_data_sn = seq.next_data_sn.wrapping_add(1);
+        let seq_end = seq.end;
+        if ttt == mcsi_proto::pdu::RESERVED_TAG {
+            if final_ {
+                // The unsolicited burst may end early; R2Ts ask for the rest (4.2.5.2).
+                self.solicit_from = end;
+                self.next_r2t_offset = end;
+                self.unsolicited = None;
+            }
+        } else if final_ || end == seq_end {
+            if end != seq_end {
+                return Err(TransferError::ShortSequence {
+                    got: end - self.start_of(ttt),
+                    len: seq_end - self.start_of(ttt),
+                });
+            }
+            self.outstanding.retain(|s| s.ttt != ttt);
+        }
+        let keep_end = end.min(self.want);
+        let len_kept = keep_end.saturating_sub(offset);
+        Ok(Accept {
+            offset,
+            skip: 0,
+            len: len_kept,
+        })
+    }
+
+    fn start_of(&self, ttt: u32) -> u32 {
+        self.outstanding
+            .iter()
+            .find(|s| s.ttt == ttt)
+            .map(|s| s.start)
+            .unwrap_or(0)
+    }
+
+    /// R2Ts to send now: once the unsolicited burst is over, as many as MaxOutstandingR2T allows
+    /// for the bytes not yet asked for, each at most MaxBurstLength (4.2.5.2, 11.8).
+    pub fn next_r2ts(&mut self, mut alloc_ttt: impl FnMut() -> u32) -> Vec<R2tPlan> {
+        let mut out = Vec::new();
+        if self.unsolicited.is_some() {
+            return out;
+        }
+        let max_burst = self.params.max_burst_length.max(1);
+        while (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1)
+            && self.next_r2t_offset < self.want
+        {
+            let offset = self.next_r2t_offset;
+            let len = (self.want - offset).min(max_burst);
+            let ttt = alloc_ttt();
+            let plan = R2tPlan {
+                ttt,
+                r2t_sn: self.next_r2t_sn,
+                offset,
+                len,
+            };
+            self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+            self.next_r2t_offset = offset + len;
+            self.outstanding.push(Solicited {
+                ttt,
+                start: offset,
+                seq: Seq {
+                    next_offset: offset,
+                    next_data_sn: 0,
+                    end: offset + len,
+                },
+            });
+            out.push(plan);
+        }
+        out
+    }
+
+    /// All data the command needs has arrived and no sequence is open.
+    pub fn done(&self) -> bool {
+        self.unsolicited.is_none()
+            && self.outstanding.is_empty()
+            && self.next_r2t_offset.max(self.solicit_from) >= self.want
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcsi_proto::pdu::RESERVED_TAG;
+
+    fn params(initial_r2t: bool) -> BurstParams {
+        BurstParams {
+            initial_r2t,
+            immediate_data: true,
+            first_burst_length: 8192,
+            max_burst_length: 16384,
+            max_outstanding_r2t: 2,
+        }
+    }
+
+    fn ttts() -> impl FnMut() -> u32 {
+        let mut n = 100;
+        move || {
+            n += 1;
+            n
+        }
+    }
+
+    #[test]
+    fn immediate_plus_unsolicited_plus_r2ts() {
+        // 64 KiB write: 4 KiB immediate, 4 KiB unsolicited Data-Out, 56 KiB by R2T.
+        let mut t = WriteTransfer::new(params(false), 65536, 65536, 4096, false).unwrap();
+        let mut alloc = ttts();
+        assert!(
+            t.next_r2ts(&mut alloc).is_empty(),
+            "no R2T during the unsolicited burst"
+        );
+        let a = t.on_data_out(RESERVED_TAG, 0, 4096, 4096, true).unwrap();
+        assert_eq!(
+            a,
+            Accept {
+                offset: 4096,
+                skip: 0,
+                len: 4096
+            }
+        );
+        let r = t.next_r2ts(&mut alloc);
+        // 57344 left: one R2T of 16384 at 8192, one at 24576 (MaxOutstandingR2T = 2).
+        assert_eq!(
+            r,
+            vec![
+                R2tPlan {
+                    ttt: 101,
+                    r2t_sn: 0,
+                    offset: 8192,
+                    len: 16384
+                },
+                R2tPlan {
+                    ttt: 102,
+                    r2t_sn: 1,
+                    offset: 24576,
+                    len: 16384
+                },
+            ]
+        );
+        t.on_data_out(101, 0, 8192, 8192, false).unwrap();
+        t.on_data_out(101, 1, 16384, 8192, true).unwrap();
+        let r = t.next_r2ts(&mut alloc);
+        assert_eq!(
+            r,
+            vec![R2tPlan {
+                ttt: 103,
+                r2t_sn: 2,
+                offset: 40960,
+                len: 16384
+            }]
+        );
+        t.on_data_out(102, 0, 24576, 16384, true).unwrap();
+        let r = t.next_r2ts(&mut alloc);
+        // The last 8192 bytes.
+        assert_eq!(
+            r,
+            vec![R2tPlan {
+                ttt: 104,
+                r2t_sn: 3,
+                offset: 57344,
+                len: 8192
+            }]
+        );
+        assert!(!t.done());
+        t.on_data_out(103, 0, 40960, 16384, true).unwrap();
+        t.on_data_out(104, 0, 57344, 8192, true).unwrap();
+        assert!(t.done());
+    }
+
+    #[test]
+    fn initial_r2t_forbids_unsolicited_data_out() {
+        assert_eq!(
+            WriteTransfer::new(params(true), 4096, 4096, 0, false).unwrap_err(),
+            TransferError::UnsolicitedNotAllowed
+        );
+        let mut t = WriteTransfer::new(params(true), 4096, 4096, 0, true).unwrap();
+        assert_eq!(
+            t.on_data_out(RESERVED_TAG, 0, 0, 512, true).unwrap_err(),
+            TransferError::NoUnsolicitedBurst
+        );
+    }
+
+    #[test]
+    fn data_sn_and_offset_are_checked() {
+        let mut t = WriteTransfer::new(params(true), 1024, 1024, 0, true).unwrap();
+        let r = t.next_r2ts(ttts());
+        assert_eq!(r.len(), 1);
+        let ttt = r[0].ttt;
+        t.on_data_out(ttt, 0, 0, 512, false).unwrap();
+        assert_eq!(
+            t.on_data_out(ttt, 0, 512, 512, true).unwrap_err(),
+            TransferError::DataSn {
+                expected: 1,
+                got: 0
+            }
+        );
+        assert_eq!(
+            t.on_data_out(ttt, 1, 0, 512, true).unwrap_err(),
+            TransferError::Offset {
+                expected: 512,
+                got: 0
+            }
+        );
+        assert_eq!(
+            t.on_data_out(ttt, 1, 512, 1024, true).unwrap_err(),
+            TransferError::BeyondBurst {
+                offset: 512,
+                len: 1024,
+                end: 1024
+            }
+        );
+        assert_eq!(
+            t.on_data_out(7, 1, 512, 512, true).unwrap_err(),
+            TransferError::UnknownTtt(7)
+        );
+    }
+
+    #[test]
+    fn expected_length_beyond_need_keeps_only_the_need() {
+        // EDTL 10000 for a one-block write: 512 kept, only 512 solicited.
+        let mut t = WriteTransfer::new(params(true), 10000, 512, 0, true).unwrap();
+        let r = t.next_r2ts(ttts());
+        assert_eq!(
+            r,
+            vec![R2tPlan {
+                ttt: 101,
+                r2t_sn: 0,
+                offset: 0,
+                len: 512
+            }]
+        );
+        // Immediate data longer than the need is cut.
+        let t2 = WriteTransfer::new(params(false), 10000, 512, 4096, true).unwrap();
+        assert_eq!(t2.accept_immediate(4096).len, 512);
+        assert!(t2.done());
+    }
+
+    #[test]
+    fn unsolicited_limit_is_first_burst() {
+        assert_eq!(
+            WriteTransfer::new(params(false), 65536, 65536, 8193, false).unwrap_err(),
+            TransferError::TooMuchUnsolicited {
+                got: 8193,
+                limit: 8192
+            }
+        );
+        let mut t = WriteTransfer::new(params(false), 65536, 65536, 0, false).unwrap();
+        t.on_data_out(RESERVED_TAG, 0, 0, 8192, false).unwrap();
+        assert!(matches!(
+            t.on_data_out(RESERVED_TAG, 1, 8192, 512, true),
+            Err(TransferError::BeyondBurst { .. })
+        ));
+    }
+}

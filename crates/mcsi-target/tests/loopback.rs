@@ -1,0 +1,672 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The target over real loopback sockets, driven by a small raw-PDU client built on mcsi-proto's
+//! codec.
+
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::*;
+use mcsi_target::config::{LunSpec, ServerConfig, TargetSpec};
+use mcsi_target::Server;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IQN: &str = "iqn.2026-01.org.mcsi:test";
+
+async fn start(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> Server {
+    let mut l = mcsi_target::config::Limits::default();
+    limits(&mut l);
+    let cfg = ServerConfig {
+        targets: vec![TargetSpec {
+            iqn: IQN.into(),
+            alias: None,
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+            luns: vec![LunSpec {
+                backend: "ram:16MiB".into(),
+                block_size: 512,
+                read_only: false,
+                serial: None,
+            }],
+            limits: l,
+        }],
+    };
+    Server::start(&cfg).await.unwrap()
+}
+
+struct Client {
+    s: TcpStream,
+    buf: BytesMut,
+    framing: Framing,
+    cmd_sn: u32,
+    itt: u32,
+    tsih: u16,
+}
+
+fn text(pairs: &[(&str, &str)]) -> Bytes {
+    let mut v = Vec::new();
+    for (k, val) in pairs {
+        v.extend_from_slice(format!("{k}={val}\0").as_bytes());
+    }
+    Bytes::from(v)
+}
+
+impl Client {
+    async fn connect(server: &Server) -> Client {
+        let s = TcpStream::connect(server.local_addrs()[0]).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        Client {
+            s,
+            buf: BytesMut::new(),
+            framing: Framing::default(),
+            cmd_sn: 1,
+            itt: 1,
+            tsih: 0,
+        }
+    }
+
+    async fn send(&mut self, p: Pdu) {
+        let e = p.encode(&self.framing);
+        self.s.write_all(&e.to_vec()).await.unwrap();
+    }
+
+    async fn recv(&mut self) -> Pdu {
+        tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
+            .await
+            .expect("no PDU within 5 s")
+    }
+
+    async fn recv_inner(&mut self) -> Pdu {
+        let f = Framing {
+            max_data_segment_length: 1 << 24,
+            ..self.framing
+        };
+        loop {
+            if let Some(p) = decode(&mut self.buf, &f).unwrap() {
+                return p;
+            }
+            assert!(
+                self.s.read_buf(&mut self.buf).await.unwrap() > 0,
+                "connection closed"
+            );
+        }
+    }
+
+    /// Nothing arrives within `ms`.
+    async fn silent(&mut self, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), self.recv_inner())
+            .await
+            .is_err()
+    }
+
+    async fn login(
+        &mut self,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        keys: &[(&str, &str)],
+    ) -> LoginResponse {
+        let mut all = vec![("InitiatorName", "iqn.2026-01.org.mcsi:client")];
+        all.extend_from_slice(keys);
+        self.send(Pdu::LoginRequest(LoginRequest {
+            transit: true,
+            continue_: false,
+            csg: Stage::Operational,
+            nsg: Stage::FullFeature,
+            version_max: 0,
+            version_min: 0,
+            isid: Isid(isid),
+            tsih,
+            itt: 0,
+            cid,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            data: text(&all),
+        }))
+        .await;
+        let Pdu::LoginResponse(r) = self.recv().await else {
+            panic!("not a login response")
+        };
+        self.tsih = r.tsih;
+        r
+    }
+
+    async fn normal(server: &Server, keys: &[(&str, &str)]) -> Client {
+        Self::normal_isid(server, [0x80, 1, 2, 3, 4, 5], keys).await
+    }
+
+    /// Logs in to a normal session and clears the power-on unit attention.
+    async fn normal_isid(server: &Server, isid: [u8; 6], keys: &[(&str, &str)]) -> Client {
+        let mut c = Client::connect(server).await;
+        let mut k = vec![
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("MaxConnections", "4"),
+        ];
+        k.extend_from_slice(keys);
+        let r = c.login(isid, 0, 0, &k).await;
+        assert_eq!((r.status_class, r.status_detail), (0, 0));
+        assert!(r.transit && r.nsg == Stage::FullFeature);
+        c.cmd_sn = r.exp_cmd_sn;
+        for _ in 0..3 {
+            let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+            let itt = tur.itt;
+            c.send(Pdu::ScsiCommand(tur)).await;
+            let (_, st, _, _, _) = c.read_result(itt).await;
+            if st == 0 {
+                break;
+            }
+        }
+        c
+    }
+
+    fn next_itt(&mut self) -> u32 {
+        self.itt += 1;
+        self.itt
+    }
+
+    fn command(
+        &mut self,
+        cdb: &[u8],
+        read: bool,
+        write: bool,
+        edtl: u32,
+        data: Bytes,
+        final_: bool,
+    ) -> ScsiCommand {
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        let itt = self.next_itt();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_,
+            read,
+            write,
+            attr: TaskAttr::Simple,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Bytes::copy_from_slice(&c),
+            bidi_read_length: None,
+            data,
+        };
+        self.cmd_sn += 1;
+        cmd
+    }
+
+    /// Collects Data-In until status; returns (data, status PDU fields).
+    async fn read_result(&mut self, itt: u32) -> (Vec<u8>, u8, bool, bool, u32) {
+        let mut data = Vec::new();
+        loop {
+            match self.recv().await {
+                Pdu::DataIn(d) => {
+                    assert_eq!(d.itt, itt);
+                    assert_eq!(d.buffer_offset as usize, data.len());
+                    data.extend_from_slice(&d.data);
+                    if let Some(s) = d.status {
+                        return (data, s, d.overflow, d.underflow, d.residual_count);
+                    }
+                }
+                Pdu::ScsiResponse(r) => {
+                    assert_eq!(r.itt, itt);
+                    return (data, r.status, r.overflow, r.underflow, r.residual_count);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
+}
+
+#[tokio::test]
+async fn discovery_send_targets() {
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login([0x80, 0, 0, 0, 0, 1], 0, 0, &[("SessionType", "Discovery")])
+        .await;
+    assert_eq!(r.status_class, 0);
+    for value in ["All", IQN] {
+        let itt = c.next_itt();
+        c.send(Pdu::TextRequest(TextRequest {
+            immediate: true,
+            final_: true,
+            continue_: false,
+            lun: 0,
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: 0,
+            data: text(&[("SendTargets", value)]),
+        }))
+        .await;
+        let Pdu::TextResponse(t) = c.recv().await else {
+            panic!()
+        };
+        let expect = format!(
+            "TargetName={IQN}\0TargetAddress={},1\0",
+            server.local_addrs()[0]
+        );
+        assert_eq!(&t.data[..], expect.as_bytes());
+        assert!(t.final_);
+    }
+    // An unknown name lists nothing.
+    c.send(Pdu::TextRequest(TextRequest {
+        immediate: true,
+        final_: true,
+        continue_: false,
+        lun: 0,
+        itt: 99,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        data: text(&[("SendTargets", "iqn.2026-01.org.mcsi:nope")]),
+    }))
+    .await;
+    let Pdu::TextResponse(t) = c.recv().await else {
+        panic!()
+    };
+    assert!(t.data.is_empty());
+}
+
+#[tokio::test]
+async fn login_to_unknown_target_fails() {
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login(
+            [0x80, 0, 0, 0, 0, 2],
+            0,
+            0,
+            &[("TargetName", "iqn.2026-01.org.mcsi:nope")],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (2, 3));
+}
+
+#[tokio::test]
+async fn write_immediate_then_read_back() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[("ImmediateData", "Yes"), ("InitialR2T", "No")]).await;
+    let data = pattern(4096, 7);
+    let cmd = c.command(&rw10(0x2a, 10, 8), false, true, 4096, data.clone(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (_, st, o, u, _) = c.read_result(itt).await;
+    assert_eq!((st, o, u), (0, false, false));
+    let cmd = c.command(&rw10(0x28, 10, 8), true, false, 4096, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, _, _, _) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    assert_eq!(&got[..], &data[..]);
+}
+
+#[tokio::test]
+async fn unsolicited_data_then_r2t() {
+    // FirstBurstLength 8192: 2048 immediate + 6144 unsolicited Data-Out, the rest by R2T.
+    let server = start(|l| {
+        l.first_burst_length = 8192;
+        l.max_burst_length = 16384;
+    })
+    .await;
+    let mut c = Client::normal(
+        &server,
+        &[
+            ("ImmediateData", "Yes"),
+            ("InitialR2T", "No"),
+            ("FirstBurstLength", "8192"),
+            ("MaxBurstLength", "16384"),
+            ("MaxOutstandingR2T", "1"),
+        ],
+    )
+    .await;
+    let data = pattern(40960, 3);
+    let cmd = c.command(
+        &rw10(0x2a, 100, 80),
+        false,
+        true,
+        40960,
+        data.slice(..2048),
+        false,
+    );
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    c.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 2048,
+        data: data.slice(2048..8192),
+    }))
+    .await;
+    // R2Ts: 8192+16384, then 24576+16384 (one outstanding at a time).
+    let mut expect_off = 8192u32;
+    for sn in 0..2u32 {
+        let Pdu::R2t(r) = c.recv().await else {
+            panic!("expected R2T")
+        };
+        assert_eq!(
+            (r.r2t_sn, r.buffer_offset, r.desired_data_transfer_length),
+            (sn, expect_off, 16384)
+        );
+        let (o, n) = (
+            r.buffer_offset as usize,
+            r.desired_data_transfer_length as usize,
+        );
+        // Two Data-Out PDUs per R2T, DataSN from 0.
+        c.send(Pdu::DataOut(DataOut {
+            final_: false,
+            lun: 0,
+            itt,
+            ttt: r.ttt,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: o as u32,
+            data: data.slice(o..o + n / 2),
+        }))
+        .await;
+        c.send(Pdu::DataOut(DataOut {
+            final_: true,
+            lun: 0,
+            itt,
+            ttt: r.ttt,
+            exp_stat_sn: 0,
+            data_sn: 1,
+            buffer_offset: (o + n / 2) as u32,
+            data: data.slice(o + n / 2..o + n),
+        }))
+        .await;
+        expect_off += 16384;
+    }
+    let (_, st, _, _, _) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    let cmd = c.command(&rw10(0x28, 100, 80), true, false, 40960, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, _, _, _, _) = c.read_result(itt).await;
+    assert_eq!(&got[..], &data[..]);
+}
+
+#[tokio::test]
+async fn residuals_for_reads_and_writes() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[("ImmediateData", "Yes"), ("InitialR2T", "No")]).await;
+    // READ10 of one block with EDTL 10000: 512 bytes and underflow 9488.
+    let cmd = c.command(&rw10(0x28, 0, 1), true, false, 10000, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, o, u, res) = c.read_result(itt).await;
+    assert_eq!((got.len(), st, o, u, res), (512, 0, false, true, 9488));
+    // READ10 of two blocks with EDTL one block: 512 bytes, overflow 512.
+    let cmd = c.command(&rw10(0x28, 0, 2), true, false, 512, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, o, u, res) = c.read_result(itt).await;
+    assert_eq!((got.len(), st, o, u, res), (512, 0, true, false, 512));
+    // WRITE10 of one block with EDTL 1024 (all immediate): underflow 512.
+    let cmd = c.command(&rw10(0x2a, 0, 1), false, true, 1024, pattern(1024, 1), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (_, st, o, u, res) = c.read_result(itt).await;
+    assert_eq!((st, o, u, res), (0, false, true, 512));
+}
+
+#[tokio::test]
+async fn many_outstanding_commands() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[("ImmediateData", "Yes"), ("InitialR2T", "No")]).await;
+    let mut itts = Vec::new();
+    for i in 0..64u32 {
+        let cmd = c.command(
+            &rw10(0x2a, i * 8, 8),
+            false,
+            true,
+            4096,
+            pattern(4096, i as u8),
+            true,
+        );
+        itts.push(cmd.itt);
+        c.send(Pdu::ScsiCommand(cmd)).await;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..64 {
+        let Pdu::ScsiResponse(r) = c.recv().await else {
+            panic!()
+        };
+        assert_eq!(r.status, 0);
+        assert!(seen.insert(r.itt));
+    }
+    assert_eq!(seen.len(), 64);
+    for i in 0..64u32 {
+        let cmd = c.command(&rw10(0x28, i * 8, 8), true, false, 4096, Bytes::new(), true);
+        let itt = cmd.itt;
+        c.send(Pdu::ScsiCommand(cmd)).await;
+        let (got, _, _, _, _) = c.read_result(itt).await;
+        assert_eq!(&got[..], &pattern(4096, i as u8)[..]);
+    }
+}
+
+#[tokio::test]
+async fn cmd_sn_window_across_two_connections() {
+    let server = start(|l| l.queue_depth = 16).await;
+    let mut a = Client::normal(&server, &[]).await;
+    let first = a.cmd_sn;
+    // Second connection of the same session: same ISID, the TSIH given, another CID.
+    let mut b = Client::connect(&server).await;
+    let tsih = a.tsih;
+    b.cmd_sn = a.cmd_sn;
+    let r = b
+        .login([0x80, 1, 2, 3, 4, 5], tsih, 1, &[("TargetName", IQN)])
+        .await;
+    assert_eq!((r.status_class, r.tsih), (0, tsih));
+    assert_eq!(r.exp_cmd_sn, first);
+
+    // Out of window (too high): silently dropped.
+    a.cmd_sn = first + 100;
+    let cmd = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    assert!(a.silent(300).await);
+
+    // CmdSN first+1 on connection b is held until first arrives on connection a.
+    b.cmd_sn = first + 1;
+    let cmd = b.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+    let itt_b = cmd.itt;
+    b.send(Pdu::ScsiCommand(cmd)).await;
+    assert!(
+        b.silent(300).await,
+        "a command behind a CmdSN gap must wait"
+    );
+    a.cmd_sn = first;
+    let cmd = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+    let itt_a = cmd.itt;
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    let Pdu::ScsiResponse(ra) = a.recv().await else {
+        panic!()
+    };
+    let Pdu::ScsiResponse(rb) = b.recv().await else {
+        panic!()
+    };
+    assert_eq!((ra.itt, rb.itt), (itt_a, itt_b));
+    assert_eq!(rb.exp_cmd_sn, first + 2);
+    // Nothing outstanding: MaxCmdSN = ExpCmdSN + queue depth (16) - 1.
+    assert_eq!(rb.max_cmd_sn, first + 2 + 15);
+    // Too low now: dropped.
+    a.cmd_sn = first;
+    let cmd = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    assert!(a.silent(300).await);
+}
+
+#[tokio::test]
+async fn nop_ping_echoes_data() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[]).await;
+    let itt = c.next_itt();
+    c.send(Pdu::NopOut(NopOut {
+        immediate: true,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        data: Bytes::from_static(b"ping!"),
+    }))
+    .await;
+    let Pdu::NopIn(n) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(
+        (n.itt, n.ttt, &n.data[..]),
+        (itt, RESERVED_TAG, &b"ping!"[..])
+    );
+}
+
+#[tokio::test]
+async fn abort_of_unknown_task_and_lun_reset() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[]).await;
+    let tmf = |function: u8, lun: u64, r: u32, cmd_sn: u32| {
+        Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun,
+            itt: 500 + u32::from(function),
+            referenced_task_tag: r,
+            cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: cmd_sn.wrapping_sub(5),
+            exp_data_sn: 0,
+        })
+    };
+    c.send(tmf(1, 0, 0x1234, c.cmd_sn)).await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 1, "task does not exist");
+    c.send(tmf(5, 0, RESERVED_TAG, c.cmd_sn)).await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 0);
+    c.send(tmf(5, mcsi_scsi::lun::encode(7), RESERVED_TAG, c.cmd_sn))
+        .await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 2, "LUN does not exist");
+    c.send(tmf(7, 0, RESERVED_TAG, c.cmd_sn)).await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 5, "function not supported");
+}
+
+#[tokio::test]
+async fn abort_task_waiting_for_data_sends_no_status() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
+    let cmd = c.command(&rw10(0x2a, 0, 8), false, true, 4096, Bytes::new(), true);
+    let (itt, cmd_sn) = (cmd.itt, cmd.cmd_sn);
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let Pdu::R2t(_) = c.recv().await else {
+        panic!("expected R2T")
+    };
+    c.send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function: 1,
+        lun: 0,
+        itt: 900,
+        referenced_task_tag: itt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: cmd_sn,
+        exp_data_sn: 0,
+    }))
+    .await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!("the aborted task's status must not be sent")
+    };
+    assert_eq!((r.itt, r.response), (900, 0));
+    assert!(c.silent(200).await);
+}
+
+#[tokio::test]
+async fn malformed_pdu_is_rejected_and_the_session_goes_on() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[]).await;
+    let mut other = Client::normal_isid(&server, [0x80, 9, 9, 9, 9, 9], &[]).await;
+    // Opcode 0x1f is not defined by RFC 7143.
+    let mut bhs = [0u8; 48];
+    bhs[0] = 0x1f;
+    bhs[16..20].copy_from_slice(&77u32.to_be_bytes());
+    c.s.write_all(&bhs).await.unwrap();
+    let Pdu::Reject(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.reason, 0x04);
+    assert_eq!(&r.header[..], &bhs[..]);
+    for cl in [&mut c, &mut other] {
+        let cmd = cl.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+        let itt = cmd.itt;
+        cl.send(Pdu::ScsiCommand(cmd)).await;
+        let Pdu::ScsiResponse(r) = cl.recv().await else {
+            panic!()
+        };
+        assert_eq!((r.itt, r.status), (itt, 0));
+    }
+}
+
+#[tokio::test]
+async fn logout_and_session_reinstatement() {
+    let server = start(|_| {}).await;
+    let mut old = Client::normal(&server, &[]).await;
+    let old_tsih = old.tsih;
+    // Same initiator name and ISID, TSIH 0: the old session is closed first.
+    let new = Client::normal(&server, &[]).await;
+    assert_ne!(new.tsih, old_tsih);
+    let mut tmp = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), old.s.read(&mut tmp))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the reinstated session's connection is closed");
+    let mut c = new;
+    let itt = c.next_itt();
+    c.send(Pdu::LogoutRequest(LogoutRequest {
+        immediate: true,
+        reason: 0,
+        itt,
+        cid: 0,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+    }))
+    .await;
+    let Pdu::LogoutResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!((r.itt, r.response), (itt, 0));
+    let n = tokio::time::timeout(Duration::from_secs(5), c.s.read(&mut tmp))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    server.shutdown().await.unwrap();
+}
