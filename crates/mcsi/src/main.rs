@@ -1,6 +1,7 @@
 //! `mcsi`: iSCSI target, initiator tools, link emulator and models for difficult networks.
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 mod cmd;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
