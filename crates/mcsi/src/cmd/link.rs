@@ -1,11 +1,290 @@
+//! `mcsi link`: run a command behind an emulated link.
+
+use anyhow::Context;
+use mcsi_link::run::{run as run_link, RunOptions};
+use mcsi_link::{LinkConfig, PathBy, PathConfig};
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Placeholder while this subcommand is being built.
-    Placeholder,
+    /// Run COMMAND in a new network namespace whose traffic to the host crosses the emulated
+    /// link. Inside, $MCSI_LINK_PEER is the host-side address (anything listening on the
+    /// host's 0.0.0.0 is reachable there). Exits with COMMAND's status.
+    Run(RunArgs),
 }
 
-pub fn run(_c: Command) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not built yet")
+/// Per-direction options: `--X` sets both directions, `--X-up` the direction toward the host,
+/// `--X-down` the direction toward COMMAND.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  mcsi link run --rate 5mbit --delay 5ms -- iperf3 -c '$MCSI_LINK_PEER'\n  \
+                  mcsi link run --profile 802.11b --per 5% -- sh -c 'ping -c 10 $MCSI_LINK_PEER'\n  \
+                  mcsi link run --path rate=10mbit,delay=5ms --path rate=2mbit,delay=40ms --path-by port -- ..."
+)]
+pub struct RunArgs {
+    /// Bottleneck rate in bit/s (k/m/g suffixes: 5mbit, 500kbit); unset = unlimited.
+    #[arg(long)]
+    rate: Option<String>,
+    #[arg(long)]
+    rate_up: Option<String>,
+    #[arg(long)]
+    rate_down: Option<String>,
+    /// Bytes added to each packet's length for its serialization time (framing overhead).
+    #[arg(long)]
+    overhead: Option<String>,
+    /// One-way delay (10ms, 250us; a bare number is milliseconds).
+    #[arg(long)]
+    delay: Option<String>,
+    #[arg(long)]
+    delay_up: Option<String>,
+    #[arg(long)]
+    delay_down: Option<String>,
+    /// Delay variation around --delay; see --jitter-dist.
+    #[arg(long)]
+    jitter: Option<String>,
+    #[arg(long)]
+    jitter_up: Option<String>,
+    #[arg(long)]
+    jitter_down: Option<String>,
+    /// Jitter distribution: uniform (+-jitter, the default), normal, pareto, paretonormal
+    /// (standard deviation = jitter).
+    #[arg(long)]
+    jitter_dist: Option<String>,
+    /// Let jitter reorder packets; by default a packet never overtakes the one ahead of it.
+    #[arg(long)]
+    reorder: bool,
+    /// Random loss, Bernoulli, in percent (5%, or 5).
+    #[arg(long)]
+    loss: Option<String>,
+    #[arg(long)]
+    loss_up: Option<String>,
+    #[arg(long)]
+    loss_down: Option<String>,
+    /// Gilbert-Elliott loss as netem's gemodel: p,r,1-h,1-k in percent (r, 1-h, 1-k optional).
+    #[arg(long)]
+    loss_ge: Option<String>,
+    #[arg(long)]
+    loss_ge_up: Option<String>,
+    #[arg(long)]
+    loss_ge_down: Option<String>,
+    /// Drop-tail queue limit: bytes (64KiB) or packets (100p). Default 1000 packets.
+    #[arg(long)]
+    queue: Option<String>,
+    #[arg(long)]
+    queue_up: Option<String>,
+    #[arg(long)]
+    queue_down: Option<String>,
+    /// 802.11 airtime model for both directions on one medium: 802.11b or 802.11g.
+    #[arg(long)]
+    profile: Option<String>,
+    /// 802.11 frame error rate per transmission attempt (needs --profile).
+    #[arg(long)]
+    per: Option<String>,
+    /// 802.11 attempts per frame before it is dropped (default 7).
+    #[arg(long)]
+    retry_limit: Option<String>,
+    /// A path: comma-separated key=value (rate, delay, jitter, loss, loss-ge, queue, profile,
+    /// per, ... and their -up/-down forms) applied on top of the options above. Repeat for
+    /// several paths; each flow stays on one path.
+    #[arg(long = "path", value_name = "SPEC")]
+    paths: Vec<String>,
+    /// How flows are pinned to paths: hash (5-tuple) or port (each new command-side port takes
+    /// the next path in turn).
+    #[arg(long, default_value = "hash")]
+    path_by: String,
+    /// Seed of every random draw (loss, jitter, backoff); same seed and traffic, same run.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// MTU of the link devices.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+    /// Write the delivered packets to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Write one JSON line per packet event (deliver, drop with cause, filtered).
+    #[arg(long, value_name = "FILE")]
+    packet_log: Option<PathBuf>,
+    /// Write the summary as JSON to this file.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    /// Do not print the summary on exit.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Program and arguments to run behind the link.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+impl RunArgs {
+    fn path_config(&self) -> anyhow::Result<PathConfig> {
+        let mut p = PathConfig::default();
+        // The profile first: --per and --retry-limit refine it. Then both-direction values,
+        // then the per-direction ones, which override.
+        let items: [(&str, &Option<String>); 23] = [
+            ("profile", &self.profile),
+            ("per", &self.per),
+            ("retry-limit", &self.retry_limit),
+            ("rate", &self.rate),
+            ("overhead", &self.overhead),
+            ("delay", &self.delay),
+            ("jitter", &self.jitter),
+            ("jitter-dist", &self.jitter_dist),
+            ("loss", &self.loss),
+            ("loss-ge", &self.loss_ge),
+            ("queue", &self.queue),
+            ("rate-up", &self.rate_up),
+            ("rate-down", &self.rate_down),
+            ("delay-up", &self.delay_up),
+            ("delay-down", &self.delay_down),
+            ("jitter-up", &self.jitter_up),
+            ("jitter-down", &self.jitter_down),
+            ("loss-up", &self.loss_up),
+            ("loss-down", &self.loss_down),
+            ("loss-ge-up", &self.loss_ge_up),
+            ("loss-ge-down", &self.loss_ge_down),
+            ("queue-up", &self.queue_up),
+            ("queue-down", &self.queue_down),
+        ];
+        for (k, v) in items {
+            if let Some(v) = v {
+                p.set(k, v).with_context(|| format!("--{k}"))?;
+            }
+        }
+        if self.reorder {
+            p.set("reorder", "on")?;
+        }
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn link_config(&self) -> anyhow::Result<LinkConfig> {
+        let base = self.path_config()?;
+        let paths = if self.paths.is_empty() {
+            vec![base]
+        } else {
+            self.paths
+                .iter()
+                .map(|spec| {
+                    let mut p = base.clone();
+                    p.apply_spec(spec)
+                        .with_context(|| format!("--path '{spec}'"))?;
+                    Ok(p)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+        };
+        let seed = self.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (u64::from(std::process::id()) << 32)
+        });
+        let cfg = LinkConfig {
+            paths,
+            path_by: PathBy::parse(&self.path_by)?,
+            seed,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+pub fn run(c: Command) -> anyhow::Result<ExitCode> {
+    match c {
+        Command::Run(args) => run_cmd(args),
+    }
+}
+
+fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let link = args.link_config()?;
+    let seed = link.seed;
+    let out = run_link(RunOptions {
+        link,
+        command: args.command.clone(),
+        mtu: args.mtu,
+        pcap: args.pcap.clone(),
+        log: args.packet_log.clone(),
+        kill_grace: Duration::from_secs(5),
+    })?;
+    if !args.quiet {
+        eprint!("{}", out.summary);
+        eprintln!(
+            "  seed {seed}; link {} (host) <-> {} (command); command: {}",
+            out.host_addr, out.command_addr, out.status
+        );
+    }
+    if let Some(p) = &args.summary_json {
+        let v = serde_json::json!({
+            "seed": seed,
+            "host_addr": out.host_addr.to_string(),
+            "command_addr": out.command_addr.to_string(),
+            "status": out.status,
+            "exit_code": out.code,
+            "summary": out.summary,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("write summary to {}", p.display()))?;
+    }
+    Ok(ExitCode::from(out.code))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        c: Command,
+    }
+
+    fn cfg(args: &[&str]) -> anyhow::Result<LinkConfig> {
+        let mut v = vec!["mcsi", "run"];
+        v.extend_from_slice(args);
+        v.extend_from_slice(&["--", "true"]);
+        let Command::Run(a) = Cli::try_parse_from(v)?.c;
+        a.link_config()
+    }
+
+    #[test]
+    fn directions_and_paths() {
+        let c = cfg(&["--rate", "5mbit", "--delay-down", "7ms", "--seed", "3"]).unwrap();
+        assert_eq!(c.seed, 3);
+        let p = &c.paths[0];
+        assert_eq!((p.up.rate, p.down.rate), (Some(5e6), Some(5e6)));
+        assert_eq!(p.down.delay, Duration::from_millis(7));
+        assert_eq!(p.up.delay, Duration::ZERO);
+
+        let c = cfg(&[
+            "--delay",
+            "5ms",
+            "--path",
+            "rate=1mbit",
+            "--path",
+            "rate=2mbit,delay=9ms",
+            "--path-by",
+            "port",
+        ])
+        .unwrap();
+        assert_eq!(c.paths.len(), 2);
+        assert_eq!(c.paths[0].up.delay, Duration::from_millis(5));
+        assert_eq!(c.paths[1].up.delay, Duration::from_millis(9));
+        assert_eq!(c.path_by, PathBy::Port);
+
+        let c = cfg(&["--profile", "802.11b", "--per", "10%"]).unwrap();
+        assert_eq!(c.paths[0].wifi.as_ref().unwrap().per, 0.1);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(cfg(&["--rate", "fast"]).is_err());
+        assert!(cfg(&["--per", "5%"]).is_err());
+        assert!(cfg(&["--profile", "802.11z"]).is_err());
+        assert!(cfg(&["--profile", "802.11b", "--rate", "1mbit"]).is_err());
+        assert!(cfg(&["--path-by", "moon"]).is_err());
+        assert!(cfg(&["--loss-ge", "1,2,3,4,5"]).is_err());
+    }
 }

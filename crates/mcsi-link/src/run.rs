@@ -1,0 +1,500 @@
+//! The thin I/O layer: runs a command in its own network namespace whose only way out is a
+//! point-to-point link through the emulator.
+//!
+//! ```text
+//!   command (new netns)                      host netns
+//!   mcsi0 100.64.x.2  <-TUN->  [ Link ]  <-TUN->  mcsil<pid>h 100.64.x.1 (= $MCSI_LINK_PEER)
+//! ```
+//!
+//! Both TUN devices are non-persistent and the namespace is anonymous: they vanish with the
+//! process, even when it is killed. The command gets SIGKILL if the emulator dies first.
+
+use crate::link::{Delivery, Dir, Link};
+use crate::pcap::PcapWriter;
+use crate::stats::Summary;
+use crate::sys::{self, SysError};
+use crate::{ConfigError, LinkConfig, Nanos};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Name of the TUN device inside the command's namespace.
+pub const NS_DEV: &str = "mcsi0";
+/// Host-side TUN devices are named `mcsil<pid>h`.
+const HOST_PREFIX: &str = "mcsil";
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub link: LinkConfig,
+    /// Program and arguments.
+    pub command: Vec<OsString>,
+    pub mtu: u32,
+    /// Write every delivered packet here (pcap, raw IP).
+    pub pcap: Option<PathBuf>,
+    /// Write one JSON line per packet event (deliver, drop, filtered) here.
+    pub log: Option<PathBuf>,
+    /// How long the command gets after SIGTERM/SIGINT was passed on before SIGKILL.
+    pub kill_grace: Duration,
+}
+
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The command's exit code, or 128 + signal number if a signal ended it.
+    pub code: u8,
+    /// Readable form of how the command ended.
+    pub status: String,
+    pub summary: Summary,
+    pub host_addr: Ipv4Addr,
+    pub command_addr: Ipv4Addr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    #[error("no command given: use mcsi link run [OPTIONS] -- COMMAND [ARGS]")]
+    NoCommand,
+    #[error("MTU {0} out of range: use 576..=65535")]
+    Mtu(u32),
+    #[error("cannot run '{program}': {err}")]
+    Spawn { program: String, err: io::Error },
+    #[error("{what}: {err}")]
+    Output { what: String, err: io::Error },
+    #[error("the {0} thread panicked")]
+    Thread(&'static str),
+}
+
+/// Picks a /30 in 100.64.0.0/10 (shared address space, RFC 6598) from the pid, skipping any
+/// already used on this host. Returns (host side, command side).
+fn pick_addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
+    let used = sys::local_ipv4();
+    let base = u32::from(Ipv4Addr::new(100, 64, 0, 0));
+    let blocks = 1u32 << 20;
+    let mut pair = (Ipv4Addr::new(100, 64, 0, 1), Ipv4Addr::new(100, 64, 0, 2));
+    for k in 0..blocks {
+        let net = base + ((pid.wrapping_add(k)) % blocks) * 4;
+        pair = (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2));
+        if !used.contains(&pair.0) && !used.contains(&pair.1) {
+            break;
+        }
+    }
+    pair
+}
+
+/// Removes host-side devices left by runs whose process is gone. Ours are non-persistent, so
+/// this only finds devices someone made persistent; it must not stop the next run either way.
+fn cleanup_stale() {
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(HOST_PREFIX)
+            .and_then(|r| r.strip_suffix('h'))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && sys::pid_alive(pid) {
+            continue;
+        }
+        match sys::remove_persistent_tun(&name) {
+            Ok(()) => tracing::info!("removed stale link device {name} (pid {pid} is gone)"),
+            Err(e) => tracing::warn!("stale link device {name} could not be removed: {e}"),
+        }
+    }
+}
+
+struct Forwarder {
+    link: Link,
+    ns_tun: OwnedFd,
+    host_tun: OwnedFd,
+    stop_fd: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    host: [u8; 4],
+    cmd: [u8; 4],
+    start: Instant,
+    start_unix_ns: u64,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    log: Option<BufWriter<File>>,
+    filtered: u64,
+    late_sum: u64,
+    late_max: u64,
+    delivered: u64,
+    write_errors: u64,
+    /// Running average of how late a timed sleep wakes up.
+    wake_late_ewma: u64,
+}
+
+/// Deadlines closer than this are met by polling without sleeping: a sleeping thread wakes
+/// tens of microseconds late.
+const SPIN_NS: u64 = 10_000;
+/// Upper bound of the busy-polling margin before a deadline.
+const MAX_SPIN_NS: u64 = 100_000;
+const MAX_SLEEP_NS: u64 = 100_000_000;
+
+impl Forwarder {
+    fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+
+    fn run(mut self) -> Summary {
+        sys::precise_timers();
+        if !sys::realtime_priority(10) {
+            tracing::debug!("SCHED_FIFO refused; timers may be late on a busy machine");
+        }
+        let mut buf = vec![0u8; 65536];
+        let fds = [
+            self.ns_tun.as_raw_fd(),
+            self.host_tun.as_raw_fd(),
+            self.stop_fd.as_raw_fd(),
+        ];
+        loop {
+            let now = self.now();
+            while let Some(d) = self.link.poll_transmit(now) {
+                self.emit(d);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let wait = match self.link.next_deadline() {
+                Some(t) => t.saturating_sub(self.now()).min(MAX_SLEEP_NS),
+                None => MAX_SLEEP_NS,
+            };
+            // Sleep until a little before the deadline, by how late wake-ups have been running,
+            // then poll without sleeping.
+            let margin = (self.wake_late_ewma + self.wake_late_ewma / 2 + SPIN_NS).min(MAX_SPIN_NS);
+            let sleep = wait.saturating_sub(margin);
+            let t_sleep = self.now();
+            let ready = sys::wait_readable(fds, Some(sleep));
+            if sleep > 0 && !ready.iter().any(|&r| r) {
+                // Capped: a stalled virtual CPU says nothing about the timer.
+                let over = self.now().saturating_sub(t_sleep + sleep).min(MAX_SPIN_NS);
+                self.wake_late_ewma = (self.wake_late_ewma * 7 + over) / 8;
+            }
+            if ready[0] {
+                self.read_side(Dir::Up, &mut buf);
+            }
+            if ready[1] {
+                self.read_side(Dir::Down, &mut buf);
+            }
+            if ready[2] {
+                let _ = sys::read_packet(fds[2], &mut buf);
+            }
+        }
+        if let Some(p) = self.pcap.as_mut() {
+            let _ = p.flush();
+        }
+        if let Some(l) = self.log.as_mut() {
+            let _ = l.flush();
+        }
+        let mut s = self.link.summary();
+        s.elapsed_ns = self.now();
+        s.filtered = self.filtered;
+        s.timer_late_mean_ns = self.late_sum.checked_div(self.delivered).unwrap_or(0);
+        s.timer_late_max_ns = self.late_max;
+        s.write_errors = self.write_errors;
+        s
+    }
+
+    fn read_side(&mut self, dir: Dir, buf: &mut [u8]) {
+        let fd = match dir {
+            Dir::Up => self.ns_tun.as_raw_fd(),
+            Dir::Down => self.host_tun.as_raw_fd(),
+        };
+        // Bounded so that one busy side cannot starve the timers.
+        for _ in 0..256 {
+            let n = match sys::read_packet(fd, buf) {
+                Ok(Some(n)) => n,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("reading the {} TUN device: {e}", dir.as_str());
+                    return;
+                }
+            };
+            let pkt = &buf[..n];
+            let now = self.now();
+            if !self.allowed(dir, pkt) {
+                self.filtered += 1;
+                self.log_event(now, "filtered", dir, None, n, None);
+                continue;
+            }
+            match self.link.enqueue(dir, pkt.to_vec(), now) {
+                Ok(_) => {}
+                Err((path, cause)) => {
+                    self.log_event(now, "drop", dir, Some(path), n, Some(cause.as_str()))
+                }
+            }
+        }
+    }
+
+    /// Only IPv4 between the two link addresses crosses: the command reaches the host-side
+    /// address and nothing else.
+    fn allowed(&self, dir: Dir, pkt: &[u8]) -> bool {
+        if pkt.len() < 20 || pkt[0] >> 4 != 4 {
+            return false;
+        }
+        let (src, dst) = (&pkt[12..16], &pkt[16..20]);
+        match dir {
+            Dir::Up => src == self.cmd && dst == self.host,
+            Dir::Down => src == self.host && dst == self.cmd,
+        }
+    }
+
+    fn emit(&mut self, d: Delivery) {
+        let fd = match d.dir {
+            Dir::Up => self.host_tun.as_raw_fd(),
+            Dir::Down => self.ns_tun.as_raw_fd(),
+        };
+        let now = self.now();
+        if sys::write_packet(fd, &d.pkt).is_err() {
+            self.write_errors += 1;
+        }
+        let late = now.saturating_sub(d.at);
+        self.late_sum += late;
+        self.late_max = self.late_max.max(late);
+        self.delivered += 1;
+        if let Some(p) = self.pcap.as_mut() {
+            let _ = p.write(self.start_unix_ns + now, &d.pkt);
+        }
+        self.log_event(now, "deliver", d.dir, Some(d.path), d.pkt.len(), None);
+    }
+
+    fn log_event(
+        &mut self,
+        now: Nanos,
+        event: &str,
+        dir: Dir,
+        path: Option<usize>,
+        len: usize,
+        cause: Option<&str>,
+    ) {
+        let Some(l) = self.log.as_mut() else { return };
+        let v = serde_json::json!({
+            "t_us": now as f64 / 1e3,
+            "event": event,
+            "dir": dir.as_str(),
+            "path": path,
+            "len": len,
+            "cause": cause,
+        });
+        let _ = writeln!(l, "{v}");
+    }
+}
+
+fn create_output(p: &PathBuf, what: &str) -> Result<BufWriter<File>, RunError> {
+    File::create(p)
+        .map(BufWriter::new)
+        .map_err(|source| RunError::Output {
+            what: format!("create {what} file {}", p.display()),
+            err: source,
+        })
+}
+
+/// Runs `opts.command` behind the link until it exits; cleans up on every path out.
+pub fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
+    let program = opts.command.first().ok_or(RunError::NoCommand)?.clone();
+    if !(576..=65535).contains(&opts.mtu) {
+        return Err(RunError::Mtu(opts.mtu));
+    }
+    let link = Link::new(&opts.link)?;
+    let pcap = match &opts.pcap {
+        Some(p) => Some(
+            PcapWriter::new(create_output(p, "pcap")?, opts.mtu).map_err(|source| {
+                RunError::Output {
+                    what: format!("write pcap header to {}", p.display()),
+                    err: source,
+                }
+            })?,
+        ),
+        None => None,
+    };
+    let log = opts
+        .log
+        .as_ref()
+        .map(|p| create_output(p, "packet log"))
+        .transpose()?;
+
+    // Signals are taken synchronously by this thread; every thread started below inherits
+    // the mask, and the command gets a clean one.
+    let set = sys::handled_signals();
+    let old_mask = sys::block_signals(&set);
+    let result = run_blocked(opts, program, link, pcap, log, &set);
+    sys::restore_signals(&old_mask);
+    result
+}
+
+fn run_blocked(
+    opts: RunOptions,
+    program: OsString,
+    link: Link,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    log: Option<BufWriter<File>>,
+    set: &libc::sigset_t,
+) -> Result<RunOutcome, RunError> {
+    cleanup_stale();
+    let pid = std::process::id();
+    let (host, cmd_addr) = pick_addresses(pid);
+    let host_dev = format!("{HOST_PREFIX}{pid}h");
+    if std::path::Path::new(&format!("/sys/class/net/{host_dev}")).exists() {
+        let _ = sys::remove_persistent_tun(&host_dev);
+    }
+    let host_tun = sys::open_tun(&host_dev)?;
+    sys::disable_ipv6(&host_dev);
+    sys::configure_p2p(&host_dev, host, cmd_addr, opts.mtu)?;
+
+    let mtu = opts.mtu;
+    let (ns_fd, ns_tun) = std::thread::Builder::new()
+        .name("mcsi-link-netns".into())
+        .spawn(move || -> Result<(OwnedFd, OwnedFd), SysError> {
+            // Only this short-lived thread moves; the namespace lives on through the fds.
+            let ns = sys::unshare_net()?;
+            sys::link_up("lo")?;
+            let tun = sys::open_tun(NS_DEV)?;
+            sys::disable_ipv6(NS_DEV);
+            sys::configure_p2p(NS_DEV, cmd_addr, host, mtu)?;
+            Ok((ns, tun))
+        })
+        .map_err(|source| RunError::Output {
+            what: "start the namespace thread".into(),
+            err: source,
+        })?
+        .join()
+        .map_err(|_| RunError::Thread("namespace setup"))??;
+    tracing::debug!("link {host_dev} {host} <-> {NS_DEV} {cmd_addr}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_fd = Arc::new(sys::eventfd()?);
+    let start = Instant::now();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let fwd = Forwarder {
+        link,
+        ns_tun,
+        host_tun,
+        stop_fd: stop_fd.clone(),
+        stop: stop.clone(),
+        host: host.octets(),
+        cmd: cmd_addr.octets(),
+        start,
+        start_unix_ns,
+        pcap,
+        log,
+        filtered: 0,
+        late_sum: 0,
+        late_max: 0,
+        delivered: 0,
+        write_errors: 0,
+        wake_late_ewma: 0,
+    };
+    let forwarder = std::thread::Builder::new()
+        .name("mcsi-link-fwd".into())
+        .spawn(move || fwd.run())
+        .map_err(|source| RunError::Output {
+            what: "start the forwarding thread".into(),
+            err: source,
+        })?;
+    let shutdown = |forwarder: std::thread::JoinHandle<Summary>| {
+        stop.store(true, Ordering::Relaxed);
+        sys::eventfd_signal(stop_fd.as_raw_fd());
+        forwarder.join().map_err(|_| RunError::Thread("forwarding"))
+    };
+
+    let mut command = std::process::Command::new(&program);
+    command
+        .args(&opts.command[1..])
+        .env("MCSI_LINK_PEER", host.to_string())
+        .env("MCSI_LINK_ADDR", cmd_addr.to_string());
+    let ns_raw = ns_fd.as_raw_fd();
+    // SAFETY: getpid is async-signal-safe.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure only makes async-signal-safe system calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(ns_raw, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The command must not outlive the emulator (and keep its namespace alive).
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            if libc::getppid() != parent {
+                libc::_exit(137);
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(source) => {
+            let _ = shutdown(forwarder);
+            return Err(RunError::Spawn {
+                program: program.to_string_lossy().into_owned(),
+                err: source,
+            });
+        }
+    };
+    drop(ns_fd);
+
+    let mut term_since: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Ok(st),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        if let Some((sig, from_terminal)) = sys::wait_signal(set, 100) {
+            if sig != libc::SIGCHLD {
+                // A terminal's Ctrl-C already reached the command (same process group).
+                if !from_terminal {
+                    sys::kill(child.id(), sig);
+                }
+                tracing::info!(
+                    "{} received, waiting for the command to exit",
+                    sys::signal_name(sig)
+                );
+                term_since.get_or_insert_with(Instant::now);
+            }
+        }
+        if let Some(t) = term_since {
+            if !killed && t.elapsed() > opts.kill_grace {
+                tracing::warn!("the command did not exit; killing it");
+                sys::kill(child.id(), libc::SIGKILL);
+                killed = true;
+            }
+        }
+    };
+    let summary = shutdown(forwarder)?;
+    let status = status.map_err(|source| RunError::Output {
+        what: "wait for the command".into(),
+        err: source,
+    })?;
+    let (code, text) = match (status.code(), status.signal()) {
+        (Some(c), _) => ((c & 0xff) as u8, format!("exit status {c}")),
+        (None, Some(s)) => (
+            (128 + s).clamp(0, 255) as u8,
+            format!("killed by {}", sys::signal_name(s)),
+        ),
+        _ => (1, "unknown status".into()),
+    };
+    Ok(RunOutcome {
+        code,
+        status: text,
+        summary,
+        host_addr: host,
+        command_addr: cmd_addr,
+    })
+}
