@@ -236,17 +236,19 @@ impl Backend for RamBackend {
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         check_range("unmap", offset, len, self.size)?;
         let mut res = Ok(());
-        Self::pieces(offset, len, |idx, at, r| match self.chunks[idx as usize].write() {
-            Ok(mut g) => {
-                if r.len() == self.chunk_len(idx) {
-                    if g.take().is_some() {
-                        self.allocated.fetch_sub(1, Ordering::Relaxed);
+        Self::pieces(offset, len, |idx, at, r| {
+            match self.chunks[idx as usize].write() {
+                Ok(mut g) => {
+                    if r.len() == self.chunk_len(idx) {
+                        if g.take().is_some() {
+                            self.allocated.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    } else if let Some(c) = g.as_mut() {
+                        c[at..at + r.len()].fill(0);
                     }
-                } else if let Some(c) = g.as_mut() {
-                    c[at..at + r.len()].fill(0);
                 }
+                Err(_) => res = Err(lock_poisoned("unmap", offset)),
             }
-            Err(_) => res = Err(lock_poisoned("unmap", offset)),
         });
         res
     }
@@ -362,7 +364,9 @@ impl FileBackend {
             .map_err(|e| open_err(e.to_string()))?;
         let meta = file.metadata().map_err(|e| open_err(e.to_string()))?;
         if !meta.file_type().is_file() {
-            return Err(open_err("not a regular file (use block:PATH for devices)".into()));
+            return Err(open_err(
+                "not a regular file (use block:PATH for devices)".into(),
+            ));
         }
         let cur = meta.len();
         if cur > size {

@@ -40,6 +40,7 @@ pub(crate) mod op {
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const ORWRITE_16: u8 = 0x8B;
     pub const WRITE_16: u8 = 0x8A;
     pub const WRITE_VERIFY_16: u8 = 0x8E;
     pub const VERIFY_16: u8 = 0x8F;
@@ -64,7 +65,9 @@ pub(crate) mod op {
 const MAX_TRANSFER_BYTES: u64 = 8 << 20;
 const MAX_UNMAP_LBA_COUNT: u32 = 1 << 20;
 const MAX_UNMAP_DESCRIPTORS: u32 = 256;
-const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 20;
+// Below 65536 so that a WRITE SAME(16) the size of a 16-bit length never needs a larger
+// data transfer than MAX_TRANSFER_BYTES to set up or check.
+const MAX_WRITE_SAME_BLOCKS: u64 = 0xFFFF;
 const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 255;
 
 /// Why a command did not complete with GOOD.
@@ -179,6 +182,7 @@ fn rw_fields(c: &Cdb) -> Option<Rw> {
         },
         op::READ_16
         | op::WRITE_16
+        | op::ORWRITE_16
         | op::WRITE_VERIFY_16
         | op::VERIFY_16
         | op::PRE_FETCH_16
@@ -278,7 +282,10 @@ impl LogicalUnit {
     /// A logical unit over `backend`. The capacity is the backend size rounded down to whole
     /// blocks; a block size that is zero or not a multiple of 512 is replaced by 512.
     pub fn new(backend: Arc<dyn Backend>, cfg: LuConfig) -> Self {
-        let bs = if cfg.block_size >= 512 && cfg.block_size.is_multiple_of(512) && cfg.block_size <= 65536 {
+        let bs = if cfg.block_size >= 512
+            && cfg.block_size.is_multiple_of(512)
+            && cfg.block_size <= 65536
+        {
             cfg.block_size as u64
         } else {
             512
@@ -306,10 +313,12 @@ impl LogicalUnit {
         }
     }
 
+    /// The settings this unit was created with.
     pub fn config(&self) -> &LuConfig {
         &self.cfg
     }
 
+    /// The storage behind this unit.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
@@ -349,8 +358,14 @@ impl LogicalUnit {
                     inl = r.nlb * bs;
                 }
             }
-            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::WRITE_VERIFY_10
-            | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
+            op::WRITE_6
+            | op::ORWRITE_16
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_VERIFY_10
+            | op::WRITE_VERIFY_12
+            | op::WRITE_VERIFY_16 => {
                 if let Some(r) = rw_fields(&c) {
                     out = r.nlb * bs;
                 }
@@ -368,7 +383,15 @@ impl LogicalUnit {
                 let ndob = c.op() == op::WRITE_SAME_16 && c.b(1) & 0x01 != 0;
                 out = if ndob { 0 } else { bs };
             }
-            op::COMPARE_AND_WRITE => out = 2 * c.b(13) as u64 * bs,
+            op::COMPARE_AND_WRITE => {
+                // NUMBER OF LOGICAL BLOCKS 0 carries no data. Ask for one byte anyway so that an
+                // initiator that sent data (e.g. 256 blocks wrapped to 0 in the one-byte field)
+                // is seen and refused in execute instead of silently succeeding.
+                out = match c.b(13) {
+                    0 => 1,
+                    n => 2 * n as u64 * bs,
+                }
+            }
             op::UNMAP => out = c.u16(7) as u64,
             op::MODE_SELECT_6 => out = c.b(4) as u64,
             op::MODE_SELECT_10 => out = c.u16(7) as u64,
@@ -456,6 +479,7 @@ impl LogicalUnit {
         st.seen.remove(nexus);
     }
 
+    /// Makes every completed write durable (used at shutdown).
     pub fn flush(&self) -> Result<(), BackendError> {
         self.backend.flush()
     }
@@ -582,10 +606,10 @@ impl LogicalUnit {
             op::REQUEST_SENSE => self.request_sense(cmd, c),
             op::INQUIRY => self.inquiry(cmd, c),
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(c),
-            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => self.write(cmd, c),
-            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::ORWRITE_16 => {
                 self.write(cmd, c)
             }
+            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => self.write(cmd, c),
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cmd, c),
             op::READ_CAPACITY_10 => self.read_capacity10(c),
             op::SERVICE_ACTION_IN_16 => match c.sa() {
@@ -813,9 +837,9 @@ impl LogicalUnit {
                             .iter()
                             .find(|e| e.op == req_op && e.sa == Some(req_sa))
                     }
-                    _ => table.iter().find(|e| {
-                        e.op == req_op && (e.sa.is_none() || e.sa == Some(req_sa))
-                    }),
+                    _ => table
+                        .iter()
+                        .find(|e| e.op == req_op && (e.sa.is_none() || e.sa == Some(req_sa))),
                 };
                 match found {
                     Some(e) => {
@@ -890,7 +914,11 @@ impl LogicalUnit {
         let pc = c.b(2) >> 6;
         let page = c.b(2) & 0x3F;
         let sub = c.b(3);
-        let alloc = if ten { c.u16(7) as usize } else { c.b(4) as usize };
+        let alloc = if ten {
+            c.u16(7) as usize
+        } else {
+            c.b(4) as usize
+        };
         if pc == 3 {
             return Err(illegal(asc::SAVING_PARAMETERS_NOT_SUPPORTED));
         }
@@ -950,7 +978,11 @@ impl LogicalUnit {
     fn mode_select(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
         let ten = c.op() == op::MODE_SELECT_10;
         let sp = c.b(1) & 0x01 != 0;
-        let len = if ten { c.u16(7) as usize } else { c.b(4) as usize };
+        let len = if ten {
+            c.u16(7) as usize
+        } else {
+            c.b(4) as usize
+        };
         if sp {
             return Err(illegal(asc::SAVING_PARAMETERS_NOT_SUPPORTED));
         }
@@ -978,7 +1010,10 @@ impl LogicalUnit {
             } else if bdl >= 8 {
                 u32::from_be_bytes([0, bd[5], bd[6], bd[7]])
             } else {
-                return Err(Fail::Sense(Sense::invalid_param_field(hdr as u16 - 1, None)));
+                return Err(Fail::Sense(Sense::invalid_param_field(
+                    hdr as u16 - 1,
+                    None,
+                )));
             };
             if bl != 0 && bl as u64 != self.block_size {
                 return Err(Fail::Sense(Sense::invalid_param_field(
@@ -1007,7 +1042,10 @@ impl LogicalUnit {
                 return Err(Fail::Sense(Sense::invalid_param_field(pos as u16, None)));
             };
             if p.len() != cur.len() {
-                return Err(Fail::Sense(Sense::invalid_param_field(pos as u16 + 1, None)));
+                return Err(Fail::Sense(Sense::invalid_param_field(
+                    pos as u16 + 1,
+                    None,
+                )));
             }
             // Only changeable bits may differ from the current values (SPC-4 6.11).
             for i in 2..p.len() {
@@ -1031,13 +1069,20 @@ impl LogicalUnit {
         let changed = before.wce != m.wce || before.d_sense != m.d_sense || before.swp != m.swp;
         if before.wce && !m.wce {
             // Turning the write cache off makes cached data durable first.
-            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
         }
         let mut st = self.st();
         st.mode = m;
         if changed {
             // SPC-4 6.11: MODE PARAMETERS CHANGED to every other I_T nexus.
-            let others: Vec<Nexus> = st.seen.iter().filter(|n| *n != cmd.nexus).cloned().collect();
+            let others: Vec<Nexus> = st
+                .seen
+                .iter()
+                .filter(|n| *n != cmd.nexus)
+                .cloned()
+                .collect();
             for n in others {
                 push_ua(
                     &mut st,
@@ -1057,7 +1102,9 @@ impl LogicalUnit {
             return Err(bad_cdb(4, Some(1)));
         }
         if !start && c.b(4) & 0x04 == 0 {
-            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
@@ -1129,7 +1176,10 @@ impl LogicalUnit {
         if st.spc2.is_some() {
             return Err(Fail::Status(status::RESERVATION_CONFLICT));
         }
-        match st.pr.pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len]) {
+        match st
+            .pr
+            .pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len])
+        {
             Ok(uas) => {
                 for (n, s) in uas {
                     push_ua(&mut st, &n, s);
@@ -1208,7 +1258,10 @@ impl LogicalUnit {
             return Err(bad_cdb(1, Some(7)));
         }
         if self.write_protected() {
-            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+            return Err(Fail::Sense(Sense::new(
+                key::DATA_PROTECT,
+                asc::WRITE_PROTECTED,
+            )));
         }
         self.check_range(r.lba, r.nlb)?;
         if r.nlb > self.max_transfer_blocks() {
@@ -1225,12 +1278,29 @@ impl LogicalUnit {
         let fua = verify || r.flags & 0x08 != 0;
         {
             let _g = self.ranges.lock(off, off + len as u64);
-            self.backend
-                .write_at(off, &cmd.data_out[..len])
-                .map_err(|e| self.medium_error(e, true))?;
+            if c.op() == op::ORWRITE_16 {
+                // ORWRITE (SBC-3 5.12): OR the data into the medium, atomic with respect to
+                // other writes of the range through the range lock.
+                let mut cur = vec![0u8; len];
+                self.backend
+                    .read_at(off, &mut cur)
+                    .map_err(|e| self.medium_error(e, false))?;
+                for (m, d) in cur.iter_mut().zip(&cmd.data_out[..len]) {
+                    *m |= d;
+                }
+                self.backend
+                    .write_at(off, &cur)
+                    .map_err(|e| self.medium_error(e, true))?;
+            } else {
+                self.backend
+                    .write_at(off, &cmd.data_out[..len])
+                    .map_err(|e| self.medium_error(e, true))?;
+            }
         }
         if self.write_through(fua) {
-            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
@@ -1365,7 +1435,9 @@ impl LogicalUnit {
             return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
         self.check_range(r.lba, r.nlb)?;
-        self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+        self.backend
+            .flush()
+            .map_err(|e| self.medium_error(e, true))?;
         Ok(Outcome::good(Bytes::new()))
     }
 
@@ -1404,7 +1476,10 @@ impl LogicalUnit {
             return Err(bad_cdb(1, Some(0)));
         }
         if self.write_protected() {
-            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+            return Err(Fail::Sense(Sense::new(
+                key::DATA_PROTECT,
+                asc::WRITE_PROTECTED,
+            )));
         }
         let len = c.u16(7) as usize;
         if len == 0 {
@@ -1468,7 +1543,10 @@ impl LogicalUnit {
             return Err(bad_cdb(1, Some(3)));
         }
         if self.write_protected() {
-            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+            return Err(Fail::Sense(Sense::new(
+                key::DATA_PROTECT,
+                asc::WRITE_PROTECTED,
+            )));
         }
         self.check_range(r.lba, r.nlb)?;
         // WSNZ is set in the Block Limits page: zero blocks is an invalid field (SBC-3 5.42).
@@ -1512,7 +1590,9 @@ impl LogicalUnit {
         }
         drop(_g);
         if self.write_through(false) {
-            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
@@ -1525,20 +1605,25 @@ impl LogicalUnit {
             return Err(bad_cdb(1, Some(7)));
         }
         if self.write_protected() {
-            return Err(Fail::Sense(Sense::new(key::DATA_PROTECT, asc::WRITE_PROTECTED)));
+            return Err(Fail::Sense(Sense::new(
+                key::DATA_PROTECT,
+                asc::WRITE_PROTECTED,
+            )));
         }
         self.check_range(r.lba, r.nlb)?;
         if r.nlb > MAX_COMPARE_AND_WRITE_BLOCKS as u64 {
             return Err(bad_cdb(13, None));
         }
-        if r.nlb == 0 {
-            return Ok(Outcome::good(Bytes::new()));
-        }
         let bs = self.block_size as usize;
         let n = r.nlb as usize * bs;
-        // SBC-3 5.2: the data-out buffer holds the verify data then the write data.
+        // SBC-3 5.2: the data-out buffer holds the verify data then the write data. A buffer
+        // that does not match NUMBER OF LOGICAL BLOCKS (e.g. 256 blocks wrapped to 0 in the
+        // one-byte field) is an invalid CDB.
         if cmd.data_out.len() != 2 * n {
             return Err(bad_cdb(13, None));
+        }
+        if r.nlb == 0 {
+            return Ok(Outcome::good(Bytes::new()));
         }
         let off = r.lba * self.block_size;
         let _g = self.ranges.lock(off, off + n as u64);
@@ -1556,7 +1641,9 @@ impl LogicalUnit {
             .map_err(|e| self.medium_error(e, true))?;
         drop(_g);
         if self.write_through(r.flags & 0x08 != 0) {
-            self.backend.flush().map_err(|e| self.medium_error(e, true))?;
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
@@ -1584,7 +1671,10 @@ fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
 /// Copies `s` into `dst`, space padded and cut to fit (SPC-4 4.4.1 ASCII fields).
 fn pad_into(dst: &mut [u8], s: &str) {
     dst.fill(b' ');
-    for (d, b) in dst.iter_mut().zip(s.bytes().filter(|b| (0x20..0x7F).contains(b))) {
+    for (d, b) in dst
+        .iter_mut()
+        .zip(s.bytes().filter(|b| (0x20..0x7F).contains(b)))
+    {
         *d = b;
     }
 }

@@ -82,7 +82,8 @@ impl Sense {
 
     /// ILLEGAL REQUEST, INVALID FIELD IN CDB pointing at `byte` (and `bit`, if given) of the CDB.
     pub fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Self {
-        Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB).with_field_pointer(true, byte, bit)
+        Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB)
+            .with_field_pointer(true, byte, bit)
     }
 
     /// ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST pointing at `byte` of the parameter data.

@@ -125,6 +125,7 @@ impl DeviceServer {
         }
     }
 
+    /// Whether the command may block on backend I/O (run it on a blocking pool).
     pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
         self.lu(raw).is_some_and(|lu| lu.blocking(cdb))
     }
@@ -136,6 +137,7 @@ impl DeviceServer {
         }
     }
 
+    /// An I_T nexus ended (session closed): every unit forgets its per-nexus state.
     pub fn nexus_lost(&self, nexus: &Nexus) {
         for (_, lu) in &self.luns {
             lu.nexus_lost(nexus);

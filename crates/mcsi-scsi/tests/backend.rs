@@ -32,8 +32,14 @@ fn ram_is_lazy_and_unmap_frees() {
     assert_eq!(r.allocated_bytes(), RAM_CHUNK);
     assert!(!r.blocking());
     // Past the end.
-    assert!(matches!(r.write_at((1 << 30) - 1, &[0, 0]), Err(BackendError::OutOfRange { .. })));
-    assert!(matches!(r.read_at(u64::MAX, &mut b), Err(BackendError::OutOfRange { .. })));
+    assert!(matches!(
+        r.write_at((1 << 30) - 1, &[0, 0]),
+        Err(BackendError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        r.read_at(u64::MAX, &mut b),
+        Err(BackendError::OutOfRange { .. })
+    ));
 }
 
 #[test]
@@ -53,7 +59,11 @@ fn file_backend_create_extend_and_punch_holes() {
     b.read_at(8192, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 0xAB));
     let m = b.mapped(0, 1 << 20).unwrap();
-    assert!(m.iter().any(|&(o, l, mapped)| mapped && o <= 8192 && o + l >= 16384), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|&(o, l, mapped)| mapped && o <= 8192 && o + l >= 16384),
+        "{m:?}"
+    );
     // Punch the hole back: zeros, and (on file systems with holes) unmapped again.
     b.unmap(8192, 8192).unwrap();
     b.read_at(8192, &mut buf).unwrap();
@@ -68,7 +78,9 @@ fn file_backend_create_extend_and_punch_holes() {
     drop(b);
     let b = FileBackend::create(&path, 2 << 20).unwrap();
     assert_eq!(b.size(), 2 << 20);
-    let e = open_backend(&format!("file:{}:4KiB", path.display())).err().unwrap();
+    let e = open_backend(&format!("file:{}:4KiB", path.display()))
+        .err()
+        .unwrap();
     let msg = e.to_string();
     assert!(msg.contains("refusing to truncate"), "{msg}");
 }
@@ -77,20 +89,26 @@ fn file_backend_create_extend_and_punch_holes() {
 fn file_backend_missing_file_says_how_to_create() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nope.img");
-    let e = open_backend(&format!("file:{}", path.display())).err().unwrap();
+    let e = open_backend(&format!("file:{}", path.display()))
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("file:PATH:SIZE"), "{e}");
 }
 
 #[test]
 fn spec_errors() {
     for bad in ["", "ram", "ram:", "ram:12XB", "disk:/x", "file:", "block:"] {
-        let e = open_backend(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
+        let e = open_backend(bad)
+            .err()
+            .unwrap_or_else(|| panic!("{bad} accepted"));
         assert!(!e.to_string().is_empty());
     }
     assert_eq!(open_backend("ram:4MiB").unwrap().size(), 4 << 20);
     // A regular file is not a block device.
     let f = tempfile::NamedTempFile::new().unwrap();
-    let e = open_backend(&format!("block:{}", f.path().display())).err().unwrap();
+    let e = open_backend(&format!("block:{}", f.path().display()))
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("not a block device"), "{e}");
 }
 
@@ -101,8 +119,17 @@ fn failing_backend_counts_down() {
     f.write_at(0, &[1]).unwrap();
     let mut b = [0u8; 1];
     f.read_at(0, &mut b).unwrap();
-    assert!(matches!(f.read_at(0, &mut b), Err(BackendError::Injected { op: "read", offset: 0 })));
-    assert!(matches!(f.flush(), Err(BackendError::Injected { op: "flush", .. })));
+    assert!(matches!(
+        f.read_at(0, &mut b),
+        Err(BackendError::Injected {
+            op: "read",
+            offset: 0
+        })
+    ));
+    assert!(matches!(
+        f.flush(),
+        Err(BackendError::Injected { op: "flush", .. })
+    ));
     assert_eq!(f.failures(), 2);
     f.fail_after(1);
     f.write_at(1, &[2]).unwrap();

@@ -46,7 +46,11 @@ fn ready(lu: &LogicalUnit, n: &Nexus) {
 }
 
 fn sense_of(o: &Outcome) -> Sense {
-    assert_eq!(o.status, status::CHECK_CONDITION, "expected CHECK CONDITION: {o:?}");
+    assert_eq!(
+        o.status,
+        status::CHECK_CONDITION,
+        "expected CHECK CONDITION: {o:?}"
+    );
     Sense::parse(o.sense.as_ref().unwrap()).unwrap()
 }
 
@@ -101,7 +105,11 @@ fn power_on_unit_attention_then_request_sense_clears() {
     good(&run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]));
     // A second nexus gets its own unit attention, through TEST UNIT READY this time.
     let n2 = nexus(2);
-    expect(&run(&lu, &n2, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, asc::POWER_ON_RESET);
+    expect(
+        &run(&lu, &n2, &[0, 0, 0, 0, 0, 0], &[]),
+        key::UNIT_ATTENTION,
+        asc::POWER_ON_RESET,
+    );
     good(&run(&lu, &n2, &[0, 0, 0, 0, 0, 0], &[]));
 }
 
@@ -109,7 +117,11 @@ fn power_on_unit_attention_then_request_sense_clears() {
 fn lu_reset_reports_29_03() {
     let (lu, n) = lu_default();
     lu.reset();
-    expect(&run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, asc::BUS_DEVICE_RESET);
+    expect(
+        &run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]),
+        key::UNIT_ATTENTION,
+        asc::BUS_DEVICE_RESET,
+    );
     good(&run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]));
 }
 
@@ -159,7 +171,10 @@ fn vpd_pages() {
     let n = nexus(1);
     let vpd = |p: u8| run(&lu, &n, &[0x12, 1, p, 0x01, 0, 0], &[]);
     let o = vpd(0x00);
-    assert_eq!(&good(&o)[..], &[0, 0, 0, 6, 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]);
+    assert_eq!(
+        &good(&o)[..],
+        &[0, 0, 0, 6, 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]
+    );
     let o = vpd(0x80);
     assert_eq!(&good(&o)[..], b"\x00\x80\x00\x06SN1234");
     let o = vpd(0x83);
@@ -199,8 +214,8 @@ fn vpd_pages() {
     assert_eq!(d[3], 0x3C);
     assert_ne!(u32::from_be_bytes([d[20], d[21], d[22], d[23]]), 0); // max unmap LBA count
     assert_ne!(u32::from_be_bytes([d[24], d[25], d[26], d[27]]), 0); // max unmap descriptors
-    // MAXIMUM WRITE SAME LENGTH (bytes 36..44), atomic fields zero (no WRITE ATOMIC).
-    assert_eq!(&d[36..44], &(1u64 << 20).to_be_bytes());
+                                                                     // MAXIMUM WRITE SAME LENGTH (bytes 36..44), atomic fields zero (no WRITE ATOMIC).
+    assert_eq!(&d[36..44], &0xFFFFu64.to_be_bytes());
     assert!(d[44..64].iter().all(|&b| b == 0));
     let o = vpd(0xB1);
     let d = good(&o);
@@ -216,18 +231,39 @@ fn read_capacity() {
     let (lu, n) = lu_default();
     let o = run(&lu, &n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(&good(&o)[..], &[0, 0, 0x07, 0xFF, 0, 0, 0x02, 0]);
-    let o = run(&lu, &n, &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    );
     let d = good(&o);
     assert_eq!(d.len(), 32);
     assert_eq!(&d[0..12], &[0, 0, 0, 0, 0, 0, 0x07, 0xFF, 0, 0, 0x02, 0]);
     assert_eq!(d[14] & 0xC0, 0xC0); // LBPME, LBPRZ
-    // Allocation length 12 cuts the data.
-    let o = run(&lu, &n, &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0], &[]);
+                                    // Allocation length 12 cuts the data.
+    let o = run(
+        &lu,
+        &n,
+        &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0],
+        &[],
+    );
     assert_eq!(good(&o).len(), 12);
     // Thick unit: no LBPME.
-    let lu = ram_lu(16, LuConfig { thin_provisioning: false, ..LuConfig::default() });
+    let lu = ram_lu(
+        16,
+        LuConfig {
+            thin_provisioning: false,
+            ..LuConfig::default()
+        },
+    );
     ready(&lu, &n);
-    let o = run(&lu, &n, &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    );
     assert_eq!(good(&o)[14], 0);
 }
 
@@ -258,7 +294,12 @@ fn write_read_round_trip_all_sizes() {
     w16[9] = 100;
     w16[13] = 1;
     good(&run(&lu, &n, &w16, &[0xAB; BS]));
-    good(&run(&lu, &n, &[0xAA, 0, 0, 0, 0, 101, 0, 0, 0, 1, 0, 0], &[0xCD; BS]));
+    good(&run(
+        &lu,
+        &n,
+        &[0xAA, 0, 0, 0, 0, 101, 0, 0, 0, 1, 0, 0],
+        &[0xCD; BS],
+    ));
     good(&run(&lu, &n, &[0x0A, 0, 0, 102, 1, 0], &[0xEF; BS]));
     let o = run(&lu, &n, &read10(100, 3), &[]);
     let d = good(&o);
@@ -275,8 +316,16 @@ fn out_of_range_and_bad_fields() {
     let (lu, n) = lu_default();
     // Last block is fine, one past it is not.
     good(&run(&lu, &n, &read10(2047, 1), &[]));
-    expect(&run(&lu, &n, &read10(2047, 2), &[]), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
-    expect(&run(&lu, &n, &read10(2048, 1), &[]), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+    expect(
+        &run(&lu, &n, &read10(2047, 2), &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
+    expect(
+        &run(&lu, &n, &read10(2048, 1), &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
     expect(
         &run(&lu, &n, &write10(4000, 1, 0), &[0; BS]),
         key::ILLEGAL_REQUEST,
@@ -289,11 +338,19 @@ fn out_of_range_and_bad_fields() {
     r16[10..14].copy_from_slice(&2u32.to_be_bytes());
     r16[14] = 0;
     r16[15] = 0;
-    expect(&run(&lu, &n, &r16, &[]), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+    expect(
+        &run(&lu, &n, &r16, &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
     // RDPROTECT/WRPROTECT without protection information: field pointer byte 1, bit 7.
     let mut c = read10(0, 1);
     c[1] = 0x20;
-    let s = expect(&run(&lu, &n, &c, &[]), key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    let s = expect(
+        &run(&lu, &n, &c, &[]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
     assert_eq!(s.sks, Some([0xCF, 0x00, 0x01]));
     let s = expect(
         &run(&lu, &n, &write10(0, 1, 0x40), &[0; BS]),
@@ -317,10 +374,20 @@ fn out_of_range_and_bad_fields() {
 
 #[test]
 fn read_only_unit_refuses_writes() {
-    let lu = ram_lu(64, LuConfig { read_only: true, ..LuConfig::default() });
+    let lu = ram_lu(
+        64,
+        LuConfig {
+            read_only: true,
+            ..LuConfig::default()
+        },
+    );
     let n = nexus(1);
     ready(&lu, &n);
-    expect(&run(&lu, &n, &write10(0, 1, 0), &[0; BS]), key::DATA_PROTECT, asc::WRITE_PROTECTED);
+    expect(
+        &run(&lu, &n, &write10(0, 1, 0), &[0; BS]),
+        key::DATA_PROTECT,
+        asc::WRITE_PROTECTED,
+    );
     expect(
         &run(&lu, &n, &[0x41, 0x08, 0, 0, 0, 0, 0, 0, 1, 0], &[0; BS]),
         key::DATA_PROTECT,
@@ -381,7 +448,10 @@ impl Backend for Recording {
 
 #[test]
 fn fua_flushes_after_the_write_and_before_good() {
-    let rec = Arc::new(Recording { inner: RamBackend::new(64 * BS as u64).unwrap(), log: Mutex::new(vec![]) });
+    let rec = Arc::new(Recording {
+        inner: RamBackend::new(64 * BS as u64).unwrap(),
+        log: Mutex::new(vec![]),
+    });
     let lu = LogicalUnit::new(rec.clone(), LuConfig::default());
     let n = nexus(1);
     ready(&lu, &n);
@@ -400,7 +470,12 @@ fn fua_flushes_after_the_write_and_before_good() {
     // Write cache disabled by MODE SELECT: every write is flushed.
     let mut page = vec![0u8, 0, 0, 0, 0x08, 0x12];
     page.resize(4 + 20, 0);
-    good(&run(&lu, &n, &[0x15, 0x10, 0, 0, page.len() as u8, 0], &page));
+    good(&run(
+        &lu,
+        &n,
+        &[0x15, 0x10, 0, 0, page.len() as u8, 0],
+        &page,
+    ));
     rec.log.lock().unwrap().clear();
     good(&run(&lu, &n, &write10(1, 1, 0), &[3; BS]));
     assert_eq!(*rec.log.lock().unwrap(), vec!["write", "flush"]);
@@ -416,7 +491,12 @@ fn verify_bytchk_and_miscompare_offset() {
     // BYTCHK=1 equal data.
     good(&run(&lu, &n, &[0x2F, 0x02, 0, 0, 0, 5, 0, 0, 2, 0], &data));
     // BYTCHK=3: one block compared against each.
-    good(&run(&lu, &n, &[0x2F, 0x06, 0, 0, 0, 5, 0, 0, 2, 0], &data[..BS]));
+    good(&run(
+        &lu,
+        &n,
+        &[0x2F, 0x06, 0, 0, 0, 5, 0, 0, 2, 0],
+        &data[..BS],
+    ));
     // Miscompare at byte 600: MISCOMPARE 1D/00, INFORMATION 600.
     data[600] = 8;
     let s = expect(
@@ -437,7 +517,11 @@ fn verify_bytchk_and_miscompare_offset() {
     v16[9] = 0xFF;
     v16[8] = 0x07;
     v16[13] = 2;
-    expect(&run(&lu, &n, &v16, &[]), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+    expect(
+        &run(&lu, &n, &v16, &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
 }
 
 fn caw(lba: u64, nlb: u8) -> [u8; 16] {
@@ -455,21 +539,49 @@ fn compare_and_write() {
     let mut buf = vec![b'A'; BS];
     buf.extend_from_slice(&[b'B'; BS]);
     good(&run(&lu, &n, &caw(3, 1), &buf));
-    assert!(good(&run(&lu, &n, &read10(3, 1), &[])).iter().all(|&b| b == b'B'));
+    assert!(good(&run(&lu, &n, &read10(3, 1), &[]))
+        .iter()
+        .all(|&b| b == b'B'));
     // Miscompare: verify data 'A' no longer matches; offset of first difference is 0.
-    let s = expect(&run(&lu, &n, &caw(3, 1), &buf), key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY);
+    let s = expect(
+        &run(&lu, &n, &caw(3, 1), &buf),
+        key::MISCOMPARE,
+        asc::MISCOMPARE_DURING_VERIFY,
+    );
     assert_eq!(s.information, Some(0));
     // One byte off at offset 485 (27 from the end).
     let mut buf2 = vec![b'B'; BS];
     buf2[BS - 27] = b'C';
     buf2.extend_from_slice(&[b'D'; BS]);
-    let s = expect(&run(&lu, &n, &caw(3, 1), &buf2), key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY);
+    let s = expect(
+        &run(&lu, &n, &caw(3, 1), &buf2),
+        key::MISCOMPARE,
+        asc::MISCOMPARE_DURING_VERIFY,
+    );
     assert_eq!(s.information, Some((BS - 27) as u64));
-    assert!(good(&run(&lu, &n, &read10(3, 1), &[])).iter().all(|&b| b == b'B'));
+    assert!(good(&run(&lu, &n, &read10(3, 1), &[]))
+        .iter()
+        .all(|&b| b == b'B'));
     // Wrong data-out size.
-    expect(&run(&lu, &n, &caw(3, 1), &buf[..BS]), key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    expect(
+        &run(&lu, &n, &caw(3, 1), &buf[..BS]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
     // Past the end.
-    expect(&run(&lu, &n, &caw(2048, 1), &buf), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+    expect(
+        &run(&lu, &n, &caw(2048, 1), &buf),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
+    // 256 blocks do not fit the one-byte length: it wraps to 0 and the data-out no longer
+    // matches, which is an invalid field.
+    expect(
+        &run(&lu, &n, &caw(0, 0), &vec![0u8; 512 * BS]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
+    good(&run(&lu, &n, &caw(0, 0), &[]));
 }
 
 #[test]
@@ -505,7 +617,10 @@ fn compare_and_write_is_atomic_under_concurrency() {
         h.join().unwrap();
     }
     let d = run(&lu, &nexus(0), &read10(0, 1), &[]).data_in;
-    assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), threads as u64 * per);
+    assert_eq!(
+        u64::from_be_bytes(d[..8].try_into().unwrap()),
+        threads as u64 * per
+    );
 }
 
 fn get_lba_status(lba: u64, alloc: u32) -> [u8; 16] {
@@ -540,12 +655,16 @@ fn unmap_reads_zeros_and_reports_deallocated() {
     assert_eq!(d.len(), 24);
     assert_eq!(&d[8..16], &0u64.to_be_bytes());
     assert_eq!(d[20], 0); // mapped
-    // Unmap the first 128 blocks (one 64 KiB allocation chunk).
+                          // Unmap the first 128 blocks (one 64 KiB allocation chunk).
     let list = unmap_list(&[(0, 128)]);
     let c = [0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0];
     good(&run(&lu, &n, &c, &list));
-    assert!(good(&run(&lu, &n, &read10(0, 128), &[])).iter().all(|&b| b == 0));
-    assert!(good(&run(&lu, &n, &read10(128, 128), &[])).iter().all(|&b| b == 0x5A));
+    assert!(good(&run(&lu, &n, &read10(0, 128), &[]))
+        .iter()
+        .all(|&b| b == 0));
+    assert!(good(&run(&lu, &n, &read10(128, 128), &[]))
+        .iter()
+        .all(|&b| b == 0x5A));
     let o = run(&lu, &n, &get_lba_status(0, 1024), &[]);
     let d = good(&o);
     // First descriptor: LBA 0, 128 blocks, deallocated; second: LBA 128, mapped.
@@ -556,12 +675,24 @@ fn unmap_reads_zeros_and_reports_deallocated() {
     assert_eq!(d[36], 0);
     // An unaligned single block unmap still reads back zeros.
     let list = unmap_list(&[(130, 1)]);
-    good(&run(&lu, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0], &list));
-    assert!(good(&run(&lu, &n, &read10(130, 1), &[])).iter().all(|&b| b == 0));
+    good(&run(
+        &lu,
+        &n,
+        &[0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0],
+        &list,
+    ));
+    assert!(good(&run(&lu, &n, &read10(130, 1), &[]))
+        .iter()
+        .all(|&b| b == 0));
     // Past the end, parameter list too short, ANCHOR.
     let list = unmap_list(&[(2040, 9)]);
     expect(
-        &run(&lu, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0], &list),
+        &run(
+            &lu,
+            &n,
+            &[0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0],
+            &list,
+        ),
         key::ILLEGAL_REQUEST,
         asc::LBA_OUT_OF_RANGE,
     );
@@ -571,21 +702,35 @@ fn unmap_reads_zeros_and_reports_deallocated() {
         asc::PARAMETER_LIST_LENGTH_ERROR,
     );
     expect(
-        &run(&lu, &n, &[0x42, 1, 0, 0, 0, 0, 0, 0, 24, 0], &unmap_list(&[(0, 1)])),
+        &run(
+            &lu,
+            &n,
+            &[0x42, 1, 0, 0, 0, 0, 0, 0, 24, 0],
+            &unmap_list(&[(0, 1)]),
+        ),
         key::ILLEGAL_REQUEST,
         asc::INVALID_FIELD_IN_CDB,
     );
     // Parameter list length 0 is a no-op.
     good(&run(&lu, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
     // GET LBA STATUS past the end.
-    expect(&run(&lu, &n, &get_lba_status(2048, 24), &[]), key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+    expect(
+        &run(&lu, &n, &get_lba_status(2048, 24), &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
 }
 
 #[test]
 fn write_same() {
     let (lu, n) = lu_default();
     // WRITE SAME(10): 3 blocks at 20 from one block of 0x11.
-    good(&run(&lu, &n, &[0x41, 0, 0, 0, 0, 20, 0, 0, 3, 0], &[0x11; BS]));
+    good(&run(
+        &lu,
+        &n,
+        &[0x41, 0, 0, 0, 0, 20, 0, 0, 3, 0],
+        &[0x11; BS],
+    ));
     let o = run(&lu, &n, &read10(19, 5), &[]);
     let d = good(&o);
     assert!(d[..BS].iter().all(|&b| b == 0));
@@ -593,13 +738,23 @@ fn write_same() {
     assert!(d[4 * BS..].iter().all(|&b| b == 0));
     // Data-out must be exactly one block.
     expect(
-        &run(&lu, &n, &[0x41, 0, 0, 0, 0, 20, 0, 0, 3, 0], &[0x11; BS / 2]),
+        &run(
+            &lu,
+            &n,
+            &[0x41, 0, 0, 0, 0, 20, 0, 0, 3, 0],
+            &[0x11; BS / 2],
+        ),
         key::ILLEGAL_REQUEST,
         asc::PARAMETER_LIST_LENGTH_ERROR,
     );
     // Zero blocks past the end is out of range before it is a zero-length request.
     expect(
-        &run(&lu, &n, &[0x41, 0, 0, 0, 0x08, 0x01, 0, 0, 0, 0], &[0x11; BS]),
+        &run(
+            &lu,
+            &n,
+            &[0x41, 0, 0, 0, 0x08, 0x01, 0, 0, 0, 0],
+            &[0x11; BS],
+        ),
         key::ILLEGAL_REQUEST,
         asc::LBA_OUT_OF_RANGE,
     );
@@ -618,7 +773,9 @@ fn write_same() {
     c[8] = 0x01; // LBA 256
     c[13] = 128;
     good(&run(&lu, &n, &c, &[0xFF; BS]));
-    assert!(good(&run(&lu, &n, &read10(256, 128), &[])).iter().all(|&b| b == 0));
+    assert!(good(&run(&lu, &n, &read10(256, 128), &[]))
+        .iter()
+        .all(|&b| b == 0));
     let o = run(&lu, &n, &get_lba_status(256, 24), &[]);
     assert_eq!(good(&o)[20], 1);
     // NDOB: no data-out, zeros written.
@@ -630,7 +787,9 @@ fn write_same() {
     c[9] = (400u16 - 256) as u8;
     c[13] = 2;
     good(&run(&lu, &n, &c, &[]));
-    assert!(good(&run(&lu, &n, &read10(400, 2), &[])).iter().all(|&b| b == 0));
+    assert!(good(&run(&lu, &n, &read10(400, 2), &[]))
+        .iter()
+        .all(|&b| b == 0));
     // Past the end.
     expect(
         &run(&lu, &n, &[0x41, 0, 0, 0, 0x07, 0xFF, 0, 0, 2, 0], &[0; BS]),
@@ -680,13 +839,21 @@ fn mode_sense_and_select() {
     assert_eq!(u16::from_be_bytes([d[6], d[7]]), 16);
     assert_eq!(&d[8..16], &2048u64.to_be_bytes());
     // Unsupported page.
-    expect(&run(&lu, &a, &[0x1A, 0, 0x19, 0, 255, 0], &[]), key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    expect(
+        &run(&lu, &a, &[0x1A, 0, 0x19, 0, 255, 0], &[]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
     // MODE SELECT(6): clear WCE. Others get MODE PARAMETERS CHANGED.
     let mut p = vec![0u8, 0, 0, 0, 0x08, 0x12];
     p.resize(24, 0);
     good(&run(&lu, &a, &[0x15, 0x10, 0, 0, 24, 0], &p));
     good(&run(&lu, &a, &[0, 0, 0, 0, 0, 0], &[]));
-    expect(&run(&lu, &b, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, asc::MODE_PARAMETERS_CHANGED);
+    expect(
+        &run(&lu, &b, &[0, 0, 0, 0, 0, 0], &[]),
+        key::UNIT_ATTENTION,
+        asc::MODE_PARAMETERS_CHANGED,
+    );
     let o = run(&lu, &a, &[0x1A, 0x08, 0x08, 0, 255, 0], &[]);
     assert_eq!(good(&o)[6] & 0x04, 0);
     // Changing a bit that is not changeable (RCD) is refused.
@@ -729,7 +896,10 @@ fn persistent_reservations() {
     good(&pr(&lu, &a, 0x00, 0, 0, 0xAAAA));
     good(&pr(&lu, &b, 0x06, 0, 0, 0xBBBB));
     // REGISTER with a wrong key conflicts.
-    assert_eq!(pr(&lu, &a, 0x00, 0, 0x1234, 0xCCCC).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        pr(&lu, &a, 0x00, 0, 0x1234, 0xCCCC).status,
+        status::RESERVATION_CONFLICT
+    );
     // READ KEYS: generation 2, two keys.
     let o = run(&lu, &a, &[0x5E, 0x00, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
     let d = good(&o);
@@ -749,14 +919,27 @@ fn persistent_reservations() {
     assert_eq!(d[21], 0x01);
     good(&run(&lu, &a, &write10(0, 1, 0), &[1; BS]));
     good(&run(&lu, &b, &read10(0, 1), &[]));
-    assert_eq!(run(&lu, &b, &write10(0, 1, 0), &[1; BS]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &b, &write10(0, 1, 0), &[1; BS]).status,
+        status::RESERVATION_CONFLICT
+    );
     // RESERVE(6) conflicts with persistent reservations.
-    assert_eq!(run(&lu, &a, &[0x16, 0, 0, 0, 0, 0], &[]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &a, &[0x16, 0, 0, 0, 0, 0], &[]).status,
+        status::RESERVATION_CONFLICT
+    );
     // B preempts A: A loses its registration and gets 2A/05.
     good(&pr(&lu, &b, 0x04, 0x03, 0xBBBB, 0xAAAA));
-    expect(&run(&lu, &a, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, asc::REGISTRATIONS_PREEMPTED);
+    expect(
+        &run(&lu, &a, &[0, 0, 0, 0, 0, 0], &[]),
+        key::UNIT_ATTENTION,
+        asc::REGISTRATIONS_PREEMPTED,
+    );
     // Now EXCLUSIVE ACCESS by B: A cannot even read.
-    assert_eq!(run(&lu, &a, &read10(0, 1), &[]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &a, &read10(0, 1), &[]).status,
+        status::RESERVATION_CONFLICT
+    );
     // But INQUIRY and PR IN still work.
     good(&run(&lu, &a, &[0x12, 0, 0, 0, 36, 0], &[]));
     // REPORT CAPABILITIES.
@@ -794,10 +977,17 @@ fn registrants_only_access() {
     good(&pr(&lu, &a, 0x01, 0x06, 1, 0));
     good(&run(&lu, &b, &write10(0, 1, 0), &[1; BS]));
     good(&run(&lu, &b, &read10(0, 1), &[]));
-    assert_eq!(run(&lu, &c, &read10(0, 1), &[]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &c, &read10(0, 1), &[]).status,
+        status::RESERVATION_CONFLICT
+    );
     good(&pr(&lu, &a, 0x02, 0x06, 1, 0));
     // Releasing a registrants-only reservation tells the other registrants (SPC-4 5.9.11.2).
-    expect(&run(&lu, &b, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, asc::RESERVATIONS_RELEASED);
+    expect(
+        &run(&lu, &b, &[0, 0, 0, 0, 0, 0], &[]),
+        key::UNIT_ATTENTION,
+        asc::RESERVATIONS_RELEASED,
+    );
     good(&run(&lu, &c, &[0, 0, 0, 0, 0, 0], &[]));
     // WRITE EXCLUSIVE - ALL REGISTRANTS: reservation key reads as 0.
     good(&pr(&lu, &a, 0x01, 0x07, 1, 0));
@@ -806,7 +996,10 @@ fn registrants_only_access() {
     assert_eq!(&d[8..16], &[0; 8]);
     assert_eq!(d[21], 0x07);
     good(&run(&lu, &c, &read10(0, 1), &[]));
-    assert_eq!(run(&lu, &c, &write10(0, 1, 0), &[1; BS]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &c, &write10(0, 1, 0), &[1; BS]).status,
+        status::RESERVATION_CONFLICT
+    );
     good(&run(&lu, &b, &write10(0, 1, 0), &[1; BS]));
 }
 
@@ -818,12 +1011,21 @@ fn spc2_reserve_release() {
     ready(&lu, &b);
     good(&run(&lu, &a, &[0x16, 0, 0, 0, 0, 0], &[]));
     good(&run(&lu, &a, &read10(0, 1), &[]));
-    assert_eq!(run(&lu, &b, &read10(0, 1), &[]).status, status::RESERVATION_CONFLICT);
-    assert_eq!(run(&lu, &b, &[0x16, 0, 0, 0, 0, 0], &[]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &b, &read10(0, 1), &[]).status,
+        status::RESERVATION_CONFLICT
+    );
+    assert_eq!(
+        run(&lu, &b, &[0x16, 0, 0, 0, 0, 0], &[]).status,
+        status::RESERVATION_CONFLICT
+    );
     good(&run(&lu, &b, &[0x12, 0, 0, 0, 36, 0], &[]));
     // RELEASE from B is GOOD and does nothing.
     good(&run(&lu, &b, &[0x17, 0, 0, 0, 0, 0], &[]));
-    assert_eq!(run(&lu, &b, &read10(0, 1), &[]).status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&lu, &b, &read10(0, 1), &[]).status,
+        status::RESERVATION_CONFLICT
+    );
     // Nexus loss of A frees the unit.
     lu.nexus_lost(&a);
     good(&run(&lu, &b, &read10(0, 1), &[]));
@@ -851,28 +1053,53 @@ fn report_supported_opcodes() {
     // PR IN READ KEYS has SERVACTV.
     assert!(descs.iter().any(|x| x[0] == 0x5E && x[5] & 1 == 1));
     // With RCTD every descriptor carries a 12-byte timeout descriptor.
-    let o = run(&lu, &n, &[0xA3, 0x0C, 0x80, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0xA3, 0x0C, 0x80, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
     let d = good(&o);
     assert_eq!((d.len() - 4) % 20, 0);
     assert_eq!(d[4 + 5] & 0x02, 0x02);
     assert_eq!(&d[12..14], &[0, 0x0A]);
     // One command: WRITE(10) usage data.
-    let o = run(&lu, &n, &[0xA3, 0x0C, 0x01, 0x2A, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0xA3, 0x0C, 0x01, 0x2A, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
     let d = good(&o);
     assert_eq!(&d[0..4], &[0, 0x03, 0, 10]);
     assert_eq!(d[4], 0x2A);
     assert_eq!(d[5] & 0x18, 0x18); // DPO and FUA are examined
-    // Reporting option 1 on a command with service actions is an invalid field.
+                                   // Reporting option 1 on a command with service actions is an invalid field.
     expect(
-        &run(&lu, &n, &[0xA3, 0x0C, 0x01, 0x5E, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]),
+        &run(
+            &lu,
+            &n,
+            &[0xA3, 0x0C, 0x01, 0x5E, 0, 0, 0, 0, 0x10, 0, 0, 0],
+            &[],
+        ),
         key::ILLEGAL_REQUEST,
         asc::INVALID_FIELD_IN_CDB,
     );
     // Option 2 with the service action works.
-    let o = run(&lu, &n, &[0xA3, 0x0C, 0x02, 0x9E, 0, 0x10, 0, 0, 0x10, 0, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0xA3, 0x0C, 0x02, 0x9E, 0, 0x10, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
     assert_eq!(good(&o)[1] & 0x07, 0x03);
     // Unsupported opcode: SUPPORT = 001b.
-    let o = run(&lu, &n, &[0xA3, 0x0C, 0x01, 0xC7, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]);
+    let o = run(
+        &lu,
+        &n,
+        &[0xA3, 0x0C, 0x01, 0xC7, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
     assert_eq!(good(&o)[1] & 0x07, 0x01);
 }
 
@@ -902,12 +1129,20 @@ fn device_server_luns() {
         &[0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0]
     );
     // Allocation length below 16 is invalid (SPC-4 6.33).
-    expect(&cmd(0, &[0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0]), key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    expect(
+        &cmd(0, &[0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
     // Absent LUN 1: INQUIRY says qualifier 011b, TUR says LUN NOT SUPPORTED.
     let lun1 = mcsi_scsi::lun::encode(1);
     let o = cmd(lun1, &[0x12, 0, 0, 0, 36, 0]);
     assert_eq!(good(&o)[0], 0x7F);
-    expect(&cmd(lun1, &[0, 0, 0, 0, 0, 0]), key::ILLEGAL_REQUEST, asc::LUN_NOT_SUPPORTED);
+    expect(
+        &cmd(lun1, &[0, 0, 0, 0, 0, 0]),
+        key::ILLEGAL_REQUEST,
+        asc::LUN_NOT_SUPPORTED,
+    );
     assert!(ds.lu(mcsi_scsi::lun::encode(3)).is_some());
     assert!(ds.lu(lun1).is_none());
     let dp = ds.data_phase(0, &read10(0, 4));
@@ -924,10 +1159,15 @@ fn data_phase_from_cdb() {
     assert_eq!(dp(&write10(0, 3, 0)), (3 * BS as u32, 0));
     assert_eq!(dp(&[0x08, 0, 0, 0, 0, 0]), (0, 256 * BS as u32));
     assert_eq!(dp(&caw(0, 2)), (4 * BS as u32, 0));
+    // CAW of zero blocks asks for one byte so that stray data-out is caught.
+    assert_eq!(dp(&caw(0, 0)), (1, 0));
     assert_eq!(dp(&[0x41, 0, 0, 0, 0, 0, 0, 0, 9, 0]), (BS as u32, 0));
     assert_eq!(dp(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0]), (24, 0));
     assert_eq!(dp(&[0x12, 1, 0xB0, 0, 64, 0]), (0, 64));
-    assert_eq!(dp(&[0x2F, 0x02, 0, 0, 0, 0, 0, 0, 2, 0]), (2 * BS as u32, 0));
+    assert_eq!(
+        dp(&[0x2F, 0x02, 0, 0, 0, 0, 0, 0, 2, 0]),
+        (2 * BS as u32, 0)
+    );
     assert_eq!(dp(&[0x2F, 0x00, 0, 0, 0, 0, 0, 0, 2, 0]), (0, 0));
     // A huge READ(16) is not buffered; execute rejects it.
     let mut r16 = [0u8; 16];
@@ -944,9 +1184,17 @@ fn backend_failures_are_medium_errors_with_lba() {
     let n = nexus(1);
     ready(&lu, &n);
     good(&run(&lu, &n, &write10(5, 1, 0), &[1; BS]));
-    let s = expect(&run(&lu, &n, &read10(7, 1), &[]), key::MEDIUM_ERROR, asc::UNRECOVERED_READ_ERROR);
+    let s = expect(
+        &run(&lu, &n, &read10(7, 1), &[]),
+        key::MEDIUM_ERROR,
+        asc::UNRECOVERED_READ_ERROR,
+    );
     assert_eq!(s.information, Some(7));
-    let s = expect(&run(&lu, &n, &write10(9, 1, 0), &[1; BS]), key::MEDIUM_ERROR, asc::WRITE_ERROR);
+    let s = expect(
+        &run(&lu, &n, &write10(9, 1, 0), &[1; BS]),
+        key::MEDIUM_ERROR,
+        asc::WRITE_ERROR,
+    );
     assert_eq!(s.information, Some(9));
     assert_eq!(fb.failures(), 2);
     fb.heal();
@@ -959,12 +1207,86 @@ fn start_stop_and_prevent_allow() {
     good(&run(&lu, &n, &[0x1B, 0, 0, 0, 0x01, 0], &[]));
     good(&run(&lu, &n, &[0x1B, 0x01, 0, 0, 0x00, 0], &[]));
     // LOEJ on a non-removable medium.
-    expect(&run(&lu, &n, &[0x1B, 0, 0, 0, 0x02, 0], &[]), key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    expect(
+        &run(&lu, &n, &[0x1B, 0, 0, 0, 0x02, 0], &[]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
     good(&run(&lu, &n, &[0x1E, 0, 0, 0, 1, 0], &[]));
     good(&run(&lu, &n, &[0x1E, 0, 0, 0, 0, 0], &[]));
     good(&run(&lu, &n, &[0x34, 0, 0, 0, 0, 0, 0, 0, 8, 0], &[]));
     expect(
         &run(&lu, &n, &[0x34, 0, 0, 0, 0x08, 0, 0, 0, 8, 0], &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
+}
+
+#[test]
+fn read_defect_data_is_an_empty_list() {
+    let (lu, n) = lu_default();
+    // READ DEFECT DATA(10), REQ_GLIST, format 101b: header echoes GLISTV and the format.
+    let o = run(&lu, &n, &[0x37, 0, 0x0D, 0, 0, 0, 0, 0, 32, 0], &[]);
+    assert_eq!(&good(&o)[..], &[0, 0x0D, 0, 0]);
+    let o = run(&lu, &n, &[0xB7, 0x0D, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0], &[]);
+    assert_eq!(&good(&o)[..], &[0, 0x0D, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn unit_attentions_are_not_duplicated_and_request_sense_desc() {
+    let lu = ram_lu(64, LuConfig::default());
+    let (a, b) = (nexus(1), nexus(2));
+    ready(&lu, &a);
+    ready(&lu, &b);
+    let mut p = vec![0u8, 0, 0, 0, 0x08, 0x12, 0x00];
+    p.resize(24, 0);
+    let mut q = p.clone();
+    q[6] = 0x04;
+    // Two changes: B is told once.
+    good(&run(&lu, &a, &[0x15, 0x10, 0, 0, 24, 0], &p));
+    good(&run(&lu, &a, &[0x15, 0x10, 0, 0, 24, 0], &q));
+    // REQUEST SENSE with DESC=1 returns the unit attention in descriptor format.
+    let o = run(&lu, &b, &[0x03, 0x01, 0, 0, 252, 0], &[]);
+    let d = good(&o);
+    assert_eq!(&d[..4], &[0x72, 0x06, 0x2A, 0x01]);
+    good(&run(&lu, &b, &[0, 0, 0, 0, 0, 0], &[]));
+}
+
+#[test]
+fn orwrite_ors_into_the_medium() {
+    let (lu, n) = lu_default();
+    good(&run(&lu, &n, &write10(8, 1, 0), &[0x0F; BS]));
+    let mut c = [0u8; 16];
+    c[0] = 0x8B;
+    c[9] = 8;
+    c[13] = 1;
+    good(&run(&lu, &n, &c, &[0x30; BS]));
+    assert!(good(&run(&lu, &n, &read10(8, 1), &[]))
+        .iter()
+        .all(|&b| b == 0x3F));
+    // REPORT SUPPORTED OPERATION CODES lists it with DPO/FUA examined.
+    let o = run(
+        &lu,
+        &n,
+        &[0xA3, 0x0C, 0x01, 0x8B, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
+    let d = good(&o);
+    assert_eq!(&d[0..4], &[0, 0x03, 0, 16]);
+    assert_eq!(d[5] & 0x18, 0x18);
+    // ORPROTECT without protection information.
+    c[1] = 0x20;
+    expect(
+        &run(&lu, &n, &c, &[0; BS]),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
+    c[1] = 0;
+    c[9] = 0xFF;
+    c[8] = 0x07;
+    c[13] = 2;
+    expect(
+        &run(&lu, &n, &c, &[0; 2 * BS]),
         key::ILLEGAL_REQUEST,
         asc::LBA_OUT_OF_RANGE,
     );
