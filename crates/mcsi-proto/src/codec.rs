@@ -602,21 +602,25 @@ fn parse(bhs: Bhs<'_>, ahs: &[u8], data: Bytes, header: Bytes) -> Result<Pdu, De
             if has_status && !final_ {
                 return Err(invalid("S bit without F bit", b, &header));
             }
+            // 11.7.1, 11.7.4, 11.7.5: O, U, StatSN and Residual Count only mean something with
+            // the S bit; without it they are reserved and read as 0 (a stray StatSN must not
+            // reach the caller's ExpStatSN).
+            let with_status = |v: u32| if has_status { v } else { 0 };
             Pdu::DataIn(DataIn {
                 final_,
                 ack: f & 0x40 != 0,
-                overflow: f & 0x04 != 0,
-                underflow: f & 0x02 != 0,
+                overflow: has_status && f & 0x04 != 0,
+                underflow: has_status && f & 0x02 != 0,
                 status: has_status.then(|| b.byte(3)),
                 lun: b.lun(),
                 itt: b.itt(),
                 ttt: b.be32(20),
-                stat_sn: b.be32(24),
+                stat_sn: with_status(b.be32(24)),
                 exp_cmd_sn: b.be32(28),
                 max_cmd_sn: b.be32(32),
                 data_sn: b.be32(36),
                 buffer_offset: b.be32(40),
-                residual_count: b.be32(44),
+                residual_count: with_status(b.be32(44)),
                 data,
             })
         }

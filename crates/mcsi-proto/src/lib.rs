@@ -15,7 +15,10 @@
 //! - [`login`]: status classes and details, and the login state machines of both sides
 //!   ([`login::TargetLogin`], [`login::InitiatorLogin`]) with the [`login::LoginEnv`] and
 //!   [`login::Authenticator`] seams.
+//! - [`chap`]: CHAP (RFC 7143 12.1.3, RFC 1994) for both sides, one-way and mutual, MD5, SHA-1,
+//!   SHA-256 and SHA3-256.
 
+pub mod chap;
 mod codec;
 pub mod digest;
 pub mod keys;

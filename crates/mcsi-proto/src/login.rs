@@ -6,8 +6,8 @@
 //! asked through [`LoginEnv`]. [`InitiatorLogin`] produces Login Requests and takes responses.
 //! Both walk security -> operational -> full feature phase with the [`Negotiator`] of
 //! [`crate::keys`], join text spread over PDUs with the C bit, and split long text themselves.
-//! Authentication goes through the [`Authenticator`] seam; [`NoAuth`] (AuthMethod=None) is the
-//! only method implemented.
+//! Authentication goes through the [`Authenticator`] seam: [`NoAuth`] (AuthMethod=None) here,
+//! CHAP in [`crate::chap`].
 
 use std::collections::VecDeque;
 
@@ -119,6 +119,12 @@ pub trait Authenticator: Send {
     /// Handle the peer's keys of the exchange (`CHAP_*`) for the agreed method.
     /// `Err(status)` ends the login (normally [`status::AUTH_FAILED`]).
     fn step(&mut self, method: &str, keys: &[(String, String)]) -> Result<AuthProgress, (u8, u8)>;
+    /// Initiator side: after `Continue`, whether this side only awaits the peer's last keys (the
+    /// target's answer to a mutual CHAP challenge), so the request carrying ours may already ask
+    /// to leave the security stage (RFC 7143 12.1.3). The stage is still left only after `Done`.
+    fn awaiting_final(&self) -> bool {
+        false
+    }
 }
 
 /// AuthMethod=None: no authentication.
@@ -172,12 +178,15 @@ pub trait LoginEnv {
     /// Leading login (`tsih == 0`): assign the TSIH of the new session (reinstatement of an
     /// older session with the same ISID is the target's business). Non-leading login: check that
     /// the session exists for this ISID and initiator and may take one more connection, and
-    /// return `tsih`. Called once the login is about to succeed (leading) or on the first
-    /// request (non-leading).
+    /// return `tsih`; `cid` tells a new connection (refused with
+    /// [`status::TOO_MANY_CONNECTIONS`] when the session is full, RFC 7143 13.2) from the
+    /// reinstatement of an existing one (6.3.4). Called once the login is about to succeed
+    /// (leading) or on the first request (non-leading).
     fn session(
         &mut self,
         isid: Isid,
         tsih: u16,
+        cid: u16,
         initiator_name: &str,
         target_name: Option<&str>,
     ) -> Result<u16, Refusal>;
@@ -493,6 +502,7 @@ impl TargetLogin {
             self.tsih = env.session(
                 req.isid,
                 req.tsih,
+                req.cid,
                 &self.initiator_name,
                 self.target_name.as_deref(),
             )?;
@@ -531,6 +541,7 @@ impl TargetLogin {
             .map_err(|_: NegotiationError| Refusal::from(status::INITIATOR_ERROR))?;
         reply.keys = processed.answers;
 
+        let method_agreed_now = self.auth_method.is_none() && get(pairs, "AuthMethod").is_some();
         if let Some(offered) = get(pairs, "AuthMethod") {
             // The negotiator does not know our methods; answer AuthMethod here (12.1).
             let methods = self.auth.as_ref().map(|a| a.methods()).unwrap_or_default();
@@ -581,10 +592,18 @@ impl TargetLogin {
             }
         }
 
+        // An initiator offering a list such as AuthMethod=CHAP,None cannot know whether an
+        // exchange follows, and may ask for the transit in the same request (libiscsi does):
+        // the target then stays in the security stage with T=0 (RFC 7143 6.3). Asking for the
+        // transit later, before the exchange is over, is refused.
+        let mut hold = false;
         if req.transit && stage == Stage::Security && !self.authenticated {
             // Leaving security without an agreed method means AuthMethod=None (12.1 default).
             if self.auth_method.is_none() && self.accepts_none() {
                 self.authenticated = true;
+            } else if method_agreed_now && self.auth_method.as_deref().is_some_and(|m| m != "None")
+            {
+                hold = true;
             } else {
                 return Err(status::AUTH_FAILED.into());
             }
@@ -598,7 +617,7 @@ impl TargetLogin {
         if stage == Stage::Operational || (req.transit && req.nsg == Stage::FullFeature) {
             reply.keys.extend(neg.offers(Some(Stage::Operational)));
         }
-        reply.transit = req.transit && !neg.has_pending();
+        reply.transit = req.transit && !hold && !neg.has_pending();
         reply.nsg = if reply.transit { req.nsg } else { stage };
         Ok(())
     }
@@ -648,6 +667,7 @@ impl TargetLogin {
             tsih = env.session(
                 self.isid,
                 0,
+                self.cid,
                 &self.initiator_name,
                 self.target_name.as_deref(),
             )?;
@@ -996,15 +1016,18 @@ impl InitiatorLogin {
                 _ => {}
             }
         }
+        let mut opening = false;
         if get(&pairs, "AuthMethod").is_some() && self.auth_method.is_none() {
             let Some(m) = self.neg.agreed("AuthMethod") else {
                 return Err(LoginError::Protocol("target did not accept any AuthMethod"));
             };
             self.authenticated = m == "None";
+            // The initiator speaks first in an exchange (CHAP_A, RFC 7143 12.1.3).
+            opening = m != "None";
             self.auth_method = Some(m.to_owned());
         }
         let mut keys = processed.answers;
-        if !processed.auth.is_empty() {
+        if !processed.auth.is_empty() || opening {
             let method = self.auth_method.clone().unwrap_or_default();
             match self
                 .cfg
@@ -1068,7 +1091,10 @@ impl InitiatorLogin {
             keys.extend(self.neg.offers(Some(Stage::Operational)));
         }
         let (transit, nsg) = match self.stage {
-            Stage::Security => (self.authenticated, self.after_security()),
+            Stage::Security => (
+                self.authenticated || self.cfg.authenticator.awaiting_final(),
+                self.after_security(),
+            ),
             _ => (true, Stage::FullFeature),
         };
         Ok(InitiatorStep::Send(self.request(keys, transit, nsg)))

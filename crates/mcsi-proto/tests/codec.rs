@@ -472,3 +472,26 @@ fn pdus_back_to_back() {
     ));
     assert_eq!(decode(&mut buf, &plain()), Ok(None));
 }
+
+/// Without the S bit, O, U, StatSN and Residual Count are reserved (RFC 7143 11.7.1, 11.7.4,
+/// 11.7.5): they decode as 0 so that garbage there never reaches ExpStatSN, and the PDU
+/// re-encodes to what was decoded (found by fuzzing the decoder).
+#[test]
+fn data_in_without_status_ignores_reserved_fields() {
+    let mut wire = hex(&format!("{DATAIN_BHS} 68 65 6c 6c 6f 00 00 00"));
+    // F, O and U set, S clear; StatSN (bytes 24..28) is 5 and Residual Count (44..48) is 3.
+    wire[1] = 0x86;
+    let mut buf = BytesMut::from(&wire[..]);
+    let pdu = decode(&mut buf, &plain()).unwrap().unwrap();
+    assert!(buf.is_empty());
+    let Pdu::DataIn(d) = &pdu else {
+        panic!("{pdu:?}")
+    };
+    assert_eq!(d.status, None);
+    assert!(!d.overflow && !d.underflow);
+    assert_eq!((d.stat_sn, d.residual_count), (0, 0));
+    assert_eq!((d.exp_cmd_sn, d.max_cmd_sn), (4, 0x13));
+    let again = pdu.encode(&plain()).to_vec();
+    let mut buf = BytesMut::from(&again[..]);
+    assert_eq!(decode(&mut buf, &plain()).unwrap().unwrap(), pdu);
+}

@@ -19,6 +19,8 @@ struct Env {
     sessions: Vec<(Isid, u16)>,
     next_tsih: u16,
     stat_sn: u32,
+    /// (TSIH, CID) of every `session` call.
+    session_calls: Vec<(u16, u16)>,
 }
 
 impl Env {
@@ -30,6 +32,7 @@ impl Env {
             sessions: Vec::new(),
             next_tsih: 0x10,
             stat_sn: 0x100,
+            session_calls: Vec::new(),
         }
     }
 }
@@ -74,9 +77,11 @@ impl LoginEnv for Env {
         &mut self,
         isid: Isid,
         tsih: u16,
+        cid: u16,
         _initiator_name: &str,
         _target_name: Option<&str>,
     ) -> Result<u16, Refusal> {
+        self.session_calls.push((tsih, cid));
         if tsih == 0 {
             self.next_tsih += 1;
             self.sessions.push((isid, self.next_tsih));
@@ -697,6 +702,8 @@ fn non_leading_connection() {
     let r = run(cfg, TargetLoginConfig::default(), &mut env);
     let out = r.initiator.unwrap();
     assert_eq!(out.tsih, tsih);
+    // The target is told which connection logs in (leading: TSIH 0 with CID 0).
+    assert_eq!(env.session_calls, vec![(0, 0), (tsih, 1)]);
     // LO keys are not offered on a non-leading connection.
     assert!(r
         .requests
@@ -782,4 +789,21 @@ fn initiator_rejects_bad_responses() {
         ini.handle(&r),
         InitiatorStep::Failed(LoginError::Protocol(_))
     ));
+}
+
+#[test]
+fn transit_asked_with_an_auth_method_list_waits_for_the_exchange() {
+    // AuthMethod=CHAP,None with T=1 in the first request (libiscsi's opening): the target
+    // picks CHAP and answers T=0; the exchange then finishes and the transit is granted.
+    let mut env = Env::new();
+    env.methods = vec!["CHAP"];
+    let mut t = TargetLogin::new(TargetLoginConfig::default());
+    let hello = format!("InitiatorName={INI}|TargetName={TGT}|AuthMethod=CHAP,None|");
+    let r = cont(t.handle(&request(&hello, SEC, OP, true), &mut env));
+    assert!(has(&r.data, "AuthMethod", "CHAP"));
+    assert!(!r.transit && r.csg == Stage::Security);
+    let r = cont(t.handle(&request("CHAP_A=5|", SEC, OP, false), &mut env));
+    assert!(has(&r.data, "CHAP_C", "0x0102") && !r.transit);
+    let r = cont(t.handle(&request("CHAP_R=ok|", SEC, OP, true), &mut env));
+    assert!(r.transit && r.nsg == Stage::Operational);
 }
