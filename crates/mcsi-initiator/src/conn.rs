@@ -1,0 +1,191 @@
+//! One TCP connection: connect, login exchange, and the reader and writer of full feature phase.
+
+use crate::error::Error;
+use crate::negotiate::{Login, LoginConfig, LoginDone, LoginStep};
+use bytes::BytesMut;
+use mcsi_proto::pdu::{decode, pdu_len, Encoded, Framing, Pdu};
+use std::io::IoSlice;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Most PDUs gathered into one vectored write.
+const WRITE_BATCH: usize = 64;
+
+/// Connect with a timeout; TCP_NODELAY because iSCSI PDUs are latency-bound requests.
+pub(crate) async fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
+    let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| Error::Timeout(format!("connecting to {addr} took longer than {timeout:?}")))?
+        .map_err(|e| Error::io(format!("cannot connect to {addr}"), &e))?;
+    s.set_nodelay(true)
+        .map_err(|e| Error::io("setting TCP_NODELAY", &e))?;
+    Ok(s)
+}
+
+/// Write PDUs with vectored writes: header, payload (not copied) and trailer of each.
+pub(crate) async fn write_encoded<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    batch: &[Encoded],
+) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = batch
+        .iter()
+        .flat_map(|e| e.io_slices())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = w.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Read one PDU (login, discovery: one request, one response at a time).
+pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    framing: &Framing,
+) -> Result<Pdu, Error> {
+    loop {
+        match decode(buf, framing) {
+            Ok(Some(p)) => return Ok(p),
+            Ok(None) => {}
+            Err(e) => return Err(Error::Protocol(e.to_string())),
+        }
+        let want = pdu_len(buf, framing).unwrap_or(48).max(4096);
+        buf.reserve(want);
+        let n = r
+            .read_buf(buf)
+            .await
+            .map_err(|e| Error::io("reading from the target", &e))?;
+        if n == 0 {
+            return Err(Error::Io {
+                context: "reading from the target".into(),
+                kind: std::io::ErrorKind::UnexpectedEof,
+                message: "the target closed the connection".into(),
+            });
+        }
+    }
+}
+
+/// What a login on a fresh connection produced.
+#[derive(Debug)]
+pub(crate) enum LoginOutcome {
+    Done(Box<LoginDone>),
+    Redirect(String),
+}
+
+/// Run the login exchange on a connected stream.
+pub(crate) async fn login(
+    stream: &mut TcpStream,
+    cfg: LoginConfig,
+    timeout: Duration,
+) -> Result<LoginOutcome, Error> {
+    let fut = async {
+        // During login both sides accept 8192-byte data segments and no digests (12.12, 13.1).
+        let framing = Framing::default();
+        let mut login = Login::new(&cfg)?;
+        let mut req = login.start();
+        let mut buf = BytesMut::with_capacity(16384);
+        loop {
+            let enc = Pdu::LoginRequest(req).encode(&framing);
+            write_encoded(stream, std::slice::from_ref(&enc))
+                .await
+                .map_err(|e| Error::io("sending a login request", &e))?;
+            let resp = match read_pdu(stream, &mut buf, &framing).await? {
+                Pdu::LoginResponse(r) => r,
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "expected a Login Response, got {:?}",
+                        other.opcode()
+                    )))
+                }
+            };
+            match login.handle(&resp)? {
+                LoginStep::Send(next) => req = next,
+                LoginStep::Done(d) => {
+                    if !buf.is_empty() {
+                        return Err(Error::Protocol(
+                            "the target sent PDUs after the final login response before any request".into(),
+                        ));
+                    }
+                    return Ok(LoginOutcome::Done(d));
+                }
+                LoginStep::Redirect(a) => return Ok(LoginOutcome::Redirect(a)),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout(format!("login took longer than {timeout:?}")))?
+}
+
+/// Sending half of a connection: takes PDUs from the channel and writes them in batches.
+pub(crate) async fn writer<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<Pdu>,
+    framing: Framing,
+) -> std::io::Result<()> {
+    let mut batch: Vec<Encoded> = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first.encode(&framing));
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p.encode(&framing)),
+                Err(_) => break,
+            }
+        }
+        write_encoded(&mut w, &batch).await?;
+        batch.clear();
+    }
+    // The session closed the channel: finish the stream.
+    w.shutdown().await
+}
+
+/// Receiving half: decodes PDUs and hands each read's worth to `sink` in one call.
+pub(crate) async fn reader<R, F>(mut r: R, framing: Framing, mut sink: F) -> Error
+where
+    R: AsyncRead + Unpin,
+    F: FnMut(Vec<Pdu>) -> bool,
+{
+    let mut buf = BytesMut::with_capacity(256 * 1024);
+    loop {
+        let mut pdus = Vec::new();
+        loop {
+            match decode(&mut buf, &framing) {
+                Ok(Some(p)) => pdus.push(p),
+                Ok(None) => break,
+                Err(e) => {
+                    // At ERL 0 any digest or framing error ends the connection (7.1.1).
+                    if !pdus.is_empty() {
+                        sink(pdus);
+                    }
+                    return Error::Protocol(e.to_string());
+                }
+            }
+        }
+        if !pdus.is_empty() && !sink(pdus) {
+            return Error::Closed;
+        }
+        let want = pdu_len(&buf, &framing).unwrap_or(0).max(64 * 1024);
+        if buf.capacity() - buf.len() < want {
+            buf.reserve(want.max(256 * 1024));
+        }
+        match r.read_buf(&mut buf).await {
+            Ok(0) => {
+                return Error::Io {
+                    context: "reading from the target".into(),
+                    kind: std::io::ErrorKind::UnexpectedEof,
+                    message: "the target closed the connection".into(),
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return Error::io("reading from the target", &e),
+        }
+    }
+}

@@ -1,0 +1,1273 @@
+//! The session's state, sans-IO: task table, task tags, CmdSN window, scheduler, per-connection
+//! StatSN, and the answers to target PDUs. The async driver feeds it PDUs and carries out the
+//! [`Action`]s it returns; tests drive it with plain values.
+
+use crate::error::Error;
+use crate::negotiate::SessionParams;
+use crate::sched::{ConnLoad, Scheduler, TaskInfo};
+use crate::sense::Sense;
+use crate::task::{answer_r2t, data_outs, plan_write, DataInAssembly, Residual};
+use crate::tcpinfo::TcpStats;
+use crate::window::{CmdWindow, WindowUpdate};
+use bytes::Bytes;
+use mcsi_proto::pdu::{NopOut, Pdu, ScsiCommand, TaskAttr, RESERVED_TAG};
+use mcsi_proto::serial::Sn;
+use std::collections::{HashMap, VecDeque};
+
+/// Direction and size of a command's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataDir {
+    None,
+    /// Read this many bytes.
+    Read(u32),
+    /// Write these bytes.
+    Write(Bytes),
+}
+
+/// A SCSI command for one LUN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    /// LUN number (encoded to SAM-5 form on the wire).
+    pub lun: u64,
+    pub cdb: Bytes,
+    pub dir: DataDir,
+}
+
+impl Command {
+    fn bytes(&self) -> u64 {
+        match &self.dir {
+            DataDir::None => 0,
+            DataDir::Read(n) => u64::from(*n),
+            DataDir::Write(b) => b.len() as u64,
+        }
+    }
+}
+
+/// A completed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// SCSI status (SAM-5).
+    pub status: u8,
+    pub sense: Option<Sense>,
+    /// Read data (empty for other commands).
+    pub data: Bytes,
+    pub residual: Residual,
+}
+
+impl Response {
+    /// Ok for GOOD (and CONDITION MET), else the status as a typed error.
+    pub fn check(self) -> Result<Response, Error> {
+        match self.status {
+            crate::error::status::GOOD | crate::error::status::CONDITION_MET => Ok(self),
+            status => Err(Error::Scsi(crate::error::ScsiError {
+                status,
+                sense: self.sense,
+            })),
+        }
+    }
+}
+
+/// Role of a connection (the asymmetric mode gives requests and responses separate ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Both,
+    Requests,
+    Responses,
+}
+
+/// Things the driver must do.
+#[derive(Debug)]
+pub enum Action<C> {
+    /// Queue this PDU on connection `conn`.
+    Send { conn: usize, pdu: Pdu },
+    /// Deliver a command's result.
+    Complete {
+        handle: C,
+        result: Result<Response, Error>,
+    },
+    /// Something for the driver's control logic.
+    Event { conn: usize, event: Event },
+}
+
+/// Target-initiated events and control responses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Async event 1: log out this connection within `within_secs` (11.9.1).
+    LogoutRequested { cid: u16, within_secs: u16 },
+    /// Async events 2/3: the target drops the connection or the whole session.
+    Dropped {
+        session: bool,
+        time2wait: u16,
+        time2retain: u16,
+    },
+    /// A response to a control request the driver issued (Logout, Text, TMF).
+    Control(Pdu),
+    /// A Reject that names no outstanding task.
+    Rejected { reason: u8 },
+}
+
+#[derive(Debug, Clone)]
+struct ConnState {
+    alive: bool,
+    draining: bool,
+    role: Role,
+    cid: u16,
+    /// Next StatSN expected on this connection.
+    exp_stat_sn: u32,
+    outstanding_tasks: u32,
+    outstanding_bytes: u64,
+    tasks_total: u64,
+    bytes_total: u64,
+    tcp: Option<TcpStats>,
+}
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    pub cid: u16,
+    pub alive: bool,
+    pub tasks: u64,
+    pub bytes: u64,
+    pub outstanding_tasks: u32,
+    pub outstanding_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Queued<C> {
+    cmd: Command,
+    handle: C,
+}
+
+#[derive(Debug)]
+struct Task<C> {
+    cmd: Command,
+    handle: C,
+    conn: usize,
+    cmd_sn: u32,
+    bytes: u64,
+    assembly: Option<DataInAssembly>,
+}
+
+/// Encode a LUN number as the 8-byte SAM-5 LUN (4.6): peripheral addressing below 256, flat
+/// space addressing up to 16383.
+pub fn encode_lun(lun: u64) -> u64 {
+    if lun < 256 {
+        lun << 48
+    } else {
+        ((0x4000 | (lun & 0x3fff)) << 48) & 0xffff_0000_0000_0000
+    }
+}
+
+/// The session core. `C` is whatever the driver uses to deliver a result (a oneshot sender).
+#[derive(Debug)]
+pub struct SessionCore<C> {
+    params: SessionParams,
+    window: CmdWindow,
+    conns: Vec<ConnState>,
+    tasks: HashMap<u32, Task<C>>,
+    pending: VecDeque<Queued<C>>,
+    scheduler: Box<dyn Scheduler>,
+    next_itt: u32,
+    window_closed_events: u64,
+}
+
+impl<C> SessionCore<C> {
+    pub fn new(scheduler: Box<dyn Scheduler>) -> Self {
+        SessionCore {
+            params: SessionParams::default(),
+            window: CmdWindow::new(0, u32::MAX),
+            conns: Vec::new(),
+            tasks: HashMap::new(),
+            pending: VecDeque::new(),
+            scheduler,
+            next_itt: 1,
+            window_closed_events: 0,
+        }
+    }
+
+    /// Start (or restart after session recovery) with fresh connections. `conns` gives each
+    /// connection's CID, role and the StatSN of its final login response. Tasks that were
+    /// outstanding go back to the head of the queue in their CmdSN order, to be issued anew.
+    pub fn start(
+        &mut self,
+        params: SessionParams,
+        window: CmdWindow,
+        conns: &[(u16, Role, u32)],
+        out: &mut Vec<Action<C>>,
+    ) {
+        self.requeue_outstanding();
+        self.params = params;
+        self.window = window;
+        self.conns = conns
+            .iter()
+            .map(|&(cid, role, stat_sn)| ConnState {
+                alive: true,
+                draining: false,
+                role,
+                cid,
+                exp_stat_sn: stat_sn.wrapping_add(1),
+                outstanding_tasks: 0,
+                outstanding_bytes: 0,
+                tasks_total: 0,
+                bytes_total: 0,
+                tcp: None,
+            })
+            .collect();
+        self.pump(out);
+    }
+
+    /// Every connection is gone (ERL 0 recovers the session as a whole, RFC 7143 7.1.5):
+    /// outstanding tasks wait for the next [`SessionCore::start`].
+    pub fn session_down(&mut self) {
+        for c in &mut self.conns {
+            c.alive = false;
+        }
+        self.requeue_outstanding();
+    }
+
+    fn requeue_outstanding(&mut self) {
+        let mut tasks: Vec<Task<C>> = self.tasks.drain().map(|(_, t)| t).collect();
+        let base = tasks.iter().map(|t| t.cmd_sn).min_by(|a, b| {
+            if Sn::lt(Sn(*a), Sn(*b)) {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        });
+        if let Some(base) = base {
+            tasks.sort_by_key(|t| t.cmd_sn.wrapping_sub(base));
+        }
+        for t in tasks.into_iter().rev() {
+            self.pending.push_front(Queued {
+                cmd: t.cmd,
+                handle: t.handle,
+            });
+        }
+        for c in &mut self.conns {
+            c.outstanding_tasks = 0;
+            c.outstanding_bytes = 0;
+        }
+    }
+
+    /// Complete every task and queued command with `err`.
+    pub fn fail_all(&mut self, err: &Error, out: &mut Vec<Action<C>>) {
+        self.requeue_outstanding();
+        while let Some(q) = self.pending.pop_front() {
+            out.push(Action::Complete {
+                handle: q.handle,
+                result: Err(err.clone()),
+            });
+        }
+    }
+
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    pub fn window(&self) -> &CmdWindow {
+        &self.window
+    }
+
+    pub fn scheduler_name(&self) -> &'static str {
+        self.scheduler.name()
+    }
+
+    pub fn scheduler_wants_tcp_info(&self) -> bool {
+        self.scheduler.wants_tcp_info()
+    }
+
+    /// Tasks issued and not completed, plus those waiting for the window or a connection.
+    pub fn outstanding(&self) -> usize {
+        self.tasks.len() + self.pending.len()
+    }
+
+    /// Tags of the tasks issued and awaiting status.
+    pub fn issued_itts(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tasks.keys().copied()
+    }
+
+    /// Times a command had to wait because the window was closed.
+    pub fn window_waits(&self) -> u64 {
+        self.window_closed_events
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub fn cid(&self, conn: usize) -> Option<u16> {
+        self.conns.get(conn).map(|c| c.cid)
+    }
+
+    pub fn conn_by_cid(&self, cid: u16) -> Option<usize> {
+        self.conns.iter().position(|c| c.cid == cid)
+    }
+
+    pub fn conn_stats(&self) -> Vec<ConnStats> {
+        self.conns
+            .iter()
+            .map(|c| ConnStats {
+                cid: c.cid,
+                alive: c.alive,
+                tasks: c.tasks_total,
+                bytes: c.bytes_total,
+                outstanding_tasks: c.outstanding_tasks,
+                outstanding_bytes: c.outstanding_bytes,
+            })
+            .collect()
+    }
+
+    /// Record a TCP_INFO sample for the scheduler.
+    pub fn set_tcp(&mut self, conn: usize, tcp: TcpStats) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.tcp = Some(tcp);
+        }
+    }
+
+    /// Stop giving new tasks to a connection (before its logout).
+    pub fn set_draining(&mut self, conn: usize) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.draining = true;
+        }
+    }
+
+    /// The connection has no outstanding task.
+    pub fn conn_idle(&self, conn: usize) -> bool {
+        self.conns
+            .get(conn)
+            .is_none_or(|c| c.outstanding_tasks == 0)
+    }
+
+    /// A connection was logged out cleanly: no more tasks on it.
+    pub fn conn_closed(&mut self, conn: usize) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.alive = false;
+        }
+    }
+
+    /// Connections that can take tasks.
+    pub fn usable_conns(&self) -> usize {
+        self.loads().iter().filter(|l| l.usable).count()
+    }
+
+    /// CmdSN for an immediate PDU (carried, not taken: 11.18 / 4.2.2.1).
+    pub fn immediate_cmd_sn(&self) -> u32 {
+        self.window.next_cmd_sn()
+    }
+
+    pub fn exp_stat_sn(&self, conn: usize) -> u32 {
+        self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
+    }
+
+    /// A fresh Initiator Task Tag, never the reserved value nor one in use.
+    pub fn alloc_itt(&mut self) -> u32 {
+        loop {
+            let t = self.next_itt;
+            self.next_itt = self.next_itt.wrapping_add(1);
+            if t != RESERVED_TAG && !self.tasks.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    /// Queue a command; it goes out as soon as the window and a connection allow.
+    pub fn submit(&mut self, cmd: Command, handle: C, out: &mut Vec<Action<C>>) {
+        self.pending.push_back(Queued { cmd, handle });
+        self.pump(out);
+    }
+
+    fn loads(&self) -> Vec<ConnLoad> {
+        self.conns
+            .iter()
+            .map(|c| ConnLoad {
+                usable: c.alive && !c.draining && c.role != Role::Responses,
+                outstanding_tasks: c.outstanding_tasks,
+                outstanding_bytes: c.outstanding_bytes,
+                tcp: c.tcp,
+            })
+            .collect()
+    }
+
+    /// Issue queued commands while the window is open (never beyond MaxCmdSN).
+    pub fn pump(&mut self, out: &mut Vec<Action<C>>) {
+        let mut loads: Option<Vec<ConnLoad>> = None;
+        while let Some(front) = self.pending.front() {
+            if !self.window.can_send() {
+                self.window_closed_events += 1;
+                break;
+            }
+            let info = TaskInfo {
+                bytes: front.cmd.bytes(),
+                write: matches!(front.cmd.dir, DataDir::Write(_)),
+            };
+            let l = loads.get_or_insert_with(|| self.loads());
+            let Some(conn) = self.scheduler.pick(l, &info) else {
+                break;
+            };
+            let Some(cmd_sn) = self.window.take() else {
+                break;
+            };
+            let Some(q) = self.pending.pop_front() else {
+                break;
+            };
+            l[conn].outstanding_tasks += 1;
+            l[conn].outstanding_bytes += info.bytes;
+            self.issue(q, conn, cmd_sn, out);
+        }
+    }
+
+    fn issue(&mut self, q: Queued<C>, conn: usize, cmd_sn: u32, out: &mut Vec<Action<C>>) {
+        let itt = self.alloc_itt();
+        let lun = encode_lun(q.cmd.lun);
+        let exp_stat_sn = self.exp_stat_sn(conn);
+        let bytes = q.cmd.bytes();
+        let (read, write, len) = match &q.cmd.dir {
+            DataDir::None => (false, false, 0),
+            DataDir::Read(n) => (true, false, *n),
+            DataDir::Write(b) => (false, true, b.len() as u32),
+        };
+        let (imm, unsolicited) = match &q.cmd.dir {
+            DataDir::Write(b) => {
+                let plan = plan_write(len, &self.params);
+                let outs = if plan.has_data_out() {
+                    data_outs(
+                        lun,
+                        itt,
+                        RESERVED_TAG,
+                        b,
+                        plan.immediate,
+                        plan.unsolicited_end - plan.immediate,
+                        self.params.target_max_recv_dsl,
+                    )
+                } else {
+                    Vec::new()
+                };
+                (b.slice(0..plan.immediate as usize), outs)
+            }
+            _ => (Bytes::new(), Vec::new()),
+        };
+        out.push(Action::Send {
+            conn,
+            pdu: Pdu::ScsiCommand(ScsiCommand {
+                immediate: false,
+                final_: unsolicited.is_empty(),
+                read,
+                write,
+                attr: TaskAttr::Simple,
+                lun,
+                itt,
+                expected_data_transfer_length: len,
+                cmd_sn,
+                exp_stat_sn,
+                cdb: q.cmd.cdb.clone(),
+                bidi_read_length: None,
+                data: imm,
+            }),
+        });
+        for mut d in unsolicited {
+            d.exp_stat_sn = exp_stat_sn;
+            out.push(Action::Send {
+                conn,
+                pdu: Pdu::DataOut(d),
+            });
+        }
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.outstanding_tasks += 1;
+            c.outstanding_bytes += bytes;
+            c.tasks_total += 1;
+            c.bytes_total += bytes;
+        }
+        self.tasks.insert(
+            itt,
+            Task {
+                assembly: read.then(|| DataInAssembly::new(len)),
+                cmd: q.cmd,
+                handle: q.handle,
+                conn,
+                cmd_sn,
+                bytes,
+            },
+        );
+    }
+
+    fn finish(&mut self, itt: u32, result: Result<Response, Error>, out: &mut Vec<Action<C>>) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            if let Some(c) = self.conns.get_mut(t.conn) {
+                c.outstanding_tasks = c.outstanding_tasks.saturating_sub(1);
+                c.outstanding_bytes = c.outstanding_bytes.saturating_sub(t.bytes);
+            }
+            out.push(Action::Complete {
+                handle: t.handle,
+                result,
+            });
+        }
+    }
+
+    /// StatSN bookkeeping (RFC 7143 4.2.2.2, 11.19.3): PDUs that carry a status advance the
+    /// connection's ExpStatSN past their StatSN; R2T and unsolicited NOP-In carry the next
+    /// StatSN without consuming it.
+    fn note_stat_sn(&mut self, conn: usize, pdu: &Pdu) {
+        let (sn, advances) = match pdu {
+            Pdu::ScsiResponse(p) => (p.stat_sn, true),
+            Pdu::DataIn(p) if p.status.is_some() => (p.stat_sn, true),
+            Pdu::TaskMgmtResponse(p) => (p.stat_sn, true),
+            Pdu::TextResponse(p) => (p.stat_sn, true),
+            Pdu::LogoutResponse(p) => (p.stat_sn, true),
+            Pdu::AsyncMessage(p) => (p.stat_sn, true),
+            Pdu::Reject(p) => (p.stat_sn, true),
+            Pdu::NopIn(p) => (p.stat_sn, p.itt != RESERVED_TAG),
+            Pdu::R2t(p) => (p.stat_sn, false),
+            _ => return,
+        };
+        let next = if advances { sn.wrapping_add(1) } else { sn };
+        if let Some(c) = self.conns.get_mut(conn) {
+            if Sn::gt(Sn(next), Sn(c.exp_stat_sn)) {
+                c.exp_stat_sn = next;
+            }
+        }
+    }
+
+    fn note_window(&mut self, pdu: &Pdu) {
+        let pair = match pdu {
+            Pdu::ScsiResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::DataIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::TaskMgmtResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::TextResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::LogoutResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::AsyncMessage(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::Reject(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::NopIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::R2t(p) => (p.exp_cmd_sn, p.max_cmd_sn),
+            _ => return,
+        };
+        match self.window.update(pair.0, pair.1) {
+            WindowUpdate::Invalid => tracing::debug!(
+                exp = pair.0,
+                max = pair.1,
+                "ignoring ExpCmdSN/MaxCmdSN pair with MaxCmdSN < ExpCmdSN - 1"
+            ),
+            WindowUpdate::AheadOfSent => tracing::warn!(
+                exp = pair.0,
+                next = self.window.next_cmd_sn(),
+                "target acknowledges CmdSNs never sent; ignoring its ExpCmdSN"
+            ),
+            _ => {}
+        }
+    }
+
+    /// Take one PDU from connection `conn`. An error is connection-level: the driver drops the
+    /// connection (and at ERL 0 recovers the session).
+    pub fn handle(&mut self, conn: usize, pdu: Pdu, out: &mut Vec<Action<C>>) -> Result<(), Error> {
+        self.note_stat_sn(conn, &pdu);
+        self.note_window(&pdu);
+        let r = self.dispatch(conn, pdu, out);
+        self.pump(out);
+        r
+    }
+
+    fn dispatch(&mut self, conn: usize, pdu: Pdu, out: &mut Vec<Action<C>>) -> Result<(), Error> {
+        match pdu {
+            Pdu::ScsiResponse(r) => {
+                let Some(task) = self.tasks.get_mut(&r.itt) else {
+                    tracing::debug!(itt = r.itt, "SCSI Response for an unknown task; ignored");
+                    return Ok(());
+                };
+                let result = if r.response != 0 {
+                    Err(Error::TargetFailure {
+                        response: r.response,
+                    })
+                } else {
+                    let residual = Residual::from_flags(r.underflow, r.overflow, r.residual_count);
+                    let data = match task.assembly.take() {
+                        Some(a) if r.status == crate::error::status::GOOD => a.finish(residual),
+                        _ => Ok(Bytes::new()),
+                    };
+                    data.map(|data| Response {
+                        status: r.status,
+                        sense: Sense::parse(&r.sense),
+                        data,
+                        residual,
+                    })
+                };
+                self.finish(r.itt, result, out);
+            }
+            Pdu::DataIn(d) => {
+                let Some(task) = self.tasks.get_mut(&d.itt) else {
+                    tracing::debug!(itt = d.itt, "Data-In for an unknown task; ignored");
+                    return Ok(());
+                };
+                let Some(a) = task.assembly.as_mut() else {
+                    let e = Error::Protocol(format!(
+                        "Data-In for ITT {:#x}, which is not a read",
+                        d.itt
+                    ));
+                    self.finish(d.itt, Err(e.clone()), out);
+                    return Err(e);
+                };
+                if let Err(e) = a.push(&d) {
+                    self.finish(d.itt, Err(e.clone()), out);
+                    return Err(e);
+                }
+                if let Some(status) = d.status {
+                    let residual = Residual::from_flags(d.underflow, d.overflow, d.residual_count);
+                    let data = task
+                        .assembly
+                        .take()
+                        .map_or(Ok(Bytes::new()), |a| a.finish(residual));
+                    let result = data.map(|data| Response {
+                        status,
+                        sense: None,
+                        data,
+                        residual,
+                    });
+                    self.finish(d.itt, result, out);
+                }
+            }
+            Pdu::R2t(r) => {
+                let Some(task) = self.tasks.get(&r.itt) else {
+                    tracing::debug!(itt = r.itt, "R2T for an unknown task; ignored");
+                    return Ok(());
+                };
+                let DataDir::Write(data) = &task.cmd.dir else {
+                    let e =
+                        Error::Protocol(format!("R2T for ITT {:#x}, which is not a write", r.itt));
+                    self.finish(r.itt, Err(e.clone()), out);
+                    return Err(e);
+                };
+                let task_conn = task.conn;
+                match answer_r2t(&r, encode_lun(task.cmd.lun), data, &self.params) {
+                    Ok(outs) => {
+                        let exp = self.exp_stat_sn(task_conn);
+                        for mut d in outs {
+                            d.exp_stat_sn = exp;
+                            // Connection allegiance: Data-Out goes where the command went.
+                            out.push(Action::Send {
+                                conn: task_conn,
+                                pdu: Pdu::DataOut(d),
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        self.finish(r.itt, Err(e.clone()), out);
+                        return Err(e);
+                    }
+                }
+            }
+            Pdu::NopIn(n) => {
+                if n.ttt != RESERVED_TAG {
+                    // A ping from the target: answer on the same connection (11.18).
+                    out.push(Action::Send {
+                        conn,
+                        pdu: Pdu::NopOut(NopOut {
+                            immediate: true,
+                            lun: n.lun,
+                            itt: RESERVED_TAG,
+                            ttt: n.ttt,
+                            cmd_sn: self.window.next_cmd_sn(),
+                            exp_stat_sn: self.exp_stat_sn(conn),
+                            data: n.data,
+                        }),
+                    });
+                }
+            }
+            Pdu::AsyncMessage(a) => {
+                let event = match a.async_event {
+                    0 => {
+                        tracing::info!(
+                            sense = ?Sense::parse(a.data.get(2..).unwrap_or_default()),
+                            "target reports a SCSI asynchronous event"
+                        );
+                        return Ok(());
+                    }
+                    1 => Event::LogoutRequested {
+                        cid: self.cid(conn).unwrap_or_default(),
+                        within_secs: a.parameter3,
+                    },
+                    2 | 3 => Event::Dropped {
+                        session: a.async_event == 3,
+                        time2wait: a.parameter2,
+                        time2retain: a.parameter3,
+                    },
+                    4 => {
+                        tracing::info!("target asks for renegotiation; keeping current parameters");
+                        return Ok(());
+                    }
+                    other => {
+                        tracing::debug!(event = other, "asynchronous message ignored");
+                        return Ok(());
+                    }
+                };
+                out.push(Action::Event { conn, event });
+            }
+            Pdu::Reject(r) => {
+                let itt = r
+                    .header
+                    .get(16..20)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                match itt {
+                    Some(itt) if self.tasks.contains_key(&itt) => {
+                        self.finish(itt, Err(Error::Rejected { reason: r.reason }), out);
+                    }
+                    _ => out.push(Action::Event {
+                        conn,
+                        event: Event::Rejected { reason: r.reason },
+                    }),
+                }
+            }
+            p @ (Pdu::LogoutResponse(_) | Pdu::TextResponse(_) | Pdu::TaskMgmtResponse(_)) => {
+                out.push(Action::Event {
+                    conn,
+                    event: Event::Control(p),
+                });
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {:?} PDU in full feature phase",
+                    other.opcode()
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::{LeastOutstanding, RoundRobin};
+    use mcsi_proto::pdu::{DataIn, NopIn, R2t, ScsiResponse};
+
+    type Core = SessionCore<u32>;
+
+    fn params() -> SessionParams {
+        SessionParams {
+            max_connections: 4,
+            initial_r2t: true,
+            immediate_data: true,
+            first_burst_length: 65536,
+            max_burst_length: 262144,
+            target_max_recv_dsl: 8192,
+            ..SessionParams::default()
+        }
+    }
+
+    fn core(n: usize, exp: u32, max: u32) -> (Core, Vec<Action<u32>>) {
+        let mut c = Core::new(Box::new(RoundRobin::default()));
+        let conns: Vec<(u16, Role, u32)> = (0..n).map(|i| (i as u16, Role::Both, 1000)).collect();
+        let mut out = Vec::new();
+        c.start(params(), CmdWindow::new(exp, max), &conns, &mut out);
+        (c, out)
+    }
+
+    fn read(lun: u64, len: u32) -> Command {
+        Command {
+            lun,
+            cdb: Bytes::from_static(&[0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0]),
+            dir: DataDir::Read(len),
+        }
+    }
+
+    /// TEST UNIT READY: no data, so a bare GOOD response completes it.
+    fn tur() -> Command {
+        Command {
+            lun: 0,
+            cdb: Bytes::from_static(&[0; 6]),
+            dir: DataDir::None,
+        }
+    }
+
+    fn sends(out: &[Action<u32>]) -> Vec<(usize, &Pdu)> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::Send { conn, pdu } => Some((*conn, pdu)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn cmd_sns(out: &[Action<u32>]) -> Vec<(usize, u32, u32)> {
+        sends(out)
+            .into_iter()
+            .filter_map(|(c, p)| match p {
+                Pdu::ScsiCommand(s) => Some((c, s.cmd_sn, s.itt)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn good(itt: u32, stat_sn: u32, exp: u32, max: u32) -> Pdu {
+        Pdu::ScsiResponse(ScsiResponse {
+            bidi_overflow: false,
+            bidi_underflow: false,
+            overflow: false,
+            underflow: false,
+            response: 0,
+            status: 0,
+            itt,
+            snack_tag: 0,
+            stat_sn,
+            exp_cmd_sn: exp,
+            max_cmd_sn: max,
+            exp_data_sn: 0,
+            bidi_residual_count: 0,
+            residual_count: 0,
+            sense: Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn commands_wait_for_the_window_and_spread_round_robin() {
+        // Window of 3 at the wrap: CmdSN 0xffffffff, 0, 1.
+        let (mut c, _) = core(2, 0xffff_ffff, 1);
+        let mut out = Vec::new();
+        for h in 0..5 {
+            c.submit(tur(), h, &mut out);
+        }
+        let issued = cmd_sns(&out);
+        assert_eq!(
+            issued.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            vec![(0, 0xffff_ffff), (1, 0), (0, 1)]
+        );
+        assert_eq!(c.outstanding(), 5);
+        // Completing the first frees no slot until MaxCmdSN moves.
+        let mut out = Vec::new();
+        c.handle(0, good(issued[0].2, 1000, 0, 1), &mut out)
+            .unwrap();
+        assert!(cmd_sns(&out).is_empty());
+        assert!(matches!(
+            out[0],
+            Action::Complete {
+                handle: 0,
+                result: Ok(_)
+            }
+        ));
+        // MaxCmdSN 3 opens two slots: CmdSN 2 and 3 go out, on connections 1 and 0.
+        let mut out = Vec::new();
+        c.handle(1, good(issued[1].2, 1000, 1, 3), &mut out)
+            .unwrap();
+        let more = cmd_sns(&out);
+        assert_eq!(
+            more.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            vec![(1, 2), (0, 3)]
+        );
+        // Two completed, five submitted: three issued and outstanding.
+        assert_eq!(c.outstanding(), 3);
+    }
+
+    #[test]
+    fn reads_are_reassembled_and_status_in_data_in_completes() {
+        let (mut c, _) = core(1, 10, 40);
+        let mut out = Vec::new();
+        c.submit(read(1, 12), 7, &mut out);
+        let (_, _, itt) = cmd_sns(&out)[0];
+        let Pdu::ScsiCommand(cmd) = sends(&out)[0].1 else {
+            panic!()
+        };
+        // LUN 1 in peripheral addressing: byte 1 of the 8-byte LUN.
+        assert_eq!(cmd.lun, 0x0001_0000_0000_0000);
+        assert!(cmd.read && cmd.final_ && cmd.expected_data_transfer_length == 12);
+        assert_eq!(cmd.exp_stat_sn, 1001);
+        let mk = |sn: u32, off: u32, data: &'static [u8], status: Option<u8>| {
+            Pdu::DataIn(DataIn {
+                final_: status.is_some(),
+                ack: false,
+                overflow: false,
+                underflow: false,
+                status,
+                lun: 0,
+                itt,
+                ttt: RESERVED_TAG,
+                stat_sn: 1001,
+                exp_cmd_sn: 11,
+                max_cmd_sn: 40,
+                data_sn: sn,
+                buffer_offset: off,
+                residual_count: 0,
+                data: Bytes::from_static(data),
+            })
+        };
+        let mut out = Vec::new();
+        c.handle(0, mk(0, 0, b"hello ", None), &mut out).unwrap();
+        assert!(out.is_empty());
+        c.handle(0, mk(1, 6, b"world!", Some(0)), &mut out).unwrap();
+        let Action::Complete {
+            handle: 7,
+            result: Ok(r),
+        } = &out[0]
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&r.data[..], b"hello world!");
+        // The status-bearing Data-In advanced ExpStatSN past its StatSN.
+        assert_eq!(c.exp_stat_sn(0), 1002);
+        assert_eq!(c.window().exp_cmd_sn(), 11);
+    }
+
+    #[test]
+    fn writes_use_immediate_data_then_answer_r2t_on_the_same_connection() {
+        let (mut c, _) = core(3, 1, 100);
+        let mut out = Vec::new();
+        // Move the round-robin pointer so the write lands on connection 1.
+        c.submit(read(0, 512), 0, &mut out);
+        out.clear();
+        let data = Bytes::from(vec![0xab; 20000]);
+        c.submit(
+            Command {
+                lun: 0,
+                cdb: Bytes::from_static(&[0x2a; 10]),
+                dir: DataDir::Write(data),
+            },
+            1,
+            &mut out,
+        );
+        let s = sends(&out);
+        assert_eq!(
+            s.len(),
+            1,
+            "InitialR2T=Yes: only the command with immediate data"
+        );
+        let (wconn, Pdu::ScsiCommand(cmd)) = s[0] else {
+            panic!()
+        };
+        assert_eq!(wconn, 1);
+        assert_eq!(cmd.data.len(), 8192);
+        assert!(cmd.final_);
+        let itt = cmd.itt;
+        let mut out = Vec::new();
+        // The R2T arrives (on any connection); Data-Out goes to connection 1.
+        c.handle(
+            2,
+            Pdu::R2t(R2t {
+                lun: 0,
+                itt,
+                ttt: 0x77,
+                stat_sn: 1001,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 100,
+                r2t_sn: 0,
+                buffer_offset: 8192,
+                desired_data_transfer_length: 11808,
+            }),
+            &mut out,
+        )
+        .unwrap();
+        let s = sends(&out);
+        assert_eq!(s.len(), 2);
+        assert!(s.iter().all(|(c, _)| *c == 1));
+        let Pdu::DataOut(d1) = s[1].1 else { panic!() };
+        assert_eq!(
+            (d1.buffer_offset, d1.data.len(), d1.final_, d1.data_sn),
+            (16384, 3616, true, 1)
+        );
+        // R2T does not consume a StatSN: connection 2's ExpStatSN is 1001, not 1002.
+        assert_eq!(c.exp_stat_sn(2), 1001);
+    }
+
+    #[test]
+    fn nop_in_ping_is_answered_and_does_not_take_a_cmd_sn() {
+        let (mut c, _) = core(2, 5, 10);
+        let mut out = Vec::new();
+        c.handle(
+            1,
+            Pdu::NopIn(NopIn {
+                lun: 0,
+                itt: RESERVED_TAG,
+                ttt: 0x1234,
+                stat_sn: 1001,
+                exp_cmd_sn: 5,
+                max_cmd_sn: 10,
+                data: Bytes::from_static(b"ping"),
+            }),
+            &mut out,
+        )
+        .unwrap();
+        let s = sends(&out);
+        let (1, Pdu::NopOut(n)) = s[0] else {
+            panic!("{s:?}")
+        };
+        assert!(n.immediate);
+        assert_eq!((n.itt, n.ttt, n.cmd_sn), (RESERVED_TAG, 0x1234, 5));
+        assert_eq!(&n.data[..], b"ping");
+        assert_eq!(c.window().next_cmd_sn(), 5);
+    }
+
+    #[test]
+    fn session_down_requeues_in_cmd_sn_order_and_restart_reissues() {
+        let (mut c, _) = core(2, 0xffff_fffe, 0xffff_fffeu32.wrapping_add(9));
+        let mut out = Vec::new();
+        for h in 0..4 {
+            c.submit(tur(), h, &mut out);
+        }
+        let first = cmd_sns(&out);
+        assert_eq!(first.len(), 4);
+        // Complete handle 1, then lose the session.
+        let mut out = Vec::new();
+        c.handle(1, good(first[1].2, 1000, 0xffff_ffff, 20), &mut out)
+            .unwrap();
+        c.session_down();
+        assert_eq!(c.usable_conns(), 0);
+        let mut out = Vec::new();
+        c.submit(tur(), 9, &mut out);
+        assert!(
+            cmd_sns(&out).is_empty(),
+            "nothing goes out while the session is down"
+        );
+        // New session: tasks 0, 2, 3 (in their old CmdSN order, across the wrap) then 9.
+        let mut out = Vec::new();
+        c.start(
+            params(),
+            CmdWindow::new(1, 50),
+            &[(0, Role::Both, 5), (1, Role::Both, 7)],
+            &mut out,
+        );
+        let again = cmd_sns(&out);
+        assert_eq!(
+            again.iter().map(|x| x.1).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        let mut done = Vec::new();
+        for (conn, _, itt) in &again {
+            let mut o = Vec::new();
+            c.handle(*conn, good(*itt, 10, 1, 50), &mut o).unwrap();
+            for a in o {
+                if let Action::Complete { handle, result } = a {
+                    assert!(result.is_ok());
+                    done.push(handle);
+                }
+            }
+        }
+        assert_eq!(done, vec![0, 2, 3, 9]);
+    }
+
+    #[test]
+    fn least_outstanding_and_draining() {
+        let mut c = Core::new(Box::new(LeastOutstanding::default()));
+        let mut out = Vec::new();
+        c.start(
+            params(),
+            CmdWindow::new(1, 100),
+            &[(0, Role::Both, 0), (1, Role::Both, 0)],
+            &mut out,
+        );
+        c.submit(read(0, 1 << 20), 0, &mut out);
+        c.submit(read(0, 4096), 1, &mut out);
+        c.submit(read(0, 4096), 2, &mut out);
+        let conns: Vec<usize> = cmd_sns(&out).iter().map(|x| x.0).collect();
+        // The 1 MiB read occupies connection 0; both small reads go to connection 1.
+        assert_eq!(conns, vec![0, 1, 1]);
+        c.set_draining(1);
+        let mut out = Vec::new();
+        c.submit(read(0, 4096), 3, &mut out);
+        assert_eq!(cmd_sns(&out)[0].0, 0);
+        assert!(!c.conn_idle(1));
+    }
+
+    #[test]
+    fn asymmetric_roles_keep_requests_off_response_connections() {
+        let mut c = Core::new(Box::new(RoundRobin::default()));
+        let mut out = Vec::new();
+        let conns = [
+            (0, Role::Requests, 0),
+            (1, Role::Requests, 0),
+            (2, Role::Responses, 0),
+            (3, Role::Responses, 0),
+        ];
+        c.start(params(), CmdWindow::new(1, 100), &conns, &mut out);
+        for h in 0..6 {
+            c.submit(tur(), h, &mut out);
+        }
+        let used: Vec<usize> = cmd_sns(&out).iter().map(|x| x.0).collect();
+        assert_eq!(used, vec![0, 1, 0, 1, 0, 1]);
+        // A response arriving on connection 3 completes a task sent on connection 0.
+        let itt = cmd_sns(&out)[0].2;
+        let mut o = Vec::new();
+        c.handle(3, good(itt, 0, 2, 100), &mut o).unwrap();
+        assert!(matches!(
+            o[0],
+            Action::Complete {
+                handle: 0,
+                result: Ok(_)
+            }
+        ));
+    }
+
+    #[test]
+    fn check_condition_and_reject_become_typed_errors() {
+        let (mut c, _) = core(1, 1, 10);
+        let mut out = Vec::new();
+        c.submit(read(0, 512), 1, &mut out);
+        c.submit(tur(), 2, &mut out);
+        let ids = cmd_sns(&out);
+        let mut resp = good(ids[0].2, 1000, 2, 10);
+        if let Pdu::ScsiResponse(r) = &mut resp {
+            r.status = 0x02;
+            r.sense = Bytes::from_static(&[
+                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
+            ]);
+        }
+        let mut out = Vec::new();
+        c.handle(0, resp, &mut out).unwrap();
+        let Action::Complete { result: Ok(r), .. } = out.remove(0) else {
+            panic!()
+        };
+        let e = r.check().unwrap_err();
+        assert!(
+            e.to_string().contains("ILLEGAL REQUEST asc/ascq 24/00"),
+            "{e}"
+        );
+        // Reject naming the second task's ITT in the rejected header.
+        let mut header = vec![0u8; 48];
+        header[0] = 0x01;
+        header[16..20].copy_from_slice(&ids[1].2.to_be_bytes());
+        let mut out = Vec::new();
+        c.handle(
+            0,
+            Pdu::Reject(mcsi_proto::pdu::Reject {
+                reason: 0x09,
+                stat_sn: 1001,
+                exp_cmd_sn: 3,
+                max_cmd_sn: 10,
+                data_sn_r2t_sn: 0,
+                header: Bytes::from(header),
+            }),
+            &mut out,
+        )
+        .unwrap();
+        let Action::Complete {
+            handle: 2,
+            result: Err(e),
+        } = &out[0]
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*e, Error::Rejected { reason: 0x09 });
+        assert_eq!(c.outstanding(), 0);
+    }
+
+    #[test]
+    fn async_messages_become_events() {
+        let (mut c, _) = core(2, 1, 10);
+        let msg = |event: u8, p2: u16, p3: u16| {
+            Pdu::AsyncMessage(mcsi_proto::pdu::AsyncMessage {
+                lun: 0,
+                stat_sn: 1000,
+                exp_cmd_sn: 1,
+                max_cmd_sn: 10,
+                async_event: event,
+                async_vcode: 0,
+                parameter1: 0,
+                parameter2: p2,
+                parameter3: p3,
+                data: Bytes::new(),
+            })
+        };
+        let mut out = Vec::new();
+        // Event 1 on connection 1 (CID 1): log out within 5 s (Parameter3, 11.9.1).
+        c.handle(1, msg(1, 0, 5), &mut out).unwrap();
+        c.handle(0, msg(3, 2, 20), &mut out).unwrap();
+        c.handle(0, msg(4, 0, 0), &mut out).unwrap();
+        let events: Vec<(usize, Event)> = out
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Event { conn, event } => Some((conn, event)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            events,
+            vec![
+                (
+                    1,
+                    Event::LogoutRequested {
+                        cid: 1,
+                        within_secs: 5
+                    }
+                ),
+                (
+                    0,
+                    Event::Dropped {
+                        session: true,
+                        time2wait: 2,
+                        time2retain: 20
+                    }
+                ),
+            ]
+        );
+        // Async messages carry a StatSN and advance ExpStatSN.
+        assert_eq!(c.exp_stat_sn(1), 1001);
+    }
+
+    /// A policy outside this crate's two: picks the largest congestion window. Shows the trait
+    /// is enough for the planned congestion-aware scheduler.
+    #[derive(Debug)]
+    struct MaxCwnd;
+    impl Scheduler for MaxCwnd {
+        fn name(&self) -> &'static str {
+            "max-cwnd"
+        }
+        fn pick(&mut self, conns: &[ConnLoad], _t: &TaskInfo) -> Option<usize> {
+            (0..conns.len())
+                .filter(|&i| conns[i].usable)
+                .max_by_key(|&i| conns[i].tcp.map_or(0, |t| t.cwnd))
+        }
+        fn wants_tcp_info(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn custom_scheduler_sees_tcp_state() {
+        let mut c = Core::new(Box::new(MaxCwnd));
+        assert!(c.scheduler_wants_tcp_info());
+        let mut out = Vec::new();
+        c.start(
+            params(),
+            CmdWindow::new(1, 100),
+            &[(0, Role::Both, 0), (1, Role::Both, 0), (2, Role::Both, 0)],
+            &mut out,
+        );
+        c.set_tcp(
+            2,
+            TcpStats {
+                cwnd: 40,
+                ..TcpStats::default()
+            },
+        );
+        c.set_tcp(
+            0,
+            TcpStats {
+                cwnd: 10,
+                ..TcpStats::default()
+            },
+        );
+        c.submit(tur(), 0, &mut out);
+        assert_eq!(cmd_sns(&out)[0].0, 2);
+    }
+
+    #[test]
+    fn good_read_without_data_is_a_protocol_error() {
+        // GOOD status, no residual, but no Data-In: the target lost data (11.4.5).
+        let (mut c, _) = core(1, 1, 10);
+        let mut out = Vec::new();
+        c.submit(read(0, 4096), 5, &mut out);
+        let itt = cmd_sns(&out)[0].2;
+        let mut out = Vec::new();
+        c.handle(0, good(itt, 1000, 2, 10), &mut out).unwrap();
+        let Action::Complete {
+            result: Err(Error::Protocol(m)),
+            ..
+        } = &out[0]
+        else {
+            panic!("{out:?}")
+        };
+        assert!(m.contains("0 bytes"), "{m}");
+    }
+
+    #[test]
+    fn lun_encoding() {
+        assert_eq!(encode_lun(0), 0);
+        assert_eq!(encode_lun(5), 0x0005_0000_0000_0000);
+        // Flat space (SAM-5 4.6.7): 01b in the top bits, 14-bit LUN.
+        assert_eq!(encode_lun(300), 0x412c_0000_0000_0000);
+    }
+}

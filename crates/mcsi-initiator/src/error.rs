@@ -1,0 +1,162 @@
+//! Errors of the initiator, by reach: a single task (SCSI status, residuals), a connection or
+//! session (I/O, protocol, login), or the caller's input.
+
+use crate::sense::Sense;
+use std::fmt;
+
+/// Anything that can go wrong in the initiator. `Clone` because one session failure fails every
+/// task that was waiting on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The `iscsi://` URL (or another argument) is malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// TCP connect, read or write failed.
+    #[error("{context}: {message}")]
+    Io {
+        context: String,
+        kind: std::io::ErrorKind,
+        message: String,
+    },
+    /// The target refused the login (RFC 7143 11.13.5).
+    #[error("login to {target} refused: {} (status class {class}, detail {detail})", login_status_name(*.class, *.detail))]
+    Login {
+        target: String,
+        class: u8,
+        detail: u8,
+    },
+    /// Negotiation did not produce usable parameters.
+    #[error("login negotiation failed: {0}")]
+    Negotiation(String),
+    /// The peer broke a protocol rule; the connection cannot go on.
+    #[error("protocol error from the target: {0}")]
+    Protocol(String),
+    /// The target answered a PDU with a Reject (RFC 7143 11.17).
+    #[error("the target rejected the request: {}", reject_name(*.reason))]
+    Rejected { reason: u8 },
+    /// The command completed with a SCSI status other than GOOD.
+    #[error("{0}")]
+    Scsi(ScsiError),
+    /// The target reported an iSCSI service response other than "command completed" (11.4.3).
+    #[error("the target failed the command (iSCSI response {response:#04x})")]
+    TargetFailure { response: u8 },
+    /// Fewer bytes moved than asked for (a residual underflow, 11.4.5).
+    #[error("short transfer: {actual} of {expected} bytes")]
+    ShortTransfer { expected: u64, actual: u64 },
+    /// The session was lost and could not be re-established.
+    #[error("session lost after {attempts} reconnect attempt(s): {last}")]
+    SessionLost { attempts: u32, last: String },
+    /// The session was closed (logged out) while the request was waiting.
+    #[error("the session is closed")]
+    Closed,
+    /// A reply did not arrive in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, e: &std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Whether this is a CHECK CONDITION with sense key UNIT ATTENTION, which is worth a retry.
+    pub fn is_unit_attention(&self) -> bool {
+        matches!(self, Error::Scsi(ScsiError { sense: Some(s), .. }) if s.key == crate::sense::SenseKey::UnitAttention)
+    }
+}
+
+/// A SCSI status other than GOOD, with its sense data when the target sent any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiError {
+    pub status: u8,
+    pub sense: Option<Sense>,
+}
+
+impl fmt::Display for ScsiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SCSI status {}", status_name(self.status))?;
+        if let Some(s) = &self.sense {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+/// SAM-5 status codes.
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const ACA_ACTIVE: u8 = 0x30;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+fn status_name(s: u8) -> String {
+    let name = match s {
+        status::GOOD => "GOOD",
+        status::CHECK_CONDITION => "CHECK CONDITION",
+        status::CONDITION_MET => "CONDITION MET",
+        status::BUSY => "BUSY",
+        status::RESERVATION_CONFLICT => "RESERVATION CONFLICT",
+        status::TASK_SET_FULL => "TASK SET FULL",
+        status::ACA_ACTIVE => "ACA ACTIVE",
+        status::TASK_ABORTED => "TASK ABORTED",
+        _ => return format!("{s:#04x}"),
+    };
+    format!("{name} ({s:#04x})")
+}
+
+/// Names of login status class/detail pairs (RFC 7143 11.13.5).
+pub fn login_status_name(class: u8, detail: u8) -> &'static str {
+    match (class, detail) {
+        (0, 0) => "success",
+        (1, 1) => "target moved temporarily",
+        (1, 2) => "target moved permanently",
+        (2, 0) => "initiator error",
+        (2, 1) => "authentication failed",
+        (2, 2) => "authorization failed (this initiator may not access the target)",
+        (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 5) => "unsupported iSCSI version",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 8) => "cannot include this connection in the session",
+        (2, 9) => "session type not supported",
+        (2, 10) => "session does not exist",
+        (2, 11) => "invalid request during login",
+        (3, 0) => "target error",
+        (3, 1) => "service unavailable",
+        (3, 2) => "out of resources",
+        (1, _) => "redirection",
+        (2, _) => "initiator error",
+        (3, _) => "target error",
+        _ => "unknown status",
+    }
+}
+
+fn reject_name(reason: u8) -> String {
+    let name = match reason {
+        0x02 => "data digest error",
+        0x03 => "SNACK reject",
+        0x04 => "protocol error",
+        0x05 => "command not supported",
+        0x06 => "immediate command rejected",
+        0x07 => "task in progress",
+        0x08 => "invalid data ack",
+        0x09 => "invalid PDU field",
+        0x0a => "long operation reject",
+        0x0b => "deprecated",
+        0x0c => "waiting for logout",
+        _ => "unknown reason",
+    };
+    format!("{name} (reason {reason:#04x})")
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,52 @@
+//! mcsi-initiator: an iSCSI initiator (RFC 7143) whose sessions span many TCP connections
+//! (MC/S), with a pluggable scheduler choosing the connection of each task.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), mcsi_initiator::Error> {
+//! use mcsi_initiator::{connect, ConnectOptions, IscsiUrl};
+//! let url = IscsiUrl::parse("iscsi://127.0.0.1:3260/iqn.2001-04.com.example:t1/1")?;
+//! let session = connect(&url, ConnectOptions { connections: 4, ..Default::default() }).await?;
+//! let lun = session.open_lun(url.lun).await?;
+//! let data = lun.read(0, 8).await?;
+//! lun.write(0, data).await?;
+//! session.logout().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Layout: sans-IO parts ([`window`], [`core`], [`task`], [`sched`], [`sense`]) hold the
+//! protocol logic and are unit-tested with plain values; login and negotiation are mcsi-proto's
+//! ([`negotiate`] configures them); [`session`] drives everything over tokio with a reader and a
+//! writer task per connection. Error recovery is level 0: a lost connection ends the session,
+//! which is re-established with the same ISID (session reinstatement) and the commands that had
+//! no status are issued again.
+//!
+//! The asymmetric mode of the thesis (requests on half the connections, responses on the other
+//! half) has its seam here: [`ConnectOptions::asymmetric`] offers the vendor key
+//! [`negotiate::ASYMMETRIC_KEY`], and when a target agrees the connections get
+//! [`core::Role`]s that keep new tasks off the response half. Responses are matched to tasks by
+//! Initiator Task Tag session-wide, so they may arrive on any connection.
+
+mod conn;
+pub mod core;
+pub mod discovery;
+pub mod error;
+pub mod lun;
+pub mod negotiate;
+pub mod sched;
+pub mod sense;
+pub mod session;
+pub mod task;
+pub mod tcpinfo;
+pub mod url;
+pub mod window;
+
+pub use crate::core::{Command, DataDir, Response};
+pub use discovery::{discover, DiscoveredTarget};
+pub use error::{Error, ScsiError};
+pub use lun::{Capacity, Inquiry, Lun};
+pub use negotiate::SessionParams;
+pub use sched::{ConnLoad, LeastOutstanding, RoundRobin, Scheduler, TaskInfo};
+pub use sense::{Sense, SenseKey};
+pub use session::{connect, ConnectOptions, ConnectionStats, Session, SessionStats};
+pub use tcpinfo::TcpStats;
+pub use url::IscsiUrl;

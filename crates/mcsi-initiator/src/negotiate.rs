@@ -1,0 +1,490 @@
+//! Login of one connection: configures mcsi-proto's sans-IO [`InitiatorLogin`] (keys table,
+//! negotiation, CHAP) from the initiator's options and flattens its outcome into the
+//! [`SessionParams`] the session works with.
+
+use crate::error::Error;
+use mcsi_proto::chap::{ChapAlgorithm, ChapCredentials, ChapInitiator};
+use mcsi_proto::keys::{Digest, KeyDef, KeyKind, LocalParams, Phase, Senders, ValueSpec};
+use mcsi_proto::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError};
+use mcsi_proto::pdu::{Isid, LoginRequest, LoginResponse};
+
+/// Vendor key of the thesis's asymmetric mode (4.3.2-4.3.3): requests on the first half of the
+/// connections, responses on the second half. Registered and offered only when asked for, so a
+/// standard peer never sees it.
+pub const ASYMMETRIC_KEY: &str = "X-org.mcsi.Asymmetric";
+
+const ASYMMETRIC_DEF: KeyDef = KeyDef {
+    name: ASYMMETRIC_KEY,
+    kind: KeyKind::BooleanAnd,
+    value: ValueSpec::Boolean,
+    default: "No",
+    leading_only: true,
+    per_connection: false,
+    phase: Phase::Login,
+    senders: Senders::Both,
+    discovery: false,
+};
+
+/// The negotiated values a session works with: mcsi-proto's session-wide and per-connection
+/// parameters, flattened (every connection is offered the same values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionParams {
+    pub max_connections: u16,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub default_time2wait: u16,
+    pub default_time2retain: u16,
+    pub max_outstanding_r2t: u16,
+    pub data_pdu_in_order: bool,
+    pub data_sequence_in_order: bool,
+    pub error_recovery_level: u8,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// Largest data segment we may send (the target's declared MaxRecvDataSegmentLength).
+    pub target_max_recv_dsl: u32,
+    /// Largest data segment we accept (our declaration).
+    pub initiator_max_recv_dsl: u32,
+    pub target_alias: Option<String>,
+    pub target_portal_group_tag: Option<u16>,
+    /// The asymmetric vendor mode was agreed.
+    pub asymmetric: bool,
+}
+
+impl Default for SessionParams {
+    /// RFC 7143 section 13 defaults.
+    fn default() -> Self {
+        let s = mcsi_proto::keys::SessionParams::default();
+        let c = mcsi_proto::keys::ConnectionParams::default();
+        SessionParams {
+            max_connections: s.max_connections,
+            initial_r2t: s.initial_r2t,
+            immediate_data: s.immediate_data,
+            max_burst_length: s.max_burst_length,
+            first_burst_length: s.first_burst_length,
+            default_time2wait: s.default_time2wait,
+            default_time2retain: s.default_time2retain,
+            max_outstanding_r2t: s.max_outstanding_r2t,
+            data_pdu_in_order: s.data_pdu_in_order,
+            data_sequence_in_order: s.data_sequence_in_order,
+            error_recovery_level: s.error_recovery_level,
+            header_digest: false,
+            data_digest: false,
+            target_max_recv_dsl: c.max_send_data_segment_length,
+            initiator_max_recv_dsl: c.max_recv_data_segment_length,
+            target_alias: None,
+            target_portal_group_tag: None,
+            asymmetric: false,
+        }
+    }
+}
+
+/// What the initiator offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offers {
+    pub max_connections: u16,
+    pub max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    /// Offer CRC32C digests (header and data), None as fallback.
+    pub digests: bool,
+    pub asymmetric: bool,
+}
+
+impl Default for Offers {
+    fn default() -> Self {
+        Offers {
+            max_connections: 1,
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 16_776_192,
+            first_burst_length: 262_144,
+            immediate_data: true,
+            initial_r2t: false,
+            digests: false,
+            asymmetric: false,
+        }
+    }
+}
+
+/// The kind of session being logged into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionKind {
+    Normal,
+    Discovery,
+}
+
+/// Configuration of one connection's login.
+#[derive(Debug, Clone)]
+pub struct LoginConfig {
+    pub initiator_name: String,
+    pub target_name: Option<String>,
+    pub kind: SessionKind,
+    pub isid: Isid,
+    /// 0 for the leading connection of a new session.
+    pub tsih: u16,
+    pub cid: u16,
+    pub itt: u32,
+    pub cmd_sn: u32,
+    pub offers: Offers,
+    /// CHAP user and secret (AuthMethod=CHAP is offered when set).
+    pub chap: Option<(String, String)>,
+    /// CHAP algorithms offered, in order of preference (empty: MD5 only).
+    pub chap_algorithms: Vec<ChapAlgorithm>,
+}
+
+/// The outcome of a successful login.
+#[derive(Debug, Clone)]
+pub struct LoginDone {
+    pub params: SessionParams,
+    pub tsih: u16,
+    /// StatSN of the final response: the connection's next ExpStatSN is this + 1.
+    pub stat_sn: u32,
+    pub exp_cmd_sn: u32,
+    pub max_cmd_sn: u32,
+}
+
+/// What to do after a login response.
+#[derive(Debug, Clone)]
+pub enum LoginStep {
+    Send(LoginRequest),
+    Done(Box<LoginDone>),
+    /// Class 1: log in again at this `host:port[,tpgt]`.
+    Redirect(String),
+}
+
+/// Random bytes for CHAP's mutual challenge (only used with mutual credentials).
+fn fill_random(buf: &mut [u8]) {
+    use std::hash::{BuildHasher, Hasher};
+    let state = std::collections::hash_map::RandomState::new();
+    for (i, chunk) in buf.chunks_mut(8).enumerate() {
+        let mut h = state.build_hasher();
+        h.write_usize(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
+    }
+}
+
+fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
+    let o = &cfg.offers;
+    let mut c = match cfg.kind {
+        SessionKind::Normal => InitiatorLoginConfig::normal(
+            &cfg.initiator_name,
+            cfg.target_name.as_deref().unwrap_or_default(),
+            cfg.isid,
+        ),
+        SessionKind::Discovery => InitiatorLoginConfig::discovery(&cfg.initiator_name, cfg.isid),
+    };
+    c.tsih = cfg.tsih;
+    c.cid = cfg.cid;
+    c.itt = cfg.itt;
+    c.cmd_sn = cfg.cmd_sn;
+    let digests = if o.digests {
+        vec![Digest::Crc32c, Digest::None]
+    } else {
+        vec![Digest::None]
+    };
+    c.params = LocalParams {
+        header_digest: digests.clone(),
+        data_digest: digests,
+        max_recv_data_segment_length: o.max_recv_data_segment_length,
+        max_connections: o.max_connections.max(1),
+        initial_r2t: o.initial_r2t,
+        immediate_data: o.immediate_data,
+        max_burst_length: o.max_burst_length,
+        first_burst_length: o.first_burst_length.min(o.max_burst_length),
+        // ERL 0 only: nothing is retained after a connection ends (7.1.5).
+        default_time2retain: 0,
+        error_recovery_level: 0,
+        max_outstanding_r2t: 1,
+        ..LocalParams::default()
+    };
+    if o.asymmetric && cfg.kind == SessionKind::Normal {
+        c.extensions.push((ASYMMETRIC_DEF, "Yes".into()));
+    }
+    if let Some((user, secret)) = &cfg.chap {
+        let chap = ChapInitiator::new(
+            ChapCredentials::new(user.clone(), secret.as_bytes().to_vec()),
+            fill_random,
+        )
+        .map_err(|e| Error::InvalidArgument(format!("CHAP credentials: {e}")))?
+        .with_algorithms(if cfg.chap_algorithms.is_empty() {
+            &[ChapAlgorithm::Md5]
+        } else {
+            &cfg.chap_algorithms
+        });
+        c.authenticator = Box::new(chap);
+    }
+    Ok(c)
+}
+
+/// Initiator login of one connection.
+pub struct Login {
+    inner: InitiatorLogin,
+    target: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login").field("inner", &self.inner).finish()
+    }
+}
+
+impl Login {
+    pub fn new(cfg: &LoginConfig) -> Result<Login, Error> {
+        Ok(Login {
+            inner: InitiatorLogin::new(proto_config(cfg)?),
+            target: cfg.target_name.clone().unwrap_or_default(),
+        })
+    }
+
+    pub fn start(&mut self) -> LoginRequest {
+        self.inner.start()
+    }
+
+    /// Take one Login Response.
+    pub fn handle(&mut self, r: &LoginResponse) -> Result<LoginStep, Error> {
+        match self.inner.handle(r) {
+            InitiatorStep::Send(req) => Ok(LoginStep::Send(req)),
+            InitiatorStep::FullFeature(o) => {
+                let s = &o.session;
+                let c = &o.connection;
+                let params = SessionParams {
+                    max_connections: s.max_connections,
+                    initial_r2t: s.initial_r2t,
+                    immediate_data: s.immediate_data,
+                    max_burst_length: s.max_burst_length,
+                    first_burst_length: s.first_burst_length,
+                    default_time2wait: s.default_time2wait,
+                    default_time2retain: s.default_time2retain,
+                    max_outstanding_r2t: s.max_outstanding_r2t,
+                    data_pdu_in_order: s.data_pdu_in_order,
+                    data_sequence_in_order: s.data_sequence_in_order,
+                    error_recovery_level: s.error_recovery_level,
+                    header_digest: c.header_digest == Digest::Crc32c,
+                    data_digest: c.data_digest == Digest::Crc32c,
+                    target_max_recv_dsl: c.max_send_data_segment_length,
+                    initiator_max_recv_dsl: c.max_recv_data_segment_length,
+                    target_alias: o.target_alias.clone(),
+                    target_portal_group_tag: o.target_portal_group_tag,
+                    asymmetric: s.extensions.get(ASYMMETRIC_KEY).map(String::as_str) == Some("Yes"),
+                };
+                if params.error_recovery_level != 0 {
+                    return Err(Error::Negotiation(format!(
+                        "ErrorRecoveryLevel {} agreed; this initiator implements level 0",
+                        params.error_recovery_level
+                    )));
+                }
+                Ok(LoginStep::Done(Box::new(LoginDone {
+                    params,
+                    tsih: o.tsih,
+                    stat_sn: o.stat_sn,
+                    exp_cmd_sn: o.exp_cmd_sn,
+                    max_cmd_sn: o.max_cmd_sn,
+                })))
+            }
+            InitiatorStep::Failed(LoginError::Status { class: 1, keys, .. }) => keys
+                .into_iter()
+                .find(|(k, _)| k == "TargetAddress")
+                .map(|(_, v)| LoginStep::Redirect(v))
+                .ok_or_else(|| Error::Protocol("login redirection without a TargetAddress".into())),
+            InitiatorStep::Failed(LoginError::Status { class, detail, .. }) => Err(Error::Login {
+                target: self.target.clone(),
+                class,
+                detail,
+            }),
+            InitiatorStep::Failed(e @ (LoginError::Negotiation(_) | LoginError::Auth(_))) => {
+                Err(Error::Negotiation(e.to_string()))
+            }
+            InitiatorStep::Failed(e) => Err(Error::Protocol(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use mcsi_proto::pdu::Stage;
+
+    fn cfg(asymmetric: bool) -> LoginConfig {
+        LoginConfig {
+            initiator_name: "iqn.2026-01.org.mcsi:test".into(),
+            target_name: Some("iqn.2001-04.com.example:t1".into()),
+            kind: SessionKind::Normal,
+            isid: Isid([0x80, 1, 2, 3, 4, 5]),
+            tsih: 0,
+            cid: 0,
+            itt: 0,
+            cmd_sn: 1,
+            offers: Offers {
+                max_connections: 4,
+                asymmetric,
+                ..Offers::default()
+            },
+            chap: None,
+            chap_algorithms: Vec::new(),
+        }
+    }
+
+    fn resp(csg: Stage, nsg: Stage, tsih: u16, text: &str, status: (u8, u8)) -> LoginResponse {
+        LoginResponse {
+            transit: true,
+            continue_: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: Isid([0x80, 1, 2, 3, 4, 5]),
+            tsih,
+            itt: 0,
+            stat_sn: 100,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 32,
+            status_class: status.0,
+            status_detail: status.1,
+            data: Bytes::from(text.replace('|', "\0")),
+        }
+    }
+
+    fn keys(req: &LoginRequest) -> Vec<(String, String)> {
+        mcsi_proto::text::parse(&req.data, &Default::default()).unwrap()
+    }
+
+    /// Walk a login against a target that answers like tgt (MaxConnections=1) and check the
+    /// flattened parameters.
+    #[test]
+    fn single_connection_target_is_flattened() {
+        let mut l = Login::new(&cfg(false)).unwrap();
+        let first = l.start();
+        assert!(keys(&first).contains(&("AuthMethod".into(), "None".into())));
+        let LoginStep::Send(op) = l
+            .handle(&resp(
+                Stage::Security,
+                Stage::Operational,
+                0,
+                "AuthMethod=None|",
+                (0, 0),
+            ))
+            .unwrap()
+        else {
+            panic!()
+        };
+        let offered = keys(&op);
+        assert!(offered.contains(&("MaxConnections".into(), "4".into())));
+        assert!(
+            !offered.iter().any(|(k, _)| k == ASYMMETRIC_KEY),
+            "vendor key sent unasked"
+        );
+        // Answer every offer the way tgt does.
+        let answer: String = offered
+            .iter()
+            .map(|(k, v)| {
+                let a = match k.as_str() {
+                    "MaxConnections" => "1".to_string(),
+                    "InitialR2T" => "Yes".to_string(),
+                    "MaxBurstLength" => "262144".to_string(),
+                    "FirstBurstLength" => "65536".to_string(),
+                    "MaxRecvDataSegmentLength" => "8192".to_string(),
+                    "HeaderDigest" | "DataDigest" => "None".to_string(),
+                    _ => v.split(',').next().unwrap().to_string(),
+                };
+                format!("{k}={a}|")
+            })
+            .collect();
+        let step = l
+            .handle(&resp(
+                Stage::Operational,
+                Stage::FullFeature,
+                0x1234,
+                &answer,
+                (0, 0),
+            ))
+            .unwrap();
+        let LoginStep::Done(d) = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(d.tsih, 0x1234);
+        assert_eq!(d.params.max_connections, 1);
+        assert!(d.params.initial_r2t);
+        assert_eq!(d.params.first_burst_length, 65536);
+        assert_eq!(d.params.max_burst_length, 262144);
+        assert_eq!(d.params.target_max_recv_dsl, 8192);
+        assert_eq!(d.params.initiator_max_recv_dsl, 262144);
+        assert!(!d.params.asymmetric);
+    }
+
+    #[test]
+    fn asymmetric_key_only_when_asked_and_agreed() {
+        let mut l = Login::new(&cfg(true)).unwrap();
+        l.start();
+        let LoginStep::Send(op) = l
+            .handle(&resp(
+                Stage::Security,
+                Stage::Operational,
+                0,
+                "AuthMethod=None|",
+                (0, 0),
+            ))
+            .unwrap()
+        else {
+            panic!()
+        };
+        let offered = keys(&op);
+        assert!(offered.contains(&(ASYMMETRIC_KEY.into(), "Yes".into())));
+        let answer: String = offered
+            .iter()
+            .map(|(k, v)| format!("{k}={}|", v.split(',').next().unwrap()))
+            .collect();
+        let LoginStep::Done(d) = l
+            .handle(&resp(
+                Stage::Operational,
+                Stage::FullFeature,
+                7,
+                &answer,
+                (0, 0),
+            ))
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(d.params.asymmetric);
+        assert_eq!(d.params.max_connections, 4);
+    }
+
+    #[test]
+    fn refusals_and_redirects_are_typed() {
+        let mut l = Login::new(&cfg(false)).unwrap();
+        l.start();
+        let e = l
+            .handle(&resp(Stage::Security, Stage::Security, 0, "", (2, 3)))
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Login {
+                class: 2,
+                detail: 3,
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("target not found"), "{e}");
+        let mut l = Login::new(&cfg(false)).unwrap();
+        l.start();
+        let step = l
+            .handle(&resp(
+                Stage::Security,
+                Stage::Security,
+                0,
+                "TargetAddress=10.1.1.1:3261,1|",
+                (1, 1),
+            ))
+            .unwrap();
+        assert!(matches!(step, LoginStep::Redirect(a) if a == "10.1.1.1:3261,1"));
+    }
+}

@@ -1,0 +1,833 @@
+//! A session over one or more TCP connections, driven by tokio: a reader and a writer task per
+//! connection around the sans-IO [`SessionCore`], session recovery after a lost connection, and
+//! logout.
+
+use crate::conn::{self, LoginOutcome};
+use crate::core::{Action, Command, ConnStats, Event, Response, Role, SessionCore};
+use crate::error::Error;
+use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
+use crate::sched::{self, Scheduler};
+use crate::tcpinfo::{tcp_info, TcpStats};
+use crate::url::IscsiUrl;
+use crate::window::CmdWindow;
+use mcsi_proto::pdu::{Framing, Isid, LogoutRequest, Pdu};
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+type Completion = oneshot::Sender<Result<Response, Error>>;
+
+/// How often TCP_INFO is sampled for schedulers that look at it.
+const TCP_INFO_PERIOD: Duration = Duration::from_millis(20);
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Connections to open in the session (MC/S). The target's MaxConnections may lower it.
+    pub connections: u16,
+    /// Scheduler policy name (see [`sched::POLICIES`]).
+    pub policy: String,
+    pub initiator_name: String,
+    pub max_recv_data_segment_length: u32,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    /// Offer CRC32C header and data digests.
+    pub digests: bool,
+    /// Offer the asymmetric vendor mode (only mcsi targets accept it; off by default).
+    pub asymmetric: bool,
+    /// Session re-establishment attempts after a lost connection before giving up.
+    pub reconnect_attempts: u32,
+    /// A task without status for this long means the session is stuck (a black-holed path, a
+    /// lost PDU at ErrorRecoveryLevel 0): it is recovered and the task issued again. Zero
+    /// disables the check.
+    pub response_timeout: Duration,
+    pub login_timeout: Duration,
+    /// CmdSN of the leading login (the first command's CmdSN). Any value is legal.
+    pub initial_cmd_sn: u32,
+    /// CHAP algorithms to offer when the URL carries credentials, strongest first. The default
+    /// is MD5 alone: tgt fails a login whose CHAP_A offers 7,6,5 (SHA3-256, SHA-256, MD5).
+    pub chap_algorithms: Vec<mcsi_proto::chap::ChapAlgorithm>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        let o = Offers::default();
+        ConnectOptions {
+            connections: 1,
+            policy: "round-robin".into(),
+            initiator_name: default_initiator_name(),
+            max_recv_data_segment_length: o.max_recv_data_segment_length,
+            first_burst_length: o.first_burst_length,
+            max_burst_length: o.max_burst_length,
+            immediate_data: o.immediate_data,
+            initial_r2t: o.initial_r2t,
+            digests: false,
+            asymmetric: false,
+            reconnect_attempts: 5,
+            response_timeout: Duration::from_secs(30),
+            login_timeout: Duration::from_secs(15),
+            initial_cmd_sn: 1,
+            chap_algorithms: vec![mcsi_proto::chap::ChapAlgorithm::Md5],
+        }
+    }
+}
+
+/// `iqn.2026-01.org.mcsi:<hostname>`.
+pub fn default_initiator_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        })
+        .unwrap_or_else(|| "initiator".into());
+    format!("iqn.2026-01.org.mcsi:{host}")
+}
+
+/// A random ISID of type "random" (RFC 7143 11.12.5: T=10b, A and B/C random).
+fn random_isid() -> Isid {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let v = h.finish().to_be_bytes();
+    Isid([0x80 | (v[0] & 0x3f), v[1], v[2], v[3], v[4], 0])
+}
+
+/// One connection's statistics, with the socket's TCP_INFO.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    pub index: usize,
+    pub counters: ConnStats,
+    pub tcp: Option<TcpStats>,
+}
+
+/// A snapshot of the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionStats {
+    pub tsih: u16,
+    pub policy: &'static str,
+    pub connections: Vec<ConnectionStats>,
+    /// Times the session was re-established after a failure.
+    pub recoveries: u32,
+    /// Times a command waited because MaxCmdSN closed the window.
+    pub window_waits: u64,
+    pub exp_cmd_sn: u32,
+    pub max_cmd_sn: u32,
+}
+
+struct ConnHandle {
+    tx: mpsc::UnboundedSender<Pdu>,
+    /// A duplicate of the socket, to read TCP_INFO and to shut the connection down.
+    sock: socket2::Socket,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Recovering,
+    Closing,
+    Closed,
+}
+
+struct Inner {
+    core: SessionCore<Completion>,
+    conns: Vec<ConnHandle>,
+    generation: u64,
+    phase: Phase,
+    control: HashMap<u32, oneshot::Sender<Pdu>>,
+    tsih: u16,
+    recoveries: u32,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    url: IscsiUrl,
+    options: ConnectOptions,
+    isid: Isid,
+}
+
+/// An iSCSI session. Cheap to clone; all clones share the session.
+#[derive(Clone)]
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("url", &self.shared.url.to_string())
+            .finish()
+    }
+}
+
+/// Connections of a freshly established session.
+struct Established {
+    done: LoginDone,
+    conns: Vec<(TcpStream, u16, u32)>,
+    window: CmdWindow,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave the core half-updated in a way later calls
+    // rely on; keep going with the data.
+    shared.inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn parse_target_address(a: &str) -> String {
+    // "host:port,tpgt" or "[v6]:port,tpgt" (RFC 7143 13.8).
+    a.split(',').next().unwrap_or(a).to_string()
+}
+
+async fn login_conn(
+    addr: &str,
+    cfg: LoginConfig,
+    timeout: Duration,
+) -> Result<(TcpStream, Box<LoginDone>), Error> {
+    let mut addr = addr.to_string();
+    for _ in 0..4 {
+        let mut s = conn::connect_tcp(&addr, timeout).await?;
+        match conn::login(&mut s, cfg.clone(), timeout).await? {
+            LoginOutcome::Done(d) => return Ok((s, d)),
+            LoginOutcome::Redirect(to) => {
+                let to = parse_target_address(&to);
+                tracing::info!(from = %addr, to = %to, "target redirects the login");
+                addr = to;
+            }
+        }
+    }
+    Err(Error::Protocol("more than 3 login redirections".into()))
+}
+
+async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Established, Error> {
+    let want = o.connections.max(1);
+    let offers = Offers {
+        max_connections: want,
+        max_recv_data_segment_length: o.max_recv_data_segment_length,
+        max_burst_length: o.max_burst_length,
+        first_burst_length: o.first_burst_length,
+        immediate_data: o.immediate_data,
+        initial_r2t: o.initial_r2t,
+        digests: o.digests,
+        asymmetric: o.asymmetric,
+    };
+    let cfg = LoginConfig {
+        initiator_name: o.initiator_name.clone(),
+        target_name: Some(url.target.clone()),
+        kind: SessionKind::Normal,
+        isid,
+        tsih: 0,
+        cid: 0,
+        itt: 0,
+        cmd_sn: o.initial_cmd_sn,
+        offers,
+        chap: url
+            .user
+            .clone()
+            .map(|u| (u, url.password.clone().unwrap_or_default())),
+        chap_algorithms: o.chap_algorithms.clone(),
+    };
+    let addr = url.address();
+    let (s0, done) = login_conn(&addr, cfg.clone(), o.login_timeout).await?;
+    let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
+    let n = want.min(done.params.max_connections.max(1));
+    if n < want {
+        tracing::warn!(
+            requested = want,
+            max_connections = done.params.max_connections,
+            "the target allows {} connection(s) per session (MaxConnections={}); using {} instead of {}",
+            done.params.max_connections,
+            done.params.max_connections,
+            n,
+            want
+        );
+    }
+    let mut conns = vec![(s0, 0u16, done.stat_sn)];
+    for cid in 1..n {
+        let c = LoginConfig {
+            tsih: done.tsih,
+            cid,
+            itt: u32::from(cid),
+            cmd_sn: window.next_cmd_sn(),
+            ..cfg.clone()
+        };
+        match login_conn(&addr, c, o.login_timeout).await {
+            Ok((s, d)) => {
+                window.update(d.exp_cmd_sn, d.max_cmd_sn);
+                conns.push((s, cid, d.stat_sn));
+            }
+            Err(e) => {
+                tracing::warn!(cid, error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
+                break;
+            }
+        }
+    }
+    Ok(Established {
+        done: *done,
+        conns,
+        window,
+    })
+}
+
+/// Log in to `url` and open the session's connections.
+pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session, Error> {
+    let scheduler: Box<dyn Scheduler> = sched::policy(&options.policy)?;
+    let isid = random_isid();
+    let est = establish(url, &options, isid).await?;
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            core: SessionCore::new(scheduler),
+            conns: Vec::new(),
+            generation: 0,
+            phase: Phase::Running,
+            control: HashMap::new(),
+            tsih: 0,
+            recoveries: 0,
+        }),
+        url: url.clone(),
+        options,
+        isid,
+    });
+    install(&shared, est)?;
+    let s = Session { shared };
+    {
+        let inner = lock(&s.shared);
+        let p = inner.core.params();
+        tracing::info!(
+            target = %s.shared.url,
+            tsih = inner.tsih,
+            connections = inner.conns.len(),
+            policy = inner.core.scheduler_name(),
+            immediate_data = p.immediate_data,
+            initial_r2t = p.initial_r2t,
+            first_burst = p.first_burst_length,
+            max_burst = p.max_burst_length,
+            target_mrdsl = p.target_max_recv_dsl,
+            "session established"
+        );
+    }
+    Ok(s)
+}
+
+/// Put established connections to work: spawn reader and writer tasks, restart the core.
+fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
+    let mut inner = lock(shared);
+    inner.generation += 1;
+    let generation = inner.generation;
+    let params = est.done.params.clone();
+    let asym = params.asymmetric && est.conns.len() >= 2;
+    let half = est.conns.len() / 2;
+    let send_framing = Framing {
+        header_digest: params.header_digest,
+        data_digest: params.data_digest,
+        max_data_segment_length: params.target_max_recv_dsl,
+    };
+    let recv_framing = Framing {
+        header_digest: params.header_digest,
+        data_digest: params.data_digest,
+        max_data_segment_length: params.initiator_max_recv_dsl,
+    };
+    let mut handles = Vec::new();
+    let mut roles = Vec::new();
+    for (i, (stream, cid, stat_sn)) in est.conns.into_iter().enumerate() {
+        let sock = socket2::SockRef::from(&stream)
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the socket", &e))?;
+        let (r, w) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sh = Arc::clone(shared);
+        tokio::spawn(async move {
+            if let Err(e) = conn::writer(w, rx, send_framing).await {
+                connection_failed(&sh, i, generation, Error::io("writing to the target", &e));
+            }
+        });
+        let sh = Arc::clone(shared);
+        let sink_sh = Arc::clone(shared);
+        tokio::spawn(async move {
+            let err = conn::reader(r, recv_framing, move |pdus| {
+                on_pdus(&sink_sh, i, generation, pdus)
+            })
+            .await;
+            connection_failed(&sh, i, generation, err);
+        });
+        let role = if !asym {
+            Role::Both
+        } else if i < half {
+            Role::Requests
+        } else {
+            Role::Responses
+        };
+        handles.push(ConnHandle { tx, sock });
+        roles.push((cid, role, stat_sn));
+    }
+    inner.conns = handles;
+    inner.tsih = est.done.tsih;
+    inner.phase = Phase::Running;
+    let mut out = Vec::new();
+    inner.core.start(params, est.window, &roles, &mut out);
+    run_actions(shared, &mut inner, out);
+    if !shared.options.response_timeout.is_zero() {
+        let sh = Arc::clone(shared);
+        tokio::spawn(async move { watchdog(sh, generation).await });
+    }
+    if inner.core.scheduler_wants_tcp_info() {
+        let sh = Arc::clone(shared);
+        tokio::spawn(async move { sample_tcp_info(sh, generation).await });
+    }
+    Ok(())
+}
+
+/// Recover the session when a task has waited longer than `response_timeout` for its status.
+async fn watchdog(shared: Arc<Shared>, generation: u64) {
+    let limit = shared.options.response_timeout;
+    let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut first_seen: HashMap<u32, tokio::time::Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let now = tokio::time::Instant::now();
+        let mut inner = lock(&shared);
+        if inner.generation != generation || inner.phase == Phase::Closed {
+            return;
+        }
+        if inner.phase != Phase::Running {
+            continue;
+        }
+        let live: std::collections::HashSet<u32> = inner.core.issued_itts().collect();
+        first_seen.retain(|itt, _| live.contains(itt));
+        for itt in live {
+            first_seen.entry(itt).or_insert(now);
+        }
+        if let Some((itt, since)) = first_seen.iter().min_by_key(|(_, t)| **t) {
+            if now.duration_since(*since) >= limit {
+                let e = Error::Timeout(format!("task {itt:#x} has had no status for {limit:?}"));
+                tracing::warn!(error = %e, "recovering the session");
+                begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
+                return;
+            }
+        }
+    }
+}
+
+/// Feed each connection's TCP_INFO to the scheduler while this generation of connections lives.
+async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
+    let mut tick = tokio::time::interval(TCP_INFO_PERIOD);
+    loop {
+        tick.tick().await;
+        let mut inner = lock(&shared);
+        if inner.generation != generation || inner.phase == Phase::Closed {
+            return;
+        }
+        let samples: Vec<(usize, TcpStats)> = inner
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| tcp_info(h.sock.as_raw_fd()).ok().map(|t| (i, t)))
+            .collect();
+        for (i, t) in samples {
+            inner.core.set_tcp(i, t);
+        }
+    }
+}
+
+/// Carry out the core's actions. Called with the lock held so that PDUs reach each connection's
+/// queue in the order the core produced them (CmdSN order per connection).
+fn run_actions(shared: &Arc<Shared>, inner: &mut Inner, actions: Vec<Action<Completion>>) {
+    for a in actions {
+        match a {
+            Action::Send { conn, pdu } => {
+                if let Some(c) = inner.conns.get(conn) {
+                    // A closed channel means the writer ended; its failure path recovers.
+                    let _ = c.tx.send(pdu);
+                }
+            }
+            Action::Complete { handle, result } => {
+                let _ = handle.send(result);
+            }
+            Action::Event { conn, event } => handle_event(shared, inner, conn, event),
+        }
+    }
+}
+
+fn handle_event(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, event: Event) {
+    match event {
+        Event::Control(pdu) => {
+            if let Some(tx) = inner.control.remove(&pdu.itt()) {
+                let _ = tx.send(pdu);
+            } else {
+                tracing::debug!(itt = pdu.itt(), "control response nobody waits for");
+            }
+        }
+        Event::Rejected { reason } => {
+            tracing::warn!(
+                conn,
+                reason,
+                "target rejected a PDU that names no outstanding task"
+            );
+        }
+        Event::Dropped {
+            session, time2wait, ..
+        } => {
+            tracing::warn!(
+                conn,
+                session,
+                time2wait,
+                "target announces it drops the {}",
+                if session { "session" } else { "connection" }
+            );
+            let generation = inner.generation;
+            begin_recovery(
+                shared,
+                inner,
+                generation,
+                Error::Protocol("the target dropped the connection (async event)".into()),
+                Duration::from_secs(u64::from(time2wait.max(1))),
+            );
+        }
+        Event::LogoutRequested { cid, within_secs } => {
+            tracing::info!(
+                cid,
+                within_secs,
+                "target requests logout of connection {cid}"
+            );
+            inner.core.set_draining(conn);
+            let sh = Arc::clone(shared);
+            let generation = inner.generation;
+            tokio::spawn(async move {
+                honour_logout_request(sh, conn, generation, within_secs).await;
+            });
+        }
+    }
+}
+
+/// Async event 1 (11.9.1): stop using the connection, let its tasks finish, then log it out (or
+/// the whole session when it is the last one) and re-establish what is needed.
+async fn honour_logout_request(shared: Arc<Shared>, conn: usize, generation: u64, within: u16) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(within.max(1)));
+    loop {
+        {
+            let inner = lock(&shared);
+            if inner.generation != generation || inner.phase != Phase::Running {
+                return;
+            }
+            if inner.core.conn_idle(conn) {
+                break;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let last = { lock(&shared).core.usable_conns() == 0 };
+    let reason = if last { 0 } else { 1 };
+    let session = Session {
+        shared: Arc::clone(&shared),
+    };
+    let r = session.send_logout(conn, reason).await;
+    let mut inner = lock(&shared);
+    if inner.generation != generation {
+        return;
+    }
+    if let Err(e) = &r {
+        tracing::warn!(conn, error = %e, "logout requested by the target did not complete cleanly");
+    }
+    if last {
+        let time2wait = inner.core.params().default_time2wait;
+        begin_recovery(
+            &shared,
+            &mut inner,
+            generation,
+            Error::Protocol("the target asked for logout".into()),
+            Duration::from_secs(u64::from(time2wait.max(1))),
+        );
+    } else {
+        inner.core.conn_closed(conn);
+        if let Some(c) = inner.conns.get(conn) {
+            let _ = c.sock.shutdown(std::net::Shutdown::Both);
+        }
+        tracing::info!(
+            conn,
+            "connection logged out at the target's request; {} remain",
+            inner.core.usable_conns()
+        );
+    }
+}
+
+fn on_pdus(shared: &Arc<Shared>, conn: usize, generation: u64, pdus: Vec<Pdu>) -> bool {
+    let mut inner = lock(shared);
+    if inner.generation != generation || matches!(inner.phase, Phase::Closed | Phase::Recovering) {
+        return false;
+    }
+    let mut out = Vec::new();
+    let mut failure = None;
+    for p in pdus {
+        if let Err(e) = inner.core.handle(conn, p, &mut out) {
+            failure = Some(e);
+            break;
+        }
+    }
+    run_actions(shared, &mut inner, out);
+    if let Some(e) = failure {
+        tracing::warn!(conn, error = %e, "connection-level protocol error");
+        begin_recovery(shared, &mut inner, generation, e, Duration::ZERO);
+        return false;
+    }
+    true
+}
+
+fn connection_failed(shared: &Arc<Shared>, conn: usize, generation: u64, err: Error) {
+    let mut inner = lock(shared);
+    if inner.generation != generation {
+        return;
+    }
+    match inner.phase {
+        Phase::Running => {
+            tracing::warn!(conn, error = %err, "connection lost; recovering the session");
+            begin_recovery(shared, &mut inner, generation, err, Duration::ZERO);
+        }
+        Phase::Closing => {
+            // Logout in progress: the target closing the connection is expected.
+        }
+        Phase::Recovering | Phase::Closed => {}
+    }
+}
+
+/// ERL 0 recovery (RFC 7143 7.1.5, 7.3): close every connection, log in again with the same
+/// ISID and TSIH 0 (session reinstatement), and re-issue the commands that never got status.
+fn begin_recovery(
+    shared: &Arc<Shared>,
+    inner: &mut Inner,
+    generation: u64,
+    err: Error,
+    delay: Duration,
+) {
+    if inner.generation != generation || inner.phase != Phase::Running {
+        return;
+    }
+    inner.phase = Phase::Recovering;
+    inner.core.session_down();
+    for c in inner.conns.drain(..) {
+        let _ = c.sock.shutdown(std::net::Shutdown::Both);
+    }
+    for (_, tx) in inner.control.drain() {
+        drop(tx);
+    }
+    let sh = Arc::clone(shared);
+    tokio::spawn(async move { recover(sh, err, delay).await });
+}
+
+async fn recover(shared: Arc<Shared>, first: Error, delay: Duration) {
+    let mut last = first;
+    let mut delay = delay.max(Duration::from_millis(100));
+    let attempts = shared.options.reconnect_attempts;
+    for attempt in 1..=attempts {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(10));
+        if lock(&shared).phase != Phase::Recovering {
+            return;
+        }
+        match establish(&shared.url, &shared.options, shared.isid).await {
+            Ok(est) => {
+                let waiting = {
+                    let mut inner = lock(&shared);
+                    if inner.phase != Phase::Recovering {
+                        return;
+                    }
+                    inner.recoveries += 1;
+                    inner.core.outstanding()
+                };
+                let n = est.conns.len();
+                if let Err(e) = install(&shared, est) {
+                    last = e;
+                    let mut inner = lock(&shared);
+                    inner.phase = Phase::Recovering;
+                    inner.core.session_down();
+                    continue;
+                }
+                tracing::info!(
+                    attempt,
+                    connections = n,
+                    reissued = waiting,
+                    "session re-established; re-issuing {waiting} command(s) that had no status"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(attempt, attempts, error = %e, "reconnect failed");
+                last = e;
+            }
+        }
+    }
+    let mut inner = lock(&shared);
+    if inner.phase != Phase::Recovering {
+        return;
+    }
+    inner.phase = Phase::Closed;
+    let err = Error::SessionLost {
+        attempts,
+        last: last.to_string(),
+    };
+    tracing::error!(error = %err, "giving up on the session");
+    let mut out = Vec::new();
+    inner.core.fail_all(&err, &mut out);
+    run_actions(&shared, &mut inner, out);
+}
+
+impl Session {
+    /// Run one command to completion. A status other than GOOD is returned in the Response;
+    /// use [`Response::check`] to turn it into an error.
+    pub async fn execute(&self, cmd: Command) -> Result<Response, Error> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut inner = lock(&self.shared);
+            if inner.phase == Phase::Closed || inner.phase == Phase::Closing {
+                return Err(Error::Closed);
+            }
+            let mut out = Vec::new();
+            inner.core.submit(cmd, tx, &mut out);
+            run_actions(&self.shared, &mut inner, out);
+        }
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> SessionParams {
+        lock(&self.shared).core.params().clone()
+    }
+
+    /// Connections currently in the session.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.shared).conns.len()
+    }
+
+    pub fn url(&self) -> &IscsiUrl {
+        &self.shared.url
+    }
+
+    /// Counters per connection, with TCP_INFO read now.
+    pub fn stats(&self) -> SessionStats {
+        let mut inner = lock(&self.shared);
+        let counters = inner.core.conn_stats();
+        let mut conns = Vec::with_capacity(counters.len());
+        for (index, c) in counters.into_iter().enumerate() {
+            let tcp = inner
+                .conns
+                .get(index)
+                .and_then(|h| tcp_info(h.sock.as_raw_fd()).ok());
+            if let Some(t) = tcp {
+                inner.core.set_tcp(index, t);
+            }
+            conns.push(ConnectionStats {
+                index,
+                counters: c,
+                tcp,
+            });
+        }
+        SessionStats {
+            tsih: inner.tsih,
+            policy: inner.core.scheduler_name(),
+            connections: conns,
+            recoveries: inner.recoveries,
+            window_waits: inner.core.window_waits(),
+            exp_cmd_sn: inner.core.window().exp_cmd_sn(),
+            max_cmd_sn: inner.core.window().max_cmd_sn(),
+        }
+    }
+
+    /// Break connection `index` as a network failure would (both directions shut down), to
+    /// exercise recovery. Returns false if there is no such connection.
+    pub fn sever_connection(&self, index: usize) -> bool {
+        let inner = lock(&self.shared);
+        match inner.conns.get(index) {
+            Some(c) => c.sock.shutdown(std::net::Shutdown::Both).is_ok(),
+            None => false,
+        }
+    }
+
+    async fn send_logout(&self, conn: usize, reason: u8) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut inner = lock(&self.shared);
+            let Some(cid) = inner.core.cid(conn) else {
+                return Err(Error::Closed);
+            };
+            let itt = inner.core.alloc_itt();
+            let pdu = Pdu::LogoutRequest(LogoutRequest {
+                immediate: true,
+                reason,
+                itt,
+                cid,
+                cmd_sn: inner.core.immediate_cmd_sn(),
+                exp_stat_sn: inner.core.exp_stat_sn(conn),
+            });
+            inner.control.insert(itt, tx);
+            let Some(h) = inner.conns.get(conn) else {
+                return Err(Error::Closed);
+            };
+            h.tx.send(pdu).map_err(|_| Error::Closed)?;
+        }
+        let pdu = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .map_err(|_| Error::Timeout("no Logout Response within 10 s".into()))?
+            .map_err(|_| Error::Closed)?;
+        match pdu {
+            Pdu::LogoutResponse(r) if r.response == 0 => Ok(()),
+            Pdu::LogoutResponse(r) => Err(Error::Protocol(format!(
+                "logout refused with response {} (1 CID not found, 2 recovery not supported, 3 cleanup failed)",
+                r.response
+            ))),
+            other => Err(Error::Protocol(format!(
+                "expected a Logout Response, got {:?}",
+                other.opcode()
+            ))),
+        }
+    }
+
+    /// Close the session cleanly (Logout with reason "close the session", 11.14). Commands still
+    /// waiting fail with [`Error::Closed`].
+    pub async fn logout(&self) -> Result<(), Error> {
+        let conn = {
+            let mut inner = lock(&self.shared);
+            match inner.phase {
+                Phase::Closed => return Ok(()),
+                Phase::Closing => return Err(Error::Closed),
+                Phase::Recovering => {
+                    inner.phase = Phase::Closed;
+                    let mut out = Vec::new();
+                    inner.core.fail_all(&Error::Closed, &mut out);
+                    run_actions(&self.shared, &mut inner, out);
+                    return Ok(());
+                }
+                Phase::Running => {}
+            }
+            inner.phase = Phase::Closing;
+            (0..inner.conns.len())
+                .find(|&i| inner.core.cid(i).is_some())
+                .unwrap_or(0)
+        };
+        let r = self.send_logout(conn, 0).await;
+        let mut inner = lock(&self.shared);
+        inner.phase = Phase::Closed;
+        let mut out = Vec::new();
+        inner.core.fail_all(&Error::Closed, &mut out);
+        run_actions(&self.shared, &mut inner, out);
+        // Dropping the senders lets each writer flush and shut its half down.
+        for c in inner.conns.drain(..) {
+            drop(c.tx);
+            let _ = c.sock.shutdown(std::net::Shutdown::Read);
+        }
+        r
+    }
+}

@@ -1,0 +1,410 @@
+//! Per-task data movement, sans-IO: how much of a write goes unsolicited, Data-Out PDUs for an
+//! R2T, and reassembly of Data-In with residuals (RFC 7143 4.2.5, 11.4.5, 11.7, 11.8).
+
+use crate::error::Error;
+use crate::negotiate::SessionParams;
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::{DataIn, DataOut, R2t, RESERVED_TAG};
+
+/// How a write's first bytes travel without an R2T.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritePlan {
+    /// Bytes `[0, immediate)` ride in the SCSI Command PDU (ImmediateData=Yes).
+    pub immediate: u32,
+    /// Bytes `[immediate, unsolicited_end)` follow as unsolicited Data-Out (InitialR2T=No).
+    pub unsolicited_end: u32,
+}
+
+impl WritePlan {
+    /// Whether unsolicited Data-Out PDUs follow the command (the command's F bit is then 0).
+    pub fn has_data_out(&self) -> bool {
+        self.unsolicited_end > self.immediate
+    }
+}
+
+/// RFC 7143 13.11-13.14: unsolicited data (immediate plus unsolicited Data-Out) is at most
+/// FirstBurstLength; immediate data also fits one PDU (the target's MaxRecvDataSegmentLength);
+/// with InitialR2T=Yes only immediate data may go unsolicited.
+pub fn plan_write(len: u32, p: &SessionParams) -> WritePlan {
+    let burst = len.min(p.first_burst_length);
+    let immediate = if p.immediate_data {
+        burst.min(p.target_max_recv_dsl)
+    } else {
+        0
+    };
+    let unsolicited_end = if p.initial_r2t { immediate } else { burst };
+    WritePlan {
+        immediate,
+        unsolicited_end,
+    }
+}
+
+/// Data-Out PDUs carrying `data[offset..offset + len]`, each at most `max_pdu` bytes, DataSN
+/// counting from 0 and F on the last (11.7). `ttt` is 0xffffffff for unsolicited data.
+/// `exp_stat_sn` is filled by the connection when the PDU goes out.
+pub fn data_outs(
+    lun: u64,
+    itt: u32,
+    ttt: u32,
+    data: &Bytes,
+    offset: u32,
+    len: u32,
+    max_pdu: u32,
+) -> Vec<DataOut> {
+    let max_pdu = max_pdu.max(512);
+    let mut v = Vec::with_capacity(len.div_ceil(max_pdu) as usize);
+    let end = offset + len;
+    let mut off = offset;
+    let mut sn = 0u32;
+    while off < end {
+        let n = (end - off).min(max_pdu);
+        v.push(DataOut {
+            final_: off + n == end,
+            lun,
+            itt,
+            ttt,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: off,
+            data: data.slice(off as usize..(off + n) as usize),
+        });
+        off += n;
+        sn += 1;
+    }
+    v
+}
+
+/// Data-Out PDUs answering an R2T for a write whose whole data is `data`.
+pub fn answer_r2t(
+    r2t: &R2t,
+    lun: u64,
+    data: &Bytes,
+    p: &SessionParams,
+) -> Result<Vec<DataOut>, Error> {
+    let total = data.len() as u64;
+    let off = u64::from(r2t.buffer_offset);
+    let len = u64::from(r2t.desired_data_transfer_length);
+    if len == 0 {
+        return Err(Error::Protocol(format!(
+            "R2T (ITT {:#x}) asks for 0 bytes (11.8.4 requires a non-zero length)",
+            r2t.itt
+        )));
+    }
+    if off + len > total {
+        return Err(Error::Protocol(format!(
+            "R2T (ITT {:#x}) asks for bytes {off}..{} of a {total}-byte write",
+            r2t.itt,
+            off + len
+        )));
+    }
+    if len > u64::from(p.max_burst_length) {
+        return Err(Error::Protocol(format!(
+            "R2T (ITT {:#x}) asks for {len} bytes, beyond MaxBurstLength {}",
+            r2t.itt, p.max_burst_length
+        )));
+    }
+    if r2t.ttt == RESERVED_TAG {
+        return Err(Error::Protocol(format!(
+            "R2T (ITT {:#x}) carries the reserved Target Transfer Tag",
+            r2t.itt
+        )));
+    }
+    Ok(data_outs(
+        lun,
+        r2t.itt,
+        r2t.ttt,
+        data,
+        r2t.buffer_offset,
+        r2t.desired_data_transfer_length,
+        p.target_max_recv_dsl,
+    ))
+}
+
+/// The residual a response reported (11.4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    None,
+    /// The target moved this many bytes fewer than the expected length.
+    Underflow(u32),
+    /// The target had this many bytes more than the expected length (they were not sent).
+    Overflow(u32),
+}
+
+impl Residual {
+    pub fn from_flags(underflow: bool, overflow: bool, count: u32) -> Residual {
+        match (underflow, overflow) {
+            (true, _) => Residual::Underflow(count),
+            (false, true) => Residual::Overflow(count),
+            _ => Residual::None,
+        }
+    }
+}
+
+/// Collects the Data-In PDUs of one read into the buffer the caller gets.
+#[derive(Debug)]
+pub struct DataInAssembly {
+    expected: u32,
+    segments: Vec<(u32, Bytes)>,
+    received: u64,
+    next_data_sn: u32,
+}
+
+impl DataInAssembly {
+    pub fn new(expected: u32) -> Self {
+        DataInAssembly {
+            expected,
+            segments: Vec::new(),
+            received: 0,
+            next_data_sn: 0,
+        }
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Take one Data-In. DataSN must count up from 0 without gaps: at ErrorRecoveryLevel 0 a gap
+    /// means a lost PDU, which only session recovery can repair (7.1.1). Data beyond the
+    /// expected length is a protocol error (the target must report overflow instead, 11.7.5).
+    pub fn push(&mut self, d: &DataIn) -> Result<(), Error> {
+        if d.data_sn != self.next_data_sn {
+            return Err(Error::Protocol(format!(
+                "Data-In (ITT {:#x}) DataSN {} where {} was expected",
+                d.itt, d.data_sn, self.next_data_sn
+            )));
+        }
+        self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        let end = u64::from(d.buffer_offset) + d.data.len() as u64;
+        if end > u64::from(self.expected) {
+            return Err(Error::Protocol(format!(
+                "Data-In (ITT {:#x}) carries bytes {}..{end} of a {}-byte read",
+                d.itt, d.buffer_offset, self.expected
+            )));
+        }
+        if !d.data.is_empty() {
+            self.received += d.data.len() as u64;
+            self.segments.push((d.buffer_offset, d.data.clone()));
+        }
+        Ok(())
+    }
+
+    /// The data once the status arrived. The Data-In PDUs must cover `[0, n)` exactly once,
+    /// where n is the expected length less an underflow residual.
+    pub fn finish(mut self, residual: Residual) -> Result<Bytes, Error> {
+        let transferred = match residual {
+            Residual::Underflow(r) => u64::from(self.expected.saturating_sub(r)),
+            _ => u64::from(self.expected),
+        };
+        if self.received != transferred {
+            return Err(Error::Protocol(format!(
+                "Data-In carried {} bytes but the status implies {transferred} (expected {}, {:?})",
+                self.received, self.expected, residual
+            )));
+        }
+        self.segments.sort_by_key(|s| s.0);
+        let mut at = 0u64;
+        for (off, b) in &self.segments {
+            if u64::from(*off) != at {
+                return Err(Error::Protocol(format!(
+                    "Data-In segments leave a gap or overlap at offset {at} (next starts at {off})"
+                )));
+            }
+            at += b.len() as u64;
+        }
+        match self.segments.len() {
+            0 => Ok(Bytes::new()),
+            1 => Ok(self.segments.pop().map(|s| s.1).unwrap_or_default()),
+            _ => {
+                let mut out = BytesMut::with_capacity(transferred as usize);
+                for (_, b) in &self.segments {
+                    out.extend_from_slice(b);
+                }
+                Ok(out.freeze())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SessionParams {
+        SessionParams {
+            first_burst_length: 65536,
+            max_burst_length: 262144,
+            target_max_recv_dsl: 8192,
+            immediate_data: true,
+            initial_r2t: false,
+            ..SessionParams::default()
+        }
+    }
+
+    #[test]
+    fn plan_write_follows_the_four_combinations() {
+        let mut p = params();
+        // ImmediateData=Yes, InitialR2T=No: 8192 immediate (one PDU), up to 64 KiB unsolicited.
+        assert_eq!(
+            plan_write(1 << 20, &p),
+            WritePlan {
+                immediate: 8192,
+                unsolicited_end: 65536
+            }
+        );
+        // A write smaller than one PDU goes entirely immediate, no Data-Out.
+        let small = plan_write(4096, &p);
+        assert_eq!(small.immediate, 4096);
+        assert!(!small.has_data_out());
+        p.initial_r2t = true;
+        assert_eq!(
+            plan_write(1 << 20, &p),
+            WritePlan {
+                immediate: 8192,
+                unsolicited_end: 8192
+            }
+        );
+        p.immediate_data = false;
+        assert_eq!(
+            plan_write(1 << 20, &p),
+            WritePlan {
+                immediate: 0,
+                unsolicited_end: 0
+            }
+        );
+        p.initial_r2t = false;
+        assert_eq!(
+            plan_write(1 << 20, &p),
+            WritePlan {
+                immediate: 0,
+                unsolicited_end: 65536
+            }
+        );
+        // FirstBurstLength below MaxRecvDataSegmentLength caps immediate data too.
+        p.immediate_data = true;
+        p.first_burst_length = 4096;
+        assert_eq!(plan_write(1 << 20, &p).immediate, 4096);
+    }
+
+    #[test]
+    fn r2t_split_into_pdus() {
+        let p = params();
+        let data = Bytes::from((0..65536u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let r2t = R2t {
+            lun: 0,
+            itt: 7,
+            ttt: 0x55,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            r2t_sn: 0,
+            buffer_offset: 10000,
+            desired_data_transfer_length: 20000,
+        };
+        let v = answer_r2t(&r2t, 3, &data, &p).unwrap();
+        // 20000 = 8192 + 8192 + 3616.
+        let lens: Vec<usize> = v.iter().map(|d| d.data.len()).collect();
+        assert_eq!(lens, vec![8192, 8192, 3616]);
+        let offs: Vec<u32> = v.iter().map(|d| d.buffer_offset).collect();
+        assert_eq!(offs, vec![10000, 18192, 26384]);
+        let sns: Vec<u32> = v.iter().map(|d| d.data_sn).collect();
+        assert_eq!(sns, vec![0, 1, 2]);
+        let fin: Vec<bool> = v.iter().map(|d| d.final_).collect();
+        assert_eq!(fin, vec![false, false, true]);
+        assert!(v.iter().all(|d| d.ttt == 0x55 && d.itt == 7 && d.lun == 3));
+        assert_eq!(v[1].data[0], (18192u32 % 256) as u8);
+    }
+
+    #[test]
+    fn r2t_out_of_bounds_is_a_protocol_error() {
+        let p = params();
+        let data = Bytes::from(vec![0u8; 4096]);
+        let mut r2t = R2t {
+            lun: 0,
+            itt: 1,
+            ttt: 2,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            r2t_sn: 0,
+            buffer_offset: 2048,
+            desired_data_transfer_length: 4096,
+        };
+        assert!(matches!(
+            answer_r2t(&r2t, 0, &data, &p),
+            Err(Error::Protocol(_))
+        ));
+        r2t.buffer_offset = 0;
+        r2t.desired_data_transfer_length = 0;
+        assert!(answer_r2t(&r2t, 0, &data, &p).is_err());
+        r2t.desired_data_transfer_length = 4096;
+        r2t.ttt = RESERVED_TAG;
+        assert!(answer_r2t(&r2t, 0, &data, &p).is_err());
+    }
+
+    fn din(sn: u32, off: u32, data: &[u8]) -> DataIn {
+        DataIn {
+            final_: false,
+            ack: false,
+            overflow: false,
+            underflow: false,
+            status: None,
+            lun: 0,
+            itt: 9,
+            ttt: RESERVED_TAG,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data_sn: sn,
+            buffer_offset: off,
+            residual_count: 0,
+            data: Bytes::copy_from_slice(data),
+        }
+    }
+
+    #[test]
+    fn reassembles_in_order() {
+        let mut a = DataInAssembly::new(10);
+        a.push(&din(0, 0, b"0123")).unwrap();
+        a.push(&din(1, 4, b"456")).unwrap();
+        a.push(&din(2, 7, b"789")).unwrap();
+        assert_eq!(&a.finish(Residual::None).unwrap()[..], b"0123456789");
+    }
+
+    #[test]
+    fn underflow_residual_shortens_the_data() {
+        // 10 expected, target had 6: residual 4.
+        let mut a = DataInAssembly::new(10);
+        a.push(&din(0, 0, b"abcdef")).unwrap();
+        assert_eq!(&a.finish(Residual::Underflow(4)).unwrap()[..], b"abcdef");
+        // Same data but no residual reported: the target lied about the length.
+        let mut a = DataInAssembly::new(10);
+        a.push(&din(0, 0, b"abcdef")).unwrap();
+        assert!(a.finish(Residual::None).is_err());
+    }
+
+    #[test]
+    fn gaps_overlaps_and_overruns_are_caught() {
+        let mut a = DataInAssembly::new(8);
+        a.push(&din(0, 0, b"abcd")).unwrap();
+        // DataSN gap.
+        assert!(a.push(&din(2, 4, b"efgh")).is_err());
+        // Beyond the expected length.
+        let mut a = DataInAssembly::new(8);
+        assert!(a.push(&din(0, 6, b"xyz")).is_err());
+        // Right total, but an overlap leaves a hole.
+        let mut a = DataInAssembly::new(8);
+        a.push(&din(0, 0, b"abcd")).unwrap();
+        a.push(&din(1, 2, b"efgh")).unwrap();
+        assert!(a.finish(Residual::Underflow(0)).is_err());
+    }
+
+    #[test]
+    fn single_segment_is_not_copied() {
+        let mut a = DataInAssembly::new(4);
+        let d = din(0, 0, b"wxyz");
+        let ptr = d.data.as_ptr();
+        a.push(&d).unwrap();
+        let out = a.finish(Residual::None).unwrap();
+        assert_eq!(out.as_ptr(), ptr);
+    }
+}

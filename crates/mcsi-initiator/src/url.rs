@@ -1,0 +1,179 @@
+//! libiscsi's URL form: `iscsi://[user[%password]@]host[:port]/target-iqn/lun`.
+
+use crate::error::Error;
+use std::fmt;
+
+/// The IANA-registered iSCSI port.
+pub const DEFAULT_PORT: u16 = 3260;
+
+/// A parsed `iscsi://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IscsiUrl {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Host name or address (IPv6 without the brackets).
+    pub host: String,
+    pub port: u16,
+    pub target: String,
+    pub lun: u64,
+}
+
+impl IscsiUrl {
+    /// Whether a command-line argument looks like an iSCSI URL rather than a path.
+    pub fn is_url(s: &str) -> bool {
+        s.starts_with("iscsi://")
+    }
+
+    pub fn parse(s: &str) -> Result<IscsiUrl, Error> {
+        let bad = |why: &str| {
+            Error::InvalidArgument(format!(
+                "invalid iSCSI URL {s:?}: {why}; expected iscsi://[user[%password]@]host[:port]/target-iqn/lun"
+            ))
+        };
+        let rest = s
+            .strip_prefix("iscsi://")
+            .ok_or_else(|| bad("it must start with iscsi://"))?;
+        let (authority, path) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("the target name is missing"))?;
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once('%') {
+                Some((user, pass)) => (Some(user.to_string()), Some(pass.to_string())),
+                None => (Some(u.to_string()), None),
+            },
+        };
+        if user.as_deref() == Some("") {
+            return Err(bad("the user name is empty"));
+        }
+        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("unterminated [ in the IPv6 address"))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(bad("garbage after the IPv6 address")),
+            };
+            (h.to_string(), port)
+        } else {
+            match hostport.split_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (hostport.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("the host is empty"));
+        }
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?,
+        };
+        let path = path.trim_end_matches('/');
+        let (target, lun) = path
+            .rsplit_once('/')
+            .ok_or_else(|| bad("the LUN is missing (add /0 for LUN 0)"))?;
+        if target.is_empty() {
+            return Err(bad("the target name is empty"));
+        }
+        if target.contains('/') {
+            return Err(bad("the target name may not contain '/'"));
+        }
+        let lun = lun
+            .parse::<u64>()
+            .ok()
+            .filter(|&l| l < 16384)
+            .ok_or_else(|| bad("the LUN must be a number from 0 to 16383"))?;
+        Ok(IscsiUrl {
+            user,
+            password,
+            host,
+            port,
+            target: target.to_string(),
+            lun,
+        })
+    }
+
+    /// `host:port` for connecting (IPv6 in brackets).
+    pub fn address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl std::str::FromStr for IscsiUrl {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        IscsiUrl::parse(s)
+    }
+}
+
+/// Displays without the password.
+impl fmt::Display for IscsiUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "iscsi://")?;
+        if let Some(u) = &self.user {
+            write!(f, "{u}@")?;
+        }
+        write!(f, "{}/{}/{}", self.address(), self.target, self.lun)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_form() {
+        let u = IscsiUrl::parse("iscsi://alice%s3cret@10.0.0.1:3261/iqn.2001-04.com.example:t1/2")
+            .unwrap();
+        assert_eq!(u.user.as_deref(), Some("alice"));
+        assert_eq!(u.password.as_deref(), Some("s3cret"));
+        assert_eq!(u.host, "10.0.0.1");
+        assert_eq!(u.port, 3261);
+        assert_eq!(u.target, "iqn.2001-04.com.example:t1");
+        assert_eq!(u.lun, 2);
+        assert_eq!(
+            u.to_string(),
+            "iscsi://alice@10.0.0.1:3261/iqn.2001-04.com.example:t1/2"
+        );
+    }
+
+    #[test]
+    fn defaults_and_ipv6() {
+        let u = IscsiUrl::parse("iscsi://host/iqn.x:y/0").unwrap();
+        assert_eq!(u.port, 3260);
+        assert_eq!(u.user, None);
+        let u = IscsiUrl::parse("iscsi://[::1]:3290/iqn.x:y/1").unwrap();
+        assert_eq!(u.host, "::1");
+        assert_eq!(u.address(), "[::1]:3290");
+        assert_eq!(u.lun, 1);
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        for (s, needle) in [
+            ("http://h/iqn/0", "must start with iscsi://"),
+            ("iscsi://h", "target name is missing"),
+            ("iscsi://h/iqn.x:y", "LUN is missing"),
+            ("iscsi://h:0/iqn.x:y/0", "port"),
+            ("iscsi://h:99999/iqn.x:y/0", "port"),
+            ("iscsi://h/iqn.x:y/abc", "LUN must be a number"),
+            ("iscsi:///iqn.x:y/0", "host is empty"),
+        ] {
+            let e = IscsiUrl::parse(s).unwrap_err().to_string();
+            assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+}

@@ -1,0 +1,846 @@
+//! `mcsi bench URL`: a fio-like load generator over an iSCSI session of many connections, with
+//! fio's JSON layout plus an `mcsi` section (per-connection tasks, bytes, TCP_INFO).
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use mcsi_initiator::{connect, ConnectOptions, IscsiUrl, Lun, Session};
+use serde_json::{json, Map, Value};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rw {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+    Randrw,
+}
+
+impl Rw {
+    fn name(self) -> &'static str {
+        match self {
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::Randread => "randread",
+            Rw::Randwrite => "randwrite",
+            Rw::Randrw => "randrw",
+        }
+    }
+    fn random(self) -> bool {
+        matches!(self, Rw::Randread | Rw::Randwrite | Rw::Randrw)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun
+    pub url: String,
+    /// TCP connections in the session (the target's MaxConnections may lower it).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u16,
+    /// I/Os in flight.
+    #[arg(long, default_value_t = 1)]
+    pub iodepth: usize,
+    /// I/O size, a multiple of the LUN block size.
+    #[arg(long, default_value = "4KiB")]
+    pub bs: String,
+    #[arg(long, value_enum, default_value = "read")]
+    pub rw: Rw,
+    /// Percentage of reads in randrw.
+    #[arg(long, default_value_t = 50)]
+    pub rwmixread: u8,
+    /// Run for this many seconds (passes over the region repeat).
+    #[arg(long)]
+    pub runtime: Option<f64>,
+    /// Region of the LUN to use, from offset 0 (default: the whole LUN); without --runtime the
+    /// run ends after one pass over it.
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Write blocks that carry their LBA and a checksum, and check them when read back (after
+    /// the write phase for write-only workloads).
+    #[arg(long)]
+    pub verify: bool,
+    /// Connection scheduler: round-robin or least-outstanding.
+    #[arg(long, default_value = "round-robin")]
+    pub policy: String,
+    /// Print fio-style JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Seed of the random offsets and data.
+    #[arg(long, default_value_t = 0x6d63_7369)]
+    pub seed: u64,
+    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+}
+
+const MAGIC: &[u8; 8] = b"mcsiVRFY";
+const HDR: usize = 32;
+/// errno values fio reports in `error`.
+const EIO: i32 = 5;
+const EILSEQ: i32 = 84;
+
+/// xorshift64*: fast, seedable, good enough for offsets and fill data.
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng((seed ^ 0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A verify block: magic, LBA, generation, length, CRC32C (over the block with this field
+/// zero), then pseudo-random payload derived from LBA and generation.
+fn make_block(lba: u64, generation: u64, len: usize) -> Bytes {
+    let mut b = vec![0u8; len];
+    b[0..8].copy_from_slice(MAGIC);
+    b[8..16].copy_from_slice(&lba.to_le_bytes());
+    b[16..24].copy_from_slice(&generation.to_le_bytes());
+    b[24..28].copy_from_slice(&(len as u32).to_le_bytes());
+    let mut r = Rng::new(lba.wrapping_mul(0x100_0000_01b3) ^ generation);
+    for chunk in b[HDR..].chunks_mut(8) {
+        let v = r.next().to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    let crc = mcsi_proto::digest::crc32c(&b);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    Bytes::from(b)
+}
+
+/// Check a block read back; `expect_gen` when this run wrote it. Returns what is wrong.
+fn check_block(b: &[u8], lba: u64, expect_gen: Option<u64>) -> Result<(), String> {
+    if b.len() < HDR {
+        return Err(format!("block at LBA {lba} is {} bytes", b.len()));
+    }
+    if &b[0..8] != MAGIC {
+        return Err(format!(
+            "block at LBA {lba} has no verify header (never written by a verify run?)"
+        ));
+    }
+    let rd = |r: std::ops::Range<usize>| {
+        let mut v = [0u8; 8];
+        v[..r.len()].copy_from_slice(&b[r]);
+        u64::from_le_bytes(v)
+    };
+    let (got_lba, got_gen, got_len, got_crc) = (rd(8..16), rd(16..24), rd(24..28), rd(28..32));
+    if got_lba != lba {
+        return Err(format!(
+            "block at LBA {lba} carries LBA {got_lba} (misplaced write)"
+        ));
+    }
+    if got_len != b.len() as u64 {
+        return Err(format!(
+            "block at LBA {lba} was written with bs {got_len}, read with {}",
+            b.len()
+        ));
+    }
+    let mut c = b.to_vec();
+    c[28..32].fill(0);
+    let crc = u64::from(mcsi_proto::digest::crc32c(&c));
+    if crc != got_crc {
+        return Err(format!(
+            "block at LBA {lba}: checksum {crc:#010x} != stored {got_crc:#010x} (corrupt data)"
+        ));
+    }
+    if let Some(g) = expect_gen {
+        if g != got_gen {
+            return Err(format!(
+                "block at LBA {lba} holds generation {got_gen}, {g} was written last (stale data)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Read,
+    Write,
+}
+
+/// Hands out the next I/O; shared by the workers.
+struct Gen {
+    rw: Rw,
+    mix_read: u8,
+    blocks: u64,
+    order: Vec<u32>,
+    pos: u64,
+    pass: u64,
+    issued: u64,
+    /// Stop after this many I/Os (size-bound runs).
+    limit: Option<u64>,
+    deadline: Option<Instant>,
+    rng: Rng,
+    stop: bool,
+    /// In verify mode: generation last written per block (0 = not this run), and busy flags.
+    gens: Vec<u64>,
+    busy: Vec<bool>,
+    verify_phase: bool,
+}
+
+impl Gen {
+    fn next(&mut self) -> Option<(Op, u64)> {
+        if self.stop {
+            return None;
+        }
+        if let Some(d) = self.deadline {
+            if Instant::now() >= d {
+                return None;
+            }
+        }
+        if let Some(l) = self.limit {
+            if self.issued >= l {
+                return None;
+            }
+        }
+        for _ in 0..4 {
+            if self.pos == self.blocks {
+                self.pos = 0;
+                self.pass += 1;
+                if self.rw.random() && !self.verify_phase {
+                    shuffle(&mut self.order, &mut self.rng);
+                }
+            }
+            let i = if self.order.is_empty() {
+                self.pos
+            } else {
+                u64::from(self.order[self.pos as usize])
+            };
+            self.pos += 1;
+            if self.busy.get(i as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let op = if self.verify_phase {
+                Op::Read
+            } else {
+                match self.rw {
+                    Rw::Read | Rw::Randread => Op::Read,
+                    Rw::Write | Rw::Randwrite => Op::Write,
+                    Rw::Randrw => {
+                        if self.rng.below(100) < u64::from(self.mix_read) {
+                            Op::Read
+                        } else {
+                            Op::Write
+                        }
+                    }
+                }
+            };
+            if let Some(b) = self.busy.get_mut(i as usize) {
+                *b = true;
+            }
+            self.issued += 1;
+            return Some((op, i));
+        }
+        None
+    }
+}
+
+fn shuffle(v: &mut [u32], rng: &mut Rng) {
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+}
+
+#[derive(Default)]
+struct DirStats {
+    hist: Option<Histogram<u64>>,
+    bytes: u64,
+    ios: u64,
+}
+
+impl DirStats {
+    fn record(&mut self, ns: u64, bytes: u64) {
+        if self.hist.is_none() {
+            self.hist = Histogram::new(3).ok();
+        }
+        if let Some(h) = &mut self.hist {
+            let _ = h.record(ns.max(1));
+        }
+        self.bytes += bytes;
+        self.ios += 1;
+    }
+    fn merge(&mut self, o: &DirStats) {
+        if let Some(oh) = &o.hist {
+            match &mut self.hist {
+                Some(h) => {
+                    let _ = h.add(oh);
+                }
+                None => self.hist = Some(oh.clone()),
+            }
+        }
+        self.bytes += o.bytes;
+        self.ios += o.ios;
+    }
+}
+
+#[derive(Default)]
+struct WorkerOut {
+    read: DirStats,
+    write: DirStats,
+    verified: u64,
+    verify_errors: u64,
+    first_error: Option<(i32, String)>,
+}
+
+struct Ctx {
+    lun: Lun,
+    bs: u64,
+    lbas_per_io: u64,
+    verify: bool,
+    gen: Mutex<Gen>,
+    fill: Bytes,
+    write_gen: std::sync::atomic::AtomicU64,
+}
+
+fn lockg(c: &Ctx) -> std::sync::MutexGuard<'_, Gen> {
+    c.gen.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn worker(c: Arc<Ctx>) -> WorkerOut {
+    let mut out = WorkerOut::default();
+    loop {
+        let Some((op, idx)) = lockg(&c).next() else {
+            break;
+        };
+        let lba = idx * c.lbas_per_io;
+        let t0 = Instant::now();
+        let (res, gen_written) = match op {
+            Op::Read => {
+                let r = c.lun.read(lba, c.lbas_per_io as u32).await;
+                let ns = t0.elapsed().as_nanos() as u64;
+                match r {
+                    Ok(data) => {
+                        out.read.record(ns, c.bs);
+                        if c.verify {
+                            let g = lockg(&c).gens.get(idx as usize).copied().unwrap_or(0);
+                            let expect = (g != 0).then_some(g);
+                            // Blocks this run never wrote are checked only in pure-read runs.
+                            let check = expect.is_some() || !matches!(lockg(&c).rw, Rw::Randrw);
+                            if check {
+                                out.verified += 1;
+                                if let Err(e) = check_block(&data, lba, expect) {
+                                    out.verify_errors += 1;
+                                    if out.verify_errors <= 5 {
+                                        eprintln!("verify: {e}");
+                                    }
+                                    out.first_error.get_or_insert((EILSEQ, e));
+                                }
+                            }
+                        }
+                        (Ok(()), None)
+                    }
+                    Err(e) => (Err(e), None),
+                }
+            }
+            Op::Write => {
+                let (data, g) = if c.verify {
+                    let g = c
+                        .write_gen
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        + 1;
+                    (make_block(lba, g, c.bs as usize), Some(g))
+                } else {
+                    (c.fill.clone(), None)
+                };
+                let r = c.lun.write(lba, data).await;
+                let ns = t0.elapsed().as_nanos() as u64;
+                if r.is_ok() {
+                    out.write.record(ns, c.bs);
+                }
+                (r, g)
+            }
+        };
+        {
+            let mut g = lockg(&c);
+            if let Some(b) = g.busy.get_mut(idx as usize) {
+                *b = false;
+            }
+            if let (Ok(()), Some(gw)) = (&res, gen_written) {
+                if let Some(s) = g.gens.get_mut(idx as usize) {
+                    *s = gw;
+                }
+            }
+            if let Err(e) = &res {
+                // fio stops a job at its first I/O error (continue_on_error=none).
+                g.stop = true;
+                out.first_error.get_or_insert((EIO, e.to_string()));
+            }
+        }
+    }
+    out
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(args))
+}
+
+async fn bench(a: Args) -> anyhow::Result<ExitCode> {
+    let url = IscsiUrl::parse(&a.url)?;
+    mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let bs = mcsi_units::parse_size(&a.bs).map_err(|e| anyhow::anyhow!("--bs: {e}"))?;
+    if a.iodepth == 0 || a.iodepth > 4096 {
+        bail!("--iodepth must be between 1 and 4096, got {}", a.iodepth);
+    }
+    if a.rwmixread > 100 {
+        bail!("--rwmixread is a percentage (0-100), got {}", a.rwmixread);
+    }
+    if let Some(r) = a.runtime {
+        if !(r > 0.0 && r.is_finite()) {
+            bail!("--runtime must be a positive number of seconds");
+        }
+    }
+    let mut opts = ConnectOptions {
+        connections: a.connections.max(1),
+        policy: a.policy.clone(),
+        ..ConnectOptions::default()
+    };
+    if let Some(n) = &a.initiator_name {
+        opts.initiator_name = n.clone();
+    }
+    let session = connect(&url, opts)
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let result = run_jobs(&a, &session, &url, bs).await;
+    if let Err(e) = session.logout().await {
+        tracing::warn!(error = %e, "logout failed");
+    }
+    result
+}
+
+async fn run_jobs(
+    a: &Args,
+    session: &Session,
+    url: &IscsiUrl,
+    bs: u64,
+) -> anyhow::Result<ExitCode> {
+    let lun = session
+        .open_lun(url.lun)
+        .await
+        .with_context(|| format!("opening {url}"))?;
+    let geo = lun.geometry();
+    let lbs = u64::from(geo.block_size);
+    if bs == 0 || !bs.is_multiple_of(lbs) || bs > 16 << 20 {
+        bail!("--bs {bs} must be a multiple of the LUN's {lbs}-byte block size and at most 16MiB");
+    }
+    if a.verify && bs < HDR as u64 {
+        bail!("--verify needs --bs of at least {HDR} bytes");
+    }
+    let size = match &a.size {
+        Some(s) => mcsi_units::parse_size(s).map_err(|e| anyhow::anyhow!("--size: {e}"))?,
+        None => geo.bytes(),
+    };
+    if size > geo.bytes() {
+        bail!("--size {size} exceeds the LUN ({} bytes)", geo.bytes());
+    }
+    let blocks = size / bs;
+    if blocks == 0 {
+        bail!("--size {size} holds no block of --bs {bs}");
+    }
+    if a.rw.random() && blocks > u64::from(u32::MAX) {
+        bail!("the region holds {blocks} blocks; random workloads support up to 2^32");
+    }
+    let mut rng = Rng::new(a.seed);
+    let mut order: Vec<u32> = Vec::new();
+    if a.rw.random() {
+        order = (0..blocks as u32).collect();
+        shuffle(&mut order, &mut rng);
+    }
+    let track = a.verify && blocks <= 1 << 28;
+    let gen = Gen {
+        rw: a.rw,
+        mix_read: a.rwmixread,
+        blocks,
+        order,
+        pos: 0,
+        pass: 0,
+        issued: 0,
+        // --runtime makes the run time-based (passes repeat); otherwise one pass over the region.
+        limit: if a.runtime.is_some() {
+            None
+        } else {
+            Some(blocks)
+        },
+        deadline: a
+            .runtime
+            .map(|r| Instant::now() + Duration::from_secs_f64(r)),
+        rng,
+        stop: false,
+        gens: if track {
+            vec![0; blocks as usize]
+        } else {
+            Vec::new()
+        },
+        busy: if track {
+            vec![false; blocks as usize]
+        } else {
+            Vec::new()
+        },
+        verify_phase: false,
+    };
+    let mut fill = vec![0u8; bs as usize];
+    let mut r = Rng::new(a.seed ^ 0xf111);
+    for c in fill.chunks_mut(8) {
+        let v = r.next().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+    let ctx = Arc::new(Ctx {
+        lun,
+        bs,
+        lbas_per_io: bs / lbs,
+        verify: a.verify,
+        gen: Mutex::new(gen),
+        fill: Bytes::from(fill),
+        write_gen: std::sync::atomic::AtomicU64::new(0),
+    });
+    let t0 = Instant::now();
+    let mut total = run_phase(&ctx, a.iodepth).await;
+    let main_elapsed = t0.elapsed();
+    // Write-only workloads with --verify read everything back afterwards (fio's do_verify).
+    if a.verify && matches!(a.rw, Rw::Write | Rw::Randwrite) && total.first_error.is_none() {
+        {
+            let mut g = lockg(&ctx);
+            let written = g.issued.min(blocks);
+            g.verify_phase = true;
+            g.pos = 0;
+            g.issued = 0;
+            g.limit = Some(if a.runtime.is_some() { blocks } else { written });
+            g.deadline = None;
+            g.order.clear(); // read back sequentially
+        }
+        let v = run_phase(&ctx, a.iodepth).await;
+        total.verified += v.verified;
+        total.verify_errors += v.verify_errors;
+        if total.first_error.is_none() {
+            total.first_error = v.first_error;
+        }
+        // Verify reads are not part of the measured workload.
+    }
+    let stats = session.stats();
+    let params = session.params();
+    let error = total.first_error.as_ref().map_or(0, |e| e.0);
+    if a.json {
+        let out = fio_json(
+            a,
+            bs,
+            size,
+            &total,
+            main_elapsed,
+            error,
+            &stats,
+            &params,
+            session,
+        );
+        emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
+    } else {
+        print_human(a, bs, &total, main_elapsed, &stats, session);
+    }
+    if let Some((_, e)) = &total.first_error {
+        eprintln!("mcsi bench: error: {e}");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_phase(ctx: &Arc<Ctx>, iodepth: usize) -> WorkerOut {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..iodepth {
+        set.spawn(worker(Arc::clone(ctx)));
+    }
+    let mut total = WorkerOut::default();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(w) => {
+                total.read.merge(&w.read);
+                total.write.merge(&w.write);
+                total.verified += w.verified;
+                total.verify_errors += w.verify_errors;
+                if total.first_error.is_none() {
+                    total.first_error = w.first_error;
+                }
+            }
+            Err(e) => {
+                total
+                    .first_error
+                    .get_or_insert((EIO, format!("worker failed: {e}")));
+            }
+        }
+    }
+    total
+}
+
+/// Write to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn emit(s: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes()).and_then(|()| out.flush());
+}
+
+const PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
+fn lat_json(h: Option<&Histogram<u64>>) -> Value {
+    let Some(h) = h.filter(|h| !h.is_empty()) else {
+        return json!({"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0});
+    };
+    let mut p = Map::new();
+    for q in PERCENTILES {
+        p.insert(format!("{q:.6}"), json!(h.value_at_percentile(q)));
+    }
+    json!({
+        "min": h.min(),
+        "max": h.max(),
+        "mean": h.mean(),
+        "stddev": h.stdev(),
+        "N": h.len(),
+        "percentile": Value::Object(p),
+    })
+}
+
+fn dir_json(d: &DirStats, secs: f64) -> Value {
+    let secs = secs.max(1e-9);
+    let bw = d.bytes as f64 / secs;
+    let lat = lat_json(d.hist.as_ref());
+    json!({
+        "io_bytes": d.bytes,
+        "io_kbytes": d.bytes / 1024,
+        "bw_bytes": bw.round() as u64,
+        "bw": (bw / 1024.0).round() as u64,
+        "iops": d.ios as f64 / secs,
+        "runtime": (secs * 1000.0).round() as u64,
+        "total_ios": d.ios,
+        "short_ios": 0,
+        "drop_ios": 0,
+        "slat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0},
+        "clat_ns": lat.clone(),
+        "lat_ns": lat,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fio_json(
+    a: &Args,
+    bs: u64,
+    size: u64,
+    t: &WorkerOut,
+    elapsed: Duration,
+    error: i32,
+    stats: &mcsi_initiator::SessionStats,
+    params: &mcsi_initiator::SessionParams,
+    session: &Session,
+) -> Value {
+    let secs = elapsed.as_secs_f64();
+    let conns: Vec<Value> = stats
+        .connections
+        .iter()
+        .map(|c| {
+            json!({
+                "index": c.index,
+                "cid": c.counters.cid,
+                "tasks": c.counters.tasks,
+                "bytes": c.counters.bytes,
+                "tcp": c.tcp.map(|t| json!({
+                    "cwnd": t.cwnd,
+                    "ssthresh": t.ssthresh,
+                    "rtt_us": t.rtt_us,
+                    "rttvar_us": t.rttvar_us,
+                    "retransmits": t.total_retrans,
+                    "snd_mss": t.snd_mss,
+                    "unacked": t.unacked,
+                })),
+            })
+        })
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({
+        "fio version": concat!("mcsi-", env!("CARGO_PKG_VERSION")),
+        "timestamp": now,
+        "global options": {
+            "rw": a.rw.name(),
+            "bs": bs.to_string(),
+            "iodepth": a.iodepth.to_string(),
+            "size": size.to_string(),
+        },
+        "jobs": [{
+            "jobname": "mcsi-bench",
+            "groupid": 0,
+            "error": error,
+            "job options": {
+                "rw": a.rw.name(),
+                "bs": bs.to_string(),
+                "iodepth": a.iodepth.to_string(),
+                "rwmixread": a.rwmixread.to_string(),
+                "verify": if a.verify { "crc32c" } else { "0" },
+                "filename": session.url().to_string(),
+            },
+            "elapsed": secs.ceil() as u64,
+            "job_runtime": (secs * 1000.0).round() as u64,
+            "read": dir_json(&t.read, secs),
+            "write": dir_json(&t.write, secs),
+            "trim": dir_json(&DirStats::default(), secs),
+        }],
+        "mcsi": {
+            "url": session.url().to_string(),
+            "policy": stats.policy,
+            "connections_requested": a.connections,
+            "connections": conns,
+            "tsih": stats.tsih,
+            "recoveries": stats.recoveries,
+            "window_waits": stats.window_waits,
+            "exp_cmd_sn": stats.exp_cmd_sn,
+            "max_cmd_sn": stats.max_cmd_sn,
+            "session": {
+                "max_connections": params.max_connections,
+                "immediate_data": params.immediate_data,
+                "initial_r2t": params.initial_r2t,
+                "first_burst_length": params.first_burst_length,
+                "max_burst_length": params.max_burst_length,
+                "target_max_recv_data_segment_length": params.target_max_recv_dsl,
+                "header_digest": params.header_digest,
+                "data_digest": params.data_digest,
+            },
+            "verify": {"enabled": a.verify, "blocks_checked": t.verified, "errors": t.verify_errors},
+        },
+    })
+}
+
+fn print_human(
+    a: &Args,
+    bs: u64,
+    t: &WorkerOut,
+    elapsed: Duration,
+    stats: &mcsi_initiator::SessionStats,
+    session: &Session,
+) {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let _ = writeln!(
+        o,
+        "mcsi bench: {} rw={} bs={} iodepth={} connections={} policy={}",
+        session.url(),
+        a.rw.name(),
+        bs,
+        a.iodepth,
+        stats.connections.len(),
+        stats.policy
+    );
+    for (name, d) in [("read", &t.read), ("write", &t.write)] {
+        if d.ios == 0 {
+            continue;
+        }
+        let bw = d.bytes as f64 / secs;
+        let _ = writeln!(
+            o,
+            "  {name}: IOPS={:.0}, BW={}/s ({:.1}MB/s)({} in {:.3}s)",
+            d.ios as f64 / secs,
+            mcsi_units::Bytes(bw),
+            bw / 1e6,
+            mcsi_units::Bytes(d.bytes as f64),
+            secs
+        );
+        if let Some(h) = &d.hist {
+            let _ = writeln!(
+                o,
+                "    lat (usec): min={:.1}, max={:.1}, avg={:.1}, stdev={:.1}",
+                h.min() as f64 / 1e3,
+                h.max() as f64 / 1e3,
+                h.mean() / 1e3,
+                h.stdev() / 1e3
+            );
+            let _ = writeln!(
+                o,
+                "    lat percentiles (usec): 50.00th=[{:.1}], 99.00th=[{:.1}], 99.90th=[{:.1}]",
+                h.value_at_percentile(50.0) as f64 / 1e3,
+                h.value_at_percentile(99.0) as f64 / 1e3,
+                h.value_at_percentile(99.9) as f64 / 1e3
+            );
+        }
+    }
+    if a.verify {
+        let _ = writeln!(
+            o,
+            "  verify: {} blocks checked, {} errors",
+            t.verified, t.verify_errors
+        );
+    }
+    for c in &stats.connections {
+        let tcp = c.tcp.map_or(String::new(), |t| {
+            format!(
+                ", cwnd {}, rtt {} us, retransmits {}",
+                t.cwnd, t.rtt_us, t.total_retrans
+            )
+        });
+        let _ = writeln!(
+            o,
+            "  connection {} (cid {}): {} tasks, {}{tcp}",
+            c.index,
+            c.counters.cid,
+            c.counters.tasks,
+            mcsi_units::Bytes(c.counters.bytes as f64)
+        );
+    }
+    emit(&o);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_blocks_roundtrip_and_detect_damage() {
+        let b = make_block(1234, 7, 4096);
+        assert_eq!(&b[0..8], MAGIC);
+        assert!(check_block(&b, 1234, Some(7)).is_ok());
+        assert!(check_block(&b, 1234, None).is_ok());
+        assert!(check_block(&b, 1235, Some(7))
+            .unwrap_err()
+            .contains("carries LBA 1234"));
+        assert!(check_block(&b, 1234, Some(8))
+            .unwrap_err()
+            .contains("stale"));
+        let mut d = b.to_vec();
+        d[2000] ^= 1;
+        assert!(check_block(&d, 1234, Some(7))
+            .unwrap_err()
+            .contains("checksum"));
+        assert!(check_block(&[0u8; 4096], 0, None)
+            .unwrap_err()
+            .contains("no verify header"));
+        // Different LBAs give different payloads.
+        assert_ne!(&make_block(1, 1, 512)[HDR..], &make_block(2, 1, 512)[HDR..]);
+    }
+
+    #[test]
+    fn random_pass_covers_every_block_once() {
+        let mut order: Vec<u32> = (0..1000).collect();
+        shuffle(&mut order, &mut Rng::new(1));
+        let mut seen = order.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..1000).collect::<Vec<u32>>());
+        assert_ne!(order, (0..1000).collect::<Vec<u32>>());
+    }
+}

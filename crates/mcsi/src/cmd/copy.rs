@@ -1,0 +1,288 @@
+//! `mcsi copy SRC DST`: copy between files and iSCSI LUNs over sessions of many connections.
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use mcsi_initiator::{connect, ConnectOptions, IscsiUrl, Lun, Session};
+use std::io::IsTerminal;
+use std::os::unix::fs::FileExt;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Source: a file, or iscsi://[user[%password]@]host[:port]/target-iqn/lun.
+    pub src: String,
+    /// Destination: a file (created if missing, cut to the copied length), or an iscsi:// URL.
+    pub dst: String,
+    /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u16,
+    /// Chunks in flight at once.
+    #[arg(long, default_value_t = 16)]
+    pub iodepth: usize,
+    /// Chunk size (a multiple of the LUN block size), e.g. 256KiB, 1MiB.
+    #[arg(long, default_value = "1MiB")]
+    pub bs: String,
+    /// Bytes to copy (default: the whole source).
+    #[arg(long)]
+    pub length: Option<String>,
+    /// Connection scheduler: round-robin or least-outstanding.
+    #[arg(long, default_value = "round-robin")]
+    pub policy: String,
+    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+    /// No progress bar even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// One side of the copy.
+#[derive(Clone)]
+enum End {
+    File(Arc<std::fs::File>),
+    Lun(Lun),
+}
+
+impl End {
+    async fn read(&self, off: u64, len: usize) -> anyhow::Result<Bytes> {
+        match self {
+            End::File(f) => {
+                let f = Arc::clone(f);
+                tokio::task::spawn_blocking(move || -> anyhow::Result<Bytes> {
+                    let mut buf = vec![0u8; len];
+                    f.read_exact_at(&mut buf, off)
+                        .with_context(|| format!("reading {len} bytes at offset {off}"))?;
+                    Ok(Bytes::from(buf))
+                })
+                .await?
+            }
+            End::Lun(l) => {
+                let bs = u64::from(l.block_size());
+                Ok(l.read(off / bs, (len as u64 / bs) as u32)
+                    .await
+                    .with_context(|| {
+                        format!("reading {len} bytes at offset {off} of LUN {}", l.number())
+                    })?)
+            }
+        }
+    }
+
+    async fn write(&self, off: u64, data: Bytes) -> anyhow::Result<()> {
+        match self {
+            End::File(f) => {
+                let f = Arc::clone(f);
+                tokio::task::spawn_blocking(move || {
+                    f.write_all_at(&data, off)
+                        .with_context(|| format!("writing {} bytes at offset {off}", data.len()))
+                })
+                .await?
+            }
+            End::Lun(l) => {
+                let bs = u64::from(l.block_size());
+                let n = data.len();
+                l.write(off / bs, data).await.with_context(|| {
+                    format!("writing {n} bytes at offset {off} of LUN {}", l.number())
+                })
+            }
+        }
+    }
+}
+
+async fn open_lun(url: &str, o: &ConnectOptions) -> anyhow::Result<(Session, Lun)> {
+    let u = IscsiUrl::parse(url)?;
+    let s = connect(&u, o.clone())
+        .await
+        .with_context(|| format!("connecting to {u}"))?;
+    let lun = s
+        .open_lun(u.lun)
+        .await
+        .with_context(|| format!("opening {u}"))?;
+    Ok((s, lun))
+}
+
+fn file_size(f: &std::fs::File, path: &str) -> anyhow::Result<u64> {
+    let md = f.metadata().with_context(|| format!("stat {path}"))?;
+    if md.is_file() {
+        return Ok(md.len());
+    }
+    // Block devices report 0 in metadata: seek to the end instead.
+    use std::io::Seek;
+    let mut g = f.try_clone()?;
+    Ok(g.seek(std::io::SeekFrom::End(0))?)
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(copy(args))
+}
+
+async fn copy(a: Args) -> anyhow::Result<ExitCode> {
+    let bs = mcsi_units::parse_size(&a.bs).map_err(|e| anyhow::anyhow!("--bs: {e}"))?;
+    if bs == 0 || bs > 64 << 20 {
+        bail!("--bs must be between 1 byte and 64MiB, got {}", a.bs);
+    }
+    if a.iodepth == 0 || a.iodepth > 1024 {
+        bail!("--iodepth must be between 1 and 1024, got {}", a.iodepth);
+    }
+    if a.connections == 0 {
+        bail!("--connections must be at least 1");
+    }
+    mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let mut opts = ConnectOptions {
+        connections: a.connections,
+        policy: a.policy.clone(),
+        ..ConnectOptions::default()
+    };
+    if let Some(n) = &a.initiator_name {
+        opts.initiator_name = n.clone();
+    }
+    let mut sessions = Vec::new();
+    let (src, src_size) = if IscsiUrl::is_url(&a.src) {
+        let (s, l) = open_lun(&a.src, &opts).await?;
+        sessions.push(s);
+        let size = l.geometry().bytes();
+        (End::Lun(l), size)
+    } else {
+        let f = std::fs::File::open(&a.src).with_context(|| format!("opening {}", a.src))?;
+        let size = file_size(&f, &a.src)?;
+        (End::File(Arc::new(f)), size)
+    };
+    let length = match &a.length {
+        Some(l) => mcsi_units::parse_size(l).map_err(|e| anyhow::anyhow!("--length: {e}"))?,
+        None => src_size,
+    };
+    if length > src_size {
+        bail!("--length {length} is beyond the end of the source ({src_size} bytes)");
+    }
+    let dst = if IscsiUrl::is_url(&a.dst) {
+        let (s, l) = open_lun(&a.dst, &opts).await?;
+        sessions.push(s);
+        if length > l.geometry().bytes() {
+            bail!(
+                "the destination LUN holds {} bytes, {length} are to be copied",
+                l.geometry().bytes()
+            );
+        }
+        End::Lun(l)
+    } else {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&a.dst)
+            .with_context(|| format!("opening {} for writing", a.dst))?;
+        if f.metadata()?.is_file() {
+            f.set_len(length)
+                .with_context(|| format!("setting the length of {}", a.dst))?;
+        }
+        End::File(Arc::new(f))
+    };
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            let b = u64::from(l.block_size());
+            if !bs.is_multiple_of(b) || !length.is_multiple_of(b) {
+                bail!(
+                    "--bs ({bs}) and the length ({length}) must be multiples of the {b}-byte block size of LUN {}",
+                    l.number()
+                );
+            }
+        }
+    }
+    for s in &sessions {
+        eprintln!(
+            "{}: {} connection(s), policy {}",
+            s.url(),
+            s.connection_count(),
+            s.stats().policy
+        );
+    }
+
+    let bar = if a.no_progress || !std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(length);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    let mut copied = 0u64;
+    let mut first_err: Option<anyhow::Error> = None;
+    let mut off = 0u64;
+    while off < length || !set.is_empty() {
+        while first_err.is_none() && off < length && set.len() < a.iodepth {
+            let len = bs.min(length - off) as usize;
+            let (s, d) = (src.clone(), dst.clone());
+            let at = off;
+            set.spawn(async move {
+                let data = s.read(at, len).await?;
+                if data.len() != len {
+                    bail!("short read at offset {at}: {} of {len} bytes", data.len());
+                }
+                d.write(at, data).await?;
+                Ok(len as u64)
+            });
+            off += len as u64;
+        }
+        let Some(r) = set.join_next().await else {
+            break;
+        };
+        match r {
+            Ok(Ok(n)) => {
+                copied += n;
+                bar.inc(n);
+            }
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(anyhow::anyhow!("copy task failed: {e}"));
+            }
+        }
+        if first_err.is_some() && off < length {
+            off = length; // stop issuing; let in-flight chunks finish
+        }
+    }
+    bar.finish_and_clear();
+    if first_err.is_none() {
+        match &dst {
+            End::Lun(l) => {
+                if let Err(e) = l.flush().await {
+                    first_err = Some(anyhow::Error::new(e).context("flushing the destination LUN"));
+                }
+            }
+            End::File(f) => {
+                if let Err(e) = f.sync_data() {
+                    first_err = Some(anyhow::Error::new(e).context("syncing the destination file"));
+                }
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for s in &sessions {
+        if let Err(e) = s.logout().await {
+            tracing::warn!(error = %e, "logout of {} failed", s.url());
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e.context(format!("copy stopped after {copied} of {length} bytes")));
+    }
+    if copied != length {
+        bail!("short copy: {copied} of {length} bytes");
+    }
+    eprintln!(
+        "copied {copied} bytes in {secs:.3} s ({}/s)",
+        mcsi_units::Bytes(copied as f64 / secs.max(1e-9))
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,392 @@
+//! The initiator against mcsi's own target, which offers MaxConnections > 1: sessions of four
+//! TCP connections for `mcsi copy` and `mcsi bench`, checked byte for byte against qemu-img,
+//! and recovery of a many-connection session.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use mcsi_initiator::{connect, ConnectOptions, IscsiUrl};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Proc, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const IQN: &str = "iqn.2026-01.org.mcsi:mcs-test";
+
+fn have(tool: &str) -> bool {
+    Proc::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+struct Target {
+    child: Child,
+    port: u16,
+    img: PathBuf,
+}
+
+impl Target {
+    fn start(size_mib: u64) -> Target {
+        for port in 3290..3300u16 {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue;
+            }
+            let img = PathBuf::from(format!("/dev/shm/mcsi-mcs-test-{port}.img"));
+            let _ = std::fs::remove_file(&img);
+            let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+                .args([
+                    "target",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--iqn",
+                    IQN,
+                    "--lun",
+                    &format!("file:{}:{size_mib}MiB", img.display()),
+                    "--max-connections",
+                    "8",
+                ])
+                .env("MCSI_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn mcsi target");
+            let t0 = Instant::now();
+            loop {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Target { child, port, img };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // port taken meanwhile: next one
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "mcsi target did not start"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("no free port in 3290-3299");
+    }
+
+    fn url(&self) -> String {
+        format!("iscsi://127.0.0.1:{}/{IQN}/0", self.port)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.img);
+    }
+}
+
+/// ESTABLISHED TCP connections from this host to 127.0.0.1:`port` (initiator side only:
+/// the remote port is the portal's).
+fn established_to(port: u16) -> usize {
+    let Ok(s) = std::fs::read_to_string("/proc/net/tcp") else {
+        return 0;
+    };
+    let want = format!("0100007F:{port:04X}");
+    s.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[2] == want && f[3] == "01"
+        })
+        .count()
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    std::fs::write(path, &v).unwrap();
+    v
+}
+
+/// Run `mcsi ARGS` and record the most connections to `port` seen while it ran.
+fn run_watching(args: &[&str], port: u16) -> (std::process::Output, usize) {
+    let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args(args)
+        .env("MCSI_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut most = 0;
+    while child.try_wait().unwrap().is_none() {
+        most = most.max(established_to(port));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (child.wait_with_output().unwrap(), most)
+}
+
+const MIB64: usize = 64 << 20;
+
+#[test]
+fn copy_over_four_connections_is_byte_exact_against_qemu_img() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(80);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    let data = random_file(&src, MIB64, 0xabc);
+
+    let (out, most) = run_watching(
+        &[
+            "copy",
+            src.to_str().unwrap(),
+            &t.url(),
+            "--connections",
+            "4",
+            "--iodepth",
+            "16",
+            "--bs",
+            "256KiB",
+        ],
+        t.port,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("4 connection(s)"), "{err}");
+    assert_eq!(
+        most, 4,
+        "expected 4 TCP connections to the target during the copy"
+    );
+
+    let have_qemu = have("qemu-img");
+    if !have_qemu {
+        assert!(!ci(), "qemu-img missing; required under CI=true");
+    }
+    if have_qemu {
+        // What mcsi wrote, as qemu-img reads it.
+        let q = dir.path().join("q.bin");
+        let st = Proc::new("qemu-img")
+            .args(["convert", "-O", "raw", &t.url(), q.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        assert!(
+            std::fs::read(&q).unwrap()[..MIB64] == data[..],
+            "qemu-img reads other bytes"
+        );
+    }
+    // And through the target's backing file.
+    assert!(std::fs::read(&t.img).unwrap()[..MIB64] == data[..]);
+
+    // What qemu-img wrote, as mcsi reads it over 4 connections.
+    let src2 = dir.path().join("src2.bin");
+    let data2 = random_file(&src2, MIB64, 0xdef);
+    if have_qemu {
+        let st = Proc::new("qemu-img")
+            .args([
+                "convert",
+                "-n",
+                "-f",
+                "raw",
+                "-O",
+                "raw",
+                src2.to_str().unwrap(),
+                &t.url(),
+            ])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    } else {
+        std::fs::write(&t.img, &data2).unwrap();
+    }
+    let back = dir.path().join("back.bin");
+    let (out, most) = run_watching(
+        &[
+            "copy",
+            &t.url(),
+            back.to_str().unwrap(),
+            "--connections",
+            "4",
+            "--length",
+            "64MiB",
+        ],
+        t.port,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(most, 4);
+    assert!(
+        std::fs::read(&back).unwrap() == data2,
+        "mcsi reads other bytes than were written"
+    );
+}
+
+#[test]
+fn bench_over_four_connections_spreads_tasks() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(40);
+    for policy in ["round-robin", "least-outstanding"] {
+        let out = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+            .args([
+                "bench",
+                &t.url(),
+                "--connections",
+                "4",
+                "--iodepth",
+                "32",
+                "--bs",
+                "4KiB",
+                "--rw",
+                "randwrite",
+                "--size",
+                "32MiB",
+                "--verify",
+                "--json",
+                "--policy",
+                policy,
+            ])
+            .env("MCSI_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let j = &v["jobs"][0];
+        assert_eq!(j["error"], 0);
+        assert_eq!(j["write"]["total_ios"], 8192);
+        assert!(j["write"]["iops"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["mcsi"]["verify"]["errors"], 0);
+        assert_eq!(v["mcsi"]["policy"], policy);
+        let conns = v["mcsi"]["connections"].as_array().unwrap();
+        assert_eq!(conns.len(), 4);
+        let tasks: Vec<u64> = conns.iter().map(|c| c["tasks"].as_u64().unwrap()).collect();
+        let total: u64 = tasks.iter().sum();
+        // 8192 writes + 8192 verify reads + READ CAPACITY (sent again after the unit
+        // attention a new nexus may report first).
+        assert!((2 * 8192 + 1..=2 * 8192 + 4).contains(&total), "{tasks:?}");
+        for n in &tasks {
+            // Each connection carries a fair share (round-robin exactly a quarter).
+            assert!(*n > total / 8, "{policy}: {tasks:?}");
+        }
+        if policy == "round-robin" {
+            let (lo, hi) = (tasks.iter().min().unwrap(), tasks.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{tasks:?}");
+        }
+    }
+}
+
+#[test]
+fn four_connection_session_recovers_and_reissues() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(16);
+    let url = IscsiUrl::parse(&t.url()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = connect(
+            &url,
+            ConnectOptions {
+                connections: 4,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.connection_count(), 4);
+        assert_eq!(s.params().max_connections, 4);
+        let lun = s.open_lun(0).await.unwrap();
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..256u64 {
+            let l = lun.clone();
+            set.spawn(async move {
+                let d = bytes::Bytes::from(vec![(i % 253) as u8; 65536]);
+                l.write(i * 128, d.clone()).await?;
+                assert_eq!(l.read(i * 128, 128).await?, d);
+                Ok::<_, mcsi_initiator::Error>(())
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(s.sever_connection(2));
+        while let Some(r) = set.join_next().await {
+            r.unwrap().unwrap();
+        }
+        assert!(s.stats().recoveries >= 1);
+        assert_eq!(
+            s.connection_count(),
+            4,
+            "recovery re-opens all four connections"
+        );
+        s.logout().await.unwrap();
+    });
+}
+
+/// Every way a write's data can travel: immediate data, unsolicited Data-Out (ImmediateData=No
+/// with InitialR2T=No), R2T only (InitialR2T=Yes, ImmediateData=No), also with CRC32C digests
+/// offered, over two connections.
+#[test]
+fn write_paths_and_digests_round_trip() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(16);
+    let url = IscsiUrl::parse(&t.url()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (n, (immediate, initial_r2t, digests)) in [
+            (true, false, false),
+            (false, false, false),
+            (false, true, false),
+            (true, false, true),
+            (false, false, true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let o = ConnectOptions {
+                connections: 2,
+                immediate_data: immediate,
+                initial_r2t,
+                digests,
+                ..ConnectOptions::default()
+            };
+            let s = connect(&url, o).await.unwrap();
+            let p = s.params();
+            assert_eq!(p.immediate_data, immediate, "case {n}");
+            assert!(p.initial_r2t || !initial_r2t, "case {n}");
+            // Digests are the target's choice too; without our offer there are none.
+            if !digests {
+                assert!(!p.header_digest && !p.data_digest, "case {n}");
+            }
+            let lun = s.open_lun(0).await.unwrap();
+            for (i, len) in [512usize, 65536, 300 * 1024, 1 << 20]
+                .into_iter()
+                .enumerate()
+            {
+                let lba = (n * 4096 + i * 2048) as u64;
+                let d: Vec<u8> = (0..len).map(|x| (x * 31 + n + i) as u8).collect();
+                lun.write(lba, bytes::Bytes::from(d.clone())).await.unwrap();
+                let r = lun.read(lba, (len / 512) as u32).await.unwrap();
+                assert!(r[..] == d[..], "case {n}: {len} bytes differ");
+            }
+            s.logout().await.unwrap();
+        }
+    });
+}
