@@ -3,9 +3,13 @@
 //! what is allowed.
 
 use crate::name;
+use mcsi_proto::chap::ChapCredentials;
+use mcsi_proto::keys::{Digest, LocalParams};
 use serde::Deserialize;
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// Default target name when none is given.
 pub const DEFAULT_IQN: &str = "iqn.2026-01.org.mcsi:target";
@@ -53,8 +57,169 @@ pub struct FileConfig {
     /// Portals every target is reachable on unless it lists its own.
     #[serde(default)]
     pub listen: Vec<String>,
+    /// Discovery sessions (SendTargets).
+    pub discovery: Option<FileDiscovery>,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileDiscovery {
+    pub auth: Option<FileAuth>,
+}
+
+/// `auth` of a target or of discovery.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileAuth {
+    /// CHAP users; none means AuthMethod=None.
+    #[serde(default)]
+    pub chap: Vec<ChapUser>,
+    /// Initiator names allowed in; none means any.
+    #[serde(default)]
+    pub allow_initiators: Vec<String>,
+    /// Source networks allowed in ("10.0.0.0/8", "::1/128", or an address); none means any.
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+}
+
+/// One CHAP user: the name and secret an initiator proves, and for mutual CHAP the name and
+/// secret the target answers that initiator's challenge with. `Debug` leaves the secrets out.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChapUser {
+    pub user: String,
+    pub secret: String,
+    pub mutual_user: Option<String>,
+    pub mutual_secret: Option<String>,
+}
+
+impl std::fmt::Debug for ChapUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapUser")
+            .field("user", &self.user)
+            .field("mutual_user", &self.mutual_user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChapUser {
+    /// As mcsi-proto's CHAP credentials.
+    pub fn credentials(&self) -> ChapCredentials {
+        let c = ChapCredentials::new(self.user.clone(), self.secret.as_str());
+        match (&self.mutual_user, &self.mutual_secret) {
+            (Some(u), Some(s)) => c.with_mutual(u.clone(), s.as_str()),
+            _ => c,
+        }
+    }
+}
+
+/// A source network: an address and a prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Network {
+    /// `ADDR/PREFIX` or a bare address (a single host).
+    pub fn parse(s: &str) -> Result<Network, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| {
+            format!("'{s}' is not a network (use 10.0.0.0/8, fd00::/8 or an address)")
+        })?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("'{s}': the prefix length must be 0 to {max}"))?,
+        };
+        Ok(Network { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        // An IPv4 peer may arrive as an IPv4-mapped IPv6 address on a dual-stack socket.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        let bits = |a: IpAddr| -> u128 {
+            match a {
+                IpAddr::V4(v) => u128::from(u32::from(v)),
+                IpAddr::V6(v) => u128::from(v),
+            }
+        };
+        let width: u32 = if self.addr.is_ipv4() { 32 } else { 128 };
+        if ip.is_ipv4() != self.addr.is_ipv4() {
+            return false;
+        }
+        let host_bits = width - u32::from(self.prefix);
+        if host_bits >= 128 {
+            return true;
+        }
+        (bits(ip) >> host_bits) == (bits(self.addr) >> host_bits)
+    }
+}
+
+/// Who may log in to a target (or to discovery), and how they prove it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AuthSpec {
+    /// CHAP users; empty: AuthMethod=None.
+    pub chap: Vec<ChapUser>,
+    /// Allowed initiator names; empty: any.
+    pub allow_initiators: Vec<String>,
+    /// Allowed source networks; empty: any.
+    pub allow_networks: Vec<Network>,
+}
+
+impl AuthSpec {
+    /// Whether this initiator, connecting from `peer`, may log in (authorization, before any
+    /// authentication).
+    pub fn allows(&self, initiator: &str, peer: IpAddr) -> bool {
+        (self.allow_initiators.is_empty() || self.allow_initiators.iter().any(|i| i == initiator))
+            && (self.allow_networks.is_empty()
+                || self.allow_networks.iter().any(|n| n.contains(peer)))
+    }
+
+    /// Validates a file's `auth` table.
+    pub fn from_file(a: &FileAuth, field: &str) -> Result<AuthSpec, ConfigError> {
+        let mut out = AuthSpec::default();
+        for (i, u) in a.chap.iter().enumerate() {
+            let f = format!("{field}.chap[{i}]");
+            if u.mutual_user.is_some() != u.mutual_secret.is_some() {
+                return Err(cerr(
+                    f,
+                    "mutual CHAP needs both mutual_user and mutual_secret",
+                ));
+            }
+            u.credentials()
+                .validate()
+                .map_err(|e| cerr(f.clone(), e.to_string()))?;
+            if out.chap.iter().any(|x| x.user == u.user) {
+                return Err(cerr(f, format!("CHAP user '{}' is listed twice", u.user)));
+            }
+            out.chap.push(u.clone());
+        }
+        for (i, n) in a.allow_initiators.iter().enumerate() {
+            name::validate(n)
+                .map_err(|e| cerr(format!("{field}.allow_initiators[{i}]"), e.to_string()))?;
+            out.allow_initiators.push(n.clone());
+        }
+        for (i, n) in a.allow_networks.iter().enumerate() {
+            out.allow_networks.push(
+                Network::parse(n)
+                    .map_err(|why| cerr(format!("{field}.allow_networks[{i}]"), why))?,
+            );
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -76,6 +241,13 @@ pub struct FileTarget {
     pub immediate_data: Option<bool>,
     /// Commands that may be queued per session (the MaxCmdSN window).
     pub queue_depth: Option<u32>,
+    /// Authentication (CHAP) and access control.
+    pub auth: Option<FileAuth>,
+    /// Idle time after which the target pings a connection with a NOP-In ("30s"; "0" turns the
+    /// keepalive off).
+    pub nop_interval: Option<String>,
+    /// Time the initiator has to answer a NOP-In ping before the connection is dropped ("15s").
+    pub nop_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -100,6 +272,12 @@ pub struct Limits {
     pub initial_r2t: bool,
     pub immediate_data: bool,
     pub queue_depth: u32,
+    /// A connection that received nothing for this long gets a NOP-In ping (RFC 7143 11.19);
+    /// zero turns the keepalive off.
+    pub nop_interval: Duration,
+    /// The ping must be answered (NOP-Out with its Target Transfer Tag) within this time, or
+    /// the connection is dropped.
+    pub nop_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -115,6 +293,34 @@ impl Default for Limits {
             initial_r2t: false,
             immediate_data: true,
             queue_depth: 128,
+            nop_interval: Duration::from_secs(30),
+            nop_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+impl Limits {
+    /// What the target offers and accepts in a login (RFC 7143 section 13): the limits above,
+    /// both digests, ErrorRecoveryLevel 0, data in order, and DefaultTime2Retain 0 (no
+    /// connection recovery at ERL 0); DefaultTime2Wait takes the initiator's value (maximum
+    /// function against 0).
+    pub fn local_params(&self) -> LocalParams {
+        LocalParams {
+            header_digest: vec![Digest::None, Digest::Crc32c],
+            data_digest: vec![Digest::None, Digest::Crc32c],
+            max_recv_data_segment_length: self.max_recv_data_segment_length,
+            max_connections: self.max_connections,
+            initial_r2t: self.initial_r2t,
+            immediate_data: self.immediate_data,
+            max_burst_length: self.max_burst_length,
+            first_burst_length: self.first_burst_length,
+            default_time2wait: 0,
+            default_time2retain: 0,
+            max_outstanding_r2t: self.max_outstanding_r2t,
+            data_pdu_in_order: true,
+            data_sequence_in_order: true,
+            error_recovery_level: 0,
+            ..LocalParams::default()
         }
     }
 }
@@ -136,12 +342,15 @@ pub struct TargetSpec {
     pub portals: Vec<SocketAddr>,
     pub luns: Vec<LunSpec>,
     pub limits: Limits,
+    pub auth: AuthSpec,
 }
 
 /// The whole server, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     pub targets: Vec<TargetSpec>,
+    /// Who may open discovery sessions.
+    pub discovery_auth: AuthSpec,
 }
 
 impl ServerConfig {
@@ -249,15 +458,27 @@ impl ServerConfig {
                 return Err(cerr(at("luns"), "at most 16384 LUNs per target"));
             }
             let limits = limits_from(t, &at)?;
+            let auth = match &t.auth {
+                Some(a) => AuthSpec::from_file(a, &at("auth"))?,
+                None => AuthSpec::default(),
+            };
             targets.push(TargetSpec {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 portals,
                 luns,
                 limits,
+                auth,
             });
         }
-        Ok(ServerConfig { targets })
+        let discovery_auth = match file.discovery.as_ref().and_then(|d| d.auth.as_ref()) {
+            Some(a) => AuthSpec::from_file(a, "discovery.auth")?,
+            None => AuthSpec::default(),
+        };
+        Ok(ServerConfig {
+            targets,
+            discovery_auth,
+        })
     }
 }
 
@@ -323,7 +544,15 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         initial_r2t: t.initial_r2t.unwrap_or(d.initial_r2t),
         immediate_data: t.immediate_data.unwrap_or(d.immediate_data),
         queue_depth,
+        nop_interval: duration(&t.nop_interval, &at("nop_interval"), d.nop_interval)?,
+        nop_timeout: duration(&t.nop_timeout, &at("nop_timeout"), d.nop_timeout)?,
     };
+    if l.nop_timeout.is_zero() {
+        return Err(cerr(
+            at("nop_timeout"),
+            "must be above zero (use nop_interval = \"0\" to turn the keepalive off)",
+        ));
+    }
     if l.first_burst_length > l.max_burst_length {
         return Err(cerr(
             at("first_burst_length"),
@@ -334,6 +563,17 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         ));
     }
     Ok(l)
+}
+
+/// A duration field: "30s", "500ms", a bare number of seconds; at most one day.
+pub fn duration(v: &Option<String>, field: &str, def: Duration) -> Result<Duration, ConfigError> {
+    let Some(v) = v else { return Ok(def) };
+    let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Seconds)
+        .map_err(|e| cerr(field, e.to_string()))?;
+    if d > Duration::from_secs(86_400) {
+        return Err(cerr(field, format!("'{v}' is too long (at most 1 day)")));
+    }
+    Ok(d)
 }
 
 /// Checks the form of a backend spec without opening it.
@@ -441,6 +681,8 @@ mod tests {
             first_burst_length = 65536
             initial_r2t = true
             queue_depth = 32
+            nop_interval = "10s"
+            nop_timeout = "500ms"
             [[targets.luns]]
             backend = "ram:64MiB"
             [[targets.luns]]
@@ -462,11 +704,69 @@ mod tests {
         assert_eq!(a.limits.max_burst_length, 524_288);
         assert!(a.limits.initial_r2t);
         assert_eq!(a.limits.queue_depth, 32);
+        assert_eq!(a.limits.nop_interval, Duration::from_secs(10));
+        assert_eq!(a.limits.nop_timeout, Duration::from_millis(500));
+        assert_eq!(c.targets[1].limits.nop_interval, Duration::from_secs(30));
         assert_eq!(a.luns[1].block_size, 4096);
         assert!(a.luns[1].read_only);
         assert_eq!(a.portals, vec!["127.0.0.1:3261".parse().unwrap()]);
         assert_eq!(c.targets[1].portals.len(), 2);
         assert_eq!(c.portals().len(), 3);
+    }
+
+    #[test]
+    fn auth_tables() {
+        let c = ServerConfig::from_toml(
+            r#"
+            listen = ["127.0.0.1:3261"]
+            [discovery.auth]
+            chap = [{ user = "disc", secret = "discovery-secret" }]
+            [[targets]]
+            iqn = "iqn.2026-01.org.mcsi:a"
+            [targets.auth]
+            chap = [{ user = "u1", secret = "secret-one", mutual_user = "tgt", mutual_secret = "secret-two" }]
+            allow_initiators = ["iqn.2026-01.org.mcsi:host"]
+            allow_networks = ["10.1.0.0/16", "::1"]
+            [[targets.luns]]
+            backend = "ram:1M"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.discovery_auth.chap[0].user, "disc");
+        let a = &c.targets[0].auth;
+        assert_eq!(a.chap[0].mutual_user.as_deref(), Some("tgt"));
+        assert!(
+            !format!("{a:?}").contains("secret-one"),
+            "Debug shows no secret"
+        );
+        let host = "iqn.2026-01.org.mcsi:host";
+        assert!(a.allows(host, "10.1.200.3".parse().unwrap()));
+        assert!(a.allows(host, "::1".parse().unwrap()));
+        assert!(a.allows(host, "::ffff:10.1.0.9".parse().unwrap()));
+        assert!(!a.allows(host, "10.2.0.1".parse().unwrap()));
+        assert!(!a.allows("iqn.2026-01.org.mcsi:other", "10.1.0.1".parse().unwrap()));
+        assert!(AuthSpec::default().allows("anything", "192.0.2.1".parse().unwrap()));
+        assert!(Network::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("203.0.113.9".parse().unwrap()));
+        assert!(Network::parse("10.0.0.0/33").is_err());
+
+        let bad = |auth: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[targets.auth]\n{auth}\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+            .unwrap_err()
+        };
+        let e = bad(r#"chap = [{ user = "u", secret = "" }]"#);
+        assert_eq!(e.field, "targets[0].auth.chap[0]");
+        let e = bad(r#"chap = [{ user = "u", secret = "s1", mutual_user = "t" }]"#);
+        assert!(e.why.contains("mutual_secret"), "{e}");
+        let e = bad(
+            r#"chap = [{ user = "u", secret = "same", mutual_user = "t", mutual_secret = "same" }]"#,
+        );
+        assert!(e.why.contains("9.2.1"), "{e}");
+        let e = bad(r#"allow_networks = ["10.0.0.0/40"]"#);
+        assert_eq!(e.field, "targets[0].auth.allow_networks[0]");
     }
 
     #[test]

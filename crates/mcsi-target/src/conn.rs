@@ -11,9 +11,11 @@ use mcsi_proto::pdu::{
 };
 use std::io::{self, IoSlice};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tracing::{debug, warn, Instrument};
 
 /// Most bytes gathered into one vectored write.
@@ -197,6 +199,55 @@ pub struct Reader {
     pub conn: Arc<Conn>,
     pub framing: Framing,
     pub buf: BytesMut,
+    pub keepalive: Keepalive,
+}
+
+/// Target-initiated NOP-In pings (RFC 7143 11.19): a connection that received nothing for
+/// `interval` is pinged; the initiator must answer with a NOP-Out carrying the ping's Target
+/// Transfer Tag within `timeout`, or the connection is dropped (at ErrorRecoveryLevel 0 the
+/// session with it). An `interval` of zero turns pings off.
+#[derive(Debug)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+    last_rx: Instant,
+    /// The unanswered ping: its TTT and when its answer is due.
+    pending: Option<(u32, Instant)>,
+}
+
+impl Keepalive {
+    pub fn new(interval: Duration, timeout: Duration) -> Self {
+        Keepalive {
+            interval,
+            timeout,
+            last_rx: Instant::now(),
+            pending: None,
+        }
+    }
+
+    /// When something must happen next (a ping to send or an answer that is due).
+    fn deadline(&self) -> Option<Instant> {
+        if self.interval.is_zero() {
+            return None;
+        }
+        Some(match self.pending {
+            Some((_, due)) => due,
+            None => self.last_rx + self.interval,
+        })
+    }
+
+    fn received(&mut self, now: Instant) {
+        self.last_rx = now;
+    }
+
+    /// A NOP-Out arrived with this TTT: it answers the ping if the tags match.
+    fn answered(&mut self, ttt: u32) -> bool {
+        if self.pending.is_some_and(|(t, _)| t == ttt) {
+            self.pending = None;
+            return true;
+        }
+        false
+    }
 }
 
 impl Reader {
@@ -240,13 +291,19 @@ impl Reader {
                 self.buf
                     .reserve(need.saturating_sub(self.buf.len()).max(64 * 1024));
             }
+            let deadline = self.keepalive.deadline();
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
                     Ok(0) => break "closed by the initiator".into(),
-                    Ok(_) => {}
+                    Ok(_) => self.keepalive.received(Instant::now()),
                     Err(e) => break format!("read failed: {e}"),
                 },
                 _ = crate::session::flag_set(&mut stop) => break "dropped by the target".into(),
+                _ = sleep_until(deadline) => {
+                    if let Err(e) = self.on_keepalive_timer() {
+                        break e;
+                    }
+                }
             }
         };
         let clean = self.conn.clean_exit();
@@ -257,6 +314,38 @@ impl Reader {
         }
         self.conn.stop();
         self.session.connection_ended(&self.conn, clean).await;
+    }
+
+    /// The keepalive deadline passed: ping, or give up on an unanswered ping.
+    fn on_keepalive_timer(&mut self) -> Result<(), String> {
+        let now = Instant::now();
+        let k = &mut self.keepalive;
+        if let Some((ttt, due)) = k.pending {
+            if now >= due {
+                return Err(format!(
+                    "no answer to the NOP-In ping (TTT {ttt:#x}) within {:?}",
+                    k.timeout
+                ));
+            }
+            return Ok(());
+        }
+        if now < k.last_rx + k.interval {
+            return Ok(());
+        }
+        let ttt = self.session.alloc_ttt();
+        k.pending = Some((ttt, now + k.timeout));
+        debug!(parent: &self.conn.span, ttt, "idle: NOP-In ping");
+        // ITT reserved: the target asks for an answer; StatSN is not advanced (11.19.1).
+        self.conn.send(Pdu::NopIn(pdu::NopIn {
+            lun: 0,
+            itt: pdu::RESERVED_TAG,
+            ttt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data: Bytes::new(),
+        }));
+        Ok(())
     }
 
     /// A rejected non-immediate command still uses up its CmdSN, so that the commands after it
@@ -276,6 +365,15 @@ impl Reader {
 
     /// Handles one PDU. An Err ends the connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), String> {
+        if let Pdu::NopOut(n) = &p {
+            if n.ttt != pdu::RESERVED_TAG && n.itt == pdu::RESERVED_TAG {
+                // The answer to our ping (11.18): nothing to run, nothing to answer.
+                if !self.keepalive.answered(n.ttt) {
+                    debug!(parent: &self.conn.span, ttt = n.ttt, "NOP-Out for no pending ping");
+                }
+                return Ok(());
+            }
+        }
         match p {
             Pdu::ScsiCommand(c) => self.on_command(c),
             Pdu::DataOut(d) => match self.session.data_route(d.itt, self.conn.cid) {
@@ -427,6 +525,14 @@ impl Reader {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -6,12 +6,14 @@
 //! data transfer and task management.
 //!
 //! Module map:
-//! - [`config`]: TOML config and CLI-built configuration, validated; [`name`]: iSCSI names.
+//! - [`config`]: TOML config and CLI-built configuration, validated (limits, keepalive, CHAP
+//!   users and allow-lists); [`name`]: iSCSI names.
 //! - [`server`]: portals, accept loop, a connection's life, session create/join/reinstate,
-//!   shutdown. [`login`]: the login phase over the socket.
+//!   shutdown. [`login`]: the login phase over the socket, driving mcsi-proto's `TargetLogin`
+//!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
 //! - [`session`]: targets, sessions (many connections, one CmdSN window, task table), registry.
-//! - [`conn`]: per-connection reader (decode, dispatch) and writer (StatSN stamping, vectored
-//!   writes). [`scsi`]: one SCSI task from command to status. [`control`]: NOP, Text, Logout,
+//! - [`conn`]: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
+//!   stamping, vectored writes). [`scsi`]: one SCSI task from command to status. [`control`]: NOP, Text, Logout,
 //!   Task Management. [`text`]: SendTargets.
 //! - Plain data, unit tested: [`window`] (CmdSN window), [`taskset`] (task attributes),
 //!   [`transfer`] (Data-Out / R2T bookkeeping), [`datain`] (Data-In split, residuals).

@@ -1,42 +1,56 @@
 //! The login phase of one connection (RFC 7143 sections 6 and 11.12), driven over the socket.
 //!
-//! The key answers here are a narrow stand-in for mcsi-proto's `TargetLogin`: AuthMethod=None
-//! only (the security stage is the seam for CHAP), operational keys answered with the result
-//! functions of RFC 7143 section 13 for the keys a full feature phase uses. Session creation,
-//! joining (non-leading login) and the reinstatement rules live in [`crate::server`].
+//! The negotiation itself is mcsi-proto's sans-IO [`TargetLogin`]: this module reads Login
+//! Requests, feeds them in, writes the responses, and answers the machine's questions from the
+//! server's state through [`LoginEnv`] (does the target exist on this portal, which TSIH, does
+//! the session a connection joins exist and have room, which StatSN / ExpCmdSN / MaxCmdSN).
+//! Creating, joining and reinstating sessions happens in [`crate::server`] once the login has
+//! succeeded.
 
+use crate::config::AuthSpec;
 use crate::config::Limits;
-use crate::session::{ConnOps, SessionOps, Shared, Target};
-use bytes::{Bytes, BytesMut};
-use mcsi_proto::pdu::{self, Framing, Isid, LoginRequest, LoginResponse, Pdu, Stage};
+use crate::session::{Session, SessionOps, Shared, Target};
+use bytes::BytesMut;
+use mcsi_proto::chap::{ChapTarget, ChapUsers};
+use mcsi_proto::keys::{ConnectionParams, KeyDef, KeyKind, SessionParams, ValueSpec};
+use mcsi_proto::login::{
+    Authenticator, LoginEnv, LoginNumbers, LoginStep, NoAuth, Refusal, TargetAccess, TargetLogin,
+    TargetLoginConfig,
+};
+use mcsi_proto::pdu::{self, Framing, Isid, LoginRequest, LoginResponse, Pdu};
+use rand::RngCore;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tracing::{debug, info, warn};
 
-/// Status class and detail (11.13.5).
-pub mod status {
-    pub const INITIATOR_ERROR: (u8, u8) = (2, 0);
-    pub const AUTH_FAILED: (u8, u8) = (2, 1);
-    pub const NOT_FOUND: (u8, u8) = (2, 3);
-    pub const UNSUPPORTED_VERSION: (u8, u8) = (2, 5);
-    pub const TOO_MANY_CONNECTIONS: (u8, u8) = (2, 6);
-    pub const MISSING_PARAMETER: (u8, u8) = (2, 7);
-    pub const SESSION_DOES_NOT_EXIST: (u8, u8) = (2, 10);
-    pub const TARGET_ERROR: (u8, u8) = (3, 0);
-}
+pub use mcsi_proto::keys::SessionType;
+pub use mcsi_proto::login::status;
 
 /// Time a login may take in total.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Text of one login (all PDUs, with C-bit continuation) is capped.
-const MAX_LOGIN_TEXT: usize = 64 * 1024;
 
-/// Discovery or normal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionType {
-    Discovery,
-    Normal,
-}
+/// StatSN of the first Login Response on a new connection (any value will do, RFC 7143 11.13.4).
+const FIRST_STAT_SN: u32 = 1;
+
+/// The vendor key of the asymmetric mode (thesis 4.3.2): commands on some connections, responses
+/// on others. Only mcsi peers know it; standard peers answer NotUnderstood and the key keeps its
+/// default, No. A Boolean AND key, so either side can refuse it, and leading-only because it
+/// shapes the whole session. See [`SessionOps::asymmetric`] for what enabling it would take.
+pub const ASYMMETRIC: KeyDef = KeyDef {
+    name: "X-org.mcsi.Asymmetric",
+    kind: KeyKind::BooleanAnd,
+    value: ValueSpec::Boolean,
+    default: "No",
+    leading_only: true,
+    per_connection: false,
+    phase: mcsi_proto::keys::Phase::Login,
+    senders: mcsi_proto::keys::Senders::Both,
+    discovery: false,
+};
 
 /// What a successful login agreed on.
 #[derive(Debug, Clone)]
@@ -45,16 +59,21 @@ pub struct Negotiated {
     pub initiator_name: String,
     pub target: Option<Arc<Target>>,
     pub isid: Isid,
-    /// 0 for a leading login.
+    /// The TSIH of the session: newly assigned for a leading login, the joined one otherwise.
     pub tsih: u16,
+    /// A leading login (TSIH 0 in the requests) creates a session.
+    pub leading: bool,
     pub cid: u16,
+    /// Session-wide values (meaningful for a leading login; a joining connection uses its
+    /// session's).
     pub session: SessionOps,
-    pub conn: ConnOps,
+    pub params: SessionParams,
+    pub connection: ConnectionParams,
     /// CmdSN of the login request: the session's first ExpCmdSN for a leading login.
     pub cmd_sn: u32,
     /// StatSN for the first full feature phase status on this connection.
     pub next_stat_sn: u32,
-    /// The final login response, to send once the session is set up (with its TSIH).
+    /// The final login response, to send once the session is set up.
     pub final_response: LoginResponse,
 }
 
@@ -63,29 +82,20 @@ pub struct Negotiated {
 pub enum LoginError {
     #[error("connection closed during login")]
     Closed,
-    #[error("login timed out")]
-    Timeout,
+    #[error("login timed out after {0:?}")]
+    Timeout(Duration),
     #[error("I/O error during login: {0}")]
     Io(#[from] std::io::Error),
     #[error("PDU error during login: {0}")]
     Pdu(#[from] pdu::DecodeError),
-    #[error("login refused (status {0}/{1}): {2}")]
-    Refused(u8, u8, String),
+    #[error("login refused with status {0}/{1:#04x} ({desc}){why}", desc = status::describe((*.0, *.1)), why = .2.as_deref().map(|w| format!(": {w}")).unwrap_or_default())]
+    Refused(u8, u8, Option<String>),
     #[error("expected a Login Request, got {0:?}")]
     NotLogin(pdu::Opcode),
 }
 
-/// Keys agreed so far.
-struct Agreed {
-    initiator_name: Option<String>,
-    target_name: Option<String>,
-    session_type: SessionType,
-    auth_ok: bool,
-    ops: SessionOps,
-    conn: ConnOps,
-}
-
-/// Reads one Login Request.
+/// Reads one Login Request (during login the default MaxRecvDataSegmentLength, 8192, applies:
+/// RFC 7143 12.12).
 async fn read_login(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
@@ -111,384 +121,319 @@ async fn send(stream: &mut TcpStream, r: LoginResponse) -> Result<(), LoginError
     Ok(())
 }
 
-fn response(
-    req: &LoginRequest,
+/// The server's side of the questions a login raises.
+struct Env<'a> {
+    shared: &'a Shared,
+    /// The address the connection arrived on (a target is only reachable on its portals).
+    local: SocketAddr,
+    /// The initiator's address (for access control and logs).
+    peer: SocketAddr,
+    /// The outcome of a CHAP exchange, as its observer saw it (never a secret).
+    chap_note: Arc<Mutex<Option<String>>>,
     stat_sn: u32,
-    exp: u32,
-    max: u32,
-    st: (u8, u8),
-    data: Bytes,
-) -> LoginResponse {
-    LoginResponse {
-        transit: false,
-        continue_: false,
-        csg: req.csg,
-        nsg: req.nsg,
-        version_max: 0,
-        version_active: 0,
-        isid: req.isid,
-        tsih: req.tsih,
-        itt: req.itt,
-        stat_sn,
-        exp_cmd_sn: exp,
-        max_cmd_sn: max,
-        status_class: st.0,
-        status_detail: st.1,
-        data,
+    target: Option<Arc<Target>>,
+    /// The session a non-leading login joins.
+    joins: Option<Arc<Session>>,
+    /// Why the last refusal was made, for the log.
+    why: Option<String>,
+    /// The InitiatorName of the login, once seen.
+    initiator: Option<String>,
+}
+
+impl Env<'_> {
+    fn refuse(&mut self, st: (u8, u8), why: String) -> Refusal {
+        self.why = Some(why);
+        st.into()
+    }
+
+    /// Authorization, then the authenticator the login uses (RFC 7143 12.1): CHAP when users
+    /// are configured, else AuthMethod=None.
+    fn access(
+        &mut self,
+        auth: &AuthSpec,
+        what: &str,
+        initiator: &str,
+    ) -> Result<Box<dyn Authenticator>, Refusal> {
+        if !auth.allows(initiator, self.peer.ip()) {
+            return Err(self.refuse(
+                status::AUTHZ_FAILED,
+                format!(
+                    "initiator {initiator} from {} may not use {what}",
+                    self.peer.ip()
+                ),
+            ));
+        }
+        if auth.chap.is_empty() {
+            return Ok(Box::new(NoAuth));
+        }
+        let mut users = ChapUsers::new();
+        for u in &auth.chap {
+            // Validated with the configuration; a failure here leaves the user out.
+            let _ = users.insert(u.credentials());
+        }
+        let note = self.chap_note.clone();
+        let chap = ChapTarget::new(users, |b: &mut [u8]| rand::thread_rng().fill_bytes(b))
+            .with_observer(move |r| {
+                let text = match r {
+                    Ok(ok) => format!(
+                        "CHAP user {:?} authenticated ({}{})",
+                        ok.user,
+                        ok.algorithm,
+                        if ok.mutual { ", mutual" } else { "" }
+                    ),
+                    Err(e) => format!("CHAP failed: {e}"),
+                };
+                *note.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+            });
+        Ok(Box::new(chap))
+    }
+
+    fn limits(&self) -> Limits {
+        self.target.as_ref().map(|t| t.limits).unwrap_or_default()
+    }
+}
+
+impl LoginEnv for Env<'_> {
+    fn target(
+        &mut self,
+        session_type: SessionType,
+        target_name: Option<&str>,
+        initiator_name: &str,
+    ) -> Result<TargetAccess, Refusal> {
+        self.initiator = Some(initiator_name.to_owned());
+        match (session_type, target_name) {
+            (SessionType::Discovery, _) => {
+                let authenticator =
+                    self.access(&self.shared.discovery_auth, "discovery", initiator_name)?;
+                Ok(TargetAccess {
+                    params: Limits::default().local_params(),
+                    authenticator,
+                    target_alias: None,
+                })
+            }
+            (SessionType::Normal, Some(name)) => {
+                let port = self.local.port();
+                let Some(t) = self
+                    .shared
+                    .target(name)
+                    .filter(|t| t.portals.iter().any(|p| p.port() == port))
+                    .cloned()
+                else {
+                    return Err(self.refuse(
+                        status::NOT_FOUND,
+                        format!("no target '{name}' on portal {}", self.local),
+                    ));
+                };
+                let authenticator =
+                    self.access(&t.auth, &format!("target {name}"), initiator_name)?;
+                let access = TargetAccess {
+                    params: t.limits.local_params(),
+                    authenticator,
+                    target_alias: t.alias.clone(),
+                };
+                self.target = Some(t);
+                Ok(access)
+            }
+            (SessionType::Normal, None) => {
+                Err(self.refuse(status::MISSING_PARAMETER, "TargetName missing".into()))
+            }
+        }
+    }
+
+    fn session(
+        &mut self,
+        isid: Isid,
+        tsih: u16,
+        cid: u16,
+        initiator_name: &str,
+        target_name: Option<&str>,
+    ) -> Result<u16, Refusal> {
+        if tsih == 0 {
+            // Reinstating an older session of this initiator port happens once the login has
+            // succeeded (crate::server::attach).
+            return Ok(self.shared.alloc_tsih());
+        }
+        let Some(s) = self.shared.session(tsih).filter(|s| {
+            s.isid == isid
+                && s.initiator_name == initiator_name
+                && s.target.as_ref().map(|t| t.name.as_str()) == target_name
+        }) else {
+            return Err(self.refuse(
+                status::SESSION_DOES_NOT_EXIST,
+                format!("no session with TSIH {tsih} for this initiator port and target"),
+            ));
+        };
+        // A new CID must fit under MaxConnections (13.2); a known CID reinstates its
+        // connection (6.3.4).
+        let max = usize::from(s.ops.max_connections);
+        if s.conn(cid).is_none() && s.conn_count() >= max {
+            return Err(self.refuse(
+                status::TOO_MANY_CONNECTIONS,
+                format!("session {tsih} already has MaxConnections={max} connections"),
+            ));
+        }
+        self.joins = Some(s);
+        Ok(tsih)
+    }
+
+    fn numbers(&mut self, req: &LoginRequest) -> LoginNumbers {
+        let stat_sn = self.stat_sn;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        let (exp_cmd_sn, max_cmd_sn) = match &self.joins {
+            Some(s) => s.cmd_sns(),
+            // A leading login: the session will start at the login's CmdSN (login requests are
+            // immediate and do not advance it).
+            None => (
+                req.cmd_sn,
+                req.cmd_sn
+                    .wrapping_add(self.limits().queue_depth.max(1) - 1),
+            ),
+        };
+        LoginNumbers {
+            stat_sn,
+            exp_cmd_sn,
+            max_cmd_sn,
+        }
     }
 }
 
 /// Runs the login phase. On success the final response has not been sent yet: the caller sets
-/// up the session (TSIH, reinstatement) and sends it.
+/// up the session (reinstatement, joining) and sends it with [`send_final`].
 pub async fn run(
     shared: &Shared,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
-    portal: std::net::SocketAddr,
+    local: SocketAddr,
+    peer: SocketAddr,
 ) -> Result<Negotiated, LoginError> {
-    tokio::time::timeout(LOGIN_TIMEOUT, run_inner(shared, stream, buf, portal))
+    tokio::time::timeout(LOGIN_TIMEOUT, run_inner(shared, stream, buf, local, peer))
         .await
-        .map_err(|_| LoginError::Timeout)?
+        .map_err(|_| LoginError::Timeout(LOGIN_TIMEOUT))?
 }
 
 async fn run_inner(
     shared: &Shared,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
-    portal: std::net::SocketAddr,
+    local: SocketAddr,
+    peer: SocketAddr,
 ) -> Result<Negotiated, LoginError> {
-    let mut stat_sn: u32 = 1;
-    let mut text = BytesMut::new();
-    let mut agreed = Agreed {
-        initiator_name: None,
-        target_name: None,
-        session_type: SessionType::Normal,
-        auth_ok: false,
-        ops: SessionOps {
-            max_connections: 1,
-            initial_r2t: true,
-            immediate_data: true,
-            first_burst_length: 65536,
-            max_burst_length: 262_144,
-            max_outstanding_r2t: 1,
-            queue_depth: Limits::default().queue_depth,
-        },
-        conn: ConnOps {
-            header_digest: false,
-            data_digest: false,
-            recv_mrdsl: 8192,
-            send_mrdsl: 8192,
-        },
+    let chap_note = Arc::new(Mutex::new(None));
+    let mut env = Env {
+        shared,
+        local,
+        peer,
+        chap_note: chap_note.clone(),
+        stat_sn: FIRST_STAT_SN,
+        target: None,
+        joins: None,
+        why: None,
+        initiator: None,
     };
-    let mut first: Option<LoginRequest> = None;
-    let mut declared_mrdsl = false;
+    let mut machine = TargetLogin::new(TargetLoginConfig {
+        // One portal group per target (crate::session::Target::tpgt).
+        portal_group_tag: 1,
+        extensions: vec![(ASYMMETRIC, "No".into())],
+        ..TargetLoginConfig::default()
+    });
+    let mut first_cmd_sn = None;
     loop {
         let req = read_login(stream, buf).await?;
-        let lead = first.get_or_insert_with(|| req.clone()).clone();
-        let (exp, max) = match shared.session(req.tsih) {
-            Some(s) if req.tsih != 0 => s.cmd_sns(),
-            _ => (
-                req.cmd_sn,
-                req.cmd_sn.wrapping_add(Limits::default().queue_depth - 1),
-            ),
-        };
-        let fail = |st: (u8, u8), why: String| (st, why);
-        // Version (11.12.4): mcsi speaks version 0.
-        if req.version_min > 0
-            || req.isid != lead.isid
-            || req.tsih != lead.tsih
-            || req.cid != lead.cid
-        {
-            let (st, why) = fail(
-                status::UNSUPPORTED_VERSION,
-                "version or identity changed".into(),
-            );
-            send(stream, response(&req, stat_sn, exp, max, st, Bytes::new())).await?;
-            return Err(LoginError::Refused(st.0, st.1, why));
-        }
-        text.extend_from_slice(&req.data);
-        if text.len() > MAX_LOGIN_TEXT {
-            let st = status::INITIATOR_ERROR;
-            send(stream, response(&req, stat_sn, exp, max, st, Bytes::new())).await?;
-            return Err(LoginError::Refused(
-                st.0,
-                st.1,
-                "login text too long".into(),
-            ));
-        }
-        if req.continue_ {
-            // More text follows (C bit): acknowledge with an empty response (11.12.2).
-            send(
-                stream,
-                response(&req, stat_sn, exp, max, (0, 0), Bytes::new()),
-            )
-            .await?;
-            stat_sn = stat_sn.wrapping_add(1);
-            continue;
-        }
-        let pairs = crate::text::pairs(&text);
-        text.clear();
-        let mut answers = String::new();
-        let mut refuse: Option<((u8, u8), String)> = None;
-        for (k, v) in pairs {
-            if let Some(a) = answer(shared, &mut agreed, &k, &v, req.csg) {
-                answers.push_str(&format!("{k}={a}\0"));
+        let cmd_sn = *first_cmd_sn.get_or_insert(req.cmd_sn);
+        match machine.handle(&req, &mut env) {
+            LoginStep::Continue(r) => send(stream, r).await?,
+            LoginStep::Fail(r) => {
+                let (class, detail) = (r.status_class, r.status_detail);
+                send(stream, r).await?;
+                let chap = chap_note.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let why = env.why.take().or(chap);
+                let who = env
+                    .initiator
+                    .clone()
+                    .unwrap_or_else(|| machine_initiator(&req));
+                warn!(
+                    initiator = %who,
+                    peer = %peer,
+                    "login refused with status {class}/{detail:#04x} ({}){}",
+                    status::describe((class, detail)),
+                    why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+                );
+                return Err(LoginError::Refused(class, detail, why));
             }
-        }
-        // The initiator name and, for a normal session, an existing target (13.3, 13.4).
-        if (lead.tsih == 0 || req.csg != Stage::Security) && agreed.initiator_name.is_none() {
-            refuse = Some(fail(
-                status::MISSING_PARAMETER,
-                "InitiatorName missing".into(),
-            ));
-        }
-        let target = match (&agreed.session_type, &agreed.target_name) {
-            (SessionType::Discovery, _) => None,
-            (SessionType::Normal, Some(n)) => match shared.target(n) {
-                Some(t) if t.portals.iter().any(|p| p.port() == portal.port()) => Some(t.clone()),
-                _ => {
-                    refuse.get_or_insert(fail(
-                        status::NOT_FOUND,
-                        format!("no target '{n}' on this portal"),
-                    ));
-                    None
+            LoginStep::FullFeature {
+                response,
+                session,
+                connection,
+                session_type,
+                initiator_name,
+                target_name,
+                isid,
+                tsih,
+                cid,
+            } => {
+                if let Some(note) = chap_note.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    info!(initiator = %initiator_name, peer = %peer, "{note}");
                 }
-            },
-            (SessionType::Normal, None) => {
-                refuse.get_or_insert(fail(status::MISSING_PARAMETER, "TargetName missing".into()));
-                None
-            }
-        };
-        if req.csg == Stage::Security && !agreed.auth_ok {
-            refuse.get_or_insert(fail(
-                status::AUTH_FAILED,
-                "no AuthMethod the target supports (None)".into(),
-            ));
-        }
-        if let Some((st, why)) = refuse {
-            send(stream, response(&req, stat_sn, exp, max, st, Bytes::new())).await?;
-            return Err(LoginError::Refused(st.0, st.1, why));
-        }
-        if let Some(t) = &target {
-            // Apply the target's limits to the keys the initiator did not offer.
-            agreed.ops.queue_depth = t.limits.queue_depth;
-            if !declared_mrdsl && req.csg == Stage::Operational {
-                answers.push_str(&format!(
-                    "MaxRecvDataSegmentLength={}\0",
-                    t.limits.max_recv_data_segment_length
-                ));
-                agreed.conn.recv_mrdsl = t.limits.max_recv_data_segment_length;
-                declared_mrdsl = true;
-            }
-        } else if !declared_mrdsl && req.csg == Stage::Operational {
-            answers.push_str("MaxRecvDataSegmentLength=8192\0");
-            declared_mrdsl = true;
-        }
-        let mut r = response(
-            &req,
-            stat_sn,
-            exp,
-            max,
-            (0, 0),
-            Bytes::from(answers.into_bytes()),
-        );
-        stat_sn = stat_sn.wrapping_add(1);
-        if req.transit {
-            r.transit = true;
-            r.nsg = req.nsg;
-            if req.nsg == Stage::FullFeature {
+                debug!(
+                    initiator = %initiator_name,
+                    target = target_name.as_deref().unwrap_or("discovery"),
+                    ?session,
+                    ?connection,
+                    "login negotiated"
+                );
+                let queue_depth = env.limits().queue_depth;
                 return Ok(Negotiated {
-                    session_type: agreed.session_type,
-                    initiator_name: agreed.initiator_name.clone().unwrap_or_default(),
-                    target,
-                    isid: lead.isid,
-                    tsih: lead.tsih,
-                    cid: lead.cid,
-                    session: agreed.ops,
-                    conn: agreed.conn,
-                    cmd_sn: lead.cmd_sn,
-                    next_stat_sn: stat_sn,
-                    final_response: r,
+                    session_type,
+                    initiator_name,
+                    target: env.target.clone(),
+                    isid,
+                    tsih,
+                    leading: req.tsih == 0,
+                    cid,
+                    session: SessionOps::new(&session, queue_depth),
+                    params: session,
+                    connection,
+                    cmd_sn,
+                    next_stat_sn: env.stat_sn,
+                    final_response: response,
                 });
             }
         }
-        send(stream, r).await?;
     }
 }
 
-fn num(v: &str) -> Option<u64> {
-    if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16).ok()
-    } else {
-        v.parse().ok()
-    }
+/// The InitiatorName of a login request, if it carries one (for logs).
+fn machine_initiator(req: &LoginRequest) -> String {
+    mcsi_proto::text::parse(&req.data, &Default::default())
+        .ok()
+        .and_then(|k| k.into_iter().find(|(k, _)| k == "InitiatorName"))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| "(not named in this request)".into())
 }
 
-fn yes(v: &str) -> Option<bool> {
-    match v {
-        "Yes" => Some(true),
-        "No" => Some(false),
-        _ => None,
-    }
-}
-
-fn yn(b: bool) -> &'static str {
-    if b {
-        "Yes"
-    } else {
-        "No"
-    }
-}
-
-/// Answers one key (None: declarative, no answer), updating what is agreed.
-fn answer(shared: &Shared, a: &mut Agreed, k: &str, v: &str, stage: Stage) -> Option<String> {
-    let lim = a
-        .target_name
-        .as_deref()
-        .and_then(|n| shared.target(n))
-        .map(|t| t.limits)
-        .unwrap_or_default();
-    let discovery = a.session_type == SessionType::Discovery;
-    match k {
-        "InitiatorName" => {
-            a.initiator_name = Some(v.to_string());
-            None
-        }
-        "TargetName" => {
-            a.target_name = Some(v.to_string());
-            None
-        }
-        "SessionType" => {
-            a.session_type = if v == "Discovery" {
-                SessionType::Discovery
-            } else {
-                SessionType::Normal
-            };
-            None
-        }
-        "InitiatorAlias" => None,
-        "AuthMethod" => {
-            if v.split(',').any(|m| m == "None") {
-                a.auth_ok = true;
-                Some("None".into())
-            } else {
-                Some("Reject".into())
-            }
-        }
-        "HeaderDigest" | "DataDigest" => {
-            let pick = if v.split(',').any(|m| m == "None") {
-                "None"
-            } else if v.split(',').any(|m| m == "CRC32C") {
-                "CRC32C"
-            } else {
-                "Reject"
-            };
-            let on = pick == "CRC32C";
-            if k == "HeaderDigest" {
-                a.conn.header_digest = on;
-            } else {
-                a.conn.data_digest = on;
-            }
-            Some(pick.into())
-        }
-        "MaxRecvDataSegmentLength" => {
-            // Declarative: the initiator's receive limit (13.12), capped to the field's range.
-            a.conn.send_mrdsl = num(v).unwrap_or(8192).clamp(512, (1 << 24) - 1) as u32;
-            None
-        }
-        _ if discovery && stage != Stage::Security && is_normal_only(k) => {
-            Some("Irrelevant".into())
-        }
-        "MaxConnections" => {
-            let n = num(v)
-                .unwrap_or(1)
-                .clamp(1, 65535)
-                .min(u64::from(lim.max_connections)) as u16;
-            a.ops.max_connections = n;
-            Some(n.to_string())
-        }
-        "InitialR2T" => {
-            let r = yes(v).unwrap_or(true) || lim.initial_r2t;
-            a.ops.initial_r2t = r;
-            Some(yn(r).into())
-        }
-        "ImmediateData" => {
-            let r = yes(v).unwrap_or(false) && lim.immediate_data;
-            a.ops.immediate_data = r;
-            Some(yn(r).into())
-        }
-        "MaxBurstLength" => {
-            let n = num(v)
-                .unwrap_or(262_144)
-                .clamp(512, (1 << 24) - 1)
-                .min(u64::from(lim.max_burst_length)) as u32;
-            a.ops.max_burst_length = n;
-            a.ops.first_burst_length = a.ops.first_burst_length.min(n);
-            Some(n.to_string())
-        }
-        "FirstBurstLength" => {
-            let n = num(v)
-                .unwrap_or(65536)
-                .clamp(512, (1 << 24) - 1)
-                .min(u64::from(lim.first_burst_length))
-                .min(u64::from(a.ops.max_burst_length)) as u32;
-            a.ops.first_burst_length = n;
-            Some(n.to_string())
-        }
-        "MaxOutstandingR2T" => {
-            let n = num(v)
-                .unwrap_or(1)
-                .clamp(1, 65535)
-                .min(u64::from(lim.max_outstanding_r2t)) as u16;
-            a.ops.max_outstanding_r2t = n;
-            Some(n.to_string())
-        }
-        "DefaultTime2Wait" => Some(num(v).unwrap_or(2).min(3600).to_string()),
-        "DefaultTime2Retain" => Some("0".into()),
-        "DataPDUInOrder" | "DataSequenceInOrder" => Some("Yes".into()),
-        "ErrorRecoveryLevel" => Some("0".into()),
-        "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => Some("Reject".into()),
-        _ => Some("NotUnderstood".into()),
-    }
-}
-
-fn is_normal_only(k: &str) -> bool {
-    matches!(
-        k,
-        "MaxConnections"
-            | "InitialR2T"
-            | "ImmediateData"
-            | "MaxBurstLength"
-            | "FirstBurstLength"
-            | "MaxOutstandingR2T"
-            | "DataPDUInOrder"
-            | "DataSequenceInOrder"
-    )
-}
-
-/// Sends the final login response (with the session's TSIH and window).
+/// Sends the final login response with the session's current window.
 pub async fn send_final(
     stream: &mut TcpStream,
     mut r: LoginResponse,
-    tsih: u16,
     exp: u32,
     max: u32,
 ) -> Result<(), LoginError> {
-    r.tsih = tsih;
     r.exp_cmd_sn = exp;
     r.max_cmd_sn = max;
     send(stream, r).await
 }
 
-/// Sends a refusal as the final login response.
+/// Turns the final login response into a refusal (the session could not be set up after all).
 pub async fn send_refusal(
     stream: &mut TcpStream,
     mut r: LoginResponse,
     st: (u8, u8),
 ) -> Result<(), LoginError> {
     r.transit = false;
+    r.nsg = r.csg;
+    r.tsih = 0;
     r.status_class = st.0;
     r.status_detail = st.1;
-    r.data = Bytes::new();
+    r.data = bytes::Bytes::new();
     send(stream, r).await
 }

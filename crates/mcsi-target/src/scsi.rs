@@ -65,7 +65,8 @@ pub async fn run(ctx: TaskCtx) {
         ))
     }
     .await;
-    let sent = session.finish_task(itt, id, &conn, pdus.unwrap_or_default());
+    let out = session.response_conn(&conn);
+    let sent = session.finish_task(itt, id, &out, pdus.unwrap_or_default());
     if !sent {
         debug!("task ended without status (aborted or connection gone)");
     }

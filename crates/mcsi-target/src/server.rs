@@ -2,11 +2,10 @@
 //! joining and reinstatement; clean shutdown.
 
 use crate::config::ServerConfig;
-use crate::conn::{self, Reader};
+use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
-use crate::session::{Conn, Session, Shared, Target};
+use crate::session::{Conn, ConnOps, Session, Shared, Target};
 use bytes::BytesMut;
-use mcsi_proto::pdu::Framing;
 use mcsi_scsi::backend::open_backend;
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
 use std::net::SocketAddr;
@@ -77,6 +76,7 @@ pub fn build_targets(cfg: &ServerConfig) -> Result<Vec<Arc<Target>>, StartError>
             portals: t.portals.clone(),
             tpgt: 1,
             limits: t.limits,
+            auth: t.auth.clone(),
             dev: Arc::new(DeviceServer::new(luns)),
         }));
     }
@@ -113,7 +113,10 @@ impl Server {
             local_addrs.push(local);
             listeners.push(l);
         }
-        let shared = Arc::new(Shared::new(build_targets(&cfg)?));
+        let shared = Arc::new(Shared::new(
+            build_targets(&cfg)?,
+            cfg.discovery_auth.clone(),
+        ));
         let (stop, stop_rx) = watch::channel(false);
         let mut accept = JoinSet::new();
         for l in listeners {
@@ -183,7 +186,7 @@ async fn connection(
 ) {
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let n = match login::run(&shared, &mut stream, &mut buf, local).await {
+    let n = match login::run(&shared, &mut stream, &mut buf, local, peer).await {
         Ok(n) => n,
         Err(e) => {
             info!("login failed: {e}");
@@ -206,15 +209,15 @@ async fn connection(
         crate::session::wait_all(waits).await;
     }
     let (exp, max) = session.cmd_sns();
-    let tsih = session.tsih;
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
-    let (conn, stop_rx) = Conn::new(n.cid, n.conn, peer, local, tx, cspan.clone());
+    let ops = ConnOps::from(&n.connection);
+    let (conn, stop_rx) = Conn::new(n.cid, ops, peer, local, tx, cspan.clone());
     if let Some(prev) = session.add_conn(conn.clone()) {
         prev.mark_clean();
         prev.stop();
     }
-    if let Err(e) = login::send_final(&mut stream, n.final_response, tsih, exp, max).await {
+    if let Err(e) = login::send_final(&mut stream, n.final_response, exp, max).await {
         info!("login failed at the last step: {e}");
         conn.mark_clean();
         session
@@ -224,25 +227,23 @@ async fn connection(
     }
     info!(parent: &cspan, "full feature phase");
     let (rd, wr) = stream.into_split();
-    let send_framing = Framing {
-        header_digest: n.conn.header_digest,
-        data_digest: n.conn.data_digest,
-        max_data_segment_length: n.conn.send_mrdsl,
-    };
-    let recv_framing = Framing {
-        header_digest: n.conn.header_digest,
-        data_digest: n.conn.data_digest,
-        max_data_segment_length: n.conn.recv_mrdsl,
-    };
+    let send_framing = n.connection.tx_framing();
+    let recv_framing = n.connection.rx_framing();
     tokio::spawn(
         conn::writer(wr, rx, session.clone(), send_framing, n.next_stat_sn)
             .instrument(cspan.clone()),
     );
+    let limits = session
+        .target
+        .as_ref()
+        .map(|t| t.limits)
+        .unwrap_or_default();
     let reader = Reader {
         session,
         conn,
         framing: recv_framing,
         buf,
+        keepalive: Keepalive::new(limits.nop_interval, limits.nop_timeout),
     };
     reader.run(rd, stop_rx).instrument(cspan).await;
 }
@@ -254,7 +255,7 @@ async fn attach(
     n: &Negotiated,
 ) -> Result<(Arc<Session>, Option<Arc<Conn>>), (u8, u8)> {
     let target_name = n.target.as_ref().map(|t| t.name.as_str());
-    if n.tsih == 0 {
+    if n.leading {
         // Session reinstatement (RFC 7143 6.3.5): same initiator port, TSIH 0.
         if let Some(old) = shared.find_session(&n.initiator_name, n.isid, target_name) {
             info!(
@@ -264,15 +265,13 @@ async fn attach(
             old.close().await;
         }
         let mut ops = n.session;
-        if let Some(t) = &n.target {
-            ops.queue_depth = t.limits.queue_depth;
-        } else {
+        if n.target.is_none() {
+            // A discovery session has one connection (RFC 7143 13.21).
             ops.max_connections = 1;
         }
-        let tsih = shared.alloc_tsih();
         let s = Session::new(
             shared.clone(),
-            tsih,
+            n.tsih,
             n.isid,
             n.initiator_name.clone(),
             n.target.clone(),

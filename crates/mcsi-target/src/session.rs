@@ -5,7 +5,7 @@
 //! keyed by ITT with each task's connection allegiance, and one task set per LUN. StatSN is per
 //! connection and assigned by the connection's writer.
 
-use crate::config::Limits;
+use crate::config::{AuthSpec, Limits};
 use crate::taskset::TaskSet;
 use crate::window::{CmdWindow, Submit};
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
@@ -24,6 +24,8 @@ pub struct Target {
     /// Target portal group tag (one group per target).
     pub tpgt: u16,
     pub limits: Limits,
+    /// Authentication and access control of this target.
+    pub auth: AuthSpec,
     pub dev: Arc<DeviceServer>,
 }
 
@@ -44,15 +46,18 @@ pub async fn flag_set(rx: &mut watch::Receiver<bool>) {
 /// State shared by every connection of the server.
 pub struct Shared {
     pub targets: Vec<Arc<Target>>,
+    /// Authentication and access control of discovery sessions.
+    pub discovery_auth: AuthSpec,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: AtomicU16,
     next_task_id: AtomicU64,
 }
 
 impl Shared {
-    pub fn new(targets: Vec<Arc<Target>>) -> Self {
+    pub fn new(targets: Vec<Arc<Target>>, discovery_auth: AuthSpec) -> Self {
         Shared {
             targets,
+            discovery_auth,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             next_task_id: AtomicU64::new(1),
@@ -134,6 +139,40 @@ pub struct SessionOps {
     pub max_burst_length: u32,
     pub max_outstanding_r2t: u16,
     pub queue_depth: u32,
+    /// The asymmetric mode of thesis 4.3.2 (`X-org.mcsi.Asymmetric`, [`crate::login::ASYMMETRIC`]):
+    /// responses may leave on another connection than the command's. The target always answers
+    /// the key with No, so this stays false and every task keeps connection allegiance (RFC 7143
+    /// 5.3: all PDUs of a task on the connection its command came on). The seam is
+    /// [`Session::response_conn`], the one place that picks the connection a task's Data-In,
+    /// R2T and status leave on. Enabling the mode safely would take:
+    /// - answering Yes only to a peer that offered Yes itself (the key is AND, and standard peers
+    ///   answer NotUnderstood, which leaves it No), so standard initiators never see it;
+    /// - per-connection roles agreed at login (command vs response connections, e.g. a second
+    ///   vendor key on each non-leading login) so both ends know where responses go;
+    /// - R2T and Data-Out staying on the command's connection (the initiator matches them by
+    ///   ITT/TTT per connection), only Data-In and SCSI Response moving;
+    /// - StatSN per response connection, with ExpStatSN acknowledged on that connection, and the
+    ///   response connection's failure treated like the command connection's (at ERL 0 the
+    ///   session ends either way);
+    /// - task management and logout answered on the connection they came on.
+    pub asymmetric: bool,
+}
+
+impl SessionOps {
+    /// From the negotiated values, with the target's queue depth.
+    pub fn new(p: &mcsi_proto::keys::SessionParams, queue_depth: u32) -> Self {
+        SessionOps {
+            max_connections: p.max_connections.max(1),
+            initial_r2t: p.initial_r2t,
+            immediate_data: p.immediate_data,
+            first_burst_length: p.first_burst_length,
+            max_burst_length: p.max_burst_length,
+            max_outstanding_r2t: p.max_outstanding_r2t.max(1),
+            queue_depth: queue_depth.max(1),
+            // Never agreed: see the field's documentation.
+            asymmetric: false,
+        }
+    }
 }
 
 /// Operational values of one connection.
@@ -145,6 +184,18 @@ pub struct ConnOps {
     pub recv_mrdsl: u32,
     /// What the initiator accepts (its MaxRecvDataSegmentLength): the Data-In size.
     pub send_mrdsl: u32,
+}
+
+impl From<&mcsi_proto::keys::ConnectionParams> for ConnOps {
+    fn from(c: &mcsi_proto::keys::ConnectionParams) -> Self {
+        let rx = c.rx_framing();
+        ConnOps {
+            header_digest: rx.header_digest,
+            data_digest: rx.data_digest,
+            recv_mrdsl: rx.max_data_segment_length,
+            send_mrdsl: c.tx_framing().max_data_segment_length,
+        }
+    }
 }
 
 /// What the writer of a connection is asked to do.
@@ -468,6 +519,13 @@ impl Session {
             return (false, Vec::new());
         }
         (true, submit(&mut st, cmd_sn, item))
+    }
+
+    /// The connection a task's Data-In and status leave on: the one its command came on
+    /// (connection allegiance, RFC 7143 5.3). The asymmetric mode ([`SessionOps::asymmetric`])
+    /// would choose another connection of the session here.
+    pub fn response_conn(&self, command_conn: &Arc<Conn>) -> Arc<Conn> {
+        command_conn.clone()
     }
 
     /// Whether `cmd_sn` is in the window now.

@@ -3,8 +3,11 @@
 
 use crate::session::{Conn, Session, Shared, Target};
 use bytes::{Bytes, BytesMut};
+use mcsi_proto::keys::{NOT_UNDERSTOOD, REJECT};
 use mcsi_proto::pdu::{Pdu, TextRequest, TextResponse, RESERVED_TAG};
+use mcsi_proto::text::{self, TextLimits};
 use std::net::SocketAddr;
+use tracing::debug;
 
 /// The rest of an answer the initiator has not fetched yet.
 #[derive(Debug)]
@@ -12,25 +15,6 @@ pub struct Pending {
     pub itt: u32,
     pub ttt: u32,
     pub rest: Bytes,
-}
-
-/// Most key=value pairs one Text Request may carry before the target gives up on it.
-const MAX_KEYS: usize = 64;
-
-/// Splits a text data segment into (key, value) pairs (RFC 7143 6.1: `key=value` each ended by
-/// a NUL). Malformed pairs come back with an empty key so the caller can reject them.
-pub fn pairs(data: &[u8]) -> Vec<(String, String)> {
-    data.split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .take(MAX_KEYS)
-        .map(|kv| {
-            let s = String::from_utf8_lossy(kv);
-            match s.split_once('=') {
-                Some((k, v)) => (k.to_string(), v.to_string()),
-                None => (String::new(), s.to_string()),
-            }
-        })
-        .collect()
 }
 
 /// `TargetAddress` value of a portal: a wildcard address is replaced by the address the
@@ -61,16 +45,14 @@ pub fn send_targets(shared: &Shared, session: &Session, value: &str, local: Sock
             .map(|t| t.as_ref())
             .collect(),
     };
-    let mut out = Vec::new();
+    let mut pairs = Vec::new();
     for t in list {
-        out.extend_from_slice(format!("TargetName={}\0", t.name).as_bytes());
+        pairs.push(("TargetName", t.name.clone()));
         for p in &t.portals {
-            out.extend_from_slice(
-                format!("TargetAddress={}\0", portal_text(*p, local, t.tpgt)).as_bytes(),
-            );
+            pairs.push(("TargetAddress", portal_text(*p, local, t.tpgt)));
         }
     }
-    out
+    text::encode(&pairs).to_vec()
 }
 
 /// Answers one Text Request on `conn`.
@@ -94,22 +76,43 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
     }
     // A new request resets any unfinished answer (11.10.2).
     *pending = None;
+    if req.continue_ {
+        // Requests continued over several PDUs (C bit) are not needed for SendTargets and are
+        // not supported.
+        conn.send(crate::conn::reject_pdu(
+            mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
+            &Pdu::TextRequest(req),
+        ));
+        return;
+    }
+    let keys = match text::parse(&req.data, &TextLimits::default()) {
+        Ok(k) => k,
+        Err(e) => {
+            debug!("malformed Text Request: {e}");
+            conn.send(crate::conn::reject_pdu(
+                mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
+                &Pdu::TextRequest(req),
+            ));
+            return;
+        }
+    };
     let mut out = BytesMut::new();
-    for (k, v) in pairs(&req.data) {
+    let mut answers: Vec<(String, String)> = Vec::new();
+    for (k, v) in keys {
         if k == "SendTargets" {
             out.extend_from_slice(&send_targets(shared, session, &v, conn.local));
-        } else if k.is_empty() {
-            continue;
         } else {
-            // Full feature phase renegotiation is not offered; unknown keys are NotUnderstood.
+            // Full feature phase renegotiation is not offered (RFC 7143 6.2): vendor keys are
+            // not understood, standard ones rejected.
             let ans = if k.starts_with("X-") || k.starts_with("X#") {
-                "NotUnderstood"
+                NOT_UNDERSTOOD
             } else {
-                "Reject"
+                REJECT
             };
-            out.extend_from_slice(format!("{k}={ans}\0").as_bytes());
+            answers.push((k, ans.to_owned()));
         }
     }
+    out.extend_from_slice(&text::encode(&answers));
     send_piece(session, conn, &mut pending, req.itt, req.lun, out.freeze());
 }
 
@@ -150,18 +153,6 @@ fn send_piece(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_pairs() {
-        assert_eq!(
-            pairs(b"SendTargets=All\0X-a=1\0junk\0"),
-            vec![
-                ("SendTargets".into(), "All".into()),
-                ("X-a".into(), "1".into()),
-                (String::new(), "junk".into())
-            ]
-        );
-    }
 
     #[test]
     fn wildcard_portal_uses_local_address() {

@@ -2,235 +2,13 @@
 //! The target over real loopback sockets, driven by a small raw-PDU client built on mcsi-proto's
 //! codec.
 
-use bytes::{Bytes, BytesMut};
+mod common;
+
+use bytes::Bytes;
+use common::*;
 use mcsi_proto::pdu::*;
-use mcsi_target::config::{LunSpec, ServerConfig, TargetSpec};
-use mcsi_target::Server;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-const IQN: &str = "iqn.2026-01.org.mcsi:test";
-
-async fn start(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> Server {
-    let mut l = mcsi_target::config::Limits::default();
-    limits(&mut l);
-    let cfg = ServerConfig {
-        targets: vec![TargetSpec {
-            iqn: IQN.into(),
-            alias: None,
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-            luns: vec![LunSpec {
-                backend: "ram:16MiB".into(),
-                block_size: 512,
-                read_only: false,
-                serial: None,
-            }],
-            limits: l,
-        }],
-    };
-    Server::start(&cfg).await.unwrap()
-}
-
-struct Client {
-    s: TcpStream,
-    buf: BytesMut,
-    framing: Framing,
-    cmd_sn: u32,
-    itt: u32,
-    tsih: u16,
-}
-
-fn text(pairs: &[(&str, &str)]) -> Bytes {
-    let mut v = Vec::new();
-    for (k, val) in pairs {
-        v.extend_from_slice(format!("{k}={val}\0").as_bytes());
-    }
-    Bytes::from(v)
-}
-
-impl Client {
-    async fn connect(server: &Server) -> Client {
-        let s = TcpStream::connect(server.local_addrs()[0]).await.unwrap();
-        s.set_nodelay(true).unwrap();
-        Client {
-            s,
-            buf: BytesMut::new(),
-            framing: Framing::default(),
-            cmd_sn: 1,
-            itt: 1,
-            tsih: 0,
-        }
-    }
-
-    async fn send(&mut self, p: Pdu) {
-        let e = p.encode(&self.framing);
-        self.s.write_all(&e.to_vec()).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> Pdu {
-        tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
-            .await
-            .expect("no PDU within 5 s")
-    }
-
-    async fn recv_inner(&mut self) -> Pdu {
-        let f = Framing {
-            max_data_segment_length: 1 << 24,
-            ..self.framing
-        };
-        loop {
-            if let Some(p) = decode(&mut self.buf, &f).unwrap() {
-                return p;
-            }
-            assert!(
-                self.s.read_buf(&mut self.buf).await.unwrap() > 0,
-                "connection closed"
-            );
-        }
-    }
-
-    /// Nothing arrives within `ms`.
-    async fn silent(&mut self, ms: u64) -> bool {
-        tokio::time::timeout(Duration::from_millis(ms), self.recv_inner())
-            .await
-            .is_err()
-    }
-
-    async fn login(
-        &mut self,
-        isid: [u8; 6],
-        tsih: u16,
-        cid: u16,
-        keys: &[(&str, &str)],
-    ) -> LoginResponse {
-        let mut all = vec![("InitiatorName", "iqn.2026-01.org.mcsi:client")];
-        all.extend_from_slice(keys);
-        self.send(Pdu::LoginRequest(LoginRequest {
-            transit: true,
-            continue_: false,
-            csg: Stage::Operational,
-            nsg: Stage::FullFeature,
-            version_max: 0,
-            version_min: 0,
-            isid: Isid(isid),
-            tsih,
-            itt: 0,
-            cid,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: 0,
-            data: text(&all),
-        }))
-        .await;
-        let Pdu::LoginResponse(r) = self.recv().await else {
-            panic!("not a login response")
-        };
-        self.tsih = r.tsih;
-        r
-    }
-
-    async fn normal(server: &Server, keys: &[(&str, &str)]) -> Client {
-        Self::normal_isid(server, [0x80, 1, 2, 3, 4, 5], keys).await
-    }
-
-    /// Logs in to a normal session and clears the power-on unit attention.
-    async fn normal_isid(server: &Server, isid: [u8; 6], keys: &[(&str, &str)]) -> Client {
-        let mut c = Client::connect(server).await;
-        let mut k = vec![
-            ("TargetName", IQN),
-            ("SessionType", "Normal"),
-            ("MaxConnections", "4"),
-        ];
-        k.extend_from_slice(keys);
-        let r = c.login(isid, 0, 0, &k).await;
-        assert_eq!((r.status_class, r.status_detail), (0, 0));
-        assert!(r.transit && r.nsg == Stage::FullFeature);
-        c.cmd_sn = r.exp_cmd_sn;
-        for _ in 0..3 {
-            let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
-            let itt = tur.itt;
-            c.send(Pdu::ScsiCommand(tur)).await;
-            let (_, st, _, _, _) = c.read_result(itt).await;
-            if st == 0 {
-                break;
-            }
-        }
-        c
-    }
-
-    fn next_itt(&mut self) -> u32 {
-        self.itt += 1;
-        self.itt
-    }
-
-    fn command(
-        &mut self,
-        cdb: &[u8],
-        read: bool,
-        write: bool,
-        edtl: u32,
-        data: Bytes,
-        final_: bool,
-    ) -> ScsiCommand {
-        let mut c = [0u8; 16];
-        c[..cdb.len()].copy_from_slice(cdb);
-        let itt = self.next_itt();
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_,
-            read,
-            write,
-            attr: TaskAttr::Simple,
-            lun: 0,
-            itt,
-            expected_data_transfer_length: edtl,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: 0,
-            cdb: Bytes::copy_from_slice(&c),
-            bidi_read_length: None,
-            data,
-        };
-        self.cmd_sn += 1;
-        cmd
-    }
-
-    /// Collects Data-In until status; returns (data, status PDU fields).
-    async fn read_result(&mut self, itt: u32) -> (Vec<u8>, u8, bool, bool, u32) {
-        let mut data = Vec::new();
-        loop {
-            match self.recv().await {
-                Pdu::DataIn(d) => {
-                    assert_eq!(d.itt, itt);
-                    assert_eq!(d.buffer_offset as usize, data.len());
-                    data.extend_from_slice(&d.data);
-                    if let Some(s) = d.status {
-                        return (data, s, d.overflow, d.underflow, d.residual_count);
-                    }
-                }
-                Pdu::ScsiResponse(r) => {
-                    assert_eq!(r.itt, itt);
-                    return (data, r.status, r.overflow, r.underflow, r.residual_count);
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-    }
-}
-
-fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
-    let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    c[2..6].copy_from_slice(&lba.to_be_bytes());
-    c[7..9].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn pattern(n: usize, seed: u8) -> Bytes {
-    Bytes::from(
-        (0..n)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect::<Vec<u8>>(),
-    )
-}
 
 #[tokio::test]
 async fn discovery_send_targets() {
@@ -669,4 +447,51 @@ async fn logout_and_session_reinstatement() {
         .unwrap_or(0);
     assert_eq!(n, 0);
     server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn keepalive_pings_idle_connections_and_drops_silent_ones() {
+    let server = start(|l| {
+        l.nop_interval = Duration::from_millis(150);
+        l.nop_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut c = Client::normal(&server, &[]).await;
+    // Answered pings keep the connection up; each carries a fresh Target Transfer Tag.
+    let mut tags = Vec::new();
+    for _ in 0..3 {
+        let Pdu::NopIn(p) = c.recv().await else {
+            panic!("expected a NOP-In ping")
+        };
+        assert_eq!(p.itt, RESERVED_TAG, "a target ping has the reserved ITT");
+        assert_ne!(p.ttt, RESERVED_TAG, "a ping that wants an answer has a TTT");
+        assert!(!tags.contains(&p.ttt));
+        tags.push(p.ttt);
+        c.send(Pdu::NopOut(NopOut {
+            immediate: true,
+            lun: 0,
+            itt: RESERVED_TAG,
+            ttt: p.ttt,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: p.stat_sn,
+            data: Bytes::new(),
+        }))
+        .await;
+    }
+    // An unanswered ping: the connection goes after the timeout, not before.
+    let Pdu::NopIn(_) = c.recv().await else {
+        panic!("expected a NOP-In ping")
+    };
+    let t0 = tokio::time::Instant::now();
+    assert!(c.closed_by_target().await, "a silent initiator is dropped");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "dropped after {waited:?}, the timeout is 300 ms"
+    );
+
+    // An interval of zero: no pings.
+    let server = start(|l| l.nop_interval = Duration::ZERO).await;
+    let mut c = Client::normal(&server, &[]).await;
+    assert!(c.silent(600).await);
 }

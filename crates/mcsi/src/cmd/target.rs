@@ -23,6 +23,44 @@ pub struct Args {
     /// MaxConnections offered per session (1 to 65535).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     max_connections: Option<u16>,
+    /// Ping a connection idle this long with a NOP-In (e.g. 30s, 500ms; 0 turns pings off).
+    #[arg(long, value_name = "DURATION")]
+    nop_interval: Option<String>,
+    /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
+    #[arg(long, value_name = "DURATION")]
+    nop_timeout: Option<String>,
+    /// Require CHAP with this user and secret (repeatable; for every target and for discovery).
+    /// The secret can also come from the environment: USER:env:VARIABLE.
+    #[arg(long, value_name = "USER:SECRET")]
+    chap: Vec<String>,
+    /// Only this initiator name may log in (repeatable; for every target and for discovery).
+    #[arg(long, value_name = "IQN", conflicts_with = "allow_any")]
+    allow_initiator: Vec<String>,
+    /// Any initiator may log in (the default unless the config file restricts it).
+    #[arg(long)]
+    allow_any: bool,
+}
+
+/// A `--chap` value: USER:SECRET or USER:env:VARIABLE.
+fn chap_arg(arg: &str) -> anyhow::Result<config::ChapUser> {
+    let Some((user, secret)) = arg.split_once(':') else {
+        anyhow::bail!("--chap: expected USER:SECRET or USER:env:VARIABLE (no ':' found)");
+    };
+    let secret = match secret.strip_prefix("env:") {
+        Some(var) => std::env::var(var)
+            .with_context(|| format!("--chap {user}:env:{var}: the variable is not set"))?,
+        None => secret.to_string(),
+    };
+    let u = config::ChapUser {
+        user: user.to_string(),
+        secret,
+        mutual_user: None,
+        mutual_secret: None,
+    };
+    u.credentials()
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--chap {user}:...: {e}"))?;
+    Ok(u)
 }
 
 fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
@@ -53,10 +91,56 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 ],
                 luns,
                 limits: Limits::default(),
+                auth: Default::default(),
             }],
+            discovery_auth: Default::default(),
         }
     };
+    let nop_interval = args
+        .nop_interval
+        .as_ref()
+        .map(|v| config::duration(&Some(v.clone()), "--nop-interval", Default::default()))
+        .transpose()?;
+    let nop_timeout = args
+        .nop_timeout
+        .as_ref()
+        .map(|v| config::duration(&Some(v.clone()), "--nop-timeout", Default::default()))
+        .transpose()?;
+    if nop_timeout.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!("--nop-timeout: must be above zero (use --nop-interval 0 to turn pings off)");
+    }
+    let chap = args
+        .chap
+        .iter()
+        .map(|c| chap_arg(c))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for (i, n) in args.allow_initiator.iter().enumerate() {
+        mcsi_target::name::validate(n).with_context(|| format!("--allow-initiator #{}", i + 1))?;
+    }
+    let auths = cfg
+        .targets
+        .iter_mut()
+        .map(|t| &mut t.auth)
+        .chain(std::iter::once(&mut cfg.discovery_auth));
+    for a in auths {
+        if !chap.is_empty() {
+            a.chap = chap.clone();
+        }
+        if !args.allow_initiator.is_empty() {
+            a.allow_initiators = args.allow_initiator.clone();
+        }
+        if args.allow_any {
+            a.allow_initiators.clear();
+            a.allow_networks.clear();
+        }
+    }
     for t in cfg.targets.iter_mut() {
+        if let Some(d) = nop_interval {
+            t.limits.nop_interval = d;
+        }
+        if let Some(d) = nop_timeout {
+            t.limits.nop_timeout = d;
+        }
         if !listen_override.is_empty() {
             t.portals = listen_override.clone();
         }

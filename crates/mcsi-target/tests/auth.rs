@@ -1,0 +1,175 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! CHAP and access control over loopback, with mcsi-proto's initiator login (and its CHAP side)
+//! driving the target: one-way and mutual CHAP, wrong secrets, unknown users, allow-lists of
+//! initiator names and source networks, discovery credentials, and the login status each
+//! refusal gets (authentication 2/01, authorization 2/02, not found 2/03).
+
+mod common;
+
+use common::*;
+use mcsi_proto::chap::{ChapCredentials, ChapInitiator};
+use mcsi_proto::keys::SessionType;
+use mcsi_proto::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError};
+use mcsi_proto::pdu::*;
+use mcsi_target::config::{AuthSpec, ChapUser, Network};
+use mcsi_target::Server;
+
+const HOST: &str = "iqn.2026-01.org.mcsi:host";
+const ISID: Isid = Isid([0x80, 0, 0, 0, 0x42, 1]);
+
+fn user(name: &str, secret: &str, mutual: Option<(&str, &str)>) -> ChapUser {
+    ChapUser {
+        user: name.into(),
+        secret: secret.into(),
+        mutual_user: mutual.map(|m| m.0.into()),
+        mutual_secret: mutual.map(|m| m.1.into()),
+    }
+}
+
+/// Runs a whole login over a socket; Ok(TSIH) or the initiator's error.
+async fn login(server: &Server, mut cfg: InitiatorLoginConfig) -> Result<u16, LoginError> {
+    let mut c = Client::connect(server).await;
+    cfg.cmd_sn = 1;
+    let mut machine = InitiatorLogin::new(cfg);
+    let mut req = machine.start();
+    loop {
+        c.send(Pdu::LoginRequest(req)).await;
+        let Pdu::LoginResponse(r) = c.recv().await else {
+            panic!("not a Login Response")
+        };
+        match machine.handle(&r) {
+            InitiatorStep::Send(q) => req = q,
+            InitiatorStep::FullFeature(o) => return Ok(o.tsih),
+            InitiatorStep::Failed(e) => return Err(e),
+        }
+    }
+}
+
+fn chap(creds: ChapCredentials) -> Box<ChapInitiator> {
+    let mut n = 0u8;
+    Box::new(
+        ChapInitiator::new(creds, move |b: &mut [u8]| {
+            for x in b {
+                n = n.wrapping_add(101);
+                *x = n;
+            }
+        })
+        .unwrap(),
+    )
+}
+
+fn normal(creds: Option<ChapCredentials>) -> InitiatorLoginConfig {
+    let mut cfg = InitiatorLoginConfig::normal(HOST, IQN, ISID);
+    if let Some(c) = creds {
+        cfg.authenticator = chap(c);
+    }
+    cfg
+}
+
+fn status_of(r: Result<u16, LoginError>) -> (u8, u8) {
+    match r {
+        Err(LoginError::Status { class, detail, .. }) => (class, detail),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn one_way_chap() {
+    let server = start_with(|c| {
+        c.targets[0].auth.chap = vec![user("alice", "alice-secret-1", None)];
+    })
+    .await;
+    let tsih = login(
+        &server,
+        normal(Some(ChapCredentials::new("alice", "alice-secret-1"))),
+    )
+    .await
+    .unwrap();
+    assert_ne!(tsih, 0);
+    // Wrong secret, unknown user, no CHAP at all: authentication failure 2/01.
+    let wrong = normal(Some(ChapCredentials::new("alice", "not-the-secret")));
+    assert_eq!(status_of(login(&server, wrong).await), (2, 1));
+    let unknown = normal(Some(ChapCredentials::new("mallory", "alice-secret-1")));
+    assert_eq!(status_of(login(&server, unknown).await), (2, 1));
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 1));
+    // An unknown target: 2/03, whatever the credentials.
+    let mut cfg = normal(Some(ChapCredentials::new("alice", "alice-secret-1")));
+    cfg.target_name = Some("iqn.2026-01.org.mcsi:nope".into());
+    assert_eq!(status_of(login(&server, cfg).await), (2, 3));
+}
+
+#[tokio::test]
+async fn mutual_chap() {
+    let server = start_with(|c| {
+        c.targets[0].auth.chap = vec![user(
+            "alice",
+            "alice-secret-1",
+            Some(("disk", "target-secret-2")),
+        )];
+    })
+    .await;
+    let creds =
+        ChapCredentials::new("alice", "alice-secret-1").with_mutual("disk", "target-secret-2");
+    login(&server, normal(Some(creds))).await.unwrap();
+    // The initiator expects another target secret: the target's answer does not check out,
+    // and the initiator gives up (its own decision, not a status from the target).
+    let creds =
+        ChapCredentials::new("alice", "alice-secret-1").with_mutual("disk", "other-secret-3");
+    match login(&server, normal(Some(creds))).await {
+        Err(LoginError::Auth(_)) => {}
+        other => panic!("expected the initiator to refuse the target, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn allow_lists_refuse_with_authorization_failure() {
+    let server = start_with(|c| {
+        c.targets[0].auth = AuthSpec {
+            chap: Vec::new(),
+            allow_initiators: vec!["iqn.2026-01.org.mcsi:other".into()],
+            allow_networks: Vec::new(),
+        };
+    })
+    .await;
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
+    let mut cfg = normal(None);
+    cfg.initiator_name = "iqn.2026-01.org.mcsi:other".into();
+    login(&server, cfg).await.unwrap();
+
+    // Source networks: loopback is not in 10.0.0.0/8.
+    let server = start_with(|c| {
+        c.targets[0].auth.allow_networks = vec![Network::parse("10.0.0.0/8").unwrap()];
+    })
+    .await;
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
+    let server = start_with(|c| {
+        c.targets[0].auth.allow_networks = vec![Network::parse("127.0.0.0/8").unwrap()];
+    })
+    .await;
+    login(&server, normal(None)).await.unwrap();
+}
+
+#[tokio::test]
+async fn discovery_credentials() {
+    let server = start_with(|c| {
+        c.discovery_auth.chap = vec![user("seeker", "discovery-secret", None)];
+    })
+    .await;
+    let disc = |creds: Option<ChapCredentials>| {
+        let mut cfg = InitiatorLoginConfig::discovery(HOST, ISID);
+        assert_eq!(cfg.session_type, SessionType::Discovery);
+        if let Some(c) = creds {
+            cfg.authenticator = chap(c);
+        }
+        cfg
+    };
+    assert_eq!(status_of(login(&server, disc(None)).await), (2, 1));
+    login(
+        &server,
+        disc(Some(ChapCredentials::new("seeker", "discovery-secret"))),
+    )
+    .await
+    .unwrap();
+    // The target itself stays open: its auth table is empty.
+    login(&server, normal(None)).await.unwrap();
+}

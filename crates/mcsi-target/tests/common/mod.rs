@@ -1,0 +1,321 @@
+//! A small raw-PDU iSCSI client on mcsi-proto's codec, and a target on an ephemeral loopback
+//! port, shared by the integration tests.
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::*;
+use mcsi_target::config::{LunSpec, ServerConfig, TargetSpec};
+use mcsi_target::Server;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const IQN: &str = "iqn.2026-01.org.mcsi:test";
+
+/// A target whose configuration `f` adjusts (after [`config`]).
+pub async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> Server {
+    let mut cfg = config(|_| {});
+    f(&mut cfg);
+    Server::start(&cfg).await.unwrap()
+}
+
+pub async fn start(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> Server {
+    Server::start(&config(limits)).await.unwrap()
+}
+
+/// One target, one 16 MiB RAM LUN, an ephemeral loopback portal.
+pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerConfig {
+    let mut l = mcsi_target::config::Limits::default();
+    limits(&mut l);
+    ServerConfig {
+        targets: vec![TargetSpec {
+            iqn: IQN.into(),
+            alias: None,
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+            luns: vec![LunSpec {
+                backend: "ram:16MiB".into(),
+                block_size: 512,
+                read_only: false,
+                serial: None,
+            }],
+            limits: l,
+            auth: Default::default(),
+        }],
+        discovery_auth: Default::default(),
+    }
+}
+
+pub struct Client {
+    pub s: TcpStream,
+    pub buf: BytesMut,
+    pub framing: Framing,
+    pub cmd_sn: u32,
+    pub itt: u32,
+    pub tsih: u16,
+    /// Every key of every Login Response of the last login.
+    pub login_keys: Vec<(String, String)>,
+}
+
+pub fn text(pairs: &[(&str, &str)]) -> Bytes {
+    let mut v = Vec::new();
+    for (k, val) in pairs {
+        v.extend_from_slice(format!("{k}={val}\0").as_bytes());
+    }
+    Bytes::from(v)
+}
+
+impl Client {
+    pub async fn connect(server: &Server) -> Client {
+        let s = TcpStream::connect(server.local_addrs()[0]).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        Client {
+            s,
+            buf: BytesMut::new(),
+            framing: Framing::default(),
+            cmd_sn: 1,
+            itt: 1,
+            tsih: 0,
+            login_keys: Vec::new(),
+        }
+    }
+
+    pub async fn send(&mut self, p: Pdu) {
+        let e = p.encode(&self.framing);
+        self.s.write_all(&e.to_vec()).await.unwrap();
+    }
+
+    pub async fn recv(&mut self) -> Pdu {
+        tokio::time::timeout(Duration::from_secs(5), self.recv_inner())
+            .await
+            .expect("no PDU within 5 s")
+    }
+
+    pub async fn recv_inner(&mut self) -> Pdu {
+        let f = Framing {
+            max_data_segment_length: 1 << 24,
+            ..self.framing
+        };
+        loop {
+            if let Some(p) = decode(&mut self.buf, &f).unwrap() {
+                return p;
+            }
+            assert!(
+                self.s.read_buf(&mut self.buf).await.unwrap() > 0,
+                "connection closed"
+            );
+        }
+    }
+
+    /// Nothing arrives within `ms`.
+    pub async fn silent(&mut self, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), self.recv_inner())
+            .await
+            .is_err()
+    }
+
+    pub async fn login(
+        &mut self,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        keys: &[(&str, &str)],
+    ) -> LoginResponse {
+        let mut all = vec![("InitiatorName", "iqn.2026-01.org.mcsi:client")];
+        all.extend_from_slice(keys);
+        let mut data = text(&all);
+        for _ in 0..4 {
+            self.send(Pdu::LoginRequest(LoginRequest {
+                transit: true,
+                continue_: false,
+                csg: Stage::Operational,
+                nsg: Stage::FullFeature,
+                version_max: 0,
+                version_min: 0,
+                isid: Isid(isid),
+                tsih,
+                itt: 0,
+                cid,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: 0,
+                data,
+            }))
+            .await;
+            let Pdu::LoginResponse(r) = self.recv().await else {
+                panic!("not a login response")
+            };
+            if r.status_class == 0 {
+                self.login_keys
+                    .extend(mcsi_proto::text::parse(&r.data, &Default::default()).unwrap());
+            }
+            if r.status_class != 0 || r.transit {
+                self.tsih = r.tsih;
+                return r;
+            }
+            // The target offered keys of its own (RFC 7143 6.2): accept its values.
+            let offers: Vec<(String, String)> =
+                mcsi_proto::text::parse(&r.data, &Default::default())
+                    .unwrap()
+                    .into_iter()
+                    .filter(|(k, _)| {
+                        !all.iter().any(|(s, _)| s == k)
+                            && !matches!(
+                                k.as_str(),
+                                "MaxRecvDataSegmentLength" | "TargetPortalGroupTag" | "TargetAlias"
+                            )
+                    })
+                    .collect();
+            assert!(!offers.is_empty(), "target held the login without offers");
+            data = mcsi_proto::text::encode(&offers);
+        }
+        panic!("login did not complete in 4 rounds")
+    }
+
+    pub async fn normal(server: &Server, keys: &[(&str, &str)]) -> Client {
+        Self::normal_isid(server, [0x80, 1, 2, 3, 4, 5], keys).await
+    }
+
+    /// Logs in to a normal session and clears the power-on unit attention.
+    pub async fn normal_isid(server: &Server, isid: [u8; 6], keys: &[(&str, &str)]) -> Client {
+        let mut c = Client::connect(server).await;
+        let mut k = vec![
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("MaxConnections", "4"),
+        ];
+        k.extend_from_slice(keys);
+        let r = c.login(isid, 0, 0, &k).await;
+        assert_eq!((r.status_class, r.status_detail), (0, 0));
+        assert!(r.transit && r.nsg == Stage::FullFeature);
+        c.cmd_sn = r.exp_cmd_sn;
+        for _ in 0..3 {
+            let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
+            let itt = tur.itt;
+            c.send(Pdu::ScsiCommand(tur)).await;
+            let (_, st, _, _, _) = c.read_result(itt).await;
+            if st == 0 {
+                break;
+            }
+        }
+        c
+    }
+
+    /// Logs in another connection (`cid`) to `lead`'s session: same ISID, its TSIH.
+    pub async fn join(server: &Server, lead: &Client, cid: u16) -> (Client, LoginResponse) {
+        let mut c = Client::connect(server).await;
+        c.cmd_sn = lead.cmd_sn;
+        // ITTs are session-wide: keep this connection's apart from the others'.
+        c.itt = u32::from(cid) << 20;
+        let r = c
+            .login(
+                [0x80, 1, 2, 3, 4, 5],
+                lead.tsih,
+                cid,
+                &[("TargetName", IQN)],
+            )
+            .await;
+        (c, r)
+    }
+
+    /// An immediate Logout Request (reason 0: session, 1: connection `cid`).
+    pub async fn logout(&mut self, reason: u8, cid: u16) -> LogoutResponse {
+        let itt = self.next_itt();
+        self.send(Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason,
+            itt,
+            cid,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+        }))
+        .await;
+        match self.recv().await {
+            Pdu::LogoutResponse(r) if r.itt == itt => r,
+            other => panic!("expected a Logout Response, got {other:?}"),
+        }
+    }
+
+    /// The target closes the connection within 5 s (anything still queued is read and dropped).
+    pub async fn closed_by_target(&mut self) -> bool {
+        let mut tmp = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), self.s.read(&mut tmp)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    pub fn next_itt(&mut self) -> u32 {
+        self.itt += 1;
+        self.itt
+    }
+
+    pub fn command(
+        &mut self,
+        cdb: &[u8],
+        read: bool,
+        write: bool,
+        edtl: u32,
+        data: Bytes,
+        final_: bool,
+    ) -> ScsiCommand {
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        let itt = self.next_itt();
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_,
+            read,
+            write,
+            attr: TaskAttr::Simple,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Bytes::copy_from_slice(&c),
+            bidi_read_length: None,
+            data,
+        };
+        self.cmd_sn += 1;
+        cmd
+    }
+
+    /// Collects Data-In until status; returns (data, status PDU fields).
+    pub async fn read_result(&mut self, itt: u32) -> (Vec<u8>, u8, bool, bool, u32) {
+        let mut data = Vec::new();
+        loop {
+            match self.recv().await {
+                Pdu::DataIn(d) => {
+                    assert_eq!(d.itt, itt);
+                    assert_eq!(d.buffer_offset as usize, data.len());
+                    data.extend_from_slice(&d.data);
+                    if let Some(s) = d.status {
+                        return (data, s, d.overflow, d.underflow, d.residual_count);
+                    }
+                }
+                Pdu::ScsiResponse(r) => {
+                    assert_eq!(r.itt, itt);
+                    return (data, r.status, r.overflow, r.underflow, r.residual_count);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+pub fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub fn pattern(n: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
+}

@@ -1,0 +1,334 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Multiple connections per session (RFC 7143 MC/S) over real loopback sockets: MaxConnections,
+//! joining and reinstating connections, CmdSN order across connections, session-wide
+//! ExpCmdSN, per-connection StatSN, and logging out one connection while the others go on.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use mcsi_proto::pdu::*;
+
+/// What ended a task: data, status, StatSN and ExpCmdSN of the status-carrying PDU.
+struct Done {
+    data: Vec<u8>,
+    status: u8,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+}
+
+async fn result(c: &mut Client, itt: u32) -> Done {
+    let mut data = Vec::new();
+    loop {
+        match c.recv().await {
+            Pdu::DataIn(d) if d.itt == itt => {
+                data.extend_from_slice(&d.data);
+                if let Some(status) = d.status {
+                    return Done {
+                        data,
+                        status,
+                        stat_sn: d.stat_sn,
+                        exp_cmd_sn: d.exp_cmd_sn,
+                    };
+                }
+            }
+            Pdu::ScsiResponse(r) if r.itt == itt => {
+                return Done {
+                    data,
+                    status: r.status,
+                    stat_sn: r.stat_sn,
+                    exp_cmd_sn: r.exp_cmd_sn,
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// The value of `k` in the responses of `c`'s last login.
+fn key(c: &Client, k: &str) -> Option<String> {
+    c.login_keys
+        .iter()
+        .find(|(x, _)| x == k)
+        .map(|(_, v)| v.clone())
+}
+
+const TUR: [u8; 6] = [0; 6];
+
+#[tokio::test]
+async fn max_connections_is_negotiated_and_enforced() {
+    // Default limit 8: an initiator asking for 16 gets 8; one that says nothing is offered 8.
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login(
+            [0x80, 0, 0, 0, 9, 1],
+            0,
+            0,
+            &[("TargetName", IQN), ("MaxConnections", "16")],
+        )
+        .await;
+    assert_eq!(r.status_class, 0);
+    assert_eq!(key(&c, "MaxConnections").as_deref(), Some("8"));
+    // The minimum function (RFC 7143 13.2): an initiator asking for 3 gets 3.
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login(
+            [0x80, 0, 0, 0, 9, 2],
+            0,
+            0,
+            &[("TargetName", IQN), ("MaxConnections", "3")],
+        )
+        .await;
+    assert_eq!(r.status_class, 0);
+    assert_eq!(key(&c, "MaxConnections").as_deref(), Some("3"));
+
+    // A limit of 2: the third CID is refused with 2/06, a known CID reinstates its connection.
+    let server = start(|l| l.max_connections = 2).await;
+    let mut a = Client::connect(&server).await;
+    let r = a
+        .login(
+            [0x80, 1, 2, 3, 4, 5],
+            0,
+            0,
+            &[("TargetName", IQN), ("MaxConnections", "4")],
+        )
+        .await;
+    assert_eq!(key(&a, "MaxConnections").as_deref(), Some("2"));
+    a.cmd_sn = r.exp_cmd_sn;
+    let (mut b, r) = Client::join(&server, &a, 1).await;
+    assert_eq!((r.status_class, r.status_detail, r.tsih), (0, 0, a.tsih));
+    let (_, r) = Client::join(&server, &a, 2).await;
+    assert_eq!((r.status_class, r.status_detail), (2, 6));
+    let (mut b2, r) = Client::join(&server, &a, 1).await;
+    assert_eq!((r.status_class, r.tsih), (0, a.tsih));
+    assert!(
+        b.closed_by_target().await,
+        "the reinstated connection is closed"
+    );
+    // The session goes on over both connections.
+    let first = a.cmd_sn;
+    for (sn, c) in (first..).zip([&mut a, &mut b2]) {
+        c.cmd_sn = sn;
+        let cmd = c.command(&TUR, false, false, 0, Bytes::new(), true);
+        let itt = cmd.itt;
+        c.send(Pdu::ScsiCommand(cmd)).await;
+        let _ = result(c, itt).await;
+    }
+}
+
+#[tokio::test]
+async fn cmd_sn_order_across_connections() {
+    let server = start(|_| {}).await;
+    let mut a = Client::normal(&server, &[]).await;
+    let (mut b, login_b) = Client::join(&server, &a, 1).await;
+    assert_eq!(login_b.status_class, 0);
+    let n = a.cmd_sn;
+    let data = pattern(4096, 7);
+
+    // READ with CmdSN n+1 goes first, on B: it waits for the WRITE with CmdSN n. ORDERED, so
+    // that it also waits in the task set for the WRITE to end (SIMPLE tasks may run in any
+    // order, SAM-5 8.6); what is tested is that the WRITE enters the task set first.
+    b.cmd_sn = n + 1;
+    let mut read = b.command(&rw10(0x28, 40, 8), true, false, 4096, Bytes::new(), true);
+    read.attr = TaskAttr::Ordered;
+    let read_itt = read.itt;
+    b.send(Pdu::ScsiCommand(read)).await;
+    assert!(b.silent(300).await, "the READ must wait for CmdSN {n}");
+
+    // The WRITE (immediate data) with CmdSN n on A.
+    a.cmd_sn = n;
+    let write = a.command(&rw10(0x2a, 40, 8), false, true, 4096, data.clone(), true);
+    let write_itt = write.itt;
+    a.send(Pdu::ScsiCommand(write)).await;
+    let w = result(&mut a, write_itt).await;
+    let r = result(&mut b, read_itt).await;
+    assert_eq!((w.status, r.status), (0, 0));
+    assert!(
+        r.data == data[..],
+        "the READ did not see the WRITE that preceded it in CmdSN order"
+    );
+    // ExpCmdSN is session-wide: both commands counted on both connections.
+    assert_eq!(r.exp_cmd_sn, n + 2);
+    // StatSN is per connection: B's first status follows its login's StatSN.
+    assert_eq!(r.stat_sn, login_b.stat_sn.wrapping_add(1));
+
+    // Each connection's StatSN advances by one per status, whatever the other carried.
+    let (mut last_a, mut last_b) = (w.stat_sn, r.stat_sn);
+    let mut next = n + 2;
+    for _ in 0..3 {
+        for (c, last) in [(&mut a, &mut last_a), (&mut b, &mut last_b)] {
+            c.cmd_sn = next;
+            next += 1;
+            let cmd = c.command(&TUR, false, false, 0, Bytes::new(), true);
+            let itt = cmd.itt;
+            c.send(Pdu::ScsiCommand(cmd)).await;
+            let d = result(c, itt).await;
+            assert_eq!(d.status, 0);
+            assert_eq!(d.stat_sn, last.wrapping_add(1));
+            *last = d.stat_sn;
+        }
+    }
+}
+
+#[tokio::test]
+async fn cmd_sn_gap_holds_later_commands_until_filled() {
+    let server = start(|_| {}).await;
+    let mut a = Client::normal(&server, &[]).await;
+    let (mut b, _) = Client::join(&server, &a, 1).await;
+    let n = a.cmd_sn;
+    // n+1 and n+2 on A wait behind the gap at n.
+    a.cmd_sn = n + 1;
+    let c1 = a.command(&TUR, false, false, 0, Bytes::new(), true);
+    let c2 = a.command(&TUR, false, false, 0, Bytes::new(), true);
+    let (i1, i2) = (c1.itt, c2.itt);
+    a.send(Pdu::ScsiCommand(c2)).await;
+    a.send(Pdu::ScsiCommand(c1)).await;
+    assert!(a.silent(300).await, "commands behind a CmdSN gap must wait");
+    // A NOP-Out ping (immediate) is not held by the gap.
+    let ping = a.next_itt();
+    a.send(Pdu::NopOut(NopOut {
+        immediate: true,
+        lun: 0,
+        itt: ping,
+        ttt: RESERVED_TAG,
+        cmd_sn: n,
+        exp_stat_sn: 0,
+        data: Bytes::new(),
+    }))
+    .await;
+    let Pdu::NopIn(p) = a.recv().await else {
+        panic!("no NOP-In")
+    };
+    assert_eq!((p.itt, p.exp_cmd_sn), (ping, n));
+    // n on B fills the gap: all three run.
+    b.cmd_sn = n;
+    let c0 = b.command(&TUR, false, false, 0, Bytes::new(), true);
+    let i0 = c0.itt;
+    b.send(Pdu::ScsiCommand(c0)).await;
+    assert_eq!(result(&mut b, i0).await.status, 0);
+    let mut got = vec![];
+    for _ in 0..2 {
+        let Pdu::ScsiResponse(r) = a.recv().await else {
+            panic!()
+        };
+        got.push(r.itt);
+    }
+    got.sort();
+    assert_eq!(got, vec![i1, i2]);
+}
+
+/// A WRITE on `c` that waits for solicited data: returns (ITT, R2T).
+async fn pending_write(c: &mut Client, lba: u32) -> (u32, R2t) {
+    let cmd = c.command(&rw10(0x2a, lba, 8), false, true, 4096, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    match c.recv().await {
+        Pdu::R2t(r) if r.itt == itt => (itt, r),
+        other => panic!("expected an R2T, got {other:?}"),
+    }
+}
+
+async fn send_data(c: &mut Client, itt: u32, r2t: &R2t, data: &Bytes) {
+    c.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt,
+        ttt: r2t.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: r2t.buffer_offset,
+        data: data.slice(
+            r2t.buffer_offset as usize
+                ..(r2t.buffer_offset + r2t.desired_data_transfer_length) as usize,
+        ),
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn logging_out_one_connection_keeps_the_others_and_their_tasks() {
+    // InitialR2T=Yes: a WRITE without immediate data waits for an R2T-solicited Data-Out.
+    let server = start(|l| {
+        l.initial_r2t = true;
+        l.immediate_data = false;
+    })
+    .await;
+    let mut a = Client::normal(&server, &[]).await;
+    let (mut b, _) = Client::join(&server, &a, 1).await;
+    let (mut c, _) = Client::join(&server, &a, 2).await;
+    let (mut d, _) = Client::join(&server, &a, 3).await;
+    let data = pattern(4096, 3);
+
+    let (itt, r2t) = pending_write(&mut a, 60).await;
+    assert_eq!(r2t.desired_data_transfer_length, 4096);
+
+    // B logs itself out (reason 1, its own CID).
+    let r = b.logout(1, 1).await;
+    assert_eq!(r.response, 0);
+    assert!(b.closed_by_target().await);
+
+    // C logs out D (reason 1 with another connection's CID, RFC 7143 11.14).
+    c.cmd_sn = a.cmd_sn;
+    let r = c.logout(1, 3).await;
+    assert_eq!(r.response, 0);
+    assert!(d.closed_by_target().await, "D is closed by C's logout");
+    // A CID that is not (or no longer) in the session: "CID not found".
+    assert_eq!(c.logout(1, 3).await.response, 1);
+
+    // A's task survived both logouts: it completes, and the data is there.
+    send_data(&mut a, itt, &r2t, &data).await;
+    assert_eq!(result(&mut a, itt).await.status, 0);
+    let read = a.command(&rw10(0x28, 60, 8), true, false, 4096, Bytes::new(), true);
+    let ritt = read.itt;
+    a.send(Pdu::ScsiCommand(read)).await;
+    assert!(result(&mut a, ritt).await.data == data[..], "data lost");
+
+    // C goes on too.
+    c.cmd_sn = a.cmd_sn;
+    let cmd = c.command(&TUR, false, false, 0, Bytes::new(), true);
+    let titt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    assert_eq!(result(&mut c, titt).await.status, 0);
+
+    // A task on a connection that logs itself out ends with it; the others go on.
+    let (_citt, _) = pending_write(&mut c, 70).await;
+    a.cmd_sn = c.cmd_sn;
+    let r = c.logout(1, 2).await;
+    assert_eq!(r.response, 0);
+    assert!(c.closed_by_target().await);
+    let cmd = a.command(&TUR, false, false, 0, Bytes::new(), true);
+    let titt = cmd.itt;
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    assert_eq!(result(&mut a, titt).await.status, 0);
+}
+
+#[tokio::test]
+async fn asymmetric_mode_is_refused_so_allegiance_holds() {
+    // The vendor key is known (answered, not NotUnderstood) but always agreed as No.
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login(
+            [0x80, 0, 0, 0, 9, 3],
+            0,
+            0,
+            &[("TargetName", IQN), ("X-org.mcsi.Asymmetric", "Yes")],
+        )
+        .await;
+    assert_eq!(r.status_class, 0);
+    assert_eq!(key(&c, "X-org.mcsi.Asymmetric").as_deref(), Some("No"));
+    // An unknown vendor key is not understood.
+    let mut c = Client::connect(&server).await;
+    c.login(
+        [0x80, 0, 0, 0, 9, 4],
+        0,
+        0,
+        &[("TargetName", IQN), ("X-org.example.Other", "1")],
+    )
+    .await;
+    assert_eq!(
+        key(&c, "X-org.example.Other").as_deref(),
+        Some("NotUnderstood")
+    );
+}
