@@ -44,8 +44,13 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
 /// Parses a size in bytes: `4096`, `4k`, `4KiB`, `64M`, `1GiB`, `2T`. Suffixes are binary.
 pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     const WHAT: &str = "size";
-    let (v, unit) = split_number(s)
-        .ok_or_else(|| err(WHAT, s, "expected a number with an optional unit, e.g. 4KiB or 1GiB"))?;
+    let (v, unit) = split_number(s).ok_or_else(|| {
+        err(
+            WHAT,
+            s,
+            "expected a number with an optional unit, e.g. 4KiB or 1GiB",
+        )
+    })?;
     let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -75,8 +80,13 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 /// or bytes per second with tc's `bps` forms (`10mbps` = 80 Mbit/s).
 pub fn parse_rate(s: &str) -> Result<f64, UnitError> {
     const WHAT: &str = "rate";
-    let (v, unit) = split_number(s)
-        .ok_or_else(|| err(WHAT, s, "expected a number with a unit, e.g. 5mbit or 100kbit"))?;
+    let (v, unit) = split_number(s).ok_or_else(|| {
+        err(
+            WHAT,
+            s,
+            "expected a number with a unit, e.g. 5mbit or 100kbit",
+        )
+    })?;
     let bits: f64 = match unit.to_ascii_lowercase().as_str() {
         "" | "bit" | "bit/s" => 1.0,
         "k" | "kbit" | "kbit/s" => 1e3,
