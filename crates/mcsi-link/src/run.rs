@@ -8,6 +8,10 @@
 //!
 //! Both TUN devices are non-persistent and the namespace is anonymous: they vanish with the
 //! process, even when it is killed. The command gets SIGKILL if the emulator dies first.
+//!
+//! Host commands (`sh -c`, in the host namespace, each in its own process group) start once the
+//! link is up, so that servers can bind the host-side link address instead of every interface;
+//! they are stopped when the command exits.
 
 use crate::link::{Delivery, Dir, Link};
 use crate::pcap::PcapWriter;
@@ -18,7 +22,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,8 +44,28 @@ pub struct RunOptions {
     pub pcap: Option<PathBuf>,
     /// Write one JSON line per packet event (deliver, drop, filtered) here.
     pub log: Option<PathBuf>,
-    /// How long the command gets after SIGTERM/SIGINT was passed on before SIGKILL.
+    /// How long the command gets after SIGTERM/SIGINT was passed on before SIGKILL, and host
+    /// commands after SIGTERM once the command has exited.
     pub kill_grace: Duration,
+    /// Shell commands run on the host side (`sh -c`) once the link is up, with
+    /// `MCSI_LINK_PEER` = host-side address and `MCSI_LINK_ADDR` = command-side address.
+    pub host_commands: Vec<String>,
+    /// TCP ports that must be listening on the host-side address before the command starts.
+    pub host_wait: Vec<u16>,
+    /// How long to wait for `host_wait` ports.
+    pub host_wait_timeout: Duration,
+}
+
+/// How a host command ended.
+#[derive(Debug, Clone)]
+pub struct HostOutcome {
+    pub command: String,
+    /// Readable form of how it ended.
+    pub status: String,
+    /// Exit code, if it exited rather than being ended by a signal.
+    pub code: Option<i32>,
+    /// True if it ended while the command was still running (not stopped by the emulator).
+    pub ended_early: bool,
 }
 
 #[derive(Debug)]
@@ -53,6 +77,8 @@ pub struct RunOutcome {
     pub summary: Summary,
     pub host_addr: Ipv4Addr,
     pub command_addr: Ipv4Addr,
+    /// One entry per host command, in the order given.
+    pub host: Vec<HostOutcome>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +97,333 @@ pub enum RunError {
     Output { what: String, err: io::Error },
     #[error("the {0} thread panicked")]
     Thread(&'static str),
+    #[error("cannot start host command '{command}': {err}")]
+    HostSpawn { command: String, err: io::Error },
+    #[error(
+        "host command '{command}' ended ({status}) before {addr}:{port} accepted TCP connections"
+    )]
+    HostDied {
+        command: String,
+        status: String,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    #[error(
+        "nothing listened on {addr}:{port} within {timeout:?} (host commands still running: {running}); \
+         a host server must listen on $MCSI_LINK_PEER:{port}"
+    )]
+    HostWaitTimeout {
+        addr: Ipv4Addr,
+        port: u16,
+        timeout: Duration,
+        running: String,
+    },
+    #[error("{signal} received while waiting for host commands; nothing was run behind the link")]
+    Interrupted { signal: String },
+}
+
+fn exit_text(status: std::process::ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("killed by {}", sys::signal_name(s)),
+        _ => "unknown status".into(),
+    }
+}
+
+/// A host command: `sh -c` in its own process group, so that stopping it reaches whatever the
+/// shell started.
+struct HostProc {
+    command: String,
+    child: std::process::Child,
+    pgid: u32,
+    done: Option<(std::process::ExitStatus, bool)>,
+}
+
+impl HostProc {
+    fn spawn(command: &str, host: Ipv4Addr, cmd_addr: Ipv4Addr) -> Result<Self, RunError> {
+        let spawn_err = |err| RunError::HostSpawn {
+            command: command.to_string(),
+            err,
+        };
+        // Standard output goes to standard error: the command's output stays alone on stdout.
+        let out = io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(spawn_err)?;
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg(command)
+            .env("MCSI_LINK_PEER", host.to_string())
+            .env("MCSI_LINK_ADDR", cmd_addr.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(out))
+            .process_group(0);
+        // SAFETY: getpid is async-signal-safe.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                if libc::getppid() != parent {
+                    libc::_exit(137);
+                }
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let child = c.spawn().map_err(spawn_err)?;
+        let pgid = child.id();
+        tracing::debug!("host command '{command}' started, pid {pgid}");
+        Ok(Self {
+            command: command.to_string(),
+            child,
+            pgid,
+            done: None,
+        })
+    }
+
+    /// Reaps the shell if it ended; `early` records whether the command was still running.
+    fn poll(&mut self, early: bool) -> Option<std::process::ExitStatus> {
+        if self.done.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.done = Some((st, early));
+            }
+        }
+        self.done.map(|(st, _)| st)
+    }
+
+    /// As [`Self::poll`] while the command runs; a failure is reported as it is seen.
+    fn poll_running(&mut self) {
+        if self.done.is_none() {
+            if let Some(st) = self.poll(true) {
+                if !st.success() {
+                    tracing::warn!(
+                        "host command '{}' ended ({}) while the command was running",
+                        self.command,
+                        exit_text(st)
+                    );
+                }
+            }
+        }
+    }
+
+    fn signal_group(&self, sig: libc::c_int) {
+        if let Ok(p) = libc::pid_t::try_from(self.pgid) {
+            // SAFETY: kill(2) on our own process group; ESRCH when it is already empty.
+            unsafe {
+                libc::kill(-p, sig);
+            }
+        }
+    }
+
+    fn outcome(&self) -> HostOutcome {
+        match self.done {
+            Some((st, early)) => HostOutcome {
+                command: self.command.clone(),
+                status: exit_text(st),
+                code: st.code(),
+                ended_early: early,
+            },
+            None => HostOutcome {
+                command: self.command.clone(),
+                status: "still running".into(),
+                code: None,
+                ended_early: false,
+            },
+        }
+    }
+}
+
+/// Kills the host commands' process groups should this process die without stopping them
+/// (SIGKILL): the shells themselves get PR_SET_PDEATHSIG, but what they started does not. A
+/// shell in its own process group waits on a pipe whose only writer is this process (the end
+/// is close-on-exec); end of file, on any exit, sends SIGKILL to the groups. Dropped after
+/// [`stop_hosts`], it finds them empty.
+struct Watchdog {
+    child: std::process::Child,
+}
+
+impl Watchdog {
+    fn spawn(pgids: &[u32]) -> Option<Self> {
+        if pgids.is_empty() {
+            return None;
+        }
+        let groups: Vec<String> = pgids.iter().map(|p| format!("-{p}")).collect();
+        let script = format!(
+            "read _; kill -s KILL -- {} 2>/dev/null; exit 0",
+            groups.join(" ")
+        );
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        match c.spawn() {
+            Ok(child) => Some(Self { child }),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the host command watchdog ({e}); if mcsi link is killed, \
+                     what host commands started may outlive it"
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Stops every host command: SIGTERM to each process group (also to the groups of shells that
+/// already exited, for what they left behind), SIGKILL to those still there after `grace`.
+fn stop_hosts(hosts: &mut [HostProc], grace: Duration) {
+    for h in hosts.iter_mut() {
+        h.poll(false);
+        h.signal_group(libc::SIGTERM);
+    }
+    let t = Instant::now();
+    while t.elapsed() < grace {
+        if hosts.iter_mut().all(|h| h.poll(false).is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for h in hosts.iter_mut() {
+        if h.poll(false).is_none() {
+            tracing::warn!(
+                "host command '{}' did not exit within {grace:?} of SIGTERM; killing it",
+                h.command
+            );
+        }
+        h.signal_group(libc::SIGKILL);
+        if h.done.is_none() {
+            if let Ok(st) = h.child.wait() {
+                h.done = Some((st, false));
+            }
+        }
+    }
+}
+
+/// True if a TCP socket in LISTEN state covers `addr:port` in this namespace: bound to it or to
+/// the wildcard. Read from /proc/net/tcp{,6} rather than by connecting, so that one-shot servers
+/// (`iperf3 -s -1`) do not take the probe for their one client.
+fn listening(addr: Ipv4Addr, port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .any(|f| listening_in(&std::fs::read_to_string(f).unwrap_or_default(), addr, port))
+}
+
+/// [`listening`] on the text of /proc/net/tcp or /proc/net/tcp6.
+fn listening_in(table: &str, addr: Ipv4Addr, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let matches = |local: &str| -> bool {
+        let Some((a, p)) = local.split_once(':') else {
+            return false;
+        };
+        if u16::from_str_radix(p, 16) != Ok(port) {
+            return false;
+        }
+        // The kernel prints each 32-bit word of the address as the host-order value of its
+        // network-order bytes.
+        let words: Option<Vec<[u8; 4]>> = (0..a.len() / 8)
+            .map(|i| {
+                a.get(i * 8..i * 8 + 8)
+                    .and_then(|w| u32::from_str_radix(w, 16).ok())
+                    .map(u32::to_ne_bytes)
+            })
+            .collect();
+        match words.as_deref() {
+            Some([w]) => {
+                let ip = Ipv4Addr::from(*w);
+                ip == addr || ip.is_unspecified()
+            }
+            Some([w0, w1, w2, w3]) => {
+                let mut b = [0u8; 16];
+                for (i, w) in [w0, w1, w2, w3].iter().enumerate() {
+                    b[i * 4..i * 4 + 4].copy_from_slice(&w[..]);
+                }
+                let ip = std::net::Ipv6Addr::from(b);
+                ip.is_unspecified() || ip.to_ipv4_mapped() == Some(addr)
+            }
+            _ => false,
+        }
+    };
+    table.lines().any(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        cols.len() > 3 && cols[3] == LISTEN && matches(cols[1])
+    })
+}
+
+/// Waits until every port in `ports` listens on `addr`, failing early if a host command ends
+/// or a terminating signal arrives.
+fn wait_ports(
+    hosts: &mut [HostProc],
+    addr: Ipv4Addr,
+    ports: &[u16],
+    timeout: Duration,
+    set: &libc::sigset_t,
+) -> Result<(), RunError> {
+    let t = Instant::now();
+    for &port in ports {
+        loop {
+            if listening(addr, port) {
+                tracing::debug!("{addr}:{port} is listening");
+                break;
+            }
+            for h in hosts.iter_mut() {
+                if let Some(st) = h.poll(true) {
+                    return Err(RunError::HostDied {
+                        command: h.command.clone(),
+                        status: exit_text(st),
+                        addr,
+                        port,
+                    });
+                }
+            }
+            if t.elapsed() > timeout {
+                let running: Vec<String> = hosts
+                    .iter()
+                    .filter(|h| h.done.is_none())
+                    .map(|h| format!("'{}'", h.command))
+                    .collect();
+                return Err(RunError::HostWaitTimeout {
+                    addr,
+                    port,
+                    timeout,
+                    running: if running.is_empty() {
+                        "none".into()
+                    } else {
+                        running.join(", ")
+                    },
+                });
+            }
+            if let Some((sig, _)) = sys::wait_signal(set, 20) {
+                if sig != libc::SIGCHLD {
+                    return Err(RunError::Interrupted {
+                        signal: sys::signal_name(sig),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Picks a /30 in 100.64.0.0/10 (shared address space, RFC 6598) from the pid, skipping any
@@ -411,6 +764,29 @@ fn run_blocked(
         forwarder.join().map_err(|_| RunError::Thread("forwarding"))
     };
 
+    // Host commands after the link is up: the host-side address exists for them to bind.
+    let mut hosts: Vec<HostProc> = Vec::with_capacity(opts.host_commands.len());
+    let spawned = opts.host_commands.iter().try_for_each(|c| {
+        hosts.push(HostProc::spawn(c, host, cmd_addr)?);
+        Ok(())
+    });
+    let watchdog = Watchdog::spawn(&hosts.iter().map(|h| h.pgid).collect::<Vec<_>>());
+    let started = spawned.and_then(|()| {
+        wait_ports(
+            &mut hosts,
+            host,
+            &opts.host_wait,
+            opts.host_wait_timeout,
+            set,
+        )
+    });
+    if let Err(e) = started {
+        stop_hosts(&mut hosts, opts.kill_grace);
+        drop(watchdog);
+        let _ = shutdown(forwarder);
+        return Err(e);
+    }
+
     let mut command = std::process::Command::new(&program);
     command
         .args(&opts.command[1..])
@@ -439,6 +815,8 @@ fn run_blocked(
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(source) => {
+            stop_hosts(&mut hosts, opts.kill_grace);
+            drop(watchdog);
             let _ = shutdown(forwarder);
             return Err(RunError::Spawn {
                 program: program.to_string_lossy().into_owned(),
@@ -469,6 +847,9 @@ fn run_blocked(
                 term_since.get_or_insert_with(Instant::now);
             }
         }
+        for h in hosts.iter_mut() {
+            h.poll_running();
+        }
         if let Some(t) = term_since {
             if !killed && t.elapsed() > opts.kill_grace {
                 tracing::warn!("the command did not exit; killing it");
@@ -477,24 +858,76 @@ fn run_blocked(
             }
         }
     };
+    stop_hosts(&mut hosts, opts.kill_grace);
+    drop(watchdog);
     let summary = shutdown(forwarder)?;
     let status = status.map_err(|source| RunError::Output {
         what: "wait for the command".into(),
         err: source,
     })?;
-    let (code, text) = match (status.code(), status.signal()) {
-        (Some(c), _) => ((c & 0xff) as u8, format!("exit status {c}")),
-        (None, Some(s)) => (
-            (128 + s).clamp(0, 255) as u8,
-            format!("killed by {}", sys::signal_name(s)),
-        ),
-        _ => (1, "unknown status".into()),
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => (c & 0xff) as u8,
+        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+        _ => 1,
     };
+    let text = exit_text(status);
     Ok(RunOutcome {
         code,
         status: text,
         summary,
         host_addr: host,
         command_addr: cmd_addr,
+        host: hosts.iter().map(HostProc::outcome).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Lines as the kernel prints them on a little-endian machine (addresses hand-encoded:
+    // 100.64.0.1 is the bytes 64 40 00 01, printed as the u32 0x01004064; 3260 = 0x0CBC).
+    const V4: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 01004064:0CBC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:1451 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 01004064:1452 02004064:9C40 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 00000000:1453 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1
+";
+    const V6: &str =
+        "  sl  local_address                         remote_address                        st
+   0: 0000000000000000FFFF000001004064:1454 00000000000000000000000000000000:0000 0A
+   1: 00000000000000000000000000000000:1455 00000000000000000000000000000000:0000 0A
+   2: 00000000000000000000000001000000:1456 00000000000000000000000000000000:0000 0A
+";
+
+    #[test]
+    fn listen_table_parsing() {
+        if !cfg!(target_endian = "little") {
+            return;
+        }
+        let peer = Ipv4Addr::new(100, 64, 0, 1);
+        assert!(listening_in(V4, peer, 3260));
+        // Listening on loopback only: not reachable at the link address.
+        assert!(!listening_in(V4, peer, 5201));
+        assert!(listening_in(V4, Ipv4Addr::LOCALHOST, 5201));
+        // An established connection is not a listener.
+        assert!(!listening_in(V4, peer, 5202));
+        // The wildcard covers every address.
+        assert!(listening_in(V4, peer, 5203));
+        assert!(!listening_in(V4, Ipv4Addr::new(100, 64, 0, 5), 3260));
+        // IPv4-mapped and wildcard IPv6 listeners; ::1 does not cover the link.
+        assert!(listening_in(V6, peer, 5204));
+        assert!(listening_in(V6, peer, 5205));
+        assert!(!listening_in(V6, peer, 5206));
+    }
+
+    #[test]
+    fn a_loopback_listener_is_seen() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(listening(Ipv4Addr::LOCALHOST, port));
+        assert!(!listening(Ipv4Addr::new(127, 0, 0, 2), port));
+        drop(l);
+        assert!(!listening(Ipv4Addr::LOCALHOST, port));
+    }
 }

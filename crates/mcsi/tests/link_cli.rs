@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `mcsi link run` end to end: real namespaces and TUN devices, iperf3 and ping through the
-//! emulated link. Needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN), /dev/net/tun, iperf3 and ping.
+//! emulated link. Every server is started with `--host` and binds only the link's host-side
+//! address. Needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN), /dev/net/tun, iperf3 and ping.
 //! Without them the tests say so and pass, except under CI=true, where they fail.
 
 use std::process::{Command, Output, Stdio};
@@ -70,61 +71,28 @@ fn link_run(opts: &[&str], script: &str) -> Output {
     out
 }
 
+/// A port number for a test server. The server itself binds only the link's host-side
+/// address; the number is taken from a loopback socket so that it is not one some other
+/// program on this machine already serves.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
 }
 
-fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3
-                    && cols[3] == "0A"
-                    && cols[1].rsplit(':').next() == Some(&format!("{port:04X}"))
-            })
-    })
-}
-
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// iperf3 client inside the link, server on the host; returns the receiver's goodput, Mbit/s.
+/// iperf3 client inside the link, a one-shot server on the host bound to the link's host-side
+/// address; returns the receiver's goodput, Mbit/s.
 fn iperf3_goodput(opts: &[&str], secs: u32) -> f64 {
-    let port = free_port();
-    let server = Server(
-        Command::new("iperf3")
-            .args(["-s", "-1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    while !listening(port) {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "iperf3 server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = free_port().to_string();
+    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
+    let mut all = opts.to_vec();
+    all.extend_from_slice(&["--host", &server, "--host-wait", &port]);
     let out = link_run(
-        opts,
+        &all,
         &format!("iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t {secs} -J"),
     );
-    drop(server);
     assert!(out.status.success(), "iperf3 client failed: {out:?}");
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let bps = j["end"]["sum_received"]["bits_per_second"]
@@ -207,23 +175,8 @@ fn two_paths_by_port_carry_separate_connections() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port();
-    let server = Server(
-        Command::new("iperf3")
-            .args(["-s", "-1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    while !listening(port) {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "iperf3 server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = free_port().to_string();
+    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
     let summary = std::env::temp_dir().join(format!("mcsi-link-test-{}.json", std::process::id()));
     let summary_arg = summary.to_string_lossy().into_owned();
     // iperf3 opens its control connection first (path 0), then the two data streams take
@@ -238,10 +191,13 @@ fn two_paths_by_port_carry_separate_connections() {
             "port",
             "--summary-json",
             &summary_arg,
+            "--host",
+            &server,
+            "--host-wait",
+            &port,
         ],
         &format!("iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t 5 -P 2 -J"),
     );
-    drop(server);
     assert!(out.status.success(), "{out:?}");
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut g: Vec<f64> = j["end"]["streams"]
@@ -377,4 +333,173 @@ fn sigkill_leaves_nothing_that_blocks_the_next_run() {
     if made {
         assert!(!std::path::Path::new(&format!("/sys/class/net/{stale}")).exists());
     }
+}
+
+#[test]
+fn host_commands_see_the_link_and_keep_stdout_clean() {
+    if !ready("host_commands_see_the_link_and_keep_stdout_clean") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = link_run(
+        &[
+            "--quiet",
+            "--host",
+            "echo \"host $MCSI_LINK_PEER $MCSI_LINK_ADDR\"",
+        ],
+        "sleep 0.3; echo \"cmd $MCSI_LINK_PEER $MCSI_LINK_ADDR\"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Only the command writes to stdout; the host command's line went to stderr.
+    let cmd_line = stdout.trim();
+    assert!(cmd_line.starts_with("cmd 100."), "{stdout:?}");
+    let host_line = cmd_line.replacen("cmd", "host", 1);
+    assert!(
+        stderr.contains(&host_line),
+        "{host_line:?} not in {stderr:?}"
+    );
+    let addrs: Vec<&str> = cmd_line.split(' ').skip(1).collect();
+    assert_eq!(addrs.len(), 2);
+    assert_ne!(addrs[0], addrs[1]);
+}
+
+#[test]
+fn host_wait_fails_clearly_when_the_server_dies() {
+    if !ready("host_wait_fails_clearly_when_the_server_dies") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port().to_string();
+    let t = Instant::now();
+    let out = link_run(
+        &["--host", "sleep 0.2; exit 3", "--host-wait", &port],
+        "echo must-not-run",
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "the command ran: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("host command 'sleep 0.2; exit 3' ended (exit status 3)")
+            && err.contains(&format!(":{port} accepted")),
+        "{err}"
+    );
+
+    // Nobody ever listens: the timeout names the port and what was still running.
+    let out = link_run(
+        &[
+            "--host",
+            "sleep 30",
+            "--host-wait",
+            &port,
+            "--host-wait-timeout",
+            "500ms",
+        ],
+        "echo must-not-run",
+    );
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "the command ran: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(":{port} within 500ms")) && err.contains("'sleep 30'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn host_commands_are_stopped_and_reported() {
+    if !ready("host_commands_are_stopped_and_reported") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // A grandchild of the host shell: the whole process group gets SIGTERM.
+    let host = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    let t = Instant::now();
+    let out = link_run(
+        &["--host", &host, "--host", "sleep 0.2; exit 5"],
+        "sleep 1; exit 4",
+    );
+    // The command's status, not the host commands'.
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "host command 'sleep 0.2; exit 5' ended (exit status 5) while the command was running"
+        ),
+        "{err}"
+    );
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    // Once killed it is gone or a zombie waiting for init to reap it (state Z).
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .ok()
+            .and_then(|st| st.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    let t = Instant::now();
+    while alive() && t.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!alive(), "the host command's child {pid} outlived the run");
+
+    // A host command that ignores SIGTERM is killed after the 5 s grace period.
+    let t = Instant::now();
+    let out = link_run(&["--quiet", "--host", "trap '' TERM; sleep 30"], "exit 0");
+    let took = t.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        (Duration::from_millis(4500)..Duration::from_secs(9)).contains(&took),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn sigkill_also_ends_what_host_commands_started() {
+    if !ready("sigkill_also_ends_what_host_commands_started") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let host = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    let mut child = Command::new(mcsi())
+        .args(["link", "run", "-q", "--host", &host, "--", "sleep", "30"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let pid = loop {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .filter(|p| p.ends_with('\n'))
+        {
+            break p.trim().to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "host command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|st| st.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    let t = Instant::now();
+    while alive() && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !alive(),
+        "{pid}, started by a host command, outlived a SIGKILLed mcsi link"
+    );
 }

@@ -11,19 +11,21 @@ use std::time::Duration;
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// Run COMMAND in a new network namespace whose traffic to the host crosses the emulated
-    /// link. Inside, $MCSI_LINK_PEER is the host-side address (anything listening on the
-    /// host's 0.0.0.0 is reachable there). Exits with COMMAND's status.
+    /// link. Inside, $MCSI_LINK_PEER is the host-side address; start servers for it with
+    /// --host so that they bind that address only. Exits with COMMAND's status.
     Run(RunArgs),
 }
 
 /// Per-direction options: `--X` sets both directions, `--X-up` the direction toward the host,
 /// `--X-down` the direction toward COMMAND.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Examples:\n  mcsi link run --rate 5mbit --delay 5ms -- iperf3 -c '$MCSI_LINK_PEER'\n  \
+#[command(after_help = "Examples:\n  \
+                  mcsi link run --rate 5mbit --delay 5ms --host 'iperf3 -s -1 -B $MCSI_LINK_PEER -p 5201' \\\n      \
+                  --host-wait 5201 -- sh -c 'iperf3 -c $MCSI_LINK_PEER -p 5201'\n  \
                   mcsi link run --profile 802.11b --per 5% -- sh -c 'ping -c 10 $MCSI_LINK_PEER'\n  \
-                  mcsi link run --path rate=10mbit,delay=5ms --path rate=2mbit,delay=40ms --path-by port -- ..."
-)]
+                  mcsi link run --profile 802.11b --host 'mcsi target --listen $MCSI_LINK_PEER:3260' --host-wait 3260 \\\n      \
+                  -- sh -c 'mcsi bench --runtime 10 iscsi://$MCSI_LINK_PEER:3260/iqn.2026-01.org.mcsi:target/0'\n  \
+                  mcsi link run --path rate=10mbit,delay=5ms --path rate=2mbit,delay=40ms --path-by port -- ...")]
 pub struct RunArgs {
     /// Bottleneck rate in bit/s (k/m/g suffixes: 5mbit, 500kbit); unset = unlimited.
     #[arg(long)]
@@ -113,6 +115,19 @@ pub struct RunArgs {
     /// Do not print the summary on exit.
     #[arg(long, short)]
     quiet: bool,
+    /// A shell command (sh -c) run on the host side once the link is up, with $MCSI_LINK_PEER
+    /// (host-side address: bind servers to it) and $MCSI_LINK_ADDR (COMMAND's address) set.
+    /// Repeatable. Its standard output goes to standard error. Stopped (SIGTERM, SIGKILL after
+    /// 5 s) when COMMAND exits; its status does not change mcsi link's.
+    #[arg(long = "host", value_name = "SHELL COMMAND")]
+    host: Vec<String>,
+    /// Before starting COMMAND, wait until a TCP server listens on $MCSI_LINK_PEER:PORT
+    /// (repeatable). Fails if a host command ends first or after --host-wait-timeout.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    host_wait: Vec<u16>,
+    /// How long --host-wait waits (10s, 500ms; a bare number is seconds).
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    host_wait_timeout: String,
     /// Program and arguments to run behind the link.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -200,6 +215,9 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
 fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
     let link = args.link_config()?;
     let seed = link.seed;
+    let host_wait_timeout =
+        mcsi_units::parse_duration(&args.host_wait_timeout, mcsi_units::BareUnit::Seconds)
+            .context("--host-wait-timeout")?;
     let out = run_link(RunOptions {
         link,
         command: args.command.clone(),
@@ -207,6 +225,9 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         pcap: args.pcap.clone(),
         log: args.packet_log.clone(),
         kill_grace: Duration::from_secs(5),
+        host_commands: args.host.clone(),
+        host_wait: args.host_wait.clone(),
+        host_wait_timeout,
     })?;
     if !args.quiet {
         eprint!("{}", out.summary);
@@ -214,6 +235,14 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
             "  seed {seed}; link {} (host) <-> {} (command); command: {}",
             out.host_addr, out.command_addr, out.status
         );
+        for h in &out.host {
+            let when = if h.ended_early {
+                "ended while the command ran"
+            } else {
+                "stopped after the command"
+            };
+            eprintln!("  host command '{}': {} ({when})", h.command, h.status);
+        }
     }
     if let Some(p) = &args.summary_json {
         let v = serde_json::json!({
@@ -223,6 +252,12 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
             "status": out.status,
             "exit_code": out.code,
             "summary": out.summary,
+            "host_commands": out.host.iter().map(|h| serde_json::json!({
+                "command": h.command,
+                "status": h.status,
+                "exit_code": h.code,
+                "ended_early": h.ended_early,
+            })).collect::<Vec<_>>(),
         });
         std::fs::write(p, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("write summary to {}", p.display()))?;
@@ -286,5 +321,31 @@ mod tests {
         assert!(cfg(&["--profile", "802.11b", "--rate", "1mbit"]).is_err());
         assert!(cfg(&["--path-by", "moon"]).is_err());
         assert!(cfg(&["--loss-ge", "1,2,3,4,5"]).is_err());
+    }
+
+    #[test]
+    fn host_options_parse() {
+        let v = [
+            "mcsi",
+            "run",
+            "--host",
+            "iperf3 -s -B $MCSI_LINK_PEER",
+            "--host",
+            "true",
+            "--host-wait",
+            "5201",
+            "--host-wait",
+            "3260",
+            "--",
+            "true",
+        ];
+        let Command::Run(a) = Cli::try_parse_from(v).unwrap().c;
+        assert_eq!(a.host, ["iperf3 -s -B $MCSI_LINK_PEER", "true"]);
+        assert_eq!(a.host_wait, [5201, 3260]);
+        assert_eq!(a.host_wait_timeout, "10s");
+        for bad in ["0", "65536", "http"] {
+            let v = ["mcsi", "run", "--host-wait", bad, "--", "true"];
+            assert!(Cli::try_parse_from(v).is_err(), "--host-wait {bad}");
+        }
     }
 }
