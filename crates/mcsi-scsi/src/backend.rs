@@ -1,6 +1,7 @@
 //! Storage behind a logical unit: the [`Backend`] trait and the RAM, file, block-device and
 //! failure-injection backends.
 
+use bytes::{Bytes, BytesMut};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -58,6 +59,14 @@ pub trait Backend: Send + Sync + 'static {
     fn size(&self) -> u64;
     /// Fills `buf` from `offset`. Unwritten or unmapped areas read as zeros.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
+    /// Reads `len` bytes from `offset` as a buffer of its own (the data-in of a READ). The
+    /// default zero-fills a buffer and calls `read_at`; the RAM backend hands out its memory
+    /// without a copy where it can.
+    fn read_bytes(&self, offset: u64, len: usize) -> Result<Bytes, BackendError> {
+        let mut buf = vec![0u8; len];
+        self.read_at(offset, &mut buf)?;
+        Ok(Bytes::from(buf))
+    }
     /// Writes `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError>;
     /// Makes every completed write durable (fdatasync for files and block devices).
@@ -128,12 +137,18 @@ pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
 // RAM
 
 /// Allocation unit of the RAM backend. Chunks are allocated on first write and freed by unmap.
-pub const RAM_CHUNK: u64 = 64 * 1024;
+/// A read within one chunk is served without a copy, so the unit is at least the usual largest
+/// I/O of initiators (128 KiB).
+pub const RAM_CHUNK: u64 = 128 * 1024;
 
 /// Memory-backed storage, allocated lazily in [`RAM_CHUNK`] pieces.
+///
+/// Chunks are shared buffers: a read inside one chunk returns a slice of it (no copy), and a
+/// write to a chunk that such a read still holds copies the chunk first (copy-on-write), so the
+/// read keeps the data it saw.
 pub struct RamBackend {
     size: u64,
-    chunks: Vec<RwLock<Option<Box<[u8]>>>>,
+    chunks: Vec<RwLock<Option<Bytes>>>,
     allocated: AtomicU64,
 }
 
@@ -181,6 +196,12 @@ impl RamBackend {
     }
 }
 
+/// The chunk as a mutable buffer: in place when no read holds a slice of it, else a copy.
+fn writable(c: Bytes) -> BytesMut {
+    c.try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]))
+}
+
 fn lock_poisoned(op: &'static str, offset: u64) -> BackendError {
     BackendError::Io {
         op,
@@ -210,6 +231,37 @@ impl Backend for RamBackend {
         res
     }
 
+    fn read_bytes(&self, offset: u64, len: usize) -> Result<Bytes, BackendError> {
+        check_range("read", offset, len as u64, self.size)?;
+        let idx = offset / RAM_CHUNK;
+        let at = (offset % RAM_CHUNK) as usize;
+        if len > 0 && at + len <= self.chunk_len(idx) {
+            // Inside one allocated chunk: a slice of it.
+            match self.chunks[idx as usize].read() {
+                Ok(g) => {
+                    if let Some(c) = g.as_ref() {
+                        return Ok(c.slice(at..at + len));
+                    }
+                }
+                Err(_) => return Err(lock_poisoned("read", offset)),
+            }
+        }
+        // Across chunks or holes: append each piece to an unfilled buffer (one copy, no
+        // zero-fill first).
+        let mut out = Vec::with_capacity(len);
+        let mut res = Ok(());
+        Self::pieces(offset, len as u64, |idx, at, r| {
+            match self.chunks[idx as usize].read() {
+                Ok(g) => match g.as_ref() {
+                    Some(c) => out.extend_from_slice(&c[at..at + r.len()]),
+                    None => out.resize(out.len() + r.len(), 0),
+                },
+                Err(_) => res = Err(lock_poisoned("read", offset)),
+            }
+        });
+        res.map(|_| Bytes::from(out))
+    }
+
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         check_range("write", offset, data.len() as u64, self.size)?;
         let mut res = Ok(());
@@ -217,11 +269,13 @@ impl Backend for RamBackend {
             let src = &data[r];
             match self.chunks[idx as usize].write() {
                 Ok(mut g) => {
-                    let c = g.get_or_insert_with(|| {
+                    let c = g.take().unwrap_or_else(|| {
                         self.allocated.fetch_add(1, Ordering::Relaxed);
-                        vec![0u8; self.chunk_len(idx)].into_boxed_slice()
+                        Bytes::from(vec![0u8; self.chunk_len(idx)])
                     });
-                    c[at..at + src.len()].copy_from_slice(src);
+                    let mut m = writable(c);
+                    m[at..at + src.len()].copy_from_slice(src);
+                    *g = Some(m.freeze());
                 }
                 Err(_) => res = Err(lock_poisoned("write", offset)),
             }
@@ -243,8 +297,10 @@ impl Backend for RamBackend {
                         if g.take().is_some() {
                             self.allocated.fetch_sub(1, Ordering::Relaxed);
                         }
-                    } else if let Some(c) = g.as_mut() {
-                        c[at..at + r.len()].fill(0);
+                    } else if let Some(c) = g.take() {
+                        let mut m = writable(c);
+                        m[at..at + r.len()].fill(0);
+                        *g = Some(m.freeze());
                     }
                 }
                 Err(_) => res = Err(lock_poisoned("unmap", offset)),

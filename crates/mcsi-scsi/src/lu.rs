@@ -504,7 +504,10 @@ impl LogicalUnit {
         // Unit attention and reservation checks (SAM-5 5.14, SPC-4 5.9.1, SPC-2 5.5.1).
         {
             let mut st = self.st();
-            if st.seen.insert(cmd.nexus.clone()) {
+            // A lookup before the insert: the common case (a known nexus) then costs one hash and
+            // no clone.
+            if !st.seen.contains(cmd.nexus) {
+                st.seen.insert(cmd.nexus.clone());
                 push_ua(
                     &mut st,
                     cmd.nexus,
@@ -512,15 +515,13 @@ impl LogicalUnit {
                 );
             }
             if !matches!(opc, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
-                if let Some(q) = st.ua.get_mut(cmd.nexus) {
-                    if let Some(s) = q.pop_front() {
-                        let d = st.mode.d_sense;
-                        return Outcome {
-                            status: status::CHECK_CONDITION,
-                            sense: Some(s.encode(d)),
-                            data_in: Bytes::new(),
-                        };
-                    }
+                if let Some(s) = pop_ua(&mut st, cmd.nexus) {
+                    let d = st.mode.d_sense;
+                    return Outcome {
+                        status: status::CHECK_CONDITION,
+                        sense: Some(s.encode(d)),
+                        data_in: Bytes::new(),
+                    };
                 }
             }
             if self.conflicts(&st, cmd.nexus, &c) {
@@ -648,7 +649,7 @@ impl LogicalUnit {
         let alloc = c.b(4) as usize;
         let pending = {
             let mut st = self.st();
-            st.ua.get_mut(cmd.nexus).and_then(|q| q.pop_front())
+            pop_ua(&mut st, cmd.nexus)
         };
         // SPC-4 6.29: REQUEST SENSE returns (and clears) a pending unit attention, else NO SENSE.
         let s = pending.unwrap_or(Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL_SENSE));
@@ -1234,11 +1235,11 @@ impl LogicalUnit {
         if r.nlb == 0 {
             return Ok(Outcome::good(Bytes::new()));
         }
-        let mut buf = vec![0u8; (r.nlb * self.block_size) as usize];
-        self.backend
-            .read_at(r.lba * self.block_size, &mut buf)
+        let buf = self
+            .backend
+            .read_bytes(r.lba * self.block_size, (r.nlb * self.block_size) as usize)
             .map_err(|e| self.medium_error(e, false))?;
-        Ok(Outcome::good(Bytes::from(buf)))
+        Ok(Outcome::good(buf))
     }
 
     /// Durability of a write: FUA, or the write cache disabled, means fdatasync before GOOD.
@@ -1652,6 +1653,20 @@ impl LogicalUnit {
 /// Most unit attentions kept per nexus; older ones beyond this are dropped (SAM-5 5.14 lets
 /// a device server report fewer when it runs out of space).
 const MAX_UA_QUEUE: usize = 8;
+
+/// The oldest pending unit attention of `n`, removed. A drained queue leaves the map, so that
+/// with no unit attention pending anywhere (the usual state) the check costs no lookup.
+fn pop_ua(st: &mut State, n: &Nexus) -> Option<Sense> {
+    if st.ua.is_empty() {
+        return None;
+    }
+    let q = st.ua.get_mut(n)?;
+    let s = q.pop_front();
+    if q.is_empty() {
+        st.ua.remove(n);
+    }
+    s
+}
 
 fn push_ua(st: &mut State, n: &Nexus, s: Sense) {
     let q = st.ua.entry(n.clone()).or_default();

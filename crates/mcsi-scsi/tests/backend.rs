@@ -141,3 +141,58 @@ fn failing_backend_counts_down() {
     assert_eq!(b, [1]);
     assert_eq!(f.size(), 4096);
 }
+
+#[test]
+fn ram_read_bytes_matches_read_at_across_chunks_and_holes() {
+    // Chunk 0 unwritten, chunk 1 written with a pattern, chunk 2 unwritten: a read spanning all
+    // three must be zeros, then the pattern, then zeros, exactly as read_at gives.
+    let r = RamBackend::new(4 * RAM_CHUNK).unwrap();
+    let pattern: Vec<u8> = (0..RAM_CHUNK as usize)
+        .map(|i| (i % 251) as u8 + 1)
+        .collect();
+    r.write_at(RAM_CHUNK, &pattern).unwrap();
+    let (off, len) = (RAM_CHUNK - 100, RAM_CHUNK as usize + 300);
+    let v = r.read_bytes(off, len).unwrap();
+    assert_eq!(v.len(), len);
+    assert!(v[..100].iter().all(|&b| b == 0));
+    assert_eq!(&v[100..100 + RAM_CHUNK as usize], &pattern[..]);
+    assert!(v[100 + RAM_CHUNK as usize..].iter().all(|&b| b == 0));
+    let mut w = vec![0xEEu8; len];
+    r.read_at(off, &mut w).unwrap();
+    assert_eq!(v, w);
+    assert!(matches!(
+        r.read_bytes(4 * RAM_CHUNK - 1, 2),
+        Err(BackendError::OutOfRange { .. })
+    ));
+    // The trait's default (zero-fill + read_at) gives the same through a wrapper.
+    let f = FailingBackend::new(Arc::new(RamBackend::new(4 * RAM_CHUNK).unwrap()), u64::MAX);
+    f.write_at(RAM_CHUNK, &pattern).unwrap();
+    assert_eq!(f.read_bytes(off, len).unwrap(), v);
+}
+
+#[test]
+fn ram_read_inside_a_chunk_keeps_its_data_across_later_writes() {
+    let r = RamBackend::new(2 * RAM_CHUNK).unwrap();
+    r.write_at(4096, &[1u8; 8192]).unwrap();
+    // A read inside one chunk (served as a slice of it), then a write over the same bytes while
+    // the read's buffer is still held: the read keeps what it saw (copy-on-write).
+    let before = r.read_bytes(4096, 8192).unwrap();
+    r.write_at(8192, &[2u8; 512]).unwrap();
+    assert!(before.iter().all(|&b| b == 1));
+    let after = r.read_bytes(4096, 8192).unwrap();
+    assert!(after[..4096].iter().all(|&b| b == 1));
+    assert!(after[4096..4608].iter().all(|&b| b == 2));
+    assert!(after[4608..].iter().all(|&b| b == 1));
+    // A partial unmap zeroes in place for later reads, not for the held one.
+    r.unmap(4096, 512).unwrap();
+    assert!(after[..512].iter().all(|&b| b == 1));
+    assert!(r.read_bytes(4096, 512).unwrap().iter().all(|&b| b == 0));
+    // Reads of an unwritten chunk and of nothing.
+    assert!(r
+        .read_bytes(RAM_CHUNK + 7, 100)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    assert!(r.read_bytes(0, 0).unwrap().is_empty());
+    assert_eq!(r.allocated_bytes(), RAM_CHUNK);
+}

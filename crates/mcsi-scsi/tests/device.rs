@@ -11,6 +11,8 @@ use mcsi_scsi::{
 use std::sync::{Arc, Mutex};
 
 const BS: usize = 512;
+/// Blocks per allocation chunk of the RAM backend (what an UNMAP must cover to deallocate).
+const CH: usize = mcsi_scsi::backend::RAM_CHUNK as usize / BS;
 
 fn nexus(i: u8) -> Nexus {
     Nexus {
@@ -648,40 +650,45 @@ fn unmap_list(ranges: &[(u64, u32)]) -> Vec<u8> {
 #[test]
 fn unmap_reads_zeros_and_reports_deallocated() {
     let (lu, n) = lu_default();
-    good(&run(&lu, &n, &write10(0, 256, 0), &vec![0x5A; 256 * BS]));
+    good(&run(
+        &lu,
+        &n,
+        &write10(0, 2 * CH as u16, 0),
+        &vec![0x5A; 2 * CH * BS],
+    ));
     // GET LBA STATUS: mapped from 0.
     let o = run(&lu, &n, &get_lba_status(0, 24), &[]);
     let d = good(&o);
     assert_eq!(d.len(), 24);
     assert_eq!(&d[8..16], &0u64.to_be_bytes());
     assert_eq!(d[20], 0); // mapped
-                          // Unmap the first 128 blocks (one 64 KiB allocation chunk).
-    let list = unmap_list(&[(0, 128)]);
+                          // Unmap the first chunk of blocks (one allocation chunk).
+    let list = unmap_list(&[(0, CH as u32)]);
     let c = [0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0];
     good(&run(&lu, &n, &c, &list));
-    assert!(good(&run(&lu, &n, &read10(0, 128), &[]))
+    assert!(good(&run(&lu, &n, &read10(0, CH as u16), &[]))
         .iter()
         .all(|&b| b == 0));
-    assert!(good(&run(&lu, &n, &read10(128, 128), &[]))
+    assert!(good(&run(&lu, &n, &read10(CH as u32, CH as u16), &[]))
         .iter()
         .all(|&b| b == 0x5A));
     let o = run(&lu, &n, &get_lba_status(0, 1024), &[]);
     let d = good(&o);
-    // First descriptor: LBA 0, 128 blocks, deallocated; second: LBA 128, mapped.
+    // First descriptor: LBA 0, one chunk of blocks, deallocated; second: the next chunk, mapped.
     assert_eq!(&d[8..16], &0u64.to_be_bytes());
-    assert_eq!(&d[16..20], &128u32.to_be_bytes());
+    assert_eq!(&d[16..20], &(CH as u32).to_be_bytes());
     assert_eq!(d[20], 1);
-    assert_eq!(&d[24..32], &128u64.to_be_bytes());
+    assert_eq!(&d[24..32], &(CH as u64).to_be_bytes());
     assert_eq!(d[36], 0);
     // An unaligned single block unmap still reads back zeros.
-    let list = unmap_list(&[(130, 1)]);
+    let list = unmap_list(&[(CH as u64 + 2, 1)]);
     good(&run(
         &lu,
         &n,
         &[0x42, 0, 0, 0, 0, 0, 0, 0, list.len() as u8, 0],
         &list,
     ));
-    assert!(good(&run(&lu, &n, &read10(130, 1), &[]))
+    assert!(good(&run(&lu, &n, &read10(CH as u32 + 2, 1), &[]))
         .iter()
         .all(|&b| b == 0));
     // Past the end, parameter list too short, ANCHOR.
@@ -765,18 +772,23 @@ fn write_same() {
         asc::INVALID_FIELD_IN_CDB,
     );
     // WRITE SAME(16) with UNMAP deallocates whatever the data (LBPRZ: reads zeros).
-    good(&run(&lu, &n, &write10(256, 128, 0), &vec![9; 128 * BS]));
+    // One whole allocation chunk, starting at LBA CH.
+    good(&run(
+        &lu,
+        &n,
+        &write10(CH as u32, CH as u16, 0),
+        &vec![9; CH * BS],
+    ));
     let mut c = [0u8; 16];
     c[0] = 0x93;
     c[1] = 0x08;
-    c[9] = 0x00;
-    c[8] = 0x01; // LBA 256
-    c[13] = 128;
+    c[2..10].copy_from_slice(&(CH as u64).to_be_bytes());
+    c[10..14].copy_from_slice(&(CH as u32).to_be_bytes());
     good(&run(&lu, &n, &c, &[0xFF; BS]));
-    assert!(good(&run(&lu, &n, &read10(256, 128), &[]))
+    assert!(good(&run(&lu, &n, &read10(CH as u32, CH as u16), &[]))
         .iter()
         .all(|&b| b == 0));
-    let o = run(&lu, &n, &get_lba_status(256, 24), &[]);
+    let o = run(&lu, &n, &get_lba_status(CH as u64, 24), &[]);
     assert_eq!(good(&o)[20], 1);
     // NDOB: no data-out, zeros written.
     good(&run(&lu, &n, &write10(400, 2, 0), &[3; 2 * BS]));

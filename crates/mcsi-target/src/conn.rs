@@ -163,10 +163,12 @@ pub async fn writer(
         let mut close = false;
         let mut bytes = 0usize;
         let mut next = Some(first);
+        // One look at the window per batch rather than per PDU (the session lock is shared by
+        // every connection and task of the session).
+        let (exp, max) = session.cmd_sns();
         while let Some(out) = next.take() {
             match out {
                 Out::Pdu(mut p) => {
-                    let (exp, max) = session.cmd_sns();
                     stamp(&mut p, &mut stat_sn, exp, max);
                     let e = p.encode(&framing);
                     bytes += e.len();
@@ -254,6 +256,8 @@ impl Reader {
     /// Reads and dispatches until the connection ends. Returns whether it ended cleanly (logout
     /// or replaced by connection reinstatement).
     pub async fn run(mut self, mut rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
+        // Whether PDUs were handled since the last read.
+        let mut handled = false;
         let why = loop {
             // Decode everything buffered first.
             match pdu::decode(&mut self.buf, &self.framing) {
@@ -261,6 +265,7 @@ impl Reader {
                     if let Err(e) = self.dispatch(p) {
                         break e;
                     }
+                    handled = true;
                     continue;
                 }
                 Ok(None) => {}
@@ -283,6 +288,13 @@ impl Reader {
             }
             if *stop.borrow() {
                 break "dropped by the target".into();
+            }
+            if handled {
+                // Let the writer send the responses of this batch (it was woken on this worker
+                // thread and runs when the reader yields) before the next read, so that one
+                // write carries them all.
+                handled = false;
+                tokio::task::yield_now().await;
             }
             // Reserve for the next PDU (capped by the codec's limit on data segment length).
             let need = pdu::pdu_len(&self.buf, &self.framing).unwrap_or(pdu::BHS_LEN);
@@ -487,6 +499,9 @@ impl Reader {
             // Untagged is SIMPLE (RFC 7143 11.3.1); ACA is not offered, so treated as SIMPLE.
             _ => mcsi_scsi::TaskAttribute::Simple,
         };
+        if self.try_inline(&c, &target, phase, attr, transfer.as_ref()) {
+            return Ok(());
+        }
         let (reg, handles, ctl) = self.session.register_task(
             &self.conn,
             c.itt,
@@ -533,6 +548,60 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+impl Reader {
+    /// Runs a command on the reader when that needs no task of its own: a SIMPLE command for a
+    /// LUN whose device server does not block (RAM), with no data-out or all of it as immediate
+    /// data, claimed by [`Session::claim_inline`]. Spares the spawn, the channels and the task
+    /// table entry of the general path. Returns false (nothing done) when the command does not
+    /// qualify.
+    fn try_inline(
+        &self,
+        c: &ScsiCommand,
+        target: &crate::session::Target,
+        phase: mcsi_scsi::DataPhase,
+        attr: mcsi_scsi::TaskAttribute,
+        transfer: Option<&WriteTransfer>,
+    ) -> bool {
+        if attr != mcsi_scsi::TaskAttribute::Simple || target.dev.blocking(c.lun, &c.cdb) {
+            return false;
+        }
+        let data_out = match transfer {
+            None => Bytes::new(),
+            Some(t) if t.done() => {
+                let imm = t.accept_immediate(c.data.len() as u32);
+                c.data.slice(..imm.len as usize)
+            }
+            Some(_) => return false,
+        };
+        if !self
+            .session
+            .claim_inline(c.itt, c.lun, c.cmd_sn, c.immediate)
+        {
+            return false;
+        }
+        let outcome = target.dev.execute(
+            c.lun,
+            mcsi_scsi::Command {
+                nexus: &self.session.nexus,
+                cdb: &c.cdb,
+                data_out,
+                data_in_limit: scsi::read_expected(c),
+                attr,
+            },
+        );
+        for p in scsi::response_pdus(
+            c,
+            phase,
+            outcome,
+            self.conn.ops.send_mrdsl,
+            self.session.ops.max_burst_length,
+        ) {
+            self.conn.send(p);
+        }
+        true
     }
 }
 

@@ -75,7 +75,7 @@ pub async fn run(ctx: TaskCtx) {
 
 /// The data-in length the initiator expects: EDTL for a read, the Bidirectional Read Expected
 /// Data Transfer Length AHS for a bidirectional command (11.3.6), else nothing.
-fn read_expected(cmd: &ScsiCommand) -> u32 {
+pub fn read_expected(cmd: &ScsiCommand) -> u32 {
     match (cmd.read, cmd.write) {
         (true, false) => cmd.expected_data_transfer_length,
         (true, true) => cmd.bidi_read_length.unwrap_or(0),

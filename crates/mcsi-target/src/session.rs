@@ -511,6 +511,24 @@ impl Session {
         )
     }
 
+    /// Claims a SIMPLE command for execution on its connection's reader, without a task of its
+    /// own: the session has one connection (so no other reader can deliver commands or task
+    /// management meanwhile), the ITT is free, no ORDERED task is pending in the LUN's task set
+    /// (SAM-5 8.6), and a non-immediate command's CmdSN is ExpCmdSN with nothing held (RFC 7143
+    /// 4.2.2.1: it is next in order). Its CmdSN is consumed. The caller runs it to its end and
+    /// queues its final PDUs before it reads the next PDU, which is what a task started and
+    /// ended at once would do, so the window's outstanding count is left alone.
+    pub fn claim_inline(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> bool {
+        let mut st = self.lock();
+        if st.closing || st.conns.len() > 1 || st.tasks.contains_key(&itt) {
+            return false;
+        }
+        if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
+            return false;
+        }
+        immediate || st.window.take_next(cmd_sn)
+    }
+
     /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
     /// the requests now in order (possibly including this one) and whether it was dropped.
     pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, Vec<(Arc<Conn>, Pdu)>) {

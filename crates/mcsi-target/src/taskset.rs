@@ -35,6 +35,14 @@ impl<K: PartialEq + Clone> TaskSet<K> {
         Self::default()
     }
 
+    /// Whether a SIMPLE task entering now would run at once (no ORDERED task pending).
+    pub fn admits_simple(&self) -> bool {
+        !self
+            .entries
+            .iter()
+            .any(|e| e.attr == TaskAttribute::Ordered)
+    }
+
     /// Adds a task; returns whether it may run now.
     pub fn enter(&mut self, key: K, attr: TaskAttribute) -> bool {
         let ready = match attr {
@@ -94,6 +102,23 @@ impl<K: PartialEq + Clone> TaskSet<K> {
 mod tests {
     use super::*;
     use TaskAttribute::*;
+
+    #[test]
+    fn admits_simple_unless_an_ordered_task_is_pending() {
+        let mut t = TaskSet::new();
+        assert!(t.admits_simple());
+        t.enter(1, Simple);
+        t.enter(2, HeadOfQueue);
+        assert!(t.admits_simple());
+        t.enter(3, Ordered);
+        assert!(!t.admits_simple());
+        t.leave(&1);
+        t.leave(&2);
+        // The ORDERED task now runs; it still blocks SIMPLE tasks until it ends.
+        assert!(!t.admits_simple());
+        t.leave(&3);
+        assert!(t.admits_simple());
+    }
 
     #[test]
     fn simple_tasks_run_in_parallel() {

@@ -85,6 +85,17 @@ impl<T> CmdWindow<T> {
         Submit::Deliver(out)
     }
 
+    /// Consumes `cmd_sn` if it is ExpCmdSN and no command is held behind a gap: the command is
+    /// in order and nothing else becomes deliverable with it (no allocation, unlike `submit`).
+    pub fn take_next(&mut self, cmd_sn: u32) -> bool {
+        if Sn(cmd_sn) != self.exp || !self.held.is_empty() {
+            return false;
+        }
+        self.exp = self.exp.next();
+        self.refresh();
+        true
+    }
+
     /// A task started occupying a queue slot (counted until [`CmdWindow::task_done`]).
     pub fn task_started(&mut self) {
         self.outstanding = self.outstanding.saturating_add(1);
@@ -119,6 +130,23 @@ impl<T> CmdWindow<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn take_next_only_in_order_and_without_held_commands() {
+        let mut w: CmdWindow<u32> = CmdWindow::new(10, 4);
+        assert!(!w.take_next(11), "ahead of ExpCmdSN");
+        assert!(w.take_next(10));
+        // ExpCmdSN 11, MaxCmdSN 14 (nothing outstanding), as a delivery through submit gives.
+        assert_eq!((w.exp_cmd_sn(), w.max_cmd_sn()), (11, 14));
+        assert!(!w.take_next(10), "a duplicate");
+        // A held command behind a gap: the gap filler must go through submit to release it.
+        assert_eq!(w.submit(12, 12), Submit::Held);
+        assert!(!w.take_next(11));
+        assert_eq!(w.exp_cmd_sn(), 11);
+        assert_eq!(w.submit(11, 11), Submit::Deliver(vec![11, 12]));
+        assert!(w.take_next(13));
+        assert_eq!((w.exp_cmd_sn(), w.max_cmd_sn()), (14, 17));
+    }
 
     #[test]
     fn in_order_delivery_and_window_edges() {
