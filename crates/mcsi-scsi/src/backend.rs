@@ -19,13 +19,13 @@ pub enum BackendError {
     /// Opening or creating the backing store failed.
     #[error("cannot open {path}: {why}")]
     Open { path: PathBuf, why: String },
-    /// An I/O system call failed at this byte offset.
-    #[error("{op} at byte offset {offset} failed: {source}")]
+    /// An I/O system call failed at this byte offset. The OS error is part of the message (and
+    /// deliberately not a `source()` too, so that error chains do not print it twice).
+    #[error("{op} at byte offset {offset} failed: {cause}")]
     Io {
         op: &'static str,
         offset: u64,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
     /// The request reaches past the end of the backend.
     #[error("{op} of {len} bytes at offset {offset} is past the end ({size} bytes)")]
@@ -206,7 +206,7 @@ fn lock_poisoned(op: &'static str, offset: u64) -> BackendError {
     BackendError::Io {
         op,
         offset,
-        source: io::Error::other("lock poisoned by a panicked thread"),
+        cause: io::Error::other("lock poisoned by a panicked thread"),
     }
 }
 
@@ -353,7 +353,7 @@ fn push_extent(out: &mut Vec<(u64, u64, bool)>, start: u64, len: u64, mapped: bo
 // Files
 
 fn io_err(op: &'static str, offset: u64) -> impl FnOnce(io::Error) -> BackendError {
-    move |source| BackendError::Io { op, offset, source }
+    move |cause| BackendError::Io { op, offset, cause }
 }
 
 fn fdatasync(file: &File) -> Result<(), BackendError> {

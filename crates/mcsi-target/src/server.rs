@@ -18,14 +18,14 @@ use tracing::{debug, info, warn, Instrument};
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("targets[{target}].luns[{lun}].backend: {source}")]
+    #[error("targets[{target}].luns[{lun}].backend")]
     Backend {
         target: usize,
         lun: usize,
         #[source]
         source: mcsi_scsi::backend::BackendError,
     },
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
         #[source]
