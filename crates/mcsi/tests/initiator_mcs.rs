@@ -3,6 +3,9 @@
 //! and recovery of a many-connection session.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::{ci, have};
+
 use mcsi_initiator::{connect, ConnectOptions, IscsiUrl};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
@@ -11,19 +14,6 @@ use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 const IQN: &str = "iqn.2026-01.org.mcsi:mcs-test";
-
-fn have(tool: &str) -> bool {
-    Proc::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
 
 struct Target {
     child: Child,

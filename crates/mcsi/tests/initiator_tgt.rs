@@ -4,6 +4,9 @@
 //! CI=true where that is a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::{ci, have};
+
 use mcsi_initiator::{connect, Command, ConnectOptions, DataDir, Error, IscsiUrl, SenseKey};
 use std::path::PathBuf;
 use std::process::{Child, Command as Proc, Stdio};
@@ -13,19 +16,6 @@ use std::time::{Duration, Instant};
 const IQN: &str = "iqn.2001-04.com.example:mcsi-test";
 /// Tests share the port range and the two cores: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn have(tool: &str) -> bool {
-    Proc::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
 
 struct Tgt {
     child: Child,
