@@ -132,7 +132,7 @@ async fn collect(
         ) {
             Ok(a) => {
                 let (o, n) = (a.offset as usize, a.len as usize);
-                buf[o..o + n].copy_from_slice(&d.data[a.skip as usize..a.skip as usize + n]);
+                buf[o..o + n].copy_from_slice(&d.data[..n]);
             }
             Err(e) => {
                 // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143 7.1.4.1,

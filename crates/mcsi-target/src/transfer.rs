@@ -50,12 +50,11 @@ pub struct R2tPlan {
     pub len: u32,
 }
 
-/// Bytes of an accepted Data-Out payload to keep: `data[skip..skip+len]` goes to buffer offset
-/// `offset`. Payload beyond what the command needs is dropped (residual underflow).
+/// Bytes of an accepted Data-Out payload to keep: `data[..len]` goes to buffer offset `offset`.
+/// Payload beyond what the command needs is dropped (residual underflow).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Accept {
     pub offset: u32,
-    pub skip: u32,
     pub len: u32,
 }
 
@@ -139,7 +138,6 @@ impl WriteTransfer {
     pub fn accept_immediate(&self, len: u32) -> Accept {
         Accept {
             offset: 0,
-            skip: 0,
             len: len.min(self.want),
         }
     }
@@ -214,7 +212,6 @@ impl WriteTransfer {
         let len_kept = keep_end.saturating_sub(offset);
         Ok(Accept {
             offset,
-            skip: 0,
             len: len_kept,
         })
     }
@@ -308,7 +305,6 @@ mod tests {
             a,
             Accept {
                 offset: 4096,
-                skip: 0,
                 len: 4096
             }
         );
