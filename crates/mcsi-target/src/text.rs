@@ -6,7 +6,8 @@ use bytes::{Bytes, BytesMut};
 use mcsi_proto::keys::{NOT_UNDERSTOOD, REJECT};
 use mcsi_proto::pdu::{Pdu, TextRequest, TextResponse, RESERVED_TAG};
 use mcsi_proto::text::{self, TextLimits};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use tracing::debug;
 
 /// The rest of an answer the initiator has not fetched yet.
@@ -30,15 +31,30 @@ pub fn portal_text(portal: SocketAddr, local: SocketAddr, tpgt: u16) -> String {
 }
 
 /// The SendTargets answer (appendix C): `All` lists every target (in a normal session only the
-/// session's own), a name lists that target, an empty value lists the session's target.
-pub fn send_targets(shared: &Shared, session: &Session, value: &str, local: SocketAddr) -> Vec<u8> {
+/// session's own), a name lists that target, an empty value lists the session's target. A
+/// discovery session only learns of targets whose allow-list admits its initiator name and
+/// address, so access control does not leak the names of targets it would refuse.
+pub fn send_targets(
+    shared: &Shared,
+    session: &Session,
+    value: &str,
+    local: SocketAddr,
+    peer: IpAddr,
+) -> Vec<u8> {
     let own = session.target.as_ref();
+    let visible = |t: &&Arc<Target>| t.auth.allows(&session.initiator_name, peer);
     let list: Vec<&Target> = match value {
-        "All" if session.is_discovery() => shared.targets.iter().map(|t| t.as_ref()).collect(),
+        "All" if session.is_discovery() => shared
+            .targets
+            .iter()
+            .filter(visible)
+            .map(|t| t.as_ref())
+            .collect(),
         "All" | "" => own.map(|t| vec![t.as_ref()]).unwrap_or_default(),
         name => shared
             .targets
             .iter()
+            .filter(visible)
             .filter(|t| {
                 t.name == name && (session.is_discovery() || own.is_some_and(|o| o.name == name))
             })
@@ -100,7 +116,13 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
     let mut answers: Vec<(String, String)> = Vec::new();
     for (k, v) in keys {
         if k == "SendTargets" {
-            out.extend_from_slice(&send_targets(shared, session, &v, conn.local));
+            out.extend_from_slice(&send_targets(
+                shared,
+                session,
+                &v,
+                conn.local,
+                conn.peer.ip(),
+            ));
         } else {
             // Full feature phase renegotiation is not offered (RFC 7143 6.2): vendor keys are
             // not understood, standard ones rejected.

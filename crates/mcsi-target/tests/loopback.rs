@@ -61,6 +61,55 @@ async fn discovery_send_targets() {
     assert!(t.data.is_empty());
 }
 
+/// SendTargets in a discovery session lists only the targets whose allow-list admits the
+/// initiator (the test client logs in as iqn.2026-01.org.mcsi:client from 127.0.0.1).
+#[tokio::test]
+async fn discovery_hides_targets_the_initiator_may_not_enter() {
+    for (allowed, listed) in [
+        ("iqn.2026-01.org.mcsi:someone-else", false),
+        ("iqn.2026-01.org.mcsi:client", true),
+    ] {
+        let server =
+            start_with(|c| c.targets[0].auth.allow_initiators = vec![allowed.into()]).await;
+        let mut c = Client::connect(&server).await;
+        let r = c
+            .login([0x80, 0, 0, 0, 0, 3], 0, 0, &[("SessionType", "Discovery")])
+            .await;
+        assert_eq!(r.status_class, 0);
+        for value in ["All", IQN] {
+            let itt = c.next_itt();
+            c.send(Pdu::TextRequest(TextRequest {
+                immediate: true,
+                final_: true,
+                continue_: false,
+                lun: 0,
+                itt,
+                ttt: RESERVED_TAG,
+                cmd_sn: c.cmd_sn,
+                exp_stat_sn: 0,
+                data: text(&[("SendTargets", value)]),
+            }))
+            .await;
+            let Pdu::TextResponse(t) = c.recv().await else {
+                panic!()
+            };
+            let expect = if listed {
+                format!(
+                    "TargetName={IQN}\0TargetAddress={},1\0",
+                    server.local_addrs()[0]
+                )
+            } else {
+                String::new()
+            };
+            assert_eq!(
+                &t.data[..],
+                expect.as_bytes(),
+                "allow-list {allowed}, SendTargets={value}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn login_to_unknown_target_fails() {
     let server = start(|_| {}).await;
