@@ -17,6 +17,8 @@
 //!   [`login::Authenticator`] seams.
 //! - [`chap`]: CHAP (RFC 7143 12.1.3, RFC 1994) for both sides, one-way and mutual, MD5, SHA-1,
 //!   SHA-256 and SHA3-256.
+//! - [`vendor`]: mcsi's `X-org.mcsi.*` keys (the asymmetric mode and connection roles), one
+//!   table row each for both sides.
 
 pub mod chap;
 mod codec;
@@ -26,3 +28,4 @@ pub mod login;
 pub mod pdu;
 pub mod serial;
 pub mod text;
+pub mod vendor;

@@ -152,6 +152,9 @@ pub struct TargetAccess {
     pub authenticator: Box<dyn Authenticator>,
     /// Declared in the first response of a normal session, if set.
     pub target_alias: Option<String>,
+    /// Vendor keys this target registers, with its values, beyond the server-wide
+    /// [`TargetLoginConfig::extensions`] (a key registered in both keeps the server-wide value).
+    pub extensions: Vec<(KeyDef, String)>,
 }
 
 impl std::fmt::Debug for TargetAccess {
@@ -493,8 +496,9 @@ impl TargetLogin {
         let mut neg = Negotiator::new(Role::Target, access.params);
         neg.set_session_type(session_type);
         neg.set_leading(req.tsih == 0);
-        for (def, local) in &self.cfg.extensions {
-            // Invalid registrations are left out; the key is then answered NotUnderstood.
+        for (def, local) in self.cfg.extensions.iter().chain(&access.extensions) {
+            // Invalid or repeated registrations are left out; an unregistered key is answered
+            // NotUnderstood.
             let _ = neg.register(*def, local.clone());
         }
         self.neg = Some(neg);

@@ -1,0 +1,167 @@
+//! mcsi's vendor keys (RFC 7143 13.5.4: private keys start with `X-` and a reversed domain name).
+//!
+//! The asymmetric mode of the thesis (4.3.2-4.3.3) puts a session's requests on some of its
+//! connections and its responses on the others. Two keys carry it, one table row each for both
+//! sides:
+//!
+//! - [`ASYMMETRIC`] (`X-org.mcsi.Asymmetric`), session-wide, leading login only, Boolean AND:
+//!   both sides must say Yes. Only an mcsi initiator offers it; a target registers it with Yes but
+//!   never offers it itself (the AND result with the default No would be No, and targets offer
+//!   only what changes the default), so standard initiators never see it. A standard target
+//!   answers NotUnderstood and the key keeps its default, No.
+//! - [`CONNECTION_ROLE`] (`X-org.mcsi.ConnectionRole`), per connection, offered by the initiator
+//!   on every login of an asymmetric session: `requests` (commands and their Data-Out go here)
+//!   or `responses` (the target sends the R2T, Data-In and SCSI Response of tasks here). The
+//!   target answers with the role it takes. Without the key, or outside an asymmetric session, a
+//!   connection carries both directions as RFC 7143 says.
+
+use crate::keys::{KeyDef, KeyKind, Phase, Senders, ValueSpec};
+
+/// `X-org.mcsi.Asymmetric`: requests and responses on separate connections.
+pub const ASYMMETRIC: KeyDef = KeyDef {
+    name: "X-org.mcsi.Asymmetric",
+    kind: KeyKind::BooleanAnd,
+    value: ValueSpec::Boolean,
+    default: "No",
+    leading_only: true,
+    per_connection: false,
+    phase: Phase::Login,
+    senders: Senders::Both,
+    discovery: false,
+};
+
+/// `X-org.mcsi.ConnectionRole`: what this connection carries in an asymmetric session.
+pub const CONNECTION_ROLE: KeyDef = KeyDef {
+    name: "X-org.mcsi.ConnectionRole",
+    kind: KeyKind::List,
+    value: ValueSpec::Names(&["both", "requests", "responses"]),
+    default: "both",
+    leading_only: false,
+    per_connection: true,
+    phase: Phase::Login,
+    senders: Senders::Initiator,
+    discovery: false,
+};
+
+/// The role of one connection of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum ConnRole {
+    /// Requests and responses (every standard connection).
+    #[default]
+    Both,
+    /// Initiator to target: commands, Data-Out, task management, NOP-Out, Text, Logout.
+    Requests,
+    /// Target to initiator: the R2T, Data-In and SCSI Response of tasks whose command came on a
+    /// request connection.
+    Responses,
+}
+
+impl ConnRole {
+    /// The key's value for this role.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnRole::Both => "both",
+            ConnRole::Requests => "requests",
+            ConnRole::Responses => "responses",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ConnRole> {
+        match s {
+            "both" => Some(ConnRole::Both),
+            "requests" => Some(ConnRole::Requests),
+            "responses" => Some(ConnRole::Responses),
+            _ => None,
+        }
+    }
+
+    /// The role a login agreed on: [`CONNECTION_ROLE`]'s value when the session is asymmetric
+    /// (`extensions` are the login's agreed vendor keys), else [`ConnRole::Both`].
+    pub fn agreed(
+        asymmetric: bool,
+        extensions: &std::collections::BTreeMap<String, String>,
+    ) -> ConnRole {
+        if !asymmetric {
+            return ConnRole::Both;
+        }
+        extensions
+            .get(CONNECTION_ROLE.name)
+            .and_then(|v| ConnRole::parse(v))
+            .unwrap_or_default()
+    }
+}
+
+/// Whether a login agreed on the asymmetric mode (`extensions` are its agreed vendor keys).
+pub fn asymmetric_agreed(extensions: &std::collections::BTreeMap<String, String>) -> bool {
+    extensions.get(ASYMMETRIC.name).map(String::as_str) == Some("Yes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{LocalParams, Negotiator, Role, SessionType};
+    use crate::pdu::Stage;
+
+    fn target() -> Negotiator {
+        let mut t = Negotiator::new(Role::Target, LocalParams::default());
+        t.register(ASYMMETRIC, "Yes").unwrap();
+        t.register(CONNECTION_ROLE, "requests,responses,both")
+            .unwrap();
+        t.set_session_type(SessionType::Normal);
+        t
+    }
+
+    #[test]
+    fn roles_round_trip() {
+        for r in [ConnRole::Both, ConnRole::Requests, ConnRole::Responses] {
+            assert_eq!(ConnRole::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(ConnRole::parse("Responses"), None);
+    }
+
+    #[test]
+    fn a_target_never_offers_the_vendor_keys_itself() {
+        let mut t = target();
+        let offers = t.offers(Some(Stage::Operational));
+        assert!(
+            !offers.iter().any(|(k, _)| k.starts_with("X-")),
+            "{offers:?}"
+        );
+    }
+
+    #[test]
+    fn a_target_agrees_to_what_an_mcsi_initiator_offers() {
+        let mut t = target();
+        let p = t
+            .handle(
+                &[
+                    (ASYMMETRIC.name.into(), "Yes".into()),
+                    (CONNECTION_ROLE.name.into(), "responses".into()),
+                ],
+                Some(Stage::Operational),
+            )
+            .unwrap();
+        assert!(p.answers.contains(&(ASYMMETRIC.name.into(), "Yes".into())));
+        assert!(p
+            .answers
+            .contains(&(CONNECTION_ROLE.name.into(), "responses".into())));
+        let ext = t.session_params().extensions;
+        assert!(asymmetric_agreed(&ext));
+        assert_eq!(ConnRole::agreed(true, &ext), ConnRole::Responses);
+        assert_eq!(ConnRole::agreed(false, &ext), ConnRole::Both);
+    }
+
+    #[test]
+    fn a_target_that_refuses_the_mode_answers_no() {
+        let mut t = Negotiator::new(Role::Target, LocalParams::default());
+        t.register(ASYMMETRIC, "No").unwrap();
+        let p = t
+            .handle(
+                &[(ASYMMETRIC.name.into(), "Yes".into())],
+                Some(Stage::Operational),
+            )
+            .unwrap();
+        assert_eq!(p.answers, vec![(ASYMMETRIC.name.into(), "No".into())]);
+        assert!(!asymmetric_agreed(&t.session_params().extensions));
+    }
+}
