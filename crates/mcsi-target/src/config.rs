@@ -248,6 +248,9 @@ pub struct FileTarget {
     pub nop_interval: Option<String>,
     /// Time the initiator has to answer a NOP-In ping before the connection is dropped ("15s").
     pub nop_timeout: Option<String>,
+    /// Accept the asymmetric mode (`X-org.mcsi.Asymmetric`) when an mcsi initiator asks for it
+    /// (default true; standard initiators never ask).
+    pub asymmetric: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -278,6 +281,9 @@ pub struct Limits {
     /// The ping must be answered (NOP-Out with its Target Transfer Tag) within this time, or
     /// the connection is dropped.
     pub nop_timeout: Duration,
+    /// Agree to the asymmetric mode (thesis 4.3.2, `X-org.mcsi.Asymmetric`) when an initiator
+    /// offers it: responses leave on the session's response connections.
+    pub asymmetric: bool,
 }
 
 impl Default for Limits {
@@ -295,6 +301,7 @@ impl Default for Limits {
             queue_depth: 128,
             nop_interval: Duration::from_secs(30),
             nop_timeout: Duration::from_secs(15),
+            asymmetric: true,
         }
     }
 }
@@ -546,6 +553,7 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         queue_depth,
         nop_interval: duration(&t.nop_interval, &at("nop_interval"), d.nop_interval)?,
         nop_timeout: duration(&t.nop_timeout, &at("nop_timeout"), d.nop_timeout)?,
+        asymmetric: t.asymmetric.unwrap_or(d.asymmetric),
     };
     if l.nop_timeout.is_zero() {
         return Err(cerr(
@@ -683,6 +691,7 @@ mod tests {
             queue_depth = 32
             nop_interval = "10s"
             nop_timeout = "500ms"
+            asymmetric = false
             [[targets.luns]]
             backend = "ram:64MiB"
             [[targets.luns]]
@@ -707,6 +716,7 @@ mod tests {
         assert_eq!(a.limits.nop_interval, Duration::from_secs(10));
         assert_eq!(a.limits.nop_timeout, Duration::from_millis(500));
         assert_eq!(c.targets[1].limits.nop_interval, Duration::from_secs(30));
+        assert!(!a.limits.asymmetric && c.targets[1].limits.asymmetric);
         assert_eq!(a.luns[1].block_size, 4096);
         assert!(a.luns[1].read_only);
         assert_eq!(a.portals, vec!["127.0.0.1:3261".parse().unwrap()]);

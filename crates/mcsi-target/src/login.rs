@@ -12,12 +12,13 @@ use crate::config::Limits;
 use crate::session::{Session, SessionOps, Shared, Target};
 use bytes::BytesMut;
 use mcsi_proto::chap::{ChapTarget, ChapUsers};
-use mcsi_proto::keys::{ConnectionParams, KeyDef, KeyKind, SessionParams, ValueSpec};
+use mcsi_proto::keys::{ConnectionParams, KeyDef, SessionParams};
 use mcsi_proto::login::{
     Authenticator, LoginEnv, LoginNumbers, LoginStep, NoAuth, Refusal, TargetAccess, TargetLogin,
     TargetLoginConfig,
 };
 use mcsi_proto::pdu::{self, Framing, Isid, LoginRequest, LoginResponse, Pdu};
+use mcsi_proto::vendor::{ConnRole, ASYMMETRIC, CONNECTION_ROLE};
 use rand::RngCore;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,21 +37,18 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// StatSN of the first Login Response on a new connection (any value will do, RFC 7143 11.13.4).
 const FIRST_STAT_SN: u32 = 1;
 
-/// The vendor key of the asymmetric mode (thesis 4.3.2): commands on some connections, responses
-/// on others. Only mcsi peers know it; standard peers answer NotUnderstood and the key keeps its
-/// default, No. A Boolean AND key, so either side can refuse it, and leading-only because it
-/// shapes the whole session. See [`SessionOps::asymmetric`] for what enabling it would take.
-pub const ASYMMETRIC: KeyDef = KeyDef {
-    name: "X-org.mcsi.Asymmetric",
-    kind: KeyKind::BooleanAnd,
-    value: ValueSpec::Boolean,
-    default: "No",
-    leading_only: true,
-    per_connection: false,
-    phase: mcsi_proto::keys::Phase::Login,
-    senders: mcsi_proto::keys::Senders::Both,
-    discovery: false,
-};
+/// The vendor keys a target registers (mcsi_proto::vendor): the asymmetric mode is agreed only
+/// when the initiator offers it and the target allows it; a refusing target answers No.
+fn vendor_keys(limits: &Limits) -> Vec<(KeyDef, String)> {
+    if limits.asymmetric {
+        vec![
+            (ASYMMETRIC, "Yes".into()),
+            (CONNECTION_ROLE, "requests,responses,both".into()),
+        ]
+    } else {
+        vec![(ASYMMETRIC, "No".into())]
+    }
+}
 
 /// What a successful login agreed on.
 #[derive(Debug, Clone)]
@@ -64,6 +62,8 @@ pub struct Negotiated {
     /// A leading login (TSIH 0 in the requests) creates a session.
     pub leading: bool,
     pub cid: u16,
+    /// What this connection carries ([`ConnRole::Both`] outside an asymmetric session).
+    pub role: ConnRole,
     /// Session-wide values (meaningful for a leading login; a joining connection uses its
     /// session's).
     pub session: SessionOps,
@@ -209,6 +209,7 @@ impl LoginEnv for Env<'_> {
                     params: Limits::default().local_params(),
                     authenticator,
                     target_alias: None,
+                    extensions: Vec::new(),
                 })
             }
             (SessionType::Normal, Some(name)) => {
@@ -230,6 +231,7 @@ impl LoginEnv for Env<'_> {
                     params: t.limits.local_params(),
                     authenticator,
                     target_alias: t.alias.clone(),
+                    extensions: vendor_keys(&t.limits),
                 };
                 self.target = Some(t);
                 Ok(access)
@@ -333,7 +335,6 @@ async fn run_inner(
     let mut machine = TargetLogin::new(TargetLoginConfig {
         // One portal group per target (crate::session::Target::tpgt).
         portal_group_tag: 1,
-        extensions: vec![(ASYMMETRIC, "No".into())],
         ..TargetLoginConfig::default()
     });
     let mut first_cmd_sn = None;
@@ -382,6 +383,12 @@ async fn run_inner(
                     "login negotiated"
                 );
                 let queue_depth = env.limits().queue_depth;
+                // A joining connection's role counts only in a session that agreed on the mode.
+                let asymmetric = match &env.joins {
+                    Some(s) => s.ops.asymmetric,
+                    None => mcsi_proto::vendor::asymmetric_agreed(&session.extensions),
+                };
+                let role = ConnRole::agreed(asymmetric, &session.extensions);
                 return Ok(Negotiated {
                     session_type,
                     initiator_name,
@@ -390,6 +397,7 @@ async fn run_inner(
                     tsih,
                     leading: req.tsih == 0,
                     cid,
+                    role,
                     session: SessionOps::new(&session, queue_depth),
                     params: session,
                     connection,

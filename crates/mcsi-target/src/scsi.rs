@@ -44,7 +44,7 @@ pub async fn run(ctx: TaskCtx) {
         done_tx,
     } = handles;
     let itt = cmd.itt;
-    let pdus = async {
+    let outcome = async {
         let data_out = match transfer {
             Some(t) => collect(&session, &conn, &cmd, t, data_rx, &mut abort_rx).await?,
             None => Bytes::new(),
@@ -55,18 +55,14 @@ pub async fn run(ctx: TaskCtx) {
             r = ready_rx => r.ok()?,
         }
         let read_expected = read_expected(&cmd);
-        let outcome = execute(&session, &dev, &cmd, attr, data_out, read_expected).await;
-        Some(response_pdus(
-            &cmd,
-            phase,
-            outcome,
-            conn.ops.send_mrdsl,
-            session.ops.max_burst_length,
-        ))
+        Some(execute(&session, &dev, &cmd, attr, data_out, read_expected).await)
     }
     .await;
-    let out = session.response_conn(&conn);
-    let sent = session.finish_task(itt, id, &out, pdus.unwrap_or_default());
+    let max_burst = session.ops.max_burst_length;
+    let sent = session.finish_task(itt, id, &conn, |out| match outcome {
+        Some(o) => response_pdus(&cmd, phase, o, out.ops.send_mrdsl, max_burst),
+        None => Vec::new(),
+    });
     if !sent {
         debug!("task ended without status (aborted or connection gone)");
     }
@@ -86,7 +82,7 @@ pub fn read_expected(cmd: &ScsiCommand) -> u32 {
 /// Gathers the data-out buffer: immediate data, the unsolicited burst, and R2T-solicited data.
 async fn collect(
     session: &Session,
-    conn: &Conn,
+    conn: &Arc<Conn>,
     cmd: &ScsiCommand,
     mut t: WriteTransfer,
     data_rx: Option<tokio::sync::mpsc::UnboundedReceiver<mcsi_proto::pdu::DataOut>>,
@@ -102,18 +98,24 @@ async fn collect(
     let mut buf = BytesMut::zeroed(want);
     buf[..imm.len as usize].copy_from_slice(&cmd.data[..imm.len as usize]);
     loop {
-        for r in t.next_r2ts(|| session.alloc_ttt()) {
-            conn.send(Pdu::R2t(R2t {
-                lun: cmd.lun,
-                itt: cmd.itt,
-                ttt: r.ttt,
-                stat_sn: 0,
-                exp_cmd_sn: 0,
-                max_cmd_sn: 0,
-                r2t_sn: r.r2t_sn,
-                buffer_offset: r.offset,
-                desired_data_transfer_length: r.len,
-            }));
+        let r2ts = t.next_r2ts(|| session.alloc_ttt());
+        if !r2ts.is_empty() {
+            // R2Ts leave with the task's other replies (a response connection in the
+            // asymmetric mode).
+            let reply = session.reply_conn(cmd.itt, conn);
+            for r in r2ts {
+                reply.send(Pdu::R2t(R2t {
+                    lun: cmd.lun,
+                    itt: cmd.itt,
+                    ttt: r.ttt,
+                    stat_sn: 0,
+                    exp_cmd_sn: 0,
+                    max_cmd_sn: 0,
+                    r2t_sn: r.r2t_sn,
+                    buffer_offset: r.offset,
+                    desired_data_transfer_length: r.len,
+                }));
+            }
         }
         if t.done() {
             return Some(buf.freeze());

@@ -212,7 +212,7 @@ async fn connection(
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
     let ops = ConnOps::from(&n.connection);
-    let (conn, stop_rx) = Conn::new(n.cid, ops, peer, local, tx, cspan.clone());
+    let (conn, stop_rx) = Conn::new(n.cid, n.role, ops, peer, local, tx, cspan.clone());
     if let Some(prev) = session.add_conn(conn.clone()) {
         prev.mark_clean();
         prev.stop();
@@ -225,7 +225,7 @@ async fn connection(
             .await;
         return;
     }
-    info!(parent: &cspan, "full feature phase");
+    info!(parent: &cspan, role = n.role.as_str(), "full feature phase");
     let (rd, wr) = stream.into_split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();

@@ -9,6 +9,7 @@ use crate::config::{AuthSpec, Limits};
 use crate::taskset::TaskSet;
 use crate::window::{CmdWindow, Submit};
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
+use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -139,22 +140,11 @@ pub struct SessionOps {
     pub max_burst_length: u32,
     pub max_outstanding_r2t: u16,
     pub queue_depth: u32,
-    /// The asymmetric mode of thesis 4.3.2 (`X-org.mcsi.Asymmetric`, [`crate::login::ASYMMETRIC`]):
-    /// responses may leave on another connection than the command's. The target always answers
-    /// the key with No, so this stays false and every task keeps connection allegiance (RFC 7143
-    /// 5.3: all PDUs of a task on the connection its command came on). The seam is
-    /// [`Session::response_conn`], the one place that picks the connection a task's Data-In,
-    /// R2T and status leave on. Enabling the mode safely would take:
-    /// - answering Yes only to a peer that offered Yes itself (the key is AND, and standard peers
-    ///   answer NotUnderstood, which leaves it No), so standard initiators never see it;
-    /// - per-connection roles agreed at login (command vs response connections, e.g. a second
-    ///   vendor key on each non-leading login) so both ends know where responses go;
-    /// - R2T and Data-Out staying on the command's connection (the initiator matches them by
-    ///   ITT/TTT per connection), only Data-In and SCSI Response moving;
-    /// - StatSN per response connection, with ExpStatSN acknowledged on that connection, and the
-    ///   response connection's failure treated like the command connection's (at ERL 0 the
-    ///   session ends either way);
-    /// - task management and logout answered on the connection they came on.
+    /// The asymmetric mode of thesis 4.3.2 (`X-org.mcsi.Asymmetric`, [`mcsi_proto::vendor`]),
+    /// agreed only with an initiator that offered it: the R2T, Data-In and SCSI Response of a
+    /// task leave on one of the session's response connections ([`Session::reply_conn`]); the
+    /// command and its Data-Out keep to the connection the command came on, and control
+    /// requests (NOP, Text, Logout, task management) are answered where they came.
     pub asymmetric: bool,
 }
 
@@ -169,8 +159,7 @@ impl SessionOps {
             max_burst_length: p.max_burst_length,
             max_outstanding_r2t: p.max_outstanding_r2t.max(1),
             queue_depth: queue_depth.max(1),
-            // Never agreed: see the field's documentation.
-            asymmetric: false,
+            asymmetric: mcsi_proto::vendor::asymmetric_agreed(&p.extensions),
         }
     }
 }
@@ -210,6 +199,8 @@ pub enum Out {
 /// One connection of a session, as the session sees it.
 pub struct Conn {
     pub cid: u16,
+    /// What the connection carries (asymmetric sessions; [`ConnRole::Both`] otherwise).
+    pub role: ConnRole,
     pub ops: ConnOps,
     pub peer: SocketAddr,
     pub local: SocketAddr,
@@ -224,8 +215,10 @@ pub struct Conn {
 }
 
 impl Conn {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cid: u16,
+        role: ConnRole,
         ops: ConnOps,
         peer: SocketAddr,
         local: SocketAddr,
@@ -235,6 +228,7 @@ impl Conn {
         let (stop, stop_rx) = watch::channel(false);
         let c = Conn {
             cid,
+            role,
             ops,
             peer,
             local,
@@ -247,7 +241,8 @@ impl Conn {
         (Arc::new(c), stop_rx)
     }
 
-    /// Marks the connection as ending on purpose (logout, reinstatement).
+    /// Marks the connection as ending on purpose (logout, reinstatement). From now on no task
+    /// picks it for its replies (asymmetric mode).
     pub fn mark_clean(&self) {
         self.clean.store(true, Ordering::Release);
     }
@@ -289,7 +284,11 @@ pub type InOrder = Vec<(Arc<Conn>, Pdu)>;
 /// One task in the task table.
 pub struct TaskEntry {
     pub id: u64,
+    /// The connection the command came on (connection allegiance: its Data-Out comes there).
     pub cid: u16,
+    /// The connection its R2T, Data-In and status leave on: `cid`, or in an asymmetric session
+    /// one of the response connections.
+    pub reply_cid: u16,
     pub lun: u64,
     pub cmd_sn: u32,
     pub attr: TaskAttribute,
@@ -320,6 +319,8 @@ pub struct SessionState {
     pub tasks: HashMap<u32, TaskEntry>,
     task_sets: HashMap<u64, TaskSet<u64>>,
     next_ttt: u32,
+    /// Round-robin position among the response connections (asymmetric mode).
+    next_reply: usize,
     pub closing: bool,
 }
 
@@ -397,6 +398,7 @@ impl Session {
                 tasks: HashMap::new(),
                 task_sets: HashMap::new(),
                 next_ttt: 1,
+                next_reply: 0,
                 closing: false,
             }),
         })
@@ -475,11 +477,17 @@ impl Session {
         } else {
             (None, None)
         };
+        let reply_cid = if self.ops.asymmetric {
+            pick_reply(&mut st, conn.cid)
+        } else {
+            conn.cid
+        };
         st.tasks.insert(
             itt,
             TaskEntry {
                 id,
                 cid: conn.cid,
+                reply_cid,
                 lun,
                 cmd_sn,
                 attr,
@@ -539,11 +547,16 @@ impl Session {
         (true, submit(&mut st, cmd_sn, item))
     }
 
-    /// The connection a task's Data-In and status leave on: the one its command came on
-    /// (connection allegiance, RFC 7143 5.3). The asymmetric mode ([`SessionOps::asymmetric`])
-    /// would choose another connection of the session here.
-    pub fn response_conn(&self, command_conn: &Arc<Conn>) -> Arc<Conn> {
-        command_conn.clone()
+    /// The connection task `itt`'s R2T, Data-In and status leave on: the one its command came
+    /// on (connection allegiance, RFC 7143 5.3), or in the asymmetric mode the response
+    /// connection chosen when the task was registered. Falls back to `command_conn` when that
+    /// connection has gone (logged out) or the task is unknown.
+    pub fn reply_conn(&self, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
+        if !self.ops.asymmetric {
+            return command_conn.clone();
+        }
+        let mut st = self.lock();
+        reply_conn_locked(&mut st, itt, command_conn)
     }
 
     /// Whether `cmd_sn` is in the window now.
@@ -563,9 +576,16 @@ impl Session {
     }
 
     /// Ends a task: removes it, lets the task set go on and, unless the task was aborted, queues
-    /// its final PDUs on its connection while still holding the lock (so a later task
-    /// management response cannot overtake them).
-    pub fn finish_task(&self, itt: u32, id: u64, conn: &Conn, pdus: Vec<Pdu>) -> bool {
+    /// its final PDUs on its reply connection ([`Session::reply_conn`]) while still holding the
+    /// lock (so a later task management response cannot overtake them). `pdus` makes them for
+    /// the connection they will leave on (its MaxRecvDataSegmentLength sizes the Data-In).
+    pub fn finish_task(
+        &self,
+        itt: u32,
+        id: u64,
+        command_conn: &Arc<Conn>,
+        pdus: impl FnOnce(&Conn) -> Vec<Pdu>,
+    ) -> bool {
         let mut st = self.lock();
         let Some(entry) = st.tasks.get(&itt) else {
             return false;
@@ -573,6 +593,11 @@ impl Session {
         if entry.id != id {
             return false;
         }
+        let out = if self.ops.asymmetric {
+            reply_conn_locked(&mut st, itt, command_conn)
+        } else {
+            command_conn.clone()
+        };
         let Some(entry) = st.tasks.remove(&itt) else {
             return false;
         };
@@ -588,8 +613,8 @@ impl Session {
         if entry.aborted {
             return false;
         }
-        for p in pdus {
-            conn.send(p);
+        for p in pdus(&out) {
+            out.send(p);
         }
         true
     }
@@ -680,6 +705,42 @@ pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
     for mut w in waits {
         while w.changed().await.is_ok() {}
     }
+}
+
+/// The next response connection, round-robin in CID order (thesis 4.3.3: responses spread over
+/// connections n+1..2n); the command's own connection when the session has none.
+fn pick_reply(st: &mut SessionState, command_cid: u16) -> u16 {
+    let mut replies: Vec<u16> = st
+        .conns
+        .values()
+        .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
+        .map(|c| c.cid)
+        .collect();
+    if replies.is_empty() {
+        return command_cid;
+    }
+    replies.sort_unstable();
+    let cid = replies[st.next_reply % replies.len()];
+    st.next_reply = st.next_reply.wrapping_add(1);
+    cid
+}
+
+fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
+    let Some(cid) = st.tasks.get(&itt).map(|t| t.reply_cid) else {
+        return command_conn.clone();
+    };
+    if let Some(c) = st.conns.get(&cid).filter(|c| !c.clean_exit()) {
+        return c.clone();
+    }
+    // The chosen response connection is logging out or gone: another one takes the rest.
+    let cid = pick_reply(st, command_conn.cid);
+    if let Some(t) = st.tasks.get_mut(&itt) {
+        t.reply_cid = cid;
+    }
+    st.conns
+        .get(&cid)
+        .cloned()
+        .unwrap_or_else(|| command_conn.clone())
 }
 
 fn alloc_ttt(st: &mut SessionState) -> u32 {

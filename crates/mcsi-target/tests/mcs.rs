@@ -303,21 +303,189 @@ async fn logging_out_one_connection_keeps_the_others_and_their_tasks() {
     assert_eq!(result(&mut a, titt).await.status, 0);
 }
 
+const ASYM: &str = "X-org.mcsi.Asymmetric";
+const ROLE: &str = "X-org.mcsi.ConnectionRole";
+
+/// Which of `conns` delivers the next PDU within 5 s, and the PDU.
+async fn next_on(conns: &mut [&mut Client]) -> (usize, Pdu) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        for (i, c) in conns.iter_mut().enumerate() {
+            if let Ok(p) =
+                tokio::time::timeout(std::time::Duration::from_millis(20), c.recv_inner()).await
+            {
+                return (i, p);
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no PDU on any connection within 5 s"
+        );
+    }
+}
+
+/// An asymmetric session: A carries requests, B and C (CIDs 1 and 2) responses.
+async fn asymmetric_session(server: &mcsi_target::Server) -> (Client, Client, Client) {
+    let a = Client::normal(server, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
+    assert_eq!(key(&a, ASYM).as_deref(), Some("Yes"));
+    assert_eq!(key(&a, ROLE).as_deref(), Some("requests"));
+    let mut joined = Vec::new();
+    for cid in [1u16, 2] {
+        let mut c = Client::connect(server).await;
+        c.cmd_sn = a.cmd_sn;
+        c.itt = u32::from(cid) << 20;
+        let r = c
+            .login(
+                [0x80, 1, 2, 3, 4, 5],
+                a.tsih,
+                cid,
+                &[("TargetName", IQN), (ROLE, "responses")],
+            )
+            .await;
+        assert_eq!(r.status_class, 0);
+        assert_eq!(key(&c, ROLE).as_deref(), Some("responses"));
+        joined.push(c);
+    }
+    let c = joined.pop().unwrap();
+    let b = joined.pop().unwrap();
+    (a, b, c)
+}
+
 #[tokio::test]
-async fn asymmetric_mode_is_refused_so_allegiance_holds() {
-    // The vendor key is known (answered, not NotUnderstood) but always agreed as No.
-    let server = start(|_| {}).await;
+async fn asymmetric_mode_sends_replies_on_response_connections() {
+    // InitialR2T=Yes and no immediate data: every write is solicited by an R2T.
+    let server = start(|l| {
+        l.initial_r2t = true;
+        l.immediate_data = false;
+    })
+    .await;
+    let (mut a, mut b, mut c) = asymmetric_session(&server).await;
+
+    // A write sent on A: its R2T comes on a response connection, its Data-Out goes on A
+    // (allegiance of the command's data), its status comes where the R2T came.
+    let data = pattern(4096, 9);
+    let (itt, _) = {
+        let cmd = a.command(&rw10(0x2a, 100, 8), false, true, 4096, Bytes::new(), true);
+        (cmd.itt, a.send(Pdu::ScsiCommand(cmd)).await)
+    };
+    let (who, p) = next_on(&mut [&mut a, &mut b, &mut c]).await;
+    let Pdu::R2t(r2t) = p else {
+        panic!("expected an R2T, got {p:?}")
+    };
+    assert!(who != 0, "the R2T came on the request connection");
+    send_data(&mut a, itt, &r2t, &data).await;
+    let (who2, p) = next_on(&mut [&mut a, &mut b, &mut c]).await;
+    assert_eq!(
+        who2, who,
+        "status and R2T of one task leave on one connection"
+    );
+    let Pdu::ScsiResponse(r) = p else {
+        panic!("expected a SCSI Response, got {p:?}")
+    };
+    assert_eq!((r.itt, r.status), (itt, 0));
+
+    // Four reads on A: Data-In and status alternate over B and C, nothing comes back on A.
+    let mut seen = Vec::new();
+    for lba in [100u32, 100, 100, 100] {
+        let cmd = a.command(&rw10(0x28, lba, 8), true, false, 4096, Bytes::new(), true);
+        let ritt = cmd.itt;
+        a.send(Pdu::ScsiCommand(cmd)).await;
+        let (who, p) = next_on(&mut [&mut a, &mut b, &mut c]).await;
+        let Pdu::DataIn(d) = p else {
+            panic!("expected Data-In, got {p:?}")
+        };
+        assert_eq!((d.itt, d.status), (ritt, Some(0)));
+        assert!(d.data == data, "read returned other data");
+        seen.push(who);
+    }
+    assert!(
+        !seen.contains(&0),
+        "replies came on the request connection: {seen:?}"
+    );
+    assert!(
+        seen.contains(&1) && seen.contains(&2),
+        "replies did not spread over both response connections: {seen:?}"
+    );
+    assert!(a.silent(100).await);
+
+    // Control requests are answered where they came: a NOP-Out on A gets its NOP-In on A.
+    let itt = a.next_itt();
+    a.send(Pdu::NopOut(NopOut {
+        immediate: true,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: 0,
+        data: Bytes::from_static(b"ping"),
+    }))
+    .await;
+    match a.recv().await {
+        Pdu::NopIn(n) => assert_eq!((n.itt, &n.data[..]), (itt, &b"ping"[..])),
+        other => panic!("expected a NOP-In on A, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_logged_out_response_connection_hands_its_tasks_to_another() {
+    let server = start(|l| {
+        l.initial_r2t = true;
+        l.immediate_data = false;
+    })
+    .await;
+    let (mut a, mut b, mut c) = asymmetric_session(&server).await;
+    let data = pattern(4096, 3);
+    let cmd = a.command(&rw10(0x2a, 7, 8), false, true, 4096, Bytes::new(), true);
+    let itt = cmd.itt;
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    let (who, p) = next_on(&mut [&mut b, &mut c]).await;
+    let Pdu::R2t(r2t) = p else {
+        panic!("expected an R2T, got {p:?}")
+    };
+    // The connection that got the R2T logs itself out; the write's status goes to the other.
+    let (gone, other) = if who == 0 {
+        (&mut b, &mut c)
+    } else {
+        (&mut c, &mut b)
+    };
+    let cid = if who == 0 { 1 } else { 2 };
+    gone.cmd_sn = a.cmd_sn;
+    assert_eq!(gone.logout(1, cid).await.response, 0);
+    assert!(gone.closed_by_target().await);
+    send_data(&mut a, itt, &r2t, &data).await;
+    match other.recv().await {
+        Pdu::ScsiResponse(r) => assert_eq!((r.itt, r.status), (itt, 0)),
+        p => panic!("expected the write's status, got {p:?}"),
+    }
+}
+
+#[tokio::test]
+async fn asymmetric_mode_is_only_agreed_when_allowed_and_offered() {
+    // A target configured without the mode answers No; the connection keeps both directions.
+    let server = start(|l| l.asymmetric = false).await;
     let mut c = Client::connect(&server).await;
     let r = c
         .login(
             [0x80, 0, 0, 0, 9, 3],
             0,
             0,
-            &[("TargetName", IQN), ("X-org.mcsi.Asymmetric", "Yes")],
+            &[("TargetName", IQN), (ASYM, "Yes"), (ROLE, "requests")],
         )
         .await;
     assert_eq!(r.status_class, 0);
-    assert_eq!(key(&c, "X-org.mcsi.Asymmetric").as_deref(), Some("No"));
+    assert_eq!(key(&c, ASYM).as_deref(), Some("No"));
+    assert_eq!(key(&c, ROLE).as_deref(), Some("NotUnderstood"));
+    // A target that allows it never offers it to an initiator that did not ask (a standard
+    // initiator sees no X- key at all).
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    c.login([0x80, 0, 0, 0, 9, 5], 0, 0, &[("TargetName", IQN)])
+        .await;
+    assert!(
+        !c.login_keys.iter().any(|(k, _)| k.starts_with("X-")),
+        "{:?}",
+        c.login_keys
+    );
     // An unknown vendor key is not understood.
     let mut c = Client::connect(&server).await;
     c.login(
