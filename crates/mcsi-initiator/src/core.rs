@@ -68,12 +68,7 @@ impl Response {
 }
 
 /// Role of a connection (the asymmetric mode gives requests and responses separate ones).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Both,
-    Requests,
-    Responses,
-}
+pub use mcsi_proto::vendor::ConnRole;
 
 /// Things the driver must do.
 #[derive(Debug)]
@@ -110,7 +105,7 @@ pub enum Event {
 struct ConnState {
     alive: bool,
     draining: bool,
-    role: Role,
+    role: ConnRole,
     cid: u16,
     /// Next StatSN expected on this connection.
     exp_stat_sn: u32,
@@ -118,6 +113,8 @@ struct ConnState {
     outstanding_bytes: u64,
     tasks_total: u64,
     bytes_total: u64,
+    statuses_in: u64,
+    data_in_bytes: u64,
     tcp: Option<TcpStats>,
 }
 
@@ -126,8 +123,15 @@ struct ConnState {
 pub struct ConnStats {
     pub cid: u16,
     pub alive: bool,
+    /// What the connection carries (asymmetric mode).
+    pub role: ConnRole,
+    /// Tasks issued on this connection, and their data bytes.
     pub tasks: u64,
     pub bytes: u64,
+    /// Task statuses (SCSI Response, or Data-In with status) received on this connection.
+    pub statuses_in: u64,
+    /// Data-In payload bytes received on this connection.
+    pub data_in_bytes: u64,
     pub outstanding_tasks: u32,
     pub outstanding_bytes: u64,
 }
@@ -192,7 +196,7 @@ impl<C> SessionCore<C> {
         &mut self,
         params: SessionParams,
         window: CmdWindow,
-        conns: &[(u16, Role, u32)],
+        conns: &[(u16, ConnRole, u32)],
         out: &mut Vec<Action<C>>,
     ) {
         self.requeue_outstanding();
@@ -210,6 +214,8 @@ impl<C> SessionCore<C> {
                 outstanding_bytes: 0,
                 tasks_total: 0,
                 bytes_total: 0,
+                statuses_in: 0,
+                data_in_bytes: 0,
                 tcp: None,
             })
             .collect();
@@ -309,8 +315,11 @@ impl<C> SessionCore<C> {
             .map(|c| ConnStats {
                 cid: c.cid,
                 alive: c.alive,
+                role: c.role,
                 tasks: c.tasks_total,
                 bytes: c.bytes_total,
+                statuses_in: c.statuses_in,
+                data_in_bytes: c.data_in_bytes,
                 outstanding_tasks: c.outstanding_tasks,
                 outstanding_bytes: c.outstanding_bytes,
             })
@@ -380,7 +389,7 @@ impl<C> SessionCore<C> {
         self.conns
             .iter()
             .map(|c| ConnLoad {
-                usable: c.alive && !c.draining && c.role != Role::Responses,
+                usable: c.alive && !c.draining && c.role != ConnRole::Responses,
                 outstanding_tasks: c.outstanding_tasks,
                 outstanding_bytes: c.outstanding_bytes,
                 tcp: c.tcp,
@@ -558,6 +567,16 @@ impl<C> SessionCore<C> {
     /// Take one PDU from connection `conn`. An error is connection-level: the driver drops the
     /// connection (and at ERL 0 recovers the session).
     pub fn handle(&mut self, conn: usize, pdu: Pdu, out: &mut Vec<Action<C>>) -> Result<(), Error> {
+        if let Some(c) = self.conns.get_mut(conn) {
+            match &pdu {
+                Pdu::ScsiResponse(_) => c.statuses_in += 1,
+                Pdu::DataIn(d) => {
+                    c.data_in_bytes += d.data.len() as u64;
+                    c.statuses_in += u64::from(d.status.is_some());
+                }
+                _ => {}
+            }
+        }
         self.note_stat_sn(conn, &pdu);
         self.note_window(&pdu);
         let r = self.dispatch(conn, pdu, out);
@@ -753,7 +772,8 @@ mod tests {
 
     fn core(n: usize, exp: u32, max: u32) -> (Core, Vec<Action<u32>>) {
         let mut c = Core::new(Box::new(RoundRobin::default()));
-        let conns: Vec<(u16, Role, u32)> = (0..n).map(|i| (i as u16, Role::Both, 1000)).collect();
+        let conns: Vec<(u16, ConnRole, u32)> =
+            (0..n).map(|i| (i as u16, ConnRole::Both, 1000)).collect();
         let mut out = Vec::new();
         c.start(params(), CmdWindow::new(exp, max), &conns, &mut out);
         (c, out)
@@ -1017,7 +1037,7 @@ mod tests {
         c.start(
             params(),
             CmdWindow::new(1, 50),
-            &[(0, Role::Both, 5), (1, Role::Both, 7)],
+            &[(0, ConnRole::Both, 5), (1, ConnRole::Both, 7)],
             &mut out,
         );
         let again = cmd_sns(&out);
@@ -1046,7 +1066,7 @@ mod tests {
         c.start(
             params(),
             CmdWindow::new(1, 100),
-            &[(0, Role::Both, 0), (1, Role::Both, 0)],
+            &[(0, ConnRole::Both, 0), (1, ConnRole::Both, 0)],
             &mut out,
         );
         c.submit(read(0, 1 << 20), 0, &mut out);
@@ -1067,10 +1087,10 @@ mod tests {
         let mut c = Core::new(Box::new(RoundRobin::default()));
         let mut out = Vec::new();
         let conns = [
-            (0, Role::Requests, 0),
-            (1, Role::Requests, 0),
-            (2, Role::Responses, 0),
-            (3, Role::Responses, 0),
+            (0, ConnRole::Requests, 0),
+            (1, ConnRole::Requests, 0),
+            (2, ConnRole::Responses, 0),
+            (3, ConnRole::Responses, 0),
         ];
         c.start(params(), CmdWindow::new(1, 100), &conns, &mut out);
         for h in 0..6 {
@@ -1223,7 +1243,11 @@ mod tests {
         c.start(
             params(),
             CmdWindow::new(1, 100),
-            &[(0, Role::Both, 0), (1, Role::Both, 0), (2, Role::Both, 0)],
+            &[
+                (0, ConnRole::Both, 0),
+                (1, ConnRole::Both, 0),
+                (2, ConnRole::Both, 0),
+            ],
             &mut out,
         );
         c.set_tcp(

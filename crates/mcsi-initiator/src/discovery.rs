@@ -62,6 +62,7 @@ pub async fn discover(
         offers: Offers::default(),
         chap: None,
         chap_algorithms: Vec::new(),
+        role: mcsi_proto::vendor::ConnRole::Both,
     };
     let done = match conn::login(&mut s, cfg, timeout).await? {
         LoginOutcome::Done(d) => d,

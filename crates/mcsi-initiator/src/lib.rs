@@ -20,11 +20,13 @@
 //! which is re-established with the same ISID (session reinstatement) and the commands that had
 //! no status are issued again.
 //!
-//! The asymmetric mode of the thesis (requests on half the connections, responses on the other
-//! half) has its seam here: [`ConnectOptions::asymmetric`] offers the vendor key
-//! [`negotiate::ASYMMETRIC_KEY`], and when a target agrees the connections get
-//! [`core::Role`]s that keep new tasks off the response half. Responses are matched to tasks by
-//! Initiator Task Tag session-wide, so they may arrive on any connection.
+//! The asymmetric mode of the thesis (4.3.2-4.3.3: requests on half the connections, responses
+//! on the other half) is a vendor extension between mcsi peers ([`mcsi_proto::vendor`]):
+//! [`ConnectOptions::asymmetric`] offers it, each login declares its connection's role, and when
+//! the target agrees new tasks go only to request connections while the target sends R2T,
+//! Data-In and status on the response connections. Responses are matched to tasks by Initiator
+//! Task Tag session-wide, so they may arrive on any connection; Data-Out follows its command's
+//! connection whichever connection carried the R2T.
 
 mod conn;
 pub mod core;

@@ -4,26 +4,14 @@
 
 use crate::error::Error;
 use mcsi_proto::chap::{ChapAlgorithm, ChapCredentials, ChapInitiator};
-use mcsi_proto::keys::{Digest, KeyDef, KeyKind, LocalParams, Phase, Senders, ValueSpec};
+use mcsi_proto::keys::{Digest, LocalParams};
 use mcsi_proto::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError};
 use mcsi_proto::pdu::{Isid, LoginRequest, LoginResponse};
+use mcsi_proto::vendor::{self, ConnRole};
 
-/// Vendor key of the thesis's asymmetric mode (4.3.2-4.3.3): requests on the first half of the
-/// connections, responses on the second half. Registered and offered only when asked for, so a
-/// standard peer never sees it.
-pub const ASYMMETRIC_KEY: &str = "X-org.mcsi.Asymmetric";
-
-const ASYMMETRIC_DEF: KeyDef = KeyDef {
-    name: ASYMMETRIC_KEY,
-    kind: KeyKind::BooleanAnd,
-    value: ValueSpec::Boolean,
-    default: "No",
-    leading_only: true,
-    per_connection: false,
-    phase: Phase::Login,
-    senders: Senders::Both,
-    discovery: false,
-};
+/// Vendor key of the thesis's asymmetric mode (4.3.2-4.3.3), see [`mcsi_proto::vendor`]: offered
+/// only when asked for, so a standard peer never sees it.
+pub const ASYMMETRIC_KEY: &str = mcsi_proto::vendor::ASYMMETRIC.name;
 
 /// The negotiated values a session works with: mcsi-proto's session-wide and per-connection
 /// parameters, flattened (every connection is offered the same values).
@@ -133,12 +121,18 @@ pub struct LoginConfig {
     pub chap: Option<(String, String)>,
     /// CHAP algorithms offered, in order of preference (empty: MD5 only).
     pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// The role this connection asks for when `offers.asymmetric` is set (the leading login
+    /// offers the mode itself; every login offers its role).
+    pub role: ConnRole,
 }
 
 /// The outcome of a successful login.
 #[derive(Debug, Clone)]
 pub struct LoginDone {
     pub params: SessionParams,
+    /// The role the target agreed for this connection (meaningful once the leading login agreed
+    /// on the asymmetric mode: [`SessionParams::asymmetric`]).
+    pub role: ConnRole,
     pub tsih: u16,
     /// StatSN of the final response: the connection's next ExpStatSN is this + 1.
     pub stat_sn: u32,
@@ -206,7 +200,10 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
         ..LocalParams::default()
     };
     if o.asymmetric && cfg.kind == SessionKind::Normal {
-        c.extensions.push((ASYMMETRIC_DEF, "Yes".into()));
+        // The mode key is leading-only: the negotiator leaves it out of non-leading logins.
+        c.extensions.push((vendor::ASYMMETRIC, "Yes".into()));
+        c.extensions
+            .push((vendor::CONNECTION_ROLE, cfg.role.as_str().into()));
     }
     if let Some((user, secret)) = &cfg.chap {
         let chap = ChapInitiator::new(
@@ -273,7 +270,7 @@ impl Login {
                     initiator_max_recv_dsl: c.max_recv_data_segment_length,
                     target_alias: o.target_alias.clone(),
                     target_portal_group_tag: o.target_portal_group_tag,
-                    asymmetric: s.extensions.get(ASYMMETRIC_KEY).map(String::as_str) == Some("Yes"),
+                    asymmetric: vendor::asymmetric_agreed(&s.extensions),
                 };
                 if params.error_recovery_level != 0 {
                     return Err(Error::Negotiation(format!(
@@ -282,6 +279,7 @@ impl Login {
                     )));
                 }
                 Ok(LoginStep::Done(Box::new(LoginDone {
+                    role: ConnRole::agreed(true, &s.extensions),
                     params,
                     tsih: o.tsih,
                     stat_sn: o.stat_sn,
@@ -330,6 +328,7 @@ mod tests {
             },
             chap: None,
             chap_algorithms: Vec::new(),
+            role: ConnRole::Requests,
         }
     }
 
@@ -438,6 +437,7 @@ mod tests {
         };
         let offered = keys(&op);
         assert!(offered.contains(&(ASYMMETRIC_KEY.into(), "Yes".into())));
+        assert!(offered.contains(&(vendor::CONNECTION_ROLE.name.into(), "requests".into())));
         let answer: String = offered
             .iter()
             .map(|(k, v)| format!("{k}={}|", v.split(',').next().unwrap()))
@@ -455,7 +455,38 @@ mod tests {
             panic!()
         };
         assert!(d.params.asymmetric);
+        assert_eq!(d.role, ConnRole::Requests);
         assert_eq!(d.params.max_connections, 4);
+    }
+
+    #[test]
+    fn a_joining_login_offers_its_role_but_not_the_mode() {
+        let c = LoginConfig {
+            tsih: 7,
+            cid: 1,
+            role: ConnRole::Responses,
+            ..cfg(true)
+        };
+        let mut l = Login::new(&c).unwrap();
+        l.start();
+        let LoginStep::Send(op) = l
+            .handle(&resp(
+                Stage::Security,
+                Stage::Operational,
+                7,
+                "AuthMethod=None|",
+                (0, 0),
+            ))
+            .unwrap()
+        else {
+            panic!()
+        };
+        let offered = keys(&op);
+        assert!(
+            !offered.iter().any(|(k, _)| k == ASYMMETRIC_KEY),
+            "{offered:?}"
+        );
+        assert!(offered.contains(&(vendor::CONNECTION_ROLE.name.into(), "responses".into())));
     }
 
     #[test]

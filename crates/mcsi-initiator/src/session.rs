@@ -3,7 +3,7 @@
 //! logout.
 
 use crate::conn::{self, LoginOutcome};
-use crate::core::{Action, Command, ConnStats, Event, Response, Role, SessionCore};
+use crate::core::{Action, Command, ConnRole, ConnStats, Event, Response, SessionCore};
 use crate::error::Error;
 use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
 use crate::sched::{self, Scheduler};
@@ -175,7 +175,8 @@ impl std::fmt::Debug for Session {
 /// Connections of a freshly established session.
 struct Established {
     done: LoginDone,
-    conns: Vec<(TcpStream, u16, u32)>,
+    /// Socket, CID, StatSN of the final login response, and the connection's agreed role.
+    conns: Vec<(TcpStream, u16, u32, ConnRole)>,
     window: CmdWindow,
 }
 
@@ -237,6 +238,8 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             .clone()
             .map(|u| (u, url.password.clone().unwrap_or_default())),
         chap_algorithms: o.chap_algorithms.clone(),
+        // The leading connection carries requests (thesis 4.3.3: connections 1..n).
+        role: ConnRole::Requests,
     };
     let addr = url.address();
     let (s0, done) = login_conn(&addr, cfg.clone(), o.login_timeout).await?;
@@ -253,19 +256,32 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             want
         );
     }
-    let mut conns = vec![(s0, 0u16, done.stat_sn)];
+    // Asymmetric mode: the first half (rounded up) of the connections carry requests, the
+    // others responses. The target's answer to each login's role key is what counts.
+    let asym = done.params.asymmetric && n >= 2;
+    if o.asymmetric && !done.params.asymmetric {
+        tracing::warn!("the target does not agree to the asymmetric mode; every connection carries requests and responses");
+    }
+    let agreed = |r: ConnRole| if asym { r } else { ConnRole::Both };
+    let requests = n - n / 2;
+    let mut conns = vec![(s0, 0u16, done.stat_sn, agreed(done.role))];
     for cid in 1..n {
         let c = LoginConfig {
             tsih: done.tsih,
             cid,
             itt: u32::from(cid),
             cmd_sn: window.next_cmd_sn(),
+            role: if cid < requests {
+                ConnRole::Requests
+            } else {
+                ConnRole::Responses
+            },
             ..cfg.clone()
         };
         match login_conn(&addr, c, o.login_timeout).await {
             Ok((s, d)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
-                conns.push((s, cid, d.stat_sn));
+                conns.push((s, cid, d.stat_sn, agreed(d.role)));
             }
             Err(e) => {
                 tracing::warn!(cid, error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
@@ -326,8 +342,6 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     inner.generation += 1;
     let generation = inner.generation;
     let params = est.done.params.clone();
-    let asym = params.asymmetric && est.conns.len() >= 2;
-    let half = est.conns.len() / 2;
     let send_framing = Framing {
         header_digest: params.header_digest,
         data_digest: params.data_digest,
@@ -340,7 +354,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     };
     let mut handles = Vec::new();
     let mut roles = Vec::new();
-    for (i, (stream, cid, stat_sn)) in est.conns.into_iter().enumerate() {
+    for (i, (stream, cid, stat_sn, role)) in est.conns.into_iter().enumerate() {
         let sock = socket2::SockRef::from(&stream)
             .try_clone()
             .map_err(|e| Error::io("duplicating the socket", &e))?;
@@ -361,13 +375,6 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
             .await;
             connection_failed(&sh, i, generation, err);
         });
-        let role = if !asym {
-            Role::Both
-        } else if i < half {
-            Role::Requests
-        } else {
-            Role::Responses
-        };
         handles.push(ConnHandle { tx, sock });
         roles.push((cid, role, stat_sn));
     }

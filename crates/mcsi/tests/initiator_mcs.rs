@@ -380,3 +380,193 @@ fn write_paths_and_digests_round_trip() {
         }
     });
 }
+
+/// The asymmetric mode between mcsi peers (thesis 4.3.2-4.3.3): `mcsi bench` and `mcsi copy`
+/// over four connections, two carrying commands and two carrying R2T, Data-In and status.
+#[test]
+fn asymmetric_mode_puts_replies_on_response_connections() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(40);
+    let out = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "bench",
+            &t.url(),
+            "--connections",
+            "4",
+            "--asymmetric",
+            "--iodepth",
+            "32",
+            "--bs",
+            "4KiB",
+            "--rw",
+            "randwrite",
+            "--size",
+            "16MiB",
+            "--verify",
+            "--json",
+        ])
+        .env("MCSI_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0);
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0);
+    assert_eq!(v["mcsi"]["verify"]["blocks_checked"], 4096);
+    assert_eq!(v["mcsi"]["asymmetric"], true);
+    let conns = v["mcsi"]["connections"].as_array().unwrap();
+    let roles: Vec<&str> = conns.iter().map(|c| c["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["requests", "requests", "responses", "responses"]);
+    let n = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap();
+    let issued: u64 = conns.iter().map(|c| n(c, "tasks")).sum();
+    for c in conns {
+        if c["role"] == "requests" {
+            // Each request connection issues half the tasks and receives no status.
+            assert!(n(c, "tasks") >= issued / 2 - 1, "{conns:?}");
+            assert_eq!(n(c, "statuses_in"), 0, "{conns:?}");
+            assert_eq!(n(c, "data_in_bytes"), 0, "{conns:?}");
+        } else {
+            // Each response connection gets half the statuses and Data-In, and issues nothing.
+            assert_eq!(n(c, "tasks"), 0, "{conns:?}");
+            assert!(n(c, "statuses_in") >= issued / 2 - 1, "{conns:?}");
+            assert!(n(c, "data_in_bytes") >= 4 << 20, "{conns:?}");
+        }
+    }
+
+    // A copy in and out over an asymmetric session is byte-exact.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    let data = random_file(&src, 16 << 20, 0x5a5a);
+    let (out, most) = run_watching(
+        &[
+            "copy",
+            src.to_str().unwrap(),
+            &t.url(),
+            "--connections",
+            "4",
+            "--asymmetric",
+            "--bs",
+            "256KiB",
+        ],
+        t.port,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(most, 4);
+    let back = dir.path().join("back.bin");
+    let (out, _) = run_watching(
+        &[
+            "copy",
+            &t.url(),
+            back.to_str().unwrap(),
+            "--connections",
+            "4",
+            "--asymmetric",
+            "--length",
+            "16MiB",
+        ],
+        t.port,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&back).unwrap() == data, "copy differs");
+}
+
+/// Every write path (immediate, unsolicited, R2T-solicited) in an asymmetric session, then the
+/// loss of a response connection: the session is recovered with its roles and every task
+/// completes.
+#[test]
+fn asymmetric_session_write_paths_and_recovery() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(16);
+    let url = IscsiUrl::parse(&t.url()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (n, (immediate, initial_r2t)) in [(true, false), (false, false), (false, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let o = ConnectOptions {
+                connections: 4,
+                asymmetric: true,
+                immediate_data: immediate,
+                initial_r2t,
+                ..ConnectOptions::default()
+            };
+            let s = connect(&url, o).await.unwrap();
+            assert!(s.params().asymmetric);
+            let lun = s.open_lun(0).await.unwrap();
+            for (i, len) in [512usize, 65536, 300 * 1024, 1 << 20]
+                .into_iter()
+                .enumerate()
+            {
+                let lba = (n * 4096 + i * 2048) as u64;
+                let d: Vec<u8> = (0..len).map(|x| (x * 31 + n + i) as u8).collect();
+                lun.write(lba, bytes::Bytes::from(d.clone())).await.unwrap();
+                let r = lun.read(lba, (len / 512) as u32).await.unwrap();
+                assert!(r[..] == d[..], "case {n}: {len} bytes differ");
+            }
+            let st = s.stats();
+            for c in &st.connections {
+                use mcsi_initiator::core::ConnRole;
+                match c.counters.role {
+                    ConnRole::Requests => assert_eq!(c.counters.statuses_in, 0, "case {n}"),
+                    ConnRole::Responses => assert_eq!(c.counters.tasks, 0, "case {n}"),
+                    ConnRole::Both => panic!("case {n}: a connection without a role"),
+                }
+            }
+            s.logout().await.unwrap();
+        }
+
+        let s = connect(
+            &url,
+            ConnectOptions {
+                connections: 4,
+                asymmetric: true,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let lun = s.open_lun(0).await.unwrap();
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..128u64 {
+            let l = lun.clone();
+            set.spawn(async move {
+                let d = bytes::Bytes::from(vec![(i % 251) as u8; 65536]);
+                l.write(i * 128, d.clone()).await?;
+                assert_eq!(l.read(i * 128, 128).await?, d);
+                Ok::<_, mcsi_initiator::Error>(())
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Connection 3 carries responses.
+        assert!(s.sever_connection(3));
+        while let Some(r) = set.join_next().await {
+            r.unwrap().unwrap();
+        }
+        let st = s.stats();
+        assert!(st.recoveries >= 1);
+        let roles: Vec<_> = st
+            .connections
+            .iter()
+            .map(|c| c.counters.role.as_str())
+            .collect();
+        assert_eq!(roles, ["requests", "requests", "responses", "responses"]);
+        s.logout().await.unwrap();
+    });
+}

@@ -302,6 +302,37 @@ fn copy_fails_loudly() {
     assert!(e.contains("target not found"), "{e}");
 }
 
+/// Asking tgt for the asymmetric mode changes nothing: tgt does not know the vendor key
+/// (NotUnderstood), the session is a standard one-connection session and I/O works.
+#[test]
+fn asymmetric_request_falls_back_against_tgt() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(t) = Tgt::start(8 << 20) else {
+        return;
+    };
+    let url = IscsiUrl::parse(&t.url()).unwrap();
+    rt().block_on(async {
+        let o = ConnectOptions {
+            connections: 4,
+            asymmetric: true,
+            ..ConnectOptions::default()
+        };
+        let s = connect(&url, o).await.unwrap();
+        assert!(!s.params().asymmetric);
+        assert_eq!(s.connection_count(), 1);
+        let st = s.stats();
+        assert_eq!(
+            st.connections[0].counters.role,
+            mcsi_initiator::core::ConnRole::Both
+        );
+        let lun = s.open_lun(1).await.unwrap();
+        let d = bytes::Bytes::from(vec![0x3c; 65536]);
+        lun.write(64, d.clone()).await.unwrap();
+        assert_eq!(lun.read(64, 128).await.unwrap(), d);
+        s.logout().await.unwrap();
+    });
+}
+
 #[test]
 fn library_commands_against_tgt() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

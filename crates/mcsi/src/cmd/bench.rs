@@ -66,6 +66,10 @@ pub struct Args {
     /// Connection scheduler: round-robin or least-outstanding.
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
+    /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
+    #[arg(long)]
+    pub asymmetric: bool,
     /// Print fio-style JSON.
     #[arg(long)]
     pub json: bool,
@@ -409,9 +413,13 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
             bail!("--runtime must be a positive number of seconds");
         }
     }
+    if a.asymmetric && a.connections < 2 {
+        bail!("--asymmetric needs --connections 2 or more (requests and responses each need one)");
+    }
     let mut opts = ConnectOptions {
         connections: a.connections.max(1),
         policy: a.policy.clone(),
+        asymmetric: a.asymmetric,
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
@@ -658,8 +666,11 @@ fn fio_json(
             json!({
                 "index": c.index,
                 "cid": c.counters.cid,
+                "role": c.counters.role.as_str(),
                 "tasks": c.counters.tasks,
                 "bytes": c.counters.bytes,
+                "statuses_in": c.counters.statuses_in,
+                "data_in_bytes": c.counters.data_in_bytes,
                 "tcp": c.tcp.map(|t| json!({
                     "cwnd": t.cwnd,
                     "ssthresh": t.ssthresh,
@@ -707,6 +718,7 @@ fn fio_json(
             "policy": stats.policy,
             "connections_requested": a.connections,
             "connections": conns,
+            "asymmetric": params.asymmetric,
             "tsih": stats.tsih,
             "recoveries": stats.recoveries,
             "window_waits": stats.window_waits,
@@ -794,13 +806,19 @@ fn print_human(
                 t.cwnd, t.rtt_us, t.total_retrans
             )
         });
+        let role = match c.counters.role {
+            mcsi_initiator::core::ConnRole::Both => String::new(),
+            r => format!(" [{}]", r.as_str()),
+        };
         let _ = writeln!(
             o,
-            "  connection {} (cid {}): {} tasks, {}{tcp}",
+            "  connection {} (cid {}){role}: {} tasks ({}) issued, {} statuses and {} of Data-In received{tcp}",
             c.index,
             c.counters.cid,
             c.counters.tasks,
-            mcsi_units::Bytes(c.counters.bytes as f64)
+            mcsi_units::Bytes(c.counters.bytes as f64),
+            c.counters.statuses_in,
+            mcsi_units::Bytes(c.counters.data_in_bytes as f64)
         );
     }
     emit(&o);

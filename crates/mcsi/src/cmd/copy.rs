@@ -30,6 +30,10 @@ pub struct Args {
     /// Connection scheduler: round-robin or least-outstanding.
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
+    /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
+    #[arg(long)]
+    pub asymmetric: bool,
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
@@ -132,10 +136,14 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     if a.connections == 0 {
         bail!("--connections must be at least 1");
     }
+    if a.asymmetric && a.connections < 2 {
+        bail!("--asymmetric needs --connections 2 or more (requests and responses each need one)");
+    }
     mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     let mut opts = ConnectOptions {
         connections: a.connections,
         policy: a.policy.clone(),
+        asymmetric: a.asymmetric,
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
