@@ -292,7 +292,10 @@ impl Default for Limits {
             max_connections: 8,
             max_recv_data_segment_length: 262_144,
             max_burst_length: 1_048_576,
-            first_burst_length: 65_536,
+            // A write up to 256 KiB goes out whole with its command (immediate data up to our
+            // MaxRecvDataSegmentLength, unsolicited Data-Out after it) instead of waiting a round
+            // trip for an R2T, which matters most on long links.
+            first_burst_length: 262_144,
             max_outstanding_r2t: 8,
             // "No" lets initiators send the first burst without waiting a round trip for an R2T,
             // which matters on long links; InitialR2T is an OR key so an initiator may still ask.

@@ -95,8 +95,9 @@ async fn collect(
         return Some(cmd.data.slice(..imm.len as usize));
     }
     let mut rx = data_rx?;
-    let mut buf = BytesMut::zeroed(want);
-    buf[..imm.len as usize].copy_from_slice(&cmd.data[..imm.len as usize]);
+    // Filled in offset order (DataPDUInOrder and DataSequenceInOrder are Yes), so no zeroing.
+    let mut buf = BytesMut::with_capacity(want);
+    place(&mut buf, 0, &cmd.data[..imm.len as usize]);
     loop {
         let r2ts = t.next_r2ts(|| session.alloc_ttt());
         if !r2ts.is_empty() {
@@ -118,6 +119,7 @@ async fn collect(
             }
         }
         if t.done() {
+            buf.resize(want, 0);
             return Some(buf.freeze());
         }
         let d = tokio::select! {
@@ -132,10 +134,7 @@ async fn collect(
             d.data.len() as u32,
             d.final_,
         ) {
-            Ok(a) => {
-                let (o, n) = (a.offset as usize, a.len as usize);
-                buf[o..o + n].copy_from_slice(&d.data[..n]);
-            }
+            Ok(a) => place(&mut buf, a.offset as usize, &d.data[..a.len as usize]),
             Err(e) => {
                 // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143 7.1.4.1,
                 // 7.2): the connection, and with it the session, ends.
@@ -148,6 +147,19 @@ async fn collect(
             }
         }
     }
+}
+
+/// Puts `data` at `offset` of the write buffer. Data arrives in offset order, so this appends;
+/// a gap (not allowed by the negotiated in-order keys, and refused by [`WriteTransfer`]) would
+/// be zero-filled rather than left uninitialised.
+fn place(buf: &mut BytesMut, offset: usize, data: &[u8]) {
+    let end = offset + data.len();
+    if buf.len() < offset {
+        buf.resize(offset, 0);
+    }
+    let overlap = buf.len().min(end) - offset;
+    buf[offset..offset + overlap].copy_from_slice(&data[..overlap]);
+    buf.extend_from_slice(&data[overlap..]);
 }
 
 async fn execute(
@@ -306,6 +318,18 @@ mod tests {
             data_out_len: 0,
             data_in_len: n,
         }
+    }
+
+    #[test]
+    fn write_data_is_placed_in_order_without_zeroing_first() {
+        let mut b = BytesMut::with_capacity(16);
+        place(&mut b, 0, b"abcd");
+        place(&mut b, 4, b"efgh");
+        assert_eq!(&b[..], b"abcdefgh");
+        // A repeated range overwrites; a gap is zero-filled.
+        place(&mut b, 2, b"XYZ");
+        place(&mut b, 10, b"kl");
+        assert_eq!(&b[..], b"abXYZfgh\0\0kl");
     }
 
     #[test]
