@@ -554,7 +554,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 impl Reader {
     /// Runs a command on the reader when that needs no task of its own: a SIMPLE command for a
     /// LUN whose device server does not block (RAM), with no data-out or all of it as immediate
-    /// data, claimed by [`Session::claim_inline`]. Spares the spawn, the channels and the task
+    /// data, claimed by [`Session::claim_inline`] (in sessions of any number of connections). Spares the spawn, the channels and the task
     /// table entry of the general path. Returns false (nothing done) when the command does not
     /// qualify.
     fn try_inline(
@@ -576,12 +576,12 @@ impl Reader {
             }
             Some(_) => return false,
         };
-        if !self
+        let Some(claim) = self
             .session
             .claim_inline(c.itt, c.lun, c.cmd_sn, c.immediate)
-        {
+        else {
             return false;
-        }
+        };
         let outcome = target.dev.execute(
             c.lun,
             mcsi_scsi::Command {
@@ -592,14 +592,18 @@ impl Reader {
                 attr,
             },
         );
+        let out = claim.reply.as_ref().unwrap_or(&self.conn);
         for p in scsi::response_pdus(
             c,
             phase,
             outcome,
-            self.conn.ops.send_mrdsl,
+            out.ops.send_mrdsl,
             self.session.ops.max_burst_length,
         ) {
-            self.conn.send(p);
+            out.send(p);
+        }
+        if claim.tracked {
+            self.session.release_inline(c.lun);
         }
         true
     }

@@ -161,6 +161,7 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
             let waits =
                 session.abort_where(|_, e| e.lun == t.lun && Sn::lt(Sn(e.cmd_sn), Sn(t.cmd_sn)));
             wait_all(waits).await;
+            session.inline_quiesced().await;
             tmf_response::COMPLETE
         }
         CLEAR_TASK_SET => {
@@ -197,6 +198,9 @@ async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
         wait_all(waits).await;
         return tmf_response::COMPLETE;
     }
+    // The task may be running inline on another connection's reader: its status goes out
+    // before this answer.
+    session.inline_quiesced().await;
     let before_us = Sn::lt(Sn(t.ref_cmd_sn), Sn(t.cmd_sn));
     if before_us && session.accepts(t.ref_cmd_sn) {
         let (_, ctl) = session.submit_ordered(t.ref_cmd_sn, Ordered::Nothing);
@@ -215,4 +219,9 @@ async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, lun: Opti
         }
     }
     wait_all(waits).await;
+    for s in session.shared.all_sessions() {
+        if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
+            s.inline_quiesced().await;
+        }
+    }
 }

@@ -278,6 +278,15 @@ pub enum Ordered {
     Nothing,
 }
 
+/// A command claimed for execution on its connection's reader ([`Session::claim_inline`]).
+pub struct Inline {
+    /// Entered in the task set; [`Session::release_inline`] must follow its end.
+    pub tracked: bool,
+    /// Where its final PDUs go (a response connection in the asymmetric mode); `None`: the
+    /// connection it came on.
+    pub reply: Option<Arc<Conn>>,
+}
+
 /// Requests other than SCSI commands that came up in CmdSN order, with their connection.
 pub type InOrder = Vec<(Arc<Conn>, Pdu)>;
 
@@ -321,6 +330,8 @@ pub struct SessionState {
     next_ttt: u32,
     /// Round-robin position among the response connections (asymmetric mode).
     next_reply: usize,
+    /// Tracked inline commands running ([`Session::claim_inline`]).
+    inline: u32,
     pub closing: bool,
 }
 
@@ -348,6 +359,8 @@ pub struct Session {
     pub shared: Arc<Shared>,
     pub span: tracing::Span,
     state: Mutex<SessionState>,
+    /// Woken when the last tracked inline command ends.
+    inline_idle: tokio::sync::Notify,
 }
 
 impl Session {
@@ -392,6 +405,7 @@ impl Session {
             nexus,
             shared,
             span,
+            inline_idle: tokio::sync::Notify::new(),
             state: Mutex::new(SessionState {
                 window: CmdWindow::new(exp_cmd_sn, ops.queue_depth),
                 conns: HashMap::new(),
@@ -399,6 +413,7 @@ impl Session {
                 task_sets: HashMap::new(),
                 next_ttt: 1,
                 next_reply: 0,
+                inline: 0,
                 closing: false,
             }),
         })
@@ -478,7 +493,7 @@ impl Session {
             (None, None)
         };
         let reply_cid = if self.ops.asymmetric {
-            pick_reply(&mut st, conn.cid)
+            pick_reply(&mut st).unwrap_or(conn.cid)
         } else {
             conn.cid
         };
@@ -520,21 +535,70 @@ impl Session {
     }
 
     /// Claims a SIMPLE command for execution on its connection's reader, without a task of its
-    /// own: the session has one connection (so no other reader can deliver commands or task
-    /// management meanwhile), the ITT is free, no ORDERED task is pending in the LUN's task set
-    /// (SAM-5 8.6), and a non-immediate command's CmdSN is ExpCmdSN with nothing held (RFC 7143
-    /// 4.2.2.1: it is next in order). Its CmdSN is consumed. The caller runs it to its end and
-    /// queues its final PDUs before it reads the next PDU, which is what a task started and
-    /// ended at once would do, so the window's outstanding count is left alone.
-    pub fn claim_inline(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> bool {
+    /// own: the ITT is free, no ORDERED task is pending in the LUN's task set (SAM-5 8.6), and a
+    /// non-immediate command's CmdSN is ExpCmdSN with nothing held (RFC 7143 4.2.2.1: it is
+    /// next in order). Its CmdSN is consumed. The caller runs it to its end, queues its final
+    /// PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim, calls
+    /// [`Session::release_inline`]. The window's outstanding count is left alone, as for a task
+    /// started and ended at once.
+    ///
+    /// With one connection no other reader can deliver a command or task management meanwhile,
+    /// so nothing is tracked. With several, the claim enters the LUN's task set as a running
+    /// SIMPLE task, so that an ORDERED command arriving on another connection waits for it and
+    /// task management waits for it to end ([`Session::inline_quiesced`]).
+    pub fn claim_inline(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Option<Inline> {
         let mut st = self.lock();
-        if st.closing || st.conns.len() > 1 || st.tasks.contains_key(&itt) {
-            return false;
+        if st.closing || st.tasks.contains_key(&itt) {
+            return None;
         }
         if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-            return false;
+            return None;
         }
-        immediate || st.window.take_next(cmd_sn)
+        if !immediate && !st.window.take_next(cmd_sn) {
+            return None;
+        }
+        let tracked = st.conns.len() > 1;
+        if tracked {
+            st.task_sets.entry(lun).or_default().enter_inline();
+            st.inline += 1;
+        }
+        let reply = if self.ops.asymmetric {
+            pick_reply(&mut st).and_then(|cid| st.conns.get(&cid).cloned())
+        } else {
+            None
+        };
+        Some(Inline { tracked, reply })
+    }
+
+    /// A tracked inline command ended: lets the LUN's task set go on.
+    pub fn release_inline(&self, lun: u64) {
+        let mut st = self.lock();
+        let ready = st
+            .task_sets
+            .get_mut(&lun)
+            .map(|ts| ts.leave_inline())
+            .unwrap_or_default();
+        for rid in ready {
+            fire_ready(&mut st, rid);
+        }
+        st.inline = st.inline.saturating_sub(1);
+        if st.inline == 0 {
+            self.inline_idle.notify_waiters();
+        }
+    }
+
+    /// Waits until no inline command of this session is running (task management answers only
+    /// after the tasks it affects have ended, SAM-5 7.1).
+    pub async fn inline_quiesced(&self) {
+        loop {
+            let idle = self.inline_idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.lock().inline == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
@@ -708,8 +772,8 @@ pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
 }
 
 /// The next response connection, round-robin in CID order (thesis 4.3.3: responses spread over
-/// connections n+1..2n); the command's own connection when the session has none.
-fn pick_reply(st: &mut SessionState, command_cid: u16) -> u16 {
+/// connections n+1..2n); `None` when the session has none.
+fn pick_reply(st: &mut SessionState) -> Option<u16> {
     let mut replies: Vec<u16> = st
         .conns
         .values()
@@ -717,12 +781,12 @@ fn pick_reply(st: &mut SessionState, command_cid: u16) -> u16 {
         .map(|c| c.cid)
         .collect();
     if replies.is_empty() {
-        return command_cid;
+        return None;
     }
     replies.sort_unstable();
     let cid = replies[st.next_reply % replies.len()];
     st.next_reply = st.next_reply.wrapping_add(1);
-    cid
+    Some(cid)
 }
 
 fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
@@ -733,7 +797,7 @@ fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) 
         return c.clone();
     }
     // The chosen response connection is logging out or gone: another one takes the rest.
-    let cid = pick_reply(st, command_conn.cid);
+    let cid = pick_reply(st).unwrap_or(command_conn.cid);
     if let Some(t) = st.tasks.get_mut(&itt) {
         t.reply_cid = cid;
     }

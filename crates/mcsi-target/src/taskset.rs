@@ -20,12 +20,16 @@ struct Entry<K> {
 #[derive(Debug)]
 pub struct TaskSet<K> {
     entries: VecDeque<Entry<K>>,
+    /// SIMPLE tasks running without an entry (executed on a connection's reader as they
+    /// arrive): an ORDERED task waits for them too.
+    inline: u32,
 }
 
 impl<K> Default for TaskSet<K> {
     fn default() -> Self {
         TaskSet {
             entries: VecDeque::new(),
+            inline: 0,
         }
     }
 }
@@ -43,11 +47,22 @@ impl<K: PartialEq + Clone> TaskSet<K> {
             .any(|e| e.attr == TaskAttribute::Ordered)
     }
 
+    /// A SIMPLE task that runs at once without an entry (see [`TaskSet::admits_simple`]).
+    pub fn enter_inline(&mut self) {
+        self.inline += 1;
+    }
+
+    /// An inline task ended; returns the tasks that may run now.
+    pub fn leave_inline(&mut self) -> Vec<K> {
+        self.inline = self.inline.saturating_sub(1);
+        self.ready_now()
+    }
+
     /// Adds a task; returns whether it may run now.
     pub fn enter(&mut self, key: K, attr: TaskAttribute) -> bool {
         let ready = match attr {
             TaskAttribute::HeadOfQueue => true,
-            TaskAttribute::Ordered => self.entries.is_empty(),
+            TaskAttribute::Ordered => self.entries.is_empty() && self.inline == 0,
             TaskAttribute::Simple | TaskAttribute::Aca => !self
                 .entries
                 .iter()
@@ -66,8 +81,13 @@ impl<K: PartialEq + Clone> TaskSet<K> {
         if let Some(pos) = self.entries.iter().position(|e| &e.key == key) {
             self.entries.remove(pos);
         }
+        self.ready_now()
+    }
+
+    /// Marks and returns the waiting tasks whose turn has come.
+    fn ready_now(&mut self) -> Vec<K> {
         let mut ready = Vec::new();
-        let mut before_any = false;
+        let mut before_any = self.inline > 0;
         let mut before_ordered = false;
         for e in self.entries.iter_mut() {
             if !e.running {
@@ -94,7 +114,7 @@ impl<K: PartialEq + Clone> TaskSet<K> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.inline == 0
     }
 }
 
@@ -118,6 +138,24 @@ mod tests {
         assert!(!t.admits_simple());
         t.leave(&3);
         assert!(t.admits_simple());
+    }
+
+    #[test]
+    fn ordered_waits_for_inline_simple_tasks() {
+        let mut t = TaskSet::new();
+        t.enter_inline();
+        t.enter_inline();
+        assert!(!t.is_empty());
+        // An ORDERED task behind two running inline SIMPLE tasks waits for both.
+        assert!(!t.enter(1, Ordered));
+        assert!(!t.admits_simple());
+        assert_eq!(t.leave_inline(), Vec::<i32>::new());
+        assert_eq!(t.leave_inline(), vec![1]);
+        assert_eq!(t.leave(&1), Vec::<i32>::new());
+        assert!(t.is_empty());
+        // HEAD OF QUEUE does not wait for them.
+        t.enter_inline();
+        assert!(t.enter(2, HeadOfQueue));
     }
 
     #[test]
