@@ -70,6 +70,9 @@ pub struct Args {
     /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
     #[arg(long)]
     pub asymmetric: bool,
+    /// Threads that run the initiator (1: everything on one thread, like one fio job).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Print fio-style JSON.
     #[arg(long)]
     pub json: bool,
@@ -79,6 +82,49 @@ pub struct Args {
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
+}
+
+/// CPU time this process used (getrusage), to report the initiator's own cost per I/O.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct CpuTimes {
+    user: f64,
+    sys: f64,
+    /// Voluntary and involuntary context switches.
+    ctx: u64,
+}
+
+impl CpuTimes {
+    fn now() -> CpuTimes {
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes a complete rusage into the buffer we own; on failure it
+        // stays zeroed, which is a valid rusage.
+        let ru = unsafe {
+            libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+            ru.assume_init()
+        };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        CpuTimes {
+            user: secs(ru.ru_utime),
+            sys: secs(ru.ru_stime),
+            ctx: (ru.ru_nvcsw + ru.ru_nivcsw).max(0) as u64,
+        }
+    }
+
+    fn since(&self, start: &CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: (self.user - start.user).max(0.0),
+            sys: (self.sys - start.sys).max(0.0),
+            ctx: self.ctx.saturating_sub(start.ctx),
+        }
+    }
+
+    /// Microseconds of CPU (user + system) per I/O.
+    fn us_per_io(&self, ios: u64) -> f64 {
+        if ios == 0 {
+            return 0.0;
+        }
+        (self.user + self.sys) * 1e6 / ios as f64
+    }
 }
 
 const MAGIC: &[u8; 8] = b"mcsiVRFY";
@@ -391,10 +437,18 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // One thread, like one fio job: on a machine that also runs the target, a second thread
+    // mostly adds wake-ups between threads (futex) and takes CPU time from the target.
+    let rt = match args.threads {
+        0 => bail!("--threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
     rt.block_on(bench(args))
 }
 
@@ -521,8 +575,10 @@ async fn run_jobs(
         write_gen: std::sync::atomic::AtomicU64::new(0),
     });
     let t0 = Instant::now();
+    let cpu0 = CpuTimes::now();
     let mut total = run_phase(&ctx, a.iodepth).await;
     let main_elapsed = t0.elapsed();
+    let cpu = CpuTimes::now().since(&cpu0);
     // Write-only workloads with --verify read everything back afterwards (fio's do_verify).
     if a.verify && matches!(a.rw, Rw::Write | Rw::Randwrite) && total.first_error.is_none() {
         {
@@ -557,10 +613,11 @@ async fn run_jobs(
             &stats,
             &params,
             session,
+            &cpu,
         );
         emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
-        print_human(a, bs, &total, main_elapsed, &stats, session);
+        print_human(a, bs, &total, main_elapsed, &stats, session, &cpu);
     }
     if let Some((_, e)) = &total.first_error {
         eprintln!("mcsi bench: error: {e}");
@@ -657,8 +714,12 @@ fn fio_json(
     stats: &mcsi_initiator::SessionStats,
     params: &mcsi_initiator::SessionParams,
     session: &Session,
+    cpu: &CpuTimes,
 ) -> Value {
     let secs = elapsed.as_secs_f64();
+    let ios = t.read.ios + t.write.ios;
+    // fio's usr_cpu / sys_cpu: percent of the run's wall time.
+    let pct = |x: f64| if secs > 0.0 { x * 100.0 / secs } else { 0.0 };
     let conns: Vec<Value> = stats
         .connections
         .iter()
@@ -712,6 +773,9 @@ fn fio_json(
             "read": dir_json(&t.read, secs),
             "write": dir_json(&t.write, secs),
             "trim": dir_json(&DirStats::default(), secs),
+            "usr_cpu": pct(cpu.user),
+            "sys_cpu": pct(cpu.sys),
+            "ctx": cpu.ctx,
         }],
         "mcsi": {
             "url": session.url().to_string(),
@@ -735,6 +799,12 @@ fn fio_json(
                 "data_digest": params.data_digest,
             },
             "verify": {"enabled": a.verify, "blocks_checked": t.verified, "errors": t.verify_errors},
+            "threads": a.threads,
+            "cpu": {
+                "user_s": cpu.user,
+                "sys_s": cpu.sys,
+                "us_per_io": cpu.us_per_io(ios),
+            },
         },
     })
 }
@@ -746,6 +816,7 @@ fn print_human(
     elapsed: Duration,
     stats: &mcsi_initiator::SessionStats,
     session: &Session,
+    cpu: &CpuTimes,
 ) {
     use std::fmt::Write as _;
     let mut o = String::new();
@@ -792,6 +863,15 @@ fn print_human(
             );
         }
     }
+    let _ = writeln!(
+        o,
+        "  cpu: usr={:.2}s sys={:.2}s ({:.0}% of one core), {:.2} us per I/O, {} threads",
+        cpu.user,
+        cpu.sys,
+        (cpu.user + cpu.sys) * 100.0 / secs,
+        cpu.us_per_io(t.read.ios + t.write.ios),
+        a.threads
+    );
     if a.verify {
         let _ = writeln!(
             o,
