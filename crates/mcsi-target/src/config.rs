@@ -5,10 +5,12 @@
 use crate::name;
 use mcsi_proto::chap::ChapCredentials;
 use mcsi_proto::keys::{Digest, LocalParams};
+use mcsi_scsi::backend::Backend;
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default target name when none is given.
@@ -325,13 +327,76 @@ impl Limits {
     }
 }
 
-/// One LUN, validated; the backend is opened when the server starts.
+/// Where a LUN's data lives: a spec opened when the server starts (what the TOML file and
+/// `--lun` give), or a backend the caller opened itself (its own storage, or a wrapper such as
+/// `FailingBackend` in tests).
+#[derive(Clone)]
+pub enum LunBackend {
+    /// `ram:SIZE`, `file:PATH[:SIZE]` or `block:PATH`.
+    Spec(String),
+    Opened(Arc<dyn Backend>),
+}
+
+impl PartialEq for LunBackend {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (LunBackend::Spec(a), LunBackend::Spec(b)) => a == b,
+            (LunBackend::Opened(a), LunBackend::Opened(b)) => {
+                std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LunBackend {}
+
+impl std::fmt::Debug for LunBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LunBackend::Spec(s) => f.debug_tuple("Spec").field(s).finish(),
+            LunBackend::Opened(b) => f.debug_tuple("Opened").field(&b.describe()).finish(),
+        }
+    }
+}
+
+impl From<&str> for LunBackend {
+    fn from(s: &str) -> Self {
+        LunBackend::Spec(s.to_owned())
+    }
+}
+
+impl From<String> for LunBackend {
+    fn from(s: String) -> Self {
+        LunBackend::Spec(s)
+    }
+}
+
+impl From<Arc<dyn Backend>> for LunBackend {
+    fn from(b: Arc<dyn Backend>) -> Self {
+        LunBackend::Opened(b)
+    }
+}
+
+/// One LUN, validated; a backend spec is opened when the server starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LunSpec {
-    pub backend: String,
+    pub backend: LunBackend,
     pub block_size: u32,
     pub read_only: bool,
     pub serial: Option<String>,
+}
+
+impl LunSpec {
+    /// A writable LUN of 512-byte blocks with a serial derived from the target and LUN.
+    pub fn new(backend: impl Into<LunBackend>) -> Self {
+        LunSpec {
+            backend: backend.into(),
+            block_size: 512,
+            read_only: false,
+            serial: None,
+        }
+    }
 }
 
 /// One target, validated.
@@ -448,7 +513,7 @@ impl ServerConfig {
                     }
                 }
                 luns.push(LunSpec {
-                    backend: l.backend.clone(),
+                    backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
                     read_only: l.read_only,
                     serial: l.serial.clone(),
@@ -631,12 +696,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
     let mut parts = arg.split(',');
     let backend = parts.next().unwrap_or("").to_string();
     check_backend_spec(field, &backend)?;
-    let mut lun = LunSpec {
-        backend,
-        block_size: 512,
-        read_only: false,
-        serial: None,
-    };
+    let mut lun = LunSpec::new(backend);
     for p in parts {
         match p.split_once('=') {
             Some(("block_size" | "bs", v)) => {
@@ -838,5 +898,16 @@ mod tests {
             "[::1]:3261".parse().unwrap()
         );
         assert!(parse_portal("localhost:x").is_err());
+    }
+
+    #[test]
+    fn an_opened_backend_compares_by_identity() {
+        let b = mcsi_scsi::backend::open_backend("ram:1MiB").unwrap();
+        let l = LunSpec::new(b.clone());
+        assert_eq!(l, LunSpec::new(b));
+        let other = mcsi_scsi::backend::open_backend("ram:1MiB").unwrap();
+        assert_ne!(l, LunSpec::new(other));
+        assert_ne!(l, LunSpec::new("ram:1MiB"));
+        assert!(format!("{l:?}").contains("Opened"), "{l:?}");
     }
 }

@@ -1,7 +1,7 @@
 //! Portals and the accept loop; a connection's life from login to its end; session creation,
 //! joining and reinstatement; clean shutdown.
 
-use crate::config::ServerConfig;
+use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
 use crate::session::{Conn, ConnOps, Session, Shared, Target};
@@ -47,11 +47,16 @@ pub fn build_targets(cfg: &ServerConfig) -> Result<Vec<Arc<Target>>, StartError>
     for (ti, t) in cfg.targets.iter().enumerate() {
         let mut luns = Vec::new();
         for (li, l) in t.luns.iter().enumerate() {
-            let backend = open_backend(&l.backend).map_err(|source| StartError::Backend {
-                target: ti,
-                lun: li,
-                source,
-            })?;
+            let backend = match &l.backend {
+                LunBackend::Spec(spec) => {
+                    open_backend(spec).map_err(|source| StartError::Backend {
+                        target: ti,
+                        lun: li,
+                        source,
+                    })?
+                }
+                LunBackend::Opened(b) => b.clone(),
+            };
             // A stable identity per target and LUN: serial and NAA from a hash of the names.
             let h = fnv1a(format!("{}/{}", t.iqn, li).as_bytes());
             let mut naa = [0u8; 16];

@@ -32,12 +32,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             iqn: IQN.into(),
             alias: None,
             portals: vec!["127.0.0.1:0".parse().unwrap()],
-            luns: vec![LunSpec {
-                backend: "ram:16MiB".into(),
-                block_size: 512,
-                read_only: false,
-                serial: None,
-            }],
+            luns: vec![LunSpec::new("ram:16MiB")],
             limits: l,
             auth: Default::default(),
         }],
