@@ -37,6 +37,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             auth: Default::default(),
         }],
         discovery_auth: Default::default(),
+        limits: Default::default(),
     }
 }
 
