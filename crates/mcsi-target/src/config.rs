@@ -5,10 +5,12 @@
 use crate::name;
 use mcsi_proto::chap::ChapCredentials;
 use mcsi_proto::keys::{Digest, LocalParams};
+use mcsi_scsi::backend::Backend;
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default target name when none is given.
@@ -59,8 +61,24 @@ pub struct FileConfig {
     pub listen: Vec<String>,
     /// Discovery sessions (SendTargets).
     pub discovery: Option<FileDiscovery>,
+    /// Server-wide limits on logins and connections.
+    pub limits: Option<FileLimits>,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
+}
+
+/// `[limits]`: what any peer may take of the server before its login names a target.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    /// New connections (each one a login) per second from one source address; 0: no limit.
+    pub login_rate: Option<u32>,
+    /// Connections a source may open in a row before `login_rate` applies.
+    pub login_burst: Option<u32>,
+    /// Time from accepting a connection to its full feature phase ("30s").
+    pub login_timeout: Option<String>,
+    /// TCP connections the server holds at once, logging in or logged in.
+    pub max_server_connections: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -251,6 +269,10 @@ pub struct FileTarget {
     /// Accept the asymmetric mode (`X-org.mcsi.Asymmetric`) when an mcsi initiator asks for it
     /// (default true; standard initiators never ask).
     pub asymmetric: Option<bool>,
+    /// Sessions of this target at once.
+    pub max_sessions: Option<u32>,
+    /// Connections to this target at once, over all its sessions.
+    pub max_target_connections: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -284,6 +306,12 @@ pub struct Limits {
     /// Agree to the asymmetric mode (thesis 4.3.2, `X-org.mcsi.Asymmetric`) when an initiator
     /// offers it: responses leave on the session's response connections.
     pub asymmetric: bool,
+    /// Sessions of this target at once; a leading login beyond it is refused with 3/02 (out of
+    /// resources).
+    pub max_sessions: u32,
+    /// Connections to this target at once, over all its sessions; a connection beyond it is
+    /// refused with 2/06 (too many connections), a new session with 3/02.
+    pub max_target_connections: u32,
 }
 
 impl Default for Limits {
@@ -305,7 +333,63 @@ impl Default for Limits {
             nop_interval: Duration::from_secs(30),
             nop_timeout: Duration::from_secs(15),
             asymmetric: true,
+            max_sessions: 256,
+            max_target_connections: 1024,
         }
+    }
+}
+
+/// Server-wide limits (`[limits]`): they apply before a login names its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// New connections per second from one source (an IPv4 address or an IPv6 /64); every
+    /// connection is a login attempt. 0 turns the limit off.
+    pub login_rate: u32,
+    /// Connections a source may open in a row before the rate applies (the bucket's depth).
+    pub login_burst: u32,
+    /// A connection not in full feature phase this long after it was accepted is dropped.
+    pub login_timeout: Duration,
+    /// TCP connections the server holds at once, logging in or logged in; beyond it new
+    /// connections are closed as soon as they are accepted.
+    pub max_server_connections: u32,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            // An initiator logs in once per connection; libiscsi's whole conformance suite
+            // opens at most about 40 connections in any one second.
+            login_rate: 20,
+            login_burst: 40,
+            login_timeout: Duration::from_secs(30),
+            max_server_connections: 4096,
+        }
+    }
+}
+
+impl ServerLimits {
+    /// Validates a file's `[limits]` table.
+    pub fn from_file(f: &FileLimits) -> Result<Self, ConfigError> {
+        let d = ServerLimits::default();
+        let l = ServerLimits {
+            login_rate: f.login_rate.unwrap_or(d.login_rate),
+            login_burst: f.login_burst.unwrap_or(d.login_burst),
+            login_timeout: duration(&f.login_timeout, "limits.login_timeout", d.login_timeout)?,
+            max_server_connections: f.max_server_connections.unwrap_or(d.max_server_connections),
+        };
+        if l.login_rate > 0 && l.login_burst == 0 {
+            return Err(cerr(
+                "limits.login_burst",
+                "must be at least 1 (use login_rate = 0 to turn the limit off)",
+            ));
+        }
+        if l.login_timeout.is_zero() {
+            return Err(cerr("limits.login_timeout", "must be above zero"));
+        }
+        if l.max_server_connections == 0 {
+            return Err(cerr("limits.max_server_connections", "must be at least 1"));
+        }
+        Ok(l)
     }
 }
 
@@ -335,13 +419,76 @@ impl Limits {
     }
 }
 
-/// One LUN, validated; the backend is opened when the server starts.
+/// Where a LUN's data lives: a spec opened when the server starts (what the TOML file and
+/// `--lun` give), or a backend the caller opened itself (its own storage, or a wrapper such as
+/// `FailingBackend` in tests).
+#[derive(Clone)]
+pub enum LunBackend {
+    /// `ram:SIZE`, `file:PATH[:SIZE]` or `block:PATH`.
+    Spec(String),
+    Opened(Arc<dyn Backend>),
+}
+
+impl PartialEq for LunBackend {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (LunBackend::Spec(a), LunBackend::Spec(b)) => a == b,
+            (LunBackend::Opened(a), LunBackend::Opened(b)) => {
+                std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LunBackend {}
+
+impl std::fmt::Debug for LunBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LunBackend::Spec(s) => f.debug_tuple("Spec").field(s).finish(),
+            LunBackend::Opened(b) => f.debug_tuple("Opened").field(&b.describe()).finish(),
+        }
+    }
+}
+
+impl From<&str> for LunBackend {
+    fn from(s: &str) -> Self {
+        LunBackend::Spec(s.to_owned())
+    }
+}
+
+impl From<String> for LunBackend {
+    fn from(s: String) -> Self {
+        LunBackend::Spec(s)
+    }
+}
+
+impl From<Arc<dyn Backend>> for LunBackend {
+    fn from(b: Arc<dyn Backend>) -> Self {
+        LunBackend::Opened(b)
+    }
+}
+
+/// One LUN, validated; a backend spec is opened when the server starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LunSpec {
-    pub backend: String,
+    pub backend: LunBackend,
     pub block_size: u32,
     pub read_only: bool,
     pub serial: Option<String>,
+}
+
+impl LunSpec {
+    /// A writable LUN of 512-byte blocks with a serial derived from the target and LUN.
+    pub fn new(backend: impl Into<LunBackend>) -> Self {
+        LunSpec {
+            backend: backend.into(),
+            block_size: 512,
+            read_only: false,
+            serial: None,
+        }
+    }
 }
 
 /// One target, validated.
@@ -361,6 +508,8 @@ pub struct ServerConfig {
     pub targets: Vec<TargetSpec>,
     /// Who may open discovery sessions.
     pub discovery_auth: AuthSpec,
+    /// Logins and connections, server-wide.
+    pub limits: ServerLimits,
 }
 
 impl ServerConfig {
@@ -458,7 +607,7 @@ impl ServerConfig {
                     }
                 }
                 luns.push(LunSpec {
-                    backend: l.backend.clone(),
+                    backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
                     read_only: l.read_only,
                     serial: l.serial.clone(),
@@ -485,9 +634,14 @@ impl ServerConfig {
             Some(a) => AuthSpec::from_file(a, "discovery.auth")?,
             None => AuthSpec::default(),
         };
+        let limits = match &file.limits {
+            Some(l) => ServerLimits::from_file(l)?,
+            None => ServerLimits::default(),
+        };
         Ok(ServerConfig {
             targets,
             discovery_auth,
+            limits,
         })
     }
 }
@@ -527,6 +681,22 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
             ))
         }
     };
+    let max_sessions = match t.max_sessions {
+        None => d.max_sessions,
+        // A session needs a TSIH, a 16-bit number other than 0 (RFC 7143 11.12.6).
+        Some(n) if (1..=65535).contains(&n) => n,
+        Some(n) => {
+            return Err(cerr(
+                at("max_sessions"),
+                format!("{n} is out of range (1 to 65535)"),
+            ))
+        }
+    };
+    let max_target_connections = match t.max_target_connections {
+        None => d.max_target_connections,
+        Some(0) => return Err(cerr(at("max_target_connections"), "must be at least 1")),
+        Some(n) => n,
+    };
     let queue_depth = match t.queue_depth {
         None => d.queue_depth,
         Some(n) if (1..=65536).contains(&n) => n,
@@ -557,6 +727,8 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         nop_interval: duration(&t.nop_interval, &at("nop_interval"), d.nop_interval)?,
         nop_timeout: duration(&t.nop_timeout, &at("nop_timeout"), d.nop_timeout)?,
         asymmetric: t.asymmetric.unwrap_or(d.asymmetric),
+        max_sessions,
+        max_target_connections,
     };
     if l.nop_timeout.is_zero() {
         return Err(cerr(
@@ -642,12 +814,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
     let mut parts = arg.split(',');
     let backend = parts.next().unwrap_or("").to_string();
     check_backend_spec(field, &backend)?;
-    let mut lun = LunSpec {
-        backend,
-        block_size: 512,
-        read_only: false,
-        serial: None,
-    };
+    let mut lun = LunSpec::new(backend);
     for p in parts {
         match p.split_once('=') {
             Some(("block_size" | "bs", v)) => {
@@ -685,9 +852,16 @@ mod tests {
         let c = ServerConfig::from_toml(
             r#"
             listen = ["127.0.0.1:3261"]
+            [limits]
+            login_rate = 5
+            login_burst = 10
+            login_timeout = "10s"
+            max_server_connections = 100
             [[targets]]
             iqn = "iqn.2026-01.org.mcsi:a"
             max_connections = 4
+            max_sessions = 16
+            max_target_connections = 32
             max_burst_length = "512KiB"
             first_burst_length = 65536
             initial_r2t = true
@@ -720,6 +894,22 @@ mod tests {
         assert_eq!(a.limits.nop_timeout, Duration::from_millis(500));
         assert_eq!(c.targets[1].limits.nop_interval, Duration::from_secs(30));
         assert!(!a.limits.asymmetric && c.targets[1].limits.asymmetric);
+        assert_eq!(
+            (a.limits.max_sessions, a.limits.max_target_connections),
+            (16, 32)
+        );
+        let b = c.targets[1].limits;
+        assert_eq!((b.max_sessions, b.max_target_connections), (256, 1024));
+        assert_eq!(
+            c.limits,
+            ServerLimits {
+                login_rate: 5,
+                login_burst: 10,
+                login_timeout: Duration::from_secs(10),
+                max_server_connections: 100,
+            }
+        );
+        assert_eq!(a.luns[0].backend, LunBackend::Spec("ram:64MiB".into()));
         assert_eq!(a.luns[1].block_size, 4096);
         assert!(a.luns[1].read_only);
         assert_eq!(a.portals, vec!["127.0.0.1:3261".parse().unwrap()]);
@@ -826,6 +1016,63 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.why.contains("512 to 16777215"), "{e}");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let bad = |top: &str, target: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n{top}\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n{target}\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+            .unwrap_err()
+        };
+        let e = bad("[limits]\nlogin_burst = 0", "");
+        assert_eq!(e.field, "limits.login_burst");
+        assert!(e.why.contains("login_rate = 0"), "{e}");
+        assert_eq!(
+            bad("[limits]\nlogin_timeout = \"0\"", "").field,
+            "limits.login_timeout"
+        );
+        let e = bad("[limits]\nmax_server_connections = 0", "");
+        assert_eq!(e.field, "limits.max_server_connections");
+        assert!(bad("[limits]\nmax_connections = 1", "")
+            .why
+            .contains("max_connections"));
+        assert_eq!(bad("", "max_sessions = 0").field, "targets[0].max_sessions");
+        assert_eq!(
+            bad("", "max_sessions = 65536").field,
+            "targets[0].max_sessions"
+        );
+        let e = bad("", "max_target_connections = 0");
+        assert_eq!(e.field, "targets[0].max_target_connections");
+        // No rate limit at all is allowed, burst or not.
+        let c = ServerConfig::from_toml(
+            "listen=[\"127.0.0.1:1\"]\n[limits]\nlogin_rate = 0\nlogin_burst = 0\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.login_rate, 0);
+    }
+
+    #[test]
+    fn example_file_is_valid_and_shows_the_defaults() {
+        let c = ServerConfig::from_toml(include_str!("../../../examples/mcsi.toml")).unwrap();
+        assert_eq!(c.limits, ServerLimits::default());
+        let (d, t) = (Limits::default(), c.targets[0].limits);
+        assert_eq!(
+            (t.max_sessions, t.max_target_connections),
+            (d.max_sessions, d.max_target_connections)
+        );
+    }
+
+    #[test]
+    fn an_opened_backend_compares_by_identity() {
+        let b = mcsi_scsi::backend::open_backend("ram:1MiB").unwrap();
+        let l = LunSpec::new(b.clone());
+        assert_eq!(l, LunSpec::new(b));
+        let other = mcsi_scsi::backend::open_backend("ram:1MiB").unwrap();
+        assert_ne!(l, LunSpec::new(other));
+        assert_ne!(l, LunSpec::new("ram:1MiB"));
+        assert!(format!("{l:?}").contains("Opened"), "{l:?}");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - [`server`]: portals, accept loop, a connection's life, session create/join/reinstate,
 //!   shutdown. [`login`]: the login phase over the socket, driving mcsi-proto's `TargetLogin`
 //!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
+//!   [`admission`]: limits a peer cannot exceed (logins per second per source, connections of
+//!   the server, sessions and connections per target).
 //! - [`session`]: targets, sessions (many connections, one CmdSN window, task table), registry.
 //! - [`conn`]: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
 //!   stamping, vectored writes). [`scsi`]: one SCSI task from command to status. [`control`]: NOP, Text, Logout,
@@ -18,6 +20,7 @@
 //! - Plain data, unit tested: [`window`] (CmdSN window), [`taskset`] (task attributes),
 //!   [`transfer`] (Data-Out / R2T bookkeeping), [`datain`] (Data-In split, residuals).
 
+pub mod admission;
 pub mod config;
 pub mod conn;
 pub mod control;

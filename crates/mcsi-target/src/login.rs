@@ -7,6 +7,7 @@
 //! Creating, joining and reinstating sessions happens in [`crate::server`] once the login has
 //! succeeded.
 
+use crate::admission::Gate;
 use crate::config::AuthSpec;
 use crate::config::Limits;
 use crate::session::{Session, SessionOps, Shared, Target};
@@ -30,9 +31,6 @@ use tracing::{debug, info, warn};
 
 pub use mcsi_proto::keys::SessionType;
 pub use mcsi_proto::login::status;
-
-/// Time a login may take in total.
-const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// StatSN of the first Login Response on a new connection (any value will do, RFC 7143 11.13.4).
 const FIRST_STAT_SN: u32 = 1;
@@ -124,6 +122,9 @@ async fn send(stream: &mut TcpStream, r: LoginResponse) -> Result<(), LoginError
 /// The server's side of the questions a login raises.
 struct Env<'a> {
     shared: &'a Shared,
+    gate: &'a Gate,
+    /// ISID and TSIH of the first Login Request.
+    first: Option<(Isid, u16)>,
     /// The address the connection arrived on (a target is only reachable on its portals).
     local: SocketAddr,
     /// The initiator's address (for access control and logs).
@@ -227,6 +228,16 @@ impl LoginEnv for Env<'_> {
                 };
                 let authenticator =
                     self.access(&t.auth, &format!("target {name}"), initiator_name)?;
+                if let Some((isid, 0)) = self.first {
+                    // A new session: refused now if the target is full, before authentication.
+                    let reinstates = self
+                        .shared
+                        .find_session(initiator_name, isid, Some(name))
+                        .is_some();
+                    if let Err(d) = self.gate.check_session(self.shared, &t, reinstates) {
+                        return Err(self.refuse(d.status, d.why));
+                    }
+                }
                 let access = TargetAccess {
                     params: t.limits.local_params(),
                     authenticator,
@@ -274,6 +285,11 @@ impl LoginEnv for Env<'_> {
                 format!("session {tsih} already has MaxConnections={max} connections"),
             ));
         }
+        if let Some(t) = s.target.as_ref().filter(|_| s.conn(cid).is_none()) {
+            if let Err(d) = self.gate.check_connection(t) {
+                return Err(self.refuse(d.status, d.why));
+            }
+        }
         self.joins = Some(s);
         Ok(tsih)
     }
@@ -299,22 +315,26 @@ impl LoginEnv for Env<'_> {
     }
 }
 
-/// Runs the login phase. On success the final response has not been sent yet: the caller sets
-/// up the session (reinstatement, joining) and sends it with [`send_final`].
+/// Runs the login phase, which must be over within the server's login timeout. On success the
+/// final response has not been sent yet: the caller sets up the session (reinstatement,
+/// joining) and sends it with [`send_final`].
 pub async fn run(
     shared: &Shared,
+    gate: &Gate,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     local: SocketAddr,
     peer: SocketAddr,
 ) -> Result<Negotiated, LoginError> {
-    tokio::time::timeout(LOGIN_TIMEOUT, run_inner(shared, stream, buf, local, peer))
+    let limit = gate.limits.login_timeout;
+    tokio::time::timeout(limit, run_inner(shared, gate, stream, buf, local, peer))
         .await
-        .map_err(|_| LoginError::Timeout(LOGIN_TIMEOUT))?
+        .map_err(|_| LoginError::Timeout(limit))?
 }
 
 async fn run_inner(
     shared: &Shared,
+    gate: &Gate,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     local: SocketAddr,
@@ -323,6 +343,8 @@ async fn run_inner(
     let chap_note = Arc::new(Mutex::new(None));
     let mut env = Env {
         shared,
+        gate,
+        first: None,
         local,
         peer,
         chap_note: chap_note.clone(),
@@ -341,6 +363,7 @@ async fn run_inner(
     loop {
         let req = read_login(stream, buf).await?;
         let cmd_sn = *first_cmd_sn.get_or_insert(req.cmd_sn);
+        env.first.get_or_insert((req.isid, req.tsih));
         match machine.handle(&req, &mut env) {
             LoginStep::Continue(r) => send(stream, r).await?,
             LoginStep::Fail(r) => {
@@ -408,6 +431,39 @@ async fn run_inner(
             }
         }
     }
+}
+
+/// Answers the first Login Request of a connection with a refusal, for a limit reached before
+/// the login began, and returns the InitiatorName the request gave (for the log). Waits `wait`
+/// at most for the request.
+pub async fn refuse_first(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    st: (u8, u8),
+    wait: Duration,
+) -> Result<String, LoginError> {
+    let req = tokio::time::timeout(wait, read_login(stream, buf))
+        .await
+        .map_err(|_| LoginError::Timeout(wait))??;
+    let r = LoginResponse {
+        transit: false,
+        continue_: false,
+        csg: req.csg,
+        nsg: req.csg,
+        version_max: mcsi_proto::login::VERSION,
+        version_active: mcsi_proto::login::VERSION,
+        isid: req.isid,
+        tsih: req.tsih,
+        itt: req.itt,
+        stat_sn: FIRST_STAT_SN,
+        exp_cmd_sn: req.cmd_sn,
+        max_cmd_sn: req.cmd_sn,
+        status_class: st.0,
+        status_detail: st.1,
+        data: bytes::Bytes::new(),
+    };
+    send(stream, r).await?;
+    Ok(machine_initiator(&req))
 }
 
 /// The InitiatorName of a login request, if it carries one (for logs).

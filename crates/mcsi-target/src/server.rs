@@ -1,7 +1,8 @@
 //! Portals and the accept loop; a connection's life from login to its end; session creation,
 //! joining and reinstatement; clean shutdown.
 
-use crate::config::ServerConfig;
+use crate::admission::{Denied, Gate, Slot};
+use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
 use crate::session::{Conn, ConnOps, Session, Shared, Target};
@@ -10,10 +11,15 @@ use mcsi_scsi::backend::open_backend;
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
+
+/// How long a connection refused for the login rate may take to send the Login Request the
+/// refusal answers (initiators send it as soon as TCP is up).
+const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,11 +53,16 @@ pub fn build_targets(cfg: &ServerConfig) -> Result<Vec<Arc<Target>>, StartError>
     for (ti, t) in cfg.targets.iter().enumerate() {
         let mut luns = Vec::new();
         for (li, l) in t.luns.iter().enumerate() {
-            let backend = open_backend(&l.backend).map_err(|source| StartError::Backend {
-                target: ti,
-                lun: li,
-                source,
-            })?;
+            let backend = match &l.backend {
+                LunBackend::Spec(spec) => {
+                    open_backend(spec).map_err(|source| StartError::Backend {
+                        target: ti,
+                        lun: li,
+                        source,
+                    })?
+                }
+                LunBackend::Opened(b) => b.clone(),
+            };
             // A stable identity per target and LUN: serial and NAA from a hash of the names.
             let h = fnv1a(format!("{}/{}", t.iqn, li).as_bytes());
             let mut naa = [0u8; 16];
@@ -117,10 +128,16 @@ impl Server {
             build_targets(&cfg)?,
             cfg.discovery_auth.clone(),
         ));
+        let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
         let (stop, stop_rx) = watch::channel(false);
         let mut accept = JoinSet::new();
         for l in listeners {
-            accept.spawn(accept_loop(l, shared.clone(), stop_rx.clone()));
+            accept.spawn(accept_loop(
+                l,
+                shared.clone(),
+                gate.clone(),
+                stop_rx.clone(),
+            ));
         }
         Ok(Server {
             shared,
@@ -158,15 +175,40 @@ impl Server {
     }
 }
 
-async fn accept_loop(l: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    l: TcpListener,
+    shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Connections closed for max_server_connections since the last log line.
+    let (mut over, mut logged) = (0u64, None::<Instant>);
     loop {
         tokio::select! {
             _ = crate::session::flag_set(&mut stop) => break,
             r = l.accept() => match r {
                 Ok((stream, peer)) => {
+                    let Some(slot) = gate.connections.try_take() else {
+                        // Closed at once, without waiting for a Login Request to refuse: the
+                        // limit is there to bound the sockets held, so none is kept.
+                        drop(stream);
+                        over += 1;
+                        if logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                            warn!(
+                                %peer,
+                                "connection closed: the server holds max_server_connections = {} connections ({over} closed since the last report)",
+                                gate.connections.max()
+                            );
+                            (over, logged) = (0, Some(Instant::now()));
+                        }
+                        continue;
+                    };
                     let local = stream.local_addr().unwrap_or(peer);
                     let span = tracing::info_span!("conn", %peer);
-                    tokio::spawn(connection(shared.clone(), stream, peer, local).instrument(span));
+                    tokio::spawn(
+                        connection(shared.clone(), gate.clone(), slot, stream, peer, local)
+                            .instrument(span),
+                    );
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
@@ -177,27 +219,57 @@ async fn accept_loop(l: TcpListener, shared: Arc<Shared>, mut stop: watch::Recei
     }
 }
 
-/// One connection: login, join or create a session, then full feature phase.
+/// One connection: login, join or create a session, then full feature phase. `_server_slot`
+/// is its place among the server's connections, held until it ends.
 async fn connection(
     shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    _server_slot: Slot,
     mut stream: TcpStream,
     peer: SocketAddr,
     local: SocketAddr,
 ) {
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let n = match login::run(&shared, &mut stream, &mut buf, local, peer).await {
+    if let Err(over) = gate.logins.check(peer.ip(), Instant::now()) {
+        // Out of resources (RFC 7143 11.13.5, class 3: the initiator may retry later) rather
+        // than a silent close, which an initiator cannot tell from a network failure.
+        let st = status::OUT_OF_RESOURCES;
+        let wait = REFUSAL_WAIT.min(gate.limits.login_timeout);
+        let who = login::refuse_first(&mut stream, &mut buf, st, wait).await;
+        if let Some(n) = over.log {
+            let l = gate.limits;
+            warn!(
+                initiator = who.as_deref().unwrap_or("(no Login Request)"),
+                %peer,
+                "login refused with status 3/0x02 (out of resources): {} opens connections faster than login_rate = {} per second after login_burst = {} ({n} refused since the last report)",
+                crate::admission::source(peer.ip()),
+                l.login_rate,
+                l.login_burst,
+            );
+        }
+        return;
+    }
+    let n = match login::run(&shared, &gate, &mut stream, &mut buf, local, peer).await {
         Ok(n) => n,
         Err(e) => {
             info!("login failed: {e}");
             return;
         }
     };
-    let (session, old_conn) = match attach(&shared, &n).await {
+    let (session, old_conn, _target_slot) = match attach(&shared, &gate, &n).await {
         Ok(x) => x,
-        Err(st) => {
-            info!(status = ?st, "login refused");
-            let _ = login::send_refusal(&mut stream, n.final_response, st).await;
+        Err(d) => {
+            warn!(
+                initiator = %n.initiator_name,
+                %peer,
+                "login refused with status {}/{:#04x} ({}): {}",
+                d.status.0,
+                d.status.1,
+                status::describe(d.status),
+                d.why
+            );
+            let _ = login::send_refusal(&mut stream, n.final_response, d.status).await;
             return;
         }
     };
@@ -248,16 +320,22 @@ async fn connection(
     reader.run(rd, stop_rx).instrument(cspan).await;
 }
 
+/// What a connection that joins or creates a session holds: the session, the connection a
+/// reused CID replaces, and its place among its target's connections.
+type Attached = (Arc<Session>, Option<Arc<Conn>>, Option<Slot>);
+
 /// Creates the session of a leading login (closing the one it reinstates) or finds the session
-/// a non-leading login joins. Returns the session and the connection a reused CID replaces.
-async fn attach(
-    shared: &Arc<Shared>,
-    n: &Negotiated,
-) -> Result<(Arc<Session>, Option<Arc<Conn>>), (u8, u8)> {
+/// a non-leading login joins, within the target's limits.
+async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Attached, Denied> {
     let target_name = n.target.as_ref().map(|t| t.name.as_str());
+    let gone = |why: String| Denied {
+        status: status::SESSION_DOES_NOT_EXIST,
+        why,
+    };
     if n.leading {
         // Session reinstatement (RFC 7143 6.3.5): same initiator port, TSIH 0.
-        if let Some(old) = shared.find_session(&n.initiator_name, n.isid, target_name) {
+        let old = shared.find_session(&n.initiator_name, n.isid, target_name);
+        if let Some(old) = &old {
             info!(
                 tsih = old.tsih,
                 "reinstating session: closing the old one first"
@@ -278,23 +356,46 @@ async fn attach(
             ops,
             n.cmd_sn,
         );
-        shared.insert(s.clone());
+        let slot = match &n.target {
+            Some(t) => {
+                Some(gate.admit_session(shared, t, old.is_some(), || shared.insert(s.clone()))?)
+            }
+            // Discovery sessions count among the server's connections only.
+            None => {
+                shared.insert(s.clone());
+                None
+            }
+        };
         info!(parent: &s.span, "session created");
-        return Ok((s, None));
+        return Ok((s, None, slot));
     }
     let Some(s) = shared.session(n.tsih) else {
-        return Err(status::SESSION_DOES_NOT_EXIST);
+        return Err(gone(format!("session {} ended during the login", n.tsih)));
     };
     if s.isid != n.isid
         || s.initiator_name != n.initiator_name
         || s.target.as_ref().map(|t| t.name.as_str()) != target_name
     {
-        return Err(status::SESSION_DOES_NOT_EXIST);
+        return Err(gone(format!(
+            "session {} belongs to another initiator port or target",
+            n.tsih
+        )));
     }
     let old = s.conn(n.cid);
-    if old.is_none() && s.conn_count() >= usize::from(s.ops.max_connections) {
-        return Err(status::TOO_MANY_CONNECTIONS);
+    let max = usize::from(s.ops.max_connections);
+    if old.is_none() && s.conn_count() >= max {
+        return Err(Denied {
+            status: status::TOO_MANY_CONNECTIONS,
+            why: format!(
+                "session {} already has MaxConnections={max} connections",
+                s.tsih
+            ),
+        });
     }
+    let slot = match &s.target {
+        Some(t) => Some(gate.admit_connection(t, old.is_some())?),
+        None => None,
+    };
     debug!(parent: &s.span, cid = n.cid, "connection joins the session");
-    Ok((s, old))
+    Ok((s, old, slot))
 }

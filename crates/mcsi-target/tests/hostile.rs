@@ -455,7 +455,9 @@ async fn session_storm(server: &mcsi_target::Server) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_peers_do_not_disturb_a_good_session() {
     let t0 = Instant::now();
-    let server = start(|_| {}).await;
+    // Hundreds of connections from one address in a second: without the login rate limit
+    // (tests/limits.rs covers it), so that every attack reaches the login and PDU parsers.
+    let server = start_with(|c| c.limits.login_rate = 0).await;
     let addr = server.local_addrs()[0];
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));

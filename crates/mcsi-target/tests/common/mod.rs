@@ -32,16 +32,12 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             iqn: IQN.into(),
             alias: None,
             portals: vec!["127.0.0.1:0".parse().unwrap()],
-            luns: vec![LunSpec {
-                backend: "ram:16MiB".into(),
-                block_size: 512,
-                read_only: false,
-                serial: None,
-            }],
+            luns: vec![LunSpec::new("ram:16MiB")],
             limits: l,
             auth: Default::default(),
         }],
         discovery_auth: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -106,6 +102,30 @@ impl Client {
         }
     }
 
+    /// The next PDU, or None if the connection closes (or breaks the codec) or nothing comes
+    /// within 5 s.
+    pub async fn try_recv(&mut self) -> Option<Pdu> {
+        let f = Framing {
+            max_data_segment_length: 1 << 24,
+            ..self.framing
+        };
+        let next = async {
+            loop {
+                if let Some(p) = decode(&mut self.buf, &f).ok()? {
+                    return Some(p);
+                }
+                match self.s.read_buf(&mut self.buf).await {
+                    Ok(n) if n > 0 => {}
+                    _ => return None,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Nothing arrives within `ms`.
     pub async fn silent(&mut self, ms: u64) -> bool {
         tokio::time::timeout(Duration::from_millis(ms), self.recv_inner())
@@ -120,11 +140,25 @@ impl Client {
         cid: u16,
         keys: &[(&str, &str)],
     ) -> LoginResponse {
+        self.try_login(isid, tsih, cid, keys)
+            .await
+            .expect("connection closed during login")
+    }
+
+    /// Like [`Client::login`], but None when the target closes the connection instead of
+    /// answering.
+    pub async fn try_login(
+        &mut self,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        keys: &[(&str, &str)],
+    ) -> Option<LoginResponse> {
         let mut all = vec![("InitiatorName", "iqn.2026-01.org.mcsi:client")];
         all.extend_from_slice(keys);
         let mut data = text(&all);
         for _ in 0..4 {
-            self.send(Pdu::LoginRequest(LoginRequest {
+            let req = Pdu::LoginRequest(LoginRequest {
                 transit: true,
                 continue_: false,
                 csg: Stage::Operational,
@@ -138,9 +172,11 @@ impl Client {
                 cmd_sn: self.cmd_sn,
                 exp_stat_sn: 0,
                 data,
-            }))
-            .await;
-            let Pdu::LoginResponse(r) = self.recv().await else {
+            });
+            // A target that closed the connection at once may make the write fail.
+            let bytes = req.encode(&self.framing).to_vec();
+            self.s.write_all(&bytes).await.ok()?;
+            let Pdu::LoginResponse(r) = self.try_recv().await? else {
                 panic!("not a login response")
             };
             if r.status_class == 0 {
@@ -149,7 +185,7 @@ impl Client {
             }
             if r.status_class != 0 || r.transit {
                 self.tsih = r.tsih;
-                return r;
+                return Some(r);
             }
             // The target offered keys of its own (RFC 7143 6.2): accept its values.
             let offers: Vec<(String, String)> =

@@ -94,6 +94,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 auth: Default::default(),
             }],
             discovery_auth: Default::default(),
+            limits: Default::default(),
         }
     };
     let nop_interval = args

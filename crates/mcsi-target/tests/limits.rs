@@ -1,0 +1,545 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Limits a peer cannot exceed, over real sockets: logins per second per source address,
+//! sessions and connections per target, connections of the server, the login timeout, the
+//! number of R2Ts outstanding per task (MaxOutstandingR2T) and unsolicited data beyond
+//! FirstBurstLength. Each test fails if its limit is taken away. The NOP-In keepalive that drops
+//! a full feature phase connection whose peer stops answering is tested in tests/loopback.rs
+//! (`keepalive_pings_idle_connections_and_drops_silent_ones`).
+//!
+//! Limits are configured small so that the tests are quick; the checks that something did not
+//! happen wait with generous margins, and waits for something that must happen poll with a
+//! deadline, so that a busy machine makes the tests slower but not flaky.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use mcsi_proto::pdu::*;
+use mcsi_target::Server;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+use tokio::net::TcpSocket;
+
+const OUT_OF_RESOURCES: (u8, u8) = (3, 2);
+const TOO_MANY_CONNECTIONS: (u8, u8) = (2, 6);
+const NORMAL: [(&str, &str); 3] = [
+    ("TargetName", IQN),
+    ("SessionType", "Normal"),
+    ("MaxConnections", "4"),
+];
+
+fn isid(n: u16) -> [u8; 6] {
+    [0x80, 0x33, 0, 0, (n >> 8) as u8, n as u8]
+}
+
+fn status(r: &LoginResponse) -> (u8, u8) {
+    (r.status_class, r.status_detail)
+}
+
+/// A raw client connected from `src` (any 127/8 address reaches a loopback portal).
+async fn connect_from(server: &Server, src: Ipv4Addr) -> Client {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(src.into(), 0)).unwrap();
+    let s = sock.connect(server.local_addrs()[0]).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    Client {
+        s,
+        buf: Default::default(),
+        framing: Framing::default(),
+        cmd_sn: 1,
+        itt: 1,
+        tsih: 0,
+        login_keys: Vec::new(),
+    }
+}
+
+/// A leading login of a new session (ISID `n`) on a fresh connection; None if the target
+/// closed the connection instead of answering.
+async fn new_session(server: &Server, n: u16) -> (Client, Option<(u8, u8)>) {
+    let mut c = Client::connect(server).await;
+    let st = c
+        .try_login(isid(n), 0, 0, &NORMAL)
+        .await
+        .map(|r| status(&r));
+    (c, st)
+}
+
+/// Another connection `cid` of the session `tsih` (ISID `n`).
+async fn join(server: &Server, n: u16, tsih: u16, cid: u16) -> (Client, Option<(u8, u8)>) {
+    let mut c = Client::connect(server).await;
+    c.itt = u32::from(cid) << 20;
+    let st = c
+        .try_login(isid(n), tsih, cid, &[("TargetName", IQN)])
+        .await
+        .map(|r| status(&r));
+    (c, st)
+}
+
+/// Repeats `attempt` until it gives `want` (a place freed by a closing session or connection
+/// comes back asynchronously); panics after 10 s.
+async fn eventually<F, Fut>(what: &str, want: Option<(u8, u8)>, mut attempt: F) -> Client
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (Client, Option<(u8, u8)>)>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (c, st) = attempt().await;
+        if st == want {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {st:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// TEST UNIT READY succeeds on `c` (a unit attention first is fine).
+async fn serves(c: &mut Client) -> bool {
+    for _ in 0..3 {
+        let tur = c.command(&[0; 6], false, false, 0, Bytes::new(), true);
+        let itt = tur.itt;
+        c.send(Pdu::ScsiCommand(tur)).await;
+        if c.read_result(itt).await.1 == 0 {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn logins_beyond_the_rate_of_a_source_are_refused_out_of_resources() {
+    // 1 login per second after a burst of 3.
+    let server = start_with(|c| {
+        c.limits.login_rate = 1;
+        c.limits.login_burst = 3;
+    })
+    .await;
+    // The burst has to be spent within a second for the fourth login to be over the rate; on a
+    // machine too busy for that, try again from another source address (a bucket of its own).
+    let mut checked = None;
+    for round in 0..3u8 {
+        let src = Ipv4Addr::new(127, 0, 0, 10 + round);
+        let t0 = Instant::now();
+        let mut burst = Vec::new();
+        for k in 0..3u16 {
+            let mut c = connect_from(&server, src).await;
+            let r = c
+                .login(isid(100 * u16::from(round) + k), 0, 0, &NORMAL)
+                .await;
+            assert_eq!(status(&r), (0, 0), "login {k} of the burst from {src}");
+            burst.push(c);
+        }
+        let mut c = connect_from(&server, src).await;
+        let st = c
+            .try_login(isid(100 * u16::from(round) + 9), 0, 0, &NORMAL)
+            .await
+            .map(|r| status(&r));
+        if st == Some(OUT_OF_RESOURCES) {
+            assert!(c.closed_by_target().await, "a refused connection is closed");
+            checked = Some((src, burst));
+            break;
+        }
+        assert!(
+            t0.elapsed() >= Duration::from_millis(900),
+            "the fourth login from {src} in {:?} got {st:?}, not 3/02 (out of resources)",
+            t0.elapsed()
+        );
+    }
+    let (src, mut burst) = checked.expect("three rounds too slow to test the rate");
+    // Sessions already in are not disturbed.
+    assert!(serves(&mut burst[0]).await);
+    // Another source has its own bucket.
+    let mut other = connect_from(&server, Ipv4Addr::new(127, 0, 0, 50)).await;
+    let r = other.login(isid(900), 0, 0, &NORMAL).await;
+    assert_eq!(status(&r), (0, 0), "another source address");
+    // A token comes back after a second.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut again = connect_from(&server, src).await;
+    let r = again.login(isid(901), 0, 0, &NORMAL).await;
+    assert_eq!(status(&r), (0, 0), "{src} after a second");
+}
+
+#[tokio::test]
+async fn sessions_beyond_max_sessions_are_refused_out_of_resources() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.targets[0].limits.max_sessions = 2;
+    })
+    .await;
+    let (mut a, st) = new_session(&server, 1).await;
+    assert_eq!(st, Some((0, 0)));
+    let (b, st) = new_session(&server, 2).await;
+    assert_eq!(st, Some((0, 0)));
+    let (_, st) = new_session(&server, 3).await;
+    assert_eq!(st, Some(OUT_OF_RESOURCES), "a third session");
+    assert!(serves(&mut a).await, "the sessions in are not disturbed");
+
+    // Reinstating a session (same initiator port) replaces it, so it is let in at the limit.
+    let (mut a2, st) = new_session(&server, 1).await;
+    assert_eq!(st, Some((0, 0)), "reinstatement at the limit");
+    assert!(
+        a.closed_by_target().await,
+        "the reinstated session's connection"
+    );
+    assert!(serves(&mut a2).await);
+
+    // A session that ends makes room.
+    drop(b);
+    let mut c = eventually("a session after one ended", Some((0, 0)), || {
+        new_session(&server, 3)
+    })
+    .await;
+    assert!(serves(&mut c).await);
+
+    // Logins racing for the last places: each place is given once.
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.targets[0].limits.max_sessions = 3;
+    })
+    .await;
+    let server = std::sync::Arc::new(server);
+    let mut racers = Vec::new();
+    for n in 0..12u16 {
+        let server = server.clone();
+        racers.push(tokio::spawn(async move { new_session(&server, n).await }));
+    }
+    let mut admitted = Vec::new();
+    for r in racers {
+        let (c, st) = r.await.unwrap();
+        match st {
+            Some((0, 0)) => admitted.push(c),
+            Some(OUT_OF_RESOURCES) => {}
+            other => panic!("racing login got {other:?}"),
+        }
+    }
+    assert_eq!(admitted.len(), 3, "sessions let in with max_sessions = 3");
+}
+
+#[tokio::test]
+async fn connections_beyond_max_target_connections_are_refused() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.targets[0].limits.max_connections = 4;
+        c.targets[0].limits.max_target_connections = 3;
+    })
+    .await;
+    // Session A with two connections, session B with one: the target is full.
+    let (mut a0, st) = new_session(&server, 1).await;
+    assert_eq!(st, Some((0, 0)));
+    let (a1, st) = join(&server, 1, a0.tsih, 1).await;
+    assert_eq!(st, Some((0, 0)));
+    let (b0, st) = new_session(&server, 2).await;
+    assert_eq!(st, Some((0, 0)));
+    let tsih_b = b0.tsih;
+
+    // Below its MaxConnections (4), a session still gets no connection beyond the target's.
+    let (_, st) = join(&server, 1, a0.tsih, 2).await;
+    assert_eq!(st, Some(TOO_MANY_CONNECTIONS), "A's third connection");
+    let (_, st) = join(&server, 2, tsih_b, 1).await;
+    assert_eq!(st, Some(TOO_MANY_CONNECTIONS), "B's second connection");
+    // A new session needs a connection too.
+    let (_, st) = new_session(&server, 3).await;
+    assert_eq!(st, Some(OUT_OF_RESOURCES), "a new session");
+
+    // Reinstating a connection (same CID) replaces it, so it is let in at the limit.
+    let (_a1b, st) = join(&server, 1, a0.tsih, 1).await;
+    assert_eq!(st, Some((0, 0)), "connection reinstatement at the limit");
+    drop(a1);
+    assert!(serves(&mut a0).await, "session A goes on");
+
+    // B's connection ends (and with it B, ErrorRecoveryLevel 0): room for one connection.
+    drop(b0);
+    let _a2 = eventually("A's third connection once B ended", Some((0, 0)), || {
+        join(&server, 1, a0.tsih, 2)
+    })
+    .await;
+    let (_, st) = new_session(&server, 3).await;
+    assert_eq!(st, Some(OUT_OF_RESOURCES), "full again");
+}
+
+#[tokio::test]
+async fn server_connections_beyond_the_limit_are_closed_at_once() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.limits.max_server_connections = 2;
+    })
+    .await;
+    let (mut a, st) = new_session(&server, 1).await;
+    assert_eq!(st, Some((0, 0)));
+    // A connection that sends nothing holds the second place (its login has 30 s).
+    let idle = Client::connect(&server).await;
+    // So the third is closed right away, long before any login timeout.
+    let mut third = Client::connect(&server).await;
+    assert!(
+        third.closed_by_target().await,
+        "a connection beyond max_server_connections"
+    );
+    assert!(serves(&mut a).await, "the session in is not disturbed");
+    drop(idle);
+    let mut c = eventually(
+        "a session once the idle connection left",
+        Some((0, 0)),
+        || new_session(&server, 2),
+    )
+    .await;
+    assert!(serves(&mut c).await);
+}
+
+#[tokio::test]
+async fn login_timeout_drops_connections_that_never_finish_logging_in() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.limits.login_timeout = Duration::from_millis(500);
+    })
+    .await;
+    // Nothing sent at all.
+    let t0 = Instant::now();
+    let mut silent = Client::connect(&server).await;
+    assert!(silent.closed_by_target().await, "a silent connection");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // One Login Request without the transit bit, answered, then nothing more.
+    let t0 = Instant::now();
+    let mut stalled = Client::connect(&server).await;
+    stalled
+        .send(Pdu::LoginRequest(LoginRequest {
+            transit: false,
+            continue_: false,
+            csg: Stage::Operational,
+            nsg: Stage::Operational,
+            version_max: 0,
+            version_min: 0,
+            isid: Isid(isid(1)),
+            tsih: 0,
+            itt: 0,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            data: text(&[("InitiatorName", "iqn.2026-01.org.mcsi:slow"), NORMAL[0]]),
+        }))
+        .await;
+    let Pdu::LoginResponse(r) = stalled.recv().await else {
+        panic!("expected a Login Response")
+    };
+    assert_eq!(status(&r), (0, 0));
+    assert!(stalled.closed_by_target().await, "a login that stalls");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // The timeout is for the login only: a session in full feature phase outlives it.
+    let mut c = Client::normal(&server, &[]).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        serves(&mut c).await,
+        "a session older than the login timeout"
+    );
+}
+
+/// Sends the Data-Out an R2T asks for, from `data`.
+async fn answer(c: &mut Client, r: &R2t, data: &Bytes) {
+    let (o, n) = (
+        r.buffer_offset as usize,
+        r.desired_data_transfer_length as usize,
+    );
+    c.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt: r.itt,
+        ttt: r.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: r.buffer_offset,
+        data: data.slice(o..o + n),
+    }))
+    .await;
+}
+
+async fn next_r2t(c: &mut Client) -> R2t {
+    match c.recv().await {
+        Pdu::R2t(r) => r,
+        other => panic!("expected an R2T, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn outstanding_r2ts_never_exceed_max_outstanding_r2t() {
+    let server = start_with(|c| {
+        let l = &mut c.targets[0].limits;
+        l.max_outstanding_r2t = 2;
+        l.max_burst_length = 8192;
+        l.first_burst_length = 4096;
+    })
+    .await;
+    // The initiator asks for more; MaxOutstandingR2T is a minimum key (RFC 7143 13.17).
+    let mut c = Client::normal(
+        &server,
+        &[
+            ("InitialR2T", "Yes"),
+            ("ImmediateData", "No"),
+            ("MaxBurstLength", "8192"),
+            ("MaxOutstandingR2T", "8"),
+        ],
+    )
+    .await;
+    let agreed = c
+        .login_keys
+        .iter()
+        .find(|(k, _)| k == "MaxOutstandingR2T")
+        .map(|(_, v)| v.clone());
+    assert_eq!(agreed.as_deref(), Some("2"));
+
+    // 64 KiB in bursts of 8 KiB: 8 R2Ts, never more than 2 unanswered.
+    let data = pattern(65536, 5);
+    let cmd = c.command(
+        &rw10(0x2a, 1000, 128),
+        false,
+        true,
+        65536,
+        Bytes::new(),
+        true,
+    );
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let mut open = vec![next_r2t(&mut c).await, next_r2t(&mut c).await];
+    for (sn, r) in open.iter().enumerate() {
+        let sn = sn as u32;
+        assert_eq!((r.r2t_sn, r.buffer_offset), (sn, 8192 * sn));
+    }
+    let mut seen = 2;
+    while !open.is_empty() {
+        assert!(
+            c.silent(250).await,
+            "an R2T beyond MaxOutstandingR2T=2 with {} unanswered",
+            open.len()
+        );
+        let r = open.remove(0);
+        answer(&mut c, &r, &data).await;
+        if seen < 8 {
+            let n = next_r2t(&mut c).await;
+            assert_eq!(
+                (n.r2t_sn, n.buffer_offset, n.desired_data_transfer_length),
+                (seen, 8192 * seen, 8192)
+            );
+            open.push(n);
+            seen += 1;
+        }
+    }
+    let (_, st, _, _, _) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    let cmd = c.command(
+        &rw10(0x28, 1000, 128),
+        true,
+        false,
+        65536,
+        Bytes::new(),
+        true,
+    );
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, _, _, _) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    assert_eq!(&got[..], &data[..]);
+}
+
+/// A session that may send 4 KiB unsolicited (FirstBurstLength) although it asked for 64 KiB.
+async fn first_burst_session(server: &Server) -> Client {
+    let c = Client::normal(
+        server,
+        &[
+            ("InitialR2T", "No"),
+            ("ImmediateData", "Yes"),
+            ("FirstBurstLength", "65536"),
+        ],
+    )
+    .await;
+    let agreed = c
+        .login_keys
+        .iter()
+        .find(|(k, _)| k == "FirstBurstLength")
+        .map(|(_, v)| v.clone());
+    assert_eq!(agreed.as_deref(), Some("4096"), "a minimum key (13.14)");
+    c
+}
+
+async fn first_burst_server() -> Server {
+    start_with(|c| c.targets[0].limits.first_burst_length = 4096).await
+}
+
+/// What LBA 2000.. holds, read by a new session.
+async fn blocks_at_2000(server: &Server) -> Vec<u8> {
+    let mut c = Client::normal_isid(server, isid(77), &[]).await;
+    let cmd = c.command(&rw10(0x28, 2000, 16), true, false, 8192, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, _, _, _) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    got
+}
+
+#[tokio::test]
+async fn immediate_data_beyond_first_burst_length_is_rejected() {
+    let server = first_burst_server().await;
+    let mut c = first_burst_session(&server).await;
+    // 8 KiB of immediate data with FirstBurstLength 4 KiB (RFC 7143 13.14).
+    let cmd = c.command(
+        &rw10(0x2a, 2000, 16),
+        false,
+        true,
+        8192,
+        pattern(8192, 1),
+        true,
+    );
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    match c.recv().await {
+        Pdu::Reject(r) => {
+            assert_eq!(r.reason, reject_reason::PROTOCOL_ERROR);
+            assert_eq!(
+                u32::from_be_bytes(r.header[16..20].try_into().unwrap()),
+                itt
+            );
+        }
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    // The session goes on (the command's CmdSN is used up) and nothing was written.
+    assert!(serves(&mut c).await);
+    assert!(blocks_at_2000(&server).await.iter().all(|&b| b == 0));
+}
+
+#[tokio::test]
+async fn unsolicited_data_beyond_first_burst_length_drops_the_connection() {
+    let server = first_burst_server().await;
+    let mut c = first_burst_session(&server).await;
+    // No immediate data, F=0: unsolicited Data-Out follows, 8 KiB where 4 KiB are allowed.
+    let cmd = c.command(
+        &rw10(0x2a, 2000, 32),
+        false,
+        true,
+        16384,
+        Bytes::new(),
+        false,
+    );
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    c.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 0,
+        data: pattern(8192, 2),
+    }))
+    .await;
+    // A sequence error ends the connection at ErrorRecoveryLevel 0 (RFC 7143 7.1.4.1).
+    assert!(c.closed_by_target().await);
+    assert!(blocks_at_2000(&server).await.iter().all(|&b| b == 0));
+}
