@@ -3,7 +3,7 @@
 
 use crate::control;
 use crate::scsi;
-use crate::session::{Conn, Ordered, Out, Register, Session};
+use crate::session::{Claim, Conn, Deferred, Ordered, Out, Session};
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{
@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, warn, Instrument};
+use tracing::{debug, warn};
 
 /// Most bytes gathered into one vectored write.
 const BATCH_BYTES: usize = 4 << 20;
@@ -499,46 +499,43 @@ impl Reader {
             // Untagged is SIMPLE (RFC 7143 11.3.1); ACA is not offered, so treated as SIMPLE.
             _ => mcsi_scsi::TaskAttribute::Simple,
         };
-        if self.try_inline(&c, &target, phase, attr, transfer.as_ref()) {
-            return Ok(());
-        }
-        let (reg, handles, ctl) = self.session.register_task(
+        // A SIMPLE command for a LU that does not block, with all its data at hand, needs no
+        // task of its own: it runs on a reader when its turn comes (Session::claim).
+        let (c, transfer) = if attr == mcsi_scsi::TaskAttribute::Simple
+            && transfer.as_ref().is_none_or(|t| t.done())
+            && !target.dev.blocking(c.lun, &c.cdb)
+        {
+            let d = Deferred {
+                conn: self.conn.clone(),
+                cmd: c,
+                phase,
+                transfer,
+            };
+            match self.session.claim(d) {
+                Claim::Now(d, claim) => {
+                    scsi::run_inline(&self.session, &target.dev, *d, claim);
+                    return Ok(());
+                }
+                Claim::Queued(ready) => {
+                    control::run_all(&self.session, ready);
+                    return Ok(());
+                }
+                Claim::Refused(d) => (d.cmd, d.transfer),
+            }
+        } else {
+            (c, transfer)
+        };
+        let ready = scsi::start_task(
+            &self.session,
             &self.conn,
-            c.itt,
-            c.lun,
-            c.cmd_sn,
-            c.immediate,
+            &target.dev,
+            c,
+            phase,
             attr,
-            transfer.is_some(),
+            transfer,
+            false,
         );
-        control::run_all(&self.session, ctl);
-        match (reg, handles) {
-            (Register::Ok, Some(h)) => {
-                let span = tracing::debug_span!(parent: &self.conn.span, "task", itt = c.itt, cmd_sn = c.cmd_sn);
-                let ctx = scsi::TaskCtx {
-                    session: self.session.clone(),
-                    conn: self.conn.clone(),
-                    dev: target.dev.clone(),
-                    attr,
-                    cmd: c,
-                    phase,
-                    transfer,
-                    handles: h,
-                };
-                tokio::spawn(scsi::run(ctx).instrument(span));
-            }
-            (Register::OutOfWindow, _) => {
-                // Silently ignored (RFC 7143 4.2.2.1).
-                debug!(parent: &self.conn.span, cmd_sn = c.cmd_sn, "command outside the CmdSN window dropped");
-            }
-            (Register::IttInUse, _) => {
-                self.conn.send(reject_pdu(
-                    reject_reason::TASK_IN_PROGRESS,
-                    &Pdu::ScsiCommand(c),
-                ));
-            }
-            _ => {}
-        }
+        control::run_all(&self.session, ready);
         Ok(())
     }
 }
@@ -548,64 +545,6 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-impl Reader {
-    /// Runs a command on the reader when that needs no task of its own: a SIMPLE command for a
-    /// LUN whose device server does not block (RAM), with no data-out or all of it as immediate
-    /// data, claimed by [`Session::claim_inline`] (in sessions of any number of connections). Spares the spawn, the channels and the task
-    /// table entry of the general path. Returns false (nothing done) when the command does not
-    /// qualify.
-    fn try_inline(
-        &self,
-        c: &ScsiCommand,
-        target: &crate::session::Target,
-        phase: mcsi_scsi::DataPhase,
-        attr: mcsi_scsi::TaskAttribute,
-        transfer: Option<&WriteTransfer>,
-    ) -> bool {
-        if attr != mcsi_scsi::TaskAttribute::Simple || target.dev.blocking(c.lun, &c.cdb) {
-            return false;
-        }
-        let data_out = match transfer {
-            None => Bytes::new(),
-            Some(t) if t.done() => {
-                let imm = t.accept_immediate(c.data.len() as u32);
-                c.data.slice(..imm.len as usize)
-            }
-            Some(_) => return false,
-        };
-        let Some(claim) = self
-            .session
-            .claim_inline(c.itt, c.lun, c.cmd_sn, c.immediate)
-        else {
-            return false;
-        };
-        let outcome = target.dev.execute(
-            c.lun,
-            mcsi_scsi::Command {
-                nexus: &self.session.nexus,
-                cdb: &c.cdb,
-                data_out,
-                data_in_limit: scsi::read_expected(c),
-                attr,
-            },
-        );
-        let out = claim.reply.as_ref().unwrap_or(&self.conn);
-        for p in scsi::response_pdus(
-            c,
-            phase,
-            outcome,
-            out.ops.send_mrdsl,
-            self.session.ops.max_burst_length,
-        ) {
-            out.send(p);
-        }
-        if claim.tracked {
-            self.session.release_inline(c.lun);
-        }
-        true
     }
 }
 

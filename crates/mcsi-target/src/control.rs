@@ -2,12 +2,13 @@
 //! Management (11.5, with the semantics of RFC 7143 4.2.3).
 
 use crate::conn::reject_pdu;
-use crate::session::{wait_all, Conn, Ordered, Session, Target};
+use crate::session::{wait_all, Conn, InOrder, Ordered, Run, Session, Target};
 use mcsi_proto::pdu::{
     reject_reason, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu, TaskMgmtRequest,
     TaskMgmtResponse, RESERVED_TAG,
 };
 use mcsi_proto::serial::Sn;
+use mcsi_scsi::TaskAttribute;
 use std::sync::Arc;
 use tracing::{debug, info, Instrument};
 
@@ -32,10 +33,39 @@ pub mod tmf_function {
     pub const TASK_REASSIGN: u8 = 8;
 }
 
-/// Runs requests that came up in CmdSN order.
-pub fn run_all(session: &Arc<Session>, ctl: Vec<(Arc<Conn>, Pdu)>) {
-    for (c, p) in ctl {
-        run(session, c, p);
+/// Runs what came up in CmdSN order: control requests, and held SCSI commands (on this
+/// reader, or as tasks of their own when an ORDERED task is pending).
+pub fn run_all(session: &Arc<Session>, ready: InOrder) {
+    let mut queue: std::collections::VecDeque<Run> = ready.into();
+    while let Some(r) = queue.pop_front() {
+        match r {
+            Run::Control(c, p) => run(session, c, p),
+            Run::Inline(d, claim) => {
+                if let Some(t) = &session.target {
+                    crate::scsi::run_inline(session, &t.dev, *d, claim);
+                }
+            }
+            Run::Task(d) => {
+                let Some(t) = &session.target else { continue };
+                let crate::session::Deferred {
+                    conn,
+                    cmd,
+                    phase,
+                    transfer,
+                } = *d;
+                let more = crate::scsi::start_task(
+                    session,
+                    &conn,
+                    &t.dev,
+                    cmd,
+                    phase,
+                    TaskAttribute::Simple,
+                    transfer,
+                    true,
+                );
+                queue.extend(more);
+            }
+        }
     }
 }
 
@@ -100,8 +130,8 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
                 c.mark_clean();
             }
             // Tasks still running are aborted; the response goes out once they ended.
-            let waits = session.abort_where(|_, _| true);
-            wait_all(waits).await;
+            let aborted = session.abort_where(|_| true);
+            wait_all(aborted.waits).await;
             conn.send(logout_response(l.itt, 0));
             conn.close_after_flush();
             for c in others.iter().filter(|c| c.cid != conn.cid) {
@@ -115,8 +145,8 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
             };
             info!(cid = l.cid, "logout: closing the connection");
             target.mark_clean();
-            let waits = session.abort_where(|_, t| t.cid == l.cid);
-            wait_all(waits).await;
+            let aborted = session.abort_where(|t| t.cid == l.cid);
+            wait_all(aborted.waits).await;
             conn.send(logout_response(l.itt, 0));
             if Arc::ptr_eq(&target, conn) {
                 conn.close_after_flush();
@@ -158,9 +188,9 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         ABORT_TASK => abort_task(session, &t).await,
         ABORT_TASK_SET | CLEAR_TASK_SET | LUN_RESET if !lun_exists => tmf_response::NO_LUN,
         ABORT_TASK_SET => {
-            let waits =
-                session.abort_where(|_, e| e.lun == t.lun && Sn::lt(Sn(e.cmd_sn), Sn(t.cmd_sn)));
-            wait_all(waits).await;
+            let aborted =
+                session.abort_where(|e| e.lun == t.lun && Sn::lt(Sn(e.cmd_sn), Sn(t.cmd_sn)));
+            wait_all(aborted.waits).await;
             session.inline_quiesced().await;
             tmf_response::COMPLETE
         }
@@ -193,9 +223,9 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
 /// window before this request is taken as received (its CmdSN is used up) and the answer is
 /// "function complete"; otherwise "task does not exist".
 async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
-    let waits = session.abort_where(|itt, e| itt == t.referenced_task_tag && e.lun == t.lun);
-    if !waits.is_empty() {
-        wait_all(waits).await;
+    let aborted = session.abort_where(|e| e.itt == t.referenced_task_tag && e.lun == t.lun);
+    if aborted.found > 0 {
+        wait_all(aborted.waits).await;
         return tmf_response::COMPLETE;
     }
     // The task may be running inline on another connection's reader: its status goes out
@@ -215,7 +245,7 @@ async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, lun: Opti
     let mut waits = Vec::new();
     for s in session.shared.all_sessions() {
         if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
-            waits.extend(s.abort_where(|_, e| lun.is_none_or(|l| l == e.lun)));
+            waits.extend(s.abort_where(|e| lun.is_none_or(|l| l == e.lun)).waits);
         }
     }
     wait_all(waits).await;

@@ -3,13 +3,13 @@
 //! (on tokio's blocking pool when the LU says so), then Data-In and status.
 
 use crate::datain::{residual, split, Residual};
-use crate::session::{Conn, Session, TaskHandles};
+use crate::session::{Conn, Deferred, Inline, Register, Session, TaskHandles};
 use crate::transfer::WriteTransfer;
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{DataIn, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG};
 use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute};
 use std::sync::Arc;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 /// Everything one task's future needs.
 pub struct TaskCtx {
@@ -21,6 +21,99 @@ pub struct TaskCtx {
     pub phase: DataPhase,
     pub transfer: Option<WriteTransfer>,
     pub handles: TaskHandles,
+}
+
+/// Registers a command as a task of its own and starts it: it waits for its data, its turn in
+/// CmdSN order (unless `in_order`: its CmdSN was consumed already, it only enters the task set)
+/// and its task attribute. Returns what came up in CmdSN order meanwhile, for the caller to run.
+#[allow(clippy::too_many_arguments)]
+pub fn start_task(
+    session: &Arc<Session>,
+    conn: &Arc<Conn>,
+    dev: &Arc<DeviceServer>,
+    cmd: ScsiCommand,
+    phase: DataPhase,
+    attr: TaskAttribute,
+    transfer: Option<WriteTransfer>,
+    in_order: bool,
+) -> crate::session::InOrder {
+    let (reg, handles, ready) = session.register_task(
+        conn,
+        cmd.itt,
+        cmd.lun,
+        cmd.cmd_sn,
+        cmd.immediate || in_order,
+        attr,
+        transfer.is_some(),
+    );
+    match (reg, handles) {
+        (Register::Ok, Some(h)) => {
+            let span = tracing::debug_span!(parent: &conn.span, "task", itt = cmd.itt, cmd_sn = cmd.cmd_sn);
+            let ctx = TaskCtx {
+                session: session.clone(),
+                conn: conn.clone(),
+                dev: dev.clone(),
+                attr,
+                cmd,
+                phase,
+                transfer,
+                handles: h,
+            };
+            tokio::spawn(run(ctx).instrument(span));
+        }
+        (Register::OutOfWindow, _) => {
+            // Silently ignored (RFC 7143 4.2.2.1).
+            debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window dropped");
+        }
+        (Register::IttInUse, _) => {
+            conn.send(crate::conn::reject_pdu(
+                mcsi_proto::pdu::reject_reason::TASK_IN_PROGRESS,
+                &Pdu::ScsiCommand(cmd),
+            ));
+        }
+        _ => {}
+    }
+    ready
+}
+
+/// Runs a command claimed by [`Session::claim`] to its end on the calling reader and queues its
+/// final PDUs.
+pub fn run_inline(session: &Session, dev: &DeviceServer, d: Deferred, claim: Inline) {
+    let Deferred {
+        conn,
+        cmd,
+        phase,
+        transfer,
+    } = d;
+    let data_out = match &transfer {
+        Some(t) => cmd
+            .data
+            .slice(..t.accept_immediate(cmd.data.len() as u32).len as usize),
+        None => Bytes::new(),
+    };
+    let outcome = dev.execute(
+        cmd.lun,
+        Command {
+            nexus: &session.nexus,
+            cdb: &cmd.cdb,
+            data_out,
+            data_in_limit: read_expected(&cmd),
+            attr: TaskAttribute::Simple,
+        },
+    );
+    let out = claim.reply.as_ref().unwrap_or(&conn);
+    for p in response_pdus(
+        &cmd,
+        phase,
+        outcome,
+        out.ops.send_mrdsl,
+        session.ops.max_burst_length,
+    ) {
+        out.send(p);
+    }
+    if claim.tracked {
+        session.release_inline(cmd.lun);
+    }
 }
 
 /// Runs the task to its end. The task always leaves the session's table at the end, so the

@@ -277,8 +277,8 @@ async fn connection(
         // Connection reinstatement (RFC 7143 6.3.4): the old connection goes first, with its tasks.
         old.mark_clean();
         old.stop();
-        let waits = session.abort_where(|_, t| t.cid == old.cid);
-        crate::session::wait_all(waits).await;
+        let aborted = session.abort_where(|t| t.cid == old.cid);
+        crate::session::wait_all(aborted.waits).await;
     }
     let (exp, max) = session.cmd_sns();
     let (tx, rx) = mpsc::unbounded_channel();

@@ -274,8 +274,45 @@ pub enum Ordered {
     Task(u64),
     /// A non-SCSI request (NOP-Out, Text, Logout, Task Management) to run in order.
     Control(Arc<Conn>, Pdu),
+    /// A SIMPLE command with all its data, held without a task of its own ([`Session::claim`]).
+    Command(Box<Deferred>),
     /// A CmdSN consumed without a command (a rejected command, an aborted gap).
     Nothing,
+}
+
+/// A SIMPLE command for a LU that does not block, with all its data at hand (none, or all of it
+/// immediate): it needs no task of its own. It runs at once on the reader that received it
+/// when it is next in CmdSN order; otherwise it waits in the window and runs on the reader of
+/// whichever connection fills the gap before it (sessions of many connections).
+pub struct Deferred {
+    /// The connection it came on (its status leaves there unless the asymmetric mode says
+    /// otherwise).
+    pub conn: Arc<Conn>,
+    pub cmd: mcsi_proto::pdu::ScsiCommand,
+    pub phase: mcsi_scsi::DataPhase,
+    /// The write's transfer state (all of its data came as immediate data).
+    pub transfer: Option<crate::transfer::WriteTransfer>,
+}
+
+/// What [`Session::claim`] made of a command.
+pub enum Claim {
+    /// Run it now on this reader.
+    Now(Box<Deferred>, Inline),
+    /// Held in the window, or dropped as outside it; these came up in order meanwhile.
+    Queued(InOrder),
+    /// It needs a task of its own (ITT in use, an ORDERED task pending, closing).
+    Refused(Box<Deferred>),
+}
+
+/// Something that came up in CmdSN order, for the caller to carry out outside the session lock.
+pub enum Run {
+    /// A non-SCSI request.
+    Control(Arc<Conn>, Pdu),
+    /// A held command to run now on this reader.
+    Inline(Box<Deferred>, Inline),
+    /// A held command whose turn came while an ORDERED task is pending: start it as a task
+    /// (its CmdSN is consumed; it enters the task set like an immediate command).
+    Task(Box<Deferred>),
 }
 
 /// A command claimed for execution on its connection's reader ([`Session::claim_inline`]).
@@ -287,8 +324,8 @@ pub struct Inline {
     pub reply: Option<Arc<Conn>>,
 }
 
-/// Requests other than SCSI commands that came up in CmdSN order, with their connection.
-pub type InOrder = Vec<(Arc<Conn>, Pdu)>;
+/// What came up in CmdSN order, with their connections.
+pub type InOrder = Vec<Run>;
 
 /// One task in the task table.
 pub struct TaskEntry {
@@ -478,7 +515,7 @@ impl Session {
             let ctl = if immediate {
                 Vec::new()
             } else {
-                submit(&mut st, cmd_sn, Ordered::Nothing)
+                submit(&mut st, cmd_sn, Ordered::Nothing, self.ops.asymmetric)
             };
             return (Register::IttInUse, None, ctl);
         }
@@ -519,7 +556,7 @@ impl Session {
             admit(&mut st, id);
             Vec::new()
         } else {
-            submit(&mut st, cmd_sn, Ordered::Task(id))
+            submit(&mut st, cmd_sn, Ordered::Task(id), self.ops.asymmetric)
         };
         (
             Register::Ok,
@@ -534,40 +571,43 @@ impl Session {
         )
     }
 
-    /// Claims a SIMPLE command for execution on its connection's reader, without a task of its
-    /// own: the ITT is free, no ORDERED task is pending in the LUN's task set (SAM-5 8.6), and a
-    /// non-immediate command's CmdSN is ExpCmdSN with nothing held (RFC 7143 4.2.2.1: it is
-    /// next in order). Its CmdSN is consumed. The caller runs it to its end, queues its final
-    /// PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim, calls
-    /// [`Session::release_inline`]. The window's outstanding count is left alone, as for a task
-    /// started and ended at once.
+    /// Takes a [`Deferred`] command without a task of its own. When it is next in CmdSN order
+    /// (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5 8.6), the
+    /// caller runs it now ([`Claim::Now`]): its CmdSN is consumed, the caller runs it to its end,
+    /// queues its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked
+    /// claim, calls [`Session::release_inline`]. A command ahead of ExpCmdSN (another connection
+    /// has not delivered the ones before it yet) waits in the window, holding a queue slot, and
+    /// runs on the reader that fills the gap ([`Claim::Queued`], [`Run::Inline`]).
     ///
     /// With one connection no other reader can deliver a command or task management meanwhile,
-    /// so nothing is tracked. With several, the claim enters the LUN's task set as a running
-    /// SIMPLE task, so that an ORDERED command arriving on another connection waits for it and
-    /// task management waits for it to end ([`Session::inline_quiesced`]).
-    pub fn claim_inline(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Option<Inline> {
+    /// so nothing is tracked. With several, a running command counts in its LUN's task set as a
+    /// running SIMPLE task, so that an ORDERED command arriving on another connection waits for
+    /// it and task management waits for it to end ([`Session::inline_quiesced`]).
+    pub fn claim(&self, d: Deferred) -> Claim {
         let mut st = self.lock();
+        let (itt, lun, cmd_sn, immediate) = (d.cmd.itt, d.cmd.lun, d.cmd.cmd_sn, d.cmd.immediate);
         if st.closing || st.tasks.contains_key(&itt) {
-            return None;
+            return Claim::Refused(Box::new(d));
         }
         if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-            return None;
+            return Claim::Refused(Box::new(d));
         }
-        if !immediate && !st.window.take_next(cmd_sn) {
-            return None;
+        if immediate || st.window.take_next(cmd_sn) {
+            let claim = inline_claim(&mut st, lun, self.ops.asymmetric);
+            return Claim::Now(Box::new(d), claim);
         }
-        let tracked = st.conns.len() > 1;
-        if tracked {
-            st.task_sets.entry(lun).or_default().enter_inline();
-            st.inline += 1;
+        if !st.window.accepts(cmd_sn) {
+            // Silently ignored (RFC 7143 4.2.2.1).
+            tracing::debug!(parent: &d.conn.span, cmd_sn, "command outside the CmdSN window dropped");
+            return Claim::Queued(Vec::new());
         }
-        let reply = if self.ops.asymmetric {
-            pick_reply(&mut st).and_then(|cid| st.conns.get(&cid).cloned())
-        } else {
-            None
-        };
-        Some(Inline { tracked, reply })
+        st.window.task_started();
+        Claim::Queued(submit(
+            &mut st,
+            cmd_sn,
+            Ordered::Command(Box::new(d)),
+            self.ops.asymmetric,
+        ))
     }
 
     /// A tracked inline command ended: lets the LUN's task set go on.
@@ -603,12 +643,12 @@ impl Session {
 
     /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
     /// the requests now in order (possibly including this one) and whether it was dropped.
-    pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, Vec<(Arc<Conn>, Pdu)>) {
+    pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, InOrder) {
         let mut st = self.lock();
         if !st.window.accepts(cmd_sn) {
             return (false, Vec::new());
         }
-        (true, submit(&mut st, cmd_sn, item))
+        (true, submit(&mut st, cmd_sn, item, self.ops.asymmetric))
     }
 
     /// The connection task `itt`'s R2T, Data-In and status leave on: the one its command came
@@ -683,21 +723,28 @@ impl Session {
         true
     }
 
-    /// Marks tasks aborted (their status will not be sent, RFC 7143 4.2.3) and returns what to
-    /// wait on for their end.
-    pub fn abort_where(
-        &self,
-        mut pred: impl FnMut(u32, &TaskEntry) -> bool,
-    ) -> Vec<watch::Receiver<()>> {
+    /// Aborts the tasks `pred` picks: a task of its own is marked aborted (its status will not
+    /// be sent, RFC 7143 4.2.3) and its end is waited on through [`Aborted::waits`]; a command
+    /// held in the window without a task ([`Deferred`]) is dropped there, its CmdSN kept as
+    /// consumed-without-command.
+    pub fn abort_where(&self, mut pred: impl FnMut(&TaskRef) -> bool) -> Aborted {
         let mut st = self.lock();
-        let mut out = Vec::new();
+        let mut out = Aborted::default();
         for (itt, t) in st.tasks.iter_mut() {
-            if pred(*itt, t) {
+            let r = TaskRef {
+                itt: *itt,
+                cid: t.cid,
+                lun: t.lun,
+                cmd_sn: t.cmd_sn,
+            };
+            if pred(&r) {
                 t.aborted = true;
                 let _ = t.abort_tx.send(true);
-                out.push(t.done_rx.clone());
+                out.waits.push(t.done_rx.clone());
+                out.found += 1;
             }
         }
+        out.found += abort_held(&mut st, pred);
         out
     }
 
@@ -754,6 +801,7 @@ impl Session {
                     waits.push(t.done_rx.clone());
                 }
             }
+            abort_held(&mut st, |t| t.cid == cid);
             (st.conns.len(), waits)
         };
         if !logged_out || remaining == 0 {
@@ -764,11 +812,69 @@ impl Session {
     }
 }
 
+/// What identifies a task for task management, logout and connection loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskRef {
+    pub itt: u32,
+    /// The connection its command came on.
+    pub cid: u16,
+    pub lun: u64,
+    pub cmd_sn: u32,
+}
+
+/// What [`Session::abort_where`] did.
+#[derive(Default)]
+pub struct Aborted {
+    /// Tasks found (running or held).
+    pub found: usize,
+    /// The ends of the running ones, to wait on ([`wait_all`]).
+    pub waits: Vec<watch::Receiver<()>>,
+}
+
+/// Drops the held [`Deferred`] commands `pred` picks, keeping their CmdSNs as used; returns how
+/// many.
+fn abort_held(st: &mut SessionState, mut pred: impl FnMut(&TaskRef) -> bool) -> usize {
+    let mut n = 0;
+    for (_, item) in st.window.held_mut() {
+        let Ordered::Command(d) = item else { continue };
+        let r = TaskRef {
+            itt: d.cmd.itt,
+            cid: d.conn.cid,
+            lun: d.cmd.lun,
+            cmd_sn: d.cmd.cmd_sn,
+        };
+        if pred(&r) {
+            *item = Ordered::Nothing;
+            n += 1;
+        }
+    }
+    for _ in 0..n {
+        st.window.task_done();
+    }
+    n
+}
+
 /// Waits until every task future behind these receivers has ended.
 pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
     for mut w in waits {
         while w.changed().await.is_ok() {}
     }
+}
+
+/// Counts a command about to run without a task (tracked when other readers could deliver
+/// commands or task management meanwhile) and picks its reply connection.
+fn inline_claim(st: &mut SessionState, lun: u64, asymmetric: bool) -> Inline {
+    let tracked = st.conns.len() > 1;
+    if tracked {
+        st.task_sets.entry(lun).or_default().enter_inline();
+        st.inline += 1;
+    }
+    let reply = if asymmetric {
+        pick_reply(st).and_then(|cid| st.conns.get(&cid).cloned())
+    } else {
+        None
+    };
+    Inline { tracked, reply }
 }
 
 /// The next response connection, round-robin in CID order (thesis 4.3.3: responses spread over
@@ -816,20 +922,31 @@ fn alloc_ttt(st: &mut SessionState) -> u32 {
     t
 }
 
-/// Puts an item into the window and admits what became in order. Returns the control requests
-/// now in order, to be run by the caller outside the lock.
-fn submit(st: &mut SessionState, cmd_sn: u32, item: Ordered) -> Vec<(Arc<Conn>, Pdu)> {
-    let mut ctl = Vec::new();
+/// Puts an item into the window and admits what became in order. Returns what the caller runs
+/// outside the lock: control requests and held commands.
+fn submit(st: &mut SessionState, cmd_sn: u32, item: Ordered, asymmetric: bool) -> InOrder {
+    let mut out = Vec::new();
     if let Submit::Deliver(items) = st.window.submit(cmd_sn, item) {
         for it in items {
             match it {
                 Ordered::Task(id) => admit(st, id),
-                Ordered::Control(c, p) => ctl.push((c, p)),
+                Ordered::Control(c, p) => out.push(Run::Control(c, p)),
+                Ordered::Command(d) => {
+                    // Its queue slot is given back now; it runs right after the lock is let go.
+                    st.window.task_done();
+                    let lun = d.cmd.lun;
+                    if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
+                        out.push(Run::Task(d));
+                    } else {
+                        let claim = inline_claim(st, lun, asymmetric);
+                        out.push(Run::Inline(d, claim));
+                    }
+                }
                 Ordered::Nothing => {}
             }
         }
     }
-    ctl
+    out
 }
 
 /// A task's turn came in CmdSN order: enter its LUN's task set, start it if the set allows.

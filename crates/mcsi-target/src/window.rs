@@ -122,6 +122,11 @@ impl<T> CmdWindow<T> {
     }
 
     /// Drops every held command (session teardown) and returns them.
+    /// The commands held behind a gap, by CmdSN (to abort some in place).
+    pub fn held_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
+        self.held.iter_mut().map(|(sn, v)| (*sn, v))
+    }
+
     pub fn drain_held(&mut self) -> Vec<T> {
         self.held.drain().map(|(_, v)| v).collect()
     }

@@ -303,6 +303,77 @@ async fn logging_out_one_connection_keeps_the_others_and_their_tasks() {
     assert_eq!(result(&mut a, titt).await.status, 0);
 }
 
+/// An immediate Task Management request on `c`; returns its response code.
+async fn tmf(c: &mut Client, function: u8, referenced: u32, ref_cmd_sn: u32) -> u8 {
+    let itt = c.next_itt();
+    c.send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function,
+        lun: 0,
+        itt,
+        referenced_task_tag: referenced,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn,
+        exp_data_sn: 0,
+    }))
+    .await;
+    match c.recv().await {
+        Pdu::TaskMgmtResponse(r) if r.itt == itt => r.response,
+        other => panic!("expected a Task Management response, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn commands_held_behind_a_gap_can_be_aborted() {
+    // Commands that wait behind a CmdSN gap without a task of their own are found by task
+    // management like any task: aborted, they never run and never answer.
+    let server = start(|_| {}).await;
+    let mut a = Client::normal(&server, &[]).await;
+    let (mut b, _) = Client::join(&server, &a, 1).await;
+    let n = a.cmd_sn;
+    let before = pattern(4096, 1);
+    let w = a.command(&rw10(0x2a, 40, 8), false, true, 4096, before.clone(), true);
+    let witt = w.itt;
+    a.send(Pdu::ScsiCommand(w)).await;
+    assert_eq!(result(&mut a, witt).await.status, 0);
+    // n+2 on A: a WRITE over the same blocks, held behind the gap at n+1; then n+3, a READ.
+    a.cmd_sn = n + 2;
+    let held = a.command(
+        &rw10(0x2a, 40, 8),
+        false,
+        true,
+        4096,
+        pattern(4096, 2),
+        true,
+    );
+    let held_itt = held.itt;
+    a.send(Pdu::ScsiCommand(held)).await;
+    assert!(a.silent(200).await);
+    a.cmd_sn = n + 3;
+    assert_eq!(
+        tmf(&mut a, 1, held_itt, n + 2).await,
+        0,
+        "ABORT TASK found it"
+    );
+    // ABORT TASK SET from B takes whatever else is held before its CmdSN: here nothing.
+    b.cmd_sn = n + 3;
+    assert_eq!(tmf(&mut b, 2, RESERVED_TAG, 0).await, 0);
+    // n+1 fills the gap; the aborted write never runs and never answers.
+    b.cmd_sn = n + 1;
+    let t = b.command(&TUR, false, false, 0, Bytes::new(), true);
+    let titt = t.itt;
+    b.send(Pdu::ScsiCommand(t)).await;
+    assert_eq!(result(&mut b, titt).await.status, 0);
+    a.cmd_sn = n + 3;
+    let r = a.command(&rw10(0x28, 40, 8), true, false, 4096, Bytes::new(), true);
+    let ritt = r.itt;
+    a.send(Pdu::ScsiCommand(r)).await;
+    let got = result(&mut a, ritt).await;
+    assert_eq!(got.status, 0);
+    assert!(got.data == before[..], "the aborted write ran");
+}
+
 const ASYM: &str = "X-org.mcsi.Asymmetric";
 const ROLE: &str = "X-org.mcsi.ConnectionRole";
 
