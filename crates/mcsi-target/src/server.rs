@@ -356,16 +356,25 @@ async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Att
             ops,
             n.cmd_sn,
         );
+        let mut displaced = Vec::new();
         let slot = match &n.target {
-            Some(t) => {
-                Some(gate.admit_session(shared, t, old.is_some(), || shared.insert(s.clone()))?)
-            }
+            Some(t) => Some(gate.admit_session(shared, t, old.is_some(), || {
+                displaced = shared.insert_reinstating(s.clone())
+            })?),
             // Discovery sessions count among the server's connections only.
             None => {
-                shared.insert(s.clone());
+                displaced = shared.insert_reinstating(s.clone());
                 None
             }
         };
+        // A parallel leading login of the same port got in between: this one reinstates it.
+        for d in displaced {
+            info!(
+                tsih = d.tsih,
+                "reinstating session: closing a concurrent login's session"
+            );
+            d.close().await;
+        }
         info!(parent: &s.span, "session created");
         return Ok((s, None, slot));
     }

@@ -110,6 +110,27 @@ impl Shared {
         self.sessions().insert(s.tsih, s);
     }
 
+    /// Inserts a new session and takes out every other session of the same initiator port on
+    /// the same target, in one step (reinstatement, RFC 7143 6.3.5): of leading logins of one
+    /// port racing each other, the last one in keeps the only session. The caller closes what
+    /// is returned.
+    pub fn insert_reinstating(&self, s: Arc<Session>) -> Vec<Arc<Session>> {
+        let mut map = self.sessions();
+        let same: Vec<u16> = map
+            .values()
+            .filter(|o| {
+                o.isid == s.isid
+                    && o.initiator_name == s.initiator_name
+                    && o.target.as_ref().map(|t| t.name.as_str())
+                        == s.target.as_ref().map(|t| t.name.as_str())
+            })
+            .map(|o| o.tsih)
+            .collect();
+        let displaced = same.iter().filter_map(|t| map.remove(t)).collect();
+        map.insert(s.tsih, s);
+        displaced
+    }
+
     fn remove(&self, s: &Session) {
         let mut map = self.sessions();
         if map
@@ -970,5 +991,38 @@ fn fire_ready(st: &mut SessionState, id: u64) {
         if let Some(r) = t.ready.take() {
             let _ = r.send(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(shared: &Arc<Shared>, tsih: u16, isid: u8, name: &str) -> Arc<Session> {
+        Session::new(
+            shared.clone(),
+            tsih,
+            Isid([0x80, 0, 0, 0, 0, isid]),
+            name.into(),
+            None,
+            SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
+            1,
+        )
+    }
+
+    #[test]
+    fn a_leading_login_displaces_every_session_of_its_port() {
+        let shared = Arc::new(Shared::new(Vec::new(), AuthSpec::default()));
+        // Two logins of one port that both found no session to reinstate, and another port.
+        shared.insert(session(&shared, 1, 7, "iqn.2026-01.org.mcsi:a"));
+        shared.insert(session(&shared, 2, 7, "iqn.2026-01.org.mcsi:a"));
+        shared.insert(session(&shared, 3, 8, "iqn.2026-01.org.mcsi:a"));
+        let displaced = shared.insert_reinstating(session(&shared, 4, 7, "iqn.2026-01.org.mcsi:a"));
+        let mut gone: Vec<u16> = displaced.iter().map(|s| s.tsih).collect();
+        gone.sort_unstable();
+        assert_eq!(gone, vec![1, 2]);
+        let mut left: Vec<u16> = shared.all_sessions().iter().map(|s| s.tsih).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![3, 4]);
     }
 }

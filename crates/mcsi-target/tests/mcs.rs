@@ -571,3 +571,54 @@ async fn asymmetric_mode_is_only_agreed_when_allowed_and_offered() {
         Some("NotUnderstood")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_leading_logins_of_one_port_leave_one_session() {
+    // Session reinstatement (RFC 7143 6.3.5) must hold for logins that race each other too:
+    // one initiator port (name + ISID) ends up with one session. A stress check of the whole
+    // path; the exact interleaving it guards against is pinned down by the session module's
+    // unit test of Shared::insert_reinstating.
+    let server = start_with(|c| c.limits.login_rate = 0).await;
+    for round in 0..3u8 {
+        // An older session of the port with a task in progress (a write waiting for its R2T
+        // data): closing it takes a moment, which is when racing logins overtook each other.
+        let mut old = Client::normal_isid(&server, [0x80, 7, 7, 7, 7, round], &[]).await;
+        let w = old.command(&rw10(0x2a, 8, 16), false, true, 8192, Bytes::new(), true);
+        old.send(Pdu::ScsiCommand(w)).await;
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let mut c = Client::connect(&server).await;
+            set.spawn(async move {
+                let r = c
+                    .login([0x80, 7, 7, 7, 7, round], 0, 0, &[("TargetName", IQN)])
+                    .await;
+                assert_eq!(r.status_class, 0);
+                c.cmd_sn = r.exp_cmd_sn;
+                c
+            });
+        }
+        let mut clients = Vec::new();
+        while let Some(c) = set.join_next().await {
+            clients.push(c.unwrap());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let mut alive = 0;
+        for c in &mut clients {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let cmd = c.command(&TUR, false, false, 0, Bytes::new(), true);
+            // A write to a connection the target closed may fail: that is an answer too.
+            let bytes = Pdu::ScsiCommand(cmd).encode(&c.framing).to_vec();
+            let _ = c.s.write_all(&bytes).await;
+            let mut tmp = [0u8; 512];
+            // A live session answers (status, or a unit attention); a reinstated one is closed.
+            let read = tokio::time::timeout(std::time::Duration::from_secs(2), c.s.read(&mut tmp));
+            if let Ok(Ok(n)) = read.await {
+                alive += usize::from(n > 0);
+            }
+        }
+        assert_eq!(
+            alive, 1,
+            "round {round}: sessions left for one initiator port"
+        );
+    }
+}
