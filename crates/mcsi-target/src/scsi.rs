@@ -189,7 +189,10 @@ async fn collect(
     }
     let mut rx = data_rx?;
     // Filled in offset order (DataPDUInOrder and DataSequenceInOrder are Yes), so no zeroing.
-    let mut buf = BytesMut::with_capacity(want);
+    // Room for the unsolicited part now, for the rest as R2Ts ask for it: a write whose data
+    // never comes holds no more memory than the initiator was allowed to send unasked.
+    let unsolicited = (session.ops.first_burst_length as usize).max(imm.len as usize);
+    let mut buf = BytesMut::with_capacity(want.min(unsolicited));
     place(&mut buf, 0, &cmd.data[..imm.len as usize]);
     loop {
         let r2ts = t.next_r2ts(|| session.alloc_ttt());
@@ -197,6 +200,7 @@ async fn collect(
             // R2Ts leave with the task's other replies (a response connection in the
             // asymmetric mode).
             let reply = session.reply_conn(cmd.itt, conn);
+            buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
             for r in r2ts {
                 reply.send(Pdu::R2t(R2t {
                     lun: cmd.lun,
