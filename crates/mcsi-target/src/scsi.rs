@@ -63,7 +63,7 @@ pub fn start_task(
         }
         (Register::OutOfWindow, _) => {
             // Silently ignored (RFC 7143 4.2.2.1).
-            debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window dropped");
+            debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
         }
         (Register::IttInUse, _) => {
             conn.send(crate::conn::reject_pdu(

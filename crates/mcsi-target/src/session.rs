@@ -398,7 +398,8 @@ pub struct SessionState {
 pub enum Register {
     /// Registered; the handles go to the task's future.
     Ok,
-    /// Outside the CmdSN window: dropped silently (RFC 7143 4.2.2.1).
+    /// Outside the CmdSN window, or a duplicate of a held CmdSN: dropped silently (RFC 7143
+    /// 4.2.2.1).
     OutOfWindow,
     /// The ITT is in use by another task (Reject 0x07... "task in progress").
     IttInUse,
@@ -528,7 +529,7 @@ impl Session {
         if st.closing {
             return (Register::Closing, None, Vec::new());
         }
-        if !immediate && !st.window.accepts(cmd_sn) {
+        if !immediate && !st.window.takes(cmd_sn) {
             return (Register::OutOfWindow, None, Vec::new());
         }
         if st.tasks.contains_key(&itt) {
@@ -617,9 +618,9 @@ impl Session {
             let claim = inline_claim(&mut st, lun, self.ops.asymmetric);
             return Claim::Now(Box::new(d), claim);
         }
-        if !st.window.accepts(cmd_sn) {
+        if !st.window.takes(cmd_sn) {
             // Silently ignored (RFC 7143 4.2.2.1).
-            tracing::debug!(parent: &d.conn.span, cmd_sn, "command outside the CmdSN window dropped");
+            tracing::debug!(parent: &d.conn.span, cmd_sn, "command outside the CmdSN window or a duplicate dropped");
             return Claim::Queued(Vec::new());
         }
         st.window.task_started();
@@ -947,24 +948,28 @@ fn alloc_ttt(st: &mut SessionState) -> u32 {
 /// outside the lock: control requests and held commands.
 fn submit(st: &mut SessionState, cmd_sn: u32, item: Ordered, asymmetric: bool) -> InOrder {
     let mut out = Vec::new();
-    if let Submit::Deliver(items) = st.window.submit(cmd_sn, item) {
-        for it in items {
-            match it {
-                Ordered::Task(id) => admit(st, id),
-                Ordered::Control(c, p) => out.push(Run::Control(c, p)),
-                Ordered::Command(d) => {
-                    // Its queue slot is given back now; it runs right after the lock is let go.
-                    st.window.task_done();
-                    let lun = d.cmd.lun;
-                    if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-                        out.push(Run::Task(d));
-                    } else {
-                        let claim = inline_claim(st, lun, asymmetric);
-                        out.push(Run::Inline(d, claim));
-                    }
+    let items = match st.window.submit(cmd_sn, item) {
+        Submit::Deliver(items) => items,
+        // SCSI commands are checked with CmdWindow::takes first, so only a duplicate or
+        // out-of-window control request is dropped here (silently, RFC 7143 4.2.2.1).
+        Submit::Held | Submit::Dropped(_) => Vec::new(),
+    };
+    for it in items {
+        match it {
+            Ordered::Task(id) => admit(st, id),
+            Ordered::Control(c, p) => out.push(Run::Control(c, p)),
+            Ordered::Command(d) => {
+                // Its queue slot is given back now; it runs right after the lock is let go.
+                st.window.task_done();
+                let lun = d.cmd.lun;
+                if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
+                    out.push(Run::Task(d));
+                } else {
+                    let claim = inline_claim(st, lun, asymmetric);
+                    out.push(Run::Inline(d, claim));
                 }
-                Ordered::Nothing => {}
             }
+            Ordered::Nothing => {}
         }
     }
     out

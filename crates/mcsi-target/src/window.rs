@@ -61,6 +61,12 @@ impl<T> CmdWindow<T> {
         in_window(Sn(cmd_sn), self.exp, self.max)
     }
 
+    /// Whether a command with `cmd_sn` would be taken: inside the window and not a duplicate of
+    /// a held one (either is dropped silently, RFC 7143 4.2.2.1).
+    pub fn takes(&self, cmd_sn: u32) -> bool {
+        self.accepts(cmd_sn) && !self.held.contains_key(&cmd_sn)
+    }
+
     /// Number of commands held behind a gap.
     pub fn held(&self) -> usize {
         self.held.len()
@@ -135,6 +141,15 @@ impl<T> CmdWindow<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_cmd_sn_is_not_taken_twice() {
+        let mut w: CmdWindow<u32> = CmdWindow::new(10, 4);
+        assert!(w.takes(11));
+        assert_eq!(w.submit(11, 1), Submit::Held);
+        assert!(!w.takes(11), "a duplicate of a held command");
+        assert!(w.takes(10) && w.takes(12) && !w.takes(14));
+    }
 
     #[test]
     fn take_next_only_in_order_and_without_held_commands() {

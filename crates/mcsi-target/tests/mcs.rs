@@ -622,3 +622,55 @@ async fn racing_leading_logins_of_one_port_leave_one_session() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_duplicate_of_a_held_cmd_sn_is_dropped_without_a_trace() {
+    // Two commands with one CmdSN behind a gap: the second is dropped silently (RFC 7143
+    // 4.2.2.1) and must not keep a task or a queue slot (MaxCmdSN would shrink for good).
+    let server = start(|l| {
+        l.initial_r2t = true;
+        l.immediate_data = false;
+    })
+    .await;
+    let mut a = Client::normal(&server, &[]).await;
+    let n = a.cmd_sn;
+    for dup_is_task in [false, true] {
+        let base = a.cmd_sn;
+        a.cmd_sn = base + 1;
+        let first = a.command(&TUR, false, false, 0, Bytes::new(), true);
+        let fitt = first.itt;
+        a.send(Pdu::ScsiCommand(first)).await;
+        // Same CmdSN: a TEST UNIT READY (no task of its own) or a write waiting for an R2T.
+        a.cmd_sn = base + 1;
+        let dup = if dup_is_task {
+            a.command(&rw10(0x2a, 0, 1), false, true, 512, Bytes::new(), true)
+        } else {
+            a.command(&TUR, false, false, 0, Bytes::new(), true)
+        };
+        a.send(Pdu::ScsiCommand(dup)).await;
+        a.cmd_sn = base;
+        let gap = a.command(&TUR, false, false, 0, Bytes::new(), true);
+        let gitt = gap.itt;
+        a.send(Pdu::ScsiCommand(gap)).await;
+        let mut got = vec![result(&mut a, gitt).await.status];
+        let last = result(&mut a, fitt).await;
+        got.push(last.status);
+        assert_eq!(got, vec![0, 0]);
+        assert!(a.silent(200).await, "the duplicate was answered");
+        a.cmd_sn = base + 2;
+    }
+    // Nothing outstanding: the window is back to its full depth (128 by default).
+    let t = a.command(&TUR, false, false, 0, Bytes::new(), true);
+    let titt = t.itt;
+    a.send(Pdu::ScsiCommand(t)).await;
+    let Pdu::ScsiResponse(r) = a.recv().await else {
+        panic!("no response")
+    };
+    assert_eq!(r.itt, titt);
+    assert_eq!(r.exp_cmd_sn, n + 5);
+    assert_eq!(
+        r.max_cmd_sn.wrapping_sub(r.exp_cmd_sn) + 1,
+        128,
+        "queue slots leaked"
+    );
+}
