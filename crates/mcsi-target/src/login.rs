@@ -361,7 +361,14 @@ async fn run_inner(
     });
     let mut first_cmd_sn = None;
     loop {
-        let req = read_login(stream, buf).await?;
+        let req = match read_login(stream, buf).await {
+            Ok(r) => r,
+            Err(LoginError::Pdu(e)) => {
+                refuse_malformed(stream, buf, &e).await;
+                return Err(LoginError::Pdu(e));
+            }
+            Err(e) => return Err(e),
+        };
         let cmd_sn = *first_cmd_sn.get_or_insert(req.cmd_sn);
         env.first.get_or_insert((req.isid, req.tsih));
         match machine.handle(&req, &mut env) {
@@ -464,6 +471,46 @@ pub async fn refuse_first(
     };
     send(stream, r).await?;
     Ok(machine_initiator(&req))
+}
+
+/// A Login Request that does not decode (T and C both set, a reserved stage, a data segment
+/// over 8192 bytes, ...) is answered with 2/00, initiator error (RFC 7143 11.13.5), taken from
+/// its header, before the connection is closed, so that the initiator learns why.
+async fn refuse_malformed(stream: &mut TcpStream, buf: &BytesMut, e: &pdu::DecodeError) {
+    // A consumed PDU's header comes with the error; one too long to take is still in front.
+    let header: &[u8] = match e.rejected_header() {
+        Some(h) => h,
+        None => buf,
+    };
+    let Some(bhs) = pdu::Bhs::new(header) else {
+        return;
+    };
+    if bhs.opcode() != Some(pdu::Opcode::LoginRequest) {
+        return;
+    }
+    let csg = pdu::Stage::from_u8((bhs.byte(1) >> 2) & 3).unwrap_or(pdu::Stage::Security);
+    let mut isid = [0u8; 6];
+    isid.copy_from_slice(&bhs.bytes()[8..14]);
+    let cmd_sn = bhs.be32(24);
+    let r = LoginResponse {
+        transit: false,
+        continue_: false,
+        csg,
+        nsg: csg,
+        version_max: 0,
+        version_active: 0,
+        isid: Isid(isid),
+        tsih: 0,
+        itt: bhs.be32(16),
+        stat_sn: FIRST_STAT_SN,
+        exp_cmd_sn: cmd_sn,
+        max_cmd_sn: cmd_sn,
+        status_class: status::INITIATOR_ERROR.0,
+        status_detail: status::INITIATOR_ERROR.1,
+        data: bytes::Bytes::new(),
+    };
+    debug!("malformed login request answered with 2/00: {e}");
+    let _ = send(stream, r).await;
 }
 
 /// The InitiatorName of a login request, if it carries one (for logs).

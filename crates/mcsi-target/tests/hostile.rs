@@ -364,7 +364,22 @@ async fn login_storm(addr: SocketAddr) {
         )],
     )
     .await;
-    assert!(st.is_none_or(|s| s.0 != 0), "T+C: {st:?}");
+    // A login that does not decode is answered with 2/00 (initiator error) before the close.
+    assert_eq!(st, Some((2, 0)), "T+C");
+    // So is one whose data segment exceeds the 8192 bytes allowed during login (12.12).
+    let big = text(&[iname, tname, ("X-org.example.Pad", &"p".repeat(9000))]);
+    let st = login_status(
+        addr,
+        &[login_req(
+            Stage::Operational,
+            Stage::FullFeature,
+            true,
+            false,
+            big,
+        )],
+    )
+    .await;
+    assert_eq!(st, Some((2, 0)), "9000-byte login data segment");
 }
 
 /// A logged-in session misbehaves; the target may reject or drop it but must stay up.
