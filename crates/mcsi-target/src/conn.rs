@@ -3,7 +3,7 @@
 
 use crate::control;
 use crate::scsi;
-use crate::session::{Claim, Conn, Deferred, Ordered, Out, Session};
+use crate::session::{Conn, Deferred, Ordered, Out, Session, Turn};
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{
@@ -505,22 +505,28 @@ impl Reader {
             && transfer.as_ref().is_none_or(|t| t.done())
             && !target.dev.blocking(c.lun, &c.cdb)
         {
-            let d = Deferred {
-                conn: self.conn.clone(),
-                cmd: c,
-                phase,
-                transfer,
-            };
-            match self.session.claim(d) {
-                Claim::Now(d, claim) => {
-                    scsi::run_inline(&self.session, &target.dev, *d, claim);
+            match self.session.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
+                Turn::Now(claim) => {
+                    let t = transfer.as_ref();
+                    scsi::run_inline(&self.session, &target.dev, &self.conn, &c, phase, t, claim);
                     return Ok(());
                 }
-                Claim::Queued(ready) => {
-                    control::run_all(&self.session, ready);
-                    return Ok(());
+                Turn::Wait => {
+                    let d = Deferred {
+                        conn: self.conn.clone(),
+                        cmd: c,
+                        phase,
+                        transfer,
+                    };
+                    match self.session.hold(d) {
+                        Ok(ready) => {
+                            control::run_all(&self.session, ready);
+                            return Ok(());
+                        }
+                        Err(d) => (d.cmd, d.transfer),
+                    }
                 }
-                Claim::Refused(d) => (d.cmd, d.transfer),
+                Turn::Task => (c, transfer),
             }
         } else {
             (c, transfer)

@@ -42,7 +42,15 @@ pub fn run_all(session: &Arc<Session>, ready: InOrder) {
             Run::Control(c, p) => run(session, c, p),
             Run::Inline(d, claim) => {
                 if let Some(t) = &session.target {
-                    crate::scsi::run_inline(session, &t.dev, *d, claim);
+                    crate::scsi::run_inline(
+                        session,
+                        &t.dev,
+                        &d.conn,
+                        &d.cmd,
+                        d.phase,
+                        d.transfer.as_ref(),
+                        claim,
+                    );
                 }
             }
             Run::Task(d) => {

@@ -3,7 +3,7 @@
 //! (on tokio's blocking pool when the LU says so), then Data-In and status.
 
 use crate::datain::{residual, split, Residual};
-use crate::session::{Conn, Deferred, Inline, Register, Session, TaskHandles};
+use crate::session::{Conn, Inline, Register, Session, TaskHandles};
 use crate::transfer::WriteTransfer;
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{DataIn, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG};
@@ -76,16 +76,19 @@ pub fn start_task(
     ready
 }
 
-/// Runs a command claimed by [`Session::claim`] to its end on the calling reader and queues its
-/// final PDUs.
-pub fn run_inline(session: &Session, dev: &DeviceServer, d: Deferred, claim: Inline) {
-    let Deferred {
-        conn,
-        cmd,
-        phase,
-        transfer,
-    } = d;
-    let data_out = match &transfer {
+/// Runs a command whose turn has come ([`Session::claim`], [`Run::Inline`]) to its end on the
+/// calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
+/// connection it came on.
+pub fn run_inline(
+    session: &Session,
+    dev: &DeviceServer,
+    conn: &Arc<Conn>,
+    cmd: &ScsiCommand,
+    phase: DataPhase,
+    transfer: Option<&WriteTransfer>,
+    claim: Inline,
+) {
+    let data_out = match transfer {
         Some(t) => cmd
             .data
             .slice(..t.accept_immediate(cmd.data.len() as u32).len as usize),
@@ -97,13 +100,13 @@ pub fn run_inline(session: &Session, dev: &DeviceServer, d: Deferred, claim: Inl
             nexus: &session.nexus,
             cdb: &cmd.cdb,
             data_out,
-            data_in_limit: read_expected(&cmd),
+            data_in_limit: read_expected(cmd),
             attr: TaskAttribute::Simple,
         },
     );
-    let out = claim.reply.as_ref().unwrap_or(&conn);
+    let out = claim.reply.as_ref().unwrap_or(conn);
     for p in response_pdus(
-        &cmd,
+        cmd,
         phase,
         outcome,
         out.ops.send_mrdsl,

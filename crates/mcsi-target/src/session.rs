@@ -315,14 +315,14 @@ pub struct Deferred {
     pub transfer: Option<crate::transfer::WriteTransfer>,
 }
 
-/// What [`Session::claim`] made of a command.
-pub enum Claim {
-    /// Run it now on this reader.
-    Now(Box<Deferred>, Inline),
-    /// Held in the window, or dropped as outside it; these came up in order meanwhile.
-    Queued(InOrder),
+/// What [`Session::claim`] decided for a command that needs no task of its own.
+pub enum Turn {
+    /// Its turn has come: run it now on this reader.
+    Now(Inline),
+    /// Commands before it have not arrived yet: hold it ([`Session::hold`]).
+    Wait,
     /// It needs a task of its own (ITT in use, an ORDERED task pending, closing).
-    Refused(Box<Deferred>),
+    Task,
 }
 
 /// Something that came up in CmdSN order, for the caller to carry out outside the session lock.
@@ -593,38 +593,49 @@ impl Session {
         )
     }
 
-    /// Takes a [`Deferred`] command without a task of its own. When it is next in CmdSN order
-    /// (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5 8.6), the
-    /// caller runs it now ([`Claim::Now`]): its CmdSN is consumed, the caller runs it to its end,
-    /// queues its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked
-    /// claim, calls [`Session::release_inline`]. A command ahead of ExpCmdSN (another connection
-    /// has not delivered the ones before it yet) waits in the window, holding a queue slot, and
-    /// runs on the reader that fills the gap ([`Claim::Queued`], [`Run::Inline`]).
+    /// Decides when a [`Deferred`] command runs, without a task of its own. When it is next in
+    /// CmdSN order (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5
+    /// 8.6), its CmdSN is consumed and the caller runs it now ([`Turn::Now`]) to its end, queues
+    /// its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim,
+    /// calls [`Session::release_inline`]. A command ahead of ExpCmdSN (another connection has
+    /// not delivered the ones before it yet) is given to [`Session::hold`]. Nothing is allocated
+    /// on the way of a command whose turn has come.
     ///
     /// With one connection no other reader can deliver a command or task management meanwhile,
     /// so nothing is tracked. With several, a running command counts in its LUN's task set as a
     /// running SIMPLE task, so that an ORDERED command arriving on another connection waits for
     /// it and task management waits for it to end ([`Session::inline_quiesced`]).
-    pub fn claim(&self, d: Deferred) -> Claim {
+    pub fn claim(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Turn {
         let mut st = self.lock();
-        let (itt, lun, cmd_sn, immediate) = (d.cmd.itt, d.cmd.lun, d.cmd.cmd_sn, d.cmd.immediate);
         if st.closing || st.tasks.contains_key(&itt) {
-            return Claim::Refused(Box::new(d));
+            return Turn::Task;
         }
         if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-            return Claim::Refused(Box::new(d));
+            return Turn::Task;
         }
         if immediate || st.window.take_next(cmd_sn) {
-            let claim = inline_claim(&mut st, lun, self.ops.asymmetric);
-            return Claim::Now(Box::new(d), claim);
+            return Turn::Now(inline_claim(&mut st, lun, self.ops.asymmetric));
         }
+        Turn::Wait
+    }
+
+    /// Holds a command whose turn has not come ([`Turn::Wait`]) in the window, with a queue
+    /// slot, to run on the reader that fills the gap before it ([`Run::Inline`]). Returns what
+    /// came up in order meanwhile (possibly itself), or gives it back when it needs a task of
+    /// its own after all (the session changed since [`Session::claim`]).
+    pub fn hold(&self, d: Deferred) -> Result<InOrder, Box<Deferred>> {
+        let mut st = self.lock();
+        if st.closing || st.tasks.contains_key(&d.cmd.itt) {
+            return Err(Box::new(d));
+        }
+        let cmd_sn = d.cmd.cmd_sn;
         if !st.window.takes(cmd_sn) {
             // Silently ignored (RFC 7143 4.2.2.1).
             tracing::debug!(parent: &d.conn.span, cmd_sn, "command outside the CmdSN window or a duplicate dropped");
-            return Claim::Queued(Vec::new());
+            return Ok(Vec::new());
         }
         st.window.task_started();
-        Claim::Queued(submit(
+        Ok(submit(
             &mut st,
             cmd_sn,
             Ordered::Command(Box::new(d)),
