@@ -406,12 +406,15 @@ impl LogicalUnit {
             op::REPORT_LUNS | op::MAINTENANCE_IN => inl = c.u32(6) as u64,
             _ => {}
         }
-        // Oversized requests fail in execute; do not ask the transport to buffer them.
+        // Oversized transfers fail in execute; do not ask the transport to buffer them. An
+        // allocation length only caps what a command returns, so a large one stays: the command
+        // still succeeds and its data must fit within the promise.
         let limit = MAX_TRANSFER_BYTES + bs;
         if out > 2 * limit {
             out = 0;
         }
-        if inl > limit {
+        let read = matches!(c.op(), op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16);
+        if read && inl > limit {
             inl = 0;
         }
         DataPhase {

@@ -1189,6 +1189,40 @@ fn data_phase_from_cdb() {
 }
 
 #[test]
+fn data_phase_bounds_data_in_of_large_allocation_lengths() {
+    // An allocation length above the transfer limit still gets its answer, so data_phase must
+    // not promise less than execute returns (it used to say 0 for these).
+    let lu = ram_lu(64, LuConfig::default());
+    let n = nexus(1);
+    ready(&lu, &n);
+    let big = (16u32 << 20).to_be_bytes();
+    let mut rl = vec![0xA0, 0, 0, 0, 0, 0];
+    rl.extend_from_slice(&big);
+    rl.extend_from_slice(&[0, 0]);
+    let mut opcodes = vec![0xA3, 0x0C, 0, 0, 0, 0];
+    opcodes.extend_from_slice(&big);
+    opcodes.extend_from_slice(&[0, 0]);
+    let mut rc16 = vec![0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0];
+    rc16.extend_from_slice(&big);
+    rc16.extend_from_slice(&[0, 0]);
+    let mut defects = vec![0xB7, 0x05];
+    defects.extend_from_slice(&[0, 0, 0, 0]);
+    defects.extend_from_slice(&big);
+    defects.extend_from_slice(&[0, 0]);
+    for cdb in [rl, opcodes, rc16, defects] {
+        let o = run(&lu, &n, &cdb, &[]);
+        let d = good(&o);
+        assert!(!d.is_empty(), "{cdb:02x?}");
+        let promised = lu.data_phase(&cdb).data_in_len;
+        assert!(
+            d.len() <= promised as usize,
+            "{cdb:02x?}: {} > {promised}",
+            d.len()
+        );
+    }
+}
+
+#[test]
 fn backend_failures_are_medium_errors_with_lba() {
     let ram: Arc<dyn Backend> = Arc::new(RamBackend::new(64 * BS as u64).unwrap());
     let fb = Arc::new(FailingBackend::new(ram, 1));
