@@ -19,7 +19,9 @@
 //! fresh connection logs in, writes and reads back verified data (through R2Ts, immediate or
 //! unsolicited data, digests, by turns) on a LUN the inputs cannot reach, and gets a status
 //! from the two others, within a bounded time. Every input rather than every N: a failure then
-//! belongs to the input that caused it, and the crash file reproduces it alone.
+//! shows with the input that caused it. Sessions end with each input, but what LUN 0 and 1 keep
+//! (persistent reservations, mode pages) carries over, so a crash file may need the inputs
+//! before it to reproduce.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
