@@ -419,23 +419,29 @@ mod tests {
         assert!(!d.params.asymmetric);
     }
 
-    #[test]
-    fn asymmetric_key_only_when_asked_and_agreed() {
-        let mut l = Login::new(&cfg(true)).unwrap();
+    /// A login past the security stage (AuthMethod=None agreed) and the keys it offers next.
+    fn operational_offers(c: &LoginConfig) -> (Login, Vec<(String, String)>) {
+        let mut l = Login::new(c).unwrap();
         l.start();
-        let LoginStep::Send(op) = l
+        let step = l
             .handle(&resp(
                 Stage::Security,
                 Stage::Operational,
-                0,
+                c.tsih,
                 "AuthMethod=None|",
                 (0, 0),
             ))
-            .unwrap()
-        else {
-            panic!()
+            .unwrap();
+        let LoginStep::Send(op) = step else {
+            panic!("{step:?}")
         };
         let offered = keys(&op);
+        (l, offered)
+    }
+
+    #[test]
+    fn asymmetric_key_only_when_asked_and_agreed() {
+        let (mut l, offered) = operational_offers(&cfg(true));
         assert!(offered.contains(&(ASYMMETRIC_KEY.into(), "Yes".into())));
         assert!(offered.contains(&(vendor::CONNECTION_ROLE.name.into(), "requests".into())));
         let answer: String = offered
@@ -467,21 +473,7 @@ mod tests {
             role: ConnRole::Responses,
             ..cfg(true)
         };
-        let mut l = Login::new(&c).unwrap();
-        l.start();
-        let LoginStep::Send(op) = l
-            .handle(&resp(
-                Stage::Security,
-                Stage::Operational,
-                7,
-                "AuthMethod=None|",
-                (0, 0),
-            ))
-            .unwrap()
-        else {
-            panic!()
-        };
-        let offered = keys(&op);
+        let (_, offered) = operational_offers(&c);
         assert!(
             !offered.iter().any(|(k, _)| k == ASYMMETRIC_KEY),
             "{offered:?}"

@@ -125,6 +125,27 @@ fn run_watching(args: &[&str], port: u16) -> (std::process::Output, usize) {
 
 const MIB64: usize = 64 << 20;
 
+/// `n` 64 KiB writes, each read back and compared, in flight together on LUN 0 while connection
+/// `sever` is cut as a network failure would: every one must complete (recovery re-issues).
+async fn write_read_while_severing(s: &mcsi_initiator::Session, n: u64, sever: usize) {
+    let lun = s.open_lun(0).await.unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let l = lun.clone();
+        set.spawn(async move {
+            let d = bytes::Bytes::from(vec![(i % 253) as u8; 65536]);
+            l.write(i * 128, d.clone()).await?;
+            assert_eq!(l.read(i * 128, 128).await?, d);
+            Ok::<_, mcsi_initiator::Error>(())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(s.sever_connection(sever));
+    while let Some(r) = set.join_next().await {
+        r.unwrap().unwrap();
+    }
+}
+
 #[test]
 fn copy_over_four_connections_is_byte_exact_against_qemu_img() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -300,22 +321,7 @@ fn four_connection_session_recovers_and_reissues() {
         .unwrap();
         assert_eq!(s.connection_count(), 4);
         assert_eq!(s.params().max_connections, 4);
-        let lun = s.open_lun(0).await.unwrap();
-        let mut set = tokio::task::JoinSet::new();
-        for i in 0..256u64 {
-            let l = lun.clone();
-            set.spawn(async move {
-                let d = bytes::Bytes::from(vec![(i % 253) as u8; 65536]);
-                l.write(i * 128, d.clone()).await?;
-                assert_eq!(l.read(i * 128, 128).await?, d);
-                Ok::<_, mcsi_initiator::Error>(())
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(s.sever_connection(2));
-        while let Some(r) = set.join_next().await {
-            r.unwrap().unwrap();
-        }
+        write_read_while_severing(&s, 256, 2).await;
         assert!(s.stats().recoveries >= 1);
         assert_eq!(
             s.connection_count(),
@@ -542,23 +548,8 @@ fn asymmetric_session_write_paths_and_recovery() {
         )
         .await
         .unwrap();
-        let lun = s.open_lun(0).await.unwrap();
-        let mut set = tokio::task::JoinSet::new();
-        for i in 0..128u64 {
-            let l = lun.clone();
-            set.spawn(async move {
-                let d = bytes::Bytes::from(vec![(i % 251) as u8; 65536]);
-                l.write(i * 128, d.clone()).await?;
-                assert_eq!(l.read(i * 128, 128).await?, d);
-                Ok::<_, mcsi_initiator::Error>(())
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
         // Connection 3 carries responses.
-        assert!(s.sever_connection(3));
-        while let Some(r) = set.join_next().await {
-            r.unwrap().unwrap();
-        }
+        write_read_while_severing(&s, 128, 3).await;
         let st = s.stats();
         assert!(st.recoveries >= 1);
         let roles: Vec<_> = st
