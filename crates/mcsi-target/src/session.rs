@@ -228,8 +228,9 @@ pub struct Conn {
     tx: mpsc::UnboundedSender<Out>,
     /// Set to true to make the connection's reader stop (connection dropped by the target).
     stop: watch::Sender<bool>,
-    /// A SendTargets answer too long for one Text Response, sent in pieces (11.10.2).
-    pub text: Mutex<Option<crate::text::Pending>>,
+    /// The Text Request exchange under way: a request still arriving in pieces (C bit) or an
+    /// answer too long for one Text Response, sent in pieces (11.10, 11.11).
+    pub text: Mutex<crate::text::Exchange>,
     /// Logged out or replaced (connection reinstatement): its end does not fail the session.
     clean: AtomicBool,
     pub span: tracing::Span,
@@ -255,7 +256,7 @@ impl Conn {
             local,
             tx,
             stop,
-            text: Mutex::new(None),
+            text: Mutex::new(crate::text::Exchange::default()),
             clean: AtomicBool::new(false),
             span,
         };

@@ -5,7 +5,7 @@ use crate::session::{Conn, Session, Shared, Target};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::keys::{NOT_UNDERSTOOD, REJECT};
 use mcsi_proto::pdu::{Pdu, TextRequest, TextResponse, RESERVED_TAG};
-use mcsi_proto::text::{self, TextLimits};
+use mcsi_proto::text::{self, TextAccumulator, TextLimits};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tracing::debug;
@@ -16,6 +16,23 @@ pub struct Pending {
     pub itt: u32,
     pub ttt: u32,
     pub rest: Bytes,
+}
+
+/// A request whose text arrives over several PDUs (C bit, RFC 7143 11.10.2): the pieces so far,
+/// and the tag the next piece must carry.
+#[derive(Debug)]
+pub struct Incoming {
+    pub itt: u32,
+    pub ttt: u32,
+    pub text: TextAccumulator,
+}
+
+/// The one Text Request exchange a connection may have under way (11.10: at most one
+/// outstanding Text Request per connection).
+#[derive(Debug, Default)]
+pub struct Exchange {
+    pub answer: Option<Pending>,
+    pub request: Option<Incoming>,
 }
 
 /// `TargetAddress` value of a portal: a wildcard address is replaced by the address the
@@ -73,43 +90,69 @@ pub fn send_targets(
 
 /// Answers one Text Request on `conn`.
 pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest) {
-    let mut pending = conn.text.lock().unwrap_or_else(|p| p.into_inner());
-    // A continuation: the initiator asks for the next piece with the TTT we gave (11.10.4).
-    if req.ttt != RESERVED_TAG {
-        match pending.take() {
-            Some(p) if p.ttt == req.ttt && p.itt == req.itt => {
-                send_piece(session, conn, &mut pending, req.itt, req.lun, p.rest);
-            }
-            _ => {
-                // Unknown TTT: Reject invalid PDU field (11.17.1).
-                conn.send(crate::conn::reject_pdu(
-                    mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
-                    &Pdu::TextRequest(req),
-                ));
-            }
-        }
-        return;
-    }
-    // A new request resets any unfinished answer (11.10.2).
-    *pending = None;
-    if req.continue_ {
-        // Requests continued over several PDUs (C bit) are not needed for SendTargets and are
-        // not supported.
+    let mut ex = conn.text.lock().unwrap_or_else(|p| p.into_inner());
+    let reject = |req: TextRequest| {
         conn.send(crate::conn::reject_pdu(
             mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
             &Pdu::TextRequest(req),
-        ));
-        return;
-    }
-    let keys = match text::parse(&req.data, &TextLimits::default()) {
-        Ok(k) => k,
-        Err(e) => {
-            debug!("malformed Text Request: {e}");
-            conn.send(crate::conn::reject_pdu(
-                mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
-                &Pdu::TextRequest(req),
-            ));
+        ))
+    };
+    let keys = if req.ttt != RESERVED_TAG {
+        // A follow-on PDU carries the TTT we gave: either the next piece of a request the
+        // initiator is still sending, or a request for the next piece of our answer.
+        if let Some(mut incoming) = ex.request.take() {
+            if incoming.ttt != req.ttt || incoming.itt != req.itt {
+                return reject(req);
+            }
+            match incoming.text.push(&req.data, req.continue_) {
+                Ok(Some(keys)) => keys,
+                Ok(None) => {
+                    let (itt, ttt, lun) = (incoming.itt, incoming.ttt, req.lun);
+                    ex.request = Some(incoming);
+                    return acknowledge_piece(conn, itt, ttt, lun);
+                }
+                Err(e) => {
+                    debug!("Text Request continuation refused: {e}");
+                    return reject(req);
+                }
+            }
+        } else {
+            match ex.answer.take() {
+                Some(p) if p.ttt == req.ttt && p.itt == req.itt => {
+                    send_piece(session, conn, &mut ex, req.itt, req.lun, p.rest);
+                }
+                // Unknown TTT: Reject invalid PDU field (11.17.1).
+                _ => reject(req),
+            }
             return;
+        }
+    } else {
+        // A new request resets any unfinished exchange (11.10.4).
+        *ex = Exchange::default();
+        if req.continue_ {
+            // A Text Request with the C bit must not have the F bit (11.10.2).
+            if req.final_ {
+                return reject(req);
+            }
+            let mut text = TextAccumulator::new(TextLimits::default());
+            if let Err(e) = text.push(&req.data, true) {
+                debug!("Text Request continuation refused: {e}");
+                return reject(req);
+            }
+            let ttt = session.alloc_ttt();
+            ex.request = Some(Incoming {
+                itt: req.itt,
+                ttt,
+                text,
+            });
+            return acknowledge_piece(conn, req.itt, ttt, req.lun);
+        }
+        match text::parse(&req.data, &TextLimits::default()) {
+            Ok(k) => k,
+            Err(e) => {
+                debug!("malformed Text Request: {e}");
+                return reject(req);
+            }
         }
     };
     let mut out = BytesMut::new();
@@ -135,13 +178,29 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
         }
     }
     out.extend_from_slice(&text::encode(&answers));
-    send_piece(session, conn, &mut pending, req.itt, req.lun, out.freeze());
+    send_piece(session, conn, &mut ex, req.itt, req.lun, out.freeze());
+}
+
+/// The answer to a piece of a request that has more to come: no data, F and C clear, and the
+/// tag the initiator puts on the next piece (11.11.1, 11.11.4).
+fn acknowledge_piece(conn: &Conn, itt: u32, ttt: u32, lun: u64) {
+    conn.send(Pdu::TextResponse(TextResponse {
+        final_: false,
+        continue_: false,
+        lun,
+        itt,
+        ttt,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        data: Bytes::new(),
+    }));
 }
 
 fn send_piece(
     session: &Session,
     conn: &Conn,
-    pending: &mut Option<Pending>,
+    ex: &mut Exchange,
     itt: u32,
     lun: u64,
     mut data: Bytes,
@@ -150,7 +209,7 @@ fn send_piece(
     let (final_, ttt, piece) = if data.len() > max {
         let piece = data.split_to(max);
         let ttt = session.alloc_ttt();
-        *pending = Some(Pending {
+        ex.answer = Some(Pending {
             itt,
             ttt,
             rest: data,

@@ -544,3 +544,99 @@ async fn keepalive_pings_idle_connections_and_drops_silent_ones() {
     let mut c = Client::normal(&server, &[]).await;
     assert!(c.silent(600).await);
 }
+
+fn text_piece(c: &Client, itt: u32, ttt: u32, continue_: bool, data: &[u8]) -> Pdu {
+    Pdu::TextRequest(TextRequest {
+        immediate: true,
+        final_: !continue_,
+        continue_,
+        lun: 0,
+        itt,
+        ttt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        data: Bytes::copy_from_slice(data),
+    })
+}
+
+/// A Text Request sent in pieces with the C bit (RFC 7143 11.10.2): each piece but the last is
+/// answered by an empty Text Response carrying the tag for the next one, and the joined text is
+/// answered as a whole. A chain past the text limit, and C with F, are rejected, and the
+/// connection goes on working.
+#[tokio::test]
+async fn text_request_in_pieces() {
+    let server = start(|_| {}).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login([0x80, 0, 0, 0, 0, 4], 0, 0, &[("SessionType", "Discovery")])
+        .await;
+    assert_eq!(r.status_class, 0);
+    let expect = format!(
+        "TargetName={IQN}\0TargetAddress={},1\0",
+        server.local_addrs()[0]
+    );
+    let itt = c.next_itt();
+    let mut ttt = RESERVED_TAG;
+    let pieces: [&[u8]; 3] = [b"SendTa", b"rgets=A", b"ll\0"];
+    for (i, piece) in pieces.iter().enumerate() {
+        let last = i == pieces.len() - 1;
+        c.send(text_piece(&c, itt, ttt, !last, piece)).await;
+        let Pdu::TextResponse(t) = c.recv().await else {
+            panic!("piece {i}: no Text Response")
+        };
+        assert_eq!(t.itt, itt);
+        if last {
+            assert!(t.final_ && !t.continue_);
+            assert_eq!(t.ttt, RESERVED_TAG);
+            assert_eq!(&t.data[..], expect.as_bytes());
+        } else {
+            assert!(!t.final_ && !t.continue_, "piece {i}");
+            assert!(t.data.is_empty(), "piece {i}");
+            assert_ne!(t.ttt, RESERVED_TAG, "piece {i}");
+            ttt = t.ttt;
+        }
+    }
+
+    // C and F together.
+    let itt = c.next_itt();
+    let mut bad = text_piece(&c, itt, RESERVED_TAG, true, b"SendTargets=All\0");
+    if let Pdu::TextRequest(t) = &mut bad {
+        t.final_ = true;
+    }
+    c.send(bad).await;
+    assert!(matches!(c.recv().await, Pdu::Reject(_)));
+
+    // A chain that never ends is cut at the text limit (64 KiB).
+    let itt = c.next_itt();
+    let mut ttt = RESERVED_TAG;
+    let chunk = vec![b'c'; 8192];
+    let mut acked = 0;
+    loop {
+        c.send(text_piece(&c, itt, ttt, true, &chunk)).await;
+        match c.recv().await {
+            Pdu::TextResponse(t) => {
+                acked += 1;
+                ttt = t.ttt;
+                assert!(acked < 16, "a 128 KiB chain was taken whole");
+            }
+            Pdu::Reject(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acked, 8, "pieces taken before the 64 KiB limit");
+
+    // The same connection still answers.
+    let itt = c.next_itt();
+    c.send(text_piece(
+        &c,
+        itt,
+        RESERVED_TAG,
+        false,
+        b"SendTargets=All\0",
+    ))
+    .await;
+    let Pdu::TextResponse(t) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(&t.data[..], expect.as_bytes());
+}
