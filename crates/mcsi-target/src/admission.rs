@@ -1,5 +1,5 @@
-//! Limits a peer cannot exceed: logins per second per source address, TCP connections held by
-//! the server, and sessions and connections per target. Bookkeeping only; [`crate::server`] and
+//! Limits a peer cannot exceed: logins per second and connections in the login phase per
+//! source address, TCP connections held by the server, and sessions and connections per target. Bookkeeping only; [`crate::server`] and
 //! [`crate::login`] decide what to answer.
 //!
 //! Per-target limits are checked twice, like MaxConnections: on the first Login Request, so
@@ -10,11 +10,12 @@
 use crate::config::ServerLimits;
 use crate::login::status;
 use crate::session::{Shared, Target};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// A counted resource with a ceiling: the connections of the server or of one target.
 #[derive(Debug)]
@@ -175,11 +176,131 @@ impl LoginRate {
     }
 }
 
+/// Connections in the login phase per source (an IPv4 address or an IPv6 /64). At the limit the
+/// source's oldest login is dropped to make room, rather than the new one refused: resources
+/// stay bounded, yet connections parked by one peer cannot lock out an initiator that shares
+/// its address (NAT, or the same host) and logs in within milliseconds.
+#[derive(Debug)]
+pub struct InLogin {
+    max: usize,
+    state: Arc<Mutex<InLoginState>>,
+}
+
+#[derive(Debug, Default)]
+struct InLoginState {
+    /// Per source, its logins in progress, oldest first.
+    sources: HashMap<IpAddr, VecDeque<(u64, Arc<Notify>)>>,
+    next_id: u64,
+    /// Logins dropped since the last log line, and when that was.
+    evicted: u64,
+    logged: Option<Instant>,
+}
+
+/// One connection's place among its source's logins in progress, given back when dropped
+/// (full feature phase reached, or the connection gone).
+#[derive(Debug)]
+pub struct LoginPlace {
+    key: IpAddr,
+    id: u64,
+    evict: Arc<Notify>,
+    state: Arc<Mutex<InLoginState>>,
+}
+
+impl LoginPlace {
+    /// Resolves when a newer login of the same source took this one's place.
+    pub async fn evicted(&self) {
+        self.evict.notified().await
+    }
+}
+
+impl Drop for LoginPlace {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = st.sources.get_mut(&self.key) {
+            q.retain(|(id, _)| *id != self.id);
+            if q.is_empty() {
+                st.sources.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What taking a place did besides: a login of the same source dropped, and whether a log line
+/// is due for it (at most one a second for the whole server, with the count since the last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Evicted {
+    pub one: bool,
+    pub log: Option<u64>,
+}
+
+impl InLogin {
+    /// At most `max` per source; 0 is no limit.
+    pub fn new(max: u32) -> Self {
+        InLogin {
+            max: max as usize,
+            state: Arc::new(Mutex::new(InLoginState::default())),
+        }
+    }
+
+    /// A place for one more connection of `ip` in the login phase (None without a limit),
+    /// dropping the source's oldest login when it is at the limit. Only sources with a login
+    /// under way are remembered, so the map is bounded by the server's connection limit.
+    pub fn take(&self, ip: IpAddr, now: Instant) -> (Option<LoginPlace>, Evicted) {
+        if self.max == 0 {
+            return (None, Evicted::default());
+        }
+        let key = source(ip);
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let id = st.next_id;
+        st.next_id += 1;
+        let evict = Arc::new(Notify::new());
+        let q = st.sources.entry(key).or_default();
+        let mut out = Evicted::default();
+        if q.len() >= self.max {
+            if let Some((_, oldest)) = q.pop_front() {
+                // A permit is kept if the login is not waiting on it yet.
+                oldest.notify_one();
+                out.one = true;
+            }
+        }
+        q.push_back((id, evict.clone()));
+        if out.one {
+            st.evicted += 1;
+            let due = st
+                .logged
+                .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1));
+            if due {
+                st.logged = Some(now);
+                out.log = Some(std::mem::take(&mut st.evicted));
+            }
+        }
+        let place = LoginPlace {
+            key,
+            id,
+            evict,
+            state: self.state.clone(),
+        };
+        (Some(place), out)
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Logins in progress of the source of `ip`.
+    pub fn held(&self, ip: IpAddr) -> usize {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.sources.get(&source(ip)).map_or(0, VecDeque::len)
+    }
+}
+
 /// The server's admission state, built from [`ServerLimits`] and the targets' limits.
 #[derive(Debug)]
 pub struct Gate {
     pub limits: ServerLimits,
     pub logins: LoginRate,
+    /// Connections logging in, per source.
+    pub in_login: InLogin,
     /// Every TCP connection the server holds.
     pub connections: Slots,
     /// Full feature phase connections per target (by name).
@@ -193,6 +314,7 @@ impl Gate {
         Gate {
             limits,
             logins: LoginRate::new(limits.login_rate, limits.login_burst),
+            in_login: InLogin::new(limits.max_logins_per_source),
             connections: Slots::new(limits.max_server_connections as usize),
             target_connections: targets
                 .iter()
@@ -388,6 +510,66 @@ mod tests {
         assert_eq!(r.check(ip("192.0.2.1"), later), Ok(()));
         assert_eq!(len(&r), 1);
         assert!(r.check(ip("192.0.2.1"), later).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_oldest_login_of_a_source_at_the_limit_makes_room() {
+        let l = InLogin::new(2);
+        let t0 = Instant::now();
+        let take = |a: &str| l.take(ip(a), t0);
+        let (a, e) = take("192.0.2.1");
+        assert_eq!(e, Evicted::default());
+        let (b, _) = take("192.0.2.1");
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(l.held(ip("192.0.2.1")), 2);
+        // A third: the first goes, logged; the count stays at the limit.
+        let (c, e) = take("192.0.2.1");
+        assert_eq!(
+            e,
+            Evicted {
+                one: true,
+                log: Some(1)
+            }
+        );
+        assert_eq!(l.held(ip("192.0.2.1")), 2);
+        let gone = tokio::time::timeout(Duration::from_secs(5), a.evicted()).await;
+        assert!(gone.is_ok(), "the oldest login is told to go");
+        let still = tokio::time::timeout(Duration::from_millis(50), b.evicted()).await;
+        assert!(still.is_err(), "the second is not");
+        // Dropping an evicted place changes nothing; dropping a live one frees its place.
+        drop(a);
+        assert_eq!(l.held(ip("192.0.2.1")), 2);
+        drop(b);
+        assert_eq!(l.held(ip("192.0.2.1")), 1);
+        // Another source, and the same /64 counted as one; the next eviction within a second is
+        // counted but not logged, the one after a second reports both.
+        assert_eq!(take("192.0.2.2").1, Evicted::default());
+        let mut v6: Vec<_> = ["2001:db8::1", "2001:db8::2"]
+            .iter()
+            .map(|a| take(a).0)
+            .collect();
+        let (p3, e) = take("2001:db8::3");
+        assert_eq!(
+            e,
+            Evicted {
+                one: true,
+                log: None
+            }
+        );
+        v6.push(p3);
+        let later = t0 + Duration::from_secs(1);
+        let (p4, e) = l.take(ip("2001:db8::4"), later);
+        assert_eq!(e.log, Some(2));
+        v6.push(p4);
+        drop((c, v6));
+        // Sources with nothing under way are forgotten.
+        assert!(l.state.lock().unwrap().sources.is_empty());
+        // 0: no limit, nothing remembered.
+        let off = InLogin::new(0);
+        for _ in 0..100 {
+            assert!(off.take(ip("192.0.2.1"), t0).0.is_none());
+        }
+        assert!(off.state.lock().unwrap().sources.is_empty());
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub struct FileLimits {
     pub login_timeout: Option<String>,
     /// TCP connections the server holds at once, logging in or logged in.
     pub max_server_connections: Option<u32>,
+    /// Connections one source may have logging in at once; 0: no limit.
+    pub max_logins_per_source: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -352,6 +354,10 @@ pub struct ServerLimits {
     /// TCP connections the server holds at once, logging in or logged in; beyond it new
     /// connections are closed as soon as they are accepted.
     pub max_server_connections: u32,
+    /// Connections from one source (as for `login_rate`) not yet in full feature phase; one
+    /// more makes the source's oldest login be dropped. Without it a source could hold about
+    /// login_rate x login_timeout + login_burst connections in the login phase. 0 turns it off.
+    pub max_logins_per_source: u32,
 }
 
 impl Default for ServerLimits {
@@ -363,6 +369,9 @@ impl Default for ServerLimits {
             login_burst: 40,
             login_timeout: Duration::from_secs(30),
             max_server_connections: 4096,
+            // Far above what an initiator host needs (one per connection being opened, for
+            // every session it starts at once), far below the 640 the rate alone allows.
+            max_logins_per_source: 64,
         }
     }
 }
@@ -376,6 +385,7 @@ impl ServerLimits {
             login_burst: f.login_burst.unwrap_or(d.login_burst),
             login_timeout: duration(&f.login_timeout, "limits.login_timeout", d.login_timeout)?,
             max_server_connections: f.max_server_connections.unwrap_or(d.max_server_connections),
+            max_logins_per_source: f.max_logins_per_source.unwrap_or(d.max_logins_per_source),
         };
         if l.login_rate > 0 && l.login_burst == 0 {
             return Err(cerr(
@@ -857,6 +867,7 @@ mod tests {
             login_burst = 10
             login_timeout = "10s"
             max_server_connections = 100
+            max_logins_per_source = 8
             [[targets]]
             iqn = "iqn.2026-01.org.mcsi:a"
             max_connections = 4
@@ -907,6 +918,7 @@ mod tests {
                 login_burst: 10,
                 login_timeout: Duration::from_secs(10),
                 max_server_connections: 100,
+                max_logins_per_source: 8,
             }
         );
         assert_eq!(a.luns[0].backend, LunBackend::Spec("ram:64MiB".into()));

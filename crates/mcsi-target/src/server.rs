@@ -250,13 +250,34 @@ async fn connection(
         }
         return;
     }
-    let n = match login::run(&shared, &gate, &mut stream, &mut buf, local, peer).await {
+    let (in_login, evicted) = gate.in_login.take(peer.ip(), Instant::now());
+    if let Some(n) = evicted.log {
+        warn!(
+            %peer,
+            "{} has max_logins_per_source = {} connections logging in: its oldest login was dropped to make room ({n} dropped since the last report)",
+            crate::admission::source(peer.ip()),
+            gate.in_login.max(),
+        );
+    }
+    let login = login::run(&shared, &gate, &mut stream, &mut buf, local, peer);
+    let n = match &in_login {
+        Some(place) => tokio::select! {
+            r = login => r,
+            _ = place.evicted() => {
+                info!("login dropped: a newer connection of the same source took its place");
+                return;
+            }
+        },
+        None => login.await,
+    };
+    let n = match n {
         Ok(n) => n,
         Err(e) => {
             info!("login failed: {e}");
             return;
         }
     };
+    drop(in_login);
     let (session, old_conn, _target_slot) = match attach(&shared, &gate, &n).await {
         Ok(x) => x,
         Err(d) => {

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Limits a peer cannot exceed, over real sockets: logins per second per source address,
+//! Limits a peer cannot exceed, over real sockets: logins per second and logins in progress
+//! per source address,
 //! sessions and connections per target, connections of the server, the login timeout, the
 //! number of R2Ts outstanding per task (MaxOutstandingR2T) and unsolicited data beyond
 //! FirstBurstLength. Each test fails if its limit is taken away. The NOP-In keepalive that drops
@@ -340,6 +341,83 @@ async fn login_timeout_drops_connections_that_never_finish_logging_in() {
         serves(&mut c).await,
         "a session older than the login timeout"
     );
+}
+
+/// A connection from `src` whose login stops after its first step (answered, so the target
+/// has counted it), identified as ISID `n`.
+async fn stalled_login(server: &Server, src: Ipv4Addr, n: u16) -> Client {
+    let mut c = connect_from(server, src).await;
+    c.send(Pdu::LoginRequest(LoginRequest {
+        transit: false,
+        continue_: false,
+        csg: Stage::Operational,
+        nsg: Stage::Operational,
+        version_max: 0,
+        version_min: 0,
+        isid: Isid(isid(n)),
+        tsih: 0,
+        itt: 0,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+        data: text(&[("InitiatorName", "iqn.2026-01.org.mcsi:slow"), NORMAL[0]]),
+    }))
+    .await;
+    let Pdu::LoginResponse(r) = c.recv().await else {
+        panic!("expected a Login Response")
+    };
+    assert_eq!(status(&r), (0, 0), "first step of a stalled login");
+    c
+}
+
+#[tokio::test]
+async fn logins_in_progress_of_one_source_are_capped_oldest_first() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.limits.max_logins_per_source = 3;
+    })
+    .await;
+    let src = Ipv4Addr::new(127, 0, 0, 60);
+    // Sessions in full feature phase do not count: four of them from the source.
+    let mut sessions = Vec::new();
+    for k in 0..4u16 {
+        let mut c = connect_from(&server, src).await;
+        let r = c.login(isid(k), 0, 0, &NORMAL).await;
+        assert_eq!(status(&r), (0, 0), "session {k}");
+        sessions.push(c);
+    }
+    // Three logins left hanging take the source's places.
+    let mut stalled = Vec::new();
+    for k in 0..3u16 {
+        stalled.push(stalled_login(&server, src, 10 + k).await);
+    }
+    // A login past the limit pushes the oldest hanging login out and goes through itself;
+    // after another hanging login fills the place it left, the next does the same.
+    for k in 0..2u16 {
+        let mut c = connect_from(&server, src).await;
+        let r = c.login(isid(20 + k), 0, 0, &NORMAL).await;
+        assert_eq!(status(&r), (0, 0), "login {k} past the limit");
+        assert!(
+            stalled[usize::from(k)].closed_by_target().await,
+            "hanging login {k}, the oldest, is dropped"
+        );
+        sessions.push(c);
+        stalled.push(stalled_login(&server, src, 13 + k).await);
+    }
+    // The newer hanging logins stay.
+    for (k, c) in stalled.iter_mut().enumerate().skip(2) {
+        assert!(
+            !c.closed_within(Duration::from_millis(300)).await,
+            "hanging login {k}"
+        );
+    }
+    // Another source is not affected, nor are the sessions in.
+    let mut other = connect_from(&server, Ipv4Addr::new(127, 0, 0, 61)).await;
+    let r = other.login(isid(30), 0, 0, &NORMAL).await;
+    assert_eq!(status(&r), (0, 0), "another source address");
+    for c in &mut sessions {
+        assert!(serves(c).await);
+    }
 }
 
 /// Sends the Data-Out an R2T asks for, from `data`.

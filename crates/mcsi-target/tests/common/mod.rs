@@ -272,9 +272,15 @@ impl Client {
 
     /// The target closes the connection within 5 s (anything still queued is read and dropped).
     pub async fn closed_by_target(&mut self) -> bool {
+        self.closed_within(Duration::from_secs(5)).await
+    }
+
+    /// Whether the target closes the connection within `wait` of silence (whatever it sends
+    /// meanwhile is read and dropped).
+    pub async fn closed_within(&mut self, wait: Duration) -> bool {
         let mut tmp = [0u8; 4096];
         loop {
-            match tokio::time::timeout(Duration::from_secs(5), self.s.read(&mut tmp)).await {
+            match tokio::time::timeout(wait, self.s.read(&mut tmp)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return true,
                 Ok(Ok(_)) => continue,
                 Err(_) => return false,
