@@ -78,8 +78,14 @@ pub struct Outcome {
     pub status: u8,
     /// Fixed or descriptor format sense data, present with CHECK CONDITION.
     pub sense: Option<Bytes>,
-    /// Data-in, as long as the command produced (already cut to the CDB's allocation length).
+    /// Data-in, as long as the command produced (already cut to the CDB's allocation length),
+    /// except for what `data_in_unread` counts.
     pub data_in: Bytes,
+    /// Bytes of data-in the command produced after `data_in` that were never read, because they
+    /// lie beyond the command's `data_in_limit` and the transport would not send them. The
+    /// transport counts them for the residual (a READ with a too small expected length is an
+    /// overflow) without the backend being read for data nobody receives.
+    pub data_in_unread: u32,
 }
 
 /// What the transport needs to know about a CDB before the data-out phase.
@@ -136,6 +142,7 @@ impl Outcome {
             status: status::GOOD,
             sense: None,
             data_in,
+            data_in_unread: 0,
         }
     }
 
@@ -145,6 +152,7 @@ impl Outcome {
             status: status::CHECK_CONDITION,
             sense: Some(sense.to_fixed()),
             data_in: Bytes::new(),
+            data_in_unread: 0,
         }
     }
 
@@ -154,6 +162,7 @@ impl Outcome {
             status,
             sense: None,
             data_in: Bytes::new(),
+            data_in_unread: 0,
         }
     }
 }

@@ -497,6 +497,7 @@ impl LogicalUnit {
             status: status::CHECK_CONDITION,
             sense: Some(self.encode_sense(s)),
             data_in: Bytes::new(),
+            data_in_unread: 0,
         }
     }
 
@@ -524,6 +525,7 @@ impl LogicalUnit {
                         status: status::CHECK_CONDITION,
                         sense: Some(s.encode(d)),
                         data_in: Bytes::new(),
+                        data_in_unread: 0,
                     };
                 }
             }
@@ -609,7 +611,7 @@ impl LogicalUnit {
             op::TEST_UNIT_READY => Ok(Outcome::good(Bytes::new())),
             op::REQUEST_SENSE => self.request_sense(cmd, c),
             op::INQUIRY => self.inquiry(cmd, c),
-            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(c),
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cmd, c),
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::ORWRITE_16 => {
                 self.write(cmd, c)
             }
@@ -1223,7 +1225,7 @@ impl LogicalUnit {
         self.cfg.read_only || self.st().mode.swp
     }
 
-    fn read(&self, c: &Cdb) -> Res {
+    fn read(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
         let Some(r) = rw_fields(c) else {
             return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
@@ -1238,11 +1240,24 @@ impl LogicalUnit {
         if r.nlb == 0 {
             return Ok(Outcome::good(Bytes::new()));
         }
-        let buf = self
-            .backend
-            .read_bytes(r.lba * self.block_size, (r.nlb * self.block_size) as usize)
-            .map_err(|e| self.medium_error(e, false))?;
-        Ok(Outcome::good(buf))
+        // Only the blocks the initiator will receive are read: a READ whose expected length is
+        // smaller than the CDB asks for would otherwise cost a backend read of up to the maximum
+        // transfer for a few bytes on the wire. The rest is counted, for the residual.
+        let total = r.nlb * self.block_size;
+        let wanted = u64::from(cmd.data_in_limit)
+            .div_ceil(self.block_size)
+            .saturating_mul(self.block_size)
+            .min(total);
+        let buf = if wanted == 0 {
+            Bytes::new()
+        } else {
+            self.backend
+                .read_bytes(r.lba * self.block_size, wanted as usize)
+                .map_err(|e| self.medium_error(e, false))?
+        };
+        let mut o = Outcome::good(buf);
+        o.data_in_unread = (total - wanted) as u32;
+        Ok(o)
     }
 
     /// Durability of a write: FUA, or the write cache disabled, means fdatasync before GOOD.

@@ -8,6 +8,7 @@ use mcsi_scsi::{
     status, Backend, BackendError, Command, DeviceServer, FailingBackend, LogicalUnit, LuConfig,
     Nexus, Outcome, RamBackend, Sense, TaskAttribute,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const BS: usize = 512;
@@ -413,10 +414,11 @@ fn short_data_out_writes_only_whole_blocks_received() {
     assert!(d[BS..].iter().all(|&b| b == b'a'));
 }
 
-/// Records the order of writes and flushes.
+/// Records the order of writes and flushes, and the bytes read.
 struct Recording {
     inner: RamBackend,
     log: Mutex<Vec<&'static str>>,
+    read: AtomicU64,
 }
 
 impl Backend for Recording {
@@ -424,6 +426,7 @@ impl Backend for Recording {
         self.inner.size()
     }
     fn read_at(&self, o: u64, b: &mut [u8]) -> Result<(), BackendError> {
+        self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
         self.inner.read_at(o, b)
     }
     fn write_at(&self, o: u64, d: &[u8]) -> Result<(), BackendError> {
@@ -448,11 +451,65 @@ impl Backend for Recording {
     }
 }
 
+/// A READ reads from the backend only the blocks the initiator will receive (its expected
+/// length, rounded up to whole blocks), and counts the rest as unread for the residual.
+#[test]
+fn read_stops_at_the_expected_length() {
+    let rec = Arc::new(Recording {
+        inner: RamBackend::new(64 * BS as u64).unwrap(),
+        log: Mutex::new(vec![]),
+        read: AtomicU64::new(0),
+    });
+    let lu = LogicalUnit::new(rec.clone(), LuConfig::default());
+    let n = nexus(1);
+    ready(&lu, &n);
+    good(&run(&lu, &n, &write10(0, 16, 0), &[7; 16 * BS]));
+    let mut c = read10(0, 16).to_vec();
+    c.resize(16, 0);
+    for (limit, bytes) in [
+        (u32::MAX, 16 * BS),
+        (16 * BS as u32, 16 * BS),
+        (1000, 2 * BS),
+        (BS as u32, BS),
+        (0, 0),
+    ] {
+        rec.read.store(0, Ordering::Relaxed);
+        let o = lu.execute(Command {
+            nexus: &n,
+            cdb: &c,
+            data_out: Bytes::new(),
+            data_in_limit: limit,
+            attr: TaskAttribute::Simple,
+        });
+        assert_eq!(o.status, status::GOOD, "limit {limit}");
+        assert_eq!(o.data_in.len(), bytes, "limit {limit}");
+        assert!(o.data_in.iter().all(|&b| b == 7));
+        assert_eq!(o.data_in_unread as usize, 16 * BS - bytes, "limit {limit}");
+        assert_eq!(
+            rec.read.load(Ordering::Relaxed),
+            bytes as u64,
+            "backend bytes read, limit {limit}"
+        );
+    }
+    // The range is still checked against the whole CDB, whatever the limit.
+    let mut past = read10(60, 16).to_vec();
+    past.resize(16, 0);
+    let o = lu.execute(Command {
+        nexus: &n,
+        cdb: &past,
+        data_out: Bytes::new(),
+        data_in_limit: 0,
+        attr: TaskAttribute::Simple,
+    });
+    expect(&o, key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
+}
+
 #[test]
 fn fua_flushes_after_the_write_and_before_good() {
     let rec = Arc::new(Recording {
         inner: RamBackend::new(64 * BS as u64).unwrap(),
         log: Mutex::new(vec![]),
+        read: AtomicU64::new(0),
     });
     let lu = LogicalUnit::new(rec.clone(), LuConfig::default());
     let n = nexus(1);

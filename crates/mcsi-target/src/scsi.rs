@@ -327,7 +327,9 @@ pub fn response_pdus(
     } else {
         0
     };
-    let produced = u32::try_from(outcome.data_in.len()).unwrap_or(u32::MAX);
+    let produced = u32::try_from(outcome.data_in.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(outcome.data_in_unread);
     let read_res = residual(read_exp, produced);
     let write_res = residual(write_exp, phase.data_out_len);
     let (main, bidi) = match (cmd.read, cmd.write) {
@@ -338,7 +340,12 @@ pub fn response_pdus(
         (false, false) if produced > 0 || phase.data_in_len > 0 => (read_res, None),
         (false, false) => (write_res, None),
     };
-    let send_len = if cmd.read { produced.min(read_exp) } else { 0 };
+    let have = u32::try_from(outcome.data_in.len()).unwrap_or(u32::MAX);
+    let send_len = if cmd.read {
+        produced.min(read_exp).min(have)
+    } else {
+        0
+    };
     let collapse =
         outcome.status == status::GOOD && outcome.sense.is_none() && send_len > 0 && bidi.is_none();
     let pieces = split(send_len, mrdsl, max_burst);
@@ -506,6 +513,27 @@ mod tests {
         );
     }
 
+    /// A READ the device server cut to the expected length (the rest unread) gets the same
+    /// residuals as one it read whole.
+    #[test]
+    fn unread_data_in_counts_for_the_residual() {
+        for (edtl, read, have, unread) in [(200u32, true, 512, 7680), (0, false, 0, 8192)] {
+            let mut o = Outcome::good(Bytes::from(vec![1u8; have]));
+            o.data_in_unread = unread;
+            let mut whole = Outcome::good(Bytes::from(vec![1u8; 8192]));
+            whole.data_in_unread = 0;
+            let cut = response_pdus(&cmd(read, false, edtl), read_phase(8192), o, 8192, 1 << 20);
+            let full = response_pdus(
+                &cmd(read, false, edtl),
+                read_phase(8192),
+                whole,
+                8192,
+                1 << 20,
+            );
+            assert_eq!(cut, full, "EDTL {edtl}");
+        }
+    }
+
     #[test]
     fn write_residuals() {
         // WRITE10 of 2 blocks with EDTL one block: overflow 512 (test_write10_residuals).
@@ -556,6 +584,7 @@ mod tests {
             status: status::CHECK_CONDITION,
             sense: Some(sense.clone()),
             data_in: Bytes::new(),
+            data_in_unread: 0,
         };
         let p = response_pdus(&cmd(true, false, 512), read_phase(512), o, 8192, 1 << 20);
         assert_eq!(p.len(), 1);

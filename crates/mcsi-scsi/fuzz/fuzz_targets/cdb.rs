@@ -662,12 +662,23 @@ fuzz_target!(|data: &[u8]| {
         };
         // The device server promises at most data_phase's data-in before the command runs (the
         // transport then cuts it to data_in_limit and reports the residual).
+        let produced = o.data_in.len() + o.data_in_unread as usize;
         assert!(
-            o.data_in.len() <= phase.data_in_len as usize,
-            "{op:#04x}: {} bytes of data-in, data_phase said at most {}",
-            o.data_in.len(),
+            produced <= phase.data_in_len as usize,
+            "{op:#04x}: {produced} bytes of data-in, data_phase said at most {}",
             phase.data_in_len
         );
+        // What is left unread lies beyond what the transport sends, and only whole blocks of a
+        // READ are left unread.
+        if o.data_in_unread > 0 {
+            assert!(
+                o.data_in.len() >= data_in_limit as usize,
+                "{op:#04x}: {} bytes read, {} unread, limit {data_in_limit}",
+                o.data_in.len(),
+                o.data_in_unread
+            );
+            assert!(effect(op) == Effect::Read, "{op:#04x} left data-in unread");
+        }
 
         let Some(i) = li else { continue };
         let l = &mut lus[i];
@@ -706,8 +717,10 @@ fuzz_target!(|data: &[u8]| {
         let fields = rw_fields(&c);
         match (eff, fields) {
             (Effect::Read, Some((lba, nlb, _))) => {
-                assert_eq!(o.data_in.len() as u64, nlb * bsz as u64, "GOOD READ length");
-                for (k, b) in sh.range(lba, nlb).enumerate() {
+                assert_eq!(produced as u64, nlb * bsz as u64, "GOOD READ length");
+                assert_eq!(o.data_in.len() % bsz, 0, "GOOD READ of whole blocks");
+                let read = (o.data_in.len() / bsz) as u64;
+                for (k, b) in sh.range(lba, read).enumerate() {
                     let got = &o.data_in[k * bsz..(k + 1) * bsz];
                     match sh.block(b) {
                         Some(want) => assert!(
