@@ -1595,8 +1595,8 @@ impl LogicalUnit {
                 .unmap(off, end - off)
                 .map_err(|e| self.medium_error(e, true))?;
         } else {
-            // Write in pieces of up to 1 MiB built from the pattern.
-            let per = ((1usize << 20) / bs).max(1);
+            // Write in pieces of up to 1 MiB built from the pattern, no larger than the range.
+            let per = ((1usize << 20) / bs).max(1).min(r.nlb as usize);
             let chunk: Vec<u8> = block.repeat(per);
             let mut pos = off;
             while pos < end {
