@@ -8,8 +8,8 @@
 //! MaxCmdSN follows the number of outstanding tasks so that at most `depth` tasks are queued at
 //! once, and never moves backwards (initiators ignore a smaller MaxCmdSN anyway).
 
+use ahash::AHashMap;
 use mcsi_proto::serial::{in_window, Sn};
-use std::collections::HashMap;
 
 /// What happened to a submitted command.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct CmdWindow<T> {
     max: Sn,
     depth: u32,
     outstanding: u32,
-    held: HashMap<u32, T>,
+    held: AHashMap<u32, T>,
 }
 
 impl<T> CmdWindow<T> {
@@ -42,7 +42,7 @@ impl<T> CmdWindow<T> {
             max: Sn(exp_cmd_sn) + (depth - 1),
             depth,
             outstanding: 0,
-            held: HashMap::new(),
+            held: AHashMap::new(),
         }
     }
 
