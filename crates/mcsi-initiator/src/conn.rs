@@ -133,10 +133,10 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut batch: Vec<Encoded> = Vec::with_capacity(WRITE_BATCH);
     while let Some(first) = rx.recv().await {
-        batch.push(first.encode(&framing));
+        batch.push(first.encode_owned(&framing));
         while batch.len() < WRITE_BATCH {
             match rx.try_recv() {
-                Ok(p) => batch.push(p.encode(&framing)),
+                Ok(p) => batch.push(p.encode_owned(&framing)),
                 Err(_) => break,
             }
         }

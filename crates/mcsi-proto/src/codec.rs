@@ -986,6 +986,31 @@ impl Pdu {
         Ok(self.encode_with(framing, data))
     }
 
+    /// Encode like [`Pdu::encode`], moving the data segment out of the PDU rather than sharing
+    /// it: sharing a buffer that was built as a `Vec` first allocates a reference-counted header
+    /// for it, once per Data-In of a read.
+    pub fn encode_owned(mut self, framing: &Framing) -> Encoded {
+        let data = self.take_data_segment();
+        self.encode_with(framing, data)
+    }
+
+    /// The data segment, left empty in the PDU where it is a field of its own.
+    fn take_data_segment(&mut self) -> Bytes {
+        match self {
+            Pdu::NopOut(p) => std::mem::take(&mut p.data),
+            Pdu::ScsiCommand(p) => std::mem::take(&mut p.data),
+            Pdu::LoginRequest(p) => std::mem::take(&mut p.data),
+            Pdu::TextRequest(p) => std::mem::take(&mut p.data),
+            Pdu::DataOut(p) => std::mem::take(&mut p.data),
+            Pdu::NopIn(p) => std::mem::take(&mut p.data),
+            Pdu::LoginResponse(p) => std::mem::take(&mut p.data),
+            Pdu::TextResponse(p) => std::mem::take(&mut p.data),
+            Pdu::DataIn(p) => std::mem::take(&mut p.data),
+            Pdu::AsyncMessage(p) => std::mem::take(&mut p.data),
+            other => other.data_segment(),
+        }
+    }
+
     /// Encode. The caller keeps data segments within the peer's MaxRecvDataSegmentLength
     /// ([`Pdu::try_encode`] checks it). Fields that cannot be represented are clamped: a data
     /// segment beyond 2^24 - 1 bytes is cut there and a CDB beyond [`MAX_CDB_LEN`] bytes is cut.

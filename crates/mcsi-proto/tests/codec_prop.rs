@@ -421,7 +421,9 @@ proptest! {
         let back = decode(&mut buf, &f).unwrap().unwrap();
         prop_assert!(buf.is_empty());
         prop_assert_eq!(&back, &p);
-        prop_assert_eq!(back.encode(&f).to_vec(), wire);
+        prop_assert_eq!(back.encode(&f).to_vec(), wire.clone());
+        // Moving the data segment out encodes the same bytes.
+        prop_assert_eq!(back.encode_owned(&f).to_vec(), wire);
     }
 
     #[test]

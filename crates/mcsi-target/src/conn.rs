@@ -170,7 +170,7 @@ pub async fn writer(
             match out {
                 Out::Pdu(mut p) => {
                     stamp(&mut p, &mut stat_sn, exp, max);
-                    let e = p.encode(&framing);
+                    let e = p.encode_owned(&framing);
                     bytes += e.len();
                     batch.push(e);
                 }

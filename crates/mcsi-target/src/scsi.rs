@@ -351,7 +351,15 @@ pub fn response_pdus(
     let pieces = split(send_len, mrdsl, max_burst);
     let n = pieces.len();
     let mut out = Vec::with_capacity(n + 1);
+    // The pieces follow each other from offset 0, so each is split off the front. The last (for
+    // a read in one Data-In, the only) one takes what is left as it is: slicing a buffer that
+    // came from a Vec would allocate a shared header first.
+    let mut rest = outcome.data_in;
+    if rest.len() > send_len as usize {
+        rest.truncate(send_len as usize);
+    }
     for (i, p) in pieces.into_iter().enumerate() {
+        debug_assert_eq!(p.offset as usize + rest.len(), send_len as usize);
         let last = i + 1 == n;
         let with_status = last && collapse;
         out.push(Pdu::DataIn(DataIn {
@@ -369,9 +377,7 @@ pub fn response_pdus(
             data_sn: i as u32,
             buffer_offset: p.offset,
             residual_count: if with_status { main.count } else { 0 },
-            data: outcome
-                .data_in
-                .slice(p.offset as usize..(p.offset + p.len) as usize),
+            data: rest.split_to(p.len as usize),
         }));
     }
     if !collapse {
