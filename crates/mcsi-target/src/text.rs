@@ -97,6 +97,11 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
             &Pdu::TextRequest(req),
         ))
     };
+    // A Text Request with the C bit must not have the F bit (11.10.2), on any piece.
+    if req.continue_ && req.final_ {
+        *ex = Exchange::default();
+        return reject(req);
+    }
     let keys = if req.ttt != RESERVED_TAG {
         // A follow-on PDU carries the TTT we gave: either the next piece of a request the
         // initiator is still sending, or a request for the next piece of our answer.
@@ -118,7 +123,13 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
             }
         } else {
             match ex.answer.take() {
-                Some(p) if p.ttt == req.ttt && p.itt == req.itt => {
+                // Asking for more of an answer carries no text of its own (11.10.2, 11.11.1).
+                Some(p)
+                    if p.ttt == req.ttt
+                        && p.itt == req.itt
+                        && !req.continue_
+                        && req.data.is_empty() =>
+                {
                     send_piece(session, conn, &mut ex, req.itt, req.lun, p.rest);
                 }
                 // Unknown TTT: Reject invalid PDU field (11.17.1).
@@ -130,10 +141,6 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
         // A new request resets any unfinished exchange (11.10.4).
         *ex = Exchange::default();
         if req.continue_ {
-            // A Text Request with the C bit must not have the F bit (11.10.2).
-            if req.final_ {
-                return reject(req);
-            }
             let mut text = TextAccumulator::new(TextLimits::default());
             if let Err(e) = text.push(&req.data, true) {
                 debug!("Text Request continuation refused: {e}");

@@ -606,6 +606,38 @@ async fn text_request_in_pieces() {
     c.send(bad).await;
     assert!(matches!(c.recv().await, Pdu::Reject(_)));
 
+    // C and F together on a later piece, and a piece with a tag the target did not give, each
+    // end their chain with a Reject.
+    for wrong_tag in [false, true] {
+        let itt = c.next_itt();
+        c.send(text_piece(&c, itt, RESERVED_TAG, true, b"SendTa"))
+            .await;
+        let Pdu::TextResponse(t) = c.recv().await else {
+            panic!("first piece not acknowledged")
+        };
+        let mut next = text_piece(
+            &c,
+            itt,
+            if wrong_tag { t.ttt ^ 1 } else { t.ttt },
+            true,
+            b"rgets=All\0",
+        );
+        if let Pdu::TextRequest(r) = &mut next {
+            r.final_ = !wrong_tag;
+        }
+        c.send(next).await;
+        assert!(
+            matches!(c.recv().await, Pdu::Reject(_)),
+            "wrong tag {wrong_tag}"
+        );
+        // The chain is gone: its tag is not taken any more.
+        c.send(text_piece(&c, itt, t.ttt, false, b"ll\0")).await;
+        assert!(
+            matches!(c.recv().await, Pdu::Reject(_)),
+            "wrong tag {wrong_tag}: the chain went on"
+        );
+    }
+
     // A chain that never ends is cut at the text limit (64 KiB).
     let itt = c.next_itt();
     let mut ttt = RESERVED_TAG;
