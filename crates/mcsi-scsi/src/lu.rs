@@ -1245,7 +1245,9 @@ impl LogicalUnit {
         }
         // Only the blocks the initiator will receive are read: a READ whose expected length is
         // smaller than the CDB asks for would otherwise cost a backend read of up to the maximum
-        // transfer for a few bytes on the wire. The rest is counted, for the residual.
+        // transfer for a few bytes on the wire. The rest is counted, for the residual. A medium
+        // error in the unread blocks therefore goes unreported: GOOD with an overflow residual
+        // for the data the initiator did not ask to receive.
         let total = r.nlb * self.block_size;
         let wanted = u64::from(cmd.data_in_limit)
             .div_ceil(self.block_size)

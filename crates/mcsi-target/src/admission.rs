@@ -176,6 +176,61 @@ impl LoginRate {
     }
 }
 
+/// Connections of one source being refused (answered 3/02 once their Login Request comes, or
+/// after a short wait), at most.
+pub const REFUSING_PER_SOURCE: usize = 8;
+
+/// A plain count per source with a ceiling.
+#[derive(Debug)]
+pub struct PerSource {
+    max: usize,
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One place in [`PerSource`], given back when dropped.
+#[derive(Debug)]
+pub struct SourceSlot {
+    key: IpAddr,
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl PerSource {
+    pub fn new(max: usize) -> Self {
+        PerSource {
+            max,
+            counts: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A place for the source of `ip`, if it has fewer than the ceiling. Only sources holding a
+    /// place are remembered.
+    pub fn try_take(&self, ip: IpAddr) -> Option<SourceSlot> {
+        let key = source(ip);
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(key).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            key,
+            counts: self.counts.clone(),
+        })
+    }
+}
+
 /// Connections in the login phase per source (an IPv4 address or an IPv6 /64). At the limit the
 /// source's oldest login is dropped to make room, rather than the new one refused: resources
 /// stay bounded, yet connections parked by one peer cannot lock out an initiator that shares
@@ -301,6 +356,8 @@ pub struct Gate {
     pub logins: LoginRate,
     /// Connections logging in, per source.
     pub in_login: InLogin,
+    /// Connections being refused for the login rate, per source.
+    pub refusing: PerSource,
     /// Every TCP connection the server holds.
     pub connections: Slots,
     /// Full feature phase connections per target (by name).
@@ -315,6 +372,7 @@ impl Gate {
             limits,
             logins: LoginRate::new(limits.login_rate, limits.login_burst),
             in_login: InLogin::new(limits.max_logins_per_source),
+            refusing: PerSource::new(REFUSING_PER_SOURCE),
             connections: Slots::new(limits.max_server_connections as usize),
             target_connections: targets
                 .iter()
@@ -570,6 +628,21 @@ mod tests {
             assert!(off.take(ip("192.0.2.1"), t0).0.is_none());
         }
         assert!(off.state.lock().unwrap().sources.is_empty());
+    }
+
+    #[test]
+    fn per_source_counts_have_a_ceiling() {
+        let p = PerSource::new(2);
+        let a = p.try_take(ip("192.0.2.1"));
+        let b = p.try_take(ip("::ffff:192.0.2.1"));
+        assert!(a.is_some() && b.is_some());
+        assert!(p.try_take(ip("192.0.2.1")).is_none());
+        assert!(p.try_take(ip("192.0.2.2")).is_some());
+        drop(a);
+        let c = p.try_take(ip("192.0.2.1"));
+        assert!(c.is_some());
+        drop((b, c));
+        assert!(p.counts.lock().unwrap().is_empty());
     }
 
     #[test]

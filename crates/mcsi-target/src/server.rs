@@ -234,7 +234,13 @@ async fn connection(
     if let Err(over) = gate.logins.check(peer.ip(), Instant::now()) {
         // Out of resources (RFC 7143 11.13.5, class 3: the initiator may retry later) rather
         // than a silent close, which an initiator cannot tell from a network failure.
+        // Waiting for the Login Request to answer holds the connection for up to REFUSAL_WAIT;
+        // a source already that many refusals deep is closed on at once, so that opening
+        // connections faster than the rate cannot pile them up.
         let st = status::OUT_OF_RESOURCES;
+        let Some(_refusing) = gate.refusing.try_take(peer.ip()) else {
+            return;
+        };
         let wait = REFUSAL_WAIT.min(gate.limits.login_timeout);
         let who = login::refuse_first(&mut stream, &mut buf, st, wait).await;
         if let Some(n) = over.log {
@@ -264,7 +270,7 @@ async fn connection(
         Some(place) => tokio::select! {
             r = login => r,
             _ = place.evicted() => {
-                info!("login dropped: a newer connection of the same source took its place");
+                debug!("login dropped: a newer connection of the same source took its place");
                 return;
             }
         },

@@ -160,6 +160,38 @@ async fn logins_beyond_the_rate_of_a_source_are_refused_out_of_resources() {
     assert_eq!(status(&r), (0, 0), "{src} after a second");
 }
 
+/// A refusal for the rate waits up to 2 s for the Login Request it answers; a source opening
+/// connections much faster than the rate gets only 8 such waits at once, and the connections
+/// beyond are closed right away rather than piling up.
+#[tokio::test]
+async fn connections_refused_for_the_rate_do_not_pile_up() {
+    let server = start_with(|c| {
+        c.limits.login_rate = 1;
+        c.limits.login_burst = 1;
+    })
+    .await;
+    let src = Ipv4Addr::new(127, 0, 0, 70);
+    let t0 = Instant::now();
+    let mut conns = Vec::new();
+    for _ in 0..20 {
+        conns.push(connect_from(&server, src).await);
+    }
+    // One connection took the token and waits in its login; eight wait to be refused (2 s);
+    // the other eleven are closed at once.
+    let deadline = t0 + Duration::from_secs(1);
+    let mut closed = 0;
+    for c in &mut conns {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if c.closed_within(left).await {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 11,
+        "{closed} of 20 connections closed within a second"
+    );
+}
+
 #[tokio::test]
 async fn sessions_beyond_max_sessions_are_refused_out_of_resources() {
     let server = start_with(|c| {
