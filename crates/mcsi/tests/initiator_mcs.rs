@@ -128,22 +128,44 @@ const MIB64: usize = 64 << 20;
 /// `n` 64 KiB writes, each read back and compared, in flight together on LUN 0 while connection
 /// `sever` is cut as a network failure would: every one must complete (recovery re-issues).
 async fn write_read_while_severing(s: &mcsi_initiator::Session, n: u64, sever: usize) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    // Each task writes and reads back its blocks several times, so that I/O is still flowing
+    // when the connection goes however fast the machine is.
+    const ROUNDS: u64 = 4;
     let lun = s.open_lun(0).await.unwrap();
+    let done = Arc::new(AtomicU64::new(0));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..n {
         let l = lun.clone();
+        let done = done.clone();
         set.spawn(async move {
-            let d = bytes::Bytes::from(vec![(i % 253) as u8; 65536]);
-            l.write(i * 128, d.clone()).await?;
-            assert_eq!(l.read(i * 128, 128).await?, d);
+            for r in 0..ROUNDS {
+                let d = bytes::Bytes::from(vec![((i + r) % 253) as u8; 65536]);
+                l.write(i * 128, d.clone()).await?;
+                assert_eq!(l.read(i * 128, 128).await?, d);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
             Ok::<_, mcsi_initiator::Error>(())
         });
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Sever once the first round trip is through, with nearly all the work still to do.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no I/O completed in 30 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert!(s.sever_connection(sever));
+    let at_sever = done.load(Ordering::Relaxed);
+    assert!(
+        at_sever < n * ROUNDS,
+        "all {} round trips were done before the connection was severed",
+        n * ROUNDS
+    );
     while let Some(r) = set.join_next().await {
         r.unwrap().unwrap();
     }
+    assert_eq!(done.load(Ordering::Relaxed), n * ROUNDS);
 }
 
 #[test]
