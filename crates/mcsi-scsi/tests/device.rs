@@ -451,10 +451,8 @@ impl Backend for Recording {
     }
 }
 
-/// A READ reads from the backend only the blocks the initiator will receive (its expected
-/// length, rounded up to whole blocks), and counts the rest as unread for the residual.
-#[test]
-fn read_stops_at_the_expected_length() {
+/// A 64-block LU over a [`Recording`] backend, with a nexus past its power-on unit attention.
+fn recording_lu() -> (Arc<Recording>, LogicalUnit, Nexus) {
     let rec = Arc::new(Recording {
         inner: RamBackend::new(64 * BS as u64).unwrap(),
         log: Mutex::new(vec![]),
@@ -463,6 +461,14 @@ fn read_stops_at_the_expected_length() {
     let lu = LogicalUnit::new(rec.clone(), LuConfig::default());
     let n = nexus(1);
     ready(&lu, &n);
+    (rec, lu, n)
+}
+
+/// A READ reads from the backend only the blocks the initiator will receive (its expected
+/// length, rounded up to whole blocks), and counts the rest as unread for the residual.
+#[test]
+fn read_stops_at_the_expected_length() {
+    let (rec, lu, n) = recording_lu();
     good(&run(&lu, &n, &write10(0, 16, 0), &[7; 16 * BS]));
     let mut c = read10(0, 16).to_vec();
     c.resize(16, 0);
@@ -506,14 +512,7 @@ fn read_stops_at_the_expected_length() {
 
 #[test]
 fn fua_flushes_after_the_write_and_before_good() {
-    let rec = Arc::new(Recording {
-        inner: RamBackend::new(64 * BS as u64).unwrap(),
-        log: Mutex::new(vec![]),
-        read: AtomicU64::new(0),
-    });
-    let lu = LogicalUnit::new(rec.clone(), LuConfig::default());
-    let n = nexus(1);
-    ready(&lu, &n);
+    let (rec, lu, n) = recording_lu();
     // Write cache on, no FUA: no flush.
     good(&run(&lu, &n, &write10(0, 1, 0), &[1; BS]));
     assert_eq!(*rec.log.lock().unwrap(), vec!["write"]);

@@ -191,17 +191,22 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
 /// The answer to a piece of a request that has more to come: no data, F and C clear, and the
 /// tag the initiator puts on the next piece (11.11.1, 11.11.4).
 fn acknowledge_piece(conn: &Conn, itt: u32, ttt: u32, lun: u64) {
-    conn.send(Pdu::TextResponse(TextResponse {
-        final_: false,
-        continue_: false,
+    conn.send(text_response(false, false, lun, itt, ttt, Bytes::new()));
+}
+
+/// A Text Response; the sequence numbers are stamped by the connection's writer.
+fn text_response(final_: bool, continue_: bool, lun: u64, itt: u32, ttt: u32, data: Bytes) -> Pdu {
+    Pdu::TextResponse(TextResponse {
+        final_,
+        continue_,
         lun,
         itt,
         ttt,
         stat_sn: 0,
         exp_cmd_sn: 0,
         max_cmd_sn: 0,
-        data: Bytes::new(),
-    }));
+        data,
+    })
 }
 
 fn send_piece(
@@ -225,17 +230,7 @@ fn send_piece(
     } else {
         (true, RESERVED_TAG, data)
     };
-    conn.send(Pdu::TextResponse(TextResponse {
-        final_,
-        continue_: !final_,
-        lun,
-        itt,
-        ttt,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-        data: piece,
-    }));
+    conn.send(text_response(final_, !final_, lun, itt, ttt, piece));
 }
 
 #[cfg(test)]

@@ -337,28 +337,7 @@ async fn login_timeout_drops_connections_that_never_finish_logging_in() {
 
     // One Login Request without the transit bit, answered, then nothing more.
     let t0 = Instant::now();
-    let mut stalled = Client::connect(&server).await;
-    stalled
-        .send(Pdu::LoginRequest(LoginRequest {
-            transit: false,
-            continue_: false,
-            csg: Stage::Operational,
-            nsg: Stage::Operational,
-            version_max: 0,
-            version_min: 0,
-            isid: Isid(isid(1)),
-            tsih: 0,
-            itt: 0,
-            cid: 0,
-            cmd_sn: 1,
-            exp_stat_sn: 0,
-            data: text(&[("InitiatorName", "iqn.2026-01.org.mcsi:slow"), NORMAL[0]]),
-        }))
-        .await;
-    let Pdu::LoginResponse(r) = stalled.recv().await else {
-        panic!("expected a Login Response")
-    };
-    assert_eq!(status(&r), (0, 0));
+    let mut stalled = stalled_login(&server, Ipv4Addr::LOCALHOST, 1).await;
     assert!(stalled.closed_by_target().await, "a login that stalls");
     assert!(
         t0.elapsed() >= Duration::from_millis(400),
