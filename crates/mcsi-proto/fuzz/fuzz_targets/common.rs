@@ -1,56 +1,13 @@
-//! Helpers shared by the fuzz targets: a byte reader over the fuzz input and a generator of
+//! Helpers shared by the fuzz targets: the byte reader over the fuzz input and a generator of
 //! plausible `key=value` text, so that inputs reach past the parsers into negotiation and login.
 #![allow(dead_code)]
 
 use mcsi_proto::chap::{decode_binary, encode_binary, ChapAlgorithm, Encoding, Secret};
 use mcsi_proto::keys::KEYS;
 
-pub struct Input<'a> {
-    data: &'a [u8],
-}
-
-impl<'a> Input<'a> {
-    pub fn new(data: &'a [u8]) -> Self {
-        Input { data }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-
-    pub fn u8(&mut self) -> u8 {
-        match self.data.split_first() {
-            Some((&b, rest)) => {
-                self.data = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    pub fn bool(&mut self) -> bool {
-        self.u8() & 1 == 1
-    }
-
-    pub fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-
-    pub fn u32(&mut self) -> u32 {
-        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-
-    pub fn take(&mut self, n: usize) -> &'a [u8] {
-        let n = n.min(self.data.len());
-        let (a, b) = self.data.split_at(n);
-        self.data = b;
-        a
-    }
-
-    pub fn rest(&mut self) -> &'a [u8] {
-        self.take(self.data.len())
-    }
-}
+#[path = "input.rs"]
+mod input;
+pub use input::Input;
 
 pub const TARGET: &str = "iqn.2024-01.org.mcsi:disk1";
 pub const INITIATOR: &str = "iqn.2024-01.org.mcsi:host1";

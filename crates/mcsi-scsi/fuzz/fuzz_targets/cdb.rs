@@ -56,42 +56,9 @@ const WRITE_SAME_PIECE: usize = 1 << 20;
 /// Far beyond any one command on these LUs, even under a sanitizer on a busy machine.
 const SLOW: Duration = Duration::from_secs(5);
 
-struct Input<'a> {
-    data: &'a [u8],
-}
-
-impl<'a> Input<'a> {
-    fn new(data: &'a [u8]) -> Self {
-        Input { data }
-    }
-    fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.data.split_first() {
-            Some((&b, rest)) => {
-                self.data = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    fn u64(&mut self) -> u64 {
-        (u64::from(self.u32()) << 32) | u64::from(self.u32())
-    }
-    fn take(&mut self, n: usize) -> &'a [u8] {
-        let n = n.min(self.data.len());
-        let (a, b) = self.data.split_at(n);
-        self.data = b;
-        a
-    }
-}
+#[path = "../../../mcsi-proto/fuzz/fuzz_targets/input.rs"]
+mod input;
+use input::Input;
 
 /// Operation codes the device server implements, then a few common ones it does not.
 const OPS: &[u8] = &[

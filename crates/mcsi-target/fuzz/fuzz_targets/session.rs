@@ -130,42 +130,9 @@ fn world() -> &'static World {
     })
 }
 
-struct Input<'a> {
-    data: &'a [u8],
-}
-
-impl<'a> Input<'a> {
-    fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.data.split_first() {
-            Some((&b, rest)) => {
-                self.data = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn bool(&mut self) -> bool {
-        self.u8() & 1 == 1
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    fn u64(&mut self) -> u64 {
-        (u64::from(self.u32()) << 32) | u64::from(self.u32())
-    }
-    fn take(&mut self, n: usize) -> &'a [u8] {
-        let n = n.min(self.data.len());
-        let (a, b) = self.data.split_at(n);
-        self.data = b;
-        a
-    }
-}
+#[path = "../../../mcsi-proto/fuzz/fuzz_targets/input.rs"]
+mod input;
+use input::Input;
 
 fn pattern(len: usize, seed: u32) -> Bytes {
     let mut x = seed | 1;
@@ -1292,7 +1259,7 @@ impl Run {
 }
 
 async fn one_input(addr: SocketAddr, data: &[u8]) {
-    let mut inp = Input { data };
+    let mut inp = Input::new(data);
     let isid = [0x80, 0, 0, 0, 0x10, inp.u8() % 4];
     let params = fuzz_params(&mut inp);
     let two = inp.u8() < 0x40;
