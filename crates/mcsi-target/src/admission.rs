@@ -343,7 +343,8 @@ impl InLogin {
     }
 
     /// Logins in progress of the source of `ip`.
-    pub fn held(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    fn held(&self, ip: IpAddr) -> usize {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.sources.get(&source(ip)).map_or(0, VecDeque::len)
     }
