@@ -390,8 +390,9 @@ pub struct SessionState {
     pub tasks: AHashMap<u32, TaskEntry>,
     task_sets: AHashMap<u64, TaskSet<u64>>,
     next_ttt: u32,
-    /// Round-robin position among the response connections (asymmetric mode).
-    next_reply: usize,
+    /// The response connection picked last; the next pick is the one with the next higher CID
+    /// (asymmetric mode).
+    last_reply: Option<u16>,
     /// Tracked inline commands running ([`Session::claim_inline`]).
     inline: u32,
     pub closing: bool,
@@ -475,7 +476,7 @@ impl Session {
                 tasks: AHashMap::new(),
                 task_sets: AHashMap::new(),
                 next_ttt: 1,
-                next_reply: 0,
+                last_reply: None,
                 inline: 0,
                 closing: false,
             }),
@@ -917,18 +918,20 @@ fn inline_claim(st: &mut SessionState, lun: u64, asymmetric: bool) -> Inline {
 /// The next response connection, round-robin in CID order (thesis 4.3.3: responses spread over
 /// connections n+1..2n); `None` when the session has none.
 fn pick_reply(st: &mut SessionState) -> Option<u16> {
-    let mut replies: Vec<u16> = st
-        .conns
-        .values()
-        .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
-        .map(|c| c.cid)
-        .collect();
-    if replies.is_empty() {
-        return None;
-    }
-    replies.sort_unstable();
-    let cid = replies[st.next_reply % replies.len()];
-    st.next_reply = st.next_reply.wrapping_add(1);
+    // Round-robin in CID order without collecting the connections: the next CID above the last
+    // one picked, or the lowest once past the end. Called once per task in an asymmetric session.
+    let responses = || {
+        st.conns
+            .values()
+            .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
+            .map(|c| c.cid)
+    };
+    let last = st.last_reply;
+    let cid = responses()
+        .filter(|&cid| last.is_none_or(|l| cid > l))
+        .min()
+        .or_else(|| responses().min())?;
+    st.last_reply = Some(cid);
     Some(cid)
 }
 
