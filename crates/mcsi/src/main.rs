@@ -32,6 +32,9 @@ enum Command {
     Copy(cmd::copy::Args),
     /// fio-like load generator against an iSCSI LUN.
     Bench(cmd::bench::Args),
+    /// The research's experiments, rerun on emulated links: CSV, plots, reports with verdicts.
+    #[command(subcommand)]
+    Lab(cmd::lab::Command),
 }
 
 /// Keeps glibc's allocator from handing the buffers of the data path back to the kernel and
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Link(c) => cmd::link::run(c),
         Command::Copy(args) => cmd::copy::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Lab(c) => cmd::lab::run(c),
     };
     match result {
         Ok(code) => code,

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod copy;
+pub mod lab;
 pub mod link;
 pub mod model;
 pub mod target;

@@ -1,0 +1,78 @@
+//! The models a figure or claim can be set beside, evaluated with `mcsi-model` (the same
+//! functions as `mcsi model`) at a point's parameters. All return MB/s (10^6 bytes/s) of payload.
+
+use crate::spec::{ModelRef, Point};
+use mcsi_model::{tcp, wlan};
+
+/// The kinds of model known, with what each computes.
+pub const KINDS: &[(&str, &str)] = &[
+    ("wlan-goodput", "TCP goodput of a saturated 802.11 cell (thesis eq. 3.1-3.7; the point's profile, 1500-byte packets, delayed ACKs)"),
+    ("mathis", "Mathis et al.: MSS/RTT x sqrt(3/2)/sqrt(p) per connection, times the connections, capped at the link rate"),
+    ("padhye", "Padhye et al. with timeouts (RTO = RTT + 200 ms, 2 segments per ACK), per connection, times the connections, capped at the link rate"),
+    ("link-rate", "the link's rate, as payload bytes"),
+];
+
+/// Checks that a model reference names a known kind.
+pub fn check(m: &ModelRef) -> Result<(), String> {
+    if KINDS.iter().any(|(k, _)| *k == m.kind) {
+        Ok(())
+    } else {
+        let all: Vec<_> = KINDS.iter().map(|(k, _)| *k).collect();
+        Err(format!(
+            "unknown model '{}' (use {})",
+            m.kind,
+            all.join(", ")
+        ))
+    }
+}
+
+/// What the model says at point `p`, in MB/s.
+pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
+    let conns = f64::from(m.connections.unwrap_or(1));
+    let rate_mbs = p.num("rate").map(|mbit| mbit * 1e6 / 8.0 / 1e6);
+    // IPv4 + TCP headers with timestamps.
+    let mss = p.num("mtu").unwrap_or(1500.0) - 52.0;
+    let rtt_s = || -> Result<f64, String> {
+        let ms = p
+            .num("rtt")
+            .or_else(|| p.num("delay").map(|d| 2.0 * d))
+            .ok_or("needs rtt or delay")?;
+        if ms <= 0.0 {
+            return Err("needs an RTT above 0".into());
+        }
+        Ok(ms / 1e3)
+    };
+    let loss = p.num("loss").unwrap_or(0.0) / 100.0;
+    let cap = |v: f64| rate_mbs.map_or(v, |r| v.min(r));
+    match m.kind.as_str() {
+        "wlan-goodput" => {
+            let std = match p.text("profile") {
+                "802.11b" => wlan::Standard::B,
+                "802.11g" => wlan::Standard::G,
+                _ => return Err("needs an 802.11 profile".into()),
+            };
+            let mut input = wlan::Input::new(std);
+            input.packet_error = p.num("per").unwrap_or(0.0) / 100.0;
+            let r = wlan::throughput(&input).map_err(|e| e.to_string())?;
+            Ok(r.failure.tcp_goodput_bps / 8.0 / 1e6)
+        }
+        "mathis" => {
+            if loss == 0.0 {
+                return rate_mbs.ok_or_else(|| "no loss and no rate: unbounded".to_string());
+            }
+            let bps = tcp::mathis_bps(mss, rtt_s()?, loss).map_err(|e| e.to_string())?;
+            Ok(cap(conns * bps / 8.0 / 1e6))
+        }
+        "padhye" => {
+            let rtt = rtt_s()?;
+            if loss == 0.0 {
+                return rate_mbs.ok_or_else(|| "no loss and no rate: unbounded".to_string());
+            }
+            let bps =
+                tcp::padhye_bps(mss, rtt, loss, rtt + 0.2, 2.0, None).map_err(|e| e.to_string())?;
+            Ok(cap(conns * bps / 8.0 / 1e6))
+        }
+        "link-rate" => rate_mbs.ok_or_else(|| "needs a rate".to_string()),
+        other => Err(format!("unknown model '{other}'")),
+    }
+}

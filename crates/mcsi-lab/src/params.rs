@@ -1,0 +1,365 @@
+//! The parameters an experiment can set or sweep: what each means, how its value is written,
+//! and the unit it is plotted in. Values are kept in a canonical text form (sizes in bytes,
+//! times in milliseconds, losses in percent) so that `2KiB` and `2048` are the same point.
+
+use mcsi_units::{parse_duration, parse_fraction, parse_rate, parse_size, BareUnit};
+
+/// Where a parameter goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// An option of `mcsi bench`.
+    Bench,
+    /// An option of `mcsi target`.
+    Target,
+    /// A property of the emulated link (`mcsi link run`).
+    Link,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Bytes; plotted in KiB.
+    Size,
+    /// A whole number in a range.
+    Int(u64, u64),
+    /// One of a list of words.
+    Choice(&'static [&'static str]),
+    Bool,
+    /// Seconds (a bare number is seconds).
+    Seconds,
+    /// Milliseconds (a bare number is milliseconds).
+    Millis,
+    /// Percent (a bare number is percent).
+    Percent,
+    /// Bit rate; plotted in Mbit/s.
+    Rate,
+    /// Free text, checked by the program that takes it.
+    Text,
+}
+
+/// One known parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct Def {
+    pub name: &'static str,
+    pub role: Role,
+    kind: Kind,
+    /// Axis label with its unit.
+    pub axis: &'static str,
+    pub help: &'static str,
+}
+
+const RW: &[&str] = &["read", "write", "randread", "randwrite"];
+const POLICY: &[&str] = &["round-robin", "least-outstanding"];
+const PROFILE: &[&str] = &["802.11b", "802.11g"];
+
+/// Every parameter, in the order of the CSV columns.
+pub const DEFS: &[Def] = &[
+    Def {
+        name: "rw",
+        role: Role::Bench,
+        kind: Kind::Choice(RW),
+        axis: "workload",
+        help: "read, write, randread or randwrite",
+    },
+    Def {
+        name: "bs",
+        role: Role::Bench,
+        kind: Kind::Size,
+        axis: "I/O size (KiB)",
+        help: "I/O size, e.g. 2KiB",
+    },
+    Def {
+        name: "iodepth",
+        role: Role::Bench,
+        kind: Kind::Int(1, 1024),
+        axis: "commands outstanding (queue depth)",
+        help: "I/Os in flight over the whole session",
+    },
+    Def {
+        name: "connections",
+        role: Role::Bench,
+        kind: Kind::Int(1, 8),
+        axis: "TCP connections",
+        help: "connections in the session, 1 to 8",
+    },
+    Def {
+        name: "policy",
+        role: Role::Bench,
+        kind: Kind::Choice(POLICY),
+        axis: "scheduler",
+        help: "round-robin or least-outstanding",
+    },
+    Def {
+        name: "asymmetric",
+        role: Role::Bench,
+        kind: Kind::Bool,
+        axis: "asymmetric mode",
+        help: "true or false",
+    },
+    Def {
+        name: "runtime",
+        role: Role::Bench,
+        kind: Kind::Seconds,
+        axis: "run time (s)",
+        help: "seconds of load per run, e.g. 8 or \"8s\"",
+    },
+    Def {
+        name: "lun",
+        role: Role::Target,
+        kind: Kind::Text,
+        axis: "LUN",
+        help: "an mcsi target LUN spec, e.g. ram:64MiB",
+    },
+    Def {
+        name: "profile",
+        role: Role::Link,
+        kind: Kind::Choice(PROFILE),
+        axis: "802.11 profile",
+        help: "802.11b or 802.11g airtime model",
+    },
+    Def {
+        name: "per",
+        role: Role::Link,
+        kind: Kind::Percent,
+        axis: "802.11 frame error rate (%)",
+        help: "frame error rate per attempt, e.g. 5%",
+    },
+    Def {
+        name: "rate",
+        role: Role::Link,
+        kind: Kind::Rate,
+        axis: "link rate (Mbit/s)",
+        help: "bottleneck rate, e.g. 50mbit",
+    },
+    Def {
+        name: "rtt",
+        role: Role::Link,
+        kind: Kind::Millis,
+        axis: "round-trip time (ms)",
+        help: "added round-trip delay, split evenly between the directions, e.g. 20ms",
+    },
+    Def {
+        name: "delay",
+        role: Role::Link,
+        kind: Kind::Millis,
+        axis: "one-way delay (ms)",
+        help: "one-way delay each way, e.g. 10ms",
+    },
+    Def {
+        name: "jitter",
+        role: Role::Link,
+        kind: Kind::Millis,
+        axis: "jitter (ms)",
+        help: "delay variation, e.g. 1ms",
+    },
+    Def {
+        name: "loss",
+        role: Role::Link,
+        kind: Kind::Percent,
+        axis: "packet loss (%)",
+        help: "random loss each way, e.g. 1%",
+    },
+    Def {
+        name: "queue",
+        role: Role::Link,
+        kind: Kind::Text,
+        axis: "queue limit",
+        help: "drop-tail limit, bytes (64KiB) or packets (100p)",
+    },
+    Def {
+        name: "mtu",
+        role: Role::Link,
+        kind: Kind::Int(576, 9000),
+        axis: "MTU (bytes)",
+        help: "MTU of the link devices",
+    },
+];
+
+/// The parameter called `name`.
+pub fn def(name: &str) -> Option<&'static Def> {
+    DEFS.iter().find(|d| d.name == name)
+}
+
+/// The names of all parameters, for error messages.
+pub fn names() -> String {
+    DEFS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
+}
+
+/// A parameter value in canonical form.
+#[derive(Debug, Clone, PartialEq, PartialOrd)]
+pub struct Value {
+    /// Canonical text: sizes in bytes, times in ms (runtime in s), percentages in percent, rates
+    /// in bit/s, booleans as true/false.
+    pub text: String,
+    /// The value on a plot axis in the parameter's axis unit, where it is a number.
+    pub num: Option<f64>,
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        let s = format!("{v:.6}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+impl Def {
+    /// Parses a value written in a spec (a TOML string, integer, float or boolean).
+    pub fn parse(&self, v: &toml::Value) -> Result<Value, String> {
+        let raw = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => return Err(format!("expected a value, found a {}", other.type_str())),
+        };
+        self.parse_str(&raw)
+    }
+
+    /// Parses a value from text.
+    pub fn parse_str(&self, raw: &str) -> Result<Value, String> {
+        let e = |m: String| format!("'{raw}': {m}; expected {}", self.help);
+        let num = |v: f64| {
+            Ok(Value {
+                text: fmt_num(v),
+                num: Some(v),
+            })
+        };
+        match self.kind {
+            Kind::Size => {
+                let b = parse_size(raw).map_err(|x| e(x.to_string()))?;
+                if b == 0 {
+                    return Err(e("must be more than 0".into()));
+                }
+                Ok(Value {
+                    text: b.to_string(),
+                    num: Some(b as f64 / 1024.0),
+                })
+            }
+            Kind::Int(lo, hi) => {
+                let v: u64 = raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| e("not a whole number".into()))?;
+                if !(lo..=hi).contains(&v) {
+                    return Err(e(format!("out of range {lo} to {hi}")));
+                }
+                num(v as f64)
+            }
+            Kind::Choice(words) => {
+                let w = raw.trim();
+                if words.contains(&w) {
+                    Ok(Value {
+                        text: w.to_string(),
+                        num: None,
+                    })
+                } else {
+                    Err(e(format!("unknown value (use {})", words.join(", "))))
+                }
+            }
+            Kind::Bool => match raw.trim() {
+                "true" => Ok(Value {
+                    text: "true".into(),
+                    num: Some(1.0),
+                }),
+                "false" => Ok(Value {
+                    text: "false".into(),
+                    num: Some(0.0),
+                }),
+                _ => Err(e("not true or false".into())),
+            },
+            Kind::Seconds => {
+                let d = parse_duration(raw, BareUnit::Seconds).map_err(|x| e(x.to_string()))?;
+                if d.as_secs_f64() < 0.5 {
+                    return Err(e("must be at least 0.5 s".into()));
+                }
+                num(d.as_secs_f64())
+            }
+            Kind::Millis => {
+                let d = parse_duration(raw, BareUnit::Millis).map_err(|x| e(x.to_string()))?;
+                num(d.as_secs_f64() * 1e3)
+            }
+            Kind::Percent => {
+                let f = parse_fraction(raw, true).map_err(|x| e(x.to_string()))?;
+                num(f * 100.0)
+            }
+            Kind::Rate => {
+                let r = parse_rate(raw).map_err(|x| e(x.to_string()))?;
+                Ok(Value {
+                    text: fmt_num(r),
+                    num: Some(r / 1e6),
+                })
+            }
+            Kind::Text => {
+                if raw.trim().is_empty() {
+                    return Err(e("empty".into()));
+                }
+                Ok(Value {
+                    text: raw.trim().to_string(),
+                    num: None,
+                })
+            }
+        }
+    }
+
+    /// The value as the program that takes it expects it on its command line.
+    pub fn arg(&self, v: &Value) -> String {
+        match self.kind {
+            Kind::Millis => format!("{}ms", v.text),
+            Kind::Percent => format!("{}%", v.text),
+            Kind::Rate => format!("{}bit", v.text),
+            _ => v.text.clone(),
+        }
+    }
+
+    /// A short human form: `2 KiB`, `20 ms`, `1 %`.
+    pub fn show(&self, v: &Value) -> String {
+        match (self.kind, v.num) {
+            (Kind::Size, Some(k)) if k >= 1024.0 => format!("{} MiB", fmt_num(k / 1024.0)),
+            (Kind::Size, Some(k)) => format!("{} KiB", fmt_num(k)),
+            (Kind::Millis, _) => format!("{} ms", v.text),
+            (Kind::Percent, _) => format!("{} %", v.text),
+            (Kind::Seconds, _) => format!("{} s", v.text),
+            (Kind::Rate, Some(m)) => format!("{} Mbit/s", fmt_num(m)),
+            _ => v.text.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn p(name: &str, s: &str) -> Result<Value, String> {
+        def(name).unwrap().parse_str(s)
+    }
+
+    #[test]
+    fn canonical_forms() {
+        assert_eq!(p("bs", "2KiB").unwrap().text, "2048");
+        assert_eq!(p("bs", "2048").unwrap(), p("bs", "2k").unwrap());
+        assert_eq!(p("bs", "128KiB").unwrap().num, Some(128.0));
+        assert_eq!(p("rtt", "20ms").unwrap().text, "20");
+        assert_eq!(p("rtt", "2.5").unwrap().text, "2.5");
+        assert_eq!(p("rtt", "0.02s").unwrap().text, "20");
+        assert_eq!(p("loss", "1%").unwrap().text, "1");
+        assert_eq!(p("loss", "0.5").unwrap().text, "0.5");
+        assert_eq!(p("rate", "50mbit").unwrap().text, "50000000");
+        assert_eq!(p("runtime", "8s").unwrap().text, "8");
+        let rtt = def("rtt").unwrap();
+        assert_eq!(rtt.arg(&p("rtt", "2.5ms").unwrap()), "2.5ms");
+    }
+
+    #[test]
+    fn bad_values_say_what_is_expected() {
+        let e = p("connections", "9").unwrap_err();
+        assert!(e.contains("out of range 1 to 8"), "{e}");
+        let e = p("rw", "sideways").unwrap_err();
+        assert!(e.contains("read, write"), "{e}");
+        let e = p("bs", "0").unwrap_err();
+        assert!(e.contains("more than 0"), "{e}");
+        let e = p("loss", "150%").unwrap_err();
+        assert!(e.contains("between 0 and 1"), "{e}");
+    }
+}

@@ -1,0 +1,424 @@
+//! Runs an experiment: each point, each repetition, as `mcsi link run` with `mcsi target` on
+//! the host side and `mcsi bench` behind the link. One CSV row per run, appended as soon as the
+//! run ends, so that an interrupted experiment resumes where it stopped.
+
+use crate::params::{self, Role};
+use crate::results::{self, RunRow};
+use crate::spec::{Experiment, Metric, Point};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The target's name in every run.
+pub const IQN: &str = "iqn.2026-01.org.mcsi:target";
+const PORT: u16 = 3260;
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The mcsi binary that runs link, target and bench.
+    pub mcsi: PathBuf,
+    /// DIR: the experiment writes into DIR/NAME/.
+    pub out: PathBuf,
+    pub quick: bool,
+    /// Keep rows already in DIR/NAME/runs.csv (resume); false starts afresh.
+    pub resume: bool,
+}
+
+/// What a run of an experiment did.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub done: usize,
+    pub skipped: usize,
+    pub failed: usize,
+}
+
+/// A run error that stops the experiment (not a failed run, which is recorded and skipped).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Results(#[from] results::ResultsError),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
+    move |source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The options of `mcsi link run` for point `p` (profile, rate, delay, loss, ..., mtu).
+pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
+    let mut path = mcsi_link::PathConfig::default();
+    let mut args = Vec::new();
+    let mut set = |k: &str, v: String| -> Result<(), String> {
+        path.set(k, &v).map_err(|e| format!("{k}: {e}"))?;
+        args.push(format!("--{k}"));
+        args.push(v);
+        Ok(())
+    };
+    // The profile first: per refines it.
+    for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Link) {
+        if d.name == "profile" {
+            set("profile", d.arg(v))?;
+        }
+    }
+    for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Link) {
+        match d.name {
+            "profile" | "mtu" => {}
+            "rtt" => {
+                let half = v.num.unwrap_or(0.0) / 2.0;
+                set("delay", format!("{half}ms"))?;
+            }
+            name => set(name, d.arg(v))?,
+        }
+    }
+    path.validate().map_err(|e| e.to_string())?;
+    if let Some(m) = p.params.get("mtu") {
+        args.push("--mtu".into());
+        args.push(m.text.clone());
+    }
+    Ok(args)
+}
+
+/// The `mcsi bench` options for point `p`, after the URL.
+pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
+    let mut a = Vec::new();
+    for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Bench) {
+        match d.name {
+            "asymmetric" => {
+                if v.text == "true" {
+                    a.push("--asymmetric".to_string());
+                }
+            }
+            name => {
+                a.push(format!("--{name}"));
+                a.push(d.arg(v));
+            }
+        }
+    }
+    a.push("--seed".into());
+    a.push(seed.to_string());
+    a.push("--json".into());
+    a
+}
+
+/// Quotes a word for sh.
+fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=%,@+".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The congestion control the host's new sockets use.
+pub fn host_congestion() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The whole command line of one run.
+pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Command, String> {
+    let bin = sh_quote(&mcsi.to_string_lossy());
+    let lun = p.text("lun");
+    let target = format!(
+        "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}",
+        sh_quote(lun)
+    );
+    let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
+    let bench = format!(
+        "exec {bin} bench {} iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/0",
+        bench.join(" ")
+    );
+    let mut c = Command::new(mcsi);
+    c.arg("link").arg("run").args(link_args(p)?);
+    c.arg("--seed").arg(seed.to_string());
+    c.arg("--quiet").arg("--summary-json").arg(summary);
+    c.arg("--host")
+        .arg(target)
+        .arg("--host-wait")
+        .arg(PORT.to_string());
+    c.arg("--").arg("sh").arg("-c").arg(bench);
+    c.env("MCSI_LOG", "warn");
+    Ok(c)
+}
+
+/// Runs `c` with stdout and stderr to files, killing it after `limit`. Returns whether it
+/// succeeded, or why not.
+fn run_with_limit(
+    mut c: Command,
+    stdout: &Path,
+    stderr: &Path,
+    limit: Duration,
+    tick: &dyn Fn(f64),
+) -> Result<(), String> {
+    let out = std::fs::File::create(stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
+    let err = std::fs::File::create(stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start mcsi link run: {e}"))?;
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if st.success() => return Ok(()),
+            Ok(Some(st)) => return Err(format!("mcsi link run exited with {st}")),
+            Ok(None) => {}
+            Err(e) => return Err(format!("waiting for mcsi link run: {e}")),
+        }
+        if t0.elapsed() > limit {
+            // SIGTERM lets mcsi link stop its host commands; SIGKILL if it does not end.
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: sends a signal to our own child, which has not been reaped yet.
+                unsafe {
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("timed out after {:.0} s", limit.as_secs_f64()));
+        }
+        tick(t0.elapsed().as_secs_f64());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Reads the figures of one run from `mcsi bench --json` output and the link's summary.
+fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>, String> {
+    let j: serde_json::Value =
+        serde_json::from_slice(bench).map_err(|e| format!("bench printed no JSON ({e})"))?;
+    let job = &j["jobs"][0];
+    let error = job["error"].as_i64().unwrap_or(-1);
+    if error != 0 {
+        return Err(format!("bench reported error {error}"));
+    }
+    let f = |d: &str, k: &str| job[d][k].as_f64().unwrap_or(0.0);
+    let bw = f("read", "bw_bytes") + f("write", "bw_bytes");
+    let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
+        + job["write"]["total_ios"].as_u64().unwrap_or(0);
+    if ios == 0 {
+        return Err("no I/O completed".into());
+    }
+    let dir = if p.text("rw").contains("read") {
+        "read"
+    } else {
+        "write"
+    };
+    let lat = &job[dir]["lat_ns"];
+    let pct = |q: &str| lat["percentile"][q].as_f64().unwrap_or(0.0) / 1e6;
+    let retrans: f64 = j["mcsi"]["connections"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| c["tcp"]["retransmits"].as_f64().unwrap_or(0.0))
+                .sum()
+        })
+        .unwrap_or(0.0);
+    // The target must have served the whole run, not died on its own.
+    if let Ok(s) = std::fs::read_to_string(summary) {
+        if let Ok(s) = serde_json::from_str::<serde_json::Value>(&s) {
+            if s["host_commands"][0]["ended_early"].as_bool() == Some(true) {
+                return Err("the target ended during the run".into());
+            }
+        }
+    }
+    Ok(vec![
+        (Metric::BwMbs, bw / 1e6),
+        (Metric::Iops, f("read", "iops") + f("write", "iops")),
+        (Metric::LatMeanMs, lat["mean"].as_f64().unwrap_or(0.0) / 1e6),
+        (Metric::LatP50Ms, pct("50.000000")),
+        (Metric::LatP99Ms, pct("99.000000")),
+        (Metric::Retransmits, retrans),
+    ])
+}
+
+/// The last lines of a file, for a failed run's record.
+fn tail(path: &Path, lines: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(lines)..].join(" | ")
+}
+
+fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    results::utc(secs)
+}
+
+/// Runs `exp` into `opts.out/NAME/runs.csv`, then writes `results.csv`.
+pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
+    let dir = opts.out.join(&exp.name);
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let runs_csv = dir.join("runs.csv");
+    if !opts.resume && runs_csv.exists() {
+        std::fs::remove_file(&runs_csv).map_err(io(&runs_csv))?;
+    }
+    let existing = if runs_csv.exists() {
+        results::load_runs(&runs_csv)?
+    } else {
+        Vec::new()
+    };
+    let have: HashSet<(String, u32)> = existing
+        .iter()
+        .filter(|r| r.ok())
+        .map(|r| (r.key.clone(), r.rep))
+        .collect();
+    let points = exp.points(opts.quick);
+    let reps = exp.repetitions(opts.quick);
+    let mut todo = Vec::new();
+    // Repetitions outermost: a machine that is busy for a while disturbs one repetition of
+    // many points rather than all repetitions of one, and an interrupted run has whole passes.
+    for rep in 1..=reps {
+        for p in &points {
+            if !have.contains(&(p.key(), rep)) {
+                todo.push((rep, p));
+            }
+        }
+    }
+    let mut out = Outcome {
+        skipped: points.len() * reps as usize - todo.len(),
+        ..Outcome::default()
+    };
+    let cc = host_congestion();
+    let total: f64 = todo.iter().map(|(_, p)| p.runtime() + 1.0).sum();
+    let tty = std::io::stderr().is_terminal();
+    let bar = if tty {
+        ProgressBar::new(total.ceil() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {elapsed_precise} ETA {eta_precise} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(exp.name.clone());
+    if out.skipped > 0 {
+        let m = format!(
+            "{}: resuming, {} runs already in {}",
+            exp.name,
+            out.skipped,
+            runs_csv.display()
+        );
+        if tty {
+            bar.println(m)
+        } else {
+            eprintln!("{m}")
+        }
+    }
+    let mut writer = results::RunWriter::open(&runs_csv)?;
+    let stdout = dir.join(".bench.json");
+    let stderr = dir.join(".stderr.txt");
+    let summary = dir.join(".link-summary.json");
+    let mut done_secs = 0.0;
+    let n = todo.len();
+    for (i, (rep, p)) in todo.into_iter().enumerate() {
+        let seed = exp.seed.wrapping_add(u64::from(rep) - 1);
+        let desc = describe(exp, p);
+        bar.set_message(format!("{}/{n} {desc}", i + 1));
+        let started = now_utc();
+        let t0 = Instant::now();
+        let limit = Duration::from_secs_f64(p.runtime() + 60.0);
+        let result = command(&opts.mcsi, p, seed, &summary).and_then(|c| {
+            run_with_limit(c, &stdout, &stderr, limit, &|s| {
+                bar.set_position((done_secs + s.min(p.runtime() + 1.0)) as u64)
+            })
+        });
+        let measured = result.and_then(|()| {
+            let b = std::fs::read(&stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
+            measure(&b, &summary, p)
+        });
+        let wall = t0.elapsed().as_secs_f64();
+        let status = match &measured {
+            Ok(_) => "ok".to_string(),
+            Err(e) => {
+                out.failed += 1;
+                let t = tail(&stderr, 3);
+                if t.is_empty() {
+                    format!("failed: {e}")
+                } else {
+                    format!("failed: {e}: {t}")
+                }
+            }
+        };
+        let row = RunRow {
+            key: p.key(),
+            series: p.series.clone(),
+            rep,
+            seed,
+            params: p
+                .params
+                .iter()
+                .map(|(d, v)| (d.name.to_string(), v.text.clone()))
+                .collect(),
+            metrics: measured.unwrap_or_default(),
+            status: status.clone(),
+            congestion: cc.clone(),
+            started,
+            wall_s: wall,
+        };
+        writer.append(&row)?;
+        out.done += 1;
+        done_secs += p.runtime() + 1.0;
+        bar.set_position(done_secs as u64);
+        let bw = row
+            .metric(Metric::BwMbs)
+            .map_or("-".into(), |v| format!("{v:.3} MB/s"));
+        let iops = row
+            .metric(Metric::Iops)
+            .map_or("-".into(), |v| format!("{v:.0} IOPS"));
+        let line = format!(
+            "{} [{}/{n}] rep {rep} {desc}: {bw}, {iops} {}",
+            exp.name,
+            i + 1,
+            if row.ok() { "" } else { &status }
+        );
+        if tty {
+            bar.println(line)
+        } else {
+            eprintln!("{line}")
+        }
+    }
+    bar.finish_and_clear();
+    for f in [&stdout, &stderr, &summary] {
+        let _ = std::fs::remove_file(f);
+    }
+    let runs = results::load_runs(&runs_csv)?;
+    results::write_results(exp, opts.quick, &runs, &dir.join("results.csv"))?;
+    Ok(out)
+}
+
+/// `series label, bs 2 KiB, rw read` for progress lines: the series and the swept values.
+pub fn describe(exp: &Experiment, p: &Point) -> String {
+    let mut parts = vec![p.series.clone()];
+    for (d, _) in &exp.sweep {
+        if let Some(v) = p.params.get(d.name) {
+            parts.push(format!("{} {}", d.name, d.show(v)));
+        }
+    }
+    parts.join(", ")
+}
+
+/// The parameter names, in CSV order.
+pub fn param_columns() -> Vec<&'static str> {
+    params::DEFS.iter().map(|d| d.name).collect()
+}

@@ -1,0 +1,768 @@
+//! Experiment specs: TOML files that say which claims an experiment tests, on which link, with
+//! which workload sweep, and how the results are drawn. Parsing checks everything that can be
+//! checked before a run starts, and every error names the field (`sweep.bs[2]`, `claim[1].at`).
+
+use crate::params::{self, Def, Role, Value};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A spec error: the file, the field and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {field}: {message}")]
+pub struct SpecError {
+    pub file: String,
+    pub field: String,
+    pub message: String,
+}
+
+/// A measured quantity of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Metric {
+    /// Read plus write throughput, 10^6 bytes per second.
+    BwMbs,
+    Iops,
+    LatMeanMs,
+    LatP50Ms,
+    LatP99Ms,
+    /// Segments retransmitted by the initiator's connections.
+    Retransmits,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 6] = [
+        Metric::BwMbs,
+        Metric::Iops,
+        Metric::LatMeanMs,
+        Metric::LatP50Ms,
+        Metric::LatP99Ms,
+        Metric::Retransmits,
+    ];
+
+    /// The CSV column.
+    pub fn column(self) -> &'static str {
+        match self {
+            Metric::BwMbs => "bw_mbs",
+            Metric::Iops => "iops",
+            Metric::LatMeanMs => "lat_mean_ms",
+            Metric::LatP50Ms => "lat_p50_ms",
+            Metric::LatP99Ms => "lat_p99_ms",
+            Metric::Retransmits => "retransmits",
+        }
+    }
+
+    /// Axis label with unit.
+    pub fn axis(self) -> &'static str {
+        match self {
+            Metric::BwMbs => "throughput (MB/s, 10^6 bytes/s)",
+            Metric::Iops => "I/O operations per second",
+            Metric::LatMeanMs => "mean response time (ms)",
+            Metric::LatP50Ms => "median response time (ms)",
+            Metric::LatP99Ms => "99th percentile response time (ms)",
+            Metric::Retransmits => "TCP segments retransmitted",
+        }
+    }
+
+    /// Unit for tables.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::BwMbs => "MB/s",
+            Metric::Iops => "IOPS",
+            Metric::LatMeanMs | Metric::LatP50Ms | Metric::LatP99Ms => "ms",
+            Metric::Retransmits => "segments",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Metric, String> {
+        Metric::ALL
+            .into_iter()
+            .find(|m| m.column() == s)
+            .ok_or_else(|| {
+                let all: Vec<_> = Metric::ALL.iter().map(|m| m.column()).collect();
+                format!("unknown metric '{s}' (use {})", all.join(", "))
+            })
+    }
+}
+
+/// Parameters with the value every run gets unless the spec sets them.
+const DEFAULTS: &[(&str, &str)] = &[
+    ("rw", "read"),
+    ("bs", "4KiB"),
+    ("iodepth", "1"),
+    ("connections", "1"),
+    ("policy", "round-robin"),
+    ("asymmetric", "false"),
+    ("runtime", "8"),
+    ("lun", "ram:64MiB"),
+    ("mtu", "1500"),
+];
+
+/// A set of parameter values, keyed by name, in the order of [`params::DEFS`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Params(pub BTreeMap<&'static str, Value>);
+
+impl Params {
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name)
+    }
+    /// The parameters that are set, in the order of [`params::DEFS`].
+    pub fn iter(&self) -> impl Iterator<Item = (&'static Def, &Value)> {
+        params::DEFS
+            .iter()
+            .filter_map(|d| self.0.get(d.name).map(|v| (d, v)))
+    }
+}
+
+/// One line of a figure: a named variant of the workload.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub label: String,
+    pub set: Params,
+}
+
+/// Points drawn as markers: what a paper published.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Published {
+    pub label: String,
+    /// `[x, y]` in the figure's axis units.
+    pub points: Vec<[f64; 2]>,
+}
+
+/// A model curve or line on a figure, or a model value for a claim.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRef {
+    pub label: String,
+    /// Which model: see [`crate::model`].
+    pub kind: String,
+    /// Connections the model's figure is multiplied by (several TCP flows); default 1.
+    #[serde(default)]
+    pub connections: Option<u32>,
+}
+
+/// A selection of points: parameter values, and optionally a series by name.
+#[derive(Debug, Clone, Default)]
+pub struct Selector {
+    pub series: Option<String>,
+    pub params: Params,
+}
+
+impl Selector {
+    pub fn matches(&self, p: &Point, series: &str) -> bool {
+        if self.series.as_deref().is_some_and(|s| s != series) {
+            return false;
+        }
+        self.params
+            .0
+            .iter()
+            .all(|(k, v)| p.params.get(k).is_some_and(|pv| pv.text == v.text))
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(s) = &self.series {
+            parts.push(format!("series {s}"));
+        }
+        for (d, v) in self.params.iter() {
+            parts.push(format!("{} {}", d.name, d.show(v)));
+        }
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+/// A figure: one metric against one swept parameter, a line per series.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub name: String,
+    pub title: String,
+    pub x: &'static Def,
+    pub y: Metric,
+    pub filter: Selector,
+    /// The series drawn (all when the spec names none).
+    pub series: Vec<String>,
+    pub x_log: bool,
+    pub published: Vec<Published>,
+    pub models: Vec<ModelRef>,
+}
+
+/// A published claim the experiment tests.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub id: String,
+    /// Where the claim is published (seed, figure or table).
+    pub source: String,
+    pub text: String,
+    pub metric: Metric,
+    /// The point measured.
+    pub at: Selector,
+    /// When set, the claim is the ratio of `at` to `over`.
+    pub over: Option<Selector>,
+    pub published: f64,
+    /// Relative tolerance: reproduced when |measured - published| <= tolerance x published.
+    pub tolerance: f64,
+    pub model: Option<ModelRef>,
+    /// What the measurement shows when it differs, written after looking at the data.
+    pub discussion: Option<String>,
+}
+
+/// A parsed, checked experiment.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    pub name: String,
+    pub title: String,
+    pub source: String,
+    pub about: String,
+    pub base: Params,
+    /// Swept parameters and their values, in the order of [`params::DEFS`].
+    pub sweep: Vec<(&'static Def, Vec<Value>)>,
+    pub series: Vec<Series>,
+    pub repetitions: u32,
+    pub seed: u64,
+    pub quick: Quick,
+    pub figures: Vec<Figure>,
+    pub claims: Vec<Claim>,
+}
+
+/// What `--quick` changes.
+#[derive(Debug, Clone, Default)]
+pub struct Quick {
+    pub base: Params,
+    pub sweep: Vec<(&'static Def, Vec<Value>)>,
+    pub repetitions: Option<u32>,
+    pub series: Option<Vec<String>>,
+}
+
+/// One workload on one link: every parameter set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub series: String,
+    pub params: Params,
+}
+
+impl Point {
+    /// A stable identifier of the point, for resuming and joining.
+    pub fn key(&self) -> String {
+        let mut s = format!("series={}", self.series);
+        for (d, v) in self.params.iter() {
+            s.push_str(&format!(";{}={}", d.name, v.text));
+        }
+        s
+    }
+
+    pub fn text(&self, name: &str) -> &str {
+        self.params.get(name).map_or("", |v| v.text.as_str())
+    }
+
+    pub fn num(&self, name: &str) -> Option<f64> {
+        self.params.get(name).and_then(|v| v.num)
+    }
+
+    /// Seconds of load.
+    pub fn runtime(&self) -> f64 {
+        self.num("runtime").unwrap_or(8.0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    title: String,
+    source: String,
+    about: String,
+    #[serde(default)]
+    base: toml::Table,
+    #[serde(default)]
+    sweep: toml::Table,
+    #[serde(default)]
+    series: Vec<RawSeries>,
+    #[serde(default = "one")]
+    repetitions: u32,
+    #[serde(default = "one_u64")]
+    seed: u64,
+    #[serde(default)]
+    quick: Option<RawQuick>,
+    #[serde(default, rename = "figure")]
+    figures: Vec<RawFigure>,
+    #[serde(default, rename = "claim")]
+    claims: Vec<RawClaim>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn one_u64() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSeries {
+    name: String,
+    label: String,
+    #[serde(default)]
+    set: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuick {
+    #[serde(default)]
+    base: toml::Table,
+    #[serde(default)]
+    sweep: toml::Table,
+    repetitions: Option<u32>,
+    series: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFigure {
+    name: String,
+    title: String,
+    x: String,
+    y: String,
+    #[serde(default, rename = "where")]
+    filter: toml::Table,
+    series: Option<Vec<String>>,
+    #[serde(default)]
+    x_log: bool,
+    #[serde(default)]
+    published: Vec<Published>,
+    #[serde(default)]
+    model: Vec<ModelRef>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClaim {
+    id: String,
+    source: String,
+    text: String,
+    metric: String,
+    at: toml::Table,
+    over: Option<toml::Table>,
+    published: f64,
+    tolerance: f64,
+    model: Option<ModelRef>,
+    discussion: Option<String>,
+}
+
+struct Ctx<'a> {
+    file: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> SpecError {
+        SpecError {
+            file: self.file.to_string(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn def(&self, field: &str, name: &str) -> Result<&'static Def, SpecError> {
+        params::def(name).ok_or_else(|| {
+            self.err(
+                field,
+                format!("unknown parameter '{name}' (known: {})", params::names()),
+            )
+        })
+    }
+
+    fn params(&self, field: &str, t: &toml::Table) -> Result<Params, SpecError> {
+        let mut p = Params::default();
+        for (k, v) in t {
+            let d = self.def(field, k)?;
+            let val = d
+                .parse(v)
+                .map_err(|m| self.err(format!("{field}.{k}"), m))?;
+            p.0.insert(d.name, val);
+        }
+        Ok(p)
+    }
+
+    fn sweep(
+        &self,
+        field: &str,
+        t: &toml::Table,
+    ) -> Result<Vec<(&'static Def, Vec<Value>)>, SpecError> {
+        let mut axes = Vec::new();
+        for (k, v) in t {
+            let d = self.def(field, k)?;
+            let f = format!("{field}.{k}");
+            let arr = v
+                .as_array()
+                .ok_or_else(|| self.err(&f, "expected a list of values, e.g. [1, 2, 4]"))?;
+            if arr.is_empty() {
+                return Err(self.err(&f, "empty list"));
+            }
+            let mut vals: Vec<Value> = Vec::new();
+            for (i, x) in arr.iter().enumerate() {
+                let val = d.parse(x).map_err(|m| self.err(format!("{f}[{i}]"), m))?;
+                if vals.iter().any(|o| o.text == val.text) {
+                    return Err(self.err(format!("{f}[{i}]"), "listed twice"));
+                }
+                vals.push(val);
+            }
+            axes.push((d, vals));
+        }
+        axes.sort_by_key(|(d, _)| params::DEFS.iter().position(|x| x.name == d.name));
+        Ok(axes)
+    }
+
+    fn selector(
+        &self,
+        field: &str,
+        t: &toml::Table,
+        series: &[Series],
+    ) -> Result<Selector, SpecError> {
+        let mut sel = Selector::default();
+        let mut rest = t.clone();
+        if let Some(s) = rest.remove("series") {
+            let name = s
+                .as_str()
+                .ok_or_else(|| self.err(format!("{field}.series"), "expected a series name"))?;
+            if !series.iter().any(|x| x.name == name) {
+                return Err(self.err(
+                    format!("{field}.series"),
+                    format!("no series named '{name}' (have {})", series_names(series)),
+                ));
+            }
+            sel.series = Some(name.to_string());
+        }
+        sel.params = self.params(field, &rest)?;
+        Ok(sel)
+    }
+}
+
+fn series_names(series: &[Series]) -> String {
+    series
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Parses and checks the spec `text` of the experiment `name` (`file` is for messages).
+pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError> {
+    let cx = Ctx { file };
+    let raw: RawSpec = toml::from_str(text).map_err(|e| {
+        let field = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].lines().count().max(1);
+                format!("line {line}")
+            })
+            .unwrap_or_else(|| "spec".into());
+        cx.err(field, e.message().to_string())
+    })?;
+    let mut base = cx.params("base", &raw.base)?;
+    let sweep = cx.sweep("sweep", &raw.sweep)?;
+    for (d, _) in &sweep {
+        if base.0.contains_key(d.name) {
+            return Err(cx.err(
+                format!("sweep.{}", d.name),
+                "also set in [base]; set it in one place",
+            ));
+        }
+    }
+    for (k, v) in DEFAULTS {
+        if !base.0.contains_key(k) && !sweep.iter().any(|(d, _)| d.name == *k) {
+            let d = cx.def("defaults", k)?;
+            let val = d.parse_str(v).map_err(|m| cx.err("defaults", m))?;
+            base.0.insert(d.name, val);
+        }
+    }
+    if base.0.contains_key("rtt") && base.0.contains_key("delay") {
+        return Err(cx.err("base.rtt", "set rtt or delay, not both"));
+    }
+    let mut series = Vec::new();
+    for (i, s) in raw.series.iter().enumerate() {
+        let f = format!("series[{i}]");
+        if s.name.is_empty() || s.name.contains([';', '=', ',']) {
+            return Err(cx.err(
+                format!("{f}.name"),
+                "must be a non-empty word without ; = ,",
+            ));
+        }
+        if series.iter().any(|x: &Series| x.name == s.name) {
+            return Err(cx.err(format!("{f}.name"), format!("'{}' used twice", s.name)));
+        }
+        let set = cx.params(&format!("{f}.set"), &s.set)?;
+        for (d, _) in set.iter() {
+            if sweep.iter().any(|(a, _)| a.name == d.name) {
+                return Err(cx.err(
+                    format!("{f}.set.{}", d.name),
+                    "is swept in [sweep]; a series cannot also fix it",
+                ));
+            }
+        }
+        series.push(Series {
+            name: s.name.clone(),
+            label: s.label.clone(),
+            set,
+        });
+    }
+    if series.is_empty() {
+        series.push(Series {
+            name: "all".into(),
+            label: "mcsi".into(),
+            set: Params::default(),
+        });
+    }
+    if raw.repetitions == 0 || raw.repetitions > 100 {
+        return Err(cx.err("repetitions", "must be 1 to 100"));
+    }
+    let quick = match &raw.quick {
+        None => Quick::default(),
+        Some(q) => {
+            let qb = cx.params("quick.base", &q.base)?;
+            let qs = cx.sweep("quick.sweep", &q.sweep)?;
+            for (d, _) in &qs {
+                if !sweep.iter().any(|(a, _)| a.name == d.name) {
+                    return Err(cx.err(
+                        format!("quick.sweep.{}", d.name),
+                        "not swept in [sweep]; quick mode can only narrow a sweep",
+                    ));
+                }
+            }
+            if let Some(names) = &q.series {
+                for (i, n) in names.iter().enumerate() {
+                    if !series.iter().any(|s| &s.name == n) {
+                        return Err(cx.err(
+                            format!("quick.series[{i}]"),
+                            format!("no series named '{n}' (have {})", series_names(&series)),
+                        ));
+                    }
+                }
+            }
+            if q.repetitions.is_some_and(|r| r == 0 || r > 100) {
+                return Err(cx.err("quick.repetitions", "must be 1 to 100"));
+            }
+            Quick {
+                base: qb,
+                sweep: qs,
+                repetitions: q.repetitions,
+                series: q.series.clone(),
+            }
+        }
+    };
+    let mut figures = Vec::new();
+    for (i, f) in raw.figures.iter().enumerate() {
+        let fld = format!("figure[{i}]");
+        let x = cx.def(&format!("{fld}.x"), &f.x)?;
+        if !sweep.iter().any(|(d, _)| d.name == x.name) {
+            return Err(cx.err(
+                format!("{fld}.x"),
+                format!("'{}' is not swept in [sweep]", f.x),
+            ));
+        }
+        if x.parse_str(
+            &sweep
+                .iter()
+                .find(|(d, _)| d.name == x.name)
+                .map_or(String::new(), |(_, v)| v[0].text.clone()),
+        )
+        .is_ok_and(|v| v.num.is_none())
+        {
+            return Err(cx.err(format!("{fld}.x"), format!("'{}' is not a number", f.x)));
+        }
+        let y = Metric::parse(&f.y).map_err(|m| cx.err(format!("{fld}.y"), m))?;
+        let filter = cx.selector(&format!("{fld}.where"), &f.filter, &series)?;
+        let names = match &f.series {
+            None => series.iter().map(|s| s.name.clone()).collect(),
+            Some(ns) => {
+                for (j, n) in ns.iter().enumerate() {
+                    if !series.iter().any(|s| &s.name == n) {
+                        return Err(cx.err(
+                            format!("{fld}.series[{j}]"),
+                            format!("no series named '{n}' (have {})", series_names(&series)),
+                        ));
+                    }
+                }
+                ns.clone()
+            }
+        };
+        if f.name.is_empty()
+            || !f
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(cx.err(
+                format!("{fld}.name"),
+                "use letters, digits, - and _ (it names the PNG)",
+            ));
+        }
+        for (j, m) in f.model.iter().enumerate() {
+            crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model[{j}].kind"), e))?;
+        }
+        figures.push(Figure {
+            name: f.name.clone(),
+            title: f.title.clone(),
+            x,
+            y,
+            filter,
+            series: names,
+            x_log: f.x_log,
+            published: f.published.clone(),
+            models: f.model.clone(),
+        });
+    }
+    let mut claims = Vec::new();
+    for (i, c) in raw.claims.iter().enumerate() {
+        let fld = format!("claim[{i}]");
+        if claims.iter().any(|x: &Claim| x.id == c.id) {
+            return Err(cx.err(format!("{fld}.id"), format!("'{}' used twice", c.id)));
+        }
+        let metric = Metric::parse(&c.metric).map_err(|m| cx.err(format!("{fld}.metric"), m))?;
+        let at = cx.selector(&format!("{fld}.at"), &c.at, &series)?;
+        let over = match &c.over {
+            Some(t) => Some(cx.selector(&format!("{fld}.over"), t, &series)?),
+            None => None,
+        };
+        if !(c.tolerance > 0.0 && c.tolerance <= 10.0) {
+            return Err(cx.err(
+                format!("{fld}.tolerance"),
+                "must be above 0 (a fraction: 0.2 is 20 %)",
+            ));
+        }
+        if !c.published.is_finite() || c.published <= 0.0 {
+            return Err(cx.err(format!("{fld}.published"), "must be a positive number"));
+        }
+        if let Some(m) = &c.model {
+            crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model.kind"), e))?;
+        }
+        claims.push(Claim {
+            id: c.id.clone(),
+            source: c.source.clone(),
+            text: c.text.clone(),
+            metric,
+            at,
+            over,
+            published: c.published,
+            tolerance: c.tolerance,
+            model: c.model.clone(),
+            discussion: c.discussion.clone(),
+        });
+    }
+    let exp = Experiment {
+        name: name.to_string(),
+        title: raw.title,
+        source: raw.source,
+        about: raw.about,
+        base,
+        sweep,
+        series,
+        repetitions: raw.repetitions,
+        seed: raw.seed,
+        quick,
+        figures,
+        claims,
+    };
+    // Every point must make a valid link, and every claim must name exactly one point, in the
+    // full run and in the quick one.
+    for quick in [false, true] {
+        let mode = if quick { " (quick)" } else { "" };
+        let points = exp.points(quick);
+        for p in &points {
+            crate::run::link_args(p).map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
+        }
+        for (i, c) in exp.claims.iter().enumerate() {
+            for (which, sel) in [("at", Some(&c.at)), ("over", c.over.as_ref())] {
+                let Some(sel) = sel else { continue };
+                let n = points.iter().filter(|p| sel.matches(p, &p.series)).count();
+                if n != 1 {
+                    return Err(cx.err(
+                        format!("claim[{i}].{which}{mode}"),
+                        format!("selects {n} points ({sel}); it must select exactly one"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(exp)
+}
+
+impl Experiment {
+    /// The points of the full run or of the quick one, series by series, the sweep's first
+    /// parameter varying slowest.
+    pub fn points(&self, quick: bool) -> Vec<Point> {
+        let mut base = self.base.clone();
+        let mut sweep = self.sweep.clone();
+        if quick {
+            for (k, v) in &self.quick.base.0 {
+                base.0.insert(k, v.clone());
+            }
+            for (d, vals) in &self.quick.sweep {
+                if let Some(a) = sweep.iter_mut().find(|(x, _)| x.name == d.name) {
+                    a.1 = vals.clone();
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for s in &self.series {
+            if quick
+                && self
+                    .quick
+                    .series
+                    .as_ref()
+                    .is_some_and(|n| !n.contains(&s.name))
+            {
+                continue;
+            }
+            let mut p = base.clone();
+            for (k, v) in &s.set.0 {
+                p.0.insert(k, v.clone());
+            }
+            let mut combos: Vec<Params> = vec![p];
+            for (d, vals) in &sweep {
+                combos = combos
+                    .into_iter()
+                    .flat_map(|c| {
+                        vals.iter().map(move |v| {
+                            let mut c = c.clone();
+                            c.0.insert(d.name, v.clone());
+                            c
+                        })
+                    })
+                    .collect();
+            }
+            out.extend(combos.into_iter().map(|params| Point {
+                series: s.name.clone(),
+                params,
+            }));
+        }
+        out
+    }
+
+    pub fn repetitions(&self, quick: bool) -> u32 {
+        if quick {
+            self.quick.repetitions.unwrap_or(self.repetitions)
+        } else {
+            self.repetitions
+        }
+    }
+
+    pub fn series_label<'a>(&'a self, name: &'a str) -> &'a str {
+        self.series
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(name, |s| s.label.as_str())
+    }
+
+    /// Seconds of load a run takes (startup not counted).
+    pub fn load_seconds(&self, quick: bool) -> f64 {
+        let reps = f64::from(self.repetitions(quick));
+        self.points(quick).iter().map(|p| p.runtime() * reps).sum()
+    }
+}
+
+/// Which side a parameter belongs to, for the runner.
+pub fn role(name: &str) -> Option<Role> {
+    params::def(name).map(|d| d.role)
+}
