@@ -5,6 +5,8 @@
 
 pub mod model;
 pub mod params;
+pub mod plot;
+pub mod report;
 pub mod results;
 pub mod run;
 pub mod spec;

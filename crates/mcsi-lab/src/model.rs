@@ -26,9 +26,12 @@ pub fn check(m: &ModelRef) -> Result<(), String> {
     }
 }
 
-/// What the model says at point `p`, in MB/s.
+/// What the model says at point `p`, in MB/s, for the model's connections or, when it names
+/// none, the point's.
 pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
-    let conns = f64::from(m.connections.unwrap_or(1));
+    let conns = m
+        .connections
+        .map_or_else(|| p.num("connections").unwrap_or(1.0), f64::from);
     let rate_mbs = p.num("rate").map(|mbit| mbit * 1e6 / 8.0 / 1e6);
     // IPv4 + TCP headers with timestamps.
     let mss = p.num("mtu").unwrap_or(1500.0) - 52.0;

@@ -31,8 +31,12 @@ pub struct Options {
 /// What a run of an experiment did.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
+    /// The experiment's report.md.
+    pub report: Option<PathBuf>,
     pub done: usize,
     pub skipped: usize,
+    /// Claims left without a measurement (every run they need failed).
+    pub unmeasured: usize,
     pub failed: usize,
 }
 
@@ -46,6 +50,8 @@ pub enum RunError {
     },
     #[error("{0}")]
     Results(#[from] results::ResultsError),
+    #[error("{0}")]
+    Other(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -270,6 +276,25 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
     if !opts.resume && runs_csv.exists() {
         std::fs::remove_file(&runs_csv).map_err(io(&runs_csv))?;
     }
+    let cc = host_congestion();
+    let mut meta = match crate::report::Meta::load(&dir) {
+        Ok(m) if runs_csv.exists() => {
+            if m.quick != opts.quick {
+                return Err(RunError::Other(format!(
+                    "{} holds a {} run; resume it with{} --quick, start over with --fresh, or use another --out",
+                    dir.display(),
+                    if m.quick { "quick" } else { "full" },
+                    if m.quick { "" } else { "out" },
+                )));
+            }
+            m
+        }
+        _ => crate::report::Meta::new(exp, opts.quick, now_utc(), cc.clone()),
+    };
+    meta.finished_utc = None;
+    meta.save(&dir).map_err(RunError::Other)?;
+    let spec_path = dir.join("spec.toml");
+    std::fs::write(&spec_path, &exp.text).map_err(io(&spec_path))?;
     let existing = if runs_csv.exists() {
         results::load_runs(&runs_csv)?
     } else {
@@ -296,7 +321,6 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
         skipped: points.len() * reps as usize - todo.len(),
         ..Outcome::default()
     };
-    let cc = host_congestion();
     let total: f64 = todo.iter().map(|(_, p)| p.runtime() + 1.0).sum();
     let tty = std::io::stderr().is_terminal();
     let bar = if tty {
@@ -402,8 +426,22 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
     for f in [&stdout, &stderr, &summary] {
         let _ = std::fs::remove_file(f);
     }
-    let runs = results::load_runs(&runs_csv)?;
-    results::write_results(exp, opts.quick, &runs, &dir.join("results.csv"))?;
+    meta.finished_utc = Some(now_utc());
+    meta.save(&dir).map_err(RunError::Other)?;
+    let w = crate::report::write(exp, &dir).map_err(RunError::Other)?;
+    out.unmeasured = w
+        .judged
+        .iter()
+        .filter(|j| j.verdict == crate::report::Verdict::NotMeasured)
+        .count();
+    for j in w
+        .judged
+        .iter()
+        .filter(|j| j.verdict == crate::report::Verdict::NotMeasured)
+    {
+        eprintln!("{}: claim {} has no measurement", exp.name, j.claim.id);
+    }
+    out.report = Some(w.report);
     Ok(out)
 }
 

@@ -137,7 +137,8 @@ pub struct ModelRef {
     pub label: String,
     /// Which model: see [`crate::model`].
     pub kind: String,
-    /// Connections the model's figure is multiplied by (several TCP flows); default 1.
+    /// Connections the model's figure is multiplied by (several TCP flows); default: the
+    /// point's connections.
     #[serde(default)]
     pub connections: Option<u32>,
 }
@@ -225,6 +226,8 @@ pub struct Experiment {
     pub quick: Quick,
     pub figures: Vec<Figure>,
     pub claims: Vec<Claim>,
+    /// The spec as written, kept beside the results of each run.
+    pub text: String,
 }
 
 /// What `--quick` changes.
@@ -663,6 +666,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         quick,
         figures,
         claims,
+        text: text.to_string(),
     };
     // Every point must make a valid link, and every claim must name exactly one point, in the
     // full run and in the quick one.

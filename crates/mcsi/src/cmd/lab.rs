@@ -13,6 +13,12 @@ pub enum Command {
     /// row per run, appended as runs end: an interrupted run resumes from it) and results.csv
     /// (median, min and max per point). Needs root (network namespaces) and /dev/net/tun.
     Run(RunArgs),
+    /// Rewrite the figures and report.md of every experiment in DIR from its runs.csv, and an
+    /// index of them all (index.md, index.html).
+    Report {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -101,13 +107,45 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                     o.failed,
                     a.out.join(&e.name).display()
                 );
+                if let Some(r) = &o.report {
+                    eprintln!("{}: report in {}", e.name, r.display());
+                }
+                // A claim without a measurement means the runs it needs all failed.
+                failed += o.unmeasured;
                 failed += o.failed;
             }
+            mcsi_lab::report::write_index(&a.out).map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "index of all results: {}",
+                a.out.join("index.html").display()
+            );
             Ok(if failed > 0 {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS
             })
+        }
+        Command::Report { dir } => {
+            let done = mcsi_lab::report::write_index(&dir).map_err(anyhow::Error::msg)?;
+            for (e, w) in &done {
+                use mcsi_lab::report::Verdict;
+                let n = |v| w.judged.iter().filter(|j| j.verdict == v).count();
+                println!(
+                    "{}: {} claims: {} reproduced, {} differ, {} not measured; {}",
+                    e.name,
+                    w.judged.len(),
+                    n(Verdict::Reproduced),
+                    n(Verdict::Differs),
+                    n(Verdict::NotMeasured),
+                    w.report.display()
+                );
+            }
+            println!(
+                "index: {} and {}",
+                dir.join("index.md").display(),
+                dir.join("index.html").display()
+            );
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

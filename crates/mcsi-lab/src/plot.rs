@@ -1,0 +1,289 @@
+//! Figures as PNG (plotters): one metric against one swept parameter, a line per series with
+//! the median of the repetitions and bars from min to max, the published points as markers and
+//! the model's curve where one exists.
+
+use crate::model;
+use crate::results::Aggregate;
+use crate::spec::{Experiment, Figure};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use std::path::Path;
+use std::sync::Once;
+
+const W: u32 = 1100;
+const H: u32 = 680;
+
+const COLORS: [RGBColor; 7] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+];
+const INK: RGBColor = RGBColor(30, 30, 30);
+const MODEL: RGBColor = RGBColor(110, 110, 110);
+
+/// The fonts are compiled in, so figures look the same on a machine without fonts.
+fn fonts() -> Result<(), String> {
+    static ONCE: Once = Once::new();
+    let mut r = Ok(());
+    ONCE.call_once(|| {
+        r = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            dejavu::sans::regular(),
+        )
+        .and_then(|()| {
+            plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold())
+        })
+        .map_err(|_| "cannot load the embedded DejaVu font".to_string());
+    });
+    r
+}
+
+/// A line of the figure: (x, median, min, max), sorted by x.
+struct Line {
+    label: String,
+    points: Vec<(f64, f64, f64, f64)>,
+}
+
+fn fmt_tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        format!("{v:.2}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    }
+}
+
+/// Draws `fig` from `aggs` into `path`. `note` goes under the figure (runs, link, congestion).
+pub fn draw(
+    exp: &Experiment,
+    fig: &Figure,
+    aggs: &[Aggregate],
+    note: &str,
+    path: &Path,
+) -> Result<(), String> {
+    fonts()?;
+    let tx = |x: f64| if fig.x_log { x.log2() } else { x };
+    let mut lines = Vec::new();
+    for s in &fig.series {
+        let mut pts: Vec<(f64, f64, f64, f64)> = aggs
+            .iter()
+            .filter(|a| &a.point.series == s && fig.filter.matches(&a.point, s))
+            .filter_map(|a| {
+                let x = a.point.num(fig.x.name)?;
+                let m = a.metrics.get(&fig.y)?;
+                Some((x, m.median, m.min, m.max))
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if !pts.is_empty() {
+            lines.push(Line {
+                label: exp.series_label(s).to_string(),
+                points: pts,
+            });
+        }
+    }
+    // Model curves: one per distinct curve over the series (a model that depends on the
+    // number of connections gives one per connection count).
+    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for m in &fig.models {
+        let mut mine: Vec<Vec<(f64, f64)>> = Vec::new();
+        let mut labels = Vec::new();
+        for s in &fig.series {
+            let mut pts: Vec<(f64, f64)> = aggs
+                .iter()
+                .filter(|a| &a.point.series == s && fig.filter.matches(&a.point, s))
+                .filter_map(|a| Some((a.point.num(fig.x.name)?, model::value(m, &a.point).ok()?)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            pts.dedup_by(|a, b| a.0 == b.0);
+            if pts.is_empty()
+                || mine.iter().any(|c| {
+                    c.len() == pts.len()
+                        && c.iter().zip(&pts).all(|(a, b)| (a.1 - b.1).abs() < 1e-9)
+                })
+            {
+                continue;
+            }
+            let conns = aggs
+                .iter()
+                .find(|a| &a.point.series == s)
+                .and_then(|a| a.point.num("connections"))
+                .unwrap_or(1.0);
+            labels.push(conns);
+            mine.push(pts);
+        }
+        let several = mine.len() > 1;
+        for (pts, conns) in mine.into_iter().zip(labels) {
+            let label = if several {
+                format!("{}, {} conn.", m.label, conns)
+            } else {
+                m.label.clone()
+            };
+            curves.push((label, pts));
+        }
+    }
+    let all_x: Vec<f64> = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .chain(
+            fig.published
+                .iter()
+                .flat_map(|p| p.points.iter().map(|q| q[0])),
+        )
+        .filter(|x| !fig.x_log || *x > 0.0)
+        .collect();
+    if all_x.is_empty() {
+        return Err(format!("figure {}: no data to draw", fig.name));
+    }
+    let (xmin, xmax) = all_x
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let (mut x0, mut x1) = (tx(xmin), tx(xmax));
+    let pad = ((x1 - x0) * 0.05).max(0.1);
+    x0 -= pad;
+    x1 += pad;
+    let ymax = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.3))
+        .chain(
+            fig.published
+                .iter()
+                .flat_map(|p| p.points.iter().map(|q| q[1])),
+        )
+        .chain(curves.iter().flat_map(|c| c.1.iter().map(|p| p.1)))
+        .fold(0.0f64, f64::max);
+    let y1 = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| format!("{}: {e}", path.display());
+    root.fill(&WHITE).map_err(err)?;
+    let (chart_area, foot) = root.split_vertically(H - 34);
+    foot.draw(&Text::new(
+        note.to_string(),
+        (14, 8),
+        ("sans-serif", 15).into_font().color(&MODEL),
+    ))
+    .map_err(err)?;
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(
+            &fig.title,
+            ("sans-serif", 24).into_font().style(FontStyle::Bold),
+        )
+        .margin(16)
+        .x_label_area_size(52)
+        .y_label_area_size(74)
+        .build_cartesian_2d(x0..x1, 0.0..y1)
+        .map_err(err)?;
+    let x_ticks: Vec<f64> = if fig.x_log {
+        let mut v: Vec<f64> = all_x.iter().map(|x| tx(*x)).collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
+    } else {
+        Vec::new()
+    };
+    let log = fig.x_log;
+    // On a log axis, a label at every power of two the axis spans.
+    let n_ticks = if log {
+        ((x1 - x0).floor() as usize + 1).max(x_ticks.len()).max(2)
+    } else {
+        10
+    };
+    chart
+        .configure_mesh()
+        .x_desc(if log {
+            format!("{} (log scale)", fig.x.axis)
+        } else {
+            fig.x.axis.to_string()
+        })
+        .y_desc(fig.y.axis())
+        .axis_desc_style(("sans-serif", 18))
+        .label_style(("sans-serif", 15))
+        .x_labels(n_ticks)
+        .x_label_formatter(&|v| {
+            if log {
+                fmt_tick(2f64.powf(*v))
+            } else {
+                fmt_tick(*v)
+            }
+        })
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.08))
+        .draw()
+        .map_err(err)?;
+
+    for (i, l) in lines.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let pts: Vec<(f64, f64)> = l.points.iter().map(|p| (tx(p.0), p.1)).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(l.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 4, c.filled())))
+            .map_err(err)?;
+        chart
+            .draw_series(
+                l.points
+                    .iter()
+                    .filter(|p| p.3 > p.2)
+                    .map(|p| ErrorBar::new_vertical(tx(p.0), p.2, p.1, p.3, c.stroke_width(1), 8)),
+            )
+            .map_err(err)?;
+    }
+    for (label, pts) in &curves {
+        let pts: Vec<(f64, f64)> = pts.iter().map(|p| (tx(p.0), p.1)).collect();
+        let style = MODEL.stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new(pts, 8, 6, style))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], style));
+    }
+    for (i, p) in fig.published.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = p
+            .points
+            .iter()
+            .filter(|q| !log || q[0] > 0.0)
+            .map(|q| (tx(q[0]), q[1]))
+            .collect();
+        if i % 2 == 0 {
+            chart
+                .draw_series(
+                    pts.iter()
+                        .map(|&(x, y)| TriangleMarker::new((x, y), 9, INK.filled())),
+                )
+                .map_err(err)?
+                .label(p.label.clone())
+                .legend(|(x, y)| TriangleMarker::new((x + 11, y), 7, INK.filled()));
+        } else {
+            chart
+                .draw_series(
+                    pts.iter()
+                        .map(|&(x, y)| Cross::new((x, y), 7, INK.stroke_width(3))),
+                )
+                .map_err(err)?
+                .label(p.label.clone())
+                .legend(|(x, y)| Cross::new((x + 11, y), 6, INK.stroke_width(3)));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

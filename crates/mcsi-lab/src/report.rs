@@ -1,0 +1,445 @@
+//! Reports: for each experiment `report.md` (each claim with the published value, the model's,
+//! the measured median with min and max, and a verdict; the figures; every point), and for a
+//! directory of experiments an index in markdown and HTML.
+
+use crate::model;
+use crate::plot;
+use crate::results::{self, Aggregate, RunRow};
+use crate::spec::{Claim, Experiment, Selector};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// What a run directory records about how it was made (`meta.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    pub experiment: String,
+    pub quick: bool,
+    pub mcsi_version: String,
+    pub started_utc: String,
+    pub finished_utc: Option<String>,
+    /// The host's default TCP congestion control (the target's sockets use it).
+    pub congestion: String,
+    pub kernel: String,
+    pub cpus: usize,
+}
+
+impl Meta {
+    pub fn new(exp: &Experiment, quick: bool, started: String, congestion: String) -> Meta {
+        Meta {
+            experiment: exp.name.clone(),
+            quick,
+            mcsi_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_utc: started,
+            finished_utc: None,
+            congestion,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    pub fn load(dir: &Path) -> Result<Meta, String> {
+        let p = dir.join("meta.json");
+        let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<(), String> {
+        let p = dir.join("meta.json");
+        let s = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(&p, s + "\n").map_err(|e| format!("{}: {e}", p.display()))
+    }
+}
+
+/// The verdict on one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    Reproduced,
+    Differs,
+    NotMeasured,
+}
+
+impl Verdict {
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Reproduced => "reproduced",
+            Verdict::Differs => "differs",
+            Verdict::NotMeasured => "not measured",
+        }
+    }
+}
+
+/// A claim set beside its measurement.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub claim: Claim,
+    pub model: Option<Result<f64, String>>,
+    /// Median, min and max.
+    pub measured: Option<(f64, f64, f64)>,
+    pub runs: usize,
+    pub verdict: Verdict,
+}
+
+fn find<'a>(aggs: &'a [Aggregate], sel: &Selector) -> Option<&'a Aggregate> {
+    aggs.iter().find(|a| sel.matches(&a.point, &a.point.series))
+}
+
+/// Judges one claim against the aggregated runs.
+pub fn judge(c: &Claim, aggs: &[Aggregate]) -> Judged {
+    let at = find(aggs, &c.at);
+    let over = c.over.as_ref().map(|s| find(aggs, s));
+    let spread = |a: Option<&Aggregate>| a.and_then(|a| a.metrics.get(&c.metric).copied());
+    let measured = match over {
+        None => spread(at).map(|s| (s.median, s.min, s.max)),
+        Some(o) => match (spread(at), spread(o)) {
+            (Some(a), Some(b)) if b.min > 0.0 && b.median > 0.0 => {
+                Some((a.median / b.median, a.min / b.max, a.max / b.min))
+            }
+            _ => None,
+        },
+    };
+    let model = c.model.as_ref().and_then(|m| {
+        let a = at?;
+        Some(match over {
+            None => model::value(m, &a.point),
+            Some(o) => {
+                let o = o?;
+                model::value(m, &a.point).and_then(|x| model::value(m, &o.point).map(|y| x / y))
+            }
+        })
+    });
+    let runs = at.map_or(0, |a| a.runs);
+    let verdict = match measured {
+        None => Verdict::NotMeasured,
+        Some((m, _, _)) if (m - c.published).abs() <= c.tolerance * c.published => {
+            Verdict::Reproduced
+        }
+        Some(_) => Verdict::Differs,
+    };
+    Judged {
+        claim: c.clone(),
+        model,
+        measured,
+        runs,
+        verdict,
+    }
+}
+
+fn num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn unit(c: &Claim) -> &'static str {
+    if c.over.is_some() {
+        "x"
+    } else {
+        c.metric.unit()
+    }
+}
+
+/// The measured cell of a claim: `0.41 MB/s (0.40-0.42)`.
+fn measured_cell(j: &Judged) -> String {
+    match j.measured {
+        None => "no successful run".into(),
+        Some((m, lo, hi)) if j.runs > 1 => {
+            format!("{} {} ({}-{})", num(m), unit(&j.claim), num(lo), num(hi))
+        }
+        Some((m, _, _)) => format!("{} {} (1 run)", num(m), unit(&j.claim)),
+    }
+}
+
+fn verdict_cell(j: &Judged) -> String {
+    match (j.verdict, j.measured) {
+        (Verdict::Differs, Some((m, _, _))) => {
+            let pct = (m / j.claim.published - 1.0) * 100.0;
+            format!("**differs** ({pct:+.0} %)")
+        }
+        (Verdict::Reproduced, Some((m, _, _))) => {
+            let pct = (m / j.claim.published - 1.0) * 100.0;
+            format!(
+                "**reproduced** ({pct:+.0} %, within ±{:.0} %)",
+                j.claim.tolerance * 100.0
+            )
+        }
+        (v, _) => format!("**{}**", v.word()),
+    }
+}
+
+fn model_cell(j: &Judged) -> String {
+    match &j.model {
+        None => "-".into(),
+        Some(Ok(v)) => format!(
+            "{} {} ({})",
+            num(*v),
+            unit(&j.claim),
+            j.claim.model.as_ref().map_or("", |m| m.label.as_str())
+        ),
+        Some(Err(e)) => format!("n/a: {e}"),
+    }
+}
+
+/// What `write` produced.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub report: PathBuf,
+    pub figures: Vec<PathBuf>,
+    pub judged: Vec<Judged>,
+    pub meta: Meta,
+}
+
+/// Writes the figures and `report.md` of the experiment in `dir` (DIR/NAME).
+pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
+    let meta = Meta::load(dir)?;
+    let runs_csv = dir.join("runs.csv");
+    let runs: Vec<RunRow> = results::load_runs(&runs_csv).map_err(|e| e.to_string())?;
+    let aggs = results::aggregate(exp, meta.quick, &runs);
+    results::write_results(exp, meta.quick, &runs, &dir.join("results.csv"))
+        .map_err(|e| e.to_string())?;
+    let reps = exp.repetitions(meta.quick);
+    let runtime = aggs.first().map_or(0.0, |a| a.point.runtime());
+    let mode = if meta.quick { "quick mode" } else { "full run" };
+    let link = exp
+        .base
+        .iter()
+        .filter(|(d, _)| d.role == crate::params::Role::Link)
+        .map(|(d, v)| format!("{} {}", d.name, d.show(v)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let note = format!(
+        "mcsi {} ({mode}), median of {reps} run(s) of {runtime} s, bars min-max; link: {}; host TCP congestion control: {}; {}",
+        meta.mcsi_version,
+        if link.is_empty() { "see sweep".to_string() } else { link.clone() },
+        meta.congestion,
+        meta.started_utc.get(..10).unwrap_or(""),
+    );
+    let mut figures = Vec::new();
+    for f in &exp.figures {
+        let p = dir.join(format!("{}.png", f.name));
+        plot::draw(exp, f, &aggs, &note, &p)?;
+        figures.push(p);
+    }
+    let judged: Vec<Judged> = exp.claims.iter().map(|c| judge(c, &aggs)).collect();
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# {}\n", exp.title);
+    let _ = writeln!(md, "Source: {}.\n", exp.source);
+    let _ = writeln!(md, "{}\n", exp.about.trim());
+    let total = runs.len();
+    let failed = runs.iter().filter(|r| !r.ok()).count();
+    let wall: f64 = runs.iter().map(|r| r.wall_s).sum();
+    let _ = writeln!(md, "## How it ran\n");
+    let _ = writeln!(md, "- {mode}: `mcsi lab run {}{}`, {} points x {reps} repetition(s) of {runtime} s; {total} runs ({failed} failed), {:.1} min of wall time", exp.name, if meta.quick { " --quick" } else { "" }, aggs.len(), wall / 60.0);
+    let _ = writeln!(
+        md,
+        "- started {} UTC{}",
+        meta.started_utc,
+        meta.finished_utc
+            .as_ref()
+            .map_or(String::new(), |f| format!(", finished {f} UTC"))
+    );
+    let _ = writeln!(md, "- mcsi {}, Linux {}, {} CPUs; host TCP congestion control: **{}** (the target's sockets use it; the initiator's namespace inherits it)", meta.mcsi_version, meta.kernel, meta.cpus, meta.congestion);
+    if !link.is_empty() {
+        let _ = writeln!(md, "- link (every run): {link}");
+    }
+    let _ = writeln!(md, "- each run: `mcsi link run` with `mcsi target` on the host side (RAM LUN) and `mcsi bench` behind the link; seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
+    let _ = writeln!(
+        md,
+        "- series: {}\n",
+        exp.series
+            .iter()
+            .map(|s| format!("`{}` {}", s.name, s.label))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+
+    let _ = writeln!(md, "## Claims\n");
+    let _ = writeln!(
+        md,
+        "| claim | source | published | model | measured median (min-max) | verdict |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for j in &judged {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} {} | {} | {} | {} |",
+            j.claim.text,
+            j.claim.source,
+            num(j.claim.published),
+            unit(&j.claim),
+            model_cell(j),
+            measured_cell(j),
+            verdict_cell(j)
+        );
+    }
+    let _ = writeln!(md);
+    for j in &judged {
+        let _ = writeln!(
+            md,
+            "- **{}** ({}): measured at {}{}; tolerance ±{:.0} %.",
+            j.claim.id,
+            j.verdict.word(),
+            j.claim.at,
+            j.claim
+                .over
+                .as_ref()
+                .map_or(String::new(), |o| format!(", over {o}")),
+            j.claim.tolerance * 100.0
+        );
+        if let Some(d) = &j.claim.discussion {
+            let _ = writeln!(md, "  {}", d.trim().replace('\n', "\n  "));
+        }
+    }
+    let _ = writeln!(md, "\n## Figures\n");
+    for (f, p) in exp.figures.iter().zip(&figures) {
+        let file = p
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        let _ = writeln!(md, "### {}\n\n![{}]({file})\n", f.title, f.title);
+    }
+    let _ = writeln!(md, "## Every point\n");
+    let swept: Vec<_> = exp.sweep.iter().map(|(d, _)| *d).collect();
+    let mut head = String::from("| series |");
+    for d in &swept {
+        let _ = write!(head, " {} |", d.name);
+    }
+    head.push_str(" MB/s | IOPS | mean ms | p99 ms | retrans. | runs |");
+    let _ = writeln!(md, "{head}");
+    let _ = writeln!(md, "|{}", "---|".repeat(swept.len() + 7));
+    use crate::spec::Metric::*;
+    for a in &aggs {
+        let mut row = format!("| {} |", a.point.series);
+        for d in &swept {
+            let _ = write!(
+                row,
+                " {} |",
+                a.point
+                    .params
+                    .get(d.name)
+                    .map_or(String::new(), |v| d.show(v))
+            );
+        }
+        for m in [BwMbs, Iops, LatMeanMs, LatP99Ms, Retransmits] {
+            let cell = a.metrics.get(&m).map_or("-".into(), |s| {
+                if s.n > 1 {
+                    format!("{} ({}-{})", num(s.median), num(s.min), num(s.max))
+                } else {
+                    num(s.median)
+                }
+            });
+            let _ = write!(row, " {cell} |");
+        }
+        let _ = write!(
+            row,
+            " {}{} |",
+            a.runs,
+            if a.failed > 0 {
+                format!(" ({} failed)", a.failed)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(md, "{row}");
+    }
+    let fails: Vec<&RunRow> = runs.iter().filter(|r| !r.ok()).collect();
+    if !fails.is_empty() {
+        let _ = writeln!(md, "\n## Failed runs\n");
+        for r in fails {
+            let _ = writeln!(md, "- {} rep {}: {}", r.key, r.rep, r.status);
+        }
+    }
+    let report = dir.join("report.md");
+    std::fs::write(&report, md).map_err(|e| format!("{}: {e}", report.display()))?;
+    Ok(Written {
+        report,
+        figures,
+        judged,
+        meta,
+    })
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Writes the reports of every experiment under `dir` and an index (`index.md`, `index.html`).
+/// Returns the reports written.
+pub fn write_index(dir: &Path) -> Result<Vec<(Experiment, Written)>, String> {
+    let mut done = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("meta.json").exists() && p.join("runs.csv").exists())
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        return Err(format!("{}: no experiment results here (no NAME/meta.json with NAME/runs.csv); run mcsi lab run NAME --out {} first", dir.display(), dir.display()));
+    }
+    for e in entries {
+        let name = e
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        let spec = e.join("spec.toml");
+        let exp = if spec.exists() {
+            crate::load(&spec.to_string_lossy())?
+        } else {
+            crate::load(&name)?
+        };
+        let mut exp = exp;
+        exp.name = name;
+        let w = write(&exp, &e)?;
+        done.push((exp, w));
+    }
+    let mut md = String::from("# mcsi lab results\n\n| experiment | mode | run | claims reproduced | differ | not measured |\n|---|---|---|---|---|---|\n");
+    let mut html = String::from("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>mcsi lab results</title>\n<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}.reproduced{color:#176117}.differs{color:#a31515}</style></head><body>\n<h1>mcsi lab results</h1>\n");
+    for (exp, w) in &done {
+        let count = |v: Verdict| w.judged.iter().filter(|j| j.verdict == v).count();
+        let mode = if w.meta.quick { "quick" } else { "full" };
+        let _ = writeln!(
+            md,
+            "| [{}]({}/report.md): {} | {mode} | {} | {} | {} | {} |",
+            exp.name,
+            exp.name,
+            exp.title,
+            w.meta.started_utc,
+            count(Verdict::Reproduced),
+            count(Verdict::Differs),
+            count(Verdict::NotMeasured)
+        );
+        let _ = writeln!(html, "<h2 id=\"{0}\">{0}: {1}</h2>\n<p>{2}. {mode} run of {3} UTC, host TCP congestion control {4}. <a href=\"{0}/report.md\">report</a>, <a href=\"{0}/results.csv\">results.csv</a></p>", html_escape(&exp.name), html_escape(&exp.title), html_escape(&exp.source), html_escape(&w.meta.started_utc), html_escape(&w.meta.congestion));
+        html.push_str("<table><tr><th>claim</th><th>source</th><th>published</th><th>model</th><th>measured median (min-max)</th><th>verdict</th></tr>\n");
+        for j in &w.judged {
+            let _ = writeln!(html, "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>", html_escape(&j.claim.text), html_escape(&j.claim.source), num(j.claim.published), unit(&j.claim), html_escape(&model_cell(j)), html_escape(&measured_cell(j)), j.verdict.word().replace(' ', "-"), html_escape(&verdict_cell(j).replace("**", "")));
+        }
+        html.push_str("</table>\n");
+        for p in &w.figures {
+            let file = p
+                .file_name()
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+            let _ = writeln!(
+                html,
+                "<img src=\"{}/{}\" alt=\"{}\">",
+                html_escape(&exp.name),
+                html_escape(&file),
+                html_escape(&file)
+            );
+        }
+    }
+    html.push_str("</body></html>\n");
+    std::fs::write(dir.join("index.md"), md).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(dir.join("index.html"), html).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(done)
+}

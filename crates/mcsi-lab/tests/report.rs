@@ -1,0 +1,152 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Reports from synthetic runs: verdicts follow the numbers, ratios use medians, and the
+//! figures and report are written (no root needed: nothing is run).
+
+use mcsi_lab::report::{self, Meta, Verdict};
+use mcsi_lab::results::{RunRow, RunWriter};
+use mcsi_lab::spec::{parse, Metric};
+
+const SPEC: &str = r#"
+title = "synthetic"
+source = "a test"
+about = "numbers made up to check the report"
+repetitions = 3
+[base]
+profile = "802.11b"
+[sweep]
+bs = ["2KiB", "8KiB", "128KiB"]
+[[series]]
+name = "one"
+label = "one connection"
+set = { connections = 1 }
+[[series]]
+name = "two"
+label = "two connections"
+set = { connections = 2, iodepth = 2 }
+[[figure]]
+name = "bw"
+title = "throughput"
+x = "bs"
+y = "bw_mbs"
+x_log = true
+published = [{ label = "paper", points = [[2, 0.25], [128, 0.62]] }]
+model = [{ label = "goodput", kind = "wlan-goodput" }]
+[[claim]]
+id = "single"
+source = "s"
+text = "one connection at 2 KiB: 0.25"
+metric = "bw_mbs"
+at = { series = "one", bs = "2KiB" }
+published = 0.25
+tolerance = 0.2
+[[claim]]
+id = "gain"
+source = "s"
+text = "two connections double it"
+metric = "bw_mbs"
+at = { series = "two", bs = "2KiB" }
+over = { series = "one", bs = "2KiB" }
+published = 2.0
+tolerance = 0.2
+discussion = "explained here"
+[[claim]]
+id = "big"
+source = "s"
+text = "128 KiB"
+metric = "bw_mbs"
+at = { series = "one", bs = "128KiB" }
+published = 0.62
+tolerance = 0.1
+model = { label = "goodput", kind = "wlan-goodput" }
+"#;
+
+#[test]
+fn verdicts_and_files() {
+    let exp = parse("synthetic", "synthetic.toml", SPEC).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("synthetic");
+    std::fs::create_dir_all(&d).unwrap();
+    Meta::new(&exp, false, "2026-01-01 00:00:00".into(), "cubic".into())
+        .save(&d)
+        .unwrap();
+    std::fs::write(d.join("spec.toml"), SPEC).unwrap();
+    let mut w = RunWriter::open(&d.join("runs.csv")).unwrap();
+    for rep in 1..=3u32 {
+        for p in exp.points(false) {
+            let kib = p.num("bs").unwrap();
+            // one: 0.24/0.26/0.25 at 2 KiB (reproduced); two: 0.30 (gain 1.2, differs).
+            let bw = match (p.series.as_str(), kib as u32) {
+                ("one", 2) => [0.24, 0.26, 0.25][rep as usize - 1],
+                ("two", 2) => 0.30,
+                (_, 128) => 0.40,
+                _ => 0.5,
+            };
+            // The 128 KiB point of series one fails in repetition 3.
+            let failed = p.series == "one" && kib == 128.0 && rep == 3;
+            w.append(&RunRow {
+                key: p.key(),
+                series: p.series.clone(),
+                rep,
+                seed: u64::from(rep),
+                params: p
+                    .params
+                    .iter()
+                    .map(|(d, v)| (d.name.to_string(), v.text.clone()))
+                    .collect(),
+                metrics: if failed {
+                    vec![]
+                } else {
+                    vec![
+                        (Metric::BwMbs, bw),
+                        (Metric::Iops, bw * 1e6 / (kib * 1024.0)),
+                    ]
+                },
+                status: if failed {
+                    "failed: test".into()
+                } else {
+                    "ok".into()
+                },
+                congestion: "cubic".into(),
+                started: "2026-01-01 00:00:00".into(),
+                wall_s: 9.0,
+            })
+            .unwrap();
+        }
+    }
+    drop(w);
+    let done = report::write_index(dir.path()).unwrap();
+    assert_eq!(done.len(), 1);
+    let j = &done[0].1.judged;
+    assert_eq!(j[0].verdict, Verdict::Reproduced);
+    assert_eq!(j[0].measured, Some((0.25, 0.24, 0.26)));
+    assert_eq!(j[1].verdict, Verdict::Differs);
+    let (m, lo, hi) = j[1].measured.unwrap();
+    assert!(
+        (m - 1.2).abs() < 1e-9
+            && (lo - 0.30 / 0.26).abs() < 1e-9
+            && (hi - 0.30 / 0.24).abs() < 1e-9
+    );
+    assert_eq!(j[2].verdict, Verdict::Differs, "0.40 against 0.62");
+    assert_eq!(j[2].runs, 2, "the failed run is not counted");
+    let model = j[2].model.clone().unwrap().unwrap();
+    assert!((0.6..0.66).contains(&model), "802.11b goodput {model}");
+    let md = std::fs::read_to_string(d.join("report.md")).unwrap();
+    assert!(
+        md.contains("**reproduced**") && md.contains("**differs**"),
+        "{md}"
+    );
+    assert!(md.contains("explained here"));
+    assert!(md.contains("failed: test"));
+    let png = std::fs::read(d.join("bw.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(dir.path().join("index.html").exists() && dir.path().join("index.md").exists());
+    let results = std::fs::read_to_string(d.join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 1 + 6);
+}
+
+#[test]
+fn report_of_an_empty_directory_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = report::write_index(dir.path()).unwrap_err();
+    assert!(e.contains("mcsi lab run"), "{e}");
+}
