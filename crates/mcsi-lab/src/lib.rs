@@ -14,10 +14,13 @@ pub mod spec;
 pub use spec::{Experiment, SpecError};
 
 /// The experiments shipped with mcsi: name and spec text.
-pub const BUILTIN: &[(&str, &str)] = &[(
-    "thesis-small-io",
-    include_str!("../experiments/thesis-small-io.toml"),
-)];
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "thesis-small-io",
+        include_str!("../experiments/thesis-small-io.toml"),
+    ),
+    ("wan-loss", include_str!("../experiments/wan-loss.toml")),
+];
 
 /// Parses a shipped experiment.
 pub fn builtin(name: &str) -> Option<Result<Experiment, SpecError>> {

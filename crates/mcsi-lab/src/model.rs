@@ -7,8 +7,8 @@ use mcsi_model::{tcp, wlan};
 /// The kinds of model known, with what each computes.
 pub const KINDS: &[(&str, &str)] = &[
     ("wlan-goodput", "TCP goodput of a saturated 802.11 cell (thesis eq. 3.1-3.7; the point's profile, 1500-byte packets, delayed ACKs)"),
-    ("mathis", "Mathis et al.: MSS/RTT x sqrt(3/2)/sqrt(p) per connection, times the connections, capped at the link rate"),
-    ("padhye", "Padhye et al. with timeouts (RTO = RTT + 200 ms, 2 segments per ACK), per connection, times the connections, capped at the link rate"),
+    ("mathis", "Mathis et al.: MSS/RTT x sqrt(3/2)/sqrt(p) per connection (MSS = MTU - 52), times the connections, capped at the link rate"),
+    ("padhye", "Padhye et al. with timeouts (RTO = 4 x RTT, one segment per ACK), per connection, times the connections, capped at the link rate"),
     ("link-rate", "the link's rate, as payload bytes"),
 ];
 
@@ -46,7 +46,6 @@ pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
         Ok(ms / 1e3)
     };
     let loss = p.num("loss").unwrap_or(0.0) / 100.0;
-    let cap = |v: f64| rate_mbs.map_or(v, |r| v.min(r));
     match m.kind.as_str() {
         "wlan-goodput" => {
             let std = match p.text("profile") {
@@ -59,21 +58,26 @@ pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
             let r = wlan::throughput(&input).map_err(|e| e.to_string())?;
             Ok(r.failure.tcp_goodput_bps / 8.0 / 1e6)
         }
-        "mathis" => {
-            if loss == 0.0 {
-                return rate_mbs.ok_or_else(|| "no loss and no rate: unbounded".to_string());
-            }
-            let bps = tcp::mathis_bps(mss, rtt_s()?, loss).map_err(|e| e.to_string())?;
-            Ok(cap(conns * bps / 8.0 / 1e6))
-        }
-        "padhye" => {
-            let rtt = rtt_s()?;
-            if loss == 0.0 {
-                return rate_mbs.ok_or_else(|| "no loss and no rate: unbounded".to_string());
-            }
-            let bps =
-                tcp::padhye_bps(mss, rtt, loss, rtt + 0.2, 2.0, None).map_err(|e| e.to_string())?;
-            Ok(cap(conns * bps / 8.0 / 1e6))
+        "mathis" | "padhye" => {
+            // As `mcsi model tcp --mss M --rtt R --loss P --connections N --link-rate L`
+            // computes it: RTO 4 x RTT, one segment per ACK.
+            let input = tcp::Input {
+                mss_bytes: mss,
+                rtt_s: rtt_s()?,
+                loss,
+                rto_s: None,
+                wmax_bytes: None,
+                connections: conns as u32,
+                link_rate_bps: rate_mbs.map(|r| r * 8e6),
+                packets_per_ack: 1.0,
+            };
+            let r = tcp::throughput(&input).map_err(|e| e.to_string())?;
+            let bps = if m.kind == "mathis" {
+                r.aggregate_mathis_bps
+            } else {
+                r.aggregate_bps
+            };
+            Ok(bps / 8.0 / 1e6)
         }
         "link-rate" => rate_mbs.ok_or_else(|| "needs a rate".to_string()),
         other => Err(format!("unknown model '{other}'")),
