@@ -19,6 +19,15 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "thesis-small-io",
         include_str!("../experiments/thesis-small-io.toml"),
     ),
+    (
+        "thesis-latency",
+        include_str!("../experiments/thesis-latency.toml"),
+    ),
+    ("thesis-mtu", include_str!("../experiments/thesis-mtu.toml")),
+    (
+        "thesis-queue-depth",
+        include_str!("../experiments/thesis-queue-depth.toml"),
+    ),
     ("wan-loss", include_str!("../experiments/wan-loss.toml")),
 ];
 

@@ -1,12 +1,12 @@
 //! The models a figure or claim can be set beside, evaluated with `mcsi-model` (the same
 //! functions as `mcsi model`) at a point's parameters. All return MB/s (10^6 bytes/s) of payload.
 
-use crate::spec::{ModelRef, Point};
+use crate::spec::{Metric, ModelRef, Point};
 use mcsi_model::{tcp, wlan};
 
 /// The kinds of model known, with what each computes.
 pub const KINDS: &[(&str, &str)] = &[
-    ("wlan-goodput", "TCP goodput of a saturated 802.11 cell (thesis eq. 3.1-3.7; the point's profile, 1500-byte packets, delayed ACKs)"),
+    ("wlan-goodput", "TCP goodput of a saturated 802.11 cell (thesis eq. 3.1-3.7; the point's profile and MTU as the packet size, delayed ACKs, the point's frame error rate)"),
     ("mathis", "Mathis et al.: MSS/RTT x sqrt(3/2)/sqrt(p) per connection (MSS = MTU - 52), times the connections, capped at the link rate"),
     ("padhye", "Padhye et al. with timeouts (RTO = 4 x RTT, one segment per ACK), per connection, times the connections, capped at the link rate"),
     ("link-rate", "the link's rate, as payload bytes"),
@@ -26,9 +26,21 @@ pub fn check(m: &ModelRef) -> Result<(), String> {
     }
 }
 
-/// What the model says at point `p`, in MB/s, for the model's connections or, when it names
-/// none, the point's.
-pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
+/// What the model says at point `p` in the unit of `metric`: MB/s, or for IOPS that divided by
+/// the I/O size. For the model's connections or, when it names none, the point's.
+pub fn value(m: &ModelRef, p: &Point, metric: Metric) -> Result<f64, String> {
+    let mbs = mbs(m, p)?;
+    match metric {
+        Metric::BwMbs => Ok(mbs),
+        Metric::Iops => {
+            let kib = p.num("bs").ok_or("needs an I/O size")?;
+            Ok(mbs * 1e6 / (kib * 1024.0))
+        }
+        other => Err(format!("the {} model says nothing of {}", m.kind, other.column())),
+    }
+}
+
+fn mbs(m: &ModelRef, p: &Point) -> Result<f64, String> {
     let conns = m
         .connections
         .map_or_else(|| p.num("connections").unwrap_or(1.0), f64::from);
@@ -54,6 +66,7 @@ pub fn value(m: &ModelRef, p: &Point) -> Result<f64, String> {
                 _ => return Err("needs an 802.11 profile".into()),
             };
             let mut input = wlan::Input::new(std);
+            input.payload_bytes = p.num("mtu").unwrap_or(1500.0) as u32;
             input.packet_error = p.num("per").unwrap_or(0.0) / 100.0;
             let r = wlan::throughput(&input).map_err(|e| e.to_string())?;
             Ok(r.failure.tcp_goodput_bps / 8.0 / 1e6)

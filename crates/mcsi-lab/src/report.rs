@@ -103,10 +103,11 @@ pub fn judge(c: &Claim, aggs: &[Aggregate]) -> Judged {
     let model = c.model.as_ref().and_then(|m| {
         let a = at?;
         Some(match over {
-            None => model::value(m, &a.point),
+            None => model::value(m, &a.point, c.metric),
             Some(o) => {
                 let o = o?;
-                model::value(m, &a.point).and_then(|x| model::value(m, &o.point).map(|y| x / y))
+                model::value(m, &a.point, c.metric)
+                    .and_then(|x| model::value(m, &o.point, c.metric).map(|y| x / y))
             }
         })
     });

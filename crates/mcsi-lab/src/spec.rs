@@ -604,6 +604,9 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         for (j, m) in f.model.iter().enumerate() {
             crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model[{j}].kind"), e))?;
         }
+        if !f.model.is_empty() && !matches!(y, Metric::BwMbs | Metric::Iops) {
+            return Err(cx.err(format!("{fld}.model"), format!("the models give bw_mbs or iops, not {}", y.column())));
+        }
         figures.push(Figure {
             name: f.name.clone(),
             title: f.title.clone(),
@@ -639,6 +642,9 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         }
         if let Some(m) = &c.model {
             crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model.kind"), e))?;
+            if !matches!(metric, Metric::BwMbs | Metric::Iops) {
+                return Err(cx.err(format!("{fld}.model"), format!("the models give bw_mbs or iops, not {}", metric.column())));
+            }
         }
         claims.push(Claim {
             id: c.id.clone(),
