@@ -36,7 +36,11 @@ pub fn value(m: &ModelRef, p: &Point, metric: Metric) -> Result<f64, String> {
             let kib = p.num("bs").ok_or("needs an I/O size")?;
             Ok(mbs * 1e6 / (kib * 1024.0))
         }
-        other => Err(format!("the {} model says nothing of {}", m.kind, other.column())),
+        other => Err(format!(
+            "the {} model says nothing of {}",
+            m.kind,
+            other.column()
+        )),
     }
 }
 

@@ -9,8 +9,10 @@ use mcsi_units::{parse_duration, parse_fraction, parse_rate, parse_size, BareUni
 pub enum Role {
     /// An option of `mcsi bench`.
     Bench,
-    /// An option of `mcsi target`.
+    /// An option of `mcsi target`, or which target runs.
     Target,
+    /// Which initiator runs the workload.
+    Client,
     /// A property of the emulated link (`mcsi link run`).
     Link,
 }
@@ -50,9 +52,25 @@ pub struct Def {
 const RW: &[&str] = &["read", "write", "randread", "randwrite"];
 const POLICY: &[&str] = &["round-robin", "least-outstanding"];
 const PROFILE: &[&str] = &["802.11b", "802.11g"];
+const TARGET: &[&str] = &["mcsi", "tgt"];
+const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
+    Def {
+        name: "target",
+        role: Role::Target,
+        kind: Kind::Choice(TARGET),
+        axis: "target",
+        help: "mcsi (mcsi target) or tgt (Debian's tgtd, a RAM-backed file)",
+    },
+    Def {
+        name: "client",
+        role: Role::Client,
+        kind: Kind::Choice(CLIENT),
+        axis: "initiator",
+        help: "mcsi-bench or iscsi-perf (libiscsi: reads, one connection)",
+    },
     Def {
         name: "rw",
         role: Role::Bench,

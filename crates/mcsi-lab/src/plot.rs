@@ -99,7 +99,12 @@ pub fn draw(
             let mut pts: Vec<(f64, f64)> = aggs
                 .iter()
                 .filter(|a| &a.point.series == s && fig.filter.matches(&a.point, s))
-                .filter_map(|a| Some((a.point.num(fig.x.name)?, model::value(m, &a.point, fig.y).ok()?)))
+                .filter_map(|a| {
+                    Some((
+                        a.point.num(fig.x.name)?,
+                        model::value(m, &a.point, fig.y).ok()?,
+                    ))
+                })
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             pts.dedup_by(|a, b| a.0 == b.0);

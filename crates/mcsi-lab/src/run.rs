@@ -138,17 +138,27 @@ pub fn host_congestion() -> String {
 
 /// The whole command line of one run.
 pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Command, String> {
+    check_point(p)?;
     let bin = sh_quote(&mcsi.to_string_lossy());
     let lun = p.text("lun");
-    let target = format!(
-        "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}",
-        sh_quote(lun)
-    );
-    let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
-    let bench = format!(
-        "exec {bin} bench {} iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/0",
-        bench.join(" ")
-    );
+    let (target, lun_no) = match p.text("target") {
+        "tgt" => (tgt_script(p)?, 1),
+        _ => (
+            format!(
+                "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}",
+                sh_quote(lun)
+            ),
+            0,
+        ),
+    };
+    let url = format!("iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/{lun_no}");
+    let client = match p.text("client") {
+        "iscsi-perf" => iscsi_perf_script(p, &url),
+        _ => {
+            let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
+            format!("exec {bin} bench {} {url}", bench.join(" "))
+        }
+    };
     let mut c = Command::new(mcsi);
     c.arg("link").arg("run").args(link_args(p)?);
     c.arg("--seed").arg(seed.to_string());
@@ -157,9 +167,128 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         .arg(target)
         .arg("--host-wait")
         .arg(PORT.to_string());
-    c.arg("--").arg("sh").arg("-c").arg(bench);
+    c.arg("--").arg("sh").arg("-c").arg(client);
     c.env("MCSI_LOG", "warn");
     Ok(c)
+}
+
+/// What the standard stack can run: libiscsi's iscsi-perf reads, over one connection (libiscsi
+/// never negotiates more), without mcsi's extensions; tgt serves a RAM-backed file.
+pub fn check_point(p: &Point) -> Result<(), String> {
+    if p.text("client") == "iscsi-perf" {
+        if !matches!(p.text("rw"), "read" | "randread") {
+            return Err("iscsi-perf (libiscsi) only reads: use rw read or randread".into());
+        }
+        if p.text("connections") != "1" || p.text("asymmetric") == "true" {
+            return Err("iscsi-perf (libiscsi) uses one connection and no asymmetric mode".into());
+        }
+        if p.num("bs")
+            .is_some_and(|k| !((k * 1024.0) as u64).is_multiple_of(512))
+        {
+            return Err(
+                "iscsi-perf reads whole 512-byte blocks: bs must be a multiple of 512".into(),
+            );
+        }
+    }
+    if p.text("target") == "tgt" {
+        ram_size(p)?;
+        if p.text("connections") != "1" {
+            return Err("tgt offers one connection per session (MaxConnections=1)".into());
+        }
+    }
+    Ok(())
+}
+
+fn ram_size(p: &Point) -> Result<u64, String> {
+    p.text("lun")
+        .strip_prefix("ram:")
+        .and_then(|s| mcsi_units::parse_size(s).ok())
+        .ok_or_else(|| {
+            format!(
+                "target tgt needs lun = \"ram:SIZE\", not '{}'",
+                p.text("lun")
+            )
+        })
+}
+
+/// tgt's management socket number for lab runs (tgtd -C), apart from the interop scripts'.
+const TGT_CTL: u32 = 4260;
+
+/// The host-side script that serves the point's LUN with tgtd: a file in /dev/shm (RAM, as
+/// mcsi's ram LUN), the target configured before its portal opens, so that the link command,
+/// which waits for the portal, never finds a target without its LUN.
+fn tgt_script(p: &Point) -> Result<String, String> {
+    let size = ram_size(p)?;
+    let c = TGT_CTL;
+    Ok(format!(
+        r#"set -e
+f=$(mktemp /dev/shm/mcsi-lab-tgt.XXXXXX)
+truncate -s {size} "$f"
+tgtd -f -C {c} --iscsi portal=$MCSI_LINK_PEER:{alt} >&2 &
+pid=$!
+stop() {{
+  tgtadm -C {c} --op update --mode sys --name State -v offline >/dev/null 2>&1 || true
+  tgtadm -C {c} --op delete --mode system >/dev/null 2>&1 || true
+  i=0
+  while kill -0 $pid 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -9 $pid 2>/dev/null || true
+  rm -f "$f"
+}}
+trap stop EXIT
+trap 'exit 0' TERM INT
+i=0
+until tgtadm -C {c} --op show --mode system >/dev/null 2>&1; do
+  i=$((i + 1)); [ $i -lt 200 ] || {{ echo "tgtd did not start" >&2; exit 1; }}; sleep 0.05
+done
+tgtadm -C {c} --lld iscsi --mode target --op new --tid 1 -T {IQN}
+tgtadm -C {c} --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 -b "$f"
+tgtadm -C {c} --lld iscsi --mode target --op bind --tid 1 -I ALL
+tgtadm -C {c} --lld iscsi --mode portal --op new --param portal=$MCSI_LINK_PEER:{PORT}
+wait $pid"#,
+        alt = PORT + 2,
+    ))
+}
+
+/// The link-side script that runs iscsi-perf for the point's runtime (it has no duration
+/// option: SIGINT stops it) and prints its per-second lines.
+fn iscsi_perf_script(p: &Point, url: &str) -> String {
+    let blocks = p.num("bs").map_or(8, |k| (k * 1024.0) as u64 / 512);
+    let random = if p.text("rw") == "randread" {
+        " -r"
+    } else {
+        ""
+    };
+    format!(
+        "iscsi-perf -i iqn.2026-01.org.mcsi:lab-client -m {} -b {blocks}{random} {url} & pid=$!; \
+         sleep {}; kill -INT $pid; wait $pid; exit 0",
+        p.text("iodepth"),
+        p.text("runtime"),
+    )
+}
+
+/// The mean of iscsi-perf's per-second `iops current N` figures, the first (ramp-up) left out
+/// when the run printed more than two.
+fn iscsi_perf_iops(out: &[u8]) -> Result<f64, String> {
+    let text = String::from_utf8_lossy(out);
+    let v: Vec<f64> = text
+        .split(['\r', '\n'])
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            w.by_ref().find(|x| *x == "current")?;
+            w.next()?.trim_end_matches(',').parse().ok()
+        })
+        .collect();
+    // The first second includes the login; left out when there are others.
+    let v = if v.len() > 2 { &v[1..] } else { &v[..] };
+    if v.is_empty() {
+        let last: Vec<&str> = text.lines().rev().take(3).collect();
+        return Err(format!(
+            "iscsi-perf printed {} rate line(s): {}",
+            v.len(),
+            last.join(" | ")
+        ));
+    }
+    Ok(v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// Runs `c` with stdout and stderr to files, killing it after `limit`. Returns whether it
@@ -207,6 +336,19 @@ fn run_with_limit(
 
 /// Reads the figures of one run from `mcsi bench --json` output and the link's summary.
 fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>, String> {
+    // The target must have served the whole run, not died on its own.
+    if let Ok(s) = std::fs::read_to_string(summary) {
+        if let Ok(s) = serde_json::from_str::<serde_json::Value>(&s) {
+            if s["host_commands"][0]["ended_early"].as_bool() == Some(true) {
+                return Err("the target ended during the run".into());
+            }
+        }
+    }
+    if p.text("client") == "iscsi-perf" {
+        let iops = iscsi_perf_iops(bench)?;
+        let bs = p.num("bs").unwrap_or(4.0) * 1024.0;
+        return Ok(vec![(Metric::BwMbs, iops * bs / 1e6), (Metric::Iops, iops)]);
+    }
     let j: serde_json::Value =
         serde_json::from_slice(bench).map_err(|e| format!("bench printed no JSON ({e})"))?;
     let job = &j["jobs"][0];
@@ -236,14 +378,6 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
                 .sum()
         })
         .unwrap_or(0.0);
-    // The target must have served the whole run, not died on its own.
-    if let Ok(s) = std::fs::read_to_string(summary) {
-        if let Ok(s) = serde_json::from_str::<serde_json::Value>(&s) {
-            if s["host_commands"][0]["ended_early"].as_bool() == Some(true) {
-                return Err("the target ended during the run".into());
-            }
-        }
-    }
     Ok(vec![
         (Metric::BwMbs, bw / 1e6),
         (Metric::Iops, f("read", "iops") + f("write", "iops")),

@@ -86,6 +86,8 @@ impl Metric {
 
 /// Parameters with the value every run gets unless the spec sets them.
 const DEFAULTS: &[(&str, &str)] = &[
+    ("target", "mcsi"),
+    ("client", "mcsi-bench"),
     ("rw", "read"),
     ("bs", "4KiB"),
     ("iodepth", "1"),
@@ -119,6 +121,8 @@ pub struct Series {
     pub name: String,
     pub label: String,
     pub set: Params,
+    /// The series has only the points of the sweep with these values (e.g. reads only).
+    pub only: Params,
 }
 
 /// Points drawn as markers: what a paper published.
@@ -308,6 +312,8 @@ struct RawSeries {
     label: String,
     #[serde(default)]
     set: toml::Table,
+    #[serde(default)]
+    only: toml::Table,
 }
 
 #[derive(Deserialize)]
@@ -504,10 +510,21 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                 ));
             }
         }
+        let only = cx.params(&format!("{f}.only"), &s.only)?;
+        for (d, v) in only.iter() {
+            let swept = sweep.iter().find(|(a, _)| a.name == d.name);
+            if !swept.is_some_and(|(_, vals)| vals.iter().any(|x| x.text == v.text)) {
+                return Err(cx.err(
+                    format!("{f}.only.{}", d.name),
+                    "must be one of the values swept in [sweep]",
+                ));
+            }
+        }
         series.push(Series {
             name: s.name.clone(),
             label: s.label.clone(),
             set,
+            only,
         });
     }
     if series.is_empty() {
@@ -515,6 +532,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             name: "all".into(),
             label: "mcsi".into(),
             set: Params::default(),
+            only: Params::default(),
         });
     }
     if raw.repetitions == 0 || raw.repetitions > 100 {
@@ -605,7 +623,10 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model[{j}].kind"), e))?;
         }
         if !f.model.is_empty() && !matches!(y, Metric::BwMbs | Metric::Iops) {
-            return Err(cx.err(format!("{fld}.model"), format!("the models give bw_mbs or iops, not {}", y.column())));
+            return Err(cx.err(
+                format!("{fld}.model"),
+                format!("the models give bw_mbs or iops, not {}", y.column()),
+            ));
         }
         figures.push(Figure {
             name: f.name.clone(),
@@ -643,7 +664,10 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         if let Some(m) = &c.model {
             crate::model::check(m).map_err(|e| cx.err(format!("{fld}.model.kind"), e))?;
             if !matches!(metric, Metric::BwMbs | Metric::Iops) {
-                return Err(cx.err(format!("{fld}.model"), format!("the models give bw_mbs or iops, not {}", metric.column())));
+                return Err(cx.err(
+                    format!("{fld}.model"),
+                    format!("the models give bw_mbs or iops, not {}", metric.column()),
+                ));
             }
         }
         claims.push(Claim {
@@ -680,7 +704,9 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         let mode = if quick { " (quick)" } else { "" };
         let points = exp.points(quick);
         for p in &points {
-            crate::run::link_args(p).map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
+            crate::run::link_args(p)
+                .and_then(|_| crate::run::check_point(p))
+                .map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
         }
         for (i, c) in exp.claims.iter().enumerate() {
             for (which, sel) in [("at", Some(&c.at)), ("over", c.over.as_ref())] {
@@ -742,6 +768,12 @@ impl Experiment {
                     })
                     .collect();
             }
+            combos.retain(|c| {
+                s.only
+                    .0
+                    .iter()
+                    .all(|(k, v)| c.get(k).is_some_and(|x| x.text == v.text))
+            });
             out.extend(combos.into_iter().map(|params| Point {
                 series: s.name.clone(),
                 params,

@@ -70,7 +70,7 @@ fn broken(from: &str, to: &str) -> String {
 fn the_example_is_good() {
     let e = parse("x", "x.toml", GOOD).unwrap();
     assert_eq!(e.points(false).len(), 4);
-    assert_eq!(e.points(false)[0].key(), "series=one;rw=read;bs=2048;iodepth=1;connections=1;policy=round-robin;asymmetric=false;runtime=8;lun=ram:64MiB;profile=802.11b;mtu=1500");
+    assert_eq!(e.points(false)[0].key(), "series=one;target=mcsi;client=mcsi-bench;rw=read;bs=2048;iodepth=1;connections=1;policy=round-robin;asymmetric=false;runtime=8;lun=ram:64MiB;profile=802.11b;mtu=1500");
 }
 
 #[test]
@@ -126,6 +126,16 @@ fn errors_name_the_field() {
         ("tolerance = 0.2", "tolerance = 0", "claim[0].tolerance"),
         (r#"name = "two""#, r#"name = "one""#, "series[1].name"),
         ("title = \"t\"", "titel = \"t\"", "unknown field `titel`"),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, client = "iscsi-perf", rw = "write" }"#,
+            "iscsi-perf (libiscsi) only reads",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, only = { bs = "3KiB" } }"#,
+            "unknown parameter 'only'",
+        ),
     ];
     for (from, to, want) in cases {
         let e = broken(from, to);
