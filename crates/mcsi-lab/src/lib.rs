@@ -29,6 +29,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../experiments/thesis-queue-depth.toml"),
     ),
     ("wan-loss", include_str!("../experiments/wan-loss.toml")),
+    (
+        "wan-loss-cc",
+        include_str!("../experiments/wan-loss-cc.toml"),
+    ),
 ];
 
 /// Parses a shipped experiment.

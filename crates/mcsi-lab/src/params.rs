@@ -54,6 +54,7 @@ const POLICY: &[&str] = &["round-robin", "least-outstanding"];
 const PROFILE: &[&str] = &["802.11b", "802.11g"];
 const TARGET: &[&str] = &["mcsi", "tgt"];
 const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf"];
+const CC: &[&str] = &["reno", "cubic", "bbr"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -70,6 +71,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Choice(CLIENT),
         axis: "initiator",
         help: "mcsi-bench or iscsi-perf (libiscsi: reads, one connection)",
+    },
+    Def {
+        name: "initiator_cc",
+        role: Role::Client,
+        kind: Kind::Choice(CC),
+        axis: "initiator's TCP congestion control",
+        help: "reno, cubic or bbr: the congestion control of the initiator's network namespace (the sender of writes; reads are sent by the target, with the host's default)",
     },
     Def {
         name: "rw",

@@ -159,6 +159,14 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
             format!("exec {bin} bench {} {url}", bench.join(" "))
         }
     };
+    // The namespace's congestion control (a per-namespace sysctl: the host is not touched).
+    let client = match p.params.get("initiator_cc") {
+        Some(cc) => format!(
+            "sysctl -qw net.ipv4.tcp_congestion_control={} || {{ echo \"cannot set congestion control {} in the initiator's namespace (allowed: $(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control))\" >&2; exit 1; }}; {client}",
+            cc.text, cc.text
+        ),
+        None => client,
+    };
     let mut c = Command::new(mcsi);
     c.arg("link").arg("run").args(link_args(p)?);
     c.arg("--seed").arg(seed.to_string());
@@ -402,8 +410,45 @@ fn now_utc() -> String {
     results::utc(secs)
 }
 
+/// Checks that the initiator's namespace may use every congestion control the points name: a
+/// namespace other than the host's may only choose from the host's
+/// net.ipv4.tcp_allowed_congestion_control.
+pub fn check_congestion(points: &[Point]) -> Result<(), String> {
+    let read =
+        |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
+    let allowed = read("tcp_allowed_congestion_control");
+    let available = read("tcp_available_congestion_control");
+    let mut want: Vec<&str> = points
+        .iter()
+        .filter_map(|p| p.params.get("initiator_cc"))
+        .map(|v| v.text.as_str())
+        .collect();
+    want.sort_unstable();
+    want.dedup();
+    for cc in want {
+        if !available.split_whitespace().any(|a| a == cc) {
+            return Err(format!(
+                "congestion control {cc} is not available in this kernel (available: {})",
+                available.trim()
+            ));
+        }
+        if !allowed.split_whitespace().any(|a| a == cc) {
+            let mut all: Vec<&str> = allowed.split_whitespace().collect();
+            all.push(cc);
+            return Err(format!(
+                "the initiator's namespace cannot use {cc}: a network namespace may only choose from the host's net.ipv4.tcp_allowed_congestion_control ({}); allow it (this changes no default) with: sysctl -w net.ipv4.tcp_allowed_congestion_control='{}'",
+                allowed.trim(),
+                all.join(" ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `exp` into `opts.out/NAME/runs.csv`, then writes `results.csv`.
 pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
+    check_congestion(&exp.points(opts.quick))
+        .map_err(|e| RunError::Other(format!("{}: {e}", exp.name)))?;
     let dir = opts.out.join(&exp.name);
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let runs_csv = dir.join("runs.csv");

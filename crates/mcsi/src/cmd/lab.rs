@@ -84,6 +84,10 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|n| mcsi_lab::load(n).map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            for e in &exps {
+                mcsi_lab::run::check_congestion(&e.points(a.quick))
+                    .map_err(|m| anyhow::anyhow!("{}: {m}", e.name))?;
+            }
             if let Some(why) = missing_privileges() {
                 bail!(
                     "mcsi lab run: {why}; the experiments run behind mcsi link, which needs them"
