@@ -298,7 +298,11 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             j.claim.tolerance * 100.0
         );
         if let Some(d) = &j.claim.discussion {
-            let _ = writeln!(md, "  {}", d.trim().replace('\n', "\n  "));
+            let _ = writeln!(
+                md,
+                "  Analysis (full run): {}",
+                d.trim().replace('\n', "\n  ")
+            );
         }
     }
     let _ = writeln!(md, "\n## Figures\n");
