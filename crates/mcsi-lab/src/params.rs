@@ -160,7 +160,7 @@ pub const DEFS: &[Def] = &[
         name: "rtt",
         role: Role::Link,
         kind: Kind::Millis,
-        axis: "round-trip time (ms)",
+        axis: "added round-trip time (ms)",
         help: "added round-trip delay, split evenly between the directions, e.g. 20ms",
     },
     Def {

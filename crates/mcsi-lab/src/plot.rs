@@ -283,7 +283,12 @@ pub fn draw(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(match fig.legend.as_str() {
+            "upper-left" => SeriesLabelPosition::UpperLeft,
+            "upper-right" => SeriesLabelPosition::UpperRight,
+            "lower-left" => SeriesLabelPosition::LowerLeft,
+            _ => SeriesLabelPosition::LowerRight,
+        })
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
         .label_font(("sans-serif", 15))

@@ -78,6 +78,27 @@ impl RunWriter {
                 path: path.into(),
                 source,
             })?;
+        if exists {
+            let mut rd = csv::Reader::from_path(path).map_err(|source| ResultsError::Csv {
+                path: path.into(),
+                source,
+            })?;
+            let h: Vec<String> = rd
+                .headers()
+                .map_err(|source| ResultsError::Csv {
+                    path: path.into(),
+                    source,
+                })?
+                .iter()
+                .map(String::from)
+                .collect();
+            if h != header() {
+                return Err(ResultsError::Format {
+                    path: path.into(),
+                    message: "was written by another version of mcsi (other columns); finish it with that version, or start over with --fresh".into(),
+                });
+            }
+        }
         let mut w = csv::WriterBuilder::new()
             .has_headers(false)
             .from_writer(file);
@@ -136,7 +157,18 @@ pub fn load_runs(path: &Path) -> Result<Vec<RunRow>, ResultsError> {
         .iter()
         .map(String::from)
         .collect();
-    if h != header() {
+    // Files written before a parameter existed lack its column (the parameter was unset);
+    // anything else must be exactly what this version writes.
+    let full = header();
+    let params = param_columns();
+    let fits = h.iter().all(|c| full.contains(c))
+        && full
+            .iter()
+            .all(|c| h.contains(c) || params.contains(&c.as_str()))
+        && h.iter()
+            .enumerate()
+            .all(|(i, c)| h[..i].iter().all(|d| d != c));
+    if !fits {
         return Err(ResultsError::Format {
             path: path.into(),
             message: "its columns are not those this version of mcsi writes; move it away or run without resuming (--fresh)".into(),

@@ -190,6 +190,8 @@ pub struct Figure {
     /// The series drawn (all when the spec names none).
     pub series: Vec<String>,
     pub x_log: bool,
+    /// Where the legend goes: upper-left, upper-right, lower-left or lower-right.
+    pub legend: String,
     pub published: Vec<Published>,
     pub models: Vec<ModelRef>,
 }
@@ -339,6 +341,7 @@ struct RawFigure {
     series: Option<Vec<String>>,
     #[serde(default)]
     x_log: bool,
+    legend: Option<String>,
     #[serde(default)]
     published: Vec<Published>,
     #[serde(default)]
@@ -628,6 +631,13 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                 format!("the models give bw_mbs or iops, not {}", y.column()),
             ));
         }
+        let legend = f.legend.clone().unwrap_or_else(|| "lower-right".into());
+        if !["upper-left", "upper-right", "lower-left", "lower-right"].contains(&legend.as_str()) {
+            return Err(cx.err(
+                format!("{fld}.legend"),
+                "use upper-left, upper-right, lower-left or lower-right",
+            ));
+        }
         figures.push(Figure {
             name: f.name.clone(),
             title: f.title.clone(),
@@ -636,6 +646,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             filter,
             series: names,
             x_log: f.x_log,
+            legend,
             published: f.published.clone(),
             models: f.model.clone(),
         });
