@@ -5,6 +5,7 @@
 use crate::model;
 use crate::results::Aggregate;
 use crate::spec::{Experiment, Figure};
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
@@ -45,6 +46,7 @@ fn fonts() -> Result<(), String> {
 
 /// A line of the figure: (x, median, min, max), sorted by x.
 struct Line {
+    series: String,
     label: String,
     points: Vec<(f64, f64, f64, f64)>,
 }
@@ -84,6 +86,7 @@ pub fn draw(
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !pts.is_empty() {
             lines.push(Line {
+                series: s.clone(),
                 label: exp.series_label(s).to_string(),
                 points: pts,
             });
@@ -91,8 +94,10 @@ pub fn draw(
     }
     // Model curves: one per distinct curve over the series (a model that depends on the
     // number of connections gives one per connection count).
-    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for m in &fig.models {
+    // (label, points, colour, dash pattern)
+    let mut curves: Vec<(String, Vec<(f64, f64)>, RGBColor, (u32, u32))> = Vec::new();
+    for (mi, m) in fig.models.iter().enumerate() {
+        let dash = [(10, 6), (3, 5), (18, 6), (6, 3)][mi % 4];
         let mut mine: Vec<Vec<(f64, f64)>> = Vec::new();
         let mut labels = Vec::new();
         for s in &fig.series {
@@ -121,17 +126,19 @@ pub fn draw(
                 .find(|a| &a.point.series == s)
                 .and_then(|a| a.point.num("connections"))
                 .unwrap_or(1.0);
-            labels.push(conns);
+            let line = lines.iter().position(|l| &l.series == s).unwrap_or(0);
+            labels.push((conns, COLORS[line % COLORS.len()]));
             mine.push(pts);
         }
         let several = mine.len() > 1;
-        for (pts, conns) in mine.into_iter().zip(labels) {
-            let label = if several {
-                format!("{}, {} conn.", m.label, conns)
+        // One curve: grey. Several (one per connection count): each in the colour of the
+        // first series it belongs to.
+        for (pts, (conns, colour)) in mine.into_iter().zip(labels) {
+            if several {
+                curves.push((format!("{}, {} conn.", m.label, conns), pts, colour, dash));
             } else {
-                m.label.clone()
-            };
-            curves.push((label, pts));
+                curves.push((m.label.clone(), pts, MODEL, dash));
+            }
         }
     }
     let all_x: Vec<f64> = lines
@@ -245,14 +252,17 @@ pub fn draw(
             )
             .map_err(err)?;
     }
-    for (label, pts) in &curves {
+    for (label, pts, colour, (dash, gap)) in &curves {
         let pts: Vec<(f64, f64)> = pts.iter().map(|p| (tx(p.0), p.1)).collect();
-        let style = MODEL.stroke_width(2);
+        let style = colour.stroke_width(2);
+        let (dash, gap) = (*dash, *gap);
         chart
-            .draw_series(DashedLineSeries::new(pts, 8, 6, style))
+            .draw_series(DashedLineSeries::new(pts, dash, gap, style))
             .map_err(err)?
             .label(label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], style));
+            .legend(move |(x, y)| {
+                DashedPathElement::new(vec![(x, y), (x + 26, y)], dash, gap, style)
+            });
     }
     for (i, p) in fig.published.iter().enumerate() {
         let pts: Vec<(f64, f64)> = p
@@ -287,6 +297,7 @@ pub fn draw(
             "upper-left" => SeriesLabelPosition::UpperLeft,
             "upper-right" => SeriesLabelPosition::UpperRight,
             "lower-left" => SeriesLabelPosition::LowerLeft,
+            "middle-right" => SeriesLabelPosition::MiddleRight,
             _ => SeriesLabelPosition::LowerRight,
         })
         .background_style(WHITE.mix(0.9))

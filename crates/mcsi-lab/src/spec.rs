@@ -190,7 +190,7 @@ pub struct Figure {
     /// The series drawn (all when the spec names none).
     pub series: Vec<String>,
     pub x_log: bool,
-    /// Where the legend goes: upper-left, upper-right, lower-left or lower-right.
+    /// Where the legend goes: upper-left, upper-right, middle-right, lower-left or lower-right.
     pub legend: String,
     pub published: Vec<Published>,
     pub models: Vec<ModelRef>,
@@ -632,10 +632,18 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             ));
         }
         let legend = f.legend.clone().unwrap_or_else(|| "lower-right".into());
-        if !["upper-left", "upper-right", "lower-left", "lower-right"].contains(&legend.as_str()) {
+        if ![
+            "upper-left",
+            "upper-right",
+            "middle-right",
+            "lower-left",
+            "lower-right",
+        ]
+        .contains(&legend.as_str())
+        {
             return Err(cx.err(
                 format!("{fld}.legend"),
-                "use upper-left, upper-right, lower-left or lower-right",
+                "use upper-left, upper-right, middle-right, lower-left or lower-right",
             ));
         }
         figures.push(Figure {
