@@ -44,6 +44,9 @@ fn fonts() -> Result<(), String> {
     r
 }
 
+/// A model's curve: label, points, colour and dash pattern (dash, gap).
+type Curve = (String, Vec<(f64, f64)>, RGBColor, (u32, u32));
+
 /// A line of the figure: (x, median, min, max), sorted by x.
 struct Line {
     series: String,
@@ -94,8 +97,7 @@ pub fn draw(
     }
     // Model curves: one per distinct curve over the series (a model that depends on the
     // number of connections gives one per connection count).
-    // (label, points, colour, dash pattern)
-    let mut curves: Vec<(String, Vec<(f64, f64)>, RGBColor, (u32, u32))> = Vec::new();
+    let mut curves: Vec<Curve> = Vec::new();
     for (mi, m) in fig.models.iter().enumerate() {
         let dash = [(10, 6), (3, 5), (18, 6), (6, 3)][mi % 4];
         let mut mine: Vec<Vec<(f64, f64)>> = Vec::new();
