@@ -173,7 +173,13 @@ pub fn draw(
         )
         .chain(curves.iter().flat_map(|c| c.1.iter().map(|p| p.1)))
         .fold(0.0f64, f64::max);
-    let y1 = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    // A legend at the top gets room of its own above the data.
+    let head = if fig.legend.starts_with("upper") {
+        1.6
+    } else {
+        1.15
+    };
+    let y1 = if ymax > 0.0 { ymax * head } else { 1.0 };
 
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| format!("{}: {e}", path.display());
