@@ -79,7 +79,7 @@ pub fn draw(
     for s in &fig.series {
         let mut pts: Vec<(f64, f64, f64, f64)> = aggs
             .iter()
-            .filter(|a| &a.point.series == s && fig.filter.matches(&a.point, s))
+            .filter(|a| &a.point.series == s && fig.filter.matches(&a.point))
             .filter_map(|a| {
                 let x = a.point.num(fig.x.name)?;
                 let m = a.metrics.get(&fig.y)?;
@@ -105,7 +105,7 @@ pub fn draw(
         for s in &fig.series {
             let mut pts: Vec<(f64, f64)> = aggs
                 .iter()
-                .filter(|a| &a.point.series == s && fig.filter.matches(&a.point, s))
+                .filter(|a| &a.point.series == s && fig.filter.matches(&a.point))
                 .filter_map(|a| {
                     Some((
                         a.point.num(fig.x.name)?,

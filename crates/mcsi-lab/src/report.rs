@@ -83,7 +83,7 @@ pub struct Judged {
 }
 
 fn find<'a>(aggs: &'a [Aggregate], sel: &Selector) -> Option<&'a Aggregate> {
-    aggs.iter().find(|a| sel.matches(&a.point, &a.point.series))
+    aggs.iter().find(|a| sel.matches(&a.point))
 }
 
 /// Judges one claim against the aggregated runs.

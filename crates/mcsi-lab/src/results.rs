@@ -79,19 +79,7 @@ impl RunWriter {
                 source,
             })?;
         if exists {
-            let mut rd = csv::Reader::from_path(path).map_err(|source| ResultsError::Csv {
-                path: path.into(),
-                source,
-            })?;
-            let h: Vec<String> = rd
-                .headers()
-                .map_err(|source| ResultsError::Csv {
-                    path: path.into(),
-                    source,
-                })?
-                .iter()
-                .map(String::from)
-                .collect();
+            let (_, h) = open_csv(path)?;
             if h != header() {
                 return Err(ResultsError::Format {
                     path: path.into(),
@@ -142,21 +130,25 @@ impl RunWriter {
     }
 }
 
-/// Reads `runs.csv`.
-pub fn load_runs(path: &Path) -> Result<Vec<RunRow>, ResultsError> {
-    let mut rd = csv::Reader::from_path(path).map_err(|source| ResultsError::Csv {
+/// Opens a CSV file and reads its header.
+fn open_csv(path: &Path) -> Result<(csv::Reader<std::fs::File>, Vec<String>), ResultsError> {
+    let csv_err = |source| ResultsError::Csv {
         path: path.into(),
         source,
-    })?;
-    let h: Vec<String> = rd
+    };
+    let mut rd = csv::Reader::from_path(path).map_err(csv_err)?;
+    let h = rd
         .headers()
-        .map_err(|source| ResultsError::Csv {
-            path: path.into(),
-            source,
-        })?
+        .map_err(csv_err)?
         .iter()
         .map(String::from)
         .collect();
+    Ok((rd, h))
+}
+
+/// Reads `runs.csv`.
+pub fn load_runs(path: &Path) -> Result<Vec<RunRow>, ResultsError> {
+    let (mut rd, h) = open_csv(path)?;
     // Files written before a parameter existed lack its column (the parameter was unset);
     // anything else must be exactly what this version writes.
     let full = header();

@@ -2,7 +2,7 @@
 //! which workload sweep, and how the results are drawn. Parsing checks everything that can be
 //! checked before a run starts, and every error names the field (`sweep.bs[2]`, `claim[1].at`).
 
-use crate::params::{self, Def, Role, Value};
+use crate::params::{self, Def, Value};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -155,8 +155,8 @@ pub struct Selector {
 }
 
 impl Selector {
-    pub fn matches(&self, p: &Point, series: &str) -> bool {
-        if self.series.as_deref().is_some_and(|s| s != series) {
+    pub fn matches(&self, p: &Point) -> bool {
+        if self.series.as_deref().is_some_and(|s| s != p.series) {
             return false;
         }
         self.params
@@ -579,21 +579,17 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
     for (i, f) in raw.figures.iter().enumerate() {
         let fld = format!("figure[{i}]");
         let x = cx.def(&format!("{fld}.x"), &f.x)?;
-        if !sweep.iter().any(|(d, _)| d.name == x.name) {
-            return Err(cx.err(
-                format!("{fld}.x"),
-                format!("'{}' is not swept in [sweep]", f.x),
-            ));
-        }
-        if x.parse_str(
-            &sweep
-                .iter()
-                .find(|(d, _)| d.name == x.name)
-                .map_or(String::new(), |(_, v)| v[0].text.clone()),
-        )
-        .is_ok_and(|v| v.num.is_none())
-        {
-            return Err(cx.err(format!("{fld}.x"), format!("'{}' is not a number", f.x)));
+        match sweep.iter().find(|(d, _)| d.name == x.name) {
+            None => {
+                return Err(cx.err(
+                    format!("{fld}.x"),
+                    format!("'{}' is not swept in [sweep]", f.x),
+                ))
+            }
+            Some((_, vals)) if vals.iter().any(|v| v.num.is_none()) => {
+                return Err(cx.err(format!("{fld}.x"), format!("'{}' is not a number", f.x)))
+            }
+            Some(_) => {}
         }
         let y = Metric::parse(&f.y).map_err(|m| cx.err(format!("{fld}.y"), m))?;
         let filter = cx.selector(&format!("{fld}.where"), &f.filter, &series)?;
@@ -730,7 +726,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         for (i, c) in exp.claims.iter().enumerate() {
             for (which, sel) in [("at", Some(&c.at)), ("over", c.over.as_ref())] {
                 let Some(sel) = sel else { continue };
-                let n = points.iter().filter(|p| sel.matches(p, &p.series)).count();
+                let n = points.iter().filter(|p| sel.matches(p)).count();
                 if n != 1 {
                     return Err(cx.err(
                         format!("claim[{i}].{which}{mode}"),
@@ -821,9 +817,4 @@ impl Experiment {
         let reps = f64::from(self.repetitions(quick));
         self.points(quick).iter().map(|p| p.runtime() * reps).sum()
     }
-}
-
-/// Which side a parameter belongs to, for the runner.
-pub fn role(name: &str) -> Option<Role> {
-    params::def(name).map(|d| d.role)
 }

@@ -23,19 +23,8 @@ fn mcsi() -> &'static str {
 }
 
 fn missing() -> Option<String> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    const CAP_NET_ADMIN: u64 = 1 << 12;
-    const CAP_SYS_ADMIN: u64 = 1 << 21;
-    if cap_eff & CAP_NET_ADMIN == 0 || cap_eff & CAP_SYS_ADMIN == 0 {
-        return Some("needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)".into());
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("needs /dev/net/tun".into());
+    if let Some(why) = mcsi_link::run::missing_privileges() {
+        return Some(why);
     }
     None
 }

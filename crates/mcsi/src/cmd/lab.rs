@@ -88,7 +88,7 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                 mcsi_lab::run::check_congestion(&e.points(a.quick))
                     .map_err(|m| anyhow::anyhow!("{}: {m}", e.name))?;
             }
-            if let Some(why) = missing_privileges() {
+            if let Some(why) = mcsi_link::run::missing_privileges() {
                 bail!(
                     "mcsi lab run: {why}; the experiments run behind mcsi link, which needs them"
                 );
@@ -152,23 +152,4 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// Why `mcsi link run` cannot work here, if it cannot.
-fn missing_privileges() -> Option<String> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    const CAP_NET_ADMIN: u64 = 1 << 12;
-    const CAP_SYS_ADMIN: u64 = 1 << 21;
-    if cap_eff & CAP_NET_ADMIN == 0 || cap_eff & CAP_SYS_ADMIN == 0 {
-        return Some("needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)".into());
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("needs /dev/net/tun".into());
-    }
-    None
 }
