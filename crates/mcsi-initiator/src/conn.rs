@@ -4,6 +4,7 @@ use crate::error::Error;
 use crate::negotiate::{Login, LoginConfig, LoginDone, LoginStep};
 use bytes::BytesMut;
 use mcsi_proto::pdu::{decode, pdu_len, Encoded, Framing, Pdu};
+use mcsi_tcp::Congestion;
 use std::io::IoSlice;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -13,9 +14,34 @@ use tokio::sync::mpsc;
 /// Most PDUs gathered into one vectored write.
 const WRITE_BATCH: usize = 64;
 
-/// Connect with a timeout; TCP_NODELAY because iSCSI PDUs are latency-bound requests.
-pub(crate) async fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
-    let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+/// Connect with a timeout; TCP_NODELAY because iSCSI PDUs are latency-bound requests. With
+/// `congestion`, the socket runs that algorithm from its first segment on.
+pub(crate) async fn connect_tcp(
+    addr: &str,
+    timeout: Duration,
+    congestion: Option<Congestion>,
+) -> Result<TcpStream, Error> {
+    let attempt = async {
+        let mut last = None;
+        for a in tokio::net::lookup_host(addr).await? {
+            let sock = if a.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            if let Some(cc) = congestion {
+                cc.apply(&sock).map_err(std::io::Error::other)?;
+            }
+            match sock.connect(a).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")
+        }))
+    };
+    let s = tokio::time::timeout(timeout, attempt)
         .await
         .map_err(|_| Error::Timeout(format!("connecting to {addr} took longer than {timeout:?}")))?
         .map_err(|e| Error::io(format!("cannot connect to {addr}"), &e))?;

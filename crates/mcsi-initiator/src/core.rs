@@ -7,11 +7,11 @@ use crate::negotiate::SessionParams;
 use crate::sched::{ConnLoad, Scheduler, TaskInfo};
 use crate::sense::Sense;
 use crate::task::{answer_r2t, data_outs, plan_write, DataInAssembly, Residual};
-use crate::tcpinfo::TcpStats;
 use crate::window::{CmdWindow, WindowUpdate};
 use bytes::Bytes;
 use mcsi_proto::pdu::{NopOut, Pdu, ScsiCommand, TaskAttr, RESERVED_TAG};
 use mcsi_proto::serial::Sn;
+use mcsi_tcp::TcpState;
 use std::collections::{HashMap, VecDeque};
 
 /// Direction and size of a command's data.
@@ -115,7 +115,7 @@ struct ConnState {
     bytes_total: u64,
     statuses_in: u64,
     data_in_bytes: u64,
-    tcp: Option<TcpStats>,
+    tcp: Option<TcpState>,
 }
 
 /// Counters of one connection.
@@ -327,7 +327,7 @@ impl<C> SessionCore<C> {
     }
 
     /// Record a TCP_INFO sample for the scheduler.
-    pub fn set_tcp(&mut self, conn: usize, tcp: TcpStats) {
+    pub fn set_tcp(&mut self, conn: usize, tcp: TcpState) {
         if let Some(c) = self.conns.get_mut(conn) {
             c.tcp = Some(tcp);
         }
@@ -1252,16 +1252,16 @@ mod tests {
         );
         c.set_tcp(
             2,
-            TcpStats {
+            TcpState {
                 cwnd: 40,
-                ..TcpStats::default()
+                ..TcpState::default()
             },
         );
         c.set_tcp(
             0,
-            TcpStats {
+            TcpState {
                 cwnd: 10,
-                ..TcpStats::default()
+                ..TcpState::default()
             },
         );
         c.submit(tur(), 0, &mut out);

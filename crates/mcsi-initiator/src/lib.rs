@@ -38,7 +38,6 @@ pub mod sched;
 pub mod sense;
 pub mod session;
 pub mod task;
-pub mod tcpinfo;
 pub mod url;
 pub mod window;
 
@@ -46,9 +45,9 @@ pub use crate::core::{Command, DataDir, Response};
 pub use discovery::{discover, DiscoveredTarget};
 pub use error::{Error, ScsiError};
 pub use lun::{Capacity, Inquiry, Lun};
+pub use mcsi_tcp::{Congestion, TcpState};
 pub use negotiate::SessionParams;
 pub use sched::{ConnLoad, LeastOutstanding, RoundRobin, Scheduler, TaskInfo};
 pub use sense::{Sense, SenseKey};
 pub use session::{connect, ConnectOptions, ConnectionStats, Session, SessionStats};
-pub use tcpinfo::TcpStats;
 pub use url::IscsiUrl;

@@ -16,7 +16,7 @@ pub struct ConnLoad {
     /// Data bytes of those tasks (reads and writes), not yet completed.
     pub outstanding_bytes: u64,
     /// The socket's TCP state when the session samples it (for congestion-aware policies).
-    pub tcp: Option<crate::tcpinfo::TcpStats>,
+    pub tcp: Option<mcsi_tcp::TcpState>,
 }
 
 /// The task being placed.

@@ -7,12 +7,11 @@ use crate::core::{Action, Command, ConnRole, ConnStats, Event, Response, Session
 use crate::error::Error;
 use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
 use crate::sched::{self, Scheduler};
-use crate::tcpinfo::{tcp_info, TcpStats};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
 use mcsi_proto::pdu::{Framing, Isid, LogoutRequest, Pdu};
+use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -52,6 +51,9 @@ pub struct ConnectOptions {
     /// CHAP algorithms to offer when the URL carries credentials, strongest first. The default
     /// is MD5 alone: tgt fails a login whose CHAP_A offers 7,6,5 (SHA3-256, SHA-256, MD5).
     pub chap_algorithms: Vec<mcsi_proto::chap::ChapAlgorithm>,
+    /// TCP congestion control for every connection of the session (`TCP_CONGESTION`, set
+    /// before the SYN); None leaves the system default.
+    pub congestion: Option<Congestion>,
 }
 
 impl Default for ConnectOptions {
@@ -73,6 +75,7 @@ impl Default for ConnectOptions {
             login_timeout: Duration::from_secs(15),
             initial_cmd_sn: 1,
             chap_algorithms: vec![mcsi_proto::chap::ChapAlgorithm::Md5],
+            congestion: None,
         }
     }
 }
@@ -110,7 +113,9 @@ fn random_isid() -> Isid {
 pub struct ConnectionStats {
     pub index: usize,
     pub counters: ConnStats,
-    pub tcp: Option<TcpStats>,
+    pub tcp: Option<TcpState>,
+    /// The congestion control the socket really runs.
+    pub congestion: Option<String>,
 }
 
 /// A snapshot of the session.
@@ -195,10 +200,11 @@ async fn login_conn(
     addr: &str,
     cfg: LoginConfig,
     timeout: Duration,
+    congestion: Option<Congestion>,
 ) -> Result<(TcpStream, Box<LoginDone>), Error> {
     let mut addr = addr.to_string();
     for _ in 0..4 {
-        let mut s = conn::connect_tcp(&addr, timeout).await?;
+        let mut s = conn::connect_tcp(&addr, timeout, congestion).await?;
         match conn::login(&mut s, cfg.clone(), timeout).await? {
             LoginOutcome::Done(d) => return Ok((s, d)),
             LoginOutcome::Redirect(to) => {
@@ -242,7 +248,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         role: ConnRole::Requests,
     };
     let addr = url.address();
-    let (s0, done) = login_conn(&addr, cfg.clone(), o.login_timeout).await?;
+    let (s0, done) = login_conn(&addr, cfg.clone(), o.login_timeout, o.congestion).await?;
     let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
     let n = want.min(done.params.max_connections.max(1));
     if n < want {
@@ -278,7 +284,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             },
             ..cfg.clone()
         };
-        match login_conn(&addr, c, o.login_timeout).await {
+        match login_conn(&addr, c, o.login_timeout, o.congestion).await {
             Ok((s, d)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
                 conns.push((s, cid, d.stat_sn, agreed(d.role)));
@@ -436,11 +442,11 @@ async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
         if inner.generation != generation || inner.phase == Phase::Closed {
             return;
         }
-        let samples: Vec<(usize, TcpStats)> = inner
+        let samples: Vec<(usize, TcpState)> = inner
             .conns
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| tcp_info(h.sock.as_raw_fd()).ok().map(|t| (i, t)))
+            .filter_map(|(i, h)| tcp_state(&h.sock).ok().map(|t| (i, t)))
             .collect();
         for (i, t) in samples {
             inner.core.set_tcp(i, t);
@@ -729,17 +735,19 @@ impl Session {
         let counters = inner.core.conn_stats();
         let mut conns = Vec::with_capacity(counters.len());
         for (index, c) in counters.into_iter().enumerate() {
-            let tcp = inner
-                .conns
-                .get(index)
-                .and_then(|h| tcp_info(h.sock.as_raw_fd()).ok());
+            let tcp = inner.conns.get(index).and_then(|h| tcp_state(&h.sock).ok());
             if let Some(t) = tcp {
                 inner.core.set_tcp(index, t);
             }
+            let congestion = inner
+                .conns
+                .get(index)
+                .and_then(|h| mcsi_tcp::congestion::current(&h.sock).ok());
             conns.push(ConnectionStats {
                 index,
                 counters: c,
                 tcp,
+                congestion,
             });
         }
         SessionStats {

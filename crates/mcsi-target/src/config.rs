@@ -6,6 +6,7 @@ use crate::name;
 use mcsi_proto::chap::ChapCredentials;
 use mcsi_proto::keys::{Digest, LocalParams};
 use mcsi_scsi::backend::Backend;
+pub use mcsi_tcp::Congestion;
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::net::SocketAddr;
@@ -275,6 +276,9 @@ pub struct FileTarget {
     pub max_sessions: Option<u32>,
     /// Connections to this target at once, over all its sessions.
     pub max_target_connections: Option<u32>,
+    /// TCP congestion control of this target's connections ("cubic", "bbr", ...; default: the
+    /// system's).
+    pub congestion: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -286,6 +290,13 @@ pub struct FileLun {
     #[serde(default)]
     pub read_only: bool,
     pub serial: Option<String>,
+}
+
+/// A congestion-control name the kernel accepts for this process's sockets.
+pub fn congestion(name: &str) -> Result<Congestion, mcsi_tcp::CongestionError> {
+    let cc = Congestion::new(name)?;
+    cc.check()?;
+    Ok(cc)
 }
 
 /// Negotiation limits of one target (what it offers and accepts; RFC 7143 section 13).
@@ -314,6 +325,9 @@ pub struct Limits {
     /// Connections to this target at once, over all its sessions; a connection beyond it is
     /// refused with 2/06 (too many connections), a new session with 3/02.
     pub max_target_connections: u32,
+    /// TCP congestion control set on each of the target's connections once its login names the
+    /// target; None leaves the system default.
+    pub congestion: Option<Congestion>,
 }
 
 impl Default for Limits {
@@ -337,6 +351,7 @@ impl Default for Limits {
             asymmetric: true,
             max_sessions: 256,
             max_target_connections: 1024,
+            congestion: None,
         }
     }
 }
@@ -739,6 +754,12 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         asymmetric: t.asymmetric.unwrap_or(d.asymmetric),
         max_sessions,
         max_target_connections,
+        congestion: match &t.congestion {
+            None => d.congestion,
+            Some(name) => {
+                Some(congestion(name).map_err(|e| cerr(at("congestion"), e.to_string()))?)
+            }
+        },
     };
     if l.nop_timeout.is_zero() {
         return Err(cerr(
@@ -1028,6 +1049,22 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.why.contains("512 to 16777215"), "{e}");
+    }
+
+    #[test]
+    fn congestion_control_is_checked_against_the_kernel() {
+        let with = |cc: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\ncongestion = \"{cc}\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+        };
+        let c = with("reno").unwrap();
+        assert_eq!(c.targets[0].limits.congestion.unwrap().as_str(), "reno");
+        let e = with("nosuchcc").unwrap_err();
+        assert_eq!(e.field, "targets[0].congestion");
+        assert!(e.why.contains("not available") && e.why.contains("reno"), "{e}");
+        let e = with("Reno").unwrap_err();
+        assert!(e.why.contains("not a valid name"), "{e}");
     }
 
     #[test]

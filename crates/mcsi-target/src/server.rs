@@ -307,6 +307,12 @@ async fn connection(
         let aborted = session.abort_where(|t| t.cid == old.cid);
         crate::session::wait_all(aborted.waits).await;
     }
+    if let Some(cc) = session.target.as_ref().and_then(|t| t.limits.congestion) {
+        // Checked when the configuration was loaded; a refusal now leaves the default running.
+        if let Err(e) = cc.apply(&stream) {
+            warn!(%peer, "{e}; the connection keeps the system default");
+        }
+    }
     let (exp, max) = session.cmd_sns();
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);

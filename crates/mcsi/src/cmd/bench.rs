@@ -66,6 +66,11 @@ pub struct Args {
     /// Connection scheduler: round-robin or least-outstanding.
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// TCP congestion control of every connection of the session (for example cubic, reno,
+    /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
+    /// lists the ones it does.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
     /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
     /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
     #[arg(long)]
@@ -474,6 +479,7 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
         connections: a.connections.max(1),
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
+        congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
@@ -732,15 +738,8 @@ fn fio_json(
                 "bytes": c.counters.bytes,
                 "statuses_in": c.counters.statuses_in,
                 "data_in_bytes": c.counters.data_in_bytes,
-                "tcp": c.tcp.map(|t| json!({
-                    "cwnd": t.cwnd,
-                    "ssthresh": t.ssthresh,
-                    "rtt_us": t.rtt_us,
-                    "rttvar_us": t.rttvar_us,
-                    "retransmits": t.total_retrans,
-                    "snd_mss": t.snd_mss,
-                    "unacked": t.unacked,
-                })),
+                "congestion": c.congestion,
+                "tcp": c.tcp.map(tcp_json),
             })
         })
         .collect();
@@ -882,8 +881,11 @@ fn print_human(
     for c in &stats.connections {
         let tcp = c.tcp.map_or(String::new(), |t| {
             format!(
-                ", cwnd {}, rtt {} us, retransmits {}",
-                t.cwnd, t.rtt_us, t.total_retrans
+                ", {} cwnd {}, rtt {} us, retransmits {}",
+                c.congestion.as_deref().unwrap_or("?"),
+                t.cwnd,
+                t.rtt_us,
+                t.total_retrans
             )
         });
         let role = match c.counters.role {
@@ -902,6 +904,16 @@ fn print_human(
         );
     }
     emit(&o);
+}
+
+/// A connection's TCP state in the JSON report: every field of the sample, plus
+/// `retransmits` (the life total, under the name earlier reports used).
+fn tcp_json(t: mcsi_initiator::TcpState) -> Value {
+    let mut v = serde_json::to_value(t).unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.insert("retransmits".into(), json!(t.total_retrans));
+    }
+    v
 }
 
 #[cfg(test)]

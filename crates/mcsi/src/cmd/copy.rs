@@ -30,6 +30,11 @@ pub struct Args {
     /// Connection scheduler: round-robin or least-outstanding.
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// TCP congestion control of every connection of the session (for example cubic, reno,
+    /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
+    /// lists the ones it does.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
     /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
     /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
     #[arg(long)]
@@ -144,6 +149,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         connections: a.connections,
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
+        congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {

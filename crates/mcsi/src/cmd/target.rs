@@ -26,6 +26,11 @@ pub struct Args {
     /// Ping a connection idle this long with a NOP-In (e.g. 30s, 500ms; 0 turns pings off).
     #[arg(long, value_name = "DURATION")]
     nop_interval: Option<String>,
+    /// TCP congestion control of every target's connections (for example cubic, reno, bbr;
+    /// default: the system's). An algorithm the kernel does not offer is an error that lists
+    /// the ones it does.
+    #[arg(long, value_name = "NAME")]
+    congestion: Option<String>,
     /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
     #[arg(long, value_name = "DURATION")]
     nop_timeout: Option<String>,
@@ -110,6 +115,12 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     if nop_timeout.is_some_and(|d| d.is_zero()) {
         anyhow::bail!("--nop-timeout: must be above zero (use --nop-interval 0 to turn pings off)");
     }
+    let congestion = args
+        .congestion
+        .as_deref()
+        .map(config::congestion)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--congestion: {e}"))?;
     let chap = args
         .chap
         .iter()
@@ -147,6 +158,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
         if let Some(n) = args.max_connections {
             t.limits.max_connections = n;
+        }
+        if congestion.is_some() {
+            t.limits.congestion = congestion;
         }
     }
     Ok(cfg)
