@@ -80,6 +80,13 @@ pub const DEFS: &[Def] = &[
         help: "reno, cubic or bbr: the congestion control of the initiator's network namespace (the sender of writes; reads are sent by the target, with the host's default)",
     },
     Def {
+        name: "cc",
+        role: Role::Bench,
+        kind: Kind::Choice(CC),
+        axis: "TCP congestion control",
+        help: "reno, cubic or bbr: the congestion control of every socket of the session, on both sides (mcsi target and mcsi bench --congestion); the target's decides how reads are sent",
+    },
+    Def {
         name: "rw",
         role: Role::Bench,
         kind: Kind::Choice(RW),

@@ -81,10 +81,25 @@ impl RunWriter {
         if exists {
             let (_, h) = open_csv(path)?;
             if h != header() {
-                return Err(ResultsError::Format {
+                // Written before a parameter existed: carry its rows over to today's columns
+                // (load_runs refuses anything else), so that a resumed run appends to them.
+                let rows = load_runs(path).map_err(|_| ResultsError::Format {
                     path: path.into(),
                     message: "was written by another version of mcsi (other columns); finish it with that version, or start over with --fresh".into(),
-                });
+                })?;
+                let tmp = path.with_extension("csv.upgrade");
+                let _ = std::fs::remove_file(&tmp);
+                {
+                    let mut up = RunWriter::open(&tmp)?;
+                    for r in &rows {
+                        up.append(r)?;
+                    }
+                }
+                std::fs::rename(&tmp, path).map_err(|source| ResultsError::Io {
+                    path: path.into(),
+                    source,
+                })?;
+                return RunWriter::open(path);
             }
         }
         let mut w = csv::WriterBuilder::new()
@@ -358,6 +373,59 @@ mod tests {
         let s = Spread::of(vec![4.0, 1.0]).unwrap();
         assert_eq!(s.median, 2.5);
         assert!(Spread::of(vec![]).is_none());
+    }
+
+    #[test]
+    fn runs_written_before_a_parameter_existed_are_carried_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.csv");
+        let row = |series: &str| RunRow {
+            key: format!("k-{series}"),
+            series: series.into(),
+            rep: 0,
+            seed: 1,
+            params: BTreeMap::from([("bs".to_string(), "4096".to_string())]),
+            metrics: vec![(Metric::BwMbs, 1.5)],
+            status: "ok".into(),
+            congestion: "bbr".into(),
+            started: "2026-11-25 00:00:00".into(),
+            wall_s: 3.0,
+        };
+        RunWriter::open(&path).unwrap().append(&row("old")).unwrap();
+        // Drop the "cc" column, as an older version wrote the file.
+        let (mut rd, h) = open_csv(&path).unwrap();
+        let drop = h.iter().position(|c| c == "cc").unwrap();
+        let mut w = csv::Writer::from_path(dir.path().join("old.csv")).unwrap();
+        let keep = |r: Vec<String>| -> Vec<String> {
+            r.into_iter()
+                .enumerate()
+                .filter(|(i, _)| *i != drop)
+                .map(|(_, v)| v)
+                .collect()
+        };
+        w.write_record(keep(h.clone())).unwrap();
+        for r in rd.records() {
+            w.write_record(keep(r.unwrap().iter().map(String::from).collect()))
+                .unwrap();
+        }
+        drop_writer(w);
+        std::fs::rename(dir.path().join("old.csv"), &path).unwrap();
+        assert_ne!(open_csv(&path).unwrap().1, header());
+
+        RunWriter::open(&path).unwrap().append(&row("new")).unwrap();
+        assert_eq!(open_csv(&path).unwrap().1, header());
+        let rows = load_runs(&path).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].series.as_str(), rows[1].series.as_str()),
+            ("old", "new")
+        );
+        assert_eq!(rows[0].params, row("old").params);
+        assert_eq!(rows[0].metric(Metric::BwMbs), Some(1.5));
+    }
+
+    fn drop_writer(mut w: csv::Writer<std::fs::File>) {
+        w.flush().unwrap();
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
                     a.push("--asymmetric".to_string());
                 }
             }
+            "cc" => {
+                a.push("--congestion".to_string());
+                a.push(v.text.clone());
+            }
             name => {
                 a.push(format!("--{name}"));
                 a.push(d.arg(v));
@@ -145,8 +149,11 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         "tgt" => (tgt_script(p)?, 1),
         _ => (
             format!(
-                "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}",
-                sh_quote(lun)
+                "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}{}",
+                sh_quote(lun),
+                p.params
+                    .get("cc")
+                    .map_or(String::new(), |cc| format!(" --congestion {}", cc.text)),
             ),
             0,
         ),
@@ -196,6 +203,14 @@ pub fn check_point(p: &Point) -> Result<(), String> {
             return Err(
                 "iscsi-perf reads whole 512-byte blocks: bs must be a multiple of 512".into(),
             );
+        }
+    }
+    if p.params.get("cc").is_some() {
+        if p.text("target") == "tgt" || p.text("client") == "iscsi-perf" {
+            return Err("cc sets the congestion control per socket, which only mcsi's target and bench do; for the standard stack, initiator_cc sets the initiator namespace's".into());
+        }
+        if p.params.get("initiator_cc").is_some() {
+            return Err("set cc (every socket of the session, both sides) or initiator_cc (the initiator's namespace), not both".into());
         }
     }
     if p.text("target") == "tgt" {
@@ -378,6 +393,19 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
     };
     let lat = &job[dir]["lat_ns"];
     let pct = |q: &str| lat["percentile"][q].as_f64().unwrap_or(0.0) / 1e6;
+    if let Some(cc) = p.params.get("cc") {
+        // The run only counts if every connection ran the congestion control asked for.
+        let conns = j["mcsi"]["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if let Some(c) = conns.iter().find(|c| c["congestion"] != cc.text.as_str()) {
+            return Err(format!(
+                "connection {} ran congestion control {} instead of {}",
+                c["index"], c["congestion"], cc.text
+            ));
+        }
+    }
     let retrans: f64 = j["mcsi"]["connections"]
         .as_array()
         .map(|cs| {
@@ -418,6 +446,15 @@ pub fn check_congestion(points: &[Point]) -> Result<(), String> {
         |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
     let allowed = read("tcp_allowed_congestion_control");
     let available = read("tcp_available_congestion_control");
+    // Per-socket choices (cc) only need the algorithm to exist: the lab runs as root, and a
+    // privileged socket may pick any available one.
+    for p in points {
+        if let Some(cc) = p.params.get("cc") {
+            mcsi_tcp::Congestion::new(&cc.text)
+                .and_then(|c| c.check())
+                .map_err(|e| e.to_string())?;
+        }
+    }
     let mut want: Vec<&str> = points
         .iter()
         .filter_map(|p| p.params.get("initiator_cc"))

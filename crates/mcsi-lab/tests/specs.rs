@@ -133,6 +133,21 @@ fn errors_name_the_field() {
         ),
         (
             "set = { connections = 1 }",
+            r#"set = { connections = 1, target = "tgt", cc = "cubic" }"#,
+            "only mcsi's target and bench do",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, cc = "cubic", initiator_cc = "reno" }"#,
+            "not both",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, cc = "vegas2" }"#,
+            "series[0].set.cc",
+        ),
+        (
+            "set = { connections = 1 }",
             r#"set = { connections = 1, only = { bs = "3KiB" } }"#,
             "unknown parameter 'only'",
         ),

@@ -1062,7 +1062,10 @@ mod tests {
         assert_eq!(c.targets[0].limits.congestion.unwrap().as_str(), "reno");
         let e = with("nosuchcc").unwrap_err();
         assert_eq!(e.field, "targets[0].congestion");
-        assert!(e.why.contains("not available") && e.why.contains("reno"), "{e}");
+        assert!(
+            e.why.contains("not available") && e.why.contains("reno"),
+            "{e}"
+        );
         let e = with("Reno").unwrap_err();
         assert!(e.why.contains("not a valid name"), "{e}");
     }
