@@ -316,3 +316,90 @@ pub fn draw(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// One line of a time trace: a label, (seconds, value) samples, and the times of events to mark
+/// on it (congestion-window reductions).
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+    pub events: Vec<f64>,
+}
+
+/// A value over time, a line per trace, with each trace's events marked by a cross on its line
+/// (the congestion-window traces of `mcsi monitor --plot`).
+pub fn traces(path: &Path, title: &str, y_label: &str, traces: &[Trace]) -> Result<(), String> {
+    fonts()?;
+    let t_max = traces
+        .iter()
+        .flat_map(|t| t.points.iter().map(|p| p.0))
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let y_max = traces
+        .iter()
+        .flat_map(|t| t.points.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max)
+        .max(1.0)
+        * 1.15;
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    let e = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22).into_font().color(&INK))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(y_label)
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(|x| e(&x))?;
+    for (i, t) in traces.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                t.points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(|x| e(&x))?
+            .label(format!("{} ({} reductions)", t.label, t.events.len()))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
+        // An event sits on the line at the last sample at or before it.
+        let marks: Vec<(f64, f64)> = t
+            .events
+            .iter()
+            .filter_map(|&at| {
+                t.points
+                    .iter()
+                    .take_while(|p| p.0 <= at + 1e-9)
+                    .last()
+                    .map(|p| (at, p.1))
+            })
+            .collect();
+        chart
+            .draw_series(
+                marks
+                    .into_iter()
+                    .map(|p| Cross::new(p, 7, color.stroke_width(2))),
+            )
+            .map_err(|x| e(&x))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(200, 200, 200))
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}

@@ -30,6 +30,7 @@ pub mod name;
 pub mod scsi;
 pub mod server;
 pub mod session;
+pub mod stats;
 pub mod taskset;
 pub mod text;
 pub mod transfer;

@@ -88,6 +88,7 @@ pub fn run_inline(
     transfer: Option<&WriteTransfer>,
     claim: Inline,
 ) {
+    let started = std::time::Instant::now();
     let data_out = match transfer {
         Some(t) => cmd
             .data
@@ -104,6 +105,7 @@ pub fn run_inline(
             attr: TaskAttribute::Simple,
         },
     );
+    account(session, conn, cmd, &outcome, started);
     let out = claim.reply.as_ref().unwrap_or(conn);
     for p in response_pdus(
         cmd,
@@ -140,6 +142,7 @@ pub async fn run(ctx: TaskCtx) {
         done_tx,
     } = handles;
     let itt = cmd.itt;
+    let started = std::time::Instant::now();
     let outcome = async {
         let data_out = match transfer {
             Some(t) => collect(&session, &conn, &cmd, t, data_rx, &mut abort_rx).await?,
@@ -154,6 +157,9 @@ pub async fn run(ctx: TaskCtx) {
         Some(execute(&session, &dev, &cmd, attr, data_out, read_expected).await)
     }
     .await;
+    if let Some(o) = &outcome {
+        account(&session, &conn, &cmd, o, started);
+    }
     let max_burst = session.ops.max_burst_length;
     let sent = session.finish_task(itt, id, &conn, |out| match outcome {
         Some(o) => response_pdus(&cmd, phase, o, out.ops.send_mrdsl, max_burst),
@@ -163,6 +169,30 @@ pub async fn run(ctx: TaskCtx) {
         debug!("task ended without status (aborted or connection gone)");
     }
     drop(done_tx);
+}
+
+/// Counts a finished command on its LUN and its connection.
+fn account(
+    session: &Session,
+    conn: &Conn,
+    cmd: &ScsiCommand,
+    o: &Outcome,
+    started: std::time::Instant,
+) {
+    let write = if cmd.write {
+        cmd.expected_data_transfer_length as usize
+    } else {
+        0
+    };
+    let lun = session.target.as_ref().and_then(|t| t.lun_metrics(cmd.lun));
+    crate::stats::account(
+        lun,
+        conn,
+        o.data_in.len(),
+        write,
+        o.status == status::GOOD,
+        started,
+    );
 }
 
 /// The data-in length the initiator expects: EDTL for a read, the Bidirectional Read Expected

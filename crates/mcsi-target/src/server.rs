@@ -6,6 +6,7 @@ use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
 use crate::session::{Conn, ConnOps, Session, Shared, Target};
+use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
 use mcsi_scsi::backend::open_backend;
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
@@ -42,13 +43,34 @@ pub enum StartError {
 /// A running target server.
 pub struct Server {
     shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
     local_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     accept: JoinSet<()>,
 }
 
+/// Takes snapshots and metrics of a running server.
+#[derive(Clone)]
+pub struct Observer {
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+}
+
+impl Observer {
+    pub fn snapshot(&self) -> Vec<SessionSnapshot> {
+        crate::stats::snapshot(&self.shared)
+    }
+
+    pub fn metrics_text(&self) -> String {
+        self.metrics.encode(&self.snapshot())
+    }
+}
+
 /// Opens the LUNs of every target.
-pub fn build_targets(cfg: &ServerConfig) -> Result<Vec<Arc<Target>>, StartError> {
+pub fn build_targets(
+    cfg: &ServerConfig,
+    metrics: &Metrics,
+) -> Result<Vec<Arc<Target>>, StartError> {
     let mut out = Vec::new();
     for (ti, t) in cfg.targets.iter().enumerate() {
         let mut luns = Vec::new();
@@ -81,7 +103,12 @@ pub fn build_targets(cfg: &ServerConfig) -> Result<Vec<Arc<Target>>, StartError>
             };
             luns.push((li as u16, Arc::new(LogicalUnit::new(backend, lu_cfg))));
         }
+        let lun_metrics = luns
+            .iter()
+            .map(|(i, _)| (*i, metrics.lun(&t.iqn, *i)))
+            .collect();
         out.push(Arc::new(Target {
+            lun_metrics,
             name: t.iqn.clone(),
             alias: t.alias.clone(),
             portals: t.portals.clone(),
@@ -124,8 +151,9 @@ impl Server {
             local_addrs.push(local);
             listeners.push(l);
         }
+        let metrics = Arc::new(Metrics::new());
         let shared = Arc::new(Shared::new(
-            build_targets(&cfg)?,
+            build_targets(&cfg, &metrics)?,
             cfg.discovery_auth.clone(),
         ));
         let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
@@ -141,6 +169,7 @@ impl Server {
         }
         Ok(Server {
             shared,
+            metrics,
             local_addrs,
             stop,
             accept,
@@ -153,6 +182,25 @@ impl Server {
 
     pub fn targets(&self) -> &[Arc<Target>] {
         &self.shared.targets
+    }
+
+    /// Every session's connections with their counters and TCP state, sampled now.
+    pub fn snapshot(&self) -> Vec<SessionSnapshot> {
+        crate::stats::snapshot(&self.shared)
+    }
+
+    /// The Prometheus exposition text (version 0.0.4), sampled now.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.encode(&self.snapshot())
+    }
+
+    /// A handle that can take snapshots and metrics while the server runs (for an HTTP
+    /// endpoint living beside it).
+    pub fn observer(&self) -> Observer {
+        Observer {
+            shared: self.shared.clone(),
+            metrics: self.metrics.clone(),
+        }
     }
 
     /// Stops accepting, closes every session, flushes every LU.
@@ -317,7 +365,8 @@ async fn connection(
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
     let ops = ConnOps::from(&n.connection);
-    let (conn, stop_rx) = Conn::new(n.cid, n.role, ops, peer, local, tx, cspan.clone());
+    let sock = socket2::SockRef::from(&stream).try_clone().ok();
+    let (conn, stop_rx) = Conn::new(n.cid, n.role, ops, peer, local, tx, cspan.clone(), sock);
     if let Some(prev) = session.add_conn(conn.clone()) {
         prev.mark_clean();
         prev.stop();

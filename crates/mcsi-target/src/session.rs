@@ -31,6 +31,19 @@ pub struct Target {
     /// Authentication and access control of this target.
     pub auth: AuthSpec,
     pub dev: Arc<DeviceServer>,
+    /// Metric handles of each LUN, by LUN number.
+    pub lun_metrics: Vec<(u16, crate::stats::LunMetrics)>,
+}
+
+impl Target {
+    /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
+    pub fn lun_metrics(&self, raw: u64) -> Option<&crate::stats::LunMetrics> {
+        let idx = mcsi_scsi::lun::decode(raw)?;
+        self.lun_metrics
+            .iter()
+            .find(|(i, _)| *i == idx)
+            .map(|(_, m)| m)
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -237,6 +250,9 @@ pub struct Conn {
     /// Logged out or replaced (connection reinstatement): its end does not fail the session.
     clean: AtomicBool,
     pub span: tracing::Span,
+    /// A duplicate of the socket, to sample TCP_INFO and the congestion control.
+    pub sock: Option<socket2::Socket>,
+    pub counters: crate::stats::ConnCounters,
 }
 
 impl Conn {
@@ -249,6 +265,7 @@ impl Conn {
         local: SocketAddr,
         tx: mpsc::UnboundedSender<Out>,
         span: tracing::Span,
+        sock: Option<socket2::Socket>,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
         let (stop, stop_rx) = watch::channel(false);
         let c = Conn {
@@ -262,6 +279,8 @@ impl Conn {
             text: Mutex::new(crate::text::Exchange::default()),
             clean: AtomicBool::new(false),
             span,
+            sock,
+            counters: Default::default(),
         };
         (Arc::new(c), stop_rx)
     }

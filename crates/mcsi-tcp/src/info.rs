@@ -4,7 +4,7 @@
 //! (Linux 6.7). Older kernels fill a prefix of it; the kernel reports how many bytes it wrote,
 //! and every field that lies beyond that length reads as `None` rather than as zero.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -75,7 +75,7 @@ struct RawTcpInfo {
 }
 
 /// The congestion-avoidance state of the sender (`tcpi_ca_state`, `enum tcp_ca_state`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CaState {
     /// Nothing unusual.
@@ -125,7 +125,7 @@ impl CaState {
 /// One sample of a connection's TCP state. Times are microseconds, rates bytes per second,
 /// windows in segments of `snd_mss` bytes unless the name says bytes. Fields a kernel older
 /// than the field does not fill are `None`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpState {
     pub ca_state: CaState,
     /// Congestion window, segments.

@@ -35,6 +35,8 @@ enum Command {
     /// The research's experiments, rerun on emulated links: CSV, plots, reports with verdicts.
     #[command(subcommand)]
     Lab(cmd::lab::Command),
+    /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
+    Monitor(cmd::monitor::Args),
 }
 
 /// Keeps glibc's allocator from handing the buffers of the data path back to the kernel and
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Command::Copy(args) => cmd::copy::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Lab(c) => cmd::lab::run(c),
+        Command::Monitor(args) => cmd::monitor::run(args),
     };
     match result {
         Ok(code) => code,

@@ -2,9 +2,11 @@
 
 pub mod bench;
 pub mod copy;
+pub mod http;
 pub mod lab;
 pub mod link;
 pub mod model;
+pub mod monitor;
 pub mod target;
 
 /// `--congestion NAME`: checked against the kernel when the tool starts, so that a name it does

@@ -4,6 +4,7 @@ use anyhow::Context;
 use mcsi_target::config::{self, Limits, ServerConfig, TargetSpec};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,6 +32,10 @@ pub struct Args {
     /// the ones it does.
     #[arg(long, value_name = "NAME")]
     congestion: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics) and the sessions' connections with their TCP
+    /// state (GET /state, for `mcsi monitor`) on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
     /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
     #[arg(long, value_name = "DURATION")]
     nop_timeout: Option<String>,
@@ -199,6 +204,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("cannot start the tokio runtime")?;
     rt.block_on(async move {
         let server = mcsi_target::Server::start(&cfg).await?;
+        if let Some(addr) = &args.metrics {
+            let at = crate::cmd::http::serve(addr, Arc::new(server.observer())).await?;
+            println!("metrics on http://{at}/metrics, connections on http://{at}/state");
+        }
         print_ready(&server);
         wait_for_signal().await?;
         tracing::info!("shutting down");
@@ -219,4 +228,18 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = int.recv() => {},
     }
     Ok(())
+}
+
+impl crate::cmd::http::Source for mcsi_target::server::Observer {
+    fn metrics(&self) -> String {
+        self.metrics_text()
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::json!({
+            "side": "target",
+            "time_ms": crate::cmd::http::unix_ms(),
+            "sessions": self.snapshot(),
+        })
+    }
 }

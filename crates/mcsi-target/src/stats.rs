@@ -1,0 +1,492 @@
+//! What the target counts, per LUN and per connection, and how it is shown: a JSON snapshot of
+//! every session's connections with their TCP state ([`snapshot`], read by `mcsi monitor`) and
+//! the Prometheus exposition format ([`Metrics::encode`]).
+//!
+//! The hot path only touches atomics: per-LUN counters and histograms are created once when the
+//! target starts, and per-connection counters live in the connection. Session and connection
+//! series are rebuilt from the live sessions at each scrape, so that ended connections leave.
+
+use crate::session::{Conn, Session, Shared};
+use mcsi_tcp::TcpState;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Counters of one connection (SCSI commands that arrived on it).
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    pub commands: AtomicU64,
+    /// Data-In bytes the commands produced (reads).
+    pub read_bytes: AtomicU64,
+    /// Data-Out bytes the commands carried (writes).
+    pub write_bytes: AtomicU64,
+    /// Commands that ended with a status other than GOOD.
+    pub errors: AtomicU64,
+}
+
+/// The metric handles of one LUN, created when the target starts.
+#[derive(Debug, Clone, Default)]
+pub struct LunMetrics {
+    commands: Counter,
+    read_bytes: Counter,
+    write_bytes: Counter,
+    errors: Counter,
+    latency: Option<Histogram>,
+}
+
+/// Counts a finished command on its LUN and on the connection it came on. `started` is when
+/// the target took the command up (its arrival for a task of its own; its turn in CmdSN order
+/// for one run at once on the reader).
+pub fn account(
+    lun: Option<&LunMetrics>,
+    conn: &Conn,
+    read: usize,
+    write: usize,
+    good: bool,
+    started: Instant,
+) {
+    let c = &conn.counters;
+    c.commands.fetch_add(1, Ordering::Relaxed);
+    c.read_bytes.fetch_add(read as u64, Ordering::Relaxed);
+    c.write_bytes.fetch_add(write as u64, Ordering::Relaxed);
+    if !good {
+        c.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(m) = lun {
+        m.commands.inc();
+        m.read_bytes.inc_by(read as u64);
+        m.write_bytes.inc_by(write as u64);
+        if !good {
+            m.errors.inc();
+        }
+        if let Some(h) = &m.latency {
+            h.observe(started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LunLabels {
+    target: String,
+    lun: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnLabels {
+    target: String,
+    initiator: String,
+    session: String,
+    cid: String,
+    peer: String,
+    congestion: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 20 us to about 84 s.
+    Histogram::new(exponential_buckets(20e-6, 2.0, 23))
+}
+
+/// Families rebuilt at every scrape from the live connections.
+#[derive(Default)]
+struct Live {
+    sessions: Family<TargetLabels, Gauge>,
+    commands: Family<ConnLabels, Counter>,
+    read_bytes: Family<ConnLabels, Counter>,
+    write_bytes: Family<ConnLabels, Counter>,
+    errors: Family<ConnLabels, Counter>,
+    cwnd: Family<ConnLabels, Gauge>,
+    cwnd_bytes: Family<ConnLabels, Gauge>,
+    ssthresh: Family<ConnLabels, Gauge>,
+    mss: Family<ConnLabels, Gauge>,
+    rtt: Family<ConnLabels, Gauge<f64, AtomicU64>>,
+    min_rtt: Family<ConnLabels, Gauge<f64, AtomicU64>>,
+    delivery_rate: Family<ConnLabels, Gauge>,
+    in_flight: Family<ConnLabels, Gauge>,
+    unsent: Family<ConnLabels, Gauge>,
+    retrans: Family<ConnLabels, Counter>,
+    lost: Family<ConnLabels, Gauge>,
+    ca_state: Family<ConnLabels, Gauge>,
+    rwnd_limited: Family<ConnLabels, Counter<f64, AtomicU64>>,
+    sndbuf_limited: Family<ConnLabels, Counter<f64, AtomicU64>>,
+    busy: Family<ConnLabels, Counter<f64, AtomicU64>>,
+}
+
+/// The target's Prometheus registry.
+pub struct Metrics {
+    registry: Registry,
+    lun_commands: Family<LunLabels, Counter>,
+    lun_read_bytes: Family<LunLabels, Counter>,
+    lun_write_bytes: Family<LunLabels, Counter>,
+    lun_errors: Family<LunLabels, Counter>,
+    lun_latency: Family<LunLabels, Histogram, fn() -> Histogram>,
+    live: Live,
+    /// One scrape at a time rebuilds the live families.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("mcsi_target");
+        let lun_commands = Family::<LunLabels, Counter>::default();
+        let lun_read_bytes = Family::<LunLabels, Counter>::default();
+        let lun_write_bytes = Family::<LunLabels, Counter>::default();
+        let lun_errors = Family::<LunLabels, Counter>::default();
+        let lun_latency = Family::<LunLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        r.register(
+            "lun_commands",
+            "SCSI commands completed, per LUN",
+            lun_commands.clone(),
+        );
+        r.register_with_unit(
+            "lun_read",
+            "Data-In bytes of completed commands, per LUN",
+            Unit::Bytes,
+            lun_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "lun_write",
+            "Data-Out bytes of completed commands, per LUN",
+            Unit::Bytes,
+            lun_write_bytes.clone(),
+        );
+        r.register(
+            "lun_errors",
+            "SCSI commands that ended with a status other than GOOD, per LUN",
+            lun_errors.clone(),
+        );
+        r.register_with_unit(
+            "lun_command_latency",
+            "Time from the target taking a command up to its status being queued, per LUN",
+            Unit::Seconds,
+            lun_latency.clone(),
+        );
+        let live = Live::default();
+        r.register(
+            "sessions",
+            "Sessions logged in, per target",
+            live.sessions.clone(),
+        );
+        r.register(
+            "connection_commands",
+            "SCSI commands completed that arrived on the connection",
+            live.commands.clone(),
+        );
+        r.register_with_unit(
+            "connection_read",
+            "Data-In bytes of the connection's commands",
+            Unit::Bytes,
+            live.read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "connection_write",
+            "Data-Out bytes of the connection's commands",
+            Unit::Bytes,
+            live.write_bytes.clone(),
+        );
+        r.register(
+            "connection_errors",
+            "Commands of the connection that ended with a status other than GOOD",
+            live.errors.clone(),
+        );
+        r.register(
+            "tcp_cwnd_segments",
+            "Congestion window of the target's socket (TCP_INFO), segments",
+            live.cwnd.clone(),
+        );
+        r.register_with_unit(
+            "tcp_cwnd",
+            "Congestion window of the target's socket, bytes (cwnd x MSS)",
+            Unit::Bytes,
+            live.cwnd_bytes.clone(),
+        );
+        r.register(
+            "tcp_ssthresh_segments",
+            "Slow-start threshold, segments",
+            live.ssthresh.clone(),
+        );
+        r.register_with_unit("tcp_mss", "Sender MSS", Unit::Bytes, live.mss.clone());
+        r.register_with_unit(
+            "tcp_rtt",
+            "Smoothed round-trip time",
+            Unit::Seconds,
+            live.rtt.clone(),
+        );
+        r.register_with_unit(
+            "tcp_min_rtt",
+            "Lowest round-trip time seen",
+            Unit::Seconds,
+            live.min_rtt.clone(),
+        );
+        r.register(
+            "tcp_delivery_rate_bytes_per_second",
+            "Latest delivery-rate sample",
+            live.delivery_rate.clone(),
+        );
+        r.register_with_unit(
+            "tcp_in_flight",
+            "Bytes sent and not yet acknowledged (nor known lost)",
+            Unit::Bytes,
+            live.in_flight.clone(),
+        );
+        r.register_with_unit(
+            "tcp_unsent",
+            "Bytes queued in the socket and not yet sent",
+            Unit::Bytes,
+            live.unsent.clone(),
+        );
+        r.register(
+            "tcp_retransmitted_segments",
+            "Segments retransmitted over the connection's life",
+            live.retrans.clone(),
+        );
+        r.register(
+            "tcp_lost_segments",
+            "Segments currently marked lost",
+            live.lost.clone(),
+        );
+        r.register(
+            "tcp_ca_state",
+            "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss",
+            live.ca_state.clone(),
+        );
+        r.register_with_unit(
+            "tcp_rwnd_limited",
+            "Time sending was limited by the initiator's receive window",
+            Unit::Seconds,
+            live.rwnd_limited.clone(),
+        );
+        r.register_with_unit(
+            "tcp_sndbuf_limited",
+            "Time sending was limited by the send buffer",
+            Unit::Seconds,
+            live.sndbuf_limited.clone(),
+        );
+        r.register_with_unit(
+            "tcp_busy",
+            "Time spent sending data",
+            Unit::Seconds,
+            live.busy.clone(),
+        );
+        Metrics {
+            registry: r,
+            lun_commands,
+            lun_read_bytes,
+            lun_write_bytes,
+            lun_errors,
+            lun_latency,
+            live,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// The handles of one LUN (made once, when the target starts).
+    pub fn lun(&self, target: &str, lun: u16) -> LunMetrics {
+        let l = LunLabels {
+            target: target.to_string(),
+            lun: lun.to_string(),
+        };
+        LunMetrics {
+            commands: self.lun_commands.get_or_create(&l).clone(),
+            read_bytes: self.lun_read_bytes.get_or_create(&l).clone(),
+            write_bytes: self.lun_write_bytes.get_or_create(&l).clone(),
+            errors: self.lun_errors.get_or_create(&l).clone(),
+            latency: Some(self.lun_latency.get_or_create(&l).clone()),
+        }
+    }
+
+    /// The exposition text, with session and connection series taken from `sessions` now.
+    pub fn encode(&self, sessions: &[SessionSnapshot]) -> String {
+        let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        let l = &self.live;
+        l.sessions.clear();
+        for f in [
+            &l.commands,
+            &l.read_bytes,
+            &l.write_bytes,
+            &l.errors,
+            &l.retrans,
+        ] {
+            f.clear();
+        }
+        for f in [
+            &l.cwnd,
+            &l.cwnd_bytes,
+            &l.ssthresh,
+            &l.mss,
+            &l.delivery_rate,
+            &l.in_flight,
+            &l.unsent,
+            &l.lost,
+            &l.ca_state,
+        ] {
+            f.clear();
+        }
+        for f in [&l.rtt, &l.min_rtt] {
+            f.clear();
+        }
+        for f in [&l.rwnd_limited, &l.sndbuf_limited, &l.busy] {
+            f.clear();
+        }
+        for s in sessions {
+            let Some(target) = &s.target else { continue };
+            l.sessions
+                .get_or_create(&TargetLabels {
+                    target: target.clone(),
+                })
+                .inc();
+            for c in &s.connections {
+                let k = ConnLabels {
+                    target: target.clone(),
+                    initiator: s.initiator.clone(),
+                    session: s.tsih.to_string(),
+                    cid: c.cid.to_string(),
+                    peer: c.peer.clone(),
+                    congestion: c.congestion.clone().unwrap_or_default(),
+                };
+                l.commands.get_or_create(&k).inc_by(c.commands);
+                l.read_bytes.get_or_create(&k).inc_by(c.read_bytes);
+                l.write_bytes.get_or_create(&k).inc_by(c.write_bytes);
+                l.errors.get_or_create(&k).inc_by(c.errors);
+                let Some(t) = &c.tcp else { continue };
+                let g = |f: &Family<ConnLabels, Gauge>, v: u64| {
+                    f.get_or_create(&k)
+                        .set(i64::try_from(v).unwrap_or(i64::MAX));
+                };
+                g(&l.cwnd, u64::from(t.cwnd));
+                g(&l.cwnd_bytes, t.cwnd_bytes());
+                g(&l.ssthresh, u64::from(t.ssthresh));
+                g(&l.mss, u64::from(t.snd_mss));
+                g(&l.in_flight, t.in_flight_bytes());
+                g(&l.lost, u64::from(t.lost));
+                g(&l.ca_state, ca_code(t));
+                if let Some(v) = t.delivery_rate {
+                    g(&l.delivery_rate, v);
+                }
+                if let Some(v) = t.notsent_bytes {
+                    g(&l.unsent, u64::from(v));
+                }
+                l.retrans
+                    .get_or_create(&k)
+                    .inc_by(u64::from(t.total_retrans));
+                l.rtt.get_or_create(&k).set(f64::from(t.rtt_us) / 1e6);
+                if let Some(v) = t.min_rtt_us {
+                    l.min_rtt.get_or_create(&k).set(f64::from(v) / 1e6);
+                }
+                let secs = |f: &Family<ConnLabels, Counter<f64, AtomicU64>>, v: Option<u64>| {
+                    if let Some(us) = v {
+                        f.get_or_create(&k).inc_by(us as f64 / 1e6);
+                    }
+                };
+                secs(&l.rwnd_limited, t.rwnd_limited_us);
+                secs(&l.sndbuf_limited, t.sndbuf_limited_us);
+                secs(&l.busy, t.busy_us);
+            }
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+fn ca_code(t: &TcpState) -> u64 {
+    use mcsi_tcp::CaState::*;
+    match t.ca_state {
+        Open => 0,
+        Disorder => 1,
+        Cwr => 2,
+        Recovery => 3,
+        Loss => 4,
+        Other(v) => u64::from(v),
+    }
+}
+
+/// One connection as the monitor and the metrics see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnSnapshot {
+    pub cid: u16,
+    pub role: &'static str,
+    pub peer: String,
+    pub local: String,
+    /// The congestion control the socket runs.
+    pub congestion: Option<String>,
+    pub commands: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+    /// The target's sending side: TCP_INFO of its socket.
+    pub tcp: Option<TcpState>,
+}
+
+/// One session.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionSnapshot {
+    pub tsih: u16,
+    /// None for a discovery session.
+    pub target: Option<String>,
+    pub initiator: String,
+    pub isid: String,
+    pub connections: Vec<ConnSnapshot>,
+}
+
+/// Every session's connections with their TCP state, sampled now.
+pub fn snapshot(shared: &Shared) -> Vec<SessionSnapshot> {
+    let mut out: Vec<SessionSnapshot> = shared
+        .all_sessions()
+        .iter()
+        .map(session_snapshot)
+        .collect();
+    out.sort_by_key(|s| s.tsih);
+    out
+}
+
+fn session_snapshot(s: &Arc<Session>) -> SessionSnapshot {
+    let mut conns: Vec<Arc<Conn>> = s.lock().conns.values().cloned().collect();
+    conns.sort_by_key(|c| c.cid);
+    SessionSnapshot {
+        tsih: s.tsih,
+        target: s.target.as_ref().map(|t| t.name.clone()),
+        initiator: s.initiator_name.clone(),
+        isid: s.isid.0.iter().map(|b| format!("{b:02x}")).collect(),
+        connections: conns.iter().map(|c| conn_snapshot(c)).collect(),
+    }
+}
+
+fn conn_snapshot(c: &Conn) -> ConnSnapshot {
+    let n = &c.counters;
+    ConnSnapshot {
+        cid: c.cid,
+        role: c.role.as_str(),
+        peer: c.peer.to_string(),
+        local: c.local.to_string(),
+        congestion: c
+            .sock
+            .as_ref()
+            .and_then(|s| mcsi_tcp::congestion::current(s).ok()),
+        commands: n.commands.load(Ordering::Relaxed),
+        read_bytes: n.read_bytes.load(Ordering::Relaxed),
+        write_bytes: n.write_bytes.load(Ordering::Relaxed),
+        errors: n.errors.load(Ordering::Relaxed),
+        tcp: c.sock.as_ref().and_then(|s| mcsi_tcp::tcp_state(s).ok()),
+    }
+}
