@@ -116,6 +116,8 @@ pub struct ConnectionStats {
     pub tcp: Option<TcpState>,
     /// The congestion control the socket really runs.
     pub congestion: Option<String>,
+    /// The target's address of this connection.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// A snapshot of the session.
@@ -739,15 +741,17 @@ impl Session {
             if let Some(t) = tcp {
                 inner.core.set_tcp(index, t);
             }
-            let congestion = inner
-                .conns
-                .get(index)
-                .and_then(|h| mcsi_tcp::congestion::current(&h.sock).ok());
+            let handle = inner.conns.get(index);
+            let congestion = handle.and_then(|h| mcsi_tcp::congestion::current(&h.sock).ok());
+            let peer = handle
+                .and_then(|h| h.sock.peer_addr().ok())
+                .and_then(|a| a.as_socket());
             conns.push(ConnectionStats {
                 index,
                 counters: c,
                 tcp,
                 congestion,
+                peer,
             });
         }
         SessionStats {

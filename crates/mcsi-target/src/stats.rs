@@ -106,21 +106,199 @@ struct Live {
     read_bytes: Family<ConnLabels, Counter>,
     write_bytes: Family<ConnLabels, Counter>,
     errors: Family<ConnLabels, Counter>,
-    cwnd: Family<ConnLabels, Gauge>,
-    cwnd_bytes: Family<ConnLabels, Gauge>,
-    ssthresh: Family<ConnLabels, Gauge>,
-    mss: Family<ConnLabels, Gauge>,
-    rtt: Family<ConnLabels, Gauge<f64, AtomicU64>>,
-    min_rtt: Family<ConnLabels, Gauge<f64, AtomicU64>>,
-    delivery_rate: Family<ConnLabels, Gauge>,
-    in_flight: Family<ConnLabels, Gauge>,
-    unsent: Family<ConnLabels, Gauge>,
-    retrans: Family<ConnLabels, Counter>,
-    lost: Family<ConnLabels, Gauge>,
-    ca_state: Family<ConnLabels, Gauge>,
-    rwnd_limited: Family<ConnLabels, Counter<f64, AtomicU64>>,
-    sndbuf_limited: Family<ConnLabels, Counter<f64, AtomicU64>>,
-    busy: Family<ConnLabels, Counter<f64, AtomicU64>>,
+    tcp: TcpFamilies<ConnLabels>,
+}
+
+/// The TCP state of connections as Prometheus families, for any label set (the target's and
+/// the initiator's connections).
+pub struct TcpFamilies<L> {
+    cwnd: Family<L, Gauge>,
+    cwnd_bytes: Family<L, Gauge>,
+    ssthresh: Family<L, Gauge>,
+    mss: Family<L, Gauge>,
+    rtt: Family<L, Gauge<f64, AtomicU64>>,
+    min_rtt: Family<L, Gauge<f64, AtomicU64>>,
+    delivery_rate: Family<L, Gauge>,
+    in_flight: Family<L, Gauge>,
+    unsent: Family<L, Gauge>,
+    retrans: Family<L, Counter>,
+    lost: Family<L, Gauge>,
+    ca_state: Family<L, Gauge>,
+    rwnd_limited: Family<L, Counter<f64, AtomicU64>>,
+    sndbuf_limited: Family<L, Counter<f64, AtomicU64>>,
+    busy: Family<L, Counter<f64, AtomicU64>>,
+}
+
+impl<L> Default for TcpFamilies<L>
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    fn default() -> Self {
+        TcpFamilies {
+            cwnd: Family::default(),
+            cwnd_bytes: Family::default(),
+            ssthresh: Family::default(),
+            mss: Family::default(),
+            rtt: Family::default(),
+            min_rtt: Family::default(),
+            delivery_rate: Family::default(),
+            in_flight: Family::default(),
+            unsent: Family::default(),
+            retrans: Family::default(),
+            lost: Family::default(),
+            ca_state: Family::default(),
+            rwnd_limited: Family::default(),
+            sndbuf_limited: Family::default(),
+            busy: Family::default(),
+        }
+    }
+}
+
+impl<L> TcpFamilies<L>
+where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    /// Registers the families under `r`'s prefix, named `tcp_*`; `whose` says whose socket
+    /// they describe ("the target's", "the initiator's").
+    pub fn register(&self, r: &mut Registry, whose: &str) {
+        r.register(
+            "tcp_cwnd_segments",
+            format!("Congestion window of {whose} socket (TCP_INFO), segments"),
+            self.cwnd.clone(),
+        );
+        r.register_with_unit(
+            "tcp_cwnd",
+            format!("Congestion window of {whose} socket, bytes (cwnd x MSS)"),
+            Unit::Bytes,
+            self.cwnd_bytes.clone(),
+        );
+        r.register(
+            "tcp_ssthresh_segments",
+            "Slow-start threshold, segments",
+            self.ssthresh.clone(),
+        );
+        r.register_with_unit("tcp_mss", "Sender MSS", Unit::Bytes, self.mss.clone());
+        r.register_with_unit(
+            "tcp_rtt",
+            "Smoothed round-trip time",
+            Unit::Seconds,
+            self.rtt.clone(),
+        );
+        r.register_with_unit(
+            "tcp_min_rtt",
+            "Lowest round-trip time seen",
+            Unit::Seconds,
+            self.min_rtt.clone(),
+        );
+        r.register(
+            "tcp_delivery_rate_bytes_per_second",
+            "Latest delivery-rate sample",
+            self.delivery_rate.clone(),
+        );
+        r.register_with_unit(
+            "tcp_in_flight",
+            "Bytes sent and not yet acknowledged (nor known lost)",
+            Unit::Bytes,
+            self.in_flight.clone(),
+        );
+        r.register_with_unit(
+            "tcp_unsent",
+            "Bytes queued in the socket and not yet sent",
+            Unit::Bytes,
+            self.unsent.clone(),
+        );
+        r.register(
+            "tcp_retransmitted_segments",
+            "Segments retransmitted over the connection's life",
+            self.retrans.clone(),
+        );
+        r.register(
+            "tcp_lost_segments",
+            "Segments currently marked lost",
+            self.lost.clone(),
+        );
+        r.register(
+            "tcp_ca_state",
+            "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss",
+            self.ca_state.clone(),
+        );
+        r.register_with_unit(
+            "tcp_rwnd_limited",
+            "Time sending was limited by the peer's receive window",
+            Unit::Seconds,
+            self.rwnd_limited.clone(),
+        );
+        r.register_with_unit(
+            "tcp_sndbuf_limited",
+            "Time sending was limited by the send buffer",
+            Unit::Seconds,
+            self.sndbuf_limited.clone(),
+        );
+        r.register_with_unit(
+            "tcp_busy",
+            "Time spent sending data",
+            Unit::Seconds,
+            self.busy.clone(),
+        );
+    }
+
+    /// Forgets every connection (before a scrape fills them again).
+    pub fn clear(&self) {
+        for f in [
+            &self.cwnd,
+            &self.cwnd_bytes,
+            &self.ssthresh,
+            &self.mss,
+            &self.delivery_rate,
+            &self.in_flight,
+            &self.unsent,
+            &self.lost,
+            &self.ca_state,
+        ] {
+            f.clear();
+        }
+        self.retrans.clear();
+        self.rtt.clear();
+        self.min_rtt.clear();
+        for f in [&self.rwnd_limited, &self.sndbuf_limited, &self.busy] {
+            f.clear();
+        }
+    }
+
+    /// One connection's state.
+    pub fn set(&self, k: &L, t: &TcpState) {
+        let g = |f: &Family<L, Gauge>, v: u64| {
+            f.get_or_create(k).set(i64::try_from(v).unwrap_or(i64::MAX));
+        };
+        g(&self.cwnd, u64::from(t.cwnd));
+        g(&self.cwnd_bytes, t.cwnd_bytes());
+        g(&self.ssthresh, u64::from(t.ssthresh));
+        g(&self.mss, u64::from(t.snd_mss));
+        g(&self.in_flight, t.in_flight_bytes());
+        g(&self.lost, u64::from(t.lost));
+        g(&self.ca_state, ca_code(t));
+        if let Some(v) = t.delivery_rate {
+            g(&self.delivery_rate, v);
+        }
+        if let Some(v) = t.notsent_bytes {
+            g(&self.unsent, u64::from(v));
+        }
+        self.retrans
+            .get_or_create(k)
+            .inc_by(u64::from(t.total_retrans));
+        self.rtt.get_or_create(k).set(f64::from(t.rtt_us) / 1e6);
+        if let Some(v) = t.min_rtt_us {
+            self.min_rtt.get_or_create(k).set(f64::from(v) / 1e6);
+        }
+        let secs = |f: &Family<L, Counter<f64, AtomicU64>>, v: Option<u64>| {
+            if let Some(us) = v {
+                f.get_or_create(k).inc_by(us as f64 / 1e6);
+            }
+        };
+        secs(&self.rwnd_limited, t.rwnd_limited_us);
+        secs(&self.sndbuf_limited, t.sndbuf_limited_us);
+        secs(&self.busy, t.busy_us);
+    }
 }
 
 /// The target's Prometheus registry.
@@ -208,85 +386,7 @@ impl Metrics {
             "Commands of the connection that ended with a status other than GOOD",
             live.errors.clone(),
         );
-        r.register(
-            "tcp_cwnd_segments",
-            "Congestion window of the target's socket (TCP_INFO), segments",
-            live.cwnd.clone(),
-        );
-        r.register_with_unit(
-            "tcp_cwnd",
-            "Congestion window of the target's socket, bytes (cwnd x MSS)",
-            Unit::Bytes,
-            live.cwnd_bytes.clone(),
-        );
-        r.register(
-            "tcp_ssthresh_segments",
-            "Slow-start threshold, segments",
-            live.ssthresh.clone(),
-        );
-        r.register_with_unit("tcp_mss", "Sender MSS", Unit::Bytes, live.mss.clone());
-        r.register_with_unit(
-            "tcp_rtt",
-            "Smoothed round-trip time",
-            Unit::Seconds,
-            live.rtt.clone(),
-        );
-        r.register_with_unit(
-            "tcp_min_rtt",
-            "Lowest round-trip time seen",
-            Unit::Seconds,
-            live.min_rtt.clone(),
-        );
-        r.register(
-            "tcp_delivery_rate_bytes_per_second",
-            "Latest delivery-rate sample",
-            live.delivery_rate.clone(),
-        );
-        r.register_with_unit(
-            "tcp_in_flight",
-            "Bytes sent and not yet acknowledged (nor known lost)",
-            Unit::Bytes,
-            live.in_flight.clone(),
-        );
-        r.register_with_unit(
-            "tcp_unsent",
-            "Bytes queued in the socket and not yet sent",
-            Unit::Bytes,
-            live.unsent.clone(),
-        );
-        r.register(
-            "tcp_retransmitted_segments",
-            "Segments retransmitted over the connection's life",
-            live.retrans.clone(),
-        );
-        r.register(
-            "tcp_lost_segments",
-            "Segments currently marked lost",
-            live.lost.clone(),
-        );
-        r.register(
-            "tcp_ca_state",
-            "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss",
-            live.ca_state.clone(),
-        );
-        r.register_with_unit(
-            "tcp_rwnd_limited",
-            "Time sending was limited by the initiator's receive window",
-            Unit::Seconds,
-            live.rwnd_limited.clone(),
-        );
-        r.register_with_unit(
-            "tcp_sndbuf_limited",
-            "Time sending was limited by the send buffer",
-            Unit::Seconds,
-            live.sndbuf_limited.clone(),
-        );
-        r.register_with_unit(
-            "tcp_busy",
-            "Time spent sending data",
-            Unit::Seconds,
-            live.busy.clone(),
-        );
+        live.tcp.register(&mut r, "the target's");
         Metrics {
             registry: r,
             lun_commands,
@@ -319,34 +419,10 @@ impl Metrics {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         let l = &self.live;
         l.sessions.clear();
-        for f in [
-            &l.commands,
-            &l.read_bytes,
-            &l.write_bytes,
-            &l.errors,
-            &l.retrans,
-        ] {
+        for f in [&l.commands, &l.read_bytes, &l.write_bytes, &l.errors] {
             f.clear();
         }
-        for f in [
-            &l.cwnd,
-            &l.cwnd_bytes,
-            &l.ssthresh,
-            &l.mss,
-            &l.delivery_rate,
-            &l.in_flight,
-            &l.unsent,
-            &l.lost,
-            &l.ca_state,
-        ] {
-            f.clear();
-        }
-        for f in [&l.rtt, &l.min_rtt] {
-            f.clear();
-        }
-        for f in [&l.rwnd_limited, &l.sndbuf_limited, &l.busy] {
-            f.clear();
-        }
+        l.tcp.clear();
         for s in sessions {
             let Some(target) = &s.target else { continue };
             l.sessions
@@ -367,39 +443,9 @@ impl Metrics {
                 l.read_bytes.get_or_create(&k).inc_by(c.read_bytes);
                 l.write_bytes.get_or_create(&k).inc_by(c.write_bytes);
                 l.errors.get_or_create(&k).inc_by(c.errors);
-                let Some(t) = &c.tcp else { continue };
-                let g = |f: &Family<ConnLabels, Gauge>, v: u64| {
-                    f.get_or_create(&k)
-                        .set(i64::try_from(v).unwrap_or(i64::MAX));
-                };
-                g(&l.cwnd, u64::from(t.cwnd));
-                g(&l.cwnd_bytes, t.cwnd_bytes());
-                g(&l.ssthresh, u64::from(t.ssthresh));
-                g(&l.mss, u64::from(t.snd_mss));
-                g(&l.in_flight, t.in_flight_bytes());
-                g(&l.lost, u64::from(t.lost));
-                g(&l.ca_state, ca_code(t));
-                if let Some(v) = t.delivery_rate {
-                    g(&l.delivery_rate, v);
+                if let Some(t) = &c.tcp {
+                    l.tcp.set(&k, t);
                 }
-                if let Some(v) = t.notsent_bytes {
-                    g(&l.unsent, u64::from(v));
-                }
-                l.retrans
-                    .get_or_create(&k)
-                    .inc_by(u64::from(t.total_retrans));
-                l.rtt.get_or_create(&k).set(f64::from(t.rtt_us) / 1e6);
-                if let Some(v) = t.min_rtt_us {
-                    l.min_rtt.get_or_create(&k).set(f64::from(v) / 1e6);
-                }
-                let secs = |f: &Family<ConnLabels, Counter<f64, AtomicU64>>, v: Option<u64>| {
-                    if let Some(us) = v {
-                        f.get_or_create(&k).inc_by(us as f64 / 1e6);
-                    }
-                };
-                secs(&l.rwnd_limited, t.rwnd_limited_us);
-                secs(&l.sndbuf_limited, t.sndbuf_limited_us);
-                secs(&l.busy, t.busy_us);
             }
         }
         let mut out = String::new();
@@ -451,11 +497,8 @@ pub struct SessionSnapshot {
 
 /// Every session's connections with their TCP state, sampled now.
 pub fn snapshot(shared: &Shared) -> Vec<SessionSnapshot> {
-    let mut out: Vec<SessionSnapshot> = shared
-        .all_sessions()
-        .iter()
-        .map(session_snapshot)
-        .collect();
+    let mut out: Vec<SessionSnapshot> =
+        shared.all_sessions().iter().map(session_snapshot).collect();
     out.sort_by_key(|s| s.tsih);
     out
 }

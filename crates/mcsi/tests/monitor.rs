@@ -241,3 +241,75 @@ fn metrics_pass_promtool() {
         text.lines().count()
     );
 }
+
+#[test]
+fn monitor_follows_an_initiator_run() {
+    let t = start_target();
+    let url = format!("iscsi://{}/{IQN}/0", t.portal);
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "bench",
+            &url,
+            "--connections",
+            "2",
+            "--iodepth",
+            "4",
+            "--bs",
+            "64KiB",
+        ])
+        .args([
+            "--rw",
+            "randwrite",
+            "--runtime",
+            "4",
+            "--congestion",
+            "cubic",
+        ])
+        .args(["--metrics", "127.0.0.1:0"])
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(bench.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("bench output ended").unwrap();
+        if let Some(a) = l.strip_prefix("metrics on http://") {
+            break a.split('/').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let out = Command::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "monitor",
+            &addr,
+            "--json",
+            "--interval",
+            "250ms",
+            "--duration",
+            "2s",
+        ])
+        .output()
+        .unwrap();
+    let _ = bench.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for cid in [0, 1] {
+        let mine: Vec<&serde_json::Value> = rows.iter().filter(|r| r["cid"] == cid).collect();
+        assert!(mine.len() >= 5, "cid {cid}: {rows:?}");
+        assert!(mine
+            .iter()
+            .all(|r| r["side"] == "initiator" && r["congestion"] == "cubic"));
+        // Writes: the initiator is the sender.
+        assert!(mine
+            .iter()
+            .any(|r| r["send_rate"].as_f64().is_some_and(|v| v > 0.0)));
+    }
+}

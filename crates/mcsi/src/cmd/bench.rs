@@ -66,6 +66,10 @@ pub struct Args {
     /// Connection scheduler: round-robin or least-outstanding.
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// Serve the session's connections and their TCP state on this address while the run goes
+    /// on (GET /state for `mcsi monitor`, GET /metrics for Prometheus), e.g. 127.0.0.1:9465.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// TCP congestion control of every connection of the session (for example cubic, reno,
     /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
     /// lists the ones it does.
@@ -488,6 +492,17 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     let session = connect(&url, opts)
         .await
         .with_context(|| format!("connecting to {url}"))?;
+    if let Some(addr) = &a.metrics {
+        let observer = crate::cmd::observe::SessionObserver {
+            session: session.clone(),
+            initiator: a
+                .initiator_name
+                .clone()
+                .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
+        };
+        let at = crate::cmd::http::serve(addr, std::sync::Arc::new(observer)).await?;
+        eprintln!("metrics on http://{at}/metrics, connections on http://{at}/state");
+    }
     let result = run_jobs(&a, &session, &url, bs).await;
     if let Err(e) = session.logout().await {
         tracing::warn!(error = %e, "logout failed");

@@ -7,6 +7,7 @@ pub mod lab;
 pub mod link;
 pub mod model;
 pub mod monitor;
+pub mod observe;
 pub mod target;
 
 /// `--congestion NAME`: checked against the kernel when the tool starts, so that a name it does
