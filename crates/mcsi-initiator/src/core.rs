@@ -116,6 +116,8 @@ struct ConnState {
     statuses_in: u64,
     data_in_bytes: u64,
     tcp: Option<TcpState>,
+    /// Bytes per second completed while busy, as the session measures it.
+    rate: Option<f64>,
 }
 
 /// Counters of one connection.
@@ -217,6 +219,7 @@ impl<C> SessionCore<C> {
                 statuses_in: 0,
                 data_in_bytes: 0,
                 tcp: None,
+                rate: None,
             })
             .collect();
         self.pump(out);
@@ -333,6 +336,13 @@ impl<C> SessionCore<C> {
         }
     }
 
+    /// Record the rate a connection completes data at while busy ([`crate::sched::RateMeter`]).
+    pub fn set_rate(&mut self, conn: usize, rate: Option<f64>) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.rate = rate;
+        }
+    }
+
     /// Stop giving new tasks to a connection (before its logout).
     pub fn set_draining(&mut self, conn: usize) {
         if let Some(c) = self.conns.get_mut(conn) {
@@ -393,6 +403,7 @@ impl<C> SessionCore<C> {
                 outstanding_tasks: c.outstanding_tasks,
                 outstanding_bytes: c.outstanding_bytes,
                 tcp: c.tcp,
+                rate: c.rate,
             })
             .collect()
     }

@@ -17,6 +17,9 @@ pub struct ConnLoad {
     pub outstanding_bytes: u64,
     /// The socket's TCP state when the session samples it (for congestion-aware policies).
     pub tcp: Option<mcsi_tcp::TcpState>,
+    /// Bytes per second the connection completes while it has tasks ([`RateMeter`]), in either
+    /// direction; None until measured.
+    pub rate: Option<f64>,
 }
 
 /// The task being placed.
@@ -96,14 +99,205 @@ impl Scheduler for LeastOutstanding {
     }
 }
 
-/// Names accepted by [`policy`].
-pub const POLICIES: &[&str] = &["round-robin", "least-outstanding"];
+/// Each task on the connection expected to complete it first: the bytes queued on the
+/// connection plus the task's, at the rate the connection delivers, plus its round-trip time.
+///
+/// The rate is what the connection completed while it had work ([`RateMeter`], measured by the
+/// session in both directions, since the initiator's own socket carries little of a read);
+/// before a measurement, the kernel's delivery rate of the initiator's socket (writes), or its
+/// window over its RTT. A connection not yet measured is costed at the best known rate, so it
+/// gets work and a measurement. Unlike least-outstanding, which balances bytes as if every
+/// path were equally fast, this keeps a slow or long path for the tasks that would otherwise
+/// wait longer behind the fast one, which bounds the tail latency.
+#[derive(Debug, Default, Clone)]
+pub struct TcpAware {
+    rotor: usize,
+}
+
+impl TcpAware {
+    fn rate_of(c: &ConnLoad) -> Option<f64> {
+        let tcp_rate = c.tcp.and_then(|t| {
+            t.delivery_rate
+                .filter(|_| !t.delivery_rate_app_limited)
+                .map(|r| r as f64)
+                .or_else(|| {
+                    (t.rtt_us > 0).then(|| t.cwnd_bytes() as f64 / (f64::from(t.rtt_us) / 1e6))
+                })
+        });
+        c.rate.or(tcp_rate).filter(|r| *r > 0.0)
+    }
+}
+
+impl Scheduler for TcpAware {
+    fn name(&self) -> &'static str {
+        "tcp-aware"
+    }
+
+    fn pick(&mut self, conns: &[ConnLoad], task: &TaskInfo) -> Option<usize> {
+        let n = conns.len();
+        let best_rate = conns
+            .iter()
+            .filter(|c| c.usable)
+            .filter_map(Self::rate_of)
+            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+        let mut best: Option<(usize, f64)> = None;
+        for i in 0..n {
+            let idx = (self.rotor + i) % n;
+            let c = &conns[idx];
+            if !c.usable {
+                continue;
+            }
+            let cost = match Self::rate_of(c).or(best_rate) {
+                Some(rate) => {
+                    let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
+                    (c.outstanding_bytes + task.bytes) as f64 / rate + rtt
+                }
+                // Nothing measured anywhere yet: fewest bytes queued.
+                None => c.outstanding_bytes as f64,
+            };
+            if best.is_none_or(|(_, b)| cost < b) {
+                best = Some((idx, cost));
+            }
+        }
+        let idx = best?.0;
+        self.rotor = (idx + 1) % n.max(1);
+        Some(idx)
+    }
+
+    fn wants_tcp_info(&self) -> bool {
+        true
+    }
+}
+
+/// Static weights, as Windows' Weighted Paths: connection i gets weights[i] of every
+/// sum(weights) tasks, interleaved (smooth weighted round-robin); a connection without a weight
+/// has weight 1, an unusable one is skipped.
+#[derive(Debug, Clone)]
+pub struct Weighted {
+    weights: Vec<u32>,
+    current: Vec<i64>,
+}
+
+impl Weighted {
+    pub fn new(weights: Vec<u32>) -> Weighted {
+        Weighted {
+            weights,
+            current: Vec::new(),
+        }
+    }
+}
+
+impl Scheduler for Weighted {
+    fn name(&self) -> &'static str {
+        "weighted"
+    }
+
+    fn pick(&mut self, conns: &[ConnLoad], _task: &TaskInfo) -> Option<usize> {
+        self.current.resize(conns.len(), 0);
+        let w = |i: usize| i64::from(self.weights.get(i).copied().unwrap_or(1));
+        let mut total = 0;
+        let mut best: Option<usize> = None;
+        for (i, c) in conns.iter().enumerate() {
+            if !c.usable || w(i) == 0 {
+                continue;
+            }
+            self.current[i] += w(i);
+            total += w(i);
+            if best.is_none_or(|b| self.current[i] > self.current[b]) {
+                best = Some(i);
+            }
+        }
+        let b = best?;
+        self.current[b] -= total;
+        Some(b)
+    }
+}
+
+/// One active connection, the others standby: every task goes to the first usable connection
+/// in order, and to the next one only when that one is lost or draining.
+#[derive(Debug, Default, Clone)]
+pub struct Failover;
+
+impl Scheduler for Failover {
+    fn name(&self) -> &'static str {
+        "failover"
+    }
+
+    fn pick(&mut self, conns: &[ConnLoad], _task: &TaskInfo) -> Option<usize> {
+        conns.iter().position(|c| c.usable)
+    }
+}
+
+/// The rate a connection completes data at while it has work: bytes completed over the time it
+/// had tasks outstanding, over the last second or so of busy time. Time is passed in.
+#[derive(Debug, Clone, Default)]
+pub struct RateMeter {
+    last: Option<(f64, u64, bool)>,
+    /// (busy seconds, bytes) per sampling interval that started busy, newest last.
+    window: std::collections::VecDeque<(f64, u64)>,
+}
+
+impl RateMeter {
+    /// Busy time the estimate looks back over.
+    const SPAN: f64 = 1.0;
+
+    /// A sample at `now` (seconds): the connection's completed bytes so far and whether it has
+    /// tasks outstanding.
+    pub fn sample(&mut self, now: f64, completed: u64, busy: bool) {
+        if let Some((t, b, was_busy)) = self.last {
+            let dt = now - t;
+            if dt > 0.0 && was_busy {
+                self.window.push_back((dt, completed.saturating_sub(b)));
+                let mut span: f64 = self.window.iter().map(|w| w.0).sum();
+                while span > Self::SPAN && self.window.len() > 1 {
+                    if let Some((d, _)) = self.window.pop_front() {
+                        span -= d;
+                    }
+                }
+            }
+        }
+        self.last = Some((now, completed, busy));
+    }
+
+    /// Bytes per second, once at least 50 ms of busy time with data has been seen.
+    pub fn rate(&self) -> Option<f64> {
+        let (t, b) = self
+            .window
+            .iter()
+            .fold((0.0, 0u64), |(t, b), w| (t + w.0, b + w.1));
+        (t >= 0.05 && b > 0).then(|| b as f64 / t)
+    }
+}
+
+/// Names accepted by [`policy`] (`weighted` takes its weights: `weighted:3,1`).
+pub const POLICIES: &[&str] = &[
+    "round-robin",
+    "least-outstanding",
+    "tcp-aware",
+    "weighted:W1,W2,...",
+    "failover",
+];
 
 /// Build a policy by name.
 pub fn policy(name: &str) -> Result<Box<dyn Scheduler>, Error> {
+    if let Some(w) = name.strip_prefix("weighted") {
+        let list = w.strip_prefix(':').unwrap_or("");
+        let weights: Result<Vec<u32>, _> =
+            list.split(',').map(|x| x.trim().parse::<u32>()).collect();
+        return match weights {
+            Ok(ws) if !list.is_empty() && ws.iter().any(|&x| x > 0) && ws.iter().all(|&x| x <= 1000) => {
+                Ok(Box::new(Weighted::new(ws)))
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "policy {name:?}: weighted needs one weight per connection, 0 to 1000, not all 0, e.g. weighted:3,1"
+            ))),
+        };
+    }
     match name {
         "round-robin" | "rr" => Ok(Box::new(RoundRobin::default())),
         "least-outstanding" | "lo" => Ok(Box::new(LeastOutstanding::default())),
+        "tcp-aware" => Ok(Box::new(TcpAware::default())),
+        "failover" => Ok(Box::new(Failover)),
         other => Err(Error::InvalidArgument(format!(
             "unknown scheduler policy {other:?}; known policies: {}",
             POLICIES.join(", ")
@@ -121,6 +315,7 @@ mod tests {
             outstanding_tasks: tasks,
             outstanding_bytes: bytes,
             tcp: None,
+            rate: None,
         }
     }
 
@@ -228,6 +423,147 @@ mod tests {
             "least-outstanding"
         );
         let e = policy("random").unwrap_err().to_string();
-        assert!(e.contains("round-robin, least-outstanding"), "{e}");
+        assert!(
+            e.contains("round-robin, least-outstanding, tcp-aware"),
+            "{e}"
+        );
+        assert_eq!(policy("tcp-aware").unwrap().name(), "tcp-aware");
+        assert_eq!(policy("failover").unwrap().name(), "failover");
+        assert_eq!(policy("weighted:3,1").unwrap().name(), "weighted");
+        for bad in [
+            "weighted",
+            "weighted:",
+            "weighted:0,0",
+            "weighted:a,1",
+            "weighted:5000",
+        ] {
+            let e = policy(bad).unwrap_err().to_string();
+            assert!(e.contains("e.g. weighted:3,1"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn weighted_interleaves_by_weight_and_skips_unusable() {
+        let mut w = Weighted::new(vec![3, 1]);
+        let conns = vec![load(true, 0, 0); 2];
+        let picks: Vec<_> = (0..8).map(|_| w.pick(&conns, &T).unwrap()).collect();
+        assert_eq!(picks, vec![0, 0, 1, 0, 0, 0, 1, 0]);
+        let conns = vec![load(false, 0, 0), load(true, 0, 0)];
+        assert!((0..4).all(|_| w.pick(&conns, &T) == Some(1)));
+        // A third connection without a weight counts 1.
+        let mut w = Weighted::new(vec![2, 1]);
+        let conns = vec![load(true, 0, 0); 3];
+        let mut n = [0; 3];
+        for _ in 0..400 {
+            n[w.pick(&conns, &T).unwrap()] += 1;
+        }
+        assert_eq!(n, [200, 100, 100]);
+    }
+
+    #[test]
+    fn failover_keeps_to_the_first_usable() {
+        let mut f = Failover;
+        let mut conns = vec![load(true, 5, 1 << 20), load(true, 0, 0), load(true, 0, 0)];
+        assert!((0..3).all(|_| f.pick(&conns, &T) == Some(0)));
+        conns[0].usable = false;
+        assert_eq!(f.pick(&conns, &T), Some(1));
+    }
+
+    /// Two paths, 2.5 MB/s with 10 ms RTT and 0.625 MB/s with 80 ms, 16 tasks of 64 KiB kept
+    /// outstanding; each path serves its queue in order. The time-to-complete policy keeps the
+    /// slow path for what would wait longer on the fast one: more throughput than
+    /// round-robin and a far shorter tail than least-outstanding.
+    #[test]
+    fn tcp_aware_beats_round_robin_and_least_outstanding_on_unequal_paths() {
+        fn simulate(s: &mut dyn Scheduler) -> (f64, f64) {
+            let rates = [2.5e6, 0.625e6];
+            let rtts = [0.010, 0.080];
+            let size = 65536u64;
+            let mut conns = vec![load(true, 0, 0); 2];
+            for (i, c) in conns.iter_mut().enumerate() {
+                c.rate = Some(rates[i]);
+                c.tcp = Some(mcsi_tcp::TcpState {
+                    rtt_us: (rtts[i] * 1e6) as u32,
+                    ..Default::default()
+                });
+            }
+            // Per path: completion times of its queued tasks, in order.
+            let mut queues: Vec<std::collections::VecDeque<(f64, f64)>> =
+                vec![Default::default(); 2];
+            let mut now = 0.0;
+            let mut lat = Vec::new();
+            let t = TaskInfo {
+                bytes: size,
+                write: false,
+            };
+            let issue = |now: f64,
+                         conns: &mut Vec<ConnLoad>,
+                         queues: &mut Vec<std::collections::VecDeque<(f64, f64)>>,
+                         s: &mut dyn Scheduler| {
+                let c = s.pick(conns, &t).unwrap();
+                let start = queues[c].back().map_or(now, |b| b.1.max(now));
+                let done = start + size as f64 / rates[c];
+                queues[c].push_back((now, done));
+                conns[c].outstanding_tasks += 1;
+                conns[c].outstanding_bytes += size;
+            };
+            for _ in 0..16 {
+                issue(now, &mut conns, &mut queues, s);
+            }
+            for _ in 0..4000 {
+                // The next completion (plus the path's RTT for the status to arrive).
+                let (c, _) = (0..2)
+                    .filter_map(|c| queues[c].front().map(|f| (c, f.1 + rtts[c])))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .unwrap();
+                let (issued, done) = queues[c].pop_front().unwrap();
+                now = done + rtts[c];
+                lat.push(now - issued);
+                conns[c].outstanding_tasks -= 1;
+                conns[c].outstanding_bytes -= size;
+                issue(now, &mut conns, &mut queues, s);
+            }
+            lat.sort_by(f64::total_cmp);
+            let mbs = lat.len() as f64 * size as f64 / now / 1e6;
+            (mbs, lat[lat.len() * 99 / 100])
+        }
+        let (rr, rr_p99) = simulate(&mut RoundRobin::default());
+        let (lo, lo_p99) = simulate(&mut LeastOutstanding::default());
+        let (ta, ta_p99) = simulate(&mut TcpAware::default());
+        eprintln!("simulated: round-robin {rr:.2} MB/s p99 {rr_p99:.3} s; least-outstanding {lo:.2} MB/s p99 {lo_p99:.3} s; tcp-aware {ta:.2} MB/s p99 {ta_p99:.3} s");
+        assert!(
+            ta >= 1.3 * rr,
+            "tcp-aware {ta:.2} MB/s, round-robin {rr:.2}"
+        );
+        assert!(
+            ta >= 0.95 * lo,
+            "tcp-aware {ta:.2} MB/s, least-outstanding {lo:.2}"
+        );
+        assert!(
+            ta_p99 < rr_p99 && ta_p99 < lo_p99,
+            "p99: {ta_p99:.3} s, rr {rr_p99:.3}, lo {lo_p99:.3}"
+        );
+    }
+
+    #[test]
+    fn rate_meter_counts_busy_time_only() {
+        let mut m = RateMeter::default();
+        assert_eq!(m.rate(), None);
+        m.sample(0.0, 0, true);
+        m.sample(0.1, 100_000, false); // 1 MB/s while busy
+        m.sample(5.0, 100_000, true); // idle for 4.9 s: not counted
+        m.sample(5.1, 200_000, true);
+        let r = m.rate().unwrap();
+        assert!((r - 1e6).abs() < 1.0, "{r}");
+        // Old busy time falls out of the window.
+        for i in 0..30u32 {
+            m.sample(
+                5.2 + f64::from(i) * 0.1,
+                200_000 + u64::from(i + 1) * 10_000,
+                true,
+            );
+        }
+        let r = m.rate().unwrap();
+        assert!((r - 100_000.0).abs() < 1.0, "{r}");
     }
 }

@@ -435,9 +435,12 @@ async fn watchdog(shared: Arc<Shared>, generation: u64) {
     }
 }
 
-/// Feed each connection's TCP_INFO to the scheduler while this generation of connections lives.
+/// Feed each connection's TCP_INFO, and the rate it completes data at while busy, to the
+/// scheduler while this generation of connections lives.
 async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
     let mut tick = tokio::time::interval(TCP_INFO_PERIOD);
+    let t0 = tokio::time::Instant::now();
+    let mut meters: Vec<crate::sched::RateMeter> = Vec::new();
     loop {
         tick.tick().await;
         let mut inner = lock(&shared);
@@ -452,6 +455,17 @@ async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
             .collect();
         for (i, t) in samples {
             inner.core.set_tcp(i, t);
+        }
+        let now = t0.elapsed().as_secs_f64();
+        let stats = inner.core.conn_stats();
+        meters.resize_with(stats.len(), Default::default);
+        for (i, (c, m)) in stats.iter().zip(meters.iter_mut()).enumerate() {
+            m.sample(
+                now,
+                c.bytes.saturating_sub(c.outstanding_bytes),
+                c.outstanding_tasks > 0,
+            );
+            inner.core.set_rate(i, m.rate());
         }
     }
 }

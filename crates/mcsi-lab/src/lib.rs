@@ -33,6 +33,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "wan-loss-cc",
         include_str!("../experiments/wan-loss-cc.toml"),
     ),
+    ("two-paths", include_str!("../experiments/two-paths.toml")),
 ];
 
 /// Parses a shipped experiment.

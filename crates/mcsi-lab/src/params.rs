@@ -36,6 +36,8 @@ enum Kind {
     Rate,
     /// Free text, checked by the program that takes it.
     Text,
+    /// A connection scheduler: one of [`POLICY`] or `weighted:W1,W2,...`.
+    Policy,
 }
 
 /// One known parameter.
@@ -50,7 +52,7 @@ pub struct Def {
 }
 
 const RW: &[&str] = &["read", "write", "randread", "randwrite"];
-const POLICY: &[&str] = &["round-robin", "least-outstanding"];
+const POLICY: &[&str] = &["round-robin", "least-outstanding", "tcp-aware", "failover"];
 const PROFILE: &[&str] = &["802.11b", "802.11g"];
 const TARGET: &[&str] = &["mcsi", "tgt"];
 const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf"];
@@ -117,9 +119,9 @@ pub const DEFS: &[Def] = &[
     Def {
         name: "policy",
         role: Role::Bench,
-        kind: Kind::Choice(POLICY),
+        kind: Kind::Policy,
         axis: "scheduler",
-        help: "round-robin or least-outstanding",
+        help: "round-robin, least-outstanding, tcp-aware, failover or weighted:W1,W2,...",
     },
     Def {
         name: "asymmetric",
@@ -197,6 +199,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Text,
         axis: "queue limit",
         help: "drop-tail limit, bytes (64KiB) or packets (100p)",
+    },
+    Def {
+        name: "paths",
+        role: Role::Link,
+        kind: Kind::Text,
+        axis: "paths",
+        help: "several paths, ';' between them, each key=value,... on top of the link's options (e.g. \"rate=20mbit,delay=2.5ms;rate=5mbit,delay=20ms\"); each new connection takes the next path",
     },
     Def {
         name: "mtu",
@@ -322,6 +331,25 @@ impl Def {
                     text: fmt_num(r),
                     num: Some(r / 1e6),
                 })
+            }
+            Kind::Policy => {
+                let w = raw.trim();
+                let weights_ok = w.strip_prefix("weighted:").is_some_and(|l| {
+                    let ws: Option<Vec<u32>> =
+                        l.split(',').map(|x| x.trim().parse().ok()).collect();
+                    ws.is_some_and(|ws| ws.iter().any(|&x| x > 0) && ws.iter().all(|&x| x <= 1000))
+                });
+                if POLICY.contains(&w) || weights_ok {
+                    Ok(Value {
+                        text: w.to_string(),
+                        num: None,
+                    })
+                } else {
+                    Err(e(format!(
+                        "unknown policy (use {}, or weighted:W1,W2,... with weights 0 to 1000)",
+                        POLICY.join(", ")
+                    )))
+                }
             }
             Kind::Text => {
                 if raw.trim().is_empty() {

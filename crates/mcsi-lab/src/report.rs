@@ -5,7 +5,7 @@
 use crate::model;
 use crate::plot;
 use crate::results::{self, Aggregate, RunRow};
-use crate::spec::{Claim, Experiment, Selector};
+use crate::spec::{Bound, Claim, Experiment, Selector};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -114,7 +114,13 @@ pub fn judge(c: &Claim, aggs: &[Aggregate]) -> Judged {
     let runs = at.map_or(0, |a| a.runs);
     let verdict = match measured {
         None => Verdict::NotMeasured,
-        Some((m, _, _)) if (m - c.published).abs() <= c.tolerance * c.published => {
+        Some((m, _, _))
+            if match c.bound {
+                None => (m - c.published).abs() <= c.tolerance * c.published,
+                Some(Bound::AtLeast) => m >= c.published * (1.0 - c.tolerance),
+                Some(Bound::AtMost) => m <= c.published * (1.0 + c.tolerance),
+            } =>
+        {
             Verdict::Reproduced
         }
         Some(_) => Verdict::Differs,
@@ -160,6 +166,13 @@ fn measured_cell(j: &Judged) -> String {
     }
 }
 
+fn published_cell(c: &Claim) -> String {
+    match c.bound {
+        None => num(c.published),
+        Some(b) => format!("{} {}", b.sign(), num(c.published)),
+    }
+}
+
 fn verdict_cell(j: &Judged) -> String {
     match (j.verdict, j.measured) {
         (Verdict::Differs, Some((m, _, _))) => {
@@ -168,10 +181,13 @@ fn verdict_cell(j: &Judged) -> String {
         }
         (Verdict::Reproduced, Some((m, _, _))) => {
             let pct = (m / j.claim.published - 1.0) * 100.0;
-            format!(
-                "**reproduced** ({pct:+.0} %, within ±{:.0} %)",
-                j.claim.tolerance * 100.0
-            )
+            match j.claim.bound {
+                None => format!(
+                    "**reproduced** ({pct:+.0} %, within ±{:.0} %)",
+                    j.claim.tolerance * 100.0
+                ),
+                Some(b) => format!("**reproduced** ({pct:+.0} %, {} holds)", b.sign()),
+            }
         }
         (v, _) => format!("**{}**", v.word()),
     }
@@ -276,7 +292,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             "| {} | {} | {} {} | {} | {} | {} |",
             j.claim.text,
             j.claim.source,
-            num(j.claim.published),
+            published_cell(&j.claim),
             unit(&j.claim),
             model_cell(j),
             measured_cell(j),
@@ -287,7 +303,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     for j in &judged {
         let _ = writeln!(
             md,
-            "- **{}** ({}): measured at {}{}; tolerance ±{:.0} %.",
+            "- **{}** ({}): measured at {}{}; tolerance {:.0} %.",
             j.claim.id,
             j.verdict.word(),
             j.claim.at,
@@ -427,7 +443,7 @@ pub fn write_index(dir: &Path) -> Result<Vec<(Experiment, Written)>, String> {
         let _ = writeln!(html, "<h2 id=\"{0}\">{0}: {1}</h2>\n<p>{2}. {mode} run of {3} UTC, host TCP congestion control {4}. <a href=\"{0}/report.md\">report</a>, <a href=\"{0}/results.csv\">results.csv</a></p>", html_escape(&exp.name), html_escape(&exp.title), html_escape(&exp.source), html_escape(&w.meta.started_utc), html_escape(&w.meta.congestion));
         html.push_str("<table><tr><th>claim</th><th>source</th><th>published</th><th>model</th><th>measured median (min-max)</th><th>verdict</th></tr>\n");
         for j in &w.judged {
-            let _ = writeln!(html, "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>", html_escape(&j.claim.text), html_escape(&j.claim.source), num(j.claim.published), unit(&j.claim), html_escape(&model_cell(j)), html_escape(&measured_cell(j)), j.verdict.word().replace(' ', "-"), html_escape(&verdict_cell(j).replace("**", "")));
+            let _ = writeln!(html, "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>", html_escape(&j.claim.text), html_escape(&j.claim.source), html_escape(&published_cell(&j.claim)), unit(&j.claim), html_escape(&model_cell(j)), html_escape(&measured_cell(j)), j.verdict.word().replace(' ', "-"), html_escape(&verdict_cell(j).replace("**", "")));
         }
         html.push_str("</table>\n");
         for p in &w.figures {

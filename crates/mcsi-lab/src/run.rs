@@ -79,7 +79,7 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
     }
     for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Link) {
         match d.name {
-            "profile" | "mtu" => {}
+            "profile" | "mtu" | "paths" => {}
             "rtt" => {
                 let half = v.num.unwrap_or(0.0) / 2.0;
                 set("delay", format!("{half}ms"))?;
@@ -88,6 +88,26 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
         }
     }
     path.validate().map_err(|e| e.to_string())?;
+    if let Some(ps) = p.params.get("paths") {
+        // Each path is the link's options with its own on top; connections take them in turn.
+        let specs: Vec<&str> = ps.text.split(';').map(str::trim).collect();
+        if specs.len() < 2 || specs.iter().any(|s| s.is_empty()) {
+            return Err(format!(
+                "paths: '{}': give two or more paths separated by ';'",
+                ps.text
+            ));
+        }
+        for (i, spec) in specs.iter().enumerate() {
+            let mut one = path.clone();
+            one.apply_spec(spec)
+                .and_then(|()| one.validate())
+                .map_err(|e| format!("paths: path {} '{spec}': {e}", i + 1))?;
+            args.push("--path".into());
+            args.push((*spec).to_string());
+        }
+        args.push("--path-by".into());
+        args.push("port".into());
+    }
     if let Some(m) = p.params.get("mtu") {
         args.push("--mtu".into());
         args.push(m.text.clone());

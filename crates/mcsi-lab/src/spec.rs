@@ -209,11 +209,31 @@ pub struct Claim {
     /// When set, the claim is the ratio of `at` to `over`.
     pub over: Option<Selector>,
     pub published: f64,
-    /// Relative tolerance: reproduced when |measured - published| <= tolerance x published.
+    /// Relative tolerance: reproduced when |measured - published| <= tolerance x published;
+    /// with a bound, the slack below (at least) or above (at most) the published value.
     pub tolerance: f64,
+    /// A one-sided claim ("at least 1.3x", "lower than"): None for "about this value".
+    pub bound: Option<Bound>,
     pub model: Option<ModelRef>,
     /// What the measurement shows when it differs, written after looking at the data.
     pub discussion: Option<String>,
+}
+
+/// The side of a one-sided claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    AtLeast,
+    AtMost,
+}
+
+impl Bound {
+    /// The sign put before the published value in reports.
+    pub fn sign(self) -> &'static str {
+        match self {
+            Bound::AtLeast => "≥",
+            Bound::AtMost => "≤",
+        }
+    }
 }
 
 /// A parsed, checked experiment.
@@ -359,6 +379,7 @@ struct RawClaim {
     over: Option<toml::Table>,
     published: f64,
     tolerance: f64,
+    bound: Option<String>,
     model: Option<ModelRef>,
     discussion: Option<String>,
 }
@@ -673,6 +694,17 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                 "must be above 0 (a fraction: 0.2 is 20 %)",
             ));
         }
+        let bound = match c.bound.as_deref() {
+            None => None,
+            Some("at-least") => Some(Bound::AtLeast),
+            Some("at-most") => Some(Bound::AtMost),
+            Some(other) => {
+                return Err(cx.err(
+                    format!("{fld}.bound"),
+                    format!("'{other}': use at-least or at-most (or leave it out for \"about\")"),
+                ))
+            }
+        };
         if !c.published.is_finite() || c.published <= 0.0 {
             return Err(cx.err(format!("{fld}.published"), "must be a positive number"));
         }
@@ -694,6 +726,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             over,
             published: c.published,
             tolerance: c.tolerance,
+            bound,
             model: c.model.clone(),
             discussion: c.discussion.clone(),
         });

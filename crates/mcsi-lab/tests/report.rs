@@ -58,6 +58,26 @@ at = { series = "one", bs = "128KiB" }
 published = 0.62
 tolerance = 0.1
 model = { label = "goodput", kind = "wlan-goodput" }
+[[claim]]
+id = "at-least"
+source = "s"
+text = "two connections add at least 10 %"
+metric = "bw_mbs"
+at = { series = "two", bs = "2KiB" }
+over = { series = "one", bs = "2KiB" }
+published = 1.1
+tolerance = 0.01
+bound = "at-least"
+[[claim]]
+id = "at-most"
+source = "s"
+text = "two connections add at most 10 %"
+metric = "bw_mbs"
+at = { series = "two", bs = "2KiB" }
+over = { series = "one", bs = "2KiB" }
+published = 1.1
+tolerance = 0.01
+bound = "at-most"
 "#;
 
 #[test]
@@ -128,6 +148,9 @@ fn verdicts_and_files() {
     );
     assert_eq!(j[2].verdict, Verdict::Differs, "0.40 against 0.62");
     assert_eq!(j[2].runs, 2, "the failed run is not counted");
+    // One-sided: 1.2x is at least 1.1x, and not at most 1.1x.
+    assert_eq!(j[3].verdict, Verdict::Reproduced);
+    assert_eq!(j[4].verdict, Verdict::Differs);
     let model = j[2].model.clone().unwrap().unwrap();
     assert!((0.6..0.66).contains(&model), "802.11b goodput {model}");
     let md = std::fs::read_to_string(d.join("report.md")).unwrap();
@@ -136,6 +159,10 @@ fn verdicts_and_files() {
         "{md}"
     );
     assert!(md.contains("explained here"));
+    assert!(
+        md.contains("| ≥ 1.10 x |") && md.contains("| ≤ 1.10 x |"),
+        "{md}"
+    );
     assert!(md.contains("failed: test"));
     let png = std::fs::read(d.join("bw.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");

@@ -148,6 +148,31 @@ fn errors_name_the_field() {
         ),
         (
             "set = { connections = 1 }",
+            r#"set = { connections = 1, policy = "fastest" }"#,
+            "series[0].set.policy",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, policy = "weighted:0,0" }"#,
+            "weighted:W1,W2",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, paths = "delay=1ms" }"#,
+            "two or more paths",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, paths = "delay=1ms;delay=slow" }"#,
+            "path 2 'delay=slow'",
+        ),
+        (
+            "tolerance = 0.2",
+            "tolerance = 0.2\nbound = \"above\"",
+            "claim[0].bound",
+        ),
+        (
+            "set = { connections = 1 }",
             r#"set = { connections = 1, only = { bs = "3KiB" } }"#,
             "unknown parameter 'only'",
         ),

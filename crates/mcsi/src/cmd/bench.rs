@@ -63,7 +63,9 @@ pub struct Args {
     /// the write phase for write-only workloads).
     #[arg(long)]
     pub verify: bool,
-    /// Connection scheduler: round-robin or least-outstanding.
+    /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
+    /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
+    /// weights per connection) or failover (one active connection, the others standby).
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
     /// Serve the session's connections and their TCP state on this address while the run goes

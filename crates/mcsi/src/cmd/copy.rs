@@ -27,7 +27,9 @@ pub struct Args {
     /// Bytes to copy (default: the whole source).
     #[arg(long)]
     pub length: Option<String>,
-    /// Connection scheduler: round-robin or least-outstanding.
+    /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
+    /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
+    /// weights per connection) or failover (one active connection, the others standby).
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
     /// TCP congestion control of every connection of the session (for example cubic, reno,
