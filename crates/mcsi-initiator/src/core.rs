@@ -118,6 +118,8 @@ struct ConnState {
     tcp: Option<TcpState>,
     /// Bytes per second completed while busy, as the session measures it.
     rate: Option<f64>,
+    /// The target's sending side, as it last reported it.
+    target_tcp: Option<TcpState>,
 }
 
 /// Counters of one connection.
@@ -136,6 +138,8 @@ pub struct ConnStats {
     pub data_in_bytes: u64,
     pub outstanding_tasks: u32,
     pub outstanding_bytes: u64,
+    /// The target's sending side of the connection, as it last reported it.
+    pub target_tcp: Option<TcpState>,
 }
 
 #[derive(Debug)]
@@ -220,6 +224,7 @@ impl<C> SessionCore<C> {
                 data_in_bytes: 0,
                 tcp: None,
                 rate: None,
+                target_tcp: None,
             })
             .collect();
         self.pump(out);
@@ -325,6 +330,7 @@ impl<C> SessionCore<C> {
                 data_in_bytes: c.data_in_bytes,
                 outstanding_tasks: c.outstanding_tasks,
                 outstanding_bytes: c.outstanding_bytes,
+                target_tcp: c.target_tcp,
             })
             .collect()
     }
@@ -404,6 +410,7 @@ impl<C> SessionCore<C> {
                 outstanding_bytes: c.outstanding_bytes,
                 tcp: c.tcp,
                 rate: c.rate,
+                target_tcp: c.target_tcp,
             })
             .collect()
     }
@@ -720,6 +727,13 @@ impl<C> SessionCore<C> {
                     },
                     4 => {
                         tracing::info!("target asks for renegotiation; keeping current parameters");
+                        return Ok(());
+                    }
+                    255 if a.async_vcode == mcsi_proto::vendor::TCP_REPORT_VCODE => {
+                        let pairs = mcsi_proto::vendor::decode_report(&a.data);
+                        if let Some(c) = self.conns.get_mut(conn) {
+                            c.target_tcp = Some(TcpState::from_report(&pairs));
+                        }
                         return Ok(());
                     }
                     other => {

@@ -38,6 +38,8 @@ pub struct SessionParams {
     pub target_portal_group_tag: Option<u16>,
     /// The asymmetric vendor mode was agreed.
     pub asymmetric: bool,
+    /// The target reports its sending side's TCP state (`X-org.mcsi.TcpReport`).
+    pub tcp_report: bool,
 }
 
 impl Default for SessionParams {
@@ -64,6 +66,7 @@ impl Default for SessionParams {
             target_alias: None,
             target_portal_group_tag: None,
             asymmetric: false,
+            tcp_report: false,
         }
     }
 }
@@ -80,6 +83,8 @@ pub struct Offers {
     /// Offer CRC32C digests (header and data), None as fallback.
     pub digests: bool,
     pub asymmetric: bool,
+    /// Ask an mcsi target for reports of its sending side's TCP state.
+    pub tcp_report: bool,
 }
 
 impl Default for Offers {
@@ -93,6 +98,7 @@ impl Default for Offers {
             initial_r2t: false,
             digests: false,
             asymmetric: false,
+            tcp_report: false,
         }
     }
 }
@@ -205,6 +211,9 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
         c.extensions
             .push((vendor::CONNECTION_ROLE, cfg.role.as_str().into()));
     }
+    if o.tcp_report && cfg.kind == SessionKind::Normal {
+        c.extensions.push((vendor::TCP_REPORT, "Yes".into()));
+    }
     if let Some((user, secret)) = &cfg.chap {
         let chap = ChapInitiator::new(
             ChapCredentials::new(user.clone(), secret.as_bytes().to_vec()),
@@ -271,6 +280,7 @@ impl Login {
                     target_alias: o.target_alias.clone(),
                     target_portal_group_tag: o.target_portal_group_tag,
                     asymmetric: vendor::asymmetric_agreed(&s.extensions),
+                    tcp_report: vendor::tcp_report_agreed(&s.extensions),
                 };
                 if params.error_recovery_level != 0 {
                     return Err(Error::Negotiation(format!(

@@ -20,6 +20,8 @@ pub struct ConnLoad {
     /// Bytes per second the connection completes while it has tasks ([`RateMeter`]), in either
     /// direction; None until measured.
     pub rate: Option<f64>,
+    /// The target's sending side of the connection, when an mcsi target reports it.
+    pub target_tcp: Option<mcsi_tcp::TcpState>,
 }
 
 /// The task being placed.
@@ -316,6 +318,7 @@ mod tests {
             outstanding_bytes: bytes,
             tcp: None,
             rate: None,
+            target_tcp: None,
         }
     }
 

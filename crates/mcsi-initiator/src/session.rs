@@ -54,6 +54,9 @@ pub struct ConnectOptions {
     /// TCP congestion control for every connection of the session (`TCP_CONGESTION`, set
     /// before the SYN); None leaves the system default.
     pub congestion: Option<Congestion>,
+    /// Ask the target to report its sending side's TCP state (`X-org.mcsi.TcpReport`; only mcsi
+    /// targets agree, others answer NotUnderstood and the session goes on without).
+    pub tcp_report: bool,
 }
 
 impl Default for ConnectOptions {
@@ -76,6 +79,7 @@ impl Default for ConnectOptions {
             initial_cmd_sn: 1,
             chap_algorithms: vec![mcsi_proto::chap::ChapAlgorithm::Md5],
             congestion: None,
+            tcp_report: false,
         }
     }
 }
@@ -118,6 +122,9 @@ pub struct ConnectionStats {
     pub congestion: Option<String>,
     /// The target's address of this connection.
     pub peer: Option<std::net::SocketAddr>,
+    /// The target's sending side of this connection, as it last reported it
+    /// (`X-org.mcsi.TcpReport`).
+    pub target_tcp: Option<TcpState>,
 }
 
 /// A snapshot of the session.
@@ -230,6 +237,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         initial_r2t: o.initial_r2t,
         digests: o.digests,
         asymmetric: o.asymmetric,
+        tcp_report: o.tcp_report,
     };
     let cfg = LoginConfig {
         initiator_name: o.initiator_name.clone(),
@@ -751,6 +759,7 @@ impl Session {
         let counters = inner.core.conn_stats();
         let mut conns = Vec::with_capacity(counters.len());
         for (index, c) in counters.into_iter().enumerate() {
+            let target_tcp = c.target_tcp;
             let tcp = inner.conns.get(index).and_then(|h| tcp_state(&h.sock).ok());
             if let Some(t) = tcp {
                 inner.core.set_tcp(index, t);
@@ -766,6 +775,7 @@ impl Session {
                 tcp,
                 congestion,
                 peer,
+                target_tcp,
             });
         }
         SessionStats {

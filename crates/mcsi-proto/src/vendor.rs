@@ -43,6 +43,71 @@ pub const CONNECTION_ROLE: KeyDef = KeyDef {
     discovery: false,
 };
 
+/// `X-org.mcsi.TcpReport`: the target reports the TCP state of its sending side.
+///
+/// Session-wide, leading login only, Boolean AND, offered only by an mcsi initiator (a target
+/// registers it and never offers it, so standard initiators never see it). When agreed, the
+/// target sends on each connection, at most every [`TCP_REPORT_INTERVAL_MS`] while the
+/// connection is sending, an Async Message with AsyncEvent 255 (vendor specific) and AsyncVCode
+/// [`TCP_REPORT_VCODE`], whose data is SenseLength 0 followed by [`encode_report`]'s text:
+/// `key=value` pairs of unsigned decimal numbers, each ended by a NUL, describing that
+/// connection's socket (see mcsi-tcp's `TcpState::report_pairs` for the keys). A reader ignores
+/// keys it does not know.
+pub const TCP_REPORT: KeyDef = KeyDef {
+    name: "X-org.mcsi.TcpReport",
+    kind: KeyKind::BooleanAnd,
+    value: ValueSpec::Boolean,
+    default: "No",
+    leading_only: true,
+    per_connection: false,
+    phase: Phase::Login,
+    senders: Senders::Both,
+    discovery: false,
+};
+
+/// AsyncVCode of a TCP state report (AsyncEvent 255).
+pub const TCP_REPORT_VCODE: u8 = 1;
+
+/// Shortest time between two reports on one connection.
+pub const TCP_REPORT_INTERVAL_MS: u64 = 50;
+
+/// Whether a login agreed on TCP state reports.
+pub fn tcp_report_agreed(extensions: &std::collections::BTreeMap<String, String>) -> bool {
+    extensions.get(TCP_REPORT.name).map(String::as_str) == Some("Yes")
+}
+
+/// The data segment of a report Async Message: SenseLength 0, then `key=value\0` pairs.
+pub fn encode_report(pairs: &[(&str, u64)]) -> bytes::Bytes {
+    let mut v = vec![0u8, 0u8];
+    for (k, val) in pairs {
+        v.extend_from_slice(k.as_bytes());
+        v.push(b'=');
+        v.extend_from_slice(val.to_string().as_bytes());
+        v.push(0);
+    }
+    bytes::Bytes::from(v)
+}
+
+/// The pairs of a report's data segment; malformed pairs are skipped, at most 64 are kept.
+pub fn decode_report(data: &[u8]) -> Vec<(String, u64)> {
+    let sense_len = data
+        .get(..2)
+        .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+    let body = data.get(2 + sense_len..).unwrap_or_default();
+    body.split(|&b| b == 0)
+        .filter_map(|p| {
+            let s = std::str::from_utf8(p).ok()?;
+            let (k, v) = s.split_once('=')?;
+            let ok = !k.is_empty()
+                && k.len() <= 32
+                && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+            ok.then_some(())?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .take(64)
+        .collect()
+}
+
 /// The role of one connection of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum ConnRole {
@@ -109,6 +174,20 @@ mod tests {
             .unwrap();
         t.set_session_type(SessionType::Normal);
         t
+    }
+
+    #[test]
+    fn reports_round_trip_and_malformed_pairs_are_skipped() {
+        let d = encode_report(&[("cwnd", 10), ("snd_mss", 1448)]);
+        assert_eq!(&d[..], b"\0\0cwnd=10\0snd_mss=1448\0");
+        assert_eq!(
+            decode_report(&d),
+            vec![("cwnd".into(), 10), ("snd_mss".into(), 1448)]
+        );
+        let junk = b"\0\0cwnd=x\0=5\0Bad=1\0rtt_us=7\0\xff\xfe\0noequals\0";
+        assert_eq!(decode_report(junk), vec![("rtt_us".into(), 7)]);
+        assert!(decode_report(b"").is_empty());
+        assert!(decode_report(b"\0\xff").is_empty());
     }
 
     #[test]

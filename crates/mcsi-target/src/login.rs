@@ -19,7 +19,7 @@ use mcsi_proto::login::{
     TargetLoginConfig,
 };
 use mcsi_proto::pdu::{self, Framing, Isid, LoginRequest, LoginResponse, Pdu};
-use mcsi_proto::vendor::{ConnRole, ASYMMETRIC, CONNECTION_ROLE};
+use mcsi_proto::vendor::{ConnRole, ASYMMETRIC, CONNECTION_ROLE, TCP_REPORT};
 use rand::RngCore;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,13 +38,16 @@ const FIRST_STAT_SN: u32 = 1;
 /// The vendor keys a target registers (mcsi_proto::vendor): the asymmetric mode is agreed only
 /// when the initiator offers it and the target allows it; a refusing target answers No.
 fn vendor_keys(limits: &Limits) -> Vec<(KeyDef, String)> {
+    // TCP state reports are agreed whenever an mcsi initiator asks for them.
+    let report = (TCP_REPORT, "Yes".to_string());
     if limits.asymmetric {
         vec![
             (ASYMMETRIC, "Yes".into()),
             (CONNECTION_ROLE, "requests,responses,both".into()),
+            report,
         ]
     } else {
-        vec![(ASYMMETRIC, "No".into())]
+        vec![(ASYMMETRIC, "No".into()), report]
     }
 }
 

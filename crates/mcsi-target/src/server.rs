@@ -380,6 +380,9 @@ async fn connection(
         return;
     }
     info!(parent: &cspan, role = n.role.as_str(), "full feature phase");
+    if session.ops.tcp_report {
+        tokio::spawn(crate::stats::report_tcp(conn.clone(), stop_rx.clone()));
+    }
     let (rd, wr) = stream.into_split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();

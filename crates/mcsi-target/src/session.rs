@@ -183,6 +183,9 @@ pub struct SessionOps {
     /// command and its Data-Out keep to the connection the command came on, and control
     /// requests (NOP, Text, Logout, task management) are answered where they came.
     pub asymmetric: bool,
+    /// `X-org.mcsi.TcpReport` agreed: each connection reports its socket's TCP state to the
+    /// initiator ([`crate::stats::report_tcp`]).
+    pub tcp_report: bool,
 }
 
 impl SessionOps {
@@ -197,6 +200,7 @@ impl SessionOps {
             max_outstanding_r2t: p.max_outstanding_r2t.max(1),
             queue_depth: queue_depth.max(1),
             asymmetric: mcsi_proto::vendor::asymmetric_agreed(&p.extensions),
+            tcp_report: mcsi_proto::vendor::tcp_report_agreed(&p.extensions),
         }
     }
 }
@@ -303,6 +307,11 @@ impl Conn {
     /// Sends what is queued, then closes.
     pub fn close_after_flush(&self) {
         let _ = self.tx.send(Out::Close);
+    }
+
+    /// True once the connection's writer has ended.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
     }
 
     /// Drops the connection now.

@@ -456,14 +456,50 @@ impl Metrics {
 }
 
 fn ca_code(t: &TcpState) -> u64 {
-    use mcsi_tcp::CaState::*;
-    match t.ca_state {
-        Open => 0,
-        Disorder => 1,
-        Cwr => 2,
-        Recovery => 3,
-        Loss => 4,
-        Other(v) => u64::from(v),
+    u64::from(t.ca_state.code())
+}
+
+/// Sends the initiator the TCP state of the connection's socket (`X-org.mcsi.TcpReport`), every
+/// [`mcsi_proto::vendor::TCP_REPORT_INTERVAL_MS`] while the socket has sent something new, until
+/// the connection stops.
+pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    use mcsi_proto::pdu::{AsyncMessage, Pdu};
+    use mcsi_proto::vendor::{encode_report, TCP_REPORT_INTERVAL_MS, TCP_REPORT_VCODE};
+    let Some(sock) = conn.sock.as_ref() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(TCP_REPORT_INTERVAL_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sent = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = crate::session::flag_set(&mut stop) => return,
+        }
+        if conn.is_closed() {
+            return;
+        }
+        let Ok(t) = mcsi_tcp::tcp_state(sock) else {
+            return;
+        };
+        // An idle connection's window does not change; say nothing until it sends again.
+        let sent = (t.bytes_sent, t.cwnd, t.ca_state);
+        if last_sent == Some(sent) {
+            continue;
+        }
+        last_sent = Some(sent);
+        conn.send(Pdu::AsyncMessage(AsyncMessage {
+            lun: 0,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            async_event: 255,
+            async_vcode: TCP_REPORT_VCODE,
+            parameter1: 0,
+            parameter2: 0,
+            parameter3: 0,
+            data: encode_report(&t.report_pairs()),
+        }));
     }
 }
 

@@ -204,6 +204,98 @@ impl TcpState {
     }
 }
 
+impl CaState {
+    /// The kernel's number for the state.
+    pub fn code(self) -> u8 {
+        match self {
+            CaState::Open => 0,
+            CaState::Disorder => 1,
+            CaState::Cwr => 2,
+            CaState::Recovery => 3,
+            CaState::Loss => 4,
+            CaState::Other(v) => v,
+        }
+    }
+}
+
+impl TcpState {
+    /// The state as `key = number` pairs, for the target's report to mcsi initiators
+    /// (`X-org.mcsi.TcpReport`); fields the kernel did not fill are left out.
+    pub fn report_pairs(&self) -> Vec<(&'static str, u64)> {
+        let mut v = vec![
+            ("ca_state", u64::from(self.ca_state.code())),
+            ("cwnd", u64::from(self.cwnd)),
+            ("ssthresh", u64::from(self.ssthresh)),
+            ("snd_mss", u64::from(self.snd_mss)),
+            ("pmtu", u64::from(self.pmtu)),
+            ("rtt_us", u64::from(self.rtt_us)),
+            ("rttvar_us", u64::from(self.rttvar_us)),
+            ("rto_us", u64::from(self.rto_us)),
+            ("unacked", u64::from(self.unacked)),
+            ("sacked", u64::from(self.sacked)),
+            ("lost", u64::from(self.lost)),
+            ("retrans", u64::from(self.retrans)),
+            ("total_retrans", u64::from(self.total_retrans)),
+            ("app_limited", u64::from(self.delivery_rate_app_limited)),
+        ];
+        let opt = [
+            ("min_rtt_us", self.min_rtt_us.map(u64::from)),
+            ("notsent_bytes", self.notsent_bytes.map(u64::from)),
+            ("delivery_rate", self.delivery_rate),
+            ("pacing_rate", self.pacing_rate),
+            ("busy_us", self.busy_us),
+            ("rwnd_limited_us", self.rwnd_limited_us),
+            ("sndbuf_limited_us", self.sndbuf_limited_us),
+            ("bytes_sent", self.bytes_sent),
+            ("bytes_retrans", self.bytes_retrans),
+            ("bytes_acked", self.bytes_acked),
+            ("bytes_received", self.bytes_received),
+            ("snd_wnd", self.snd_wnd.map(u64::from)),
+            ("total_rto", self.total_rto.map(u64::from)),
+        ];
+        v.extend(opt.into_iter().filter_map(|(k, x)| x.map(|x| (k, x))));
+        v
+    }
+
+    /// A state from a report's pairs; unknown keys are ignored, missing ones are zero or None.
+    pub fn from_report(pairs: &[(String, u64)]) -> TcpState {
+        let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let u32_of = |k: &str| get(k).map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+        let u = |k: &str| u32_of(k).unwrap_or(0);
+        TcpState {
+            ca_state: CaState::from_raw(
+                get("ca_state").map_or(0, |v| u8::try_from(v).unwrap_or(u8::MAX)),
+            ),
+            cwnd: u("cwnd"),
+            ssthresh: u("ssthresh"),
+            snd_mss: u("snd_mss"),
+            pmtu: u("pmtu"),
+            rtt_us: u("rtt_us"),
+            rttvar_us: u("rttvar_us"),
+            rto_us: u("rto_us"),
+            unacked: u("unacked"),
+            sacked: u("sacked"),
+            lost: u("lost"),
+            retrans: u("retrans"),
+            total_retrans: u("total_retrans"),
+            min_rtt_us: u32_of("min_rtt_us"),
+            notsent_bytes: u32_of("notsent_bytes"),
+            delivery_rate: get("delivery_rate"),
+            delivery_rate_app_limited: get("app_limited").is_some_and(|v| v != 0),
+            pacing_rate: get("pacing_rate"),
+            busy_us: get("busy_us"),
+            rwnd_limited_us: get("rwnd_limited_us"),
+            sndbuf_limited_us: get("sndbuf_limited_us"),
+            bytes_sent: get("bytes_sent"),
+            bytes_retrans: get("bytes_retrans"),
+            bytes_acked: get("bytes_acked"),
+            bytes_received: get("bytes_received"),
+            snd_wnd: u32_of("snd_wnd"),
+            total_rto: get("total_rto").map(|v| u16::try_from(v).unwrap_or(u16::MAX)),
+        }
+    }
+}
+
 /// Whether a field ending `size` bytes after `offset` lies within the `len` bytes the kernel wrote.
 fn filled(len: usize, offset: usize, size: usize) -> bool {
     offset + size <= len
@@ -346,6 +438,28 @@ mod tests {
         assert_eq!(s.in_flight_bytes(), 5_000);
         assert_eq!(s.free_window_bytes(), 3_500);
         assert_eq!(s.bdp_bytes(), Some(20_000));
+    }
+
+    #[test]
+    fn report_pairs_round_trip() {
+        let s = TcpState {
+            ca_state: CaState::Recovery,
+            cwnd: 42,
+            snd_mss: 1448,
+            rtt_us: 40_000,
+            min_rtt_us: Some(39_000),
+            delivery_rate: Some(6_000_000),
+            delivery_rate_app_limited: true,
+            total_rto: Some(3),
+            ..TcpState::default()
+        };
+        let pairs: Vec<(String, u64)> = s
+            .report_pairs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(TcpState::from_report(&pairs), s);
+        assert_eq!(TcpState::from_report(&[]), TcpState::default());
     }
 
     #[cfg(target_os = "linux")]

@@ -99,6 +99,7 @@ fn each_side_runs_the_algorithm_it_was_given_on_every_socket() {
             "--json",
             "--congestion",
             "reno",
+            "--target-tcp",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -142,6 +143,10 @@ fn each_side_runs_the_algorithm_it_was_given_on_every_socket() {
         assert_eq!(c["congestion"], "reno", "{c}");
         assert!(c["tcp"]["cwnd"].as_u64().unwrap() > 0, "{c}");
         assert!(c["tcp"]["delivery_rate"].as_u64().is_some(), "{c}");
+        // The target's report of its sending side (X-org.mcsi.TcpReport): it sent the reads.
+        let t = &c["target_tcp"];
+        assert!(t["cwnd"].as_u64().unwrap() > 0, "{c}");
+        assert!(t["bytes_sent"].as_u64().unwrap() > 1 << 20, "{c}");
     }
 }
 

@@ -512,6 +512,9 @@ fn bench_randwrite_verify_json_against_tgt() {
             "32MiB",
             "--verify",
             "--json",
+            // tgt does not know mcsi's vendor key: it must answer NotUnderstood and the
+            // session go on without reports.
+            "--target-tcp",
         ])
         .output()
         .unwrap();
@@ -539,6 +542,7 @@ fn bench_randwrite_verify_json_against_tgt() {
     let conns = v["mcsi"]["connections"].as_array().unwrap();
     assert_eq!(conns.len(), 1, "tgt allows one connection per session");
     assert!(conns[0]["tcp"]["cwnd"].as_u64().unwrap() > 0);
+    assert!(conns[0]["target_tcp"].is_null());
     // Every block on the LUN now carries its own LBA: a read-only verify pass agrees.
     let out = mcsi()
         .args([

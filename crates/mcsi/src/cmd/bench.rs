@@ -72,6 +72,10 @@ pub struct Args {
     /// on (GET /state for `mcsi monitor`, GET /metrics for Prometheus), e.g. 127.0.0.1:9465.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
+    /// one that carries reads); on by itself with --policy tcp-aware and --metrics.
+    #[arg(long)]
+    pub target_tcp: bool,
     /// TCP congestion control of every connection of the session (for example cubic, reno,
     /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
     /// lists the ones it does.
@@ -486,6 +490,7 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
         congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
+        tcp_report: a.target_tcp || a.metrics.is_some() || a.policy == "tcp-aware",
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
@@ -757,6 +762,7 @@ fn fio_json(
                 "data_in_bytes": c.counters.data_in_bytes,
                 "congestion": c.congestion,
                 "tcp": c.tcp.map(tcp_json),
+                "target_tcp": c.target_tcp.map(tcp_json),
             })
         })
         .collect();

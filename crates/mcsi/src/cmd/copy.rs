@@ -32,6 +32,10 @@ pub struct Args {
     /// weights per connection) or failover (one active connection, the others standby).
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
+    /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
+    /// one that carries reads); on by itself with --policy tcp-aware.
+    #[arg(long)]
+    pub target_tcp: bool,
     /// TCP congestion control of every connection of the session (for example cubic, reno,
     /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
     /// lists the ones it does.
@@ -152,6 +156,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
         congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
+        tcp_report: a.target_tcp || a.policy == "tcp-aware",
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {

@@ -61,6 +61,9 @@ struct ConnState {
     congestion: Option<String>,
     #[serde(default)]
     tcp: Option<TcpState>,
+    /// On the initiator side: the target's report of its sending side.
+    #[serde(default)]
+    target_tcp: Option<TcpState>,
 }
 
 /// Whether the sender cut its window between two samples: it entered CWR, Recovery or Loss, had
@@ -253,6 +256,15 @@ fn sample(state: &State, t: f64, tracks: &mut BTreeMap<String, Track>) -> Vec<Va
                 "reduced": cut,
                 "reductions": tr.reductions,
             });
+            let mut row = row;
+            if let (Some(t), Some(m)) = (c.target_tcp, row.as_object_mut()) {
+                m.insert("target_cwnd".into(), json!(t.cwnd));
+                m.insert("target_cwnd_bytes".into(), json!(t.cwnd_bytes()));
+                m.insert("target_ca_state".into(), json!(t.ca_state.as_str()));
+                m.insert("target_rtt_ms".into(), json!(f64::from(t.rtt_us) / 1000.0));
+                m.insert("target_delivery_rate".into(), json!(t.delivery_rate));
+                m.insert("target_retrans".into(), json!(t.total_retrans));
+            }
             tr.last = Some(row.clone());
             rows.push(row);
         }

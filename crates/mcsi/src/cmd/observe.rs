@@ -44,6 +44,7 @@ impl crate::cmd::http::Source for SessionObserver {
                     "outstanding_tasks": c.counters.outstanding_tasks,
                     "outstanding_bytes": c.counters.outstanding_bytes,
                     "tcp": c.tcp,
+                    "target_tcp": c.target_tcp,
                 })
             })
             .collect();
