@@ -303,7 +303,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     for j in &judged {
         let _ = writeln!(
             md,
-            "- **{}** ({}): measured at {}{}; tolerance {:.0} %.",
+            "- **{}** ({}): measured at {}{}; {}.",
             j.claim.id,
             j.verdict.word(),
             j.claim.at,
@@ -311,7 +311,15 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
                 .over
                 .as_ref()
                 .map_or(String::new(), |o| format!(", over {o}")),
-            j.claim.tolerance * 100.0
+            match j.claim.bound {
+                None => format!("tolerance ±{:.0} %", j.claim.tolerance * 100.0),
+                Some(b) => format!(
+                    "one-sided ({} {}), slack {:.0} %",
+                    b.sign(),
+                    num(j.claim.published),
+                    j.claim.tolerance * 100.0
+                ),
+            }
         );
         if let Some(d) = &j.claim.discussion {
             let _ = writeln!(
