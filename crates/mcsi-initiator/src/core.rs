@@ -335,6 +335,11 @@ impl<C> SessionCore<C> {
             .collect()
     }
 
+    /// The target's latest report of each connection's sending side.
+    pub fn target_tcp(&self) -> Vec<Option<TcpState>> {
+        self.conns.iter().map(|c| c.target_tcp).collect()
+    }
+
     /// Record a TCP_INFO sample for the scheduler.
     pub fn set_tcp(&mut self, conn: usize, tcp: TcpState) {
         if let Some(c) = self.conns.get_mut(conn) {

@@ -32,6 +32,7 @@ mod conn;
 pub mod core;
 pub mod discovery;
 pub mod error;
+pub mod iosize;
 pub mod lun;
 pub mod negotiate;
 pub mod sched;

@@ -753,6 +753,12 @@ impl Session {
         &self.shared.url
     }
 
+    /// The target's latest report of each connection's sending side (`X-org.mcsi.TcpReport`;
+    /// None where nothing was reported). Cheap: no system call.
+    pub fn target_tcp(&self) -> Vec<Option<TcpState>> {
+        lock(&self.shared).core.target_tcp()
+    }
+
     /// Counters per connection, with TCP_INFO read now.
     pub fn stats(&self) -> SessionStats {
         let mut inner = lock(&self.shared);

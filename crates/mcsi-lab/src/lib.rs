@@ -34,6 +34,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../experiments/wan-loss-cc.toml"),
     ),
     ("two-paths", include_str!("../experiments/two-paths.toml")),
+    (
+        "toyoda-table2",
+        include_str!("../experiments/toyoda-table2.toml"),
+    ),
 ];
 
 /// Parses a shipped experiment.

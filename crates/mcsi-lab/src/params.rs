@@ -57,6 +57,7 @@ const PROFILE: &[&str] = &["802.11b", "802.11g"];
 const TARGET: &[&str] = &["mcsi", "tgt"];
 const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf"];
 const CC: &[&str] = &["reno", "cubic", "bbr"];
+const BS_RULE: &[&str] = &["cwnd", "bdp"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -101,6 +102,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Size,
         axis: "I/O size (KiB)",
         help: "I/O size, e.g. 2KiB",
+    },
+    Def {
+        name: "bs_auto",
+        role: Role::Bench,
+        kind: Kind::Choice(BS_RULE),
+        axis: "I/O size rule",
+        help: "cwnd or bdp: sequential reads sized to the target's window (mcsi bench --bs auto --bs-rule), instead of bs",
     },
     Def {
         name: "iodepth",

@@ -72,7 +72,7 @@ pub fn draw(
     aggs: &[Aggregate],
     note: &str,
     path: &Path,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     fonts()?;
     let tx = |x: f64| if fig.x_log { x.log2() } else { x };
     let mut lines = Vec::new();
@@ -154,7 +154,9 @@ pub fn draw(
         .filter(|x| !fig.x_log || *x > 0.0)
         .collect();
     if all_x.is_empty() {
-        return Err(format!("figure {}: no data to draw", fig.name));
+        // None of its series ran (a quick run keeps fewer series): nothing to draw.
+        let _ = std::fs::remove_file(path);
+        return Ok(false);
     }
     let (xmin, xmax) = all_x
         .iter()
@@ -314,7 +316,7 @@ pub fn draw(
         .draw()
         .map_err(err)?;
     root.present().map_err(err)?;
-    Ok(())
+    Ok(true)
 }
 
 /// One line of a time trace: a label, (seconds, value) samples, and the times of events to mark

@@ -243,8 +243,9 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     let mut figures = Vec::new();
     for f in &exp.figures {
         let p = dir.join(format!("{}.png", f.name));
-        plot::draw(exp, f, &aggs, &note, &p)?;
-        figures.push(p);
+        if plot::draw(exp, f, &aggs, &note, &p)? {
+            figures.push((f, p));
+        }
     }
     let judged: Vec<Judged> = exp.claims.iter().map(|c| judge(c, &aggs)).collect();
 
@@ -330,7 +331,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
         }
     }
     let _ = writeln!(md, "\n## Figures\n");
-    for (f, p) in exp.figures.iter().zip(&figures) {
+    for (f, p) in &figures {
         let file = p
             .file_name()
             .map_or(String::new(), |n| n.to_string_lossy().into_owned());
@@ -391,7 +392,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     std::fs::write(&report, md).map_err(|e| format!("{}: {e}", report.display()))?;
     Ok(Written {
         report,
-        figures,
+        figures: figures.into_iter().map(|(_, p)| p).collect(),
         judged,
         meta,
     })

@@ -168,10 +168,12 @@ pub fn load_runs(path: &Path) -> Result<Vec<RunRow>, ResultsError> {
     // anything else must be exactly what this version writes.
     let full = header();
     let params = param_columns();
+    // Metric columns may be missing too (measured only by later versions).
+    let metrics: Vec<String> = Metric::ALL.iter().map(|m| m.column().to_string()).collect();
     let fits = h.iter().all(|c| full.contains(c))
         && full
             .iter()
-            .all(|c| h.contains(c) || params.contains(&c.as_str()))
+            .all(|c| h.contains(c) || params.contains(&c.as_str()) || metrics.contains(c))
         && h.iter()
             .enumerate()
             .all(|(i, c)| h[..i].iter().all(|d| d != c));

@@ -129,6 +129,12 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
                 a.push("--congestion".to_string());
                 a.push(v.text.clone());
             }
+            // A rule replaces the fixed size.
+            "bs" if p.params.get("bs_auto").is_some() => {}
+            "bs_auto" => {
+                a.extend(["--bs".to_string(), "auto".to_string()]);
+                a.extend(["--bs-rule".to_string(), v.text.clone()]);
+            }
             name => {
                 a.push(format!("--{name}"));
                 a.push(d.arg(v));
@@ -223,6 +229,14 @@ pub fn check_point(p: &Point) -> Result<(), String> {
             return Err(
                 "iscsi-perf reads whole 512-byte blocks: bs must be a multiple of 512".into(),
             );
+        }
+    }
+    if p.params.get("bs_auto").is_some() {
+        if p.text("rw") != "read" {
+            return Err("bs_auto sizes sequential reads: use it with rw = \"read\"".into());
+        }
+        if p.text("target") == "tgt" || p.text("client") == "iscsi-perf" {
+            return Err("bs_auto needs mcsi's target (its TCP reports) and mcsi bench".into());
         }
     }
     if p.params.get("cc").is_some() {
@@ -434,14 +448,31 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
                 .sum()
         })
         .unwrap_or(0.0);
-    Ok(vec![
+    let mut out = vec![
         (Metric::BwMbs, bw / 1e6),
         (Metric::Iops, f("read", "iops") + f("write", "iops")),
         (Metric::LatMeanMs, lat["mean"].as_f64().unwrap_or(0.0) / 1e6),
         (Metric::LatP50Ms, pct("50.000000")),
         (Metric::LatP99Ms, pct("99.000000")),
         (Metric::Retransmits, retrans),
-    ])
+    ];
+    // The target's side, when it reported it (mcsi's target, X-org.mcsi.TcpReport).
+    let target_retrans: Option<f64> = j["mcsi"]["connections"].as_array().and_then(|cs| {
+        cs.iter()
+            .map(|c| c["target_tcp"]["total_retrans"].as_f64())
+            .sum::<Option<f64>>()
+    });
+    if let Some(t) = target_retrans {
+        out.push((Metric::TargetRetransmits, t));
+    }
+    let ios = job["read"]["total_ios"].as_f64().unwrap_or(0.0)
+        + job["write"]["total_ios"].as_f64().unwrap_or(0.0);
+    let bytes = job["read"]["io_bytes"].as_f64().unwrap_or(0.0)
+        + job["write"]["io_bytes"].as_f64().unwrap_or(0.0);
+    if ios > 0.0 {
+        out.push((Metric::IoKib, bytes / ios / 1024.0));
+    }
+    Ok(out)
 }
 
 /// The last lines of a file, for a failed run's record.

@@ -27,16 +27,22 @@ pub enum Metric {
     LatP99Ms,
     /// Segments retransmitted by the initiator's connections.
     Retransmits,
+    /// Segments retransmitted by the target's connections (as it reports them to mcsi bench).
+    TargetRetransmits,
+    /// Mean I/O size, KiB (it varies with bs_auto).
+    IoKib,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 6] = [
+    pub const ALL: [Metric; 8] = [
         Metric::BwMbs,
         Metric::Iops,
         Metric::LatMeanMs,
         Metric::LatP50Ms,
         Metric::LatP99Ms,
         Metric::Retransmits,
+        Metric::TargetRetransmits,
+        Metric::IoKib,
     ];
 
     /// The CSV column.
@@ -48,6 +54,8 @@ impl Metric {
             Metric::LatP50Ms => "lat_p50_ms",
             Metric::LatP99Ms => "lat_p99_ms",
             Metric::Retransmits => "retransmits",
+            Metric::TargetRetransmits => "target_retransmits",
+            Metric::IoKib => "io_kib",
         }
     }
 
@@ -60,6 +68,8 @@ impl Metric {
             Metric::LatP50Ms => "median response time (ms)",
             Metric::LatP99Ms => "99th percentile response time (ms)",
             Metric::Retransmits => "TCP segments retransmitted",
+            Metric::TargetRetransmits => "TCP segments retransmitted by the target",
+            Metric::IoKib => "mean I/O size (KiB)",
         }
     }
 
@@ -69,7 +79,8 @@ impl Metric {
             Metric::BwMbs => "MB/s",
             Metric::Iops => "IOPS",
             Metric::LatMeanMs | Metric::LatP50Ms | Metric::LatP99Ms => "ms",
-            Metric::Retransmits => "segments",
+            Metric::Retransmits | Metric::TargetRetransmits => "segments",
+            Metric::IoKib => "KiB",
         }
     }
 

@@ -44,9 +44,20 @@ pub struct Args {
     /// I/Os in flight.
     #[arg(long, default_value_t = 1)]
     pub iodepth: usize,
-    /// I/O size, a multiple of the LUN block size.
+    /// I/O size, a multiple of the LUN block size; or `auto` for sequential reads sized to the
+    /// target's congestion window (see --bs-rule; needs an mcsi target).
     #[arg(long, default_value = "4KiB")]
     pub bs: String,
+    /// With --bs auto: `bdp` (the session's measured bandwidth-delay product spread over the
+    /// commands outstanding, doubling while the target runs out of data to send) or `cwnd`
+    /// (the target's cwnd x MSS, lowered on a reduction, held at the ceiling while stable).
+    #[arg(long, default_value = "bdp", value_name = "RULE")]
+    pub bs_rule: String,
+    /// With --bs auto: the smallest and largest size.
+    #[arg(long, default_value = "64KiB", value_name = "SIZE")]
+    pub bs_min: String,
+    #[arg(long, default_value = "8MiB", value_name = "SIZE")]
+    pub bs_max: String,
     #[arg(long, value_enum, default_value = "read")]
     pub rw: Rw,
     /// Percentage of reads in randrw.
@@ -470,7 +481,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     let url = IscsiUrl::parse(&a.url)?;
     mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-    let bs = mcsi_units::parse_size(&a.bs).map_err(|e| anyhow::anyhow!("--bs: {e}"))?;
+    let auto = (a.bs == "auto").then(|| auto_args(&a)).transpose()?;
+    let bs = match &auto {
+        Some(x) => x.min,
+        None => mcsi_units::parse_size(&a.bs)
+            .map_err(|e| anyhow::anyhow!("--bs: {e} (or auto, for sequential reads)"))?,
+    };
     if a.iodepth == 0 || a.iodepth > 4096 {
         bail!("--iodepth must be between 1 and 4096, got {}", a.iodepth);
     }
@@ -490,7 +506,10 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
         congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
-        tcp_report: a.target_tcp || a.metrics.is_some() || a.policy == "tcp-aware",
+        tcp_report: a.target_tcp
+            || a.metrics.is_some()
+            || a.policy == "tcp-aware"
+            || auto.is_some(),
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
@@ -510,7 +529,10 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
         let at = crate::cmd::http::serve(addr, std::sync::Arc::new(observer)).await?;
         eprintln!("metrics on http://{at}/metrics, connections on http://{at}/state");
     }
-    let result = run_jobs(&a, &session, &url, bs).await;
+    let result = match auto {
+        Some(x) => run_auto(&a, &session, &url, x).await,
+        None => run_jobs(&a, &session, &url, bs).await,
+    };
     if let Err(e) = session.logout().await {
         tracing::warn!(error = %e, "logout failed");
     }
@@ -937,6 +959,196 @@ fn tcp_json(t: mcsi_initiator::TcpState) -> Value {
         m.insert("retransmits".into(), json!(t.total_retrans));
     }
     v
+}
+
+/// `--bs auto` settings.
+#[derive(Debug, Clone, Copy)]
+struct Auto {
+    rule: mcsi_initiator::iosize::Rule,
+    min: u64,
+    max: u64,
+}
+
+fn auto_args(a: &Args) -> anyhow::Result<Auto> {
+    if a.rw != Rw::Read {
+        bail!("--bs auto sizes sequential reads: use it with --rw read (other workloads take a fixed --bs)");
+    }
+    if a.verify {
+        bail!("--bs auto reads whatever is on the LUN: it does not go with --verify");
+    }
+    let rule = mcsi_initiator::iosize::Rule::parse(&a.bs_rule)
+        .ok_or_else(|| anyhow::anyhow!("--bs-rule {}: use bdp or cwnd", a.bs_rule))?;
+    let min = mcsi_units::parse_size(&a.bs_min).map_err(|e| anyhow::anyhow!("--bs-min: {e}"))?;
+    let max = mcsi_units::parse_size(&a.bs_max).map_err(|e| anyhow::anyhow!("--bs-max: {e}"))?;
+    if min == 0 || max < min || max > 16 << 20 {
+        bail!("--bs-min {min} and --bs-max {max}: need 0 < min <= max <= 16MiB");
+    }
+    Ok(Auto { rule, min, max })
+}
+
+/// Shared by the readers of a `--bs auto` run.
+struct AutoCtx {
+    lun: Lun,
+    lbs: u64,
+    /// Blocks of the region read.
+    blocks: u64,
+    /// Next block to read, and whether a pass ended (one-pass runs stop there).
+    cursor: Mutex<(u64, bool)>,
+    size: std::sync::atomic::AtomicU64,
+    deadline: Option<Instant>,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+async fn auto_reader(c: Arc<AutoCtx>) -> WorkerOut {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut out = WorkerOut::default();
+    loop {
+        if c.stop.load(Relaxed) || c.deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let want = (c.size.load(Relaxed) / c.lbs).max(1);
+        let (lba, n) = {
+            let mut cur = c.cursor.lock().unwrap_or_else(|p| p.into_inner());
+            if cur.0 >= c.blocks {
+                if c.deadline.is_none() {
+                    cur.1 = true;
+                }
+                cur.0 = 0;
+            }
+            if cur.1 {
+                break;
+            }
+            let n = want.min(c.blocks - cur.0);
+            let lba = cur.0;
+            cur.0 += n;
+            (lba, n)
+        };
+        let t0 = Instant::now();
+        match c.lun.read(lba, n as u32).await {
+            Ok(_) => out.read.record(t0.elapsed().as_nanos() as u64, n * c.lbs),
+            Err(e) => {
+                c.stop.store(true, Relaxed);
+                out.first_error.get_or_insert((EIO, e.to_string()));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Sequential reads whose size follows the target's reports (`--bs auto`).
+async fn run_auto(
+    a: &Args,
+    session: &Session,
+    url: &IscsiUrl,
+    auto: Auto,
+) -> anyhow::Result<ExitCode> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let lun = session
+        .open_lun(url.lun)
+        .await
+        .with_context(|| format!("opening {url}"))?;
+    let geo = lun.geometry();
+    let lbs = u64::from(geo.block_size);
+    let size = match &a.size {
+        Some(s) => mcsi_units::parse_size(s).map_err(|e| anyhow::anyhow!("--size: {e}"))?,
+        None => geo.bytes(),
+    };
+    if size > geo.bytes() || size < lbs {
+        bail!(
+            "--size {size} must hold a block and fit the LUN ({} bytes)",
+            geo.bytes()
+        );
+    }
+    let mut sizer =
+        mcsi_initiator::iosize::Sizer::new(auto.rule, auto.min, auto.max, lbs, a.iodepth as u64);
+    let ctx = Arc::new(AutoCtx {
+        lun,
+        lbs,
+        blocks: size / lbs,
+        cursor: Mutex::new((0, false)),
+        size: std::sync::atomic::AtomicU64::new(sizer.size()),
+        deadline: a
+            .runtime
+            .map(|r| Instant::now() + Duration::from_secs_f64(r)),
+        stop: std::sync::atomic::AtomicBool::new(false),
+    });
+    let t0 = Instant::now();
+    let cpu0 = CpuTimes::now();
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..a.iodepth {
+        readers.spawn(auto_reader(Arc::clone(&ctx)));
+    }
+    // The size follows the reports; every change is kept for the report (up to 100 000).
+    let mut trace: Vec<(u64, u64)> = vec![(0, sizer.size())];
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut total = WorkerOut::default();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let s = sizer.update(&session.target_tcp());
+                if s != ctx.size.swap(s, Relaxed) && trace.len() < 100_000 {
+                    trace.push((t0.elapsed().as_millis() as u64, s));
+                }
+            }
+            r = readers.join_next() => match r {
+                Some(Ok(w)) => {
+                    total.read.merge(&w.read);
+                    if total.first_error.is_none() {
+                        total.first_error = w.first_error;
+                    }
+                }
+                Some(Err(e)) => {
+                    total.first_error.get_or_insert((EIO, format!("reader failed: {e}")));
+                }
+                None => break,
+            },
+        }
+    }
+    let elapsed = t0.elapsed();
+    let cpu = CpuTimes::now().since(&cpu0);
+    let stats = session.stats();
+    let params = session.params();
+    let mean = total
+        .read
+        .bytes
+        .checked_div(total.read.ios)
+        .unwrap_or(sizer.size());
+    let reported = session.target_tcp().iter().any(Option::is_some);
+    if !reported {
+        eprintln!("mcsi bench: the target sent no TCP state reports (not an mcsi target?): --bs auto stayed at --bs-min");
+    }
+    let error = total.first_error.as_ref().map_or(0, |e| e.0);
+    if a.json {
+        let mut out = fio_json(
+            a, mean, size, &total, elapsed, error, &stats, &params, session, &cpu,
+        );
+        out["mcsi"]["bs_auto"] = json!({
+            "rule": auto.rule.as_str(),
+            "min": auto.min,
+            "max": auto.max,
+            "reports": reported,
+            "mean_bytes": mean,
+            "sizes_ms_bytes": trace,
+        });
+        emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
+    } else {
+        print_human(a, mean, &total, elapsed, &stats, session, &cpu);
+        let sizes: Vec<u64> = trace.iter().map(|t| t.1).collect();
+        println!(
+            "  bs auto ({}): mean {} per read, {} size changes, from {} to {}",
+            auto.rule.as_str(),
+            mcsi_units::Bytes(mean as f64),
+            trace.len().saturating_sub(1),
+            mcsi_units::Bytes(sizes.iter().copied().min().unwrap_or(0) as f64),
+            mcsi_units::Bytes(sizes.iter().copied().max().unwrap_or(0) as f64),
+        );
+    }
+    if let Some((_, e)) = &total.first_error {
+        eprintln!("mcsi bench: error: {e}");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
