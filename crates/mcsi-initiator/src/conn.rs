@@ -102,7 +102,9 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
 /// What a login on a fresh connection produced.
 #[derive(Debug)]
 pub(crate) enum LoginOutcome {
-    Done(Box<LoginDone>),
+    /// Logged in, with the bytes that followed the final Login Response (PDUs the target sent
+    /// before any request, such as a NOP-In or an Async Message), for the connection's reader.
+    Done(Box<LoginDone>, BytesMut),
     Redirect(String),
 }
 
@@ -134,14 +136,7 @@ pub(crate) async fn login(
             };
             match login.handle(&resp)? {
                 LoginStep::Send(next) => req = next,
-                LoginStep::Done(d) => {
-                    if !buf.is_empty() {
-                        return Err(Error::Protocol(
-                            "the target sent PDUs after the final login response before any request".into(),
-                        ));
-                    }
-                    return Ok(LoginOutcome::Done(d));
-                }
+                LoginStep::Done(d) => return Ok(LoginOutcome::Done(d, buf)),
                 LoginStep::Redirect(a) => return Ok(LoginOutcome::Redirect(a)),
             }
         }
@@ -174,12 +169,19 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
 }
 
 /// Receiving half: decodes PDUs and hands each read's worth to `sink` in one call.
-pub(crate) async fn reader<R, F>(mut r: R, framing: Framing, mut sink: F) -> Error
+pub(crate) async fn reader<R, F>(
+    mut r: R,
+    framing: Framing,
+    leftover: BytesMut,
+    mut sink: F,
+) -> Error
 where
     R: AsyncRead + Unpin,
     F: FnMut(Vec<Pdu>) -> bool,
 {
     let mut buf = BytesMut::with_capacity(256 * 1024);
+    // What arrived with the final Login Response is read first, in full-feature framing.
+    buf.extend_from_slice(&leftover);
     loop {
         let mut pdus = Vec::new();
         loop {

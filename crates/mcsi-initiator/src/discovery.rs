@@ -65,7 +65,14 @@ pub async fn discover(
         role: mcsi_proto::vendor::ConnRole::Both,
     };
     let done = match conn::login(&mut s, cfg, timeout).await? {
-        LoginOutcome::Done(d) => d,
+        LoginOutcome::Done(d, rest) => {
+            if !rest.is_empty() {
+                return Err(Error::Protocol(
+                    "the discovery portal sent PDUs after the final login response before any request".into(),
+                ));
+            }
+            d
+        }
         LoginOutcome::Redirect(a) => {
             return Err(Error::Protocol(format!(
                 "the discovery portal redirects to {a}; connect there instead"

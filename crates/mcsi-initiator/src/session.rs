@@ -9,6 +9,7 @@ use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParam
 use crate::sched::{self, Scheduler};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
+use bytes::BytesMut;
 use mcsi_proto::pdu::{Framing, Isid, LogoutRequest, Pdu};
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
@@ -189,8 +190,9 @@ impl std::fmt::Debug for Session {
 /// Connections of a freshly established session.
 struct Established {
     done: LoginDone,
-    /// Socket, CID, StatSN of the final login response, and the connection's agreed role.
-    conns: Vec<(TcpStream, u16, u32, ConnRole)>,
+    /// Socket, CID, StatSN of the final login response, the connection's agreed role, and the
+    /// bytes that came after the final login response.
+    conns: Vec<(TcpStream, u16, u32, ConnRole, BytesMut)>,
     window: CmdWindow,
 }
 
@@ -210,12 +212,12 @@ async fn login_conn(
     cfg: LoginConfig,
     timeout: Duration,
     congestion: Option<Congestion>,
-) -> Result<(TcpStream, Box<LoginDone>), Error> {
+) -> Result<(TcpStream, Box<LoginDone>, BytesMut), Error> {
     let mut addr = addr.to_string();
     for _ in 0..4 {
         let mut s = conn::connect_tcp(&addr, timeout, congestion).await?;
         match conn::login(&mut s, cfg.clone(), timeout).await? {
-            LoginOutcome::Done(d) => return Ok((s, d)),
+            LoginOutcome::Done(d, rest) => return Ok((s, d, rest)),
             LoginOutcome::Redirect(to) => {
                 let to = parse_target_address(&to);
                 tracing::info!(from = %addr, to = %to, "target redirects the login");
@@ -258,7 +260,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         role: ConnRole::Requests,
     };
     let addr = url.address();
-    let (s0, done) = login_conn(&addr, cfg.clone(), o.login_timeout, o.congestion).await?;
+    let (s0, done, rest0) = login_conn(&addr, cfg.clone(), o.login_timeout, o.congestion).await?;
     let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
     let n = want.min(done.params.max_connections.max(1));
     if n < want {
@@ -280,7 +282,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
     }
     let agreed = |r: ConnRole| if asym { r } else { ConnRole::Both };
     let requests = n - n / 2;
-    let mut conns = vec![(s0, 0u16, done.stat_sn, agreed(done.role))];
+    let mut conns = vec![(s0, 0u16, done.stat_sn, agreed(done.role), rest0)];
     for cid in 1..n {
         let c = LoginConfig {
             tsih: done.tsih,
@@ -295,9 +297,9 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             ..cfg.clone()
         };
         match login_conn(&addr, c, o.login_timeout, o.congestion).await {
-            Ok((s, d)) => {
+            Ok((s, d, rest)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
-                conns.push((s, cid, d.stat_sn, agreed(d.role)));
+                conns.push((s, cid, d.stat_sn, agreed(d.role), rest));
             }
             Err(e) => {
                 tracing::warn!(cid, error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
@@ -370,7 +372,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     };
     let mut handles = Vec::new();
     let mut roles = Vec::new();
-    for (i, (stream, cid, stat_sn, role)) in est.conns.into_iter().enumerate() {
+    for (i, (stream, cid, stat_sn, role, rest)) in est.conns.into_iter().enumerate() {
         let sock = socket2::SockRef::from(&stream)
             .try_clone()
             .map_err(|e| Error::io("duplicating the socket", &e))?;
@@ -385,7 +387,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
         let sh = Arc::clone(shared);
         let sink_sh = Arc::clone(shared);
         tokio::spawn(async move {
-            let err = conn::reader(r, recv_framing, move |pdus| {
+            let err = conn::reader(r, recv_framing, rest, move |pdus| {
                 on_pdus(&sink_sh, i, generation, pdus)
             })
             .await;

@@ -79,6 +79,7 @@ async fn serve_conn(mut s: TcpStream, script: Arc<Script>, seen: Arc<Seen>, sess
     let mut buf = BytesMut::new();
     let mut stat_sn = 100u32;
     let mut exp;
+    let final_response;
     // Login: agree with everything, one request per stage.
     loop {
         let Some(Pdu::LoginRequest(r)) = recv(&mut s, &mut buf, &Framing::default()).await else {
@@ -86,48 +87,56 @@ async fn serve_conn(mut s: TcpStream, script: Arc<Script>, seen: Arc<Seen>, sess
         };
         exp = r.cmd_sn;
         let done = r.transit && r.nsg == Stage::FullFeature;
-        send(
-            &mut s,
-            Pdu::LoginResponse(LoginResponse {
-                transit: r.transit,
-                continue_: false,
-                csg: r.csg,
-                nsg: r.nsg,
-                version_max: 0,
-                version_active: 0,
-                isid: r.isid,
-                tsih: if done { 7 } else { 0 },
-                itt: r.itt,
-                stat_sn,
-                exp_cmd_sn: exp,
-                max_cmd_sn: exp.wrapping_add(script.window).wrapping_sub(1),
-                status_class: 0,
-                status_detail: 0,
-                data: answers(&r.data),
-            }),
-        )
-        .await;
+        let resp = Pdu::LoginResponse(LoginResponse {
+            transit: r.transit,
+            continue_: false,
+            csg: r.csg,
+            nsg: r.nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: r.isid,
+            tsih: if done { 7 } else { 0 },
+            itt: r.itt,
+            stat_sn,
+            exp_cmd_sn: exp,
+            max_cmd_sn: exp.wrapping_add(script.window).wrapping_sub(1),
+            status_class: 0,
+            status_detail: 0,
+            data: answers(&r.data),
+        });
         stat_sn = stat_sn.wrapping_add(1);
         if done {
+            // The final response goes out with the first full-feature PDU (the ping below) in
+            // one write, so the initiator reads both at once and must keep the ping.
+            final_response = Some(resp);
             break;
         }
+        send(&mut s, resp).await;
     }
     seen.logins.fetch_add(1, Ordering::SeqCst);
     let max = |e: u32| e.wrapping_add(script.window).wrapping_sub(1);
     // A ping first: the initiator must echo TTT and data in an immediate NOP-Out.
-    send(
-        &mut s,
-        Pdu::NopIn(NopIn {
-            lun: 0,
-            itt: RESERVED_TAG,
-            ttt: 0x7777,
-            stat_sn,
-            exp_cmd_sn: exp,
-            max_cmd_sn: max(exp),
-            data: Bytes::from_static(b"are you there"),
-        }),
-    )
-    .await;
+    let ping = Pdu::NopIn(NopIn {
+        lun: 0,
+        itt: RESERVED_TAG,
+        ttt: 0x7777,
+        stat_sn,
+        exp_cmd_sn: exp,
+        max_cmd_sn: max(exp),
+        data: Bytes::from_static(b"are you there"),
+    });
+    let mut both = Vec::new();
+    for (p, fr) in [(final_response, Framing::default()), (Some(ping), f)] {
+        if let Some(p) = p {
+            let e = p.encode(&fr);
+            for sl in e.io_slices() {
+                both.extend_from_slice(&sl);
+            }
+        }
+    }
+    if s.write_all(&both).await.is_err() {
+        return;
+    }
     let mut on_this_session = 0u32;
     let mut asked_logout = false;
     while let Some(p) = recv(&mut s, &mut buf, &f).await {

@@ -468,7 +468,8 @@ pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<
     let Some(sock) = conn.sock.as_ref() else {
         return;
     };
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(TCP_REPORT_INTERVAL_MS));
+    let period = std::time::Duration::from_millis(TCP_REPORT_INTERVAL_MS);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_sent = None;
     loop {
@@ -478,6 +479,11 @@ pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<
         }
         if conn.is_closed() {
             return;
+        }
+        // Nothing before the initiator's first command: a report is about data sent, and an
+        // initiator may not expect a PDU before it has made a request.
+        if conn.counters.commands.load(Ordering::Relaxed) == 0 {
+            continue;
         }
         let Ok(t) = mcsi_tcp::tcp_state(sock) else {
             return;
