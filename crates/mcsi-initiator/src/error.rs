@@ -160,3 +160,9 @@ fn reject_name(reason: u8) -> String {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<mcsi_tcp::sched::PolicyError> for Error {
+    fn from(e: mcsi_tcp::sched::PolicyError) -> Self {
+        Error::InvalidArgument(e.0)
+    }
+}

@@ -111,6 +111,13 @@ pub const DEFS: &[Def] = &[
         help: "cwnd or bdp: sequential reads sized to the target's window (mcsi bench --bs auto --bs-rule), instead of bs",
     },
     Def {
+        name: "bs_max",
+        role: Role::Bench,
+        kind: Kind::Size,
+        axis: "largest I/O size (KiB)",
+        help: "with bs_auto: the largest read the rule may choose (mcsi bench --bs-max; default 8MiB)",
+    },
+    Def {
         name: "iodepth",
         role: Role::Bench,
         kind: Kind::Int(1, 1024),

@@ -135,6 +135,9 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
                 a.extend(["--bs".to_string(), "auto".to_string()]);
                 a.extend(["--bs-rule".to_string(), v.text.clone()]);
             }
+            "bs_max" => {
+                a.extend(["--bs-max".to_string(), d.arg(v)]);
+            }
             name => {
                 a.push(format!("--{name}"));
                 a.push(d.arg(v));
@@ -238,6 +241,9 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         if p.text("target") == "tgt" || p.text("client") == "iscsi-perf" {
             return Err("bs_auto needs mcsi's target (its TCP reports) and mcsi bench".into());
         }
+    }
+    if p.params.get("bs_max").is_some() && p.params.get("bs_auto").is_none() {
+        return Err("bs_max bounds the sizes bs_auto chooses: set bs_auto too (or use bs)".into());
     }
     if p.params.get("cc").is_some() {
         if p.text("target") == "tgt" || p.text("client") == "iscsi-perf" {

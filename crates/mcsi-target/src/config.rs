@@ -279,6 +279,9 @@ pub struct FileTarget {
     /// TCP congestion control of this target's connections ("cubic", "bbr", ...; default: the
     /// system's).
     pub congestion: Option<String>,
+    /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
+    /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
+    pub response_policy: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -290,6 +293,86 @@ pub struct FileLun {
     #[serde(default)]
     pub read_only: bool,
     pub serial: Option<String>,
+}
+
+/// How the target chooses each task's response connection in the asymmetric mode: the
+/// initiator's policies ([`mcsi_tcp::sched`]) over the session's response connections in CID
+/// order. Kept `Copy` (the weights in a fixed array) so that [`Limits`] stays a plain value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResponsePolicy {
+    /// The thesis's (4.3.3): each task on the next response connection in turn.
+    #[default]
+    RoundRobin,
+    LeastOutstanding,
+    TcpAware,
+    /// Weights per response connection in CID order; connections beyond `n` weigh 1.
+    Weighted {
+        weights: [u16; ResponsePolicy::MAX_WEIGHTS],
+        n: u8,
+    },
+    Failover,
+}
+
+impl ResponsePolicy {
+    pub const MAX_WEIGHTS: usize = 16;
+
+    /// A policy name as `--policy` takes it (`weighted:3,1` with its weights).
+    pub fn parse(name: &str) -> Result<ResponsePolicy, String> {
+        let p = mcsi_tcp::sched::policy(name).map_err(|e| e.to_string())?;
+        Ok(match p.name() {
+            "round-robin" => ResponsePolicy::RoundRobin,
+            "least-outstanding" => ResponsePolicy::LeastOutstanding,
+            "tcp-aware" => ResponsePolicy::TcpAware,
+            "failover" => ResponsePolicy::Failover,
+            _ => {
+                let list = name.strip_prefix("weighted:").unwrap_or("");
+                let ws: Vec<u16> = list
+                    .split(',')
+                    .filter_map(|w| w.trim().parse().ok())
+                    .collect();
+                if ws.len() > Self::MAX_WEIGHTS {
+                    return Err(format!(
+                        "policy {name:?}: at most {} weights (one per response connection)",
+                        Self::MAX_WEIGHTS
+                    ));
+                }
+                let mut weights = [1u16; Self::MAX_WEIGHTS];
+                weights[..ws.len()].copy_from_slice(&ws);
+                ResponsePolicy::Weighted {
+                    weights,
+                    n: ws.len() as u8,
+                }
+            }
+        })
+    }
+
+    /// The scheduler for one session; None for round-robin, which the session does itself
+    /// without looking at the connections' load.
+    pub fn scheduler(&self) -> Option<Box<dyn mcsi_tcp::sched::Scheduler>> {
+        use mcsi_tcp::sched::{Failover, LeastOutstanding, TcpAware, Weighted};
+        match *self {
+            ResponsePolicy::RoundRobin => None,
+            ResponsePolicy::LeastOutstanding => Some(Box::new(LeastOutstanding::default())),
+            ResponsePolicy::TcpAware => Some(Box::new(TcpAware::default())),
+            ResponsePolicy::Failover => Some(Box::new(Failover)),
+            ResponsePolicy::Weighted { weights, n } => Some(Box::new(Weighted::new(
+                weights[..usize::from(n)]
+                    .iter()
+                    .map(|&w| u32::from(w))
+                    .collect(),
+            ))),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ResponsePolicy::RoundRobin => "round-robin",
+            ResponsePolicy::LeastOutstanding => "least-outstanding",
+            ResponsePolicy::TcpAware => "tcp-aware",
+            ResponsePolicy::Weighted { .. } => "weighted",
+            ResponsePolicy::Failover => "failover",
+        }
+    }
 }
 
 /// A congestion-control name the kernel accepts for this process's sockets.
@@ -328,6 +411,8 @@ pub struct Limits {
     /// TCP congestion control set on each of the target's connections once its login names the
     /// target; None leaves the system default.
     pub congestion: Option<Congestion>,
+    /// How each task's response connection is chosen in the asymmetric mode.
+    pub response_policy: ResponsePolicy,
 }
 
 impl Default for Limits {
@@ -352,6 +437,7 @@ impl Default for Limits {
             max_sessions: 256,
             max_target_connections: 1024,
             congestion: None,
+            response_policy: ResponsePolicy::RoundRobin,
         }
     }
 }
@@ -760,6 +846,12 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
                 Some(congestion(name).map_err(|e| cerr(at("congestion"), e.to_string()))?)
             }
         },
+        response_policy: match &t.response_policy {
+            None => d.response_policy,
+            Some(name) => {
+                ResponsePolicy::parse(name).map_err(|e| cerr(at("response_policy"), e))?
+            }
+        },
     };
     if l.nop_timeout.is_zero() {
         return Err(cerr(
@@ -1049,6 +1141,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.why.contains("512 to 16777215"), "{e}");
+    }
+
+    #[test]
+    fn response_policy_is_parsed_with_its_weights() {
+        let with = |p: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\nresponse_policy = \"{p}\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+        };
+        let c = with("tcp-aware").unwrap();
+        assert_eq!(
+            c.targets[0].limits.response_policy,
+            ResponsePolicy::TcpAware
+        );
+        let c = with("weighted:3,1").unwrap();
+        match c.targets[0].limits.response_policy {
+            ResponsePolicy::Weighted { weights, n } => {
+                assert_eq!((n, weights[0], weights[1], weights[2]), (2, 3, 1, 1));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = with("fastest").unwrap_err();
+        assert_eq!(e.field, "targets[0].response_policy");
+        assert!(e.why.contains("tcp-aware"), "{e}");
+        let many = vec!["1"; 17].join(",");
+        let e = with(&format!("weighted:{many}")).unwrap_err();
+        assert!(e.why.contains("at most 16"), "{e}");
+        assert!(with("weighted:0,0").is_err());
+        assert!(ResponsePolicy::default().scheduler().is_none());
     }
 
     #[test]

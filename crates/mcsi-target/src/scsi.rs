@@ -45,6 +45,7 @@ pub fn start_task(
         cmd.immediate || in_order,
         attr,
         transfer.is_some(),
+        u64::from(cmd.expected_data_transfer_length),
     );
     match (reg, handles) {
         (Register::Ok, Some(h)) => {

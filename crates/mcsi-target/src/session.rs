@@ -257,6 +257,8 @@ pub struct Conn {
     /// A duplicate of the socket, to sample TCP_INFO and the congestion control.
     pub sock: Option<socket2::Socket>,
     pub counters: crate::stats::ConnCounters,
+    /// The socket's TCP state as last sampled for a load-aware response policy, and when.
+    tcp_sample: Mutex<Option<(std::time::Instant, mcsi_tcp::TcpState)>>,
 }
 
 impl Conn {
@@ -285,8 +287,27 @@ impl Conn {
             span,
             sock,
             counters: Default::default(),
+            tcp_sample: Mutex::new(None),
         };
         (Arc::new(c), stop_rx)
+    }
+
+    /// The socket's TCP state, sampled at most every 10 ms (a response policy asks once per
+    /// task).
+    fn tcp_recent(&self) -> Option<mcsi_tcp::TcpState> {
+        let sock = self.sock.as_ref()?;
+        let mut g = self.tcp_sample.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match *g {
+            Some((at, t)) if now.duration_since(at) < std::time::Duration::from_millis(10) => {
+                Some(t)
+            }
+            _ => {
+                let t = mcsi_tcp::tcp_state(sock).ok()?;
+                *g = Some((now, t));
+                Some(t)
+            }
+        }
     }
 
     /// Marks the connection as ending on purpose (logout, reinstatement). From now on no task
@@ -388,6 +409,8 @@ pub struct TaskEntry {
     /// The connection its R2T, Data-In and status leave on: `cid`, or in an asymmetric session
     /// one of the response connections.
     pub reply_cid: u16,
+    /// Data bytes the task moves (its expected data transfer length).
+    pub bytes: u64,
     pub lun: u64,
     pub cmd_sn: u32,
     pub attr: TaskAttribute,
@@ -419,8 +442,10 @@ pub struct SessionState {
     task_sets: AHashMap<u64, TaskSet<u64>>,
     next_ttt: u32,
     /// The response connection picked last; the next pick is the one with the next higher CID
-    /// (asymmetric mode).
+    /// (asymmetric mode, round-robin).
     last_reply: Option<u16>,
+    /// The target's response policy when it is not round-robin, with its scratch lists.
+    reply_sched: Option<ReplySched>,
     /// Tracked inline commands running ([`Session::claim_inline`]).
     inline: u32,
     pub closing: bool,
@@ -488,6 +513,19 @@ impl Session {
             isid = %isid_hex,
             target = target.as_ref().map(|t| t.name.as_str()).unwrap_or("discovery"),
         );
+        let reply_sched = ops
+            .asymmetric
+            .then(|| {
+                target
+                    .as_ref()
+                    .and_then(|t| t.limits.response_policy.scheduler())
+            })
+            .flatten()
+            .map(|policy| ReplySched {
+                policy,
+                loads: Vec::new(),
+                cids: Vec::new(),
+            });
         Arc::new(Session {
             tsih,
             isid,
@@ -505,6 +543,7 @@ impl Session {
                 task_sets: AHashMap::new(),
                 next_ttt: 1,
                 last_reply: None,
+                reply_sched,
                 inline: 0,
                 closing: false,
             }),
@@ -557,6 +596,7 @@ impl Session {
         immediate: bool,
         attr: TaskAttribute,
         wants_data: bool,
+        bytes: u64,
     ) -> (Register, Option<TaskHandles>, InOrder) {
         let mut st = self.lock();
         if st.closing {
@@ -585,7 +625,7 @@ impl Session {
             (None, None)
         };
         let reply_cid = if self.ops.asymmetric {
-            pick_reply(&mut st).unwrap_or(conn.cid)
+            pick_reply(&mut st, bytes).unwrap_or(conn.cid)
         } else {
             conn.cid
         };
@@ -595,6 +635,7 @@ impl Session {
                 id,
                 cid: conn.cid,
                 reply_cid,
+                bytes,
                 lun,
                 cmd_sn,
                 attr,
@@ -936,16 +977,28 @@ fn inline_claim(st: &mut SessionState, lun: u64, asymmetric: bool) -> Inline {
         st.inline += 1;
     }
     let reply = if asymmetric {
-        pick_reply(st).and_then(|cid| st.conns.get(&cid).cloned())
+        pick_reply(st, 0).and_then(|cid| st.conns.get(&cid).cloned())
     } else {
         None
     };
     Inline { tracked, reply }
 }
 
-/// The next response connection, round-robin in CID order (thesis 4.3.3: responses spread over
-/// connections n+1..2n); `None` when the session has none.
-fn pick_reply(st: &mut SessionState) -> Option<u16> {
+/// A response policy other than round-robin ([`crate::config::ResponsePolicy`]) and the lists
+/// it is given, kept to be reused.
+struct ReplySched {
+    policy: Box<dyn mcsi_tcp::sched::Scheduler>,
+    loads: Vec<mcsi_tcp::sched::ConnLoad>,
+    cids: Vec<u16>,
+}
+
+/// The response connection for a task that moves `bytes`: by the target's response policy, or
+/// round-robin in CID order (thesis 4.3.3: responses spread over connections n+1..2n); `None`
+/// when the session has none.
+fn pick_reply(st: &mut SessionState, bytes: u64) -> Option<u16> {
+    if let Some(rs) = st.reply_sched.as_mut() {
+        return pick_reply_by_policy(rs, &st.conns, &st.tasks, bytes);
+    }
     // Round-robin in CID order without collecting the connections: the next CID above the last
     // one picked, or the lowest once past the end. Called once per task in an asymmetric session.
     let responses = || {
@@ -963,6 +1016,58 @@ fn pick_reply(st: &mut SessionState) -> Option<u16> {
     Some(cid)
 }
 
+/// The policy's pick among the usable response connections in CID order. A connection's load
+/// is what it still owes: the data of the tasks that reply on it and what its socket holds
+/// unsent or unacknowledged; a load-aware policy also sees the socket's TCP state (the target
+/// sends the reads, so its delivery rate is the connection's).
+fn pick_reply_by_policy(
+    rs: &mut ReplySched,
+    conns: &AHashMap<u16, Arc<Conn>>,
+    tasks: &AHashMap<u32, TaskEntry>,
+    bytes: u64,
+) -> Option<u16> {
+    rs.cids.clear();
+    rs.cids.extend(
+        conns
+            .values()
+            .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
+            .map(|c| c.cid),
+    );
+    rs.cids.sort_unstable();
+    let wants_tcp = rs.policy.wants_tcp_info();
+    rs.loads.clear();
+    for cid in &rs.cids {
+        let conn = conns.get(cid);
+        let tcp = if wants_tcp {
+            conn.and_then(|c| c.tcp_recent())
+        } else {
+            None
+        };
+        let (mut n, mut queued) = (0u32, 0u64);
+        for t in tasks.values().filter(|t| t.reply_cid == *cid) {
+            n += 1;
+            queued += t.bytes;
+        }
+        let in_socket = tcp.map_or(0, |t| {
+            u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
+        });
+        rs.loads.push(mcsi_tcp::sched::ConnLoad {
+            usable: true,
+            outstanding_tasks: n,
+            outstanding_bytes: queued + in_socket,
+            tcp,
+            rate: None,
+            target_tcp: None,
+        });
+    }
+    let task = mcsi_tcp::sched::TaskInfo {
+        bytes,
+        write: false,
+    };
+    let i = rs.policy.pick(&rs.loads, &task)?;
+    rs.cids.get(i).copied()
+}
+
 fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
     let Some(cid) = st.tasks.get(&itt).map(|t| t.reply_cid) else {
         return command_conn.clone();
@@ -971,7 +1076,8 @@ fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) 
         return c.clone();
     }
     // The chosen response connection is logging out or gone: another one takes the rest.
-    let cid = pick_reply(st).unwrap_or(command_conn.cid);
+    let bytes = st.tasks.get(&itt).map_or(0, |t| t.bytes);
+    let cid = pick_reply(st, bytes).unwrap_or(command_conn.cid);
     if let Some(t) = st.tasks.get_mut(&itt) {
         t.reply_cid = cid;
     }

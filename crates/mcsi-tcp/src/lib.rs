@@ -7,9 +7,12 @@
 //!   running kernel actually filled in.
 //! - [`congestion`]: the congestion-control algorithm of a socket (`TCP_CONGESTION`), checked
 //!   against what the kernel offers.
+//! - [`sched`]: the policies that choose a connection for each task from its load and TCP
+//!   state (round-robin, least-outstanding, tcp-aware, weighted, failover).
 
 pub mod congestion;
 pub mod info;
+pub mod sched;
 
 pub use congestion::{Congestion, CongestionError};
 pub use info::{tcp_state, CaState, TcpState};

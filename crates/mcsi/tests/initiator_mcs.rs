@@ -23,6 +23,11 @@ struct Target {
 
 impl Target {
     fn start(size_mib: u64) -> Target {
+        Target::start_with(size_mib, &[])
+    }
+
+    /// With more `mcsi target` arguments.
+    fn start_with(size_mib: u64, extra: &[&str]) -> Target {
         for port in 3290..3300u16 {
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
                 continue;
@@ -41,6 +46,7 @@ impl Target {
                     "--max-connections",
                     "8",
                 ])
+                .args(extra)
                 .env("MCSI_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -506,6 +512,55 @@ fn asymmetric_mode_puts_replies_on_response_connections() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(std::fs::read(&back).unwrap() == data, "copy differs");
+}
+
+/// The target's response policy (`--response-policy`) decides which response connection carries
+/// each task's replies: failover keeps them all on the first, weighted:3,1 splits them 3 to 1,
+/// and tcp-aware serves verified I/O.
+#[test]
+fn target_response_policy_places_the_replies() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let run = |policy: &str, rw: &str| -> Vec<(u64, u64)> {
+        let t = Target::start_with(24, &["--response-policy", policy]);
+        let out = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+            .args(["bench", &t.url(), "--connections", "4", "--asymmetric"])
+            .args(["--iodepth", "16", "--bs", "4KiB", "--rw", rw])
+            .args(["--size", "8MiB", "--verify", "--json"])
+            .env("MCSI_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{policy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["jobs"][0]["error"], 0, "{policy}");
+        assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{policy}");
+        v["mcsi"]["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["role"] == "responses")
+            .map(|c| {
+                (
+                    c["statuses_in"].as_u64().unwrap(),
+                    c["data_in_bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let f = run("failover", "randwrite");
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(f[0].0 >= 2048 && f[1].0 == 0, "failover: {f:?}");
+    let w = run("weighted:3,1", "randwrite");
+    let share = w[0].0 as f64 / (w[0].0 + w[1].0) as f64;
+    assert!(
+        (0.70..=0.80).contains(&share),
+        "weighted:3,1 gave {share:.3}: {w:?}"
+    );
+    let a = run("tcp-aware", "randwrite");
+    assert!(a[0].0 + a[1].0 >= 2048, "tcp-aware: {a:?}");
 }
 
 /// Every write path (immediate, unsolicited, R2T-solicited) in an asymmetric session, then the

@@ -21,9 +21,20 @@ pub struct Args {
     /// Chunks in flight at once.
     #[arg(long, default_value_t = 16)]
     pub iodepth: usize,
-    /// Chunk size (a multiple of the LUN block size), e.g. 256KiB, 1MiB.
+    /// Chunk size (a multiple of the LUN block size), e.g. 256KiB, 1MiB; or `auto` when the
+    /// source is an mcsi target's LUN: reads sized to the target's TCP state (see --bs-rule).
     #[arg(long, default_value = "1MiB")]
     pub bs: String,
+    /// With --bs auto: `bdp` (the session's measured bandwidth-delay product spread over the
+    /// chunks in flight) or `cwnd` (seed 002: the target's cwnd x MSS, lowered on a
+    /// reduction, held at the ceiling while stable).
+    #[arg(long, default_value = "bdp", value_name = "RULE")]
+    pub bs_rule: String,
+    /// With --bs auto: the smallest and largest chunk.
+    #[arg(long, default_value = "64KiB", value_name = "SIZE")]
+    pub bs_min: String,
+    #[arg(long, default_value = "8MiB", value_name = "SIZE")]
+    pub bs_max: String,
     /// Bytes to copy (default: the whole source).
     #[arg(long)]
     pub length: Option<String>,
@@ -117,6 +128,14 @@ async fn open_lun(url: &str, o: &ConnectOptions) -> anyhow::Result<(Session, Lun
     Ok((s, lun))
 }
 
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a.max(1), b.max(1));
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a.max(1) / x * b.max(1)
+}
+
 fn file_size(f: &std::fs::File, path: &str) -> anyhow::Result<u64> {
     let md = f.metadata().with_context(|| format!("stat {path}"))?;
     if md.is_file() {
@@ -136,8 +155,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(copy(args))
 }
 
+/// `--bs auto`: the rule and bounds of the chunk size.
+fn auto_sizer(a: &Args) -> anyhow::Result<(mcsi_initiator::iosize::Rule, u64, u64)> {
+    if !IscsiUrl::is_url(&a.src) {
+        bail!(
+            "--bs auto sizes reads from an iSCSI LUN: the source {} is a file (give a fixed --bs)",
+            a.src
+        );
+    }
+    let rule = mcsi_initiator::iosize::Rule::parse(&a.bs_rule)
+        .ok_or_else(|| anyhow::anyhow!("--bs-rule {}: use bdp or cwnd", a.bs_rule))?;
+    let min = mcsi_units::parse_size(&a.bs_min).map_err(|e| anyhow::anyhow!("--bs-min: {e}"))?;
+    let max = mcsi_units::parse_size(&a.bs_max).map_err(|e| anyhow::anyhow!("--bs-max: {e}"))?;
+    if min == 0 || max < min || max > 16 << 20 {
+        bail!("--bs-min {min} and --bs-max {max}: need 0 < min <= max <= 16MiB");
+    }
+    Ok((rule, min, max))
+}
+
 async fn copy(a: Args) -> anyhow::Result<ExitCode> {
-    let bs = mcsi_units::parse_size(&a.bs).map_err(|e| anyhow::anyhow!("--bs: {e}"))?;
+    let auto = (a.bs == "auto").then(|| auto_sizer(&a)).transpose()?;
+    let bs = match auto {
+        Some((_, min, _)) => min,
+        None => mcsi_units::parse_size(&a.bs)
+            .map_err(|e| anyhow::anyhow!("--bs: {e} (or auto, to size reads from a LUN)"))?,
+    };
     if bs == 0 || bs > 64 << 20 {
         bail!("--bs must be between 1 byte and 64MiB, got {}", a.bs);
     }
@@ -156,7 +198,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         policy: a.policy.clone(),
         asymmetric: a.asymmetric,
         congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
-        tcp_report: a.target_tcp || a.policy == "tcp-aware",
+        tcp_report: a.target_tcp || a.policy == "tcp-aware" || auto.is_some(),
         ..ConnectOptions::default()
     };
     if let Some(n) = &a.initiator_name {
@@ -206,7 +248,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
             let b = u64::from(l.block_size());
-            if !bs.is_multiple_of(b) || !length.is_multiple_of(b) {
+            if (auto.is_none() && !bs.is_multiple_of(b)) || !length.is_multiple_of(b) {
                 bail!(
                     "--bs ({bs}) and the length ({length}) must be multiples of the {b}-byte block size of LUN {}",
                     l.number()
@@ -235,6 +277,22 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         );
         b
     };
+    // --bs auto: the chunk size follows the source session's reports of the target's sending
+    // side, sampled every 20 ms (sizes in whole blocks of both ends).
+    let mut sizer = match (auto, &src, sessions.first()) {
+        (Some((rule, min, max)), End::Lun(l), Some(s)) => {
+            let unit = match &dst {
+                End::Lun(d) => lcm(u64::from(l.block_size()), u64::from(d.block_size())),
+                End::File(_) => u64::from(l.block_size()),
+            };
+            let sizer = mcsi_initiator::iosize::Sizer::new(rule, min, max, unit, a.iodepth as u64);
+            Some((sizer, s.clone(), Vec::<(u64, u64)>::new()))
+        }
+        _ => None,
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut chunk = sizer.as_ref().map_or(bs, |z| z.0.size());
     let t0 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     let mut copied = 0u64;
@@ -242,7 +300,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     let mut off = 0u64;
     while off < length || !set.is_empty() {
         while first_err.is_none() && off < length && set.len() < a.iodepth {
-            let len = bs.min(length - off) as usize;
+            let len = chunk.min(length - off) as usize;
             let (s, d) = (src.clone(), dst.clone());
             let at = off;
             set.spawn(async move {
@@ -255,7 +313,22 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
             });
             off += len as u64;
         }
-        let Some(r) = set.join_next().await else {
+        let r = tokio::select! {
+            r = set.join_next() => r,
+            _ = tick.tick(), if sizer.is_some() => {
+                if let Some((z, s, trace)) = sizer.as_mut() {
+                    let next = z.update(&s.target_tcp());
+                    if next != chunk {
+                        chunk = next;
+                        if trace.len() < 100_000 {
+                            trace.push((t0.elapsed().as_millis() as u64, chunk));
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(r) = r else {
             break;
         };
         match r {
@@ -290,6 +363,20 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    if let Some((z, s, trace)) = &sizer {
+        if !s.target_tcp().iter().any(Option::is_some) {
+            eprintln!("mcsi copy: the target sent no TCP state reports (not an mcsi target?): --bs auto stayed at --bs-min");
+        }
+        let sizes = trace.iter().map(|t| t.1);
+        eprintln!(
+            "bs auto ({}): {} size changes, between {} and {}, last {}",
+            z.rule().as_str(),
+            trace.len(),
+            mcsi_units::Bytes(sizes.clone().min().unwrap_or(chunk) as f64),
+            mcsi_units::Bytes(sizes.max().unwrap_or(chunk) as f64),
+            mcsi_units::Bytes(chunk as f64),
+        );
+    }
     for s in &sessions {
         if let Err(e) = s.logout().await {
             tracing::warn!(error = %e, "logout of {} failed", s.url());

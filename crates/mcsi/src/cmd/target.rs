@@ -32,6 +32,12 @@ pub struct Args {
     /// the ones it does.
     #[arg(long, value_name = "NAME")]
     congestion: Option<String>,
+    /// In the asymmetric mode, how each task's response connection is chosen: round-robin
+    /// (the thesis's, default), least-outstanding, tcp-aware (earliest expected completion from
+    /// what the connection still owes, its delivery rate and RTT), weighted:W1,W2,... (per
+    /// response connection in CID order) or failover.
+    #[arg(long, value_name = "POLICY")]
+    response_policy: Option<String>,
     /// Serve Prometheus metrics (GET /metrics) and the sessions' connections with their TCP
     /// state (GET /state, for `mcsi monitor`) on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -126,6 +132,12 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         .map(config::congestion)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--congestion: {e}"))?;
+    let response_policy = args
+        .response_policy
+        .as_deref()
+        .map(config::ResponsePolicy::parse)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--response-policy: {e}"))?;
     let chap = args
         .chap
         .iter()
@@ -166,6 +178,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
         if congestion.is_some() {
             t.limits.congestion = congestion;
+        }
+        if let Some(p) = response_policy {
+            t.limits.response_policy = p;
         }
     }
     Ok(cfg)

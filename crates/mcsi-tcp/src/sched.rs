@@ -1,9 +1,14 @@
 //! Which connection carries the next task. All PDUs of a task then stay on that connection
 //! (connection allegiance, RFC 7143 4.2.3 / 7.1.1), so the choice is made once per task.
 //!
-//! Policies implement [`Scheduler`]; [`policy`] builds one by name for the command line.
+//! Policies implement [`Scheduler`]; [`policy`] builds one by name for the command line. The
+//! initiator uses them to place each task on a connection, the target in the asymmetric mode
+//! to choose each task's response connection.
 
-use crate::error::Error;
+/// A policy name [`policy`] does not know, or weights it cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(pub String);
 
 /// What a scheduler may look at for one connection.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -16,12 +21,12 @@ pub struct ConnLoad {
     /// Data bytes of those tasks (reads and writes), not yet completed.
     pub outstanding_bytes: u64,
     /// The socket's TCP state when the session samples it (for congestion-aware policies).
-    pub tcp: Option<mcsi_tcp::TcpState>,
+    pub tcp: Option<crate::TcpState>,
     /// Bytes per second the connection completes while it has tasks ([`RateMeter`]), in either
     /// direction; None until measured.
     pub rate: Option<f64>,
     /// The target's sending side of the connection, when an mcsi target reports it.
-    pub target_tcp: Option<mcsi_tcp::TcpState>,
+    pub target_tcp: Option<crate::TcpState>,
 }
 
 /// The task being placed.
@@ -281,7 +286,7 @@ pub const POLICIES: &[&str] = &[
 ];
 
 /// Build a policy by name.
-pub fn policy(name: &str) -> Result<Box<dyn Scheduler>, Error> {
+pub fn policy(name: &str) -> Result<Box<dyn Scheduler>, PolicyError> {
     if let Some(w) = name.strip_prefix("weighted") {
         let list = w.strip_prefix(':').unwrap_or("");
         let weights: Result<Vec<u32>, _> =
@@ -290,7 +295,7 @@ pub fn policy(name: &str) -> Result<Box<dyn Scheduler>, Error> {
             Ok(ws) if !list.is_empty() && ws.iter().any(|&x| x > 0) && ws.iter().all(|&x| x <= 1000) => {
                 Ok(Box::new(Weighted::new(ws)))
             }
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(PolicyError(format!(
                 "policy {name:?}: weighted needs one weight per connection, 0 to 1000, not all 0, e.g. weighted:3,1"
             ))),
         };
@@ -300,7 +305,7 @@ pub fn policy(name: &str) -> Result<Box<dyn Scheduler>, Error> {
         "least-outstanding" | "lo" => Ok(Box::new(LeastOutstanding::default())),
         "tcp-aware" => Ok(Box::new(TcpAware::default())),
         "failover" => Ok(Box::new(Failover)),
-        other => Err(Error::InvalidArgument(format!(
+        other => Err(PolicyError(format!(
             "unknown scheduler policy {other:?}; known policies: {}",
             POLICIES.join(", ")
         ))),
@@ -485,7 +490,7 @@ mod tests {
             let mut conns = vec![load(true, 0, 0); 2];
             for (i, c) in conns.iter_mut().enumerate() {
                 c.rate = Some(rates[i]);
-                c.tcp = Some(mcsi_tcp::TcpState {
+                c.tcp = Some(crate::TcpState {
                     rtt_us: (rtts[i] * 1e6) as u32,
                     ..Default::default()
                 });
