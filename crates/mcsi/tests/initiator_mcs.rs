@@ -514,6 +514,72 @@ fn asymmetric_mode_puts_replies_on_response_connections() {
     assert!(std::fs::read(&back).unwrap() == data, "copy differs");
 }
 
+/// `mcsi copy --bs auto` reads a LUN in chunks sized to the window the target reports, and the
+/// copy is byte-exact; from a file source it is refused with what to do instead.
+#[test]
+fn copy_with_reads_sized_to_the_window_is_byte_exact() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(40);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    let data = random_file(&src, 32 << 20, 11);
+    let mcsi = |args: &[&str]| {
+        Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+            .args(args)
+            .env("MCSI_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = mcsi(&[
+        "copy",
+        src.to_str().unwrap(),
+        &t.url(),
+        "--connections",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = mcsi(&["copy", src.to_str().unwrap(), &t.url(), "--bs", "auto"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("give a fixed --bs"),
+        "{err}"
+    );
+    for rule in ["bdp", "cwnd"] {
+        let back = dir.path().join(format!("back-{rule}.bin"));
+        let out = mcsi(&[
+            "copy",
+            &t.url(),
+            back.to_str().unwrap(),
+            "--connections",
+            "2",
+            "--iodepth",
+            "2",
+            "--length",
+            "32MiB",
+            "--bs",
+            "auto",
+            "--bs-rule",
+            rule,
+            "--bs-min",
+            "16KiB",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        // The target reported its window, so the size left its 16 KiB start.
+        assert!(err.contains(&format!("bs auto ({rule}):")), "{err}");
+        assert!(!err.contains("sent no TCP state reports"), "{err}");
+        assert!(!err.contains("0 size changes"), "{err}");
+        assert!(
+            std::fs::read(&back).unwrap() == data,
+            "copy ({rule}) differs"
+        );
+    }
+}
+
 /// The target's response policy (`--response-policy`) decides which response connection carries
 /// each task's replies: failover keeps them all on the first, weighted:3,1 splits them 3 to 1,
 /// and tcp-aware serves verified I/O.

@@ -355,11 +355,15 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
                     first_err = Some(anyhow::Error::new(e).context("flushing the destination LUN"));
                 }
             }
-            End::File(f) => {
-                if let Err(e) = f.sync_data() {
+            End::File(f) => match f.sync_data() {
+                // A special file that cannot be synchronised (/dev/null, a pipe): nothing to
+                // make durable (fdatasync(2): EINVAL).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => {
                     first_err = Some(anyhow::Error::new(e).context("syncing the destination file"));
                 }
-            }
+                Ok(()) => {}
+            },
         }
     }
     let secs = t0.elapsed().as_secs_f64();
