@@ -931,6 +931,32 @@ impl Pdu {
         }
     }
 
+    /// The length of the data segment as it goes on the wire, without padding or digests, and
+    /// without touching the buffers (a clone of a buffer built as a `Vec` allocates).
+    pub fn data_len(&self) -> usize {
+        match self {
+            Pdu::NopOut(p) => p.data.len(),
+            Pdu::ScsiCommand(p) => p.data.len(),
+            Pdu::LoginRequest(p) => p.data.len(),
+            Pdu::TextRequest(p) => p.data.len(),
+            Pdu::DataOut(p) => p.data.len(),
+            Pdu::NopIn(p) => p.data.len(),
+            Pdu::ScsiResponse(p) if p.sense.is_empty() => 0,
+            Pdu::ScsiResponse(p) => 2 + p.sense.len().min(usize::from(u16::MAX)),
+            Pdu::LoginResponse(p) => p.data.len(),
+            Pdu::TextResponse(p) => p.data.len(),
+            Pdu::DataIn(p) => p.data.len(),
+            Pdu::AsyncMessage(p) => p.data.len(),
+            Pdu::Reject(p) => p.header.len(),
+            Pdu::TaskMgmtRequest(_)
+            | Pdu::LogoutRequest(_)
+            | Pdu::SnackRequest(_)
+            | Pdu::TaskMgmtResponse(_)
+            | Pdu::LogoutResponse(_)
+            | Pdu::R2t(_) => 0,
+        }
+    }
+
     /// The data segment as it goes on the wire (for a SCSI Response, SenseLength + sense data).
     pub fn data_segment(&self) -> Bytes {
         match self {

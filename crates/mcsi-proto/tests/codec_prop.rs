@@ -416,6 +416,7 @@ proptest! {
         let enc = p.try_encode(&f).unwrap();
         let wire = enc.to_vec();
         prop_assert_eq!(wire.len() % 4, 0);
+        prop_assert_eq!(p.data_len(), p.data_segment().len());
         prop_assert_eq!(pdu_len(&wire, &f), Some(wire.len()));
         let mut buf = BytesMut::from(&wire[..]);
         let back = decode(&mut buf, &f).unwrap().unwrap();

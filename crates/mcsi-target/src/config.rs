@@ -282,6 +282,13 @@ pub struct FileTarget {
     /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
     /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
     pub response_policy: Option<String>,
+    /// Bytes a connection may have queued for sending before its reader stops taking
+    /// requests ("8MiB").
+    pub output_budget: Option<SizeValue>,
+    /// A connection whose socket takes no byte for this long is dropped ("30s"; "0": never).
+    pub send_timeout: Option<String>,
+    /// Bytes of READ data a session's commands may hold at once ("64MiB").
+    pub read_budget: Option<SizeValue>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -413,6 +420,17 @@ pub struct Limits {
     pub congestion: Option<Congestion>,
     /// How each task's response connection is chosen in the asymmetric mode.
     pub response_policy: ResponsePolicy,
+    /// Bytes a connection may have queued for sending (Data-In, NOP-In echoes, R2Ts, responses,
+    /// rejects) before its reader stops taking requests until the writer has sent some
+    /// ([`crate::session::OutQueue`]).
+    pub output_budget: u64,
+    /// A connection whose socket takes no byte for this long is dropped (a peer that does not
+    /// read); zero turns the check off.
+    pub send_timeout: Duration,
+    /// Bytes of READ data a session's tasks may hold at once, from the backend filling them
+    /// until their Data-In is queued on a connection below its output budget
+    /// ([`crate::session::Session::read_permit`]).
+    pub read_budget: u64,
 }
 
 impl Default for Limits {
@@ -438,6 +456,13 @@ impl Default for Limits {
             max_target_connections: 1024,
             congestion: None,
             response_policy: ResponsePolicy::RoundRobin,
+            // Twice the largest burst the target sends by default (MaxBurstLength 1 MiB) several
+            // times over: enough to keep a long fat link busy, small enough that 1000
+            // connections stay within 8 GiB.
+            output_budget: 8 << 20,
+            send_timeout: Duration::from_secs(30),
+            // 64 reads of 1 MiB in flight per session.
+            read_budget: 64 << 20,
         }
     }
 }
@@ -845,6 +870,31 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
             Some(name) => {
                 Some(congestion(name).map_err(|e| cerr(at("congestion"), e.to_string()))?)
             }
+        },
+        output_budget: match &t.output_budget {
+            None => d.output_budget,
+            Some(v) => match v.bytes(&at("output_budget"))? {
+                n if (64 << 10..=1 << 40).contains(&n) => n,
+                n => {
+                    return Err(cerr(
+                        at("output_budget"),
+                        format!("{n} bytes is out of range (64KiB to 1TiB)"),
+                    ))
+                }
+            },
+        },
+        send_timeout: duration(&t.send_timeout, &at("send_timeout"), d.send_timeout)?,
+        read_budget: match &t.read_budget {
+            None => d.read_budget,
+            Some(v) => match v.bytes(&at("read_budget"))? {
+                n if (1 << 20..=1 << 40).contains(&n) => n,
+                n => {
+                    return Err(cerr(
+                        at("read_budget"),
+                        format!("{n} bytes is out of range (1MiB to 1TiB)"),
+                    ))
+                }
+            },
         },
         response_policy: match &t.response_policy {
             None => d.response_policy,

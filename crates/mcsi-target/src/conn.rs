@@ -3,7 +3,7 @@
 
 use crate::control;
 use crate::scsi;
-use crate::session::{Conn, Deferred, Ordered, Out, Session, Turn};
+use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{
@@ -115,6 +115,16 @@ pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     batch: &[Encoded],
 ) -> io::Result<()> {
+    write_batch_within(w, batch, None).await
+}
+
+/// Like [`write_batch`], failing with `TimedOut` when the socket takes no byte for `stall` (a
+/// peer that does not read).
+pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    batch: &[Encoded],
+    stall: Option<Duration>,
+) -> io::Result<()> {
     let bufs: Vec<&[u8]> = batch
         .iter()
         .flat_map(|e| [e.header(), &e.data()[..], e.trailer()])
@@ -130,7 +140,12 @@ pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
                 .take(MAX_IOV - 1)
                 .map(|b| IoSlice::new(b)),
         );
-        let mut n = w.write_vectored(&slices).await?;
+        let mut n = match stall {
+            None => w.write_vectored(&slices).await?,
+            Some(d) => tokio::time::timeout(d, w.write_vectored(&slices))
+                .await
+                .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??,
+        };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -149,19 +164,25 @@ pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// The writer of one connection: drains the queue, stamps, coalesces into vectored writes.
+/// The writer of one connection: drains the queue, stamps, coalesces into vectored writes, and
+/// gives the connection's output budget back as it goes ([`OutQueue`]). A socket that takes no
+/// byte for `send_timeout` ends the connection.
 pub async fn writer(
     mut w: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Out>,
     session: Arc<Session>,
+    out: Arc<OutQueue>,
     framing: Framing,
     mut stat_sn: u32,
+    send_timeout: Duration,
 ) {
     let mut batch: Vec<Encoded> = Vec::new();
+    let stall = (!send_timeout.is_zero()).then_some(send_timeout);
     loop {
         let Some(first) = rx.recv().await else { break };
         let mut close = false;
         let mut bytes = 0usize;
+        let mut queued = 0u64;
         let mut next = Some(first);
         // One look at the window per batch rather than per PDU (the session lock is shared by
         // every connection and task of the session).
@@ -169,6 +190,7 @@ pub async fn writer(
         while let Some(out) = next.take() {
             match out {
                 Out::Pdu(mut p) => {
+                    queued += OutQueue::size_of(&p);
                     stamp(&mut p, &mut stat_sn, exp, max);
                     let e = p.encode_owned(&framing);
                     bytes += e.len();
@@ -183,15 +205,28 @@ pub async fn writer(
                 next = rx.try_recv().ok();
             }
         }
-        if let Err(e) = write_batch(&mut w, &batch).await {
-            debug!("write failed: {e}");
-            break;
+        match write_batch_within(&mut w, &batch, stall).await {
+            Ok(()) => out.sent(queued),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                warn!(
+                    "send timeout: the initiator took no data for {send_timeout:?} ({} bytes queued); dropping the connection",
+                    out.queued()
+                );
+                break;
+            }
+            Err(e) => {
+                debug!("write failed: {e}");
+                break;
+            }
         }
         batch.clear();
         if close {
             break;
         }
     }
+    // Nothing queued will be sent now: a reader waiting for room must not wait for it.
+    out.close();
+    drop(rx);
     let _ = w.shutdown().await;
 }
 
@@ -259,6 +294,24 @@ impl Reader {
         // Whether PDUs were handled since the last read.
         let mut handled = false;
         let why = loop {
+            // Output budget spent (a peer that does not read what it asked for): take no more
+            // requests until the writer has sent some; TCP's flow control then stops the peer.
+            if self.conn.out.full() {
+                let deadline = self.keepalive.deadline();
+                tokio::select! {
+                    _ = self.conn.out.room() => {}
+                    _ = crate::session::flag_set(&mut stop) => break "dropped by the target".into(),
+                    _ = sleep_until(deadline) => {
+                        if let Err(e) = self.on_keepalive_timer() {
+                            break e;
+                        }
+                    }
+                }
+                if self.conn.out.is_closed() {
+                    break "the connection's writer ended (send timeout or write error)".into();
+                }
+                continue;
+            }
             // Decode everything buffered first.
             match pdu::decode(&mut self.buf, &self.framing) {
                 Ok(Some(p)) => {
@@ -645,6 +698,46 @@ mod tests {
             unreachable!()
         };
         assert_eq!((r.stat_sn, r.exp_cmd_sn, sn), (10, 6, 11));
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_takes_nothing_times_out() {
+        struct Stuck;
+        impl tokio::io::AsyncWrite for Stuck {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                _: &[u8],
+            ) -> std::task::Poll<io::Result<usize>> {
+                std::task::Poll::Pending
+            }
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let batch = vec![Pdu::NopIn(NopIn {
+            lun: 0,
+            itt: 1,
+            ttt: 0xffff_ffff,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data: Bytes::from_static(b"ping"),
+        })
+        .encode(&Framing::default())];
+        let e = write_batch_within(&mut Stuck, &batch, Some(Duration::from_millis(30)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 
     #[tokio::test]

@@ -155,21 +155,42 @@ pub async fn run(ctx: TaskCtx) {
             r = ready_rx => r.ok()?,
         }
         let read_expected = read_expected(&cmd);
-        Some(execute(&session, &dev, &cmd, attr, data_out, read_expected).await)
+        // The data the backend fills waits for the session's read budget.
+        let permit = tokio::select! {
+            biased;
+            _ = crate::session::flag_set(&mut abort_rx) => return None,
+            p = session.read_permit(read_expected) => p,
+        };
+        let o = execute(&session, &dev, &cmd, attr, data_out, read_expected).await;
+        Some((o, permit))
     }
     .await;
+    let (outcome, permit) = match outcome {
+        Some((o, p)) => (Some(o), p),
+        None => (None, None),
+    };
     if let Some(o) = &outcome {
         account(&session, &conn, &cmd, o, started);
     }
     let max_burst = session.ops.max_burst_length;
-    let sent = session.finish_task(itt, id, &conn, |out| match outcome {
-        Some(o) => response_pdus(&cmd, phase, o, out.ops.send_mrdsl, max_burst),
-        None => Vec::new(),
+    let mut queue = None;
+    let sent = session.finish_task(itt, id, &conn, |out| {
+        queue = Some(out.out.clone());
+        match outcome {
+            Some(o) => response_pdus(&cmd, phase, o, out.ops.send_mrdsl, max_burst),
+            None => Vec::new(),
+        }
     });
     if !sent {
         debug!("task ended without status (aborted or connection gone)");
     }
     drop(done_tx);
+    // The read's budget comes back once its Data-In is on its way: queued, with the connection
+    // below its output budget (or gone).
+    if let (Some(p), Some(q)) = (permit, queue) {
+        q.room().await;
+        drop(p);
+    }
 }
 
 /// Counts a finished command on its LUN and its connection.

@@ -5,7 +5,7 @@ use crate::admission::{Denied, Gate, Slot};
 use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
-use crate::session::{Conn, ConnOps, Session, Shared, Target};
+use crate::session::{Conn, ConnOps, OutQueue, Session, Shared, Target};
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
 use mcsi_scsi::backend::open_backend;
@@ -366,7 +366,23 @@ async fn connection(
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
     let ops = ConnOps::from(&n.connection);
     let sock = socket2::SockRef::from(&stream).try_clone().ok();
-    let (conn, stop_rx) = Conn::new(n.cid, n.role, ops, peer, local, tx, cspan.clone(), sock);
+    let limits = session
+        .target
+        .as_ref()
+        .map(|t| t.limits)
+        .unwrap_or_default();
+    let out = OutQueue::new(limits.output_budget);
+    let (conn, stop_rx) = Conn::new(
+        n.cid,
+        n.role,
+        ops,
+        peer,
+        local,
+        tx,
+        cspan.clone(),
+        sock,
+        out.clone(),
+    );
     if let Some(prev) = session.add_conn(conn.clone()) {
         prev.mark_clean();
         prev.stop();
@@ -387,14 +403,17 @@ async fn connection(
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();
     tokio::spawn(
-        conn::writer(wr, rx, session.clone(), send_framing, n.next_stat_sn)
-            .instrument(cspan.clone()),
+        conn::writer(
+            wr,
+            rx,
+            session.clone(),
+            out,
+            send_framing,
+            n.next_stat_sn,
+            limits.send_timeout,
+        )
+        .instrument(cspan.clone()),
     );
-    let limits = session
-        .target
-        .as_ref()
-        .map(|t| t.limits)
-        .unwrap_or_default();
     let reader = Reader {
         session,
         conn,

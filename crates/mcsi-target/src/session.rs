@@ -237,6 +237,86 @@ pub enum Out {
     Close,
 }
 
+/// What a connection's writer still has to send, in bytes (BHS plus data segment per PDU),
+/// against the connection's output budget (`output_budget`). At the budget the connection's
+/// reader takes no more requests until the writer has sent some, so a peer that asks for data
+/// and does not read its socket is stopped by TCP's flow control instead of making the target
+/// queue without end. What is already owed is never dropped: the budget is checked before a
+/// request is taken, so it is exceeded by at most what one request produces.
+#[derive(Debug)]
+pub struct OutQueue {
+    queued: AtomicU64,
+    budget: u64,
+    /// Woken when the queue falls below the budget, and when the writer ends.
+    drained: tokio::sync::Notify,
+    closed: AtomicBool,
+}
+
+impl OutQueue {
+    pub fn new(budget: u64) -> Arc<OutQueue> {
+        Arc::new(OutQueue {
+            queued: AtomicU64::new(0),
+            budget: budget.max(1),
+            drained: tokio::sync::Notify::new(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// What a PDU counts against the budget.
+    pub fn size_of(p: &Pdu) -> u64 {
+        (mcsi_proto::pdu::BHS_LEN + p.data_len()) as u64
+    }
+
+    fn add(&self, n: u64) {
+        self.queued.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// The writer sent (or will never send) `n` bytes of what was queued.
+    pub fn sent(&self, n: u64) {
+        let prev = self.queued.fetch_sub(n, Ordering::AcqRel);
+        if prev >= self.budget && prev.saturating_sub(n) < self.budget {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Bytes queued and not yet sent.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// At or over the budget: take no more requests.
+    pub fn full(&self) -> bool {
+        self.queued() >= self.budget
+    }
+
+    /// The writer has ended: nothing queued will be sent.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.drained.notify_waiters();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Waits until the queue is below the budget or the writer has ended.
+    pub async fn room(&self) {
+        loop {
+            let woken = self.drained.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if !self.full() || self.is_closed() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
 /// One connection of a session, as the session sees it.
 pub struct Conn {
     pub cid: u16,
@@ -257,6 +337,8 @@ pub struct Conn {
     /// A duplicate of the socket, to sample TCP_INFO and the congestion control.
     pub sock: Option<socket2::Socket>,
     pub counters: crate::stats::ConnCounters,
+    /// What its writer still has to send, against its output budget.
+    pub out: Arc<OutQueue>,
     /// The socket's TCP state as last sampled for a load-aware response policy, and when.
     tcp_sample: Mutex<Option<(std::time::Instant, mcsi_tcp::TcpState)>>,
 }
@@ -272,6 +354,7 @@ impl Conn {
         tx: mpsc::UnboundedSender<Out>,
         span: tracing::Span,
         sock: Option<socket2::Socket>,
+        out: Arc<OutQueue>,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
         let (stop, stop_rx) = watch::channel(false);
         let c = Conn {
@@ -287,6 +370,7 @@ impl Conn {
             span,
             sock,
             counters: Default::default(),
+            out,
             tcp_sample: Mutex::new(None),
         };
         (Arc::new(c), stop_rx)
@@ -320,9 +404,14 @@ impl Conn {
         self.clean.load(Ordering::Acquire)
     }
 
-    /// Queues a PDU (dropped silently if the connection is gone).
+    /// Queues a PDU (dropped silently if the connection is gone), counting it against the
+    /// connection's output budget.
     pub fn send(&self, pdu: Pdu) {
-        let _ = self.tx.send(Out::Pdu(pdu));
+        let n = OutQueue::size_of(&pdu);
+        self.out.add(n);
+        if self.tx.send(Out::Pdu(pdu)).is_err() {
+            self.out.sent(n);
+        }
     }
 
     /// Sends what is queued, then closes.
@@ -478,6 +567,9 @@ pub struct Session {
     state: Mutex<SessionState>,
     /// Woken when the last tracked inline command ends.
     inline_idle: tokio::sync::Notify,
+    /// The session's read budget in KiB ([`Session::read_permit`]).
+    read_budget: Arc<tokio::sync::Semaphore>,
+    read_budget_kib: u32,
 }
 
 impl Session {
@@ -513,6 +605,11 @@ impl Session {
             isid = %isid_hex,
             target = target.as_ref().map(|t| t.name.as_str()).unwrap_or("discovery"),
         );
+        let read_budget_kib = target
+            .as_ref()
+            .map_or(Limits::default().read_budget, |t| t.limits.read_budget)
+            .div_ceil(1024)
+            .clamp(1, u64::from(u32::MAX)) as u32;
         let reply_sched = ops
             .asymmetric
             .then(|| {
@@ -536,6 +633,8 @@ impl Session {
             shared,
             span,
             inline_idle: tokio::sync::Notify::new(),
+            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
+            read_budget_kib,
             state: Mutex::new(SessionState {
                 window: CmdWindow::new(exp_cmd_sn, ops.queue_depth),
                 conns: AHashMap::new(),
@@ -548,6 +647,19 @@ impl Session {
                 closing: false,
             }),
         })
+    }
+
+    /// Waits until the session's read budget has room for a read of `bytes` (a read larger
+    /// than the whole budget waits for all of it), so that the data commands pull from a backend
+    /// stays bounded however many large READs the CmdSN window holds. The permit goes back when
+    /// dropped: once the read's Data-In has been queued and its connection is below its output
+    /// budget ([`OutQueue`]).
+    pub async fn read_permit(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if bytes == 0 {
+            return None;
+        }
+        let kib = bytes.div_ceil(1024).min(self.read_budget_kib);
+        self.read_budget.clone().acquire_many_owned(kib).await.ok()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, SessionState> {

@@ -522,6 +522,10 @@ pub struct ConnSnapshot {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
+    /// Bytes queued for sending and not yet taken by the socket, and the connection's output
+    /// budget (at the budget its requests wait).
+    pub queued_bytes: u64,
+    pub output_budget: u64,
     /// The target's sending side: TCP_INFO of its socket.
     pub tcp: Option<TcpState>,
 }
@@ -572,6 +576,8 @@ fn conn_snapshot(c: &Conn) -> ConnSnapshot {
         read_bytes: n.read_bytes.load(Ordering::Relaxed),
         write_bytes: n.write_bytes.load(Ordering::Relaxed),
         errors: n.errors.load(Ordering::Relaxed),
+        queued_bytes: c.out.queued(),
+        output_budget: c.out.budget(),
         tcp: c.sock.as_ref().and_then(|s| mcsi_tcp::tcp_state(s).ok()),
     }
 }

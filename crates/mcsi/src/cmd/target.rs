@@ -45,6 +45,17 @@ pub struct Args {
     /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
     #[arg(long, value_name = "DURATION")]
     nop_timeout: Option<String>,
+    /// Bytes a connection may have queued for sending before the target stops reading its
+    /// requests (e.g. 8MiB, the default; 64KiB at least).
+    #[arg(long, value_name = "SIZE")]
+    output_budget: Option<String>,
+    /// Drop a connection whose socket takes no byte for this long (e.g. 30s, the default; 0
+    /// turns the check off).
+    #[arg(long, value_name = "DURATION")]
+    send_timeout: Option<String>,
+    /// Bytes of READ data one session's commands may hold at once (e.g. 64MiB, the default).
+    #[arg(long, value_name = "SIZE")]
+    read_budget: Option<String>,
     /// Require CHAP with this user and secret (repeatable; for every target and for discovery).
     /// The secret can also come from the environment: USER:env:VARIABLE.
     #[arg(long, value_name = "USER:SECRET")]
@@ -126,6 +137,27 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     if nop_timeout.is_some_and(|d| d.is_zero()) {
         anyhow::bail!("--nop-timeout: must be above zero (use --nop-interval 0 to turn pings off)");
     }
+    let size_arg = |v: &Option<String>, flag: &str, min: u64, min_text: &str| {
+        v.as_deref()
+            .map(|v| {
+                let n = mcsi_units::parse_size(v).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+                if (min..=1 << 40).contains(&n) {
+                    Ok(n)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "{flag}: {n} bytes is out of range ({min_text} to 1TiB)"
+                    ))
+                }
+            })
+            .transpose()
+    };
+    let output_budget = size_arg(&args.output_budget, "--output-budget", 64 << 10, "64KiB")?;
+    let read_budget = size_arg(&args.read_budget, "--read-budget", 1 << 20, "1MiB")?;
+    let send_timeout = args
+        .send_timeout
+        .as_ref()
+        .map(|v| config::duration(&Some(v.clone()), "--send-timeout", Default::default()))
+        .transpose()?;
     let congestion = args
         .congestion
         .as_deref()
@@ -169,6 +201,15 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
         if let Some(d) = nop_timeout {
             t.limits.nop_timeout = d;
+        }
+        if let Some(n) = output_budget {
+            t.limits.output_budget = n;
+        }
+        if let Some(d) = send_timeout {
+            t.limits.send_timeout = d;
+        }
+        if let Some(n) = read_budget {
+            t.limits.read_budget = n;
         }
         if !listen_override.is_empty() {
             t.portals = listen_override.clone();

@@ -1,0 +1,317 @@
+//! Back-pressure: a peer that asks for data and never reads its socket cannot make the target
+//! queue without end. Each connection's queued output is bounded by its output budget (the
+//! reader stops taking requests at the budget, and TCP's flow control stops the peer); the
+//! stuck connection is dropped by the keepalive or the send timeout; another session's
+//! verified I/O goes on meanwhile.
+//!
+//! The target runs in this process, so the figures are this process's resident memory (the
+//! clients hold a few hundred KiB).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+use bytes::Bytes;
+use mcsi_proto::pdu::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const BUDGET: u64 = 8 << 20;
+const READ_BUDGET: u64 = 32 << 20;
+/// Allocator and runtime noise on top of the budget: reader buffers, per-PDU bookkeeping, freed
+/// pages the allocator keeps.
+const SLACK: u64 = 48 << 20;
+
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap()
+}
+
+/// Samples the resident size every 5 ms until dropped; `peak()` is the largest seen.
+struct RssWatch {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl RssWatch {
+    fn start() -> RssWatch {
+        let peak = Arc::new(AtomicU64::new(rss()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(rss(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        RssWatch { peak, stop }
+    }
+
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RssWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn mib(n: u64) -> f64 {
+    n as f64 / (1u64 << 20) as f64
+}
+
+/// Writes `bytes` again and again until `total` bytes went out or one write makes no progress
+/// for `stall`; returns the bytes written.
+async fn flood(c: &mut Client, bytes: &[u8], total: u64, stall: Duration) -> u64 {
+    let mut sent = 0u64;
+    while sent < total {
+        match tokio::time::timeout(stall, c.s.write_all(bytes)).await {
+            Ok(Ok(())) => sent += bytes.len() as u64,
+            _ => break,
+        }
+    }
+    sent
+}
+
+/// Verified I/O on its own session for `secs`: 256 KiB written at a rotating LBA, read back and
+/// compared. Returns (rounds, MB/s).
+async fn verified_io(server: &mcsi_target::Server, isid: u8, secs: f64) -> (u64, f64) {
+    let mut c = Client::normal_isid(server, [0x80, 9, 9, 9, 9, isid], &[]).await;
+    let t0 = Instant::now();
+    let mut rounds = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        // The second 8 MiB of the LUN (the stuck peers below read the first).
+        let lba = (16384 + (rounds % 32) * 512) as u32;
+        let data = pattern(256 << 10, (rounds % 251) as u8);
+        let w = c.command(
+            &rw10(0x2a, lba, 512),
+            false,
+            true,
+            256 << 10,
+            Bytes::new(),
+            true,
+        );
+        let itt = w.itt;
+        c.send(Pdu::ScsiCommand(w)).await;
+        // Answer the R2Ts (ImmediateData is not offered by this client).
+        let mut sent = 0usize;
+        loop {
+            match c.recv().await {
+                Pdu::R2t(r) => {
+                    let off = r.buffer_offset as usize;
+                    let len = r.desired_data_transfer_length as usize;
+                    let mut done = 0usize;
+                    let mut data_sn = 0;
+                    while done < len {
+                        let n = (len - done).min(8192);
+                        c.send(Pdu::DataOut(DataOut {
+                            final_: done + n == len,
+                            lun: 0,
+                            itt,
+                            ttt: r.ttt,
+                            exp_stat_sn: 0,
+                            data_sn,
+                            buffer_offset: (off + done) as u32,
+                            data: data.slice(off + done..off + done + n),
+                        }))
+                        .await;
+                        data_sn += 1;
+                        done += n;
+                    }
+                    sent += len;
+                }
+                Pdu::ScsiResponse(r) => {
+                    assert_eq!((r.itt, r.status), (itt, 0), "write failed");
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(sent, 256 << 10);
+        let r = c.command(
+            &rw10(0x28, lba, 512),
+            true,
+            false,
+            256 << 10,
+            Bytes::new(),
+            true,
+        );
+        let itt = r.itt;
+        c.send(Pdu::ScsiCommand(r)).await;
+        let (back, status, ..) = c.read_result(itt).await;
+        assert_eq!(status, 0);
+        assert!(back[..] == data[..], "read back differs in round {rounds}");
+        rounds += 1;
+    }
+    let mb = (rounds * 2 * (256 << 10)) as f64 / 1e6 / t0.elapsed().as_secs_f64();
+    (rounds, mb)
+}
+
+fn server_limits(l: &mut mcsi_target::config::Limits) {
+    l.output_budget = BUDGET;
+    l.nop_interval = Duration::from_secs(1);
+    l.nop_timeout = Duration::from_secs(1);
+    l.send_timeout = Duration::from_secs(3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_reads_is_held_to_the_output_budget() {
+    let server = start(server_limits).await;
+    // Warm up the allocator and the runtime with the good client's own run.
+    let (_, alone) = verified_io(&server, 1, 2.0).await;
+    let before = rss();
+    let watch = RssWatch::start();
+
+    // 2 GiB of NOP-Outs, each asking for an echo of its 64 KiB of ping data.
+    let mut stuck = Client::normal_isid(
+        &server,
+        [0x80, 7, 7, 7, 7, 7],
+        &[("MaxRecvDataSegmentLength", "262144")],
+    )
+    .await;
+    let nop = Pdu::NopOut(NopOut {
+        immediate: true,
+        lun: 0,
+        itt: 0x1234,
+        ttt: 0xffff_ffff,
+        cmd_sn: stuck.cmd_sn,
+        exp_stat_sn: 0,
+        data: Bytes::from(vec![0x5a; 64 << 10]),
+    })
+    .encode(&Framing {
+        max_data_segment_length: 262_144,
+        ..Framing::default()
+    })
+    .to_vec();
+    let flood_task = async { flood(&mut stuck, &nop, 2 << 30, Duration::from_secs(2)).await };
+    let (sent, (rounds, during)) = tokio::join!(flood_task, verified_io(&server, 2, 4.0));
+    let peak = watch.peak();
+    println!(
+        "NOP-Out flood: {:.1} MiB accepted of 2048 before the target stopped reading; resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; output budget {:.0} MiB)",
+        mib(sent),
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(BUDGET)
+    );
+    println!(
+        "other session's verified I/O: {alone:.1} MB/s alone, {during:.1} MB/s beside the stuck peer ({rounds} rounds, {:.2}x)",
+        during / alone
+    );
+    assert!(sent < 2 << 30, "the target read all 2 GiB");
+    assert!(
+        peak.saturating_sub(before) <= BUDGET + SLACK,
+        "resident memory rose by {:.1} MiB",
+        mib(peak - before)
+    );
+    assert!(rounds >= 4, "the other session made {rounds} rounds");
+
+    // The stuck connection is dropped (keepalive 1 s + 1 s, send timeout 3 s): reading what is
+    // left ends in EOF.
+    let t0 = Instant::now();
+    assert!(
+        stuck.closed_within(Duration::from_secs(10)).await,
+        "the stuck connection was not dropped"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = rss();
+    println!(
+        "stuck connection closed {:.1} s after the flood stalled; resident {:.1} MiB after",
+        t0.elapsed().as_secs_f64(),
+        mib(after)
+    );
+    assert!(after.saturating_sub(before) <= BUDGET + SLACK);
+    // The target still serves.
+    let (n, _) = verified_io(&server, 3, 0.5).await;
+    assert!(n > 0);
+}
+
+/// The whole CmdSN window of the largest READs the LU takes (8 MiB), never read: on a file LUN
+/// (reads run as tasks, under the session's read budget) and on a RAM LUN (reads run on the
+/// connection's reader, under its output budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_of_large_reads_not_read_is_bounded() {
+    let img = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    // Real data, so that every read fills its buffer.
+    std::fs::write(img.path(), pattern(32 << 20, 3)).unwrap();
+    let file = format!("file:{}:32MiB", img.path().display());
+    for spec in [file.as_str(), "ram:32MiB"] {
+        let server = start_with(|cfg| {
+            server_limits(&mut cfg.targets[0].limits);
+            cfg.targets[0].limits.read_budget = READ_BUDGET;
+            cfg.targets[0].luns = vec![mcsi_target::config::LunSpec::new(spec)];
+        })
+        .await;
+        let (_, alone) = verified_io(&server, 1, 1.0).await;
+        let before = rss();
+        let watch = RssWatch::start();
+        let mut stuck = Client::normal_isid(
+            &server,
+            [0x80, 7, 7, 7, 7, 8],
+            &[("MaxRecvDataSegmentLength", "262144")],
+        )
+        .await;
+        let mut wire = Vec::new();
+        let mut itts = Vec::new();
+        for i in 0..128u32 {
+            let lba = (i % 4) * 16384;
+            let r = stuck.command(
+                &rw10(0x28, lba, 16384),
+                true,
+                false,
+                8 << 20,
+                Bytes::new(),
+                true,
+            );
+            itts.push(r.itt);
+            wire.extend_from_slice(&Pdu::ScsiCommand(r).encode(&stuck.framing).to_vec());
+        }
+        flood(&mut stuck, &wire, wire.len() as u64, Duration::from_secs(2)).await;
+        let (rounds, during) = verified_io(&server, 2, 3.0).await;
+        let peak = watch.peak();
+        println!(
+            "{spec}: 128 READs of 8 MiB, never read: resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; read budget {:.0} MiB, output budget {:.0} MiB; unbounded: 1024 MiB); other session {alone:.1} MB/s alone, {during:.1} MB/s beside it",
+            mib(before),
+            mib(peak),
+            mib(peak.saturating_sub(before)),
+            mib(READ_BUDGET),
+            mib(BUDGET)
+        );
+        assert!(
+            peak.saturating_sub(before) <= READ_BUDGET + BUDGET + (8 << 20) + SLACK,
+            "resident memory rose by {:.1} MiB",
+            mib(peak - before)
+        );
+        assert!(rounds >= 3, "the other session made {rounds} rounds");
+        // The connection was dropped meanwhile (keepalive); what the sockets still hold starts
+        // with a read's first data, and the right data (file reads may finish in any order).
+        match stuck.try_recv().await {
+            Some(Pdu::DataIn(d)) => {
+                let i = itts.iter().position(|&t| t == d.itt).expect("a READ's ITT");
+                assert_eq!(d.buffer_offset, 0, "{spec}");
+                if spec.starts_with("file:") {
+                    let at = (i % 4) * (8 << 20);
+                    let want = pattern(32 << 20, 3);
+                    assert!(
+                        d.data[..] == want[at..at + d.data.len()],
+                        "{spec}: wrong data"
+                    );
+                }
+            }
+            other => panic!("{spec}: expected the first read's Data-In, got {other:?}"),
+        }
+        assert!(
+            stuck.closed_within(Duration::from_secs(10)).await,
+            "{spec}: the stuck connection was not dropped"
+        );
+    }
+}
