@@ -65,6 +65,44 @@ impl Drop for RssWatch {
     }
 }
 
+/// The target's log (warnings and up) of this test process, kept to be searched.
+fn log() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        struct W(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || W(buf))
+            .try_init();
+        buf
+    })
+}
+
+/// Waits up to 5 s for the `n`th log line containing `what`.
+async fn logged(what: &str, n: usize) -> Option<String> {
+    for _ in 0..50 {
+        let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
+        if let Some(line) = text.lines().filter(|l| l.contains(what)).nth(n - 1) {
+            return Some(line.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
 fn mib(n: u64) -> f64 {
     n as f64 / (1u64 << 20) as f64
 }
@@ -165,6 +203,7 @@ fn server_limits(l: &mut mcsi_target::config::Limits) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_reads_is_held_to_the_output_budget() {
+    log();
     let server = start(server_limits).await;
     // Warm up the allocator and the runtime with the good client's own run.
     let (_, alone) = verified_io(&server, 1, 2.0).await;
@@ -230,6 +269,11 @@ async fn a_peer_that_never_reads_is_held_to_the_output_budget() {
         mib(after)
     );
     assert!(after.saturating_sub(before) <= BUDGET + SLACK);
+    // The keepalive dropped it (1 s idle, 1 s to answer), and the log says why.
+    let line = logged("connection ended: no answer to the NOP-In ping", 1)
+        .await
+        .expect("no log line for the dropped connection");
+    println!("log: {line}");
     // The target still serves.
     let (n, _) = verified_io(&server, 3, 0.5).await;
     assert!(n > 0);
@@ -244,9 +288,12 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
     // Real data, so that every read fills its buffer.
     std::fs::write(img.path(), pattern(32 << 20, 3)).unwrap();
     let file = format!("file:{}:32MiB", img.path().display());
-    for spec in [file.as_str(), "ram:32MiB"] {
+    log();
+    for (n, spec) in [file.as_str(), "ram:32MiB"].into_iter().enumerate() {
         let server = start_with(|cfg| {
             server_limits(&mut cfg.targets[0].limits);
+            // No keepalive: the send timeout (3 s) drops the stuck connection.
+            cfg.targets[0].limits.nop_interval = Duration::ZERO;
             cfg.targets[0].limits.read_budget = READ_BUDGET;
             cfg.targets[0].luns = vec![mcsi_target::config::LunSpec::new(spec)];
         })
@@ -292,7 +339,12 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
             mib(peak - before)
         );
         assert!(rounds >= 3, "the other session made {rounds} rounds");
-        // The connection was dropped meanwhile (keepalive); what the sockets still hold starts
+        // The socket took nothing for 3 s: the connection is dropped, and the log says so.
+        let line = logged("send timeout: the initiator took no data for 3s", n + 1)
+            .await
+            .expect("no log line for the send timeout");
+        println!("log: {line}");
+        // What the sockets still hold starts
         // with a read's first data, and the right data (file reads may finish in any order).
         match stuck.try_recv().await {
             Some(Pdu::DataIn(d)) => {
