@@ -48,16 +48,8 @@ pub struct Args {
     /// target's congestion window (see --bs-rule; needs an mcsi target).
     #[arg(long, default_value = "4KiB")]
     pub bs: String,
-    /// With --bs auto: `bdp` (the session's measured bandwidth-delay product spread over the
-    /// commands outstanding, doubling while the target runs out of data to send) or `cwnd`
-    /// (the target's cwnd x MSS, lowered on a reduction, held at the ceiling while stable).
-    #[arg(long, default_value = "bdp", value_name = "RULE")]
-    pub bs_rule: String,
-    /// With --bs auto: the smallest and largest size.
-    #[arg(long, default_value = "64KiB", value_name = "SIZE")]
-    pub bs_min: String,
-    #[arg(long, default_value = "8MiB", value_name = "SIZE")]
-    pub bs_max: String,
+    #[command(flatten)]
+    pub auto: crate::cmd::BsAutoArgs,
     #[arg(long, value_enum, default_value = "read")]
     pub rw: Rw,
     /// Percentage of reads in randrw.
@@ -976,13 +968,7 @@ fn auto_args(a: &Args) -> anyhow::Result<Auto> {
     if a.verify {
         bail!("--bs auto reads whatever is on the LUN: it does not go with --verify");
     }
-    let rule = mcsi_initiator::iosize::Rule::parse(&a.bs_rule)
-        .ok_or_else(|| anyhow::anyhow!("--bs-rule {}: use bdp or cwnd", a.bs_rule))?;
-    let min = mcsi_units::parse_size(&a.bs_min).map_err(|e| anyhow::anyhow!("--bs-min: {e}"))?;
-    let max = mcsi_units::parse_size(&a.bs_max).map_err(|e| anyhow::anyhow!("--bs-max: {e}"))?;
-    if min == 0 || max < min || max > 16 << 20 {
-        bail!("--bs-min {min} and --bs-max {max}: need 0 < min <= max <= 16MiB");
-    }
+    let (rule, min, max) = a.auto.parse()?;
     Ok(Auto { rule, min, max })
 }
 

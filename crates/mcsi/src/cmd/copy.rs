@@ -25,16 +25,8 @@ pub struct Args {
     /// source is an mcsi target's LUN: reads sized to the target's TCP state (see --bs-rule).
     #[arg(long, default_value = "1MiB")]
     pub bs: String,
-    /// With --bs auto: `bdp` (the session's measured bandwidth-delay product spread over the
-    /// chunks in flight) or `cwnd` (seed 002: the target's cwnd x MSS, lowered on a
-    /// reduction, held at the ceiling while stable).
-    #[arg(long, default_value = "bdp", value_name = "RULE")]
-    pub bs_rule: String,
-    /// With --bs auto: the smallest and largest chunk.
-    #[arg(long, default_value = "64KiB", value_name = "SIZE")]
-    pub bs_min: String,
-    #[arg(long, default_value = "8MiB", value_name = "SIZE")]
-    pub bs_max: String,
+    #[command(flatten)]
+    pub auto: crate::cmd::BsAutoArgs,
     /// Bytes to copy (default: the whole source).
     #[arg(long)]
     pub length: Option<String>,
@@ -163,14 +155,7 @@ fn auto_sizer(a: &Args) -> anyhow::Result<(mcsi_initiator::iosize::Rule, u64, u6
             a.src
         );
     }
-    let rule = mcsi_initiator::iosize::Rule::parse(&a.bs_rule)
-        .ok_or_else(|| anyhow::anyhow!("--bs-rule {}: use bdp or cwnd", a.bs_rule))?;
-    let min = mcsi_units::parse_size(&a.bs_min).map_err(|e| anyhow::anyhow!("--bs-min: {e}"))?;
-    let max = mcsi_units::parse_size(&a.bs_max).map_err(|e| anyhow::anyhow!("--bs-max: {e}"))?;
-    if min == 0 || max < min || max > 16 << 20 {
-        bail!("--bs-min {min} and --bs-max {max}: need 0 < min <= max <= 16MiB");
-    }
-    Ok((rule, min, max))
+    a.auto.parse()
 }
 
 async fn copy(a: Args) -> anyhow::Result<ExitCode> {
