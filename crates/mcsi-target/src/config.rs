@@ -871,31 +871,19 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
                 Some(congestion(name).map_err(|e| cerr(at("congestion"), e.to_string()))?)
             }
         },
-        output_budget: match &t.output_budget {
-            None => d.output_budget,
-            Some(v) => match v.bytes(&at("output_budget"))? {
-                n if (64 << 10..=1 << 40).contains(&n) => n,
-                n => {
-                    return Err(cerr(
-                        at("output_budget"),
-                        format!("{n} bytes is out of range (64KiB to 1TiB)"),
-                    ))
-                }
-            },
-        },
+        output_budget: budget(
+            &t.output_budget,
+            &at("output_budget"),
+            OUTPUT_BUDGET_MIN,
+            d.output_budget,
+        )?,
         send_timeout: duration(&t.send_timeout, &at("send_timeout"), d.send_timeout)?,
-        read_budget: match &t.read_budget {
-            None => d.read_budget,
-            Some(v) => match v.bytes(&at("read_budget"))? {
-                n if (1 << 20..=1 << 40).contains(&n) => n,
-                n => {
-                    return Err(cerr(
-                        at("read_budget"),
-                        format!("{n} bytes is out of range (1MiB to 1TiB)"),
-                    ))
-                }
-            },
-        },
+        read_budget: budget(
+            &t.read_budget,
+            &at("read_budget"),
+            READ_BUDGET_MIN,
+            d.read_budget,
+        )?,
         response_policy: match &t.response_policy {
             None => d.response_policy,
             Some(name) => {
@@ -922,6 +910,26 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
 }
 
 /// A duration field: "30s", "500ms", a bare number of seconds; at most one day.
+/// The smallest `output_budget`: a few PDUs.
+pub const OUTPUT_BUDGET_MIN: u64 = 64 << 10;
+/// The smallest `read_budget`.
+pub const READ_BUDGET_MIN: u64 = 1 << 20;
+
+/// A byte budget (`output_budget`, `read_budget`) from `min` to 1 TiB, or `def` when unset.
+pub fn budget(v: &Option<SizeValue>, field: &str, min: u64, def: u64) -> Result<u64, ConfigError> {
+    let Some(v) = v else { return Ok(def) };
+    match v.bytes(field)? {
+        n if (min..=1 << 40).contains(&n) => Ok(n),
+        n => Err(cerr(
+            field,
+            format!(
+                "{n} bytes is out of range ({} to 1 TiB)",
+                mcsi_units::Bytes(min as f64)
+            ),
+        )),
+    }
+}
+
 pub fn duration(v: &Option<String>, field: &str, def: Duration) -> Result<Duration, ConfigError> {
     let Some(v) = v else { return Ok(def) };
     let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Seconds)

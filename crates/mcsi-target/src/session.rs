@@ -1149,28 +1149,27 @@ fn pick_reply_by_policy(
     let wants_tcp = rs.policy.wants_tcp_info();
     rs.loads.clear();
     for cid in &rs.cids {
-        let conn = conns.get(cid);
-        let tcp = if wants_tcp {
-            conn.and_then(|c| c.tcp_recent())
-        } else {
-            None
-        };
-        let (mut n, mut queued) = (0u32, 0u64);
-        for t in tasks.values().filter(|t| t.reply_cid == *cid) {
-            n += 1;
-            queued += t.bytes;
-        }
+        let tcp = wants_tcp
+            .then(|| conns.get(cid).and_then(|c| c.tcp_recent()))
+            .flatten();
         let in_socket = tcp.map_or(0, |t| {
             u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
         });
         rs.loads.push(mcsi_tcp::sched::ConnLoad {
             usable: true,
-            outstanding_tasks: n,
-            outstanding_bytes: queued + in_socket,
+            outstanding_tasks: 0,
+            outstanding_bytes: in_socket,
             tcp,
             rate: None,
             target_tcp: None,
         });
+    }
+    // The tasks that reply on each connection, in one pass over the task table.
+    for t in tasks.values() {
+        if let Ok(i) = rs.cids.binary_search(&t.reply_cid) {
+            rs.loads[i].outstanding_tasks += 1;
+            rs.loads[i].outstanding_bytes += t.bytes;
+        }
     }
     let task = mcsi_tcp::sched::TaskInfo {
         bytes,

@@ -137,22 +137,16 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     if nop_timeout.is_some_and(|d| d.is_zero()) {
         anyhow::bail!("--nop-timeout: must be above zero (use --nop-interval 0 to turn pings off)");
     }
-    let size_arg = |v: &Option<String>, flag: &str, min: u64, min_text: &str| {
-        v.as_deref()
-            .map(|v| {
-                let n = mcsi_units::parse_size(v).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
-                if (min..=1 << 40).contains(&n) {
-                    Ok(n)
-                } else {
-                    Err(anyhow::anyhow!(
-                        "{flag}: {n} bytes is out of range ({min_text} to 1TiB)"
-                    ))
-                }
-            })
-            .transpose()
+    let size_arg = |v: &Option<String>, flag: &str, min: u64| {
+        let v = v.clone().map(config::SizeValue::Text);
+        config::budget(&v, flag, min, 0).map(|n| v.is_some().then_some(n))
     };
-    let output_budget = size_arg(&args.output_budget, "--output-budget", 64 << 10, "64KiB")?;
-    let read_budget = size_arg(&args.read_budget, "--read-budget", 1 << 20, "1MiB")?;
+    let output_budget = size_arg(
+        &args.output_budget,
+        "--output-budget",
+        config::OUTPUT_BUDGET_MIN,
+    )?;
+    let read_budget = size_arg(&args.read_budget, "--read-budget", config::READ_BUDGET_MIN)?;
     let send_timeout = args
         .send_timeout
         .as_ref()
