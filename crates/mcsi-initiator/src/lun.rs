@@ -30,6 +30,24 @@ pub struct Inquiry {
     pub revision: String,
 }
 
+/// What a LUN offers beyond reads and writes ([`Lun::capabilities`]). Limits are in blocks;
+/// None where the LUN reports no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    pub max_transfer_blocks: Option<u32>,
+    pub optimal_transfer_blocks: Option<u32>,
+    pub max_unmap_blocks: Option<u32>,
+    pub max_write_same_blocks: Option<u64>,
+    /// UNMAP is supported (LBPU).
+    pub unmap: bool,
+    /// WRITE SAME (16) with the UNMAP bit is supported (LBPWS).
+    pub write_same_unmap: bool,
+    /// The medium is write-protected (WP).
+    pub write_protected: bool,
+    /// The FUA bit is honoured (DPOFUA).
+    pub fua: bool,
+}
+
 /// Attempts for a command that meets UNIT ATTENTION (reported once per nexus after a reset or
 /// a new session; the command itself was not executed).
 const UA_RETRIES: usize = 4;
@@ -194,6 +212,12 @@ impl Lun {
 
     /// Write whole blocks at `lba` (WRITE (16)).
     pub async fn write(&self, lba: u64, data: Bytes) -> Result<(), Error> {
+        self.write_fua(lba, data, false).await
+    }
+
+    /// Write whole blocks at `lba` (WRITE (16)); `fua`: the data is on the medium before the
+    /// command completes (the FUA bit, SBC-3 5.40).
+    pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
         let bs = u64::from(self.cap.block_size);
         if !(data.len() as u64).is_multiple_of(bs) {
             return Err(Error::InvalidArgument(format!(
@@ -204,13 +228,11 @@ impl Lun {
         let blocks = data.len() as u64 / bs;
         self.check_range(lba, blocks)?;
         self.transfer_len(blocks)?;
-        let r = run(
-            &self.session,
-            self.lun,
-            rw16(0x8a, lba, blocks as u32),
-            DataDir::Write(data),
-        )
-        .await?;
+        let mut cdb = rw16(0x8a, lba, blocks as u32);
+        if fua {
+            cdb[1] |= 0x08;
+        }
+        let r = run(&self.session, self.lun, cdb, DataDir::Write(data)).await?;
         if let crate::task::Residual::Underflow(n) = r.residual {
             if n > 0 {
                 return Err(Error::ShortTransfer {
@@ -260,6 +282,92 @@ impl Lun {
             run(&self.session, self.lun, cdb, DataDir::Write(Bytes::from(p))).await?;
         }
         Ok(())
+    }
+
+    /// Zero `blocks` blocks at `lba` (WRITE SAME (16) with one block of zeros, in pieces of at
+    /// most `max_per_command` blocks); `unmap`: the blocks may be deallocated instead (the
+    /// UNMAP bit; only for LUNs that report it, see [`Lun::capabilities`]).
+    pub async fn write_zeroes(
+        &self,
+        lba: u64,
+        blocks: u64,
+        unmap: bool,
+        max_per_command: u64,
+    ) -> Result<(), Error> {
+        self.check_range(lba, blocks)?;
+        let zero = Bytes::from(vec![0u8; self.cap.block_size as usize]);
+        let step = max_per_command.clamp(1, u64::from(u32::MAX));
+        let (mut at, mut left) = (lba, blocks);
+        while left > 0 {
+            let n = left.min(step);
+            let mut cdb = rw16(0x93, at, n as u32);
+            if unmap {
+                cdb[1] |= 0x08;
+            }
+            run(&self.session, self.lun, cdb, DataDir::Write(zero.clone())).await?;
+            at += n;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// What the LUN offers beyond reads and writes, from the Block Limits and Logical Block
+    /// Provisioning VPD pages and the MODE SENSE header. A page the LUN does not have leaves
+    /// its fields at their safe defaults (no limit known, no UNMAP, no FUA).
+    pub async fn capabilities(&self) -> Result<Capabilities, Error> {
+        let mut c = Capabilities::default();
+        let pages = match self.vpd(0x00).await {
+            Ok(d) => d.get(4..).map(<[u8]>::to_vec).unwrap_or_default(),
+            Err(Error::Scsi(_)) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        if pages.contains(&0xB0) {
+            let d = self.vpd(0xB0).await?;
+            let u32_at = |i: usize| {
+                d.get(i..i + 4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    .filter(|&v| v != 0)
+            };
+            c.max_transfer_blocks = u32_at(8);
+            c.optimal_transfer_blocks = u32_at(12);
+            c.max_unmap_blocks = u32_at(20);
+            c.max_write_same_blocks = d
+                .get(36..44)
+                .map(|b| u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .filter(|&v| v != 0);
+        }
+        if pages.contains(&0xB2) {
+            let d = self.vpd(0xB2).await?;
+            let flags = d.get(5).copied().unwrap_or(0);
+            c.unmap = flags & 0x80 != 0;
+            c.write_same_unmap = flags & 0x40 != 0;
+        }
+        // MODE SENSE (10), all pages, header only: the device-specific parameter (SBC-3 6.4.1).
+        let mut cdb = vec![0u8; 10];
+        cdb[0] = 0x5a;
+        cdb[2] = 0x3f;
+        cdb[7..9].copy_from_slice(&8u16.to_be_bytes());
+        match run(&self.session, self.lun, cdb, DataDir::Read(8)).await {
+            Ok(r) if r.data.len() >= 4 => {
+                c.write_protected = r.data[3] & 0x80 != 0;
+                c.fua = r.data[3] & 0x10 != 0;
+            }
+            Ok(_) | Err(Error::Scsi(_)) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(c)
+    }
+
+    /// One VPD page (INQUIRY with EVPD).
+    async fn vpd(&self, page: u8) -> Result<Bytes, Error> {
+        let mut cdb = vec![0u8; 6];
+        cdb[0] = 0x12;
+        cdb[1] = 0x01;
+        cdb[2] = page;
+        cdb[3..5].copy_from_slice(&255u16.to_be_bytes());
+        Ok(run(&self.session, self.lun, cdb, DataDir::Read(255))
+            .await?
+            .data)
     }
 
     /// Standard INQUIRY.

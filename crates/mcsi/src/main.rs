@@ -35,6 +35,8 @@ enum Command {
     /// The research's experiments, rerun on emulated links: CSV, plots, reports with verdicts.
     #[command(subcommand)]
     Lab(cmd::lab::Command),
+    /// Export iSCSI LUNs over NBD (sessions of many connections for the kernel, QEMU, fio...).
+    Nbd(cmd::nbd::Args),
     /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
     Monitor(cmd::monitor::Args),
 }
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Lab(c) => cmd::lab::run(c),
         Command::Monitor(args) => cmd::monitor::run(args),
+        Command::Nbd(args) => cmd::nbd::run(args),
     };
     match result {
         Ok(code) => code,

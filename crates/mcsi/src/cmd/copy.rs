@@ -15,9 +15,6 @@ pub struct Args {
     pub src: String,
     /// Destination: a file (created if missing, cut to the copied length), or an iscsi:// URL.
     pub dst: String,
-    /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
-    #[arg(long, default_value_t = 1)]
-    pub connections: u16,
     /// Chunks in flight at once.
     #[arg(long, default_value_t = 16)]
     pub iodepth: usize,
@@ -30,27 +27,8 @@ pub struct Args {
     /// Bytes to copy (default: the whole source).
     #[arg(long)]
     pub length: Option<String>,
-    /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
-    /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
-    /// weights per connection) or failover (one active connection, the others standby).
-    #[arg(long, default_value = "round-robin")]
-    pub policy: String,
-    /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
-    /// one that carries reads); on by itself with --policy tcp-aware.
-    #[arg(long)]
-    pub target_tcp: bool,
-    /// TCP congestion control of every connection of the session (for example cubic, reno,
-    /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
-    /// lists the ones it does.
-    #[arg(long, value_name = "NAME")]
-    pub congestion: Option<String>,
-    /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
-    /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
-    #[arg(long)]
-    pub asymmetric: bool,
-    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
-    #[arg(long)]
-    pub initiator_name: Option<String>,
+    #[command(flatten)]
+    pub session: crate::cmd::SessionArgs,
     /// No progress bar even on a terminal.
     #[arg(long)]
     pub no_progress: bool,
@@ -171,24 +149,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     if a.iodepth == 0 || a.iodepth > 1024 {
         bail!("--iodepth must be between 1 and 1024, got {}", a.iodepth);
     }
-    if a.connections == 0 {
-        bail!("--connections must be at least 1");
-    }
-    if a.asymmetric && a.connections < 2 {
-        bail!("--asymmetric needs --connections 2 or more (requests and responses each need one)");
-    }
-    mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-    let mut opts = ConnectOptions {
-        connections: a.connections,
-        policy: a.policy.clone(),
-        asymmetric: a.asymmetric,
-        congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
-        tcp_report: a.target_tcp || a.policy == "tcp-aware" || auto.is_some(),
-        ..ConnectOptions::default()
-    };
-    if let Some(n) = &a.initiator_name {
-        opts.initiator_name = n.clone();
-    }
+    let opts = a.session.options(auto.is_some())?;
     let mut sessions = Vec::new();
     let (src, src_size) = if IscsiUrl::is_url(&a.src) {
         let (s, l) = open_lun(&a.src, &opts).await?;

@@ -7,6 +7,7 @@ pub mod lab;
 pub mod link;
 pub mod model;
 pub mod monitor;
+pub mod nbd;
 pub mod observe;
 pub mod target;
 
@@ -50,5 +51,63 @@ impl BsAutoArgs {
             anyhow::bail!("--bs-min {min} and --bs-max {max}: need 0 < min <= max <= 16MiB");
         }
         Ok((rule, min, max))
+    }
+}
+
+/// How an initiator command opens its sessions: connections, scheduler, congestion control,
+/// asymmetric mode, initiator name (`mcsi copy`, `mcsi nbd`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SessionArgs {
+    /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u16,
+    /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
+    /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
+    /// weights per connection) or failover (one active connection, the others standby).
+    #[arg(long, default_value = "round-robin")]
+    pub policy: String,
+    /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
+    /// one that carries reads); on by itself with --policy tcp-aware.
+    #[arg(long)]
+    pub target_tcp: bool,
+    /// TCP congestion control of every connection of the session (for example cubic, reno,
+    /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
+    /// lists the ones it does.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
+    /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
+    #[arg(long)]
+    pub asymmetric: bool,
+    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+}
+
+impl SessionArgs {
+    /// The connect options, checked; `tcp_report`: ask for the target's TCP state regardless.
+    pub fn options(&self, tcp_report: bool) -> anyhow::Result<mcsi_initiator::ConnectOptions> {
+        if self.connections == 0 {
+            anyhow::bail!("--connections must be at least 1");
+        }
+        if self.asymmetric && self.connections < 2 {
+            anyhow::bail!(
+                "--asymmetric needs --connections 2 or more (requests and responses each need one)"
+            );
+        }
+        mcsi_initiator::sched::policy(&self.policy)
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        let mut opts = mcsi_initiator::ConnectOptions {
+            connections: self.connections,
+            policy: self.policy.clone(),
+            asymmetric: self.asymmetric,
+            congestion: congestion_arg(self.congestion.as_deref())?,
+            tcp_report: tcp_report || self.target_tcp || self.policy == "tcp-aware",
+            ..mcsi_initiator::ConnectOptions::default()
+        };
+        if let Some(n) = &self.initiator_name {
+            opts.initiator_name = n.clone();
+        }
+        Ok(opts)
     }
 }

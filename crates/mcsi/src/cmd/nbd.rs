@@ -1,0 +1,403 @@
+//! `mcsi nbd URL... (--listen ADDR:PORT | --socket PATH)`: each LUN, reached over an mcsi
+//! session of as many connections as asked, exported over NBD, so that the Linux kernel's nbd
+//! client, QEMU, libnbd's tools or fio can use it.
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use mcsi_initiator::{connect, Capabilities, Error, IscsiUrl, Lun, SenseKey, Session};
+use mcsi_nbd::proto::errno;
+use mcsi_nbd::{Export, ExportInfo, ExportStats, Listener, NbdError, Server, ServerOptions};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The LUNs to export, iscsi://[user[%password]@]host[:port]/target-iqn/lun; each gets its
+    /// own session. A client asking for the default export (an empty name) gets the first.
+    #[arg(required = true)]
+    pub urls: Vec<String>,
+    #[command(flatten)]
+    pub session: crate::cmd::SessionArgs,
+    /// TCP address to serve NBD on (default 127.0.0.1:10809 when --socket is not given). NBD
+    /// has no authentication: give an address others can reach only on purpose.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "socket")]
+    pub listen: Option<String>,
+    /// Unix socket to serve NBD on instead of TCP (a stale socket file is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
+    /// Export name, with a single URL (default: the URL's path, target-iqn/lun).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Refuse writes, trims and zeroing.
+    #[arg(long)]
+    pub read_only: bool,
+    /// NBD requests in flight per NBD connection (they go onto the session's window).
+    #[arg(long, default_value_t = 128)]
+    pub max_requests: usize,
+    /// Largest READ or WRITE an NBD client may send (smaller if the LUN's Block Limits say so).
+    #[arg(long, default_value = "32MiB", value_name = "SIZE")]
+    pub max_payload: String,
+    /// Serve Prometheus metrics and a JSON state of the (first) session's connections at
+    /// ADDR:PORT (/metrics, /state), for `mcsi monitor`.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+}
+
+/// One LUN as an NBD export.
+struct LunExport {
+    lun: Lun,
+    info: ExportInfo,
+    caps: Capabilities,
+    url: String,
+    /// Whether a lost session was reported (once).
+    lost: AtomicBool,
+}
+
+impl LunExport {
+    fn blocks(&self, offset: u64, len: u64) -> (u64, u64) {
+        let bs = u64::from(self.info.block_size);
+        (offset / bs, len / bs)
+    }
+
+    /// An initiator error as an NBD errno, with its text.
+    fn error(&self, what: &str, e: Error) -> NbdError {
+        let code = match &e {
+            Error::Scsi(s) => match &s.sense {
+                Some(sense) => match sense.key {
+                    SenseKey::DataProtect if sense.asc == 0x27 && sense.ascq == 0x07 => {
+                        errno::ENOSPC
+                    }
+                    SenseKey::DataProtect => errno::EPERM,
+                    SenseKey::IllegalRequest if sense.asc == 0x21 => errno::EINVAL,
+                    SenseKey::IllegalRequest => errno::ENOTSUP,
+                    SenseKey::VolumeOverflow => errno::ENOSPC,
+                    _ => errno::EIO,
+                },
+                None => errno::EIO,
+            },
+            Error::InvalidArgument(_) => errno::EINVAL,
+            Error::Closed | Error::SessionLost { .. } => {
+                if !self.lost.swap(true, Relaxed) {
+                    error!(
+                        "{}: the iSCSI session is gone ({e}); every request now fails with ESHUTDOWN",
+                        self.url
+                    );
+                }
+                errno::ESHUTDOWN
+            }
+            _ => errno::EIO,
+        };
+        NbdError::new(code, format!("{what}: {e}"))
+    }
+}
+
+impl Export for LunExport {
+    fn info(&self) -> &ExportInfo {
+        &self.info
+    }
+
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, NbdError> {
+        let (lba, n) = self.blocks(offset, u64::from(len));
+        self.lun
+            .read(lba, n as u32)
+            .await
+            .map_err(|e| self.error("READ", e))
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), NbdError> {
+        let (lba, _) = self.blocks(offset, 0);
+        // FUA as the SCSI FUA bit where the LUN honours it, else as a cache flush after.
+        self.lun
+            .write_fua(lba, data, fua && self.caps.fua)
+            .await
+            .map_err(|e| self.error("WRITE", e))?;
+        if fua && !self.caps.fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), NbdError> {
+        self.lun.flush().await.map_err(|e| self.error("FLUSH", e))
+    }
+
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), NbdError> {
+        let (lba, n) = self.blocks(offset, u64::from(len));
+        let step = u64::from(self.caps.max_unmap_blocks.unwrap_or(u32::MAX));
+        let (mut at, mut left) = (lba, n);
+        while left > 0 {
+            let k = left.min(step);
+            self.lun
+                .unmap(at, k)
+                .await
+                .map_err(|e| self.error("TRIM (UNMAP)", e))?;
+            at += k;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), NbdError> {
+        let (lba, n) = self.blocks(offset, u64::from(len));
+        let step = self.caps.max_write_same_blocks.unwrap_or(0xFFFF);
+        self.lun
+            .write_zeroes(lba, n, may_trim && self.caps.write_same_unmap, step)
+            .await
+            .map_err(|e| self.error("WRITE_ZEROES (WRITE SAME)", e))?;
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(args))
+}
+
+async fn open(
+    url: &str,
+    name: Option<&str>,
+    args: &Args,
+    max_payload: u64,
+) -> anyhow::Result<(Session, Arc<LunExport>)> {
+    let u = IscsiUrl::parse(url)?;
+    let opts = args.session.options(false)?;
+    let session = connect(&u, opts)
+        .await
+        .with_context(|| format!("connecting to {u}"))?;
+    let lun = session
+        .open_lun(u.lun)
+        .await
+        .with_context(|| format!("opening {u}"))?;
+    let caps = lun
+        .capabilities()
+        .await
+        .with_context(|| format!("reading what {u} offers (VPD pages, MODE SENSE)"))?;
+    let cap = lun.geometry();
+    let bs = cap.block_size;
+    if !bs.is_power_of_two() {
+        bail!("{u}: block size {bs} is not a power of two, which NBD needs");
+    }
+    let bs64 = u64::from(bs);
+    let mut max = max_payload.min(u64::from(u32::MAX) / bs64 * bs64);
+    if let Some(m) = caps.max_transfer_blocks {
+        max = max.min(u64::from(m) * bs64);
+    }
+    let max = (max / bs64 * bs64).max(bs64) as u32;
+    let preferred = caps
+        .optimal_transfer_blocks
+        .map(|b| u64::from(b) * bs64)
+        .unwrap_or(128 << 10)
+        .clamp(bs64, u64::from(max)) as u32;
+    let preferred = preferred / bs * bs;
+    let read_only = args.read_only || caps.write_protected;
+    let info = ExportInfo {
+        name: name
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{}/{}", u.target, u.lun)),
+        description: format!("{u} over {} connection(s)", session.connection_count()),
+        size: cap.bytes(),
+        block_size: bs,
+        preferred,
+        max_payload: max,
+        read_only,
+        flush: true,
+        fua: true,
+        trim: caps.unmap,
+        write_zeroes: true,
+        // Every NBD connection goes through this one session, and SYNCHRONIZE CACHE covers the
+        // whole LUN: a flush on any of them makes the writes of all of them durable.
+        multi_conn: true,
+    };
+    info!(
+        export = %info.name,
+        size = info.size,
+        block_size = bs,
+        max_payload = max,
+        connections = session.connection_count(),
+        policy = %session.stats().policy,
+        trim = info.trim,
+        fua_bit = caps.fua,
+        read_only,
+        "exporting {u}"
+    );
+    let export = Arc::new(LunExport {
+        lun,
+        info,
+        caps,
+        url: u.to_string(),
+        lost: AtomicBool::new(false),
+    });
+    Ok((session, export))
+}
+
+async fn bind(args: &Args) -> anyhow::Result<(Listener, String)> {
+    if let Some(path) = &args.socket {
+        if path.exists() {
+            // A socket nobody answers on is left over from an earlier run: replace it.
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                bail!(
+                    "--socket {}: a server is already listening there",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("--socket {}: removing the stale file", path.display()))?;
+        }
+        let l = tokio::net::UnixListener::bind(path)
+            .with_context(|| format!("--socket {}: cannot listen", path.display()))?;
+        return Ok((Listener::Unix(l), format!("unix socket {}", path.display())));
+    }
+    let addr = args.listen.as_deref().unwrap_or("127.0.0.1:10809");
+    let sa: std::net::SocketAddr = addr
+        .parse()
+        .with_context(|| format!("--listen {addr}: expected IP:PORT, e.g. 127.0.0.1:10809"))?;
+    let l = tokio::net::TcpListener::bind(sa)
+        .await
+        .with_context(|| format!("--listen {addr}: cannot listen"))?;
+    let at = l.local_addr()?;
+    if !at.ip().is_loopback() {
+        warn!("NBD on {at}: NBD has no authentication; anyone who reaches this address can read and write the LUN");
+    }
+    Ok((Listener::Tcp(l), format!("nbd://{at}")))
+}
+
+async fn serve(args: Args) -> anyhow::Result<ExitCode> {
+    if args.name.is_some() && args.urls.len() > 1 {
+        bail!(
+            "--name names the export of a single URL; {} were given",
+            args.urls.len()
+        );
+    }
+    if args.max_requests == 0 || args.max_requests > 4096 {
+        bail!(
+            "--max-requests must be between 1 and 4096, got {}",
+            args.max_requests
+        );
+    }
+    let max_payload = mcsi_units::parse_size(&args.max_payload)
+        .map_err(|e| anyhow::anyhow!("--max-payload: {e}"))?;
+    if !(4096..=(256 << 20)).contains(&max_payload) {
+        bail!(
+            "--max-payload must be between 4KiB and 256MiB, got {}",
+            args.max_payload
+        );
+    }
+    let mut sessions = Vec::new();
+    let mut exports = Vec::new();
+    for url in &args.urls {
+        let (s, e) = open(url, args.name.as_deref(), &args, max_payload).await?;
+        sessions.push(s);
+        exports.push(e);
+    }
+    let names: Vec<String> = exports.iter().map(|e| e.info.name.clone()).collect();
+    let opts = ServerOptions {
+        max_requests: args.max_requests,
+        // Room for the largest request in flight, and a few more.
+        max_buffered: (64usize << 20).max(4 * max_payload as usize),
+        ..ServerOptions::default()
+    };
+    let server = Arc::new(Server::new(exports.clone(), opts).map_err(anyhow::Error::msg)?);
+    if let Some(addr) = &args.metrics {
+        let observer = crate::cmd::observe::SessionObserver {
+            session: sessions[0].clone(),
+            initiator: args
+                .session
+                .initiator_name
+                .clone()
+                .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
+        };
+        let at = crate::cmd::http::serve(addr, Arc::new(observer)).await?;
+        println!("metrics on http://{at}/metrics, connections on http://{at}/state");
+    }
+    let (listener, at) = bind(&args).await?;
+    println!("serving {} on {at}", names.join(", "));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let progress = tokio::spawn(report_progress(
+        names.clone(),
+        (0..exports.len()).filter_map(|i| server.stats(i)).collect(),
+    ));
+    let run = tokio::spawn(Arc::clone(&server).run(listener, stop_rx));
+    crate::cmd::target::wait_for_signal().await?;
+    info!("stopping: no new NBD requests; answering those in flight");
+    let _ = stop_tx.send(true);
+    run.await.context("the NBD server task failed")??;
+    progress.abort();
+    let mut failed = false;
+    for (e, s) in exports.iter().zip(&sessions) {
+        if !e.info.read_only {
+            if let Err(err) = e.lun.flush().await {
+                error!("{}: flushing at stop failed: {err}", e.url);
+                failed = true;
+            }
+        }
+        if let Err(err) = s.logout().await {
+            warn!("{}: logout failed: {err}", e.url);
+        }
+    }
+    if let Some(p) = &args.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    info!("flushed and logged out");
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Every 10 s with activity: clients, requests and rates per export.
+async fn report_progress(names: Vec<String>, stats: Vec<Arc<ExportStats>>) {
+    const EVERY: Duration = Duration::from_secs(10);
+    let snap = |s: &ExportStats| {
+        [
+            s.reads.load(Relaxed),
+            s.read_bytes.load(Relaxed),
+            s.writes.load(Relaxed),
+            s.write_bytes.load(Relaxed),
+            s.errors.load(Relaxed),
+            s.flushes.load(Relaxed) + s.trims.load(Relaxed) + s.zeroes.load(Relaxed),
+        ]
+    };
+    let mut last: Vec<[u64; 6]> = stats.iter().map(|s| snap(s)).collect();
+    let mut t = Instant::now();
+    loop {
+        tokio::time::sleep(EVERY).await;
+        let dt = t.elapsed().as_secs_f64();
+        t = Instant::now();
+        for (i, s) in stats.iter().enumerate() {
+            let now = snap(s);
+            let d: Vec<u64> = now.iter().zip(&last[i]).map(|(a, b)| a - b).collect();
+            last[i] = now;
+            if d.iter().all(|&x| x == 0) {
+                continue;
+            }
+            info!(
+                "{}: {} client(s); {} reads {:.1} MB/s, {} writes {:.1} MB/s, {} other, {} errors in {:.0} s",
+                names[i],
+                s.connections.load(Relaxed),
+                d[0],
+                d[1] as f64 / dt / 1e6,
+                d[2],
+                d[3] as f64 / dt / 1e6,
+                d[5],
+                d[4],
+                dt
+            );
+        }
+    }
+}

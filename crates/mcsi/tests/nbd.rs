@@ -1,0 +1,257 @@
+//! `mcsi nbd` against libnbd's tools: an export of a 4-connection session to mcsi's target,
+//! described by `nbdinfo`, written and read back byte-exact by `nbdcopy`, stopped cleanly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::{ci, have};
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Proc, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const IQN: &str = "iqn.2026-01.org.mcsi:nbd-test";
+
+fn tools_or_skip() -> bool {
+    for t in ["nbdinfo", "nbdcopy"] {
+        if !have(t) {
+            assert!(!ci(), "{t} is missing (Debian package libnbd-bin)");
+            eprintln!("SKIPPED: {t} not installed (apt-get install libnbd-bin)");
+            return false;
+        }
+    }
+    true
+}
+
+struct Proc2 {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Proc2 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool, child: &mut Child, log: &Path) {
+    let t0 = Instant::now();
+    while !ok() {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!(
+                "{what} exited ({st}) before it was ready:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn target(dir: &Path, size_mib: u64) -> (Proc2, u16) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let log = dir.join("target.log");
+    let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "target",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--iqn",
+            IQN,
+            "--lun",
+            &format!("ram:{size_mib}MiB"),
+            "--max-connections",
+            "8",
+        ])
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn mcsi target");
+    wait_for(
+        "mcsi target",
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        &mut child,
+        &log,
+    );
+    (Proc2 { child, log }, port)
+}
+
+fn nbd(dir: &Path, port: u16, extra: &[&str]) -> (Proc2, PathBuf) {
+    let sock = dir.join("nbd.sock");
+    let log = dir.join("nbd.log");
+    let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "nbd",
+            &format!("iscsi://127.0.0.1:{port}/{IQN}/0"),
+            "--socket",
+            sock.to_str().unwrap(),
+        ])
+        .args(extra)
+        .env("MCSI_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn mcsi nbd");
+    wait_for(
+        "mcsi nbd",
+        || std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+        &mut child,
+        &log,
+    );
+    (Proc2 { child, log }, sock)
+}
+
+fn uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
+}
+
+fn run(cmd: &mut Proc) -> String {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// SIGTERM, then the exit status and the log.
+fn stop(mut p: Proc2) -> (std::process::ExitStatus, String) {
+    sigterm(p.child.id());
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = p.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (st, std::fs::read_to_string(&p.log).unwrap_or_default())
+}
+
+fn sigterm(pid: u32) {
+    let st = Proc::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn nbdinfo_and_nbdcopy_through_a_four_connection_session() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !tools_or_skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_t, port) = target(dir.path(), 320);
+    let (n, sock) = nbd(dir.path(), port, &["--connections", "4"]);
+    let log = std::fs::read_to_string(&n.log).unwrap();
+    assert!(log.contains("connections=4"), "{log}");
+
+    // nbdinfo: size, block sizes, flags.
+    let j: serde_json::Value =
+        serde_json::from_str(&run(Proc::new("nbdinfo").args(["--json", &uri(&sock)]))).unwrap();
+    let e = &j["exports"][0];
+    assert_eq!(e["export-name"], format!("{IQN}/0"));
+    assert_eq!(e["export-size"], 320u64 << 20);
+    assert_eq!(e["block_size_minimum"], 512);
+    assert!(e["block_size_maximum"].as_u64().unwrap() >= 1 << 20);
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_multi_conn",
+        "can_trim",
+        "can_zero",
+    ] {
+        assert_eq!(e[flag], true, "{flag} in {e}");
+    }
+    assert_eq!(e["is_read_only"], false);
+
+    // 256 MiB of random data in through nbdcopy (several NBD connections at once: multi-conn),
+    // and back out, byte-exact.
+    let src = dir.path().join("src.bin");
+    let mut data = vec![0u8; 256 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for c in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    std::fs::write(&src, &data).unwrap();
+    run(Proc::new("nbdcopy").arg(&src).arg(uri(&sock)));
+    let back = dir.path().join("back.bin");
+    run(Proc::new("nbdcopy").arg(uri(&sock)).arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert_eq!(got.len(), 320 << 20, "the whole export is copied out");
+    assert!(
+        got[..data.len()] == data[..],
+        "data read back differs from what was written"
+    );
+    assert!(
+        got[data.len()..].iter().all(|&b| b == 0),
+        "the rest reads as zeros"
+    );
+
+    // A clean stop: flush and logout, exit 0.
+    let (st, log) = stop(n);
+    assert!(st.success(), "mcsi nbd exited {st}:\n{log}");
+    assert!(log.contains("flushed and logged out"), "{log}");
+    assert!(!sock.exists(), "the socket file is removed at exit");
+}
+
+#[test]
+fn read_only_export_and_unknown_export_name() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !tools_or_skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_t, port) = target(dir.path(), 16);
+    let (n, sock) = nbd(dir.path(), port, &["--read-only", "--name", "disk"]);
+    let out = run(Proc::new("nbdinfo").args([
+        "--json",
+        &format!("nbd+unix:///disk?socket={}", sock.display()),
+    ]));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["exports"][0]["is_read_only"], true);
+    // A write is refused.
+    let src = dir.path().join("one.bin");
+    std::fs::write(&src, vec![1u8; 4096]).unwrap();
+    let w = Proc::new("nbdcopy")
+        .arg(&src)
+        .arg(uri(&sock))
+        .output()
+        .unwrap();
+    assert!(
+        !w.status.success(),
+        "a write to a read-only export succeeded"
+    );
+    // An unknown export name is refused; the list names the one there is.
+    let bad = Proc::new("nbdinfo")
+        .arg(format!("nbd+unix:///nope?socket={}", sock.display()))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("nope"), "{err}");
+    let list = run(Proc::new("nbdinfo").args(["--list", "--json", &uri(&sock)]));
+    let j: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(j["exports"].as_array().unwrap().len(), 1);
+    assert_eq!(j["exports"][0]["export-name"], "disk");
+    let (st, log) = stop(n);
+    assert!(st.success(), "{log}");
+}
