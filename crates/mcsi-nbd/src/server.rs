@@ -8,7 +8,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::{debug, info, warn};
 
@@ -165,24 +165,27 @@ pub enum Listener {
     Unix(tokio::net::UnixListener),
 }
 
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
 impl Listener {
-    async fn accept(&self) -> io::Result<(Box<dyn Stream>, String)> {
+    /// The next connection, split into halves that need no lock between them.
+    async fn accept(&self) -> io::Result<(ReadHalf, WriteHalf, String)> {
         match self {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept().await?;
                 let _ = s.set_nodelay(true);
-                Ok((Box::new(s), peer.to_string()))
+                let (r, w) = s.into_split();
+                Ok((Box::new(r), Box::new(w), peer.to_string()))
             }
             Listener::Unix(l) => {
                 let (s, _) = l.accept().await?;
-                Ok((Box::new(s), "unix".to_string()))
+                let (r, w) = s.into_split();
+                Ok((Box::new(r), Box::new(w), "unix".to_string()))
             }
         }
     }
 }
-
-trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
 /// The export a client chose, and how it talks.
 struct Chosen {
@@ -267,14 +270,14 @@ impl<E: Export> Server<E> {
             }
             tokio::select! {
                 a = listener.accept() => match a {
-                    Ok((stream, peer)) => {
+                    Ok((rd, wr, peer)) => {
                         if conns.len() >= self.opts.max_connections {
                             warn!(%peer, "NBD connection refused: {} connections already (the limit)", conns.len());
                             continue;
                         }
                         let me = Arc::clone(&self);
                         let stop = stop.clone();
-                        conns.spawn(async move { me.serve(stream, peer, stop).await });
+                        conns.spawn(async move { me.serve(rd, wr, peer, stop).await });
                     }
                     Err(e) => {
                         // Out of descriptors and the like: wait rather than spin.
@@ -292,11 +295,13 @@ impl<E: Export> Server<E> {
 
     async fn serve(
         self: Arc<Self>,
-        stream: Box<dyn Stream>,
+        rd: ReadHalf,
+        mut wr: WriteHalf,
         peer: String,
         stop: watch::Receiver<bool>,
     ) {
-        let (mut rd, mut wr) = tokio::io::split(stream);
+        // Requests are 28 bytes: read them many at a time.
+        let mut rd = BufReader::with_capacity(64 << 10, rd);
         let chosen = tokio::time::timeout(
             self.opts.handshake_timeout,
             self.negotiate(&mut rd, &mut wr, &peer),

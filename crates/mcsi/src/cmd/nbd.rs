@@ -40,6 +40,10 @@ pub struct Args {
     /// Largest READ or WRITE an NBD client may send (smaller if the LUN's Block Limits say so).
     #[arg(long, default_value = "32MiB", value_name = "SIZE")]
     pub max_payload: String,
+    /// Threads that run the server and the sessions (1: everything on one thread, which leaves
+    /// the other cores to the client and, on a shared machine, the target).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Serve Prometheus metrics and a JSON state of the (first) session's connections at
     /// ADDR:PORT (/metrics, /state), for `mcsi monitor`.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -161,10 +165,16 @@ impl Export for LunExport {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = match args.threads {
+        0 => bail!("--threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
     rt.block_on(serve(args))
 }
 
