@@ -38,6 +38,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "toyoda-table2",
         include_str!("../experiments/toyoda-table2.toml"),
     ),
+    ("nbd-wan", include_str!("../experiments/nbd-wan.toml")),
 ];
 
 /// Parses a shipped experiment.

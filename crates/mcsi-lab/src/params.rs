@@ -55,7 +55,7 @@ const RW: &[&str] = &["read", "write", "randread", "randwrite"];
 const POLICY: &[&str] = &["round-robin", "least-outstanding", "tcp-aware", "failover"];
 const PROFILE: &[&str] = &["802.11b", "802.11g"];
 const TARGET: &[&str] = &["mcsi", "tgt"];
-const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf"];
+const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf", "nbd-fio"];
 const CC: &[&str] = &["reno", "cubic", "bbr"];
 const BS_RULE: &[&str] = &["cwnd", "bdp"];
 
@@ -73,7 +73,7 @@ pub const DEFS: &[Def] = &[
         role: Role::Client,
         kind: Kind::Choice(CLIENT),
         axis: "initiator",
-        help: "mcsi-bench or iscsi-perf (libiscsi: reads, one connection)",
+        help: "mcsi-bench, iscsi-perf (libiscsi: reads, one connection) or nbd-fio (fio's nbd engine through `mcsi nbd`, whose session takes the bench parameters)",
     },
     Def {
         name: "initiator_cc",

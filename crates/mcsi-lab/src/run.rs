@@ -190,6 +190,7 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
     let url = format!("iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/{lun_no}");
     let client = match p.text("client") {
         "iscsi-perf" => iscsi_perf_script(p, &url),
+        "nbd-fio" => nbd_fio_script(&bin, p, &url, seed),
         _ => {
             let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
             format!("exec {bin} bench {} {url}", bench.join(" "))
@@ -233,6 +234,9 @@ pub fn check_point(p: &Point) -> Result<(), String> {
                 "iscsi-perf reads whole 512-byte blocks: bs must be a multiple of 512".into(),
             );
         }
+    }
+    if p.text("client") == "nbd-fio" && p.params.get("bs_auto").is_some() {
+        return Err("bs_auto is mcsi bench's: the nbd-fio client reads fixed sizes (bs)".into());
     }
     if p.params.get("bs_auto").is_some() {
         if p.text("rw") != "read" {
@@ -326,6 +330,40 @@ fn iscsi_perf_script(p: &Point, url: &str) -> String {
          sleep {}; kill -INT $pid; wait $pid; exit 0",
         p.text("iodepth"),
         p.text("runtime"),
+    )
+}
+
+/// The link-side script of client nbd-fio: `mcsi nbd` serves the LUN over a session shaped by
+/// the point's bench parameters (connections, policy, congestion control, asymmetric mode) on a
+/// Unix socket, and fio's nbd engine runs the point's I/O through it for its runtime. fio's JSON
+/// (the layout `mcsi bench --json` prints) goes to stdout; a failure prints mcsi nbd's log.
+fn nbd_fio_script(bin: &str, p: &Point, url: &str, seed: u64) -> String {
+    let mut nbd = Vec::new();
+    for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Bench) {
+        match d.name {
+            "connections" | "policy" => nbd.push(format!("--{} {}", d.name, sh_quote(&d.arg(v)))),
+            "cc" => nbd.push(format!("--congestion {}", sh_quote(&v.text))),
+            "asymmetric" if v.text == "true" => nbd.push("--asymmetric".into()),
+            _ => {}
+        }
+    }
+    let bs = p.num("bs").map_or(4096, |k| (k * 1024.0) as u64);
+    format!(
+        r#"d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+{bin} nbd {url} {nbd} --socket "$d/s" >"$d/nbd.log" 2>&1 & pid=$!
+i=0
+until [ -S "$d/s" ]; do
+  i=$((i + 1))
+  if [ $i -gt 300 ] || ! kill -0 $pid 2>/dev/null; then echo "mcsi nbd did not start:" >&2; cat "$d/nbd.log" >&2; exit 1; fi
+  sleep 0.1
+done
+fio --name=lab --ioengine=nbd --uri="nbd+unix:///?socket=$d/s" --rw={rw} --bs={bs} --iodepth={depth} --time_based --runtime={runtime} --randseed={seed} --lat_percentiles=1 --output-format=json --output="$d/fio.json" >&2 || {{ echo "fio failed; mcsi nbd's log:" >&2; cat "$d/nbd.log" >&2; exit 1; }}
+kill -TERM $pid; wait $pid || {{ echo "mcsi nbd did not stop cleanly:" >&2; cat "$d/nbd.log" >&2; exit 1; }}
+cat "$d/fio.json""#,
+        nbd = nbd.join(" "),
+        rw = p.text("rw"),
+        depth = p.text("iodepth"),
+        runtime = p.text("runtime"),
     )
 }
 
@@ -446,22 +484,22 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
             ));
         }
     }
-    let retrans: f64 = j["mcsi"]["connections"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| c["tcp"]["retransmits"].as_f64().unwrap_or(0.0))
-                .sum()
-        })
-        .unwrap_or(0.0);
+    // Only mcsi bench reports its connections (fio through mcsi nbd does not).
+    let retrans: Option<f64> = j["mcsi"]["connections"].as_array().map(|cs| {
+        cs.iter()
+            .map(|c| c["tcp"]["retransmits"].as_f64().unwrap_or(0.0))
+            .sum()
+    });
     let mut out = vec![
         (Metric::BwMbs, bw / 1e6),
         (Metric::Iops, f("read", "iops") + f("write", "iops")),
         (Metric::LatMeanMs, lat["mean"].as_f64().unwrap_or(0.0) / 1e6),
         (Metric::LatP50Ms, pct("50.000000")),
         (Metric::LatP99Ms, pct("99.000000")),
-        (Metric::Retransmits, retrans),
     ];
+    if let Some(r) = retrans {
+        out.push((Metric::Retransmits, r));
+    }
     // The target's side, when it reported it (mcsi's target, X-org.mcsi.TcpReport).
     let target_retrans: Option<f64> = j["mcsi"]["connections"].as_array().and_then(|cs| {
         cs.iter()

@@ -176,6 +176,11 @@ fn errors_name_the_field() {
             r#"set = { connections = 1, only = { bs = "3KiB" } }"#,
             "unknown parameter 'only'",
         ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, client = "nbd-fio", rw = "read", bs_auto = "bdp" }"#,
+            "the nbd-fio client reads fixed sizes",
+        ),
     ];
     for (from, to, want) in cases {
         let e = broken(from, to);
@@ -191,4 +196,42 @@ fn link_errors_are_caught_before_running() {
         "profile = \"802.11b\"\nrate = \"5mbit\"",
     );
     assert!(e.contains("point series=one"), "{e}");
+}
+
+/// The nbd-fio client: mcsi nbd gets the session's parameters, fio the I/O's.
+#[test]
+fn nbd_fio_client_command() {
+    let exp = mcsi_lab::builtin("nbd-wan").unwrap().unwrap();
+    let points = exp.points(false);
+    let p = points
+        .iter()
+        .find(|p| p.series == "nbd-cubic-c4")
+        .expect("the point");
+    let c = mcsi_lab::run::command(
+        std::path::Path::new("/usr/bin/mcsi"),
+        p,
+        7,
+        std::path::Path::new("/tmp/s.json"),
+    )
+    .unwrap();
+    let args: Vec<String> = c
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let script = args.last().unwrap();
+    assert!(
+        script.contains("/usr/bin/mcsi nbd iscsi://$MCSI_LINK_PEER:"),
+        "{script}"
+    );
+    assert!(script.contains("--connections 4"), "{script}");
+    assert!(script.contains("--congestion cubic"), "{script}");
+    assert!(script.contains("--ioengine=nbd"), "{script}");
+    assert!(
+        script.contains("--rw=read --bs=131072 --iodepth=8"),
+        "{script}"
+    );
+    assert!(script.contains("--runtime=15 --randseed=7"), "{script}");
+    // The target gets the congestion control too.
+    let host = &args[args.iter().position(|a| a == "--host").unwrap() + 1];
+    assert!(host.contains("--congestion cubic"), "{host}");
 }
