@@ -270,7 +270,28 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     if !link.is_empty() {
         let _ = writeln!(md, "- link (every run): {link}");
     }
-    let _ = writeln!(md, "- each run: `mcsi link run` with `mcsi target` on the host side (RAM LUN) and `mcsi bench` behind the link; seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
+    let points = exp.points(meta.quick);
+    let named = |param: &str, names: &[(&str, &str)]| {
+        let mut v: Vec<&str> = Vec::new();
+        for p in &points {
+            let t = p.text(param);
+            let n = names.iter().find(|(k, _)| *k == t).map_or(t, |(_, n)| *n);
+            if !v.contains(&n) {
+                v.push(n);
+            }
+        }
+        v.join(" or ")
+    };
+    let targets = named("target", &[("mcsi", "`mcsi target`"), ("tgt", "tgt")]);
+    let clients = named(
+        "client",
+        &[
+            ("mcsi-bench", "`mcsi bench`"),
+            ("iscsi-perf", "libiscsi's iscsi-perf"),
+            ("nbd-fio", "fio's nbd engine through `mcsi nbd`"),
+        ],
+    );
+    let _ = writeln!(md, "- each run: `mcsi link run` with {targets} on the host side (RAM LUN) and {clients} behind the link (per series); seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
     let _ = writeln!(
         md,
         "- series: {}\n",
