@@ -101,6 +101,31 @@ pub enum Event {
     Rejected { reason: u8 },
 }
 
+/// A connection the session starts with ([`SessionCore::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnStart {
+    pub cid: u16,
+    /// What it carries (asymmetric mode), as the target agreed.
+    pub role: ConnRole,
+    /// StatSN of its final login response.
+    pub stat_sn: u32,
+    /// The largest data segment the target accepts on this connection (its
+    /// MaxRecvDataSegmentLength, a connection-only key: each connection negotiates its own);
+    /// None: the session's.
+    pub max_send_dsl: Option<u32>,
+}
+
+impl ConnStart {
+    pub fn new(cid: u16, role: ConnRole, stat_sn: u32) -> ConnStart {
+        ConnStart {
+            cid,
+            role,
+            stat_sn,
+            max_send_dsl: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ConnState {
     alive: bool,
@@ -109,6 +134,8 @@ struct ConnState {
     cid: u16,
     /// Next StatSN expected on this connection.
     exp_stat_sn: u32,
+    /// Largest data segment the target takes on this connection.
+    max_send_dsl: u32,
     outstanding_tasks: u32,
     outstanding_bytes: u64,
     tasks_total: u64,
@@ -196,26 +223,29 @@ impl<C> SessionCore<C> {
     }
 
     /// Start (or restart after session recovery) with fresh connections. `conns` gives each
-    /// connection's CID, role and the StatSN of its final login response. Tasks that were
-    /// outstanding go back to the head of the queue in their CmdSN order, to be issued anew.
+    /// connection's CID, role, the StatSN of its final login response and its own data segment
+    /// limit. Tasks that were outstanding go back to the head of the queue in their CmdSN
+    /// order, to be issued anew.
     pub fn start(
         &mut self,
         params: SessionParams,
         window: CmdWindow,
-        conns: &[(u16, ConnRole, u32)],
+        conns: &[ConnStart],
         out: &mut Vec<Action<C>>,
     ) {
         self.requeue_outstanding();
+        let session_dsl = params.target_max_recv_dsl;
         self.params = params;
         self.window = window;
         self.conns = conns
             .iter()
-            .map(|&(cid, role, stat_sn)| ConnState {
+            .map(|c| ConnState {
                 alive: true,
                 draining: false,
-                role,
-                cid,
-                exp_stat_sn: stat_sn.wrapping_add(1),
+                role: c.role,
+                cid: c.cid,
+                exp_stat_sn: c.stat_sn.wrapping_add(1),
+                max_send_dsl: c.max_send_dsl.unwrap_or(session_dsl),
                 outstanding_tasks: 0,
                 outstanding_bytes: 0,
                 tasks_total: 0,
@@ -460,7 +490,8 @@ impl<C> SessionCore<C> {
         };
         let (imm, unsolicited) = match &q.cmd.dir {
             DataDir::Write(b) => {
-                let plan = plan_write(len, &self.params);
+                let max_pdu = self.conns[conn].max_send_dsl;
+                let plan = plan_write(len, &self.params, max_pdu);
                 let outs = if plan.has_data_out() {
                     data_outs(
                         lun,
@@ -469,7 +500,7 @@ impl<C> SessionCore<C> {
                         b,
                         plan.immediate,
                         plan.unsolicited_end - plan.immediate,
-                        self.params.target_max_recv_dsl,
+                        max_pdu,
                     )
                 } else {
                     Vec::new()
@@ -677,7 +708,8 @@ impl<C> SessionCore<C> {
                     return Err(e);
                 };
                 let task_conn = task.conn;
-                match answer_r2t(&r, encode_lun(task.cmd.lun), data, &self.params) {
+                let max_pdu = self.conns[task_conn].max_send_dsl;
+                match answer_r2t(&r, encode_lun(task.cmd.lun), data, &self.params, max_pdu) {
                     Ok(outs) => {
                         let exp = self.exp_stat_sn(task_conn);
                         for mut d in outs {
@@ -802,8 +834,9 @@ mod tests {
 
     fn core(n: usize, exp: u32, max: u32) -> (Core, Vec<Action<u32>>) {
         let mut c = Core::new(Box::new(RoundRobin::default()));
-        let conns: Vec<(u16, ConnRole, u32)> =
-            (0..n).map(|i| (i as u16, ConnRole::Both, 1000)).collect();
+        let conns: Vec<ConnStart> = (0..n)
+            .map(|i| ConnStart::new(i as u16, ConnRole::Both, 1000))
+            .collect();
         let mut out = Vec::new();
         c.start(params(), CmdWindow::new(exp, max), &conns, &mut out);
         (c, out)
@@ -1067,7 +1100,10 @@ mod tests {
         c.start(
             params(),
             CmdWindow::new(1, 50),
-            &[(0, ConnRole::Both, 5), (1, ConnRole::Both, 7)],
+            &[
+                ConnStart::new(0, ConnRole::Both, 5),
+                ConnStart::new(1, ConnRole::Both, 7),
+            ],
             &mut out,
         );
         let again = cmd_sns(&out);
@@ -1096,7 +1132,10 @@ mod tests {
         c.start(
             params(),
             CmdWindow::new(1, 100),
-            &[(0, ConnRole::Both, 0), (1, ConnRole::Both, 0)],
+            &[
+                ConnStart::new(0, ConnRole::Both, 0),
+                ConnStart::new(1, ConnRole::Both, 0),
+            ],
             &mut out,
         );
         c.submit(read(0, 1 << 20), 0, &mut out);
@@ -1117,10 +1156,10 @@ mod tests {
         let mut c = Core::new(Box::new(RoundRobin::default()));
         let mut out = Vec::new();
         let conns = [
-            (0, ConnRole::Requests, 0),
-            (1, ConnRole::Requests, 0),
-            (2, ConnRole::Responses, 0),
-            (3, ConnRole::Responses, 0),
+            ConnStart::new(0, ConnRole::Requests, 0),
+            ConnStart::new(1, ConnRole::Requests, 0),
+            ConnStart::new(2, ConnRole::Responses, 0),
+            ConnStart::new(3, ConnRole::Responses, 0),
         ];
         c.start(params(), CmdWindow::new(1, 100), &conns, &mut out);
         for h in 0..6 {
@@ -1274,9 +1313,9 @@ mod tests {
             params(),
             CmdWindow::new(1, 100),
             &[
-                (0, ConnRole::Both, 0),
-                (1, ConnRole::Both, 0),
-                (2, ConnRole::Both, 0),
+                ConnStart::new(0, ConnRole::Both, 0),
+                ConnStart::new(1, ConnRole::Both, 0),
+                ConnStart::new(2, ConnRole::Both, 0),
             ],
             &mut out,
         );
@@ -1323,5 +1362,87 @@ mod tests {
         assert_eq!(encode_lun(5), 0x0005_0000_0000_0000);
         // Flat space (SAM-5 4.6.7): 01b in the top bits, 14-bit LUN.
         assert_eq!(encode_lun(300), 0x412c_0000_0000_0000);
+    }
+
+    /// MaxRecvDataSegmentLength is a connection-only key: a connection whose login declared a
+    /// larger (or smaller) one than the leading connection's gets PDUs sized by its own, for
+    /// immediate data, unsolicited Data-Out and Data-Out answering an R2T.
+    #[test]
+    fn each_connection_sizes_data_by_its_own_max_recv_dsl() {
+        let mut c = Core::new(Box::new(RoundRobin::default()));
+        let mut out = Vec::new();
+        let conns = [
+            // The leading connection: the session's 8 KiB.
+            ConnStart::new(0, ConnRole::Both, 0),
+            ConnStart {
+                max_send_dsl: Some(65536),
+                ..ConnStart::new(1, ConnRole::Both, 0)
+            },
+        ];
+        let p = SessionParams {
+            initial_r2t: false,
+            ..params()
+        };
+        c.start(p, CmdWindow::new(1, 100), &conns, &mut out);
+        let write = |n: usize| Command {
+            lun: 0,
+            cdb: Bytes::from_static(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 128, 0]),
+            dir: DataDir::Write(Bytes::from(vec![7u8; n])),
+        };
+        c.submit(write(65536), 0, &mut out);
+        c.submit(write(65536), 1, &mut out);
+        let sent = sends(&out);
+        let on = |conn: usize| -> Vec<(&'static str, usize)> {
+            sent.iter()
+                .filter(|(c, _)| *c == conn)
+                .map(|(_, p)| match p {
+                    Pdu::ScsiCommand(cmd) => ("cmd", cmd.data.len()),
+                    Pdu::DataOut(d) => ("data-out", d.data.len()),
+                    _ => ("other", 0),
+                })
+                .collect()
+        };
+        // Connection 0: 8 KiB immediate, then 7 unsolicited Data-Out of 8 KiB.
+        let mut want0 = vec![("cmd", 8192)];
+        want0.extend(std::iter::repeat_n(("data-out", 8192), 7));
+        assert_eq!(on(0), want0);
+        // Connection 1: the whole first burst as immediate data in one PDU.
+        assert_eq!(on(1), vec![("cmd", 65536)]);
+        // A write beyond the first burst on connection 1: the R2T is answered in 64 KiB PDUs.
+        let mut out = Vec::new();
+        c.submit(write(65536), 2, &mut out); // connection 0
+        c.submit(write(256 << 10), 3, &mut out); // connection 1
+        let itt = sends(&out)
+            .iter()
+            .find_map(|(conn, p)| match p {
+                Pdu::ScsiCommand(cmd) if *conn == 1 => Some(cmd.itt),
+                _ => None,
+            })
+            .expect("the write on connection 1");
+        let mut out = Vec::new();
+        c.handle(
+            1,
+            Pdu::R2t(R2t {
+                lun: 0,
+                itt,
+                ttt: 9,
+                stat_sn: 0,
+                exp_cmd_sn: 1,
+                max_cmd_sn: 100,
+                r2t_sn: 0,
+                buffer_offset: 65536,
+                desired_data_transfer_length: 196608,
+            }),
+            &mut out,
+        )
+        .unwrap();
+        let lens: Vec<usize> = sends(&out)
+            .iter()
+            .map(|(conn, p)| match p {
+                Pdu::DataOut(d) if *conn == 1 => d.data.len(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(lens, vec![65536, 65536, 65536]);
     }
 }

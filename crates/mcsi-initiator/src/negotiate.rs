@@ -42,6 +42,49 @@ pub struct SessionParams {
     pub tcp_report: bool,
 }
 
+/// What one connection negotiated for itself: HeaderDigest, DataDigest and
+/// MaxRecvDataSegmentLength are connection-only keys (RFC 7143 13), so each connection of a
+/// session frames its PDUs by its own login, not by the leading one's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParams {
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// Largest data segment we may send on this connection (the target's declaration).
+    pub target_max_recv_dsl: u32,
+    /// Largest data segment we accept on this connection (our declaration).
+    pub initiator_max_recv_dsl: u32,
+}
+
+impl ConnParams {
+    /// The connection-only part of a login's result.
+    pub fn of(p: &SessionParams) -> ConnParams {
+        ConnParams {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            target_max_recv_dsl: p.target_max_recv_dsl,
+            initiator_max_recv_dsl: p.initiator_max_recv_dsl,
+        }
+    }
+
+    /// How PDUs we send on this connection are framed.
+    pub fn send_framing(&self) -> mcsi_proto::pdu::Framing {
+        mcsi_proto::pdu::Framing {
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            max_data_segment_length: self.target_max_recv_dsl,
+        }
+    }
+
+    /// How PDUs we receive on this connection are framed (and how large their data may be).
+    pub fn recv_framing(&self) -> mcsi_proto::pdu::Framing {
+        mcsi_proto::pdu::Framing {
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            max_data_segment_length: self.initiator_max_recv_dsl,
+        }
+    }
+}
+
 impl Default for SessionParams {
     /// RFC 7143 section 13 defaults.
     fn default() -> Self {
@@ -155,20 +198,11 @@ pub enum LoginStep {
     Redirect(String),
 }
 
-/// Random bytes for CHAP's mutual challenge (only used with mutual credentials).
+/// Random bytes for CHAP's mutual challenge and identifier (only used with mutual
+/// credentials), from the operating system's CSPRNG.
 fn fill_random(buf: &mut [u8]) {
-    use std::hash::{BuildHasher, Hasher};
-    let state = std::collections::hash_map::RandomState::new();
-    for (i, chunk) in buf.chunks_mut(8).enumerate() {
-        let mut h = state.build_hasher();
-        h.write_usize(i);
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
-    }
+    use rand::RngCore;
+    rand::rngs::OsRng.fill_bytes(buf);
 }
 
 fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {

@@ -3,14 +3,14 @@
 //! logout.
 
 use crate::conn::{self, LoginOutcome};
-use crate::core::{Action, Command, ConnRole, ConnStats, Event, Response, SessionCore};
+use crate::core::{Action, Command, ConnRole, ConnStart, ConnStats, Event, Response, SessionCore};
 use crate::error::Error;
-use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
+use crate::negotiate::{ConnParams, LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
 use crate::sched::{self, Scheduler};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
 use bytes::BytesMut;
-use mcsi_proto::pdu::{Framing, Isid, LogoutRequest, Pdu};
+use mcsi_proto::pdu::{Isid, LogoutRequest, Pdu};
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -99,17 +99,13 @@ pub fn default_initiator_name() -> String {
     format!("iqn.2026-01.org.mcsi:{host}")
 }
 
-/// A random ISID of type "random" (RFC 7143 11.12.5: T=10b, A and B/C random).
+/// A random ISID of type "random" (RFC 7143 11.12.5: T=10b, A and B/C random), from the
+/// operating system's CSPRNG: two initiators on one host (or one restarted) must not pick the
+/// same one, or the second login reinstates the first's session.
 fn random_isid() -> Isid {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    let v = h.finish().to_be_bytes();
+    use rand::RngCore;
+    let mut v = [0u8; 5];
+    rand::rngs::OsRng.fill_bytes(&mut v);
     Isid([0x80 | (v[0] & 0x3f), v[1], v[2], v[3], v[4], 0])
 }
 
@@ -190,10 +186,22 @@ impl std::fmt::Debug for Session {
 /// Connections of a freshly established session.
 struct Established {
     done: LoginDone,
-    /// Socket, CID, StatSN of the final login response, the connection's agreed role, and the
-    /// bytes that came after the final login response.
-    conns: Vec<(TcpStream, u16, u32, ConnRole, BytesMut)>,
+    conns: Vec<EstablishedConn>,
     window: CmdWindow,
+}
+
+/// One logged-in connection.
+struct EstablishedConn {
+    stream: TcpStream,
+    cid: u16,
+    /// StatSN of its final login response.
+    stat_sn: u32,
+    /// What it carries, as the target agreed.
+    role: ConnRole,
+    /// What its own login negotiated (digests, data segment lengths).
+    params: ConnParams,
+    /// Bytes that came after its final login response.
+    rest: BytesMut,
 }
 
 fn lock(shared: &Shared) -> MutexGuard<'_, Inner> {
@@ -282,7 +290,14 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
     }
     let agreed = |r: ConnRole| if asym { r } else { ConnRole::Both };
     let requests = n - n / 2;
-    let mut conns = vec![(s0, 0u16, done.stat_sn, agreed(done.role), rest0)];
+    let mut conns = vec![EstablishedConn {
+        stream: s0,
+        cid: 0,
+        stat_sn: done.stat_sn,
+        role: agreed(done.role),
+        params: ConnParams::of(&done.params),
+        rest: rest0,
+    }];
     for cid in 1..n {
         let c = LoginConfig {
             tsih: done.tsih,
@@ -299,7 +314,14 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         match login_conn(&addr, c, o.login_timeout, o.congestion).await {
             Ok((s, d, rest)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
-                conns.push((s, cid, d.stat_sn, agreed(d.role), rest));
+                conns.push(EstablishedConn {
+                    stream: s,
+                    cid,
+                    stat_sn: d.stat_sn,
+                    role: agreed(d.role),
+                    params: ConnParams::of(&d.params),
+                    rest,
+                });
             }
             Err(e) => {
                 tracing::warn!(cid, error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
@@ -360,19 +382,19 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     inner.generation += 1;
     let generation = inner.generation;
     let params = est.done.params.clone();
-    let send_framing = Framing {
-        header_digest: params.header_digest,
-        data_digest: params.data_digest,
-        max_data_segment_length: params.target_max_recv_dsl,
-    };
-    let recv_framing = Framing {
-        header_digest: params.header_digest,
-        data_digest: params.data_digest,
-        max_data_segment_length: params.initiator_max_recv_dsl,
-    };
     let mut handles = Vec::new();
-    let mut roles = Vec::new();
-    for (i, (stream, cid, stat_sn, role, rest)) in est.conns.into_iter().enumerate() {
+    let mut starts = Vec::new();
+    for (i, c) in est.conns.into_iter().enumerate() {
+        let EstablishedConn {
+            stream,
+            cid,
+            stat_sn,
+            role,
+            params: cp,
+            rest,
+        } = c;
+        // Each connection frames by what its own login negotiated.
+        let (send_framing, recv_framing) = (cp.send_framing(), cp.recv_framing());
         let sock = socket2::SockRef::from(&stream)
             .try_clone()
             .map_err(|e| Error::io("duplicating the socket", &e))?;
@@ -394,13 +416,18 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
             connection_failed(&sh, i, generation, err);
         });
         handles.push(ConnHandle { tx, sock });
-        roles.push((cid, role, stat_sn));
+        starts.push(ConnStart {
+            cid,
+            role,
+            stat_sn,
+            max_send_dsl: Some(cp.target_max_recv_dsl),
+        });
     }
     inner.conns = handles;
     inner.tsih = est.done.tsih;
     inner.phase = Phase::Running;
     let mut out = Vec::new();
-    inner.core.start(params, est.window, &roles, &mut out);
+    inner.core.start(params, est.window, &starts, &mut out);
     run_actions(shared, &mut inner, out);
     if !shared.options.response_timeout.is_zero() {
         let sh = Arc::clone(shared);

@@ -23,12 +23,13 @@ impl WritePlan {
 }
 
 /// RFC 7143 13.11-13.14: unsolicited data (immediate plus unsolicited Data-Out) is at most
-/// FirstBurstLength; immediate data also fits one PDU (the target's MaxRecvDataSegmentLength);
-/// with InitialR2T=Yes only immediate data may go unsolicited.
-pub fn plan_write(len: u32, p: &SessionParams) -> WritePlan {
+/// FirstBurstLength; immediate data also fits one PDU (`max_pdu`: the target's
+/// MaxRecvDataSegmentLength on the connection that carries the command); with InitialR2T=Yes
+/// only immediate data may go unsolicited.
+pub fn plan_write(len: u32, p: &SessionParams, max_pdu: u32) -> WritePlan {
     let burst = len.min(p.first_burst_length);
     let immediate = if p.immediate_data {
-        burst.min(p.target_max_recv_dsl)
+        burst.min(max_pdu)
     } else {
         0
     };
@@ -74,12 +75,14 @@ pub fn data_outs(
     v
 }
 
-/// Data-Out PDUs answering an R2T for a write whose whole data is `data`.
+/// Data-Out PDUs answering an R2T for a write whose whole data is `data`, each at most
+/// `max_pdu` bytes (the target's MaxRecvDataSegmentLength on the connection they go on).
 pub fn answer_r2t(
     r2t: &R2t,
     lun: u64,
     data: &Bytes,
     p: &SessionParams,
+    max_pdu: u32,
 ) -> Result<Vec<DataOut>, Error> {
     let total = data.len() as u64;
     let off = u64::from(r2t.buffer_offset);
@@ -116,7 +119,7 @@ pub fn answer_r2t(
         data,
         r2t.buffer_offset,
         r2t.desired_data_transfer_length,
-        p.target_max_recv_dsl,
+        max_pdu,
     ))
 }
 
@@ -245,19 +248,19 @@ mod tests {
         let mut p = params();
         // ImmediateData=Yes, InitialR2T=No: 8192 immediate (one PDU), up to 64 KiB unsolicited.
         assert_eq!(
-            plan_write(1 << 20, &p),
+            plan_write(1 << 20, &p, p.target_max_recv_dsl),
             WritePlan {
                 immediate: 8192,
                 unsolicited_end: 65536
             }
         );
         // A write smaller than one PDU goes entirely immediate, no Data-Out.
-        let small = plan_write(4096, &p);
+        let small = plan_write(4096, &p, p.target_max_recv_dsl);
         assert_eq!(small.immediate, 4096);
         assert!(!small.has_data_out());
         p.initial_r2t = true;
         assert_eq!(
-            plan_write(1 << 20, &p),
+            plan_write(1 << 20, &p, p.target_max_recv_dsl),
             WritePlan {
                 immediate: 8192,
                 unsolicited_end: 8192
@@ -265,7 +268,7 @@ mod tests {
         );
         p.immediate_data = false;
         assert_eq!(
-            plan_write(1 << 20, &p),
+            plan_write(1 << 20, &p, p.target_max_recv_dsl),
             WritePlan {
                 immediate: 0,
                 unsolicited_end: 0
@@ -273,7 +276,7 @@ mod tests {
         );
         p.initial_r2t = false;
         assert_eq!(
-            plan_write(1 << 20, &p),
+            plan_write(1 << 20, &p, p.target_max_recv_dsl),
             WritePlan {
                 immediate: 0,
                 unsolicited_end: 65536
@@ -282,7 +285,10 @@ mod tests {
         // FirstBurstLength below MaxRecvDataSegmentLength caps immediate data too.
         p.immediate_data = true;
         p.first_burst_length = 4096;
-        assert_eq!(plan_write(1 << 20, &p).immediate, 4096);
+        assert_eq!(
+            plan_write(1 << 20, &p, p.target_max_recv_dsl).immediate,
+            4096
+        );
     }
 
     #[test]
@@ -300,7 +306,7 @@ mod tests {
             buffer_offset: 10000,
             desired_data_transfer_length: 20000,
         };
-        let v = answer_r2t(&r2t, 3, &data, &p).unwrap();
+        let v = answer_r2t(&r2t, 3, &data, &p, p.target_max_recv_dsl).unwrap();
         // 20000 = 8192 + 8192 + 3616.
         let lens: Vec<usize> = v.iter().map(|d| d.data.len()).collect();
         assert_eq!(lens, vec![8192, 8192, 3616]);
@@ -330,15 +336,15 @@ mod tests {
             desired_data_transfer_length: 4096,
         };
         assert!(matches!(
-            answer_r2t(&r2t, 0, &data, &p),
+            answer_r2t(&r2t, 0, &data, &p, p.target_max_recv_dsl),
             Err(Error::Protocol(_))
         ));
         r2t.buffer_offset = 0;
         r2t.desired_data_transfer_length = 0;
-        assert!(answer_r2t(&r2t, 0, &data, &p).is_err());
+        assert!(answer_r2t(&r2t, 0, &data, &p, p.target_max_recv_dsl).is_err());
         r2t.desired_data_transfer_length = 4096;
         r2t.ttt = RESERVED_TAG;
-        assert!(answer_r2t(&r2t, 0, &data, &p).is_err());
+        assert!(answer_r2t(&r2t, 0, &data, &p, p.target_max_recv_dsl).is_err());
     }
 
     fn din(sn: u32, off: u32, data: &[u8]) -> DataIn {

@@ -176,7 +176,7 @@ impl Env<'_> {
             let _ = users.insert(u.credentials());
         }
         let note = self.chap_note.clone();
-        let chap = ChapTarget::new(users, |b: &mut [u8]| rand::thread_rng().fill_bytes(b))
+        let chap = ChapTarget::new(users, |b: &mut [u8]| rand::rngs::OsRng.fill_bytes(b))
             .with_observer(move |r| {
                 let text = match r {
                     Ok(ok) => format!(
