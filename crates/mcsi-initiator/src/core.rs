@@ -568,19 +568,10 @@ impl<C> SessionCore<C> {
 
     /// StatSN bookkeeping (RFC 7143 4.2.2.2, 11.19.3): PDUs that carry a status advance the
     /// connection's ExpStatSN past their StatSN; R2T and unsolicited NOP-In carry the next
-    /// StatSN without consuming it.
+    /// StatSN without consuming it ([`Pdu::stat_sn`], the same rule the target stamps by).
     fn note_stat_sn(&mut self, conn: usize, pdu: &Pdu) {
-        let (sn, advances) = match pdu {
-            Pdu::ScsiResponse(p) => (p.stat_sn, true),
-            Pdu::DataIn(p) if p.status.is_some() => (p.stat_sn, true),
-            Pdu::TaskMgmtResponse(p) => (p.stat_sn, true),
-            Pdu::TextResponse(p) => (p.stat_sn, true),
-            Pdu::LogoutResponse(p) => (p.stat_sn, true),
-            Pdu::AsyncMessage(p) => (p.stat_sn, true),
-            Pdu::Reject(p) => (p.stat_sn, true),
-            Pdu::NopIn(p) => (p.stat_sn, p.itt != RESERVED_TAG),
-            Pdu::R2t(p) => (p.stat_sn, false),
-            _ => return,
+        let Some((sn, advances)) = pdu.stat_sn() else {
+            return;
         };
         let next = if advances { sn.wrapping_add(1) } else { sn };
         if let Some(c) = self.conns.get_mut(conn) {
@@ -591,17 +582,8 @@ impl<C> SessionCore<C> {
     }
 
     fn note_window(&mut self, pdu: &Pdu) {
-        let pair = match pdu {
-            Pdu::ScsiResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::DataIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::TaskMgmtResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::TextResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::LogoutResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::AsyncMessage(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::Reject(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::NopIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::R2t(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            _ => return,
+        let Some(pair) = pdu.cmd_window() else {
+            return;
         };
         match self.window.update(pair.0, pair.1) {
             WindowUpdate::Invalid => tracing::debug!(

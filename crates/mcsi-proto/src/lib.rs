@@ -8,6 +8,10 @@
 //!   for vectored writes (AHS, padding, CRC32C header and data digests).
 //! - [`digest`]: CRC32C as iSCSI uses it, with its wire byte order.
 //! - [`serial`]: 32-bit serial number arithmetic (RFC 1982) for CmdSN, StatSN, DataSN, R2TSN.
+//! - [`seq`]: which PDUs take a StatSN and which only carry it, which carry the command window,
+//!   a request's CmdSN, Reject construction (methods on [`pdu::Pdu`]).
+//! - [`window`]: the command windows of both sides: the initiator's CmdSN credit and the
+//!   target's in-order delivery across connections.
 //! - [`text`]: `key=value\0` text segments, continuation over several PDUs, caps.
 //! - [`keys`]: the negotiation table of RFC 7143 section 13, one table for both sides, the
 //!   [`keys::Negotiator`] and the negotiated [`keys::SessionParams`] and
@@ -26,6 +30,8 @@ pub mod digest;
 pub mod keys;
 pub mod login;
 pub mod pdu;
+pub mod seq;
 pub mod serial;
 pub mod text;
 pub mod vendor;
+pub mod window;

@@ -6,9 +6,7 @@ use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
-use mcsi_proto::pdu::{
-    self, reject_reason, DecodeError, Encoded, Framing, Pdu, Reject, ScsiCommand,
-};
+use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, ScsiCommand};
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,91 +21,9 @@ const BATCH_BYTES: usize = 4 << 20;
 /// Most slices per `writev` call (well under IOV_MAX).
 const MAX_IOV: usize = 64;
 
-/// A Reject (11.17) of `pdu`, carrying its BHS.
+/// A Reject (11.17) of `pdu`, carrying its BHS ([`Pdu::reject_of`]).
 pub fn reject_pdu(reason: u8, pdu: &Pdu) -> Pdu {
-    let enc = pdu.encode(&Framing {
-        header_digest: false,
-        data_digest: false,
-        max_data_segment_length: u32::MAX,
-    });
-    let bhs = &enc.header()[..pdu::BHS_LEN.min(enc.header().len())];
-    reject_header(reason, Bytes::copy_from_slice(bhs))
-}
-
-/// A Reject carrying an already known header.
-pub fn reject_header(reason: u8, header: Bytes) -> Pdu {
-    let header = header.slice(..pdu::BHS_LEN.min(header.len()));
-    Pdu::Reject(Reject {
-        reason,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-        data_sn_r2t_sn: 0,
-        header,
-    })
-}
-
-/// Fills StatSN / ExpCmdSN / MaxCmdSN of an outgoing PDU. StatSN advances for PDUs that carry a
-/// status (11.1.3 and 4.2.2.2); R2T, Data-In without status and unsolicited NOP-In carry the next
-/// StatSN (or 0) without advancing it.
-pub fn stamp(p: &mut Pdu, stat_sn: &mut u32, exp: u32, max: u32) {
-    let mut take = || {
-        let v = *stat_sn;
-        *stat_sn = v.wrapping_add(1);
-        v
-    };
-    match p {
-        Pdu::ScsiResponse(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::DataIn(d) => {
-            d.stat_sn = if d.status.is_some() { take() } else { 0 };
-            d.exp_cmd_sn = exp;
-            d.max_cmd_sn = max;
-        }
-        Pdu::NopIn(n) => {
-            n.stat_sn = if n.itt != pdu::RESERVED_TAG {
-                take()
-            } else {
-                *stat_sn
-            };
-            n.exp_cmd_sn = exp;
-            n.max_cmd_sn = max;
-        }
-        Pdu::R2t(r) => {
-            r.stat_sn = *stat_sn;
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::TaskMgmtResponse(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::TextResponse(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::LogoutResponse(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::Reject(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        Pdu::AsyncMessage(r) => {
-            r.stat_sn = take();
-            r.exp_cmd_sn = exp;
-            r.max_cmd_sn = max;
-        }
-        _ => {}
-    }
+    Pdu::reject_of(reason, pdu)
 }
 
 /// Writes every slice of every PDU, resuming after partial writes.
@@ -191,7 +107,7 @@ pub async fn writer(
             match out {
                 Out::Pdu(mut p) => {
                     queued += OutQueue::size_of(&p);
-                    stamp(&mut p, &mut stat_sn, exp, max);
+                    p.stamp(&mut stat_sn, exp, max);
                     let e = p.encode_owned(&framing);
                     bytes += e.len();
                     batch.push(e);
@@ -333,7 +249,7 @@ impl Reader {
                             _ => reason,
                         };
                         self.consume_rejected_cmd_sn(h);
-                        self.conn.send(reject_header(reason, h.clone()));
+                        self.conn.send(Pdu::reject(reason, h.clone()));
                         continue;
                     }
                     break format!("unrecoverable PDU error: {e}");
@@ -471,7 +387,7 @@ impl Reader {
                 if p.is_immediate() {
                     control::run(&self.session, self.conn.clone(), p);
                 } else {
-                    let cmd_sn = cmd_sn_of(&p);
+                    let cmd_sn = p.cmd_sn().unwrap_or(0);
                     let (accepted, ctl) = self
                         .session
                         .submit_ordered(cmd_sn, Ordered::Control(self.conn.clone(), p));
@@ -499,7 +415,9 @@ impl Reader {
 
     fn consume_cmd_sn_of(&self, p: &Pdu) {
         if !p.is_immediate() {
-            let (_, ctl) = self.session.submit_ordered(cmd_sn_of(p), Ordered::Nothing);
+            let (_, ctl) = self
+                .session
+                .submit_ordered(p.cmd_sn().unwrap_or(0), Ordered::Nothing);
             control::run_all(&self.session, ctl);
         }
     }
@@ -607,98 +525,10 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// The CmdSN field of an initiator request.
-pub fn cmd_sn_of(p: &Pdu) -> u32 {
-    match p {
-        Pdu::NopOut(x) => x.cmd_sn,
-        Pdu::ScsiCommand(x) => x.cmd_sn,
-        Pdu::TaskMgmtRequest(x) => x.cmd_sn,
-        Pdu::TextRequest(x) => x.cmd_sn,
-        Pdu::LogoutRequest(x) => x.cmd_sn,
-        Pdu::LoginRequest(x) => x.cmd_sn,
-        _ => 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcsi_proto::pdu::{DataIn, NopIn, R2t, ScsiResponse};
-
-    #[test]
-    fn stat_sn_advances_only_for_status() {
-        let mut sn = 10;
-        let mut r2t = Pdu::R2t(R2t {
-            lun: 0,
-            itt: 1,
-            ttt: 2,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            r2t_sn: 0,
-            buffer_offset: 0,
-            desired_data_transfer_length: 512,
-        });
-        stamp(&mut r2t, &mut sn, 5, 9);
-        let Pdu::R2t(r) = &r2t else { unreachable!() };
-        assert_eq!((r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, sn), (10, 5, 9, 10));
-
-        let mut din = Pdu::DataIn(DataIn {
-            final_: true,
-            ack: false,
-            overflow: false,
-            underflow: false,
-            status: None,
-            lun: 0,
-            itt: 1,
-            ttt: pdu::RESERVED_TAG,
-            stat_sn: 77,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            data_sn: 0,
-            buffer_offset: 0,
-            residual_count: 0,
-            data: Bytes::new(),
-        });
-        stamp(&mut din, &mut sn, 5, 9);
-        let Pdu::DataIn(d) = &din else { unreachable!() };
-        assert_eq!((d.stat_sn, sn), (0, 10));
-
-        let mut nop = Pdu::NopIn(NopIn {
-            lun: 0,
-            itt: pdu::RESERVED_TAG,
-            ttt: 7,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            data: Bytes::new(),
-        });
-        stamp(&mut nop, &mut sn, 5, 9);
-        assert_eq!(sn, 10, "an unsolicited NOP-In does not advance StatSN");
-
-        let mut resp = Pdu::ScsiResponse(ScsiResponse {
-            bidi_overflow: false,
-            bidi_underflow: false,
-            overflow: false,
-            underflow: false,
-            response: 0,
-            status: 0,
-            itt: 1,
-            snack_tag: 0,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            exp_data_sn: 0,
-            bidi_residual_count: 0,
-            residual_count: 0,
-            sense: Bytes::new(),
-        });
-        stamp(&mut resp, &mut sn, 6, 9);
-        let Pdu::ScsiResponse(r) = &resp else {
-            unreachable!()
-        };
-        assert_eq!((r.stat_sn, r.exp_cmd_sn, sn), (10, 6, 11));
-    }
+    use mcsi_proto::pdu::NopIn;
 
     #[tokio::test]
     async fn a_socket_that_takes_nothing_times_out() {
