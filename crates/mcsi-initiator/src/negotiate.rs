@@ -42,49 +42,6 @@ pub struct SessionParams {
     pub tcp_report: bool,
 }
 
-/// What one connection negotiated for itself: HeaderDigest, DataDigest and
-/// MaxRecvDataSegmentLength are connection-only keys (RFC 7143 13), so each connection of a
-/// session frames its PDUs by its own login, not by the leading one's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnParams {
-    pub header_digest: bool,
-    pub data_digest: bool,
-    /// Largest data segment we may send on this connection (the target's declaration).
-    pub target_max_recv_dsl: u32,
-    /// Largest data segment we accept on this connection (our declaration).
-    pub initiator_max_recv_dsl: u32,
-}
-
-impl ConnParams {
-    /// The connection-only part of a login's result.
-    pub fn of(p: &SessionParams) -> ConnParams {
-        ConnParams {
-            header_digest: p.header_digest,
-            data_digest: p.data_digest,
-            target_max_recv_dsl: p.target_max_recv_dsl,
-            initiator_max_recv_dsl: p.initiator_max_recv_dsl,
-        }
-    }
-
-    /// How PDUs we send on this connection are framed.
-    pub fn send_framing(&self) -> mcsi_proto::pdu::Framing {
-        mcsi_proto::pdu::Framing {
-            header_digest: self.header_digest,
-            data_digest: self.data_digest,
-            max_data_segment_length: self.target_max_recv_dsl,
-        }
-    }
-
-    /// How PDUs we receive on this connection are framed (and how large their data may be).
-    pub fn recv_framing(&self) -> mcsi_proto::pdu::Framing {
-        mcsi_proto::pdu::Framing {
-            header_digest: self.header_digest,
-            data_digest: self.data_digest,
-            max_data_segment_length: self.initiator_max_recv_dsl,
-        }
-    }
-}
-
 impl Default for SessionParams {
     /// RFC 7143 section 13 defaults.
     fn default() -> Self {
@@ -179,6 +136,11 @@ pub struct LoginConfig {
 #[derive(Debug, Clone)]
 pub struct LoginDone {
     pub params: SessionParams,
+    /// What this connection negotiated for itself: HeaderDigest, DataDigest and
+    /// MaxRecvDataSegmentLength are connection-only keys (RFC 7143 13), so each connection of a
+    /// session frames its PDUs by its own login (`tx_framing`, `rx_framing`), not by the
+    /// leading one's.
+    pub connection: mcsi_proto::keys::ConnectionParams,
     /// The role the target agreed for this connection (meaningful once the leading login agreed
     /// on the asymmetric mode: [`SessionParams::asymmetric`]).
     pub role: ConnRole,
@@ -325,6 +287,7 @@ impl Login {
                 Ok(LoginStep::Done(Box::new(LoginDone {
                     role: ConnRole::agreed(true, &s.extensions),
                     params,
+                    connection: *c,
                     tsih: o.tsih,
                     stat_sn: o.stat_sn,
                     exp_cmd_sn: o.exp_cmd_sn,

@@ -5,11 +5,12 @@
 use crate::conn::{self, LoginOutcome};
 use crate::core::{Action, Command, ConnRole, ConnStart, ConnStats, Event, Response, SessionCore};
 use crate::error::Error;
-use crate::negotiate::{ConnParams, LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
+use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
 use crate::sched::{self, Scheduler};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
 use bytes::BytesMut;
+use mcsi_proto::keys::ConnectionParams;
 use mcsi_proto::pdu::{Isid, LogoutRequest, Pdu};
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
@@ -199,7 +200,7 @@ struct EstablishedConn {
     /// What it carries, as the target agreed.
     role: ConnRole,
     /// What its own login negotiated (digests, data segment lengths).
-    params: ConnParams,
+    params: ConnectionParams,
     /// Bytes that came after its final login response.
     rest: BytesMut,
 }
@@ -295,7 +296,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         cid: 0,
         stat_sn: done.stat_sn,
         role: agreed(done.role),
-        params: ConnParams::of(&done.params),
+        params: done.connection,
         rest: rest0,
     }];
     for cid in 1..n {
@@ -319,7 +320,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
                     cid,
                     stat_sn: d.stat_sn,
                     role: agreed(d.role),
-                    params: ConnParams::of(&d.params),
+                    params: d.connection,
                     rest,
                 });
             }
@@ -394,7 +395,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
             rest,
         } = c;
         // Each connection frames by what its own login negotiated.
-        let (send_framing, recv_framing) = (cp.send_framing(), cp.recv_framing());
+        let (send_framing, recv_framing) = (cp.tx_framing(), cp.rx_framing());
         let sock = socket2::SockRef::from(&stream)
             .try_clone()
             .map_err(|e| Error::io("duplicating the socket", &e))?;
@@ -420,7 +421,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
             cid,
             role,
             stat_sn,
-            max_send_dsl: Some(cp.target_max_recv_dsl),
+            max_send_dsl: Some(cp.max_send_data_segment_length),
         });
     }
     inner.conns = handles;
