@@ -81,7 +81,7 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
         match decode(buf, framing) {
             Ok(Some(p)) => return Ok(p),
             Ok(None) => {}
-            Err(e) => return Err(Error::Protocol(e.to_string())),
+            Err(e) => return Err(Error::Decode(e)),
         }
         let want = pdu_len(buf, framing).unwrap_or(48).max(4096);
         buf.reserve(want);
@@ -193,7 +193,7 @@ where
                     if !pdus.is_empty() {
                         sink(pdus);
                     }
-                    return Error::Protocol(e.to_string());
+                    return Error::Decode(e);
                 }
             }
         }

@@ -31,6 +31,10 @@ pub enum Error {
     /// The peer broke a protocol rule; the connection cannot go on.
     #[error("protocol error from the target: {0}")]
     Protocol(String),
+    /// A PDU from the target could not be decoded (a digest, a length, an opcode); at
+    /// ErrorRecoveryLevel 0 the connection cannot go on (RFC 7143 7.1.1).
+    #[error("undecodable PDU from the target: {0}")]
+    Decode(mcsi_proto::pdu::DecodeError),
     /// The target answered a PDU with a Reject (RFC 7143 11.17).
     #[error("the target rejected the request: {}", reject_name(*.reason))]
     Rejected { reason: u8 },
@@ -63,10 +67,43 @@ impl Error {
         }
     }
 
+    /// How far the error reaches: one task, the connection it came on, the whole session, or
+    /// only the caller's request (nothing was sent).
+    pub fn scope(&self) -> Scope {
+        match self {
+            Error::InvalidArgument(_) => Scope::Caller,
+            Error::Scsi(_)
+            | Error::TargetFailure { .. }
+            | Error::ShortTransfer { .. }
+            | Error::Rejected { .. } => Scope::Task,
+            Error::Io { .. } | Error::Protocol(_) | Error::Decode(_) | Error::Timeout(_) => {
+                Scope::Connection
+            }
+            Error::Login { .. }
+            | Error::Negotiation(_)
+            | Error::SessionLost { .. }
+            | Error::Closed => Scope::Session,
+        }
+    }
+
     /// Whether this is a CHECK CONDITION with sense key UNIT ATTENTION, which is worth a retry.
     pub fn is_unit_attention(&self) -> bool {
         matches!(self, Error::Scsi(ScsiError { sense: Some(s), .. }) if s.key == crate::sense::SenseKey::UnitAttention)
     }
+}
+
+/// How far an [`Error`] reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The caller's input was wrong; nothing went to the target.
+    Caller,
+    /// One task failed; the session goes on (a SCSI status, a residual, a Reject of its PDU).
+    Task,
+    /// The connection it happened on cannot go on (I/O, a protocol or decode error, a reply
+    /// that did not come); at ErrorRecoveryLevel 0 the session recovers as a whole.
+    Connection,
+    /// The session: a login refused or not negotiated, the session lost or closed.
+    Session,
 }
 
 /// A SCSI status other than GOOD, with its sense data when the target sent any.
@@ -164,5 +201,29 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl From<mcsi_tcp::sched::PolicyError> for Error {
     fn from(e: mcsi_tcp::sched::PolicyError) -> Self {
         Error::InvalidArgument(e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes() {
+        let scsi = Error::Scsi(ScsiError {
+            status: status::CHECK_CONDITION,
+            sense: None,
+        });
+        assert_eq!(scsi.scope(), Scope::Task);
+        assert_eq!(Error::Rejected { reason: 4 }.scope(), Scope::Task);
+        let decode = Error::Decode(mcsi_proto::pdu::DecodeError::HeaderDigest {
+            received: 1,
+            computed: 2,
+        });
+        assert_eq!(decode.scope(), Scope::Connection);
+        assert!(decode.to_string().contains("undecodable PDU"), "{decode}");
+        assert_eq!(Error::Timeout("x".into()).scope(), Scope::Connection);
+        assert_eq!(Error::Closed.scope(), Scope::Session);
+        assert_eq!(Error::InvalidArgument("x".into()).scope(), Scope::Caller);
     }
 }

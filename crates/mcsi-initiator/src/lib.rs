@@ -43,7 +43,7 @@ pub mod window;
 
 pub use crate::core::{Command, DataDir, Response};
 pub use discovery::{discover, DiscoveredTarget};
-pub use error::{Error, ScsiError};
+pub use error::{Error, Scope, ScsiError};
 pub use lun::{Capabilities, Capacity, Inquiry, Lun};
 pub use mcsi_tcp::sched;
 pub use mcsi_tcp::{Congestion, TcpState};

@@ -21,6 +21,30 @@ const BATCH_BYTES: usize = 4 << 20;
 /// Most slices per `writev` call (well under IOV_MAX).
 const MAX_IOV: usize = 64;
 
+/// Why a connection in full feature phase ended, as the reader saw it. Logged, and handed to
+/// the session: at ErrorRecoveryLevel 0 every end but a logout takes the session with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnEnd {
+    #[error("closed by the initiator")]
+    ClosedByInitiator,
+    #[error("read failed: {0}")]
+    Read(#[source] io::Error),
+    /// The target dropped it (logout, reinstatement, session close, shutdown).
+    #[error("dropped by the target")]
+    Dropped,
+    /// The writer gave up: the initiator took no data for the send timeout, or a write failed.
+    #[error("the connection's writer ended (send timeout or write error)")]
+    WriterEnded,
+    /// A PDU that cannot be decoded and cannot be answered with a Reject.
+    #[error("unrecoverable PDU error: {0}")]
+    Decode(#[source] DecodeError),
+    #[error("no answer to the NOP-In ping (TTT {ttt:#x}) within {timeout:?}")]
+    PingUnanswered { ttt: u32, timeout: Duration },
+    /// Data-Out for a task on another connection (RFC 7143 4.2.2.3).
+    #[error("Data-Out for ITT {itt:#x} on a connection it is not allegiant to")]
+    NotAllegiant { itt: u32 },
+}
+
 /// A Reject (11.17) of `pdu`, carrying its BHS ([`Pdu::reject_of`]).
 pub fn reject_pdu(reason: u8, pdu: &Pdu) -> Pdu {
     Pdu::reject_of(reason, pdu)
@@ -216,7 +240,7 @@ impl Reader {
                 let deadline = self.keepalive.deadline();
                 tokio::select! {
                     _ = self.conn.out.room() => {}
-                    _ = crate::session::flag_set(&mut stop) => break "dropped by the target".into(),
+                    _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
                     _ = sleep_until(deadline) => {
                         if let Err(e) = self.on_keepalive_timer() {
                             break e;
@@ -224,7 +248,7 @@ impl Reader {
                     }
                 }
                 if self.conn.out.is_closed() {
-                    break "the connection's writer ended (send timeout or write error)".into();
+                    break ConnEnd::WriterEnded;
                 }
                 continue;
             }
@@ -252,11 +276,11 @@ impl Reader {
                         self.conn.send(Pdu::reject(reason, h.clone()));
                         continue;
                     }
-                    break format!("unrecoverable PDU error: {e}");
+                    break ConnEnd::Decode(e);
                 }
             }
             if *stop.borrow() {
-                break "dropped by the target".into();
+                break ConnEnd::Dropped;
             }
             if handled {
                 // Let the writer send the responses of this batch (it was woken on this worker
@@ -275,11 +299,11 @@ impl Reader {
             let deadline = self.keepalive.deadline();
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
-                    Ok(0) => break "closed by the initiator".into(),
+                    Ok(0) => break ConnEnd::ClosedByInitiator,
                     Ok(_) => self.keepalive.received(Instant::now()),
-                    Err(e) => break format!("read failed: {e}"),
+                    Err(e) => break ConnEnd::Read(e),
                 },
-                _ = crate::session::flag_set(&mut stop) => break "dropped by the target".into(),
+                _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
                 _ = sleep_until(deadline) => {
                     if let Err(e) = self.on_keepalive_timer() {
                         break e;
@@ -294,19 +318,21 @@ impl Reader {
             warn!(parent: &self.conn.span, "connection ended: {why}");
         }
         self.conn.stop();
-        self.session.connection_ended(&self.conn, clean).await;
+        self.session
+            .connection_ended(&self.conn, clean, &why.to_string())
+            .await;
     }
 
     /// The keepalive deadline passed: ping, or give up on an unanswered ping.
-    fn on_keepalive_timer(&mut self) -> Result<(), String> {
+    fn on_keepalive_timer(&mut self) -> Result<(), ConnEnd> {
         let now = Instant::now();
         let k = &mut self.keepalive;
         if let Some((ttt, due)) = k.pending {
             if now >= due {
-                return Err(format!(
-                    "no answer to the NOP-In ping (TTT {ttt:#x}) within {:?}",
-                    k.timeout
-                ));
+                return Err(ConnEnd::PingUnanswered {
+                    ttt,
+                    timeout: k.timeout,
+                });
             }
             return Ok(());
         }
@@ -345,7 +371,7 @@ impl Reader {
     }
 
     /// Handles one PDU. An Err ends the connection.
-    fn dispatch(&mut self, p: Pdu) -> Result<(), String> {
+    fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
         if let Pdu::NopOut(n) = &p {
             if n.ttt != pdu::RESERVED_TAG && n.itt == pdu::RESERVED_TAG {
                 // The answer to our ping (11.18): nothing to run, nothing to answer.
@@ -363,10 +389,7 @@ impl Reader {
                     Ok(())
                 }
                 // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
-                Err(true) => Err(format!(
-                    "Data-Out for ITT {:#x} on a connection it is not allegiant to",
-                    d.itt
-                )),
+                Err(true) => Err(ConnEnd::NotAllegiant { itt: d.itt }),
                 Err(false) => {
                     // The task ended or was aborted: the data is discarded (4.2.3.1).
                     debug!(parent: &self.conn.span, itt = d.itt, "Data-Out for no task, discarded");
@@ -422,7 +445,7 @@ impl Reader {
         }
     }
 
-    fn on_command(&mut self, c: ScsiCommand) -> Result<(), String> {
+    fn on_command(&mut self, c: ScsiCommand) -> Result<(), ConnEnd> {
         let Some(target) = self.session.target.clone() else {
             let p = Pdu::ScsiCommand(c);
             self.conn

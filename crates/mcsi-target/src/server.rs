@@ -5,7 +5,7 @@ use crate::admission::{Denied, Gate, Slot};
 use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
-use crate::session::{Conn, ConnOps, OutQueue, Session, Shared, Target};
+use crate::session::{Conn, ConnOps, OutQueue, Session, SessionEnd, Shared, Target};
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
 use mcsi_scsi::backend::open_backend;
@@ -208,7 +208,7 @@ impl Server {
         let _ = self.stop.send(true);
         while self.accept.join_next().await.is_some() {}
         for s in self.shared.all_sessions() {
-            s.close().await;
+            s.close(SessionEnd::Shutdown).await;
         }
         let mut res = Ok(());
         for t in &self.shared.targets {
@@ -391,7 +391,11 @@ async fn connection(
         info!("login failed at the last step: {e}");
         conn.mark_clean();
         session
-            .connection_ended(&conn, session.conn_count() > 1)
+            .connection_ended(
+                &conn,
+                session.conn_count() > 1,
+                &format!("login failed at the last step: {e}"),
+            )
             .await;
         return;
     }
@@ -444,7 +448,7 @@ async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Att
                 tsih = old.tsih,
                 "reinstating session: closing the old one first"
             );
-            old.close().await;
+            old.close(SessionEnd::Reinstated).await;
         }
         let mut ops = n.session;
         if n.target.is_none() {
@@ -477,7 +481,7 @@ async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Att
                 tsih = d.tsih,
                 "reinstating session: closing a concurrent login's session"
             );
-            d.close().await;
+            d.close(SessionEnd::Reinstated).await;
         }
         info!(parent: &s.span, "session created");
         return Ok((s, None, slot));

@@ -969,7 +969,7 @@ impl Session {
 
     /// Closes the session: aborts every task, drops every connection, leaves the registry and
     /// tells the device server the I_T nexus is gone once the tasks have ended.
-    pub async fn close(self: &Arc<Self>) {
+    pub async fn close(self: &Arc<Self>, why: SessionEnd) {
         let (waits, conns, first) = {
             let mut st = self.lock();
             let first = !st.closing;
@@ -995,13 +995,13 @@ impl Session {
         if let Some(t) = &self.target {
             t.dev.nexus_lost(&self.nexus);
         }
-        tracing::info!(parent: &self.span, "session closed");
+        tracing::info!(parent: &self.span, "session closed: {why}");
     }
 
     /// A connection ended. At ErrorRecoveryLevel 0 a connection that fails (not logged out)
     /// takes the session with it (RFC 7143 7.1.5 / 6.1); a logged-out connection only ends its
     /// own tasks. A session without connections ends.
-    pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, logged_out: bool) {
+    pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, logged_out: bool, why: &str) {
         let (remaining, waits) = {
             let mut st = self.lock();
             if st
@@ -1024,11 +1024,36 @@ impl Session {
             (st.conns.len(), waits)
         };
         if !logged_out || remaining == 0 {
-            self.close().await;
+            self.close(if logged_out {
+                SessionEnd::LastConnectionLoggedOut
+            } else {
+                SessionEnd::ConnectionLost {
+                    cid: conn.cid,
+                    why: why.to_string(),
+                }
+            })
+            .await;
         } else {
             wait_all(waits).await;
         }
     }
+}
+
+/// Why a session ended (logged when it closes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionEnd {
+    /// Its last connection logged out (or a logout closed the session).
+    #[error("its last connection logged out")]
+    LastConnectionLoggedOut,
+    /// A connection failed: at ErrorRecoveryLevel 0 the session goes with it (RFC 7143 6.1).
+    #[error("connection {cid} ended: {why}")]
+    ConnectionLost { cid: u16, why: String },
+    /// A new login of the same initiator port replaced it (6.3.5).
+    #[error("reinstated by a new login of the same initiator port")]
+    Reinstated,
+    /// The target is shutting down.
+    #[error("the target is shutting down")]
+    Shutdown,
 }
 
 /// What identifies a task for task management, logout and connection loss.
