@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{ci, have};
+use common::{ci, get, have};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
@@ -157,7 +157,15 @@ fn nbdinfo_and_nbdcopy_through_a_four_connection_session() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (_t, port) = target(dir.path(), 320);
-    let (n, sock) = nbd(dir.path(), port, &["--connections", "4"]);
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (n, sock) = nbd(
+        dir.path(),
+        port,
+        &["--connections", "4", "--metrics", &metrics],
+    );
     let log = std::fs::read_to_string(&n.log).unwrap();
     assert!(log.contains("connections=4"), "{log}");
 
@@ -204,6 +212,34 @@ fn nbdinfo_and_nbdcopy_through_a_four_connection_session() {
     assert!(
         got[data.len()..].iter().all(|&b| b == 0),
         "the rest reads as zeros"
+    );
+
+    // The metrics endpoint counts what went through the export, beside the session's
+    // connections.
+    let text = get(&metrics, "/metrics");
+    let writes = text
+        .lines()
+        .find(|l| {
+            l.starts_with("mcsi_initiator_nbd_request_bytes_total")
+                && l.contains("request=\"write\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .expect("NBD write bytes in /metrics");
+    assert_eq!(writes, 256 << 20, "{text}");
+    assert!(
+        text.contains("mcsi_initiator_connection_tasks_total"),
+        "{text}"
+    );
+    let state: serde_json::Value = serde_json::from_str(&get(&metrics, "/state")).unwrap();
+    // The whole export was read back (and nbdinfo read a little to guess the content).
+    let read = state["nbd"][0]["read_bytes"].as_u64().unwrap();
+    assert!(read >= 320 << 20, "{read}");
+    assert_eq!(
+        state["sessions"][0]["connections"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
     );
 
     // A clean stop: flush and logout, exit 0.

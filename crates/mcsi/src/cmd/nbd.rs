@@ -323,13 +323,20 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     };
     let server = Arc::new(Server::new(exports.clone(), opts).map_err(anyhow::Error::msg)?);
     if let Some(addr) = &args.metrics {
-        let observer = crate::cmd::observe::SessionObserver {
-            session: sessions[0].clone(),
-            initiator: args
-                .session
-                .initiator_name
-                .clone()
-                .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
+        let observer = NbdObserver {
+            session: crate::cmd::observe::SessionObserver {
+                session: sessions[0].clone(),
+                initiator: args
+                    .session
+                    .initiator_name
+                    .clone()
+                    .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
+            },
+            exports: names
+                .iter()
+                .cloned()
+                .zip((0..exports.len()).filter_map(|i| server.stats(i)))
+                .collect(),
         };
         let at = crate::cmd::http::serve(addr, Arc::new(observer)).await?;
         println!("metrics on http://{at}/metrics, connections on http://{at}/state");
@@ -409,5 +416,117 @@ async fn report_progress(names: Vec<String>, stats: Vec<Arc<ExportStats>>) {
                 dt
             );
         }
+    }
+}
+
+/// The `--metrics` endpoint of `mcsi nbd`: the (first) session's connections, as for
+/// `mcsi bench`, and each export's NBD counters.
+struct NbdObserver {
+    session: crate::cmd::observe::SessionObserver,
+    exports: Vec<(String, Arc<ExportStats>)>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ExportLabels {
+    export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct RequestLabels {
+    export: String,
+    request: String,
+}
+
+impl crate::cmd::http::Source for NbdObserver {
+    fn state(&self) -> serde_json::Value {
+        let mut v = self.session.state();
+        let exports: Vec<serde_json::Value> = self
+            .exports
+            .iter()
+            .map(|(name, s)| {
+                serde_json::json!({
+                    "export": name,
+                    "clients": s.connections.load(Relaxed),
+                    "clients_total": s.connections_total.load(Relaxed),
+                    "reads": s.reads.load(Relaxed),
+                    "read_bytes": s.read_bytes.load(Relaxed),
+                    "writes": s.writes.load(Relaxed),
+                    "write_bytes": s.write_bytes.load(Relaxed),
+                    "flushes": s.flushes.load(Relaxed),
+                    "trims": s.trims.load(Relaxed),
+                    "zeroes": s.zeroes.load(Relaxed),
+                    "errors": s.errors.load(Relaxed),
+                    "unaligned": s.unaligned.load(Relaxed),
+                })
+            })
+            .collect();
+        v["nbd"] = serde_json::Value::Array(exports);
+        v
+    }
+
+    fn metrics(&self) -> String {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::registry::{Registry, Unit};
+        let mut r = Registry::with_prefix("mcsi_initiator");
+        self.session.fill(&mut r);
+        let sub = r.sub_registry_with_prefix("nbd");
+        let clients = Family::<ExportLabels, Gauge>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let bytes = Family::<RequestLabels, Counter>::default();
+        let errors = Family::<ExportLabels, Counter>::default();
+        sub.register(
+            "clients",
+            "NBD connections to the export now",
+            clients.clone(),
+        );
+        sub.register(
+            "requests",
+            "NBD requests by type (read, write, flush, trim, zero)",
+            requests.clone(),
+        );
+        sub.register_with_unit(
+            "request",
+            "Payload bytes of NBD reads and writes",
+            Unit::Bytes,
+            bytes.clone(),
+        );
+        sub.register(
+            "errors",
+            "NBD requests answered with an error",
+            errors.clone(),
+        );
+        for (name, s) in &self.exports {
+            let e = ExportLabels {
+                export: name.clone(),
+            };
+            let rl = |request: &str| RequestLabels {
+                export: name.clone(),
+                request: request.to_string(),
+            };
+            clients
+                .get_or_create(&e)
+                .set(i64::try_from(s.connections.load(Relaxed)).unwrap_or(i64::MAX));
+            errors.get_or_create(&e).inc_by(s.errors.load(Relaxed));
+            for (kind, n) in [
+                ("read", &s.reads),
+                ("write", &s.writes),
+                ("flush", &s.flushes),
+                ("trim", &s.trims),
+                ("zero", &s.zeroes),
+            ] {
+                requests.get_or_create(&rl(kind)).inc_by(n.load(Relaxed));
+            }
+            bytes
+                .get_or_create(&rl("read"))
+                .inc_by(s.read_bytes.load(Relaxed));
+            bytes
+                .get_or_create(&rl("write"))
+                .inc_by(s.write_bytes.load(Relaxed));
+        }
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
     }
 }

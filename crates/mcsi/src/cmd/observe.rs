@@ -64,8 +64,18 @@ impl crate::cmd::http::Source for SessionObserver {
 
     fn metrics(&self) -> String {
         // Built per scrape: one session's connections, a handful of series.
-        let st = self.session.stats();
         let mut r = Registry::with_prefix("mcsi_initiator");
+        self.fill(&mut r);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}
+
+impl SessionObserver {
+    /// Registers the session's series in `r`, with their values now.
+    pub fn fill(&self, r: &mut Registry) {
+        let st = self.session.stats();
         let tasks = Family::<ConnLabels, Counter>::default();
         let bytes = Family::<ConnLabels, Counter>::default();
         let outstanding = Family::<ConnLabels, Gauge>::default();
@@ -98,7 +108,7 @@ impl crate::cmd::http::Source for SessionObserver {
             "Times a command waited for the target's CmdSN window",
             window_waits.clone(),
         );
-        tcp.register(&mut r, "the initiator's");
+        tcp.register(r, "the initiator's");
         recoveries.inc_by(u64::from(st.recoveries));
         window_waits.inc_by(st.window_waits);
         for c in &st.connections {
@@ -118,8 +128,5 @@ impl crate::cmd::http::Source for SessionObserver {
                 tcp.set(&k, t);
             }
         }
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
-        out
     }
 }

@@ -16,3 +16,19 @@ pub fn have(tool: &str) -> bool {
 pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
+
+/// `GET path` from an HTTP server on `addr` (the `--metrics` endpoints); the body of a 200.
+#[allow(dead_code)] // not every test binary that includes this module scrapes
+pub fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_string()
+}
