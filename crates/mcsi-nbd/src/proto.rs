@@ -476,4 +476,21 @@ mod tests {
         assert_eq!(&e[20..24], &22u32.to_be_bytes());
         assert_eq!(&e[24..26], &3u16.to_be_bytes());
     }
+
+    proptest::proptest! {
+        /// Whatever a client sends as INFO/GO data is parsed or refused, never a panic, and a
+        /// parse never reads past the data.
+        #[test]
+        fn info_request_never_panics(d in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            if let Ok(r) = InfoRequest::parse(&d) {
+                proptest::prop_assert_eq!(4 + r.name.len() + 2 + 2 * r.requests.len(), d.len());
+            }
+        }
+
+        #[test]
+        fn request_round_trips(flags: u16, kind: u16, cookie: u64, offset: u64, length: u32) {
+            let r = Request { flags, kind, cookie, offset, length };
+            proptest::prop_assert_eq!(Request::parse(&r.encode()), Ok(r));
+        }
+    }
 }
