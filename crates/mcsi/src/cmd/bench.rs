@@ -457,17 +457,7 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // One thread, like one fio job: on a machine that also runs the target, a second thread
     // mostly adds wake-ups between threads (futex) and takes CPU time from the target.
-    let rt = match args.threads {
-        0 => bail!("--threads must be at least 1"),
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build()?,
-    };
-    rt.block_on(bench(args))
+    crate::cmd::runtime(args.threads)?.block_on(bench(args))
 }
 
 async fn bench(a: Args) -> anyhow::Result<ExitCode> {

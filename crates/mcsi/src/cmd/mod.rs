@@ -11,6 +11,21 @@ pub mod nbd;
 pub mod observe;
 pub mod target;
 
+/// The runtime of an initiator command with `--threads N`: one thread runs everything on the
+/// calling thread (like one fio job); more use a multi-threaded runtime.
+pub fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(match threads {
+        0 => anyhow::bail!("--threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    })
+}
+
 /// `--congestion NAME`: checked against the kernel when the tool starts, so that a name it does
 /// not offer is reported at once, with the names it does.
 pub fn congestion_arg(name: Option<&str>) -> anyhow::Result<Option<mcsi_initiator::Congestion>> {

@@ -165,17 +165,7 @@ impl Export for LunExport {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rt = match args.threads {
-        0 => bail!("--threads must be at least 1"),
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build()?,
-    };
-    rt.block_on(serve(args))
+    crate::cmd::runtime(args.threads)?.block_on(serve(args))
 }
 
 async fn open(
