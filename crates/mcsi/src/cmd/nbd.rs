@@ -44,8 +44,8 @@ pub struct Args {
     /// the other cores to the client and, on a shared machine, the target).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Serve Prometheus metrics and a JSON state of the (first) session's connections at
-    /// ADDR:PORT (/metrics, /state), for `mcsi monitor`.
+    /// Serve Prometheus metrics and a JSON state at ADDR:PORT (/metrics, /state): the (first)
+    /// session's connections, for `mcsi monitor`, and each export's NBD counters.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
 }
