@@ -415,6 +415,13 @@ impl<C> SessionCore<C> {
         self.window.next_cmd_sn()
     }
 
+    /// The largest data segment connection `conn` may carry.
+    fn max_send_dsl(&self, conn: usize) -> u32 {
+        self.conns
+            .get(conn)
+            .map_or(self.params.target_max_recv_dsl, |c| c.max_send_dsl)
+    }
+
     pub fn exp_stat_sn(&self, conn: usize) -> u32 {
         self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
     }
@@ -490,7 +497,7 @@ impl<C> SessionCore<C> {
         };
         let (imm, unsolicited) = match &q.cmd.dir {
             DataDir::Write(b) => {
-                let max_pdu = self.conns[conn].max_send_dsl;
+                let max_pdu = self.max_send_dsl(conn);
                 let plan = plan_write(len, &self.params, max_pdu);
                 let outs = if plan.has_data_out() {
                     data_outs(
@@ -690,7 +697,7 @@ impl<C> SessionCore<C> {
                     return Err(e);
                 };
                 let task_conn = task.conn;
-                let max_pdu = self.conns[task_conn].max_send_dsl;
+                let max_pdu = self.max_send_dsl(task_conn);
                 match answer_r2t(&r, encode_lun(task.cmd.lun), data, &self.params, max_pdu) {
                     Ok(outs) => {
                         let exp = self.exp_stat_sn(task_conn);

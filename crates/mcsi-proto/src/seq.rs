@@ -36,21 +36,42 @@ impl Pdu {
         }
     }
 
+    /// The StatSN, ExpCmdSN and MaxCmdSN fields of a target PDU in full feature phase.
+    fn seq_fields_mut(&mut self) -> Option<(&mut u32, &mut u32, &mut u32)> {
+        Some(match self {
+            Pdu::ScsiResponse(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::DataIn(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::TaskMgmtResponse(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::TextResponse(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::LogoutResponse(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::AsyncMessage(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::Reject(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::NopIn(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            Pdu::R2t(p) => (&mut p.stat_sn, &mut p.exp_cmd_sn, &mut p.max_cmd_sn),
+            _ => return None,
+        })
+    }
+
+    /// The same fields, read.
+    fn seq_fields(&self) -> Option<(u32, u32, u32)> {
+        Some(match self {
+            Pdu::ScsiResponse(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::DataIn(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::TaskMgmtResponse(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::TextResponse(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::LogoutResponse(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::AsyncMessage(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::Reject(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::NopIn(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            Pdu::R2t(p) => (p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn),
+            _ => return None,
+        })
+    }
+
     /// The StatSN a target PDU carries, with whether it took that number (the connection's next
     /// ExpStatSN is then one past it) or only carries the next one; None without a StatSN.
     pub fn stat_sn(&self) -> Option<(u32, bool)> {
-        let sn = match self {
-            Pdu::ScsiResponse(p) => p.stat_sn,
-            Pdu::DataIn(p) => p.stat_sn,
-            Pdu::TaskMgmtResponse(p) => p.stat_sn,
-            Pdu::TextResponse(p) => p.stat_sn,
-            Pdu::LogoutResponse(p) => p.stat_sn,
-            Pdu::AsyncMessage(p) => p.stat_sn,
-            Pdu::Reject(p) => p.stat_sn,
-            Pdu::NopIn(p) => p.stat_sn,
-            Pdu::R2t(p) => p.stat_sn,
-            _ => return None,
-        };
+        let (sn, _, _) = self.seq_fields()?;
         match self.stat_sn_use() {
             StatSnUse::Takes => Some((sn, true)),
             StatSnUse::Carries => Some((sn, false)),
@@ -60,18 +81,7 @@ impl Pdu {
 
     /// The ExpCmdSN and MaxCmdSN a target PDU in full feature phase carries.
     pub fn cmd_window(&self) -> Option<(u32, u32)> {
-        Some(match self {
-            Pdu::ScsiResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::DataIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::TaskMgmtResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::TextResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::LogoutResponse(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::AsyncMessage(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::Reject(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::NopIn(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            Pdu::R2t(p) => (p.exp_cmd_sn, p.max_cmd_sn),
-            _ => return None,
-        })
+        self.seq_fields().map(|(_, exp, max)| (exp, max))
     }
 
     /// Fills StatSN, ExpCmdSN and MaxCmdSN of a PDU the target sends, taking the connection's
@@ -87,18 +97,8 @@ impl Pdu {
             // Data-In without status: the field is reserved.
             StatSnUse::Neither => 0,
         };
-        let (exp, max) = (exp_cmd_sn, max_cmd_sn);
-        match self {
-            Pdu::ScsiResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::DataIn(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::NopIn(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::R2t(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::TaskMgmtResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::TextResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::LogoutResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::Reject(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            Pdu::AsyncMessage(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn) = (sn, exp, max),
-            _ => {}
+        if let Some((s, e, m)) = self.seq_fields_mut() {
+            (*s, *e, *m) = (sn, exp_cmd_sn, max_cmd_sn);
         }
     }
 
