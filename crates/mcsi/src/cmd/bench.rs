@@ -4,7 +4,7 @@
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use mcsi_initiator::{connect, ConnectOptions, IscsiUrl, Lun, Session};
+use mcsi_initiator::{connect, IscsiUrl, Lun, Session};
 use serde_json::{json, Map, Value};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -38,9 +38,6 @@ impl Rw {
 pub struct Args {
     /// iscsi://[user[%password]@]host[:port]/target-iqn/lun
     pub url: String,
-    /// TCP connections in the session (the target's MaxConnections may lower it).
-    #[arg(long, default_value_t = 1)]
-    pub connections: u16,
     /// I/Os in flight.
     #[arg(long, default_value_t = 1)]
     pub iodepth: usize,
@@ -66,28 +63,10 @@ pub struct Args {
     /// the write phase for write-only workloads).
     #[arg(long)]
     pub verify: bool,
-    /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
-    /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
-    /// weights per connection) or failover (one active connection, the others standby).
-    #[arg(long, default_value = "round-robin")]
-    pub policy: String,
     /// Serve the session's connections and their TCP state on this address while the run goes
     /// on (GET /state for `mcsi monitor`, GET /metrics for Prometheus), e.g. 127.0.0.1:9465.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
-    /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
-    /// one that carries reads); on by itself with --policy tcp-aware and --metrics.
-    #[arg(long)]
-    pub target_tcp: bool,
-    /// TCP congestion control of every connection of the session (for example cubic, reno,
-    /// bbr; default: the system's). An algorithm the kernel does not offer is an error that
-    /// lists the ones it does.
-    #[arg(long, value_name = "NAME")]
-    pub congestion: Option<String>,
-    /// Ask for the asymmetric mode (mcsi targets only): commands on the first half of the
-    /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
-    #[arg(long)]
-    pub asymmetric: bool,
     /// Threads that run the initiator (1: everything on one thread, like one fio job).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -97,9 +76,8 @@ pub struct Args {
     /// Seed of the random offsets and data.
     #[arg(long, default_value_t = 0x6d63_7369)]
     pub seed: u64,
-    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
-    #[arg(long)]
-    pub initiator_name: Option<String>,
+    #[command(flatten)]
+    pub session: crate::cmd::SessionArgs,
 }
 
 /// CPU time this process used (getrusage), to report the initiator's own cost per I/O.
@@ -462,7 +440,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     let url = IscsiUrl::parse(&a.url)?;
-    mcsi_initiator::sched::policy(&a.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     let auto = (a.bs == "auto").then(|| auto_args(&a)).transpose()?;
     let bs = match &auto {
         Some(x) => x.min,
@@ -480,23 +457,7 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
             bail!("--runtime must be a positive number of seconds");
         }
     }
-    if a.asymmetric && a.connections < 2 {
-        bail!("--asymmetric needs --connections 2 or more (requests and responses each need one)");
-    }
-    let mut opts = ConnectOptions {
-        connections: a.connections.max(1),
-        policy: a.policy.clone(),
-        asymmetric: a.asymmetric,
-        congestion: crate::cmd::congestion_arg(a.congestion.as_deref())?,
-        tcp_report: a.target_tcp
-            || a.metrics.is_some()
-            || a.policy == "tcp-aware"
-            || auto.is_some(),
-        ..ConnectOptions::default()
-    };
-    if let Some(n) = &a.initiator_name {
-        opts.initiator_name = n.clone();
-    }
+    let opts = a.session.options(a.metrics.is_some() || auto.is_some())?;
     let session = connect(&url, opts)
         .await
         .with_context(|| format!("connecting to {url}"))?;
@@ -504,6 +465,7 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
         let observer = crate::cmd::observe::SessionObserver {
             session: session.clone(),
             initiator: a
+                .session
                 .initiator_name
                 .clone()
                 .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
@@ -806,7 +768,7 @@ fn fio_json(
         "mcsi": {
             "url": session.url().to_string(),
             "policy": stats.policy,
-            "connections_requested": a.connections,
+            "connections_requested": a.session.connections,
             "connections": conns,
             "asymmetric": params.asymmetric,
             "tsih": stats.tsih,

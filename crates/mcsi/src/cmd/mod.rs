@@ -70,7 +70,7 @@ impl BsAutoArgs {
 }
 
 /// How an initiator command opens its sessions: connections, scheduler, congestion control,
-/// asymmetric mode, initiator name (`mcsi copy`, `mcsi nbd`).
+/// asymmetric mode, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SessionArgs {
     /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
@@ -82,7 +82,8 @@ pub struct SessionArgs {
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
     /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
-    /// one that carries reads); on by itself with --policy tcp-aware.
+    /// one that carries reads); on by itself with --policy tcp-aware (and with `mcsi bench
+    /// --metrics` or `--bs auto`).
     #[arg(long)]
     pub target_tcp: bool,
     /// TCP congestion control of every connection of the session (for example cubic, reno,
