@@ -75,8 +75,9 @@ impl NbdError {
 }
 
 /// A block device the server exports. The server calls it only with requests inside the
-/// export, aligned to `info().block_size`, and no larger than `max_payload` for reads and
-/// writes (trims and zeroing may be up to 4 GiB; the export splits them as it needs).
+/// export and aligned to `info().block_size`. Reads and writes are at most `max_payload`, or
+/// two blocks more when the server widened a client's unaligned request to whole blocks; trims
+/// and zeroing may be up to 4 GiB. The export splits what its device cannot take at once.
 pub trait Export: Send + Sync + 'static {
     fn info(&self) -> &ExportInfo;
     fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, NbdError>> + Send;
@@ -567,8 +568,8 @@ impl<E: Export> Server<E> {
                         format!("read failed: {e}")
                     };
                 },
-                _ = crate::server::flag(&mut stop) => break "the server is stopping".into(),
-                _ = crate::server::flag(&mut dead) => break "writing a reply failed".into(),
+                _ = flag(&mut stop) => break "the server is stopping".into(),
+                _ = flag(&mut dead) => break "writing a reply failed".into(),
             }
             let req = match Request::parse(&h) {
                 Ok(r) => r,

@@ -66,6 +66,16 @@ impl LunExport {
         (offset / bs, len / bs)
     }
 
+    /// Most blocks one READ or WRITE command carries: the LUN's MAXIMUM TRANSFER LENGTH, else
+    /// the advertised maximum payload.
+    fn transfer_blocks(&self) -> u64 {
+        let payload = u64::from(self.info.max_payload / self.info.block_size);
+        self.caps
+            .max_transfer_blocks
+            .map_or(payload, u64::from)
+            .max(1)
+    }
+
     /// An initiator error as an NBD errno, with its text.
     fn error(&self, what: &str, e: Error) -> NbdError {
         let code = match &e {
@@ -105,19 +115,46 @@ impl Export for LunExport {
 
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, NbdError> {
         let (lba, n) = self.blocks(offset, u64::from(len));
-        self.lun
-            .read(lba, n as u32)
-            .await
-            .map_err(|e| self.error("READ", e))
+        let step = self.transfer_blocks();
+        if n <= step {
+            return self
+                .lun
+                .read(lba, n as u32)
+                .await
+                .map_err(|e| self.error("READ", e));
+        }
+        // Longer than the LUN takes in one command (a request the server widened to whole
+        // blocks): in pieces.
+        let mut out = bytes::BytesMut::with_capacity(len as usize);
+        let (mut at, end) = (lba, lba + n);
+        while at < end {
+            let k = (end - at).min(step);
+            let part = self
+                .lun
+                .read(at, k as u32)
+                .await
+                .map_err(|e| self.error("READ", e))?;
+            out.extend_from_slice(&part);
+            at += k;
+        }
+        Ok(out.freeze())
     }
 
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), NbdError> {
-        let (lba, _) = self.blocks(offset, 0);
+        let (lba, n) = self.blocks(offset, data.len() as u64);
+        let step = self.transfer_blocks();
+        let bs = u64::from(self.info.block_size);
         // FUA as the SCSI FUA bit where the LUN honours it, else as a cache flush after.
-        self.lun
-            .write_fua(lba, data, fua && self.caps.fua)
-            .await
-            .map_err(|e| self.error("WRITE", e))?;
+        let mut at = 0;
+        while at < n {
+            let k = (n - at).min(step);
+            let part = data.slice((at * bs) as usize..((at + k) * bs) as usize);
+            self.lun
+                .write_fua(lba + at, part, fua && self.caps.fua)
+                .await
+                .map_err(|e| self.error("WRITE", e))?;
+            at += k;
+        }
         if fua && !self.caps.fua {
             self.flush().await?;
         }
@@ -312,6 +349,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         ..ServerOptions::default()
     };
     let server = Arc::new(Server::new(exports.clone(), opts).map_err(anyhow::Error::msg)?);
+    let stats: Vec<Arc<ExportStats>> = (0..exports.len()).filter_map(|i| server.stats(i)).collect();
     if let Some(addr) = &args.metrics {
         let observer = NbdObserver {
             session: crate::cmd::observe::SessionObserver {
@@ -322,11 +360,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
                     .clone()
                     .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
             },
-            exports: names
-                .iter()
-                .cloned()
-                .zip((0..exports.len()).filter_map(|i| server.stats(i)))
-                .collect(),
+            exports: names.iter().cloned().zip(stats.iter().cloned()).collect(),
         };
         let at = crate::cmd::http::serve(addr, Arc::new(observer)).await?;
         println!("metrics on http://{at}/metrics, connections on http://{at}/state");
@@ -334,10 +368,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let (listener, at) = bind(&args).await?;
     println!("serving {} on {at}", names.join(", "));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let progress = tokio::spawn(report_progress(
-        names.clone(),
-        (0..exports.len()).filter_map(|i| server.stats(i)).collect(),
-    ));
+    let progress = tokio::spawn(report_progress(names.clone(), stats));
     let run = tokio::spawn(Arc::clone(&server).run(listener, stop_rx));
     crate::cmd::target::wait_for_signal().await?;
     info!("stopping: no new NBD requests; answering those in flight");
