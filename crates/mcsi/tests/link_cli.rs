@@ -436,9 +436,14 @@ fn host_commands_are_stopped_and_reported() {
     }
     assert!(!alive(), "the host command's child {pid} outlived the run");
 
-    // A host command that ignores SIGTERM is killed after the 5 s grace period.
+    // A host command that ignores SIGTERM is killed after the 5 s grace period. The command
+    // waits until the host shell has set its trap (else a SIGTERM sent before the trap, on a busy
+    // machine, ends the shell at once).
+    let ready = dir.path().join("trap-set");
+    let host = format!("trap '' TERM; touch {}; sleep 30", ready.display());
+    let cmd = format!("while [ ! -e {} ]; do sleep 0.05; done", ready.display());
     let t = Instant::now();
-    let out = link_run(&["--quiet", "--host", "trap '' TERM; sleep 30"], "exit 0");
+    let out = link_run(&["--quiet", "--host", &host], &cmd);
     let took = t.elapsed();
     assert!(out.status.success(), "{out:?}");
     assert!(
