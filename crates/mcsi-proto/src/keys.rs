@@ -679,6 +679,10 @@ pub struct Negotiator {
     agreed: BTreeMap<String, String>,
     /// Our offers that await an answer.
     pending: BTreeMap<String, String>,
+    /// Those of `pending` whose answer is optional (RFC 7143 6.2.2: a Boolean AND offered as
+    /// "No", a Boolean OR offered as "Yes"): their outcome is already known and kept in `agreed`;
+    /// an answer, if the peer sends one, is still checked.
+    optional: BTreeSet<String>,
     /// Keys we sent (offers and declarations) in this negotiation.
     sent: BTreeSet<String>,
     /// Keys the peer sent in this negotiation.
@@ -698,6 +702,7 @@ impl Negotiator {
             extensions: Vec::new(),
             agreed: BTreeMap::new(),
             pending: BTreeMap::new(),
+            optional: BTreeSet::new(),
             sent: BTreeSet::new(),
             seen: BTreeSet::new(),
         }
@@ -766,11 +771,26 @@ impl Negotiator {
         self.sent.clear();
         self.seen.clear();
         self.pending.clear();
+        self.optional.clear();
     }
 
-    /// Whether some of our offers still await an answer.
+    /// Whether some of our offers still await an answer the peer must give (offers whose answer
+    /// is optional do not count: LIO, for one, leaves `DataPDUInOrder=Yes` unanswered).
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        self.pending_keys().next().is_some()
+    }
+
+    /// Whether `key` is an offer of ours still without an answer (optional answers included).
+    pub fn awaits_answer(&self, key: &str) -> bool {
+        self.pending.contains_key(key)
+    }
+
+    /// The keys we offered that still await an answer the peer must give.
+    pub fn pending_keys(&self) -> impl Iterator<Item = &str> {
+        self.pending
+            .keys()
+            .filter(|k| !self.optional.contains(*k))
+            .map(String::as_str)
     }
 
     /// The negotiated value of a key, or the peer's declaration of it.
@@ -834,6 +854,7 @@ impl Negotiator {
                 return Err(NegotiationError::Repeated(key.clone()));
             }
             if let Some(offered) = self.pending.remove(key) {
+                self.optional.remove(key);
                 let Some(def) = self.def(key) else {
                     continue;
                 };
@@ -977,6 +998,15 @@ impl Negotiator {
                         continue;
                     }
                     self.pending.insert(name.to_owned(), local.clone());
+                    let settled = match def.kind {
+                        KeyKind::BooleanAnd => local == "No",
+                        KeyKind::BooleanOr => local == "Yes",
+                        _ => false,
+                    };
+                    if settled {
+                        self.optional.insert(name.to_owned());
+                        self.agreed.insert(name.to_owned(), local.clone());
+                    }
                 }
             }
             self.sent.insert(name.to_owned());
@@ -1556,6 +1586,67 @@ mod tests {
                 &kv(&[("MaxBurstLength", "1048576")]),
                 Some(Stage::Operational)
             ),
+            Err(NegotiationError::InvalidAnswer { .. })
+        ));
+    }
+
+    #[test]
+    fn answers_the_rfc_makes_optional_may_be_left_out() {
+        // RFC 7143 6.2.2: an AND offered as No and an OR offered as Yes need no answer; their
+        // outcome is the offer. LIO answers neither DataPDUInOrder=Yes nor DataSequenceInOrder=Yes.
+        let mut i = Negotiator::new(
+            Role::Initiator,
+            LocalParams {
+                immediate_data: false,
+                ..LocalParams::default()
+            },
+        );
+        let offers = i.offers(Some(Stage::Operational));
+        let sent = |k: &str| offers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(sent("DataPDUInOrder").as_deref(), Some("Yes"));
+        assert_eq!(sent("ImmediateData").as_deref(), Some("No"));
+        let answers: Vec<(String, String)> = offers
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "DataPDUInOrder" | "DataSequenceInOrder" | "ImmediateData" | "InitialR2T"
+                )
+            })
+            .map(|(k, v)| {
+                let v = match k.as_str() {
+                    "HeaderDigest" | "DataDigest" => "None".to_owned(),
+                    "MaxRecvDataSegmentLength" => "8192".to_owned(),
+                    _ => v.clone(),
+                };
+                (k.clone(), v)
+            })
+            .filter(|(k, _)| k != "MaxRecvDataSegmentLength")
+            .collect();
+        i.handle(&answers, Some(Stage::Operational)).unwrap();
+        // InitialR2T=Yes is an OR offered as Yes, so all four are settled without an answer.
+        assert!(
+            !i.has_pending(),
+            "{:?}",
+            i.pending_keys().collect::<Vec<_>>()
+        );
+        let p = i.session_params();
+        assert!(p.data_pdu_in_order && p.data_sequence_in_order && p.initial_r2t);
+        assert!(!p.immediate_data);
+
+        // An OR offered as No must be answered; an answer that arrives is still checked.
+        let mut i = Negotiator::new(
+            Role::Initiator,
+            LocalParams {
+                initial_r2t: false,
+                ..LocalParams::default()
+            },
+        );
+        let _ = i.offers(Some(Stage::Operational));
+        assert!(i.pending_keys().any(|k| k == "InitialR2T"));
+        assert!(!i.pending_keys().any(|k| k == "DataPDUInOrder"));
+        assert!(matches!(
+            i.handle(&kv(&[("DataPDUInOrder", "No")]), Some(Stage::Operational)),
             Err(NegotiationError::InvalidAnswer { .. })
         ));
     }

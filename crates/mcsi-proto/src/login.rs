@@ -618,10 +618,15 @@ impl TargetLogin {
             Some(n) => n,
             None => return Err(status::TARGET_ERROR.into()),
         };
+        let mut offered_now = false;
         if stage == Stage::Operational || (req.transit && req.nsg == Stage::FullFeature) {
-            reply.keys.extend(neg.offers(Some(Stage::Operational)));
+            let offers = neg.offers(Some(Stage::Operational));
+            offered_now = offers.iter().any(|(k, _)| neg.awaits_answer(k));
+            reply.keys.extend(offers);
         }
-        reply.transit = req.transit && !hold && !neg.has_pending();
+        // Offers made in this response hold the transit (the initiator could not answer one made
+        // in the final response); after that only answers the initiator must give hold it.
+        reply.transit = req.transit && !hold && !offered_now && !neg.has_pending();
         reply.nsg = if reply.transit { req.nsg } else { stage };
         Ok(())
     }
@@ -780,12 +785,27 @@ pub enum LoginError {
     },
     #[error("login protocol error: {0}")]
     Protocol(&'static str),
+    /// The final Login Response came while keys were still open: ours the target did not
+    /// answer, or its own it offered in that last response.
+    #[error("login protocol error: target ended the login with keys outstanding (unanswered: {}; offered by the target at the end: {})", list_or_none(.unanswered), list_or_none(.offered))]
+    KeysOutstanding {
+        unanswered: Vec<String>,
+        offered: Vec<String>,
+    },
     #[error(transparent)]
     Negotiation(#[from] NegotiationError),
     #[error("malformed login text from the target: {0}")]
     Text(#[from] TextError),
     #[error("authentication failed with status {0:?}")]
     Auth((u8, u8)),
+}
+
+fn list_or_none(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "none".to_owned()
+    } else {
+        keys.join(", ")
+    }
 }
 
 /// The outcome of a successful initiator login.
@@ -1066,9 +1086,10 @@ impl InitiatorLogin {
             self.stage = resp.nsg;
             if self.stage == Stage::FullFeature {
                 if !keys.is_empty() || self.neg.has_pending() {
-                    return Err(LoginError::Protocol(
-                        "target ended the login with keys outstanding",
-                    ));
+                    return Err(LoginError::KeysOutstanding {
+                        unanswered: self.neg.pending_keys().map(str::to_owned).collect(),
+                        offered: keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    });
                 }
                 if self.cfg.tsih == 0 && resp.tsih == 0 {
                     return Err(LoginError::Protocol("final login response without a TSIH"));
