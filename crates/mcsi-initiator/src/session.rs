@@ -356,6 +356,19 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
         options,
         isid,
     });
+    // Digests are per connection; the log names them once when every connection agrees.
+    let digests = {
+        let mut kinds: Vec<(&str, &str)> = est
+            .conns
+            .iter()
+            .map(|c| (c.params.header_digest.as_str(), c.params.data_digest.as_str()))
+            .collect();
+        kinds.dedup();
+        match kinds.as_slice() {
+            [(h, d)] => format!("header {h}, data {d}"),
+            _ => "differ by connection".to_owned(),
+        }
+    };
     install(&shared, est)?;
     let s = Session { shared };
     {
@@ -371,6 +384,7 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
             first_burst = p.first_burst_length,
             max_burst = p.max_burst_length,
             target_mrdsl = p.target_max_recv_dsl,
+            digests = %digests,
             "session established"
         );
     }

@@ -52,8 +52,9 @@ pub struct Args {
     /// Percentage of reads in randrw.
     #[arg(long, default_value_t = 50)]
     pub rwmixread: u8,
-    /// Run for this many seconds (passes over the region repeat).
-    #[arg(long)]
+    /// Run for this long (passes over the region repeat): seconds, or a duration such as 8s,
+    /// 500ms, 2m.
+    #[arg(long, value_parser = parse_runtime)]
     pub runtime: Option<f64>,
     /// Region of the LUN to use, from offset 0 (default: the whole LUN); without --runtime the
     /// run ends after one pass over it.
@@ -451,11 +452,6 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     }
     if a.rwmixread > 100 {
         bail!("--rwmixread is a percentage (0-100), got {}", a.rwmixread);
-    }
-    if let Some(r) = a.runtime {
-        if !(r > 0.0 && r.is_finite()) {
-            bail!("--runtime must be a positive number of seconds");
-        }
     }
     let opts = a.session.options(a.metrics.is_some() || auto.is_some())?;
     let session = connect(&url, opts)
@@ -1087,6 +1083,16 @@ async fn run_auto(
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--runtime`: a positive duration, in seconds when it has no unit.
+fn parse_runtime(s: &str) -> Result<f64, String> {
+    let d =
+        mcsi_units::parse_duration(s, mcsi_units::BareUnit::Seconds).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be longer than zero (e.g. 10 or 10s)".to_owned());
+    }
+    Ok(d.as_secs_f64())
 }
 
 #[cfg(test)]
