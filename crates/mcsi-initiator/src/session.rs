@@ -361,7 +361,12 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
         let mut kinds: Vec<(&str, &str)> = est
             .conns
             .iter()
-            .map(|c| (c.params.header_digest.as_str(), c.params.data_digest.as_str()))
+            .map(|c| {
+                (
+                    c.params.header_digest.as_str(),
+                    c.params.data_digest.as_str(),
+                )
+            })
             .collect();
         kinds.dedup();
         match kinds.as_slice() {

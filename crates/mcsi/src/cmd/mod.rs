@@ -70,7 +70,7 @@ impl BsAutoArgs {
 }
 
 /// How an initiator command opens its sessions: connections, scheduler, congestion control,
-/// asymmetric mode, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
+/// asymmetric mode, digests, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SessionArgs {
     /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
@@ -95,6 +95,10 @@ pub struct SessionArgs {
     /// connections, R2T, Data-In and status on the other half. Needs --connections 2 or more.
     #[arg(long)]
     pub asymmetric: bool,
+    /// Offer CRC32C header and data digests on every connection (the target may still answer
+    /// None).
+    #[arg(long)]
+    pub digests: bool,
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
@@ -117,6 +121,7 @@ impl SessionArgs {
             connections: self.connections,
             policy: self.policy.clone(),
             asymmetric: self.asymmetric,
+            digests: self.digests,
             congestion: congestion_arg(self.congestion.as_deref())?,
             tcp_report: tcp_report || self.target_tcp || self.policy == "tcp-aware",
             ..mcsi_initiator::ConnectOptions::default()

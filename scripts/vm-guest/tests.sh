@@ -1,0 +1,189 @@
+# The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
+# guest script and drives mcsi inside the VM's network namespace.
+
+VM_TESTS=(initiator lio nbd)
+
+# test_initiator: open-iscsi in the VM against `mcsi target` on a file: discovery, login, fio
+# with verify, ext4; mutual CHAP with CRC32C digests; a target restart under a mounted,
+# writing file system.
+test_initiator() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm port=3260
+  local disk=$RUN/disk.img
+  ns_target "$RUN/target1.log" --listen "$HOST_IP:$port" --iqn "$iqn" --lun "file:$disk:512MiB"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/initiator.sh PORT=$port IQN=$iqn CHAP_USER=vm-initiator \
+    CHAP_SECRET=initiator-secret-1 TGT_USER=mcsi-target TGT_SECRET=target-secret-22
+  vm_expect "phase chap" 240
+  local chap='{ user = "vm-initiator", secret = "initiator-secret-1", mutual_user = "mcsi-target", mutual_secret = "target-secret-22" }'
+  stop_target || die "the target did not stop cleanly after the first phase"
+  cat >"$RUN/chap.toml" <<TOML
+listen = ["$HOST_IP:$port"]
+
+[discovery.auth]
+chap = [$chap]
+
+[[targets]]
+iqn = "$iqn"
+luns = [{ backend = "file:$disk" }]
+
+[targets.auth]
+chap = [$chap]
+TOML
+  ns_target "$RUN/target2.log" --config "$RUN/chap.toml"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_send go
+  vm_expect restart-target 240
+  local t0=$SECONDS
+  stop_target || die "the target did not stop cleanly with a session open"
+  ns_target "$RUN/target3.log" --config "$RUN/chap.toml"
+  in_ns_wait_port "$port" "$HOST_IP"
+  log "target restarted in $((SECONDS - t0)) s"
+  vm_send restarted
+  vm_finish 240 || return
+  stop_target || die "the restarted target did not stop cleanly after the logout"
+}
+
+# test_lio: LIO in the VM (MaxConnections=4, ErrorRecoveryLevel=2) against mcsi's initiator.
+test_lio() {
+  local img=$1 iqn=iqn.2003-01.org.linux-iscsi.mcsi-vm:lio
+  local url=iscsi://$GUEST_IP:3260/$iqn/0
+  vm_boot "$img" scripts/vm-guest/lio.sh IQN=$iqn CHAP_USER=mcsi-host CHAP_SECRET=lio-secret-4444
+  vm_expect ready 240
+  local data=$RUN/data.bin back=$RUN/back.bin
+  head -c 64M /dev/urandom >"$data"
+  log "mcsi copy over 4 connections to LIO and back"
+  in_ns "$MCSI" copy --connections 4 --no-progress "$data" "$url" || die "mcsi copy to LIO"
+  in_ns "$MCSI" copy --connections 4 --no-progress --length 64MiB "$url" "$back" || die "mcsi copy from LIO"
+  cmp "$data" "$back" || die "the data read back from LIO differs"
+  log "64 MiB byte-exact through LIO"
+  log "mcsi bench --verify over 4 connections, with LIO's view of the session"
+  in_ns "$MCSI" bench --connections 4 --rw randrw --bs 64KiB --iodepth 16 --runtime 8 \
+    --size 128MiB --verify "$url" >"$RUN/bench1.log" 2>&1 &
+  local bench=$!
+  sleep 4
+  vm_send sessions
+  vm_expect "sessions shown" 60
+  wait "$bench" || {
+    cat "$RUN/bench1.log" >&2
+    die "mcsi bench --verify against LIO"
+  }
+  tail -n 4 "$RUN/bench1.log" >&2
+  grep -q "mcsi-vm: sessions shown: 1 session(s), 4 connection(s)" "$RUN/console.log" ||
+    die "LIO did not hold one session of 4 connections while the bench ran"
+  in_ns "$MCSI" bench --connections 4 --rw randread --bs 4KiB --iodepth 32 --runtime 4 \
+    --size 128MiB "$url" >"$RUN/bench1b.log" 2>&1 || {
+    cat "$RUN/bench1b.log" >&2
+    die "mcsi bench 4 KiB random reads against LIO"
+  }
+  log "4 KiB random reads, depth 32, 4 connections: $(grep -m1 -o 'IOPS=[^,]*' "$RUN/bench1b.log" || tail -n 1 "$RUN/bench1b.log")"
+  log "asymmetric mode offered: LIO must decline it and the session run symmetric"
+  in_ns "$MCSI" bench --connections 4 --asymmetric --rw randrw --bs 16KiB --iodepth 16 \
+    --runtime 3 --size 64MiB --verify "$url" >"$RUN/bench2.log" 2>&1 || {
+    cat "$RUN/bench2.log" >&2
+    die "the asymmetric offer broke the session with LIO"
+  }
+  grep -q "does not agree to the asymmetric mode" "$RUN/bench2.log" ||
+    die "mcsi did not report that LIO declined the asymmetric mode"
+  log "CRC32C digests"
+  in_ns "$MCSI" bench --connections 4 --digests --rw randrw --bs 128KiB --iodepth 8 \
+    --runtime 3 --size 64MiB --verify "$url" >"$RUN/bench3.log" 2>&1 || {
+    cat "$RUN/bench3.log" >&2
+    die "digests with LIO"
+  }
+  grep -q 'digests=header CRC32C, data CRC32C' "$RUN/bench3.log" || {
+    grep "session established" "$RUN/bench3.log" >&2
+    die "LIO did not agree to CRC32C digests"
+  }
+  log "CHAP"
+  vm_send chap
+  vm_expect "chap on" 60
+  if in_ns "$MCSI" bench --connections 4 --runtime 1 --size 16MiB \
+    "iscsi://mcsi-host%wrong-secret-1@$GUEST_IP:3260/$iqn/0" >"$RUN/bench4.log" 2>&1; then
+    die "LIO accepted a wrong CHAP secret"
+  fi
+  log "wrong secret refused: $(grep -iE 'error|refused|auth' "$RUN/bench4.log" | tail -n 1)"
+  in_ns "$MCSI" bench --connections 4 --rw randrw --bs 32KiB --iodepth 8 --runtime 3 \
+    --size 64MiB --verify "iscsi://mcsi-host%lio-secret-4444@$GUEST_IP:3260/$iqn/0" \
+    >"$RUN/bench5.log" 2>&1 || {
+    cat "$RUN/bench5.log" >&2
+    die "CHAP login to LIO"
+  }
+  log "CHAP session verified"
+  vm_send done
+  vm_finish 120
+}
+
+# test_nbd: the kernel's NBD client in the VM against `mcsi nbd` on a 4-connection session.
+test_nbd() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-nbd
+  ns_target "$RUN/target.log" --listen 127.0.0.1:3260 --iqn "$iqn" --lun ram:512MiB
+  in_ns_wait_port 3260
+  ip netns exec "$NS" "$MCSI" nbd --connections 4 --listen "$HOST_IP:10809" --name disk \
+    "iscsi://127.0.0.1:3260/$iqn/0" >"$RUN/nbd.log" 2>&1 &
+  local nbd=$!
+  EXTRA_PIDS="${EXTRA_PIDS:-} $nbd"
+  in_ns_wait_port 10809 "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/nbd.sh PORT=10809 EXPORT=disk
+  local rc=0
+  vm_finish 240 || rc=$?
+  kill -TERM "$nbd"
+  wait "$nbd" || {
+    cat "$RUN/nbd.log" >&2
+    die "mcsi nbd did not stop cleanly"
+  }
+  stop_target || true
+  return $rc
+}
+
+# ns_target LOG ARGS...: `mcsi target ARGS` in the VM's namespace, in the background; sets
+# TARGET_PID for stop_target. `ip netns exec` execs the program, so started directly (not through
+# the in_ns function, which would put a shell between) the PID is the target's own.
+ns_target() {
+  local log=$1
+  shift
+  ip netns exec "$NS" "$MCSI" target "$@" >"$log" 2>&1 &
+  TARGET_PID=$!
+}
+
+in_ns_wait_port() {
+  local port=$1 addr=${2:-127.0.0.1} i=0
+  until in_ns bash -c "exec 3<>/dev/tcp/$addr/$port" 2>/dev/null; do
+    i=$((i + 1))
+    if [ -n "${TARGET_PID:-}" ] && ! kill -0 "$TARGET_PID" 2>/dev/null; then
+      tail -n 20 "$RUN"/target*.log >&2 || true
+      die "the target exited before it listened on $addr:$port (its log above)"
+    fi
+    [ $i -le 300 ] || die "nothing listens on $addr:$port in the VM's namespace"
+    sleep 0.1
+  done
+}
+
+cmd_test() {
+  need_root
+  local tests=("$@") img t rc failed=() t0
+  [ ${#tests[@]} -gt 0 ] || tests=("${VM_TESTS[@]}")
+  for t in "${tests[@]}"; do
+    case " ${VM_TESTS[*]} " in *" $t "*) ;; *) die "unknown VM test '$t' (known: ${VM_TESTS[*]})" ;; esac
+  done
+  [ -x "$MCSI" ] || die "$MCSI is missing: cargo build --release first"
+  t0=$SECONDS
+  img=$(image)
+  log "image: $img ($((SECONDS - t0)) s)"
+  for t in "${tests[@]}"; do
+    t0=$SECONDS
+    rc=0
+    (
+      new_run
+      MCSI=$(realpath "$MCSI")
+      "test_$t" "$img"
+    ) || rc=$?
+    if [ $rc = 0 ]; then
+      log "$t: PASS ($((SECONDS - t0)) s)"
+    else
+      log "$t: FAIL, status $rc ($((SECONDS - t0)) s)"
+      failed+=("$t")
+    fi
+  done
+  [ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]}"
+  log "all passed: ${tests[*]}"
+}
