@@ -45,6 +45,26 @@ fio --name=raw-seq --filename="$DEV" --offset=64M --direct=1 --ioengine=libaio -
   --minimal >/tmp/fio2 || fail "fio 4k-1m sequential write+verify"
 echo "fio: random 4k and sequential 4k-1m writes verified (errors: $(cut -d';' -f5 /tmp/fio1), $(cut -d';' -f5 /tmp/fio2))"
 
+step "sense data and task management through the kernel"
+# sg_raw CDB...: the command through the kernel's SG_IO on $DEV; its decoded status and sense.
+sg() { sg_raw -r 4096 "$DEV" "$@" 2>&1 || true; }
+blocks=$(($(blockdev --getsize64 "$DEV") / $(blockdev --getss "$DEV")))
+lba=$(printf '%016x' "$blocks" | sed 's/../& /g')
+sg 88 00 $lba 00 00 00 01 00 00 | tee /tmp/sense1
+grep -q "Logical block address out of range" /tmp/sense1 ||
+  fail "READ(16) past the last LBA: no ILLEGAL REQUEST / LBA OUT OF RANGE"
+sg ff 00 00 00 00 00 | tee /tmp/sense2
+grep -q "Invalid command operation code" /tmp/sense2 ||
+  fail "an unknown opcode: no ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE"
+sg_reset --device "$DEV" || fail "sg_reset --device (LOGICAL UNIT RESET)"
+sg_reset --target "$DEV" || fail "sg_reset --target (TARGET WARM RESET)"
+sg_turs -n 3 "$DEV" >/dev/null 2>&1 || true # the unit attentions the resets raised
+sg_turs "$DEV" || fail "TEST UNIT READY after the resets"
+fio --name=after-reset --filename="$DEV" --direct=1 --ioengine=libaio --iodepth=16 \
+  --rw=randwrite --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+  --minimal >/tmp/fio5 || fail "fio after the resets"
+echo "out-of-range and unknown-opcode sense decoded; LU and target reset; I/O verified after"
+
 step "ext4: mkfs, mount, files, sync, remount, check"
 mkfs.ext4 -q "$DEV"
 mkdir -p /mnt

@@ -14,6 +14,14 @@ test_initiator() {
   vm_boot "$img" scripts/vm-guest/initiator.sh PORT=$port IQN=$iqn CHAP_USER=vm-initiator \
     CHAP_SECRET=initiator-secret-1 TGT_USER=mcsi-target TGT_SECRET=target-secret-22
   vm_expect "phase chap" 240
+  local f
+  for f in "LOGICAL UNIT RESET" "TARGET WARM RESET"; do
+    grep "task management" "$RUN/target1.log" | grep -q "function=\"$f\"" || {
+      grep "task management" "$RUN/target1.log" >&2
+      die "the target did not log the kernel's $f"
+    }
+  done
+  log "the target saw the kernel's LOGICAL UNIT RESET and TARGET WARM RESET"
   local chap='{ user = "vm-initiator", secret = "initiator-secret-1", mutual_user = "mcsi-target", mutual_secret = "target-secret-22" }'
   stop_target || die "the target did not stop cleanly after the first phase"
   cat >"$RUN/chap.toml" <<TOML

@@ -31,6 +31,21 @@ pub mod tmf_function {
     pub const TARGET_WARM_RESET: u8 = 6;
     pub const TARGET_COLD_RESET: u8 = 7;
     pub const TASK_REASSIGN: u8 = 8;
+
+    /// The function's name in RFC 7143 11.5.1, for logs.
+    pub fn name(f: u8) -> &'static str {
+        match f {
+            ABORT_TASK => "ABORT TASK",
+            ABORT_TASK_SET => "ABORT TASK SET",
+            CLEAR_ACA => "CLEAR ACA",
+            CLEAR_TASK_SET => "CLEAR TASK SET",
+            LUN_RESET => "LOGICAL UNIT RESET",
+            TARGET_WARM_RESET => "TARGET WARM RESET",
+            TARGET_COLD_RESET => "TARGET COLD RESET",
+            TASK_REASSIGN => "TASK REASSIGN",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Runs what came up in CmdSN order: control requests, and held SCSI commands (on this
@@ -223,7 +238,18 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         CLEAR_ACA | TARGET_COLD_RESET => tmf_response::NOT_SUPPORTED,
         _ => tmf_response::NOT_SUPPORTED,
     };
-    debug!(function = t.function, response, "task management");
+    // Resets are rare and change what every initiator of the LU sees: the log says so. Aborts
+    // (an initiator's timeouts) stay at debug.
+    let name = tmf_function::name(t.function);
+    let lun = mcsi_scsi::lun::decode(t.lun);
+    if matches!(
+        t.function,
+        LUN_RESET | TARGET_WARM_RESET | TARGET_COLD_RESET
+    ) {
+        tracing::info!(function = name, ?lun, response, "task management");
+    } else {
+        debug!(function = name, ?lun, response, "task management");
+    }
     conn.send(tmf_response(t.itt, response));
 }
 
