@@ -376,6 +376,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     run.await.context("the NBD server task failed")??;
     progress.abort();
     let mut failed = false;
+    let mut not_logged_out = 0;
     for (e, s) in exports.iter().zip(&sessions) {
         if !e.info.read_only {
             if let Err(err) = e.lun.flush().await {
@@ -385,12 +386,19 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         }
         if let Err(err) = s.logout().await {
             warn!("{}: logout failed: {err}", e.url);
+            not_logged_out += 1;
         }
     }
     if let Some(p) = &args.socket {
         let _ = std::fs::remove_file(p);
     }
-    info!("flushed and logged out");
+    match (failed, not_logged_out) {
+        (false, 0) => info!("flushed and logged out"),
+        (false, n) => info!("flushed; {n} session(s) could not log out (above)"),
+        (true, _) => error!(
+            "stopped with a failed flush (above): writes not yet on stable storage may be lost"
+        ),
+    }
     Ok(if failed {
         ExitCode::FAILURE
     } else {
