@@ -10,8 +10,7 @@ use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, S
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -107,8 +106,8 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
 /// The writer of one connection: drains the queue, stamps, coalesces into vectored writes, and
 /// gives the connection's output budget back as it goes ([`OutQueue`]). A socket that takes no
 /// byte for `send_timeout` ends the connection.
-pub async fn writer(
-    mut w: OwnedWriteHalf,
+pub async fn writer<W: AsyncWrite + Unpin>(
+    mut w: W,
     mut rx: mpsc::UnboundedReceiver<Out>,
     session: Arc<Session>,
     out: Arc<OutQueue>,
@@ -230,7 +229,7 @@ impl Keepalive {
 impl Reader {
     /// Reads and dispatches until the connection ends. Returns whether it ended cleanly (logout
     /// or replaced by connection reinstatement).
-    pub async fn run(mut self, mut rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
+    pub async fn run<R: AsyncRead + Unpin>(mut self, mut rd: R, mut stop: watch::Receiver<bool>) {
         // Whether PDUs were handled since the last read.
         let mut handled = false;
         let why = loop {

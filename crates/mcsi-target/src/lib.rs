@@ -9,7 +9,8 @@
 //! - [`config`]: TOML config and CLI-built configuration, validated (limits, keepalive, CHAP
 //!   users and allow-lists); [`name`]: iSCSI names.
 //! - [`server`]: portals, accept loop, a connection's life, session create/join/reinstate,
-//!   shutdown. [`login`]: the login phase over the socket, driving mcsi-proto's `TargetLogin`
+//!   shutdown. A connection runs over any [`server::Transport`]: TCP from a portal, or a byte
+//!   stream handed to [`Server::serve`] (an in-process pipe; tests use `tokio::io::duplex`). [`login`]: the login phase over the socket, driving mcsi-proto's `TargetLogin`
 //!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
 //!   [`admission`]: limits a peer cannot exceed (logins per second per source, connections of
 //!   the server, sessions and connections per target).

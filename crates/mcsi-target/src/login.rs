@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
 pub use mcsi_proto::keys::SessionType;
@@ -95,10 +94,14 @@ pub enum LoginError {
     NotLogin(pdu::Opcode),
 }
 
+/// What a login runs over: a TCP socket, or any byte stream (an in-process pipe).
+pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Stream for S {}
+
 /// Reads one Login Request (during login the default MaxRecvDataSegmentLength, 8192, applies:
 /// RFC 7143 12.12).
-async fn read_login(
-    stream: &mut TcpStream,
+async fn read_login<S: Stream>(
+    stream: &mut S,
     buf: &mut BytesMut,
 ) -> Result<LoginRequest, LoginError> {
     let framing = Framing::default();
@@ -115,7 +118,7 @@ async fn read_login(
     }
 }
 
-async fn send(stream: &mut TcpStream, r: LoginResponse) -> Result<(), LoginError> {
+async fn send<S: Stream>(stream: &mut S, r: LoginResponse) -> Result<(), LoginError> {
     let e = Pdu::LoginResponse(r).encode(&Framing::default());
     crate::conn::write_batch(stream, std::slice::from_ref(&e)).await?;
     stream.flush().await?;
@@ -321,10 +324,10 @@ impl LoginEnv for Env<'_> {
 /// Runs the login phase, which must be over within the server's login timeout. On success the
 /// final response has not been sent yet: the caller sets up the session (reinstatement,
 /// joining) and sends it with [`send_final`].
-pub async fn run(
+pub async fn run<S: Stream>(
     shared: &Shared,
     gate: &Gate,
-    stream: &mut TcpStream,
+    stream: &mut S,
     buf: &mut BytesMut,
     local: SocketAddr,
     peer: SocketAddr,
@@ -335,10 +338,10 @@ pub async fn run(
         .map_err(|_| LoginError::Timeout(limit))?
 }
 
-async fn run_inner(
+async fn run_inner<S: Stream>(
     shared: &Shared,
     gate: &Gate,
-    stream: &mut TcpStream,
+    stream: &mut S,
     buf: &mut BytesMut,
     local: SocketAddr,
     peer: SocketAddr,
@@ -446,8 +449,8 @@ async fn run_inner(
 /// Answers the first Login Request of a connection with a refusal, for a limit reached before
 /// the login began, and returns the InitiatorName the request gave (for the log). Waits `wait`
 /// at most for the request.
-pub async fn refuse_first(
-    stream: &mut TcpStream,
+pub async fn refuse_first<S: Stream>(
+    stream: &mut S,
     buf: &mut BytesMut,
     st: (u8, u8),
     wait: Duration,
@@ -479,7 +482,7 @@ pub async fn refuse_first(
 /// A Login Request that does not decode (T and C both set, a reserved stage, a data segment
 /// over 8192 bytes, ...) is answered with 2/00, initiator error (RFC 7143 11.13.5), taken from
 /// its header, before the connection is closed, so that the initiator learns why.
-async fn refuse_malformed(stream: &mut TcpStream, buf: &BytesMut, e: &pdu::DecodeError) {
+async fn refuse_malformed<S: Stream>(stream: &mut S, buf: &BytesMut, e: &pdu::DecodeError) {
     // A consumed PDU's header comes with the error; one too long to take is still in front.
     let header: &[u8] = match e.rejected_header() {
         Some(h) => h,
@@ -526,8 +529,8 @@ fn machine_initiator(req: &LoginRequest) -> String {
 }
 
 /// Sends the final login response with the session's current window.
-pub async fn send_final(
-    stream: &mut TcpStream,
+pub async fn send_final<S: Stream>(
+    stream: &mut S,
     mut r: LoginResponse,
     exp: u32,
     max: u32,
@@ -538,8 +541,8 @@ pub async fn send_final(
 }
 
 /// Turns the final login response into a refusal (the session could not be set up after all).
-pub async fn send_refusal(
-    stream: &mut TcpStream,
+pub async fn send_refusal<S: Stream>(
+    stream: &mut S,
     mut r: LoginResponse,
     st: (u8, u8),
 ) -> Result<(), LoginError> {

@@ -40,9 +40,44 @@ pub enum StartError {
     },
 }
 
+/// What a connection runs over: a TCP socket (the portals), or any byte stream handed to
+/// [`Server::serve`] (an in-process pipe for tests and fuzzing). Everything above it is the same.
+pub trait Transport: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    type Read: tokio::io::AsyncRead + Unpin + Send + 'static;
+    type Write: tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// Reader and writer halves, each driven by its own task.
+    fn split(self) -> (Self::Read, Self::Write);
+    /// The TCP socket under it (no-delay, congestion control, TCP_INFO for reports); `None` for
+    /// a stream that is not TCP.
+    fn socket(&self) -> Option<socket2::SockRef<'_>>;
+}
+
+impl Transport for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn split(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+    fn socket(&self) -> Option<socket2::SockRef<'_>> {
+        Some(socket2::SockRef::from(self))
+    }
+}
+
+impl Transport for tokio::io::DuplexStream {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+    fn split(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+    fn socket(&self) -> Option<socket2::SockRef<'_>> {
+        None
+    }
+}
+
 /// A running target server.
 pub struct Server {
     shared: Arc<Shared>,
+    gate: Arc<Gate>,
     metrics: Arc<Metrics>,
     local_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
@@ -169,6 +204,7 @@ impl Server {
         }
         Ok(Server {
             shared,
+            gate,
             metrics,
             local_addrs,
             stop,
@@ -178,6 +214,28 @@ impl Server {
 
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// Serves one connection that did not come through a portal: login, session, full feature
+    /// phase, under the same limits as a portal's (`peer` is the source the login limits count).
+    /// `false` if the server already holds `max_server_connections`.
+    pub fn serve<S: Transport>(&self, stream: S, peer: SocketAddr, local: SocketAddr) -> bool {
+        let Some(slot) = self.gate.connections.try_take() else {
+            return false;
+        };
+        let span = tracing::info_span!("conn", %peer);
+        tokio::spawn(
+            connection(
+                self.shared.clone(),
+                self.gate.clone(),
+                slot,
+                stream,
+                peer,
+                local,
+            )
+            .instrument(span),
+        );
+        true
     }
 
     pub fn targets(&self) -> &[Arc<Target>] {
@@ -269,15 +327,17 @@ async fn accept_loop(
 
 /// One connection: login, join or create a session, then full feature phase. `_server_slot`
 /// is its place among the server's connections, held until it ends.
-async fn connection(
+async fn connection<S: Transport>(
     shared: Arc<Shared>,
     gate: Arc<Gate>,
     _server_slot: Slot,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
     local: SocketAddr,
 ) {
-    let _ = stream.set_nodelay(true);
+    if let Some(sock) = stream.socket() {
+        let _ = sock.set_nodelay(true);
+    }
     let mut buf = BytesMut::with_capacity(64 * 1024);
     if let Err(over) = gate.logins.check(peer.ip(), Instant::now()) {
         // Out of resources (RFC 7143 11.13.5, class 3: the initiator may retry later) rather
@@ -357,7 +417,7 @@ async fn connection(
     }
     if let Some(cc) = session.target.as_ref().and_then(|t| t.limits.congestion) {
         // Checked when the configuration was loaded; a refusal now leaves the default running.
-        if let Err(e) = cc.apply(&stream) {
+        if let Some(Err(e)) = stream.socket().map(|s| cc.apply(&*s)) {
             warn!(%peer, "{e}; the connection keeps the system default");
         }
     }
@@ -365,7 +425,7 @@ async fn connection(
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
     let ops = ConnOps::from(&n.connection);
-    let sock = socket2::SockRef::from(&stream).try_clone().ok();
+    let sock = stream.socket().and_then(|s| s.try_clone().ok());
     let limits = session
         .target
         .as_ref()
@@ -403,7 +463,7 @@ async fn connection(
     if session.ops.tcp_report {
         tokio::spawn(crate::stats::report_tcp(conn.clone(), stop_rx.clone()));
     }
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = stream.split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();
     tokio::spawn(

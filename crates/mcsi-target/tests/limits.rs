@@ -44,7 +44,7 @@ async fn connect_from(server: &Server, src: Ipv4Addr) -> Client {
     let s = sock.connect(server.local_addrs()[0]).await.unwrap();
     s.set_nodelay(true).unwrap();
     Client {
-        s,
+        s: Box::new(s),
         buf: Default::default(),
         framing: Framing::default(),
         cmd_sn: 1,

@@ -41,8 +41,21 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
     }
 }
 
+/// The client's byte stream: a TCP connection to a portal, or an in-process pipe.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// How a client reaches the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// TCP to the server's first portal.
+    Tcp,
+    /// A `tokio::io::duplex` pipe handed to [`Server::serve`]: no socket at all.
+    InProcess,
+}
+
 pub struct Client {
-    pub s: TcpStream,
+    pub s: Box<dyn Io>,
     pub buf: BytesMut,
     pub framing: Framing,
     pub cmd_sn: u32,
@@ -62,8 +75,28 @@ pub fn text(pairs: &[(&str, &str)]) -> Bytes {
 
 impl Client {
     pub async fn connect(server: &Server) -> Client {
-        let s = TcpStream::connect(server.local_addrs()[0]).await.unwrap();
-        s.set_nodelay(true).unwrap();
+        Self::open(server, Via::Tcp).await
+    }
+
+    pub async fn open(server: &Server, via: Via) -> Client {
+        let s: Box<dyn Io> = match via {
+            Via::Tcp => {
+                let s = TcpStream::connect(server.local_addrs()[0]).await.unwrap();
+                s.set_nodelay(true).unwrap();
+                Box::new(s)
+            }
+            Via::InProcess => {
+                let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                let peer = "127.0.0.2:40000".parse().unwrap();
+                // As if it came to the first portal: a target is reached at its portals only.
+                let local = server.local_addrs()[0];
+                assert!(
+                    server.serve(theirs, peer, local),
+                    "the server refused the connection"
+                );
+                Box::new(ours)
+            }
+        };
         Client {
             s,
             buf: BytesMut::new(),
@@ -212,7 +245,17 @@ impl Client {
 
     /// Logs in to a normal session and clears the power-on unit attention.
     pub async fn normal_isid(server: &Server, isid: [u8; 6], keys: &[(&str, &str)]) -> Client {
-        let mut c = Client::connect(server).await;
+        Self::normal_via(server, Via::Tcp, isid, keys).await
+    }
+
+    /// [`Client::normal_isid`] over `via`.
+    pub async fn normal_via(
+        server: &Server,
+        via: Via,
+        isid: [u8; 6],
+        keys: &[(&str, &str)],
+    ) -> Client {
+        let mut c = Client::open(server, via).await;
         let mut k = vec![
             ("TargetName", IQN),
             ("SessionType", "Normal"),
@@ -237,7 +280,17 @@ impl Client {
 
     /// Logs in another connection (`cid`) to `lead`'s session: same ISID, its TSIH.
     pub async fn join(server: &Server, lead: &Client, cid: u16) -> (Client, LoginResponse) {
-        let mut c = Client::connect(server).await;
+        Self::join_via(server, Via::Tcp, lead, cid).await
+    }
+
+    /// [`Client::join`] over `via`.
+    pub async fn join_via(
+        server: &Server,
+        via: Via,
+        lead: &Client,
+        cid: u16,
+    ) -> (Client, LoginResponse) {
+        let mut c = Client::open(server, via).await;
         c.cmd_sn = lead.cmd_sn;
         // ITTs are session-wide: keep this connection's apart from the others'.
         c.itt = u32::from(cid) << 20;
