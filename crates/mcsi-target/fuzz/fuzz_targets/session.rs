@@ -1,4 +1,5 @@
-//! The target's full feature phase driven by arbitrary PDU sequences, over loopback TCP.
+//! The target's full feature phase driven by arbitrary PDU sequences, in process: each connection
+//! is a `tokio::io::duplex` pipe handed to `Server::serve` (no socket, no kernel in the loop).
 //!
 //! One `mcsi_target::Server` (three RAM LUNs, keepalive and login rate limit off, small bursts
 //! and queue) runs for the whole fuzz run on a current-thread runtime that only this thread
@@ -42,8 +43,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 const IQN: &str = "iqn.2026-01.org.mcsi:fuzz";
 const INITIATOR: &str = "iqn.2026-01.org.mcsi:fuzzer";
@@ -61,7 +61,7 @@ const TARGET_MBL: u32 = 32768;
 struct World {
     rt: tokio::runtime::Runtime,
     addr: SocketAddr,
-    _server: Mutex<Server>,
+    server: Mutex<Server>,
     round: AtomicU64,
 }
 
@@ -124,7 +124,7 @@ fn world() -> &'static World {
         World {
             rt,
             addr,
-            _server: Mutex::new(server),
+            server: Mutex::new(server),
             round: AtomicU64::new(0),
         }
     })
@@ -248,9 +248,97 @@ fn sam_status(s: u8) -> bool {
     )
 }
 
+/// Bytes each way a pipe buffers: far more than the target's output budget, so that the target
+/// never waits on a full pipe while the fuzzer waits to write (a socket's buffers play that
+/// part over TCP).
+const PIPE_BYTES: usize = 16 << 20;
+
+/// The fuzzer's end of an in-process connection, with the non-blocking read and the readiness
+/// wait the checks use.
+struct Pipe {
+    s: DuplexStream,
+    /// Bytes read by [`Pipe::readable`] and not handed out yet.
+    pending: BytesMut,
+    eof: bool,
+}
+
+impl Pipe {
+    /// A connection to the server, as if from 127.0.0.1 to its portal `addr`.
+    fn connect(addr: SocketAddr) -> Pipe {
+        let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+        let peer = SocketAddr::from(([127, 0, 0, 1], 40000));
+        let served = world()
+            .server
+            .lock()
+            .expect("server lock")
+            .serve(theirs, peer, addr);
+        assert!(
+            served,
+            "the server refused a connection: it holds max_server_connections (leaked connections?)"
+        );
+        Pipe {
+            s: ours,
+            pending: BytesMut::new(),
+            eof: false,
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.s.write_all(bytes).await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.s.shutdown().await
+    }
+
+    /// Waits until something can be read (or the target has closed).
+    async fn readable(&mut self) {
+        if self.pending.is_empty() && !self.eof {
+            match self.s.read_buf(&mut self.pending).await {
+                Ok(0) | Err(_) => self.eof = true,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn take_pending(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        if !self.pending.is_empty() {
+            let n = self.pending.len();
+            buf.extend_from_slice(&self.pending.split());
+            return Some(n);
+        }
+        self.eof.then_some(0)
+    }
+
+    async fn read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        if let Some(n) = self.take_pending(buf) {
+            return Ok(n);
+        }
+        self.s.read_buf(buf).await
+    }
+
+    /// Reads what is there without waiting: `WouldBlock` when nothing is.
+    fn try_read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        if let Some(n) = self.take_pending(buf) {
+            return Ok(n);
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut tmp = [0u8; 64 * 1024];
+        let mut rb = tokio::io::ReadBuf::new(&mut tmp);
+        match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut self.s), &mut cx, &mut rb) {
+            std::task::Poll::Ready(Ok(())) => {
+                buf.extend_from_slice(rb.filled());
+                Ok(rb.filled().len())
+            }
+            std::task::Poll::Ready(Err(e)) => Err(e),
+            std::task::Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
 /// One connection of the fuzzing initiator.
 struct Conn {
-    s: TcpStream,
+    s: Pipe,
     rx_buf: BytesMut,
     /// How we frame what we send, and the target's decoder fed the same bytes, so that the model
     /// knows what the target received (raw bytes and garbage included).
@@ -272,7 +360,7 @@ impl Conn {
         self.mirror_dead || !self.writable || self.eof
     }
 
-    fn new(s: TcpStream, o: &LoginOutcome, rest: BytesMut, cid: u16) -> Conn {
+    fn new(s: Pipe, o: &LoginOutcome, rest: BytesMut, cid: u16) -> Conn {
         Conn {
             s,
             rx_buf: rest,
@@ -562,11 +650,7 @@ struct Login {
 /// A login the target must answer; Ok with the connection in full feature phase, Err with the
 /// refusal's status class and detail.
 async fn login(addr: SocketAddr, l: Login) -> Result<(Conn, LoginOutcome), (u8, u8)> {
-    let mut s = tokio::time::timeout(DEADLINE, TcpStream::connect(addr))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    let _ = s.set_nodelay(true);
+    let mut s = Pipe::connect(addr);
     let mut cfg = InitiatorLoginConfig::normal(l.name, IQN, Isid(l.isid));
     cfg.tsih = l.tsih;
     cfg.cid = l.cid;
@@ -595,12 +679,9 @@ async fn login(addr: SocketAddr, l: Login) -> Result<(Conn, LoginOutcome), (u8, 
                 Ok(None) => {}
                 Err(e) => panic!("the target sent a login PDU that does not decode: {e}"),
             }
-            let n = tokio::time::timeout(
-                DEADLINE,
-                tokio::io::AsyncReadExt::read_buf(&mut s, &mut buf),
-            )
-            .await
-            .expect("no Login Response in time");
+            let n = tokio::time::timeout(DEADLINE, s.read_buf(&mut buf))
+                .await
+                .expect("no Login Response in time");
             match n {
                 Ok(0) | Err(_) => return Err((0xFF, 1)),
                 Ok(_) => {}
