@@ -233,6 +233,14 @@ pub const NOT_UNDERSTOOD: &str = "NotUnderstood";
 pub const IRRELEVANT: &str = "Irrelevant";
 pub const REJECT: &str = "Reject";
 
+/// Whether offering `offered` for `def` decides the outcome whatever the peer holds: a Boolean
+/// AND offered as No, an OR offered as Yes. RFC 7143 6.2.2 makes the answer to such an offer
+/// optional.
+pub fn outcome_settled_by_offer(def: &KeyDef, offered: &str) -> bool {
+    matches!(def.kind, KeyKind::BooleanAnd | KeyKind::BooleanOr)
+        && respond(def, offered, "Yes") == respond(def, offered, "No")
+}
+
 /// An answer to one offered key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -677,12 +685,10 @@ pub struct Negotiator {
     extensions: Vec<Extension>,
     /// Negotiated results and the peer's declarations, by key.
     agreed: BTreeMap<String, String>,
-    /// Our offers that await an answer.
+    /// Our offers that await an answer. Those whose outcome the offer alone decides
+    /// ([`outcome_settled_by_offer`]) are in `agreed` already; an answer to them is optional but
+    /// still checked.
     pending: BTreeMap<String, String>,
-    /// Those of `pending` whose answer is optional (RFC 7143 6.2.2: a Boolean AND offered as
-    /// "No", a Boolean OR offered as "Yes"): their outcome is already known and kept in `agreed`;
-    /// an answer, if the peer sends one, is still checked.
-    optional: BTreeSet<String>,
     /// Keys we sent (offers and declarations) in this negotiation.
     sent: BTreeSet<String>,
     /// Keys the peer sent in this negotiation.
@@ -702,7 +708,6 @@ impl Negotiator {
             extensions: Vec::new(),
             agreed: BTreeMap::new(),
             pending: BTreeMap::new(),
-            optional: BTreeSet::new(),
             sent: BTreeSet::new(),
             seen: BTreeSet::new(),
         }
@@ -771,7 +776,6 @@ impl Negotiator {
         self.sent.clear();
         self.seen.clear();
         self.pending.clear();
-        self.optional.clear();
     }
 
     /// Whether some of our offers still await an answer the peer must give (offers whose answer
@@ -788,9 +792,9 @@ impl Negotiator {
     /// The keys we offered that still await an answer the peer must give.
     pub fn pending_keys(&self) -> impl Iterator<Item = &str> {
         self.pending
-            .keys()
-            .filter(|k| !self.optional.contains(*k))
-            .map(String::as_str)
+            .iter()
+            .filter(|(k, v)| !self.def(k).is_some_and(|d| outcome_settled_by_offer(&d, v)))
+            .map(|(k, _)| k.as_str())
     }
 
     /// The negotiated value of a key, or the peer's declaration of it.
@@ -854,7 +858,6 @@ impl Negotiator {
                 return Err(NegotiationError::Repeated(key.clone()));
             }
             if let Some(offered) = self.pending.remove(key) {
-                self.optional.remove(key);
                 let Some(def) = self.def(key) else {
                     continue;
                 };
@@ -998,13 +1001,7 @@ impl Negotiator {
                         continue;
                     }
                     self.pending.insert(name.to_owned(), local.clone());
-                    let settled = match def.kind {
-                        KeyKind::BooleanAnd => local == "No",
-                        KeyKind::BooleanOr => local == "Yes",
-                        _ => false,
-                    };
-                    if settled {
-                        self.optional.insert(name.to_owned());
+                    if outcome_settled_by_offer(&def, &local) {
                         self.agreed.insert(name.to_owned(), local.clone());
                     }
                 }
@@ -1605,23 +1602,22 @@ mod tests {
         let sent = |k: &str| offers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         assert_eq!(sent("DataPDUInOrder").as_deref(), Some("Yes"));
         assert_eq!(sent("ImmediateData").as_deref(), Some("No"));
+        // The target answers everything else (echoing the offer, digests None) and leaves these
+        // out; MaxRecvDataSegmentLength is a declaration, not an offer.
+        const LEFT_OUT: [&str; 5] = [
+            "DataPDUInOrder",
+            "DataSequenceInOrder",
+            "ImmediateData",
+            "InitialR2T",
+            "MaxRecvDataSegmentLength",
+        ];
         let answers: Vec<(String, String)> = offers
             .iter()
-            .filter(|(k, _)| {
-                !matches!(
-                    k.as_str(),
-                    "DataPDUInOrder" | "DataSequenceInOrder" | "ImmediateData" | "InitialR2T"
-                )
+            .filter(|(k, _)| !LEFT_OUT.contains(&k.as_str()))
+            .map(|(k, v)| match k.as_str() {
+                "HeaderDigest" | "DataDigest" => (k.clone(), "None".to_owned()),
+                _ => (k.clone(), v.clone()),
             })
-            .map(|(k, v)| {
-                let v = match k.as_str() {
-                    "HeaderDigest" | "DataDigest" => "None".to_owned(),
-                    "MaxRecvDataSegmentLength" => "8192".to_owned(),
-                    _ => v.clone(),
-                };
-                (k.clone(), v)
-            })
-            .filter(|(k, _)| k != "MaxRecvDataSegmentLength")
             .collect();
         i.handle(&answers, Some(Stage::Operational)).unwrap();
         // InitialR2T=Yes is an OR offered as Yes, so all four are settled without an answer.
