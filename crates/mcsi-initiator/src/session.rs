@@ -357,22 +357,12 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
         isid,
     });
     // Digests are per connection; the log names them once when every connection agrees.
-    let digests = {
-        let mut kinds: Vec<(&str, &str)> = est
-            .conns
-            .iter()
-            .map(|c| {
-                (
-                    c.params.header_digest.as_str(),
-                    c.params.data_digest.as_str(),
-                )
-            })
-            .collect();
-        kinds.dedup();
-        match kinds.as_slice() {
-            [(h, d)] => format!("header {h}, data {d}"),
-            _ => "differ by connection".to_owned(),
+    let digest_of = |c: &EstablishedConn| (c.params.header_digest, c.params.data_digest);
+    let digests = match est.conns.first().map(digest_of) {
+        Some((h, d)) if est.conns.iter().all(|c| digest_of(c) == (h, d)) => {
+            format!("header {}, data {}", h.as_str(), d.as_str())
         }
+        _ => "differ by connection".to_owned(),
     };
     install(&shared, est)?;
     let s = Session { shared };

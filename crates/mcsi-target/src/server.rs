@@ -223,18 +223,7 @@ impl Server {
         let Some(slot) = self.gate.connections.try_take() else {
             return false;
         };
-        let span = tracing::info_span!("conn", %peer);
-        tokio::spawn(
-            connection(
-                self.shared.clone(),
-                self.gate.clone(),
-                slot,
-                stream,
-                peer,
-                local,
-            )
-            .instrument(span),
-        );
+        spawn_connection(&self.shared, &self.gate, slot, stream, peer, local);
         true
     }
 
@@ -310,11 +299,7 @@ async fn accept_loop(
                         continue;
                     };
                     let local = stream.local_addr().unwrap_or(peer);
-                    let span = tracing::info_span!("conn", %peer);
-                    tokio::spawn(
-                        connection(shared.clone(), gate.clone(), slot, stream, peer, local)
-                            .instrument(span),
-                    );
+                    spawn_connection(&shared, &gate, slot, stream, peer, local);
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
@@ -323,6 +308,21 @@ async fn accept_loop(
             },
         }
     }
+}
+
+/// Runs [`connection`] as a task of its own, in a span that names the peer.
+fn spawn_connection<S: Transport>(
+    shared: &Arc<Shared>,
+    gate: &Arc<Gate>,
+    slot: Slot,
+    stream: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+) {
+    let span = tracing::info_span!("conn", %peer);
+    tokio::spawn(
+        connection(shared.clone(), gate.clone(), slot, stream, peer, local).instrument(span),
+    );
 }
 
 /// One connection: login, join or create a session, then full feature phase. `_server_slot`

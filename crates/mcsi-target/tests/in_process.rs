@@ -8,6 +8,24 @@ mod common;
 use common::*;
 use mcsi_proto::pdu::*;
 
+/// Reads `blocks` 512-byte blocks at `lba` through `c`.
+async fn read(c: &mut Client, lba: u32, blocks: u16) -> Vec<u8> {
+    let len = u32::from(blocks) * 512;
+    let r = c.command(
+        &rw10(0x28, lba, blocks),
+        true,
+        false,
+        len,
+        Default::default(),
+        true,
+    );
+    let itt = r.itt;
+    c.send(Pdu::ScsiCommand(r)).await;
+    let (back, status, ..) = c.read_result(itt).await;
+    assert_eq!(status, 0, "READ(10) at {lba}");
+    back
+}
+
 /// Writes `blocks` 512-byte blocks at `lba` through `c` and reads them back.
 async fn write_read(c: &mut Client, lba: u32, blocks: u16, seed: u8) {
     let data = pattern(usize::from(blocks) * 512, seed);
@@ -24,19 +42,11 @@ async fn write_read(c: &mut Client, lba: u32, blocks: u16, seed: u8) {
     c.send(Pdu::ScsiCommand(w)).await;
     let (_, status, ..) = c.read_result(itt).await;
     assert_eq!(status, 0, "WRITE(10) at {lba}");
-    let r = c.command(
-        &rw10(0x28, lba, blocks),
-        true,
-        false,
-        len,
-        Default::default(),
-        true,
+    assert_eq!(
+        read(c, lba, blocks).await,
+        data.to_vec(),
+        "data read back at {lba}"
     );
-    let itt = r.itt;
-    c.send(Pdu::ScsiCommand(r)).await;
-    let (back, status, ..) = c.read_result(itt).await;
-    assert_eq!(status, 0, "READ(10) at {lba}");
-    assert_eq!(back, data.to_vec(), "data read back at {lba}");
 }
 
 #[tokio::test]
@@ -63,20 +73,7 @@ async fn a_session_runs_over_in_process_pipes() {
     write_read(&mut tcp, 2000, 16, 3).await;
     lead.cmd_sn = tcp.cmd_sn;
     // What the pipe wrote, read over TCP.
-    let r = tcp.command(
-        &rw10(0x28, 1000, 16),
-        true,
-        false,
-        8192,
-        Default::default(),
-        true,
-    );
-    tcp.cmd_sn = r.cmd_sn + 1;
-    let itt = r.itt;
-    tcp.send(Pdu::ScsiCommand(r)).await;
-    let (back, status, ..) = tcp.read_result(itt).await;
-    assert_eq!(status, 0);
-    assert_eq!(back, pattern(8192, 2).to_vec());
+    assert_eq!(read(&mut tcp, 1000, 16).await, pattern(8192, 2).to_vec());
 
     // Logging out one pipe leaves the others running.
     pipe2.cmd_sn = tcp.cmd_sn;
