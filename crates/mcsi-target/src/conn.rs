@@ -505,12 +505,12 @@ impl Reader {
                     return Ok(());
                 }
                 Turn::Wait => {
-                    let d = Deferred {
+                    let d = Box::new(Deferred {
                         conn: self.conn.clone(),
                         cmd: c,
                         phase,
                         transfer,
-                    };
+                    });
                     match self.session.hold(d) {
                         Ok(ready) => {
                             control::run_all(&self.session, ready);

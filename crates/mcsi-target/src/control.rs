@@ -148,7 +148,7 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
     match l.reason {
         0 => {
             info!("logout: closing the session");
-            let others: Vec<Arc<Conn>> = session.lock().conns.values().cloned().collect();
+            let others: Vec<Arc<Conn>> = session.conns();
             for c in &others {
                 c.mark_clean();
             }

@@ -14,7 +14,12 @@
 //!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
 //!   [`admission`]: limits a peer cannot exceed (logins per second per source, connections of
 //!   the server, sessions and connections per target).
-//! - [`session`]: targets, sessions (many connections, one CmdSN window, task table), registry.
+//! - [`session_core`]: what a session decides, with no I/O (no tokio, sockets, clock or threads;
+//!   `tests/core_is_io_free.rs` checks it): CmdSN order across connections, the task registry,
+//!   task sets, held commands, response connections in the asymmetric mode. Unit tested without
+//!   sockets or a runtime.
+//! - [`session`]: targets, the session registry, and sessions: the core under a lock, with the
+//!   tokio side of each task (its channels) and connection handles.
 //! - [`conn`]: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
 //!   stamping, vectored writes). [`scsi`]: one SCSI task from command to status. [`control`]: NOP, Text, Logout,
 //!   Task Management. [`text`]: SendTargets.
@@ -31,6 +36,7 @@ pub mod name;
 pub mod scsi;
 pub mod server;
 pub mod session;
+pub mod session_core;
 pub mod stats;
 pub mod taskset;
 pub mod text;

@@ -6,14 +6,10 @@
 //! connection and assigned by the connection's writer.
 
 use crate::config::{AuthSpec, Limits};
-use crate::taskset::TaskSet;
-use crate::window::{CmdWindow, Submit};
+use crate::session_core::{Held, SessionCore};
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
-// The per-command maps use aHash: keyed per process at random like the standard SipHash, so
-// a peer choosing task tags cannot aim at collisions, and several times cheaper per lookup.
-use ahash::AHashMap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -431,86 +427,63 @@ impl Conn {
     }
 }
 
-/// A command that takes its turn in CmdSN order.
-pub enum Ordered {
-    /// A SCSI task (by its session-unique id).
-    Task(u64),
-    /// A non-SCSI request (NOP-Out, Text, Logout, Task Management) to run in order.
-    Control(Arc<Conn>, Pdu),
-    /// A SIMPLE command with all its data, held without a task of its own ([`Session::claim`]).
-    Command(Box<Deferred>),
-    /// A CmdSN consumed without a command (a rejected command, an aborted gap).
-    Nothing,
+impl crate::session_core::CoreConn for Arc<Conn> {
+    fn cid(&self) -> u16 {
+        self.cid
+    }
+
+    fn role(&self) -> ConnRole {
+        self.role
+    }
+
+    fn clean_exit(&self) -> bool {
+        Conn::clean_exit(self)
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(self, other)
+    }
+
+    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
+        self.tcp_recent()
+    }
 }
 
-/// A SIMPLE command for a LU that does not block, with all its data at hand (none, or all of it
-/// immediate): it needs no task of its own. It runs at once on the reader that received it
-/// when it is next in CmdSN order; otherwise it waits in the window and runs on the reader of
-/// whichever connection fills the gap before it (sessions of many connections).
-pub struct Deferred {
-    /// The connection it came on (its status leaves there unless the asymmetric mode says
-    /// otherwise).
-    pub conn: Arc<Conn>,
-    pub cmd: mcsi_proto::pdu::ScsiCommand,
-    pub phase: mcsi_scsi::DataPhase,
-    /// The write's transfer state (all of its data came as immediate data).
-    pub transfer: Option<crate::transfer::WriteTransfer>,
-}
-
-/// What [`Session::claim`] decided for a command that needs no task of its own.
-pub enum Turn {
-    /// Its turn has come: run it now on this reader.
-    Now(Inline),
-    /// Commands before it have not arrived yet: hold it ([`Session::hold`]).
-    Wait,
-    /// It needs a task of its own (ITT in use, an ORDERED task pending, closing).
-    Task,
-}
-
-/// Something that came up in CmdSN order, for the caller to carry out outside the session lock.
-pub enum Run {
-    /// A non-SCSI request.
-    Control(Arc<Conn>, Pdu),
-    /// A held command to run now on this reader.
-    Inline(Box<Deferred>, Inline),
-    /// A held command whose turn came while an ORDERED task is pending: start it as a task
-    /// (its CmdSN is consumed; it enters the task set like an immediate command).
-    Task(Box<Deferred>),
-}
-
-/// A command claimed for execution on its connection's reader ([`Session::claim_inline`]).
-pub struct Inline {
-    /// Entered in the task set; [`Session::release_inline`] must follow its end.
-    pub tracked: bool,
-    /// Where its final PDUs go (a response connection in the asymmetric mode); `None`: the
-    /// connection it came on.
-    pub reply: Option<Arc<Conn>>,
-}
-
+/// A command that takes its turn in CmdSN order ([`crate::session_core::Ordered`]).
+pub type Ordered = crate::session_core::Ordered<Arc<Conn>>;
+/// A command held without a task of its own ([`crate::session_core::Deferred`]).
+pub type Deferred = crate::session_core::Deferred<Arc<Conn>>;
+/// When a command without a task of its own runs ([`crate::session_core::Turn`]).
+pub type Turn = crate::session_core::Turn<Arc<Conn>>;
+/// Something that came up in CmdSN order ([`crate::session_core::Run`]).
+pub type Run = crate::session_core::Run<Arc<Conn>>;
+/// A command claimed to run on a reader ([`crate::session_core::Inline`]).
+pub type Inline = crate::session_core::Inline<Arc<Conn>>;
 /// What came up in CmdSN order, with their connections.
 pub type InOrder = Vec<Run>;
+pub use crate::session_core::{Register, TaskRef};
 
-/// One task in the task table.
-pub struct TaskEntry {
-    pub id: u64,
-    /// The connection the command came on (connection allegiance: its Data-Out comes there).
-    pub cid: u16,
-    /// The connection its R2T, Data-In and status leave on: `cid`, or in an asymmetric session
-    /// one of the response connections.
-    pub reply_cid: u16,
-    /// Data bytes the task moves (its expected data transfer length).
-    pub bytes: u64,
-    pub lun: u64,
-    pub cmd_sn: u32,
-    pub attr: TaskAttribute,
+/// The session core as the tokio layer instantiates it.
+pub type Core = SessionCore<Arc<Conn>, TaskIo>;
+
+/// What the tokio layer attaches to a task in the core: the ends of its channels that the
+/// session keeps.
+pub struct TaskIo {
     /// Data-Out PDUs for this task go here.
     pub data_tx: Option<mpsc::UnboundedSender<DataOut>>,
     /// Fired when the task may run (its CmdSN came up and the task set admits it).
     ready: Option<oneshot::Sender<()>>,
-    pub aborted: bool,
     abort_tx: watch::Sender<bool>,
     /// Closed (sender dropped) when the task's future has ended.
     done_rx: watch::Receiver<()>,
+}
+
+impl TaskIo {
+    /// Tells the task's future to stop; returns what resolves once it has ended.
+    fn abort(&mut self) -> watch::Receiver<()> {
+        let _ = self.abort_tx.send(true);
+        self.done_rx.clone()
+    }
 }
 
 /// What a task's future holds.
@@ -523,35 +496,14 @@ pub struct TaskHandles {
     pub done_tx: watch::Sender<()>,
 }
 
-/// Mutable session state.
-pub struct SessionState {
-    pub window: CmdWindow<Ordered>,
-    pub conns: AHashMap<u16, Arc<Conn>>,
-    pub tasks: AHashMap<u32, TaskEntry>,
-    task_sets: AHashMap<u64, TaskSet<u64>>,
-    next_ttt: u32,
-    /// The response connection picked last; the next pick is the one with the next higher CID
-    /// (asymmetric mode, round-robin).
-    last_reply: Option<u16>,
-    /// The target's response policy when it is not round-robin, with its scratch lists.
-    reply_sched: Option<ReplySched>,
-    /// Tracked inline commands running ([`Session::claim_inline`]).
-    inline: u32,
-    pub closing: bool,
-}
-
-/// Why a new task could not be registered.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Register {
-    /// Registered; the handles go to the task's future.
-    Ok,
-    /// Outside the CmdSN window, or a duplicate of a held CmdSN: dropped silently (RFC 7143
-    /// 4.2.2.1).
-    OutOfWindow,
-    /// The ITT is in use by another task (Reject 0x07... "task in progress").
-    IttInUse,
-    /// The session is closing.
-    Closing,
+/// Wakes the futures of the tasks whose turn came.
+#[inline]
+fn wake_ready(core: &mut Core) {
+    while let Some((_, io)) = core.poll_ready() {
+        if let Some(r) = io.ready.take() {
+            let _ = r.send(());
+        }
+    }
 }
 
 /// An iSCSI session: discovery (no target) or normal.
@@ -564,7 +516,7 @@ pub struct Session {
     pub nexus: Nexus,
     pub shared: Arc<Shared>,
     pub span: tracing::Span,
-    state: Mutex<SessionState>,
+    core: Mutex<Core>,
     /// Woken when the last tracked inline command ends.
     inline_idle: tokio::sync::Notify,
     /// The session's read budget in KiB ([`Session::read_permit`]).
@@ -610,19 +562,10 @@ impl Session {
             .map_or(Limits::default().read_budget, |t| t.limits.read_budget)
             .div_ceil(1024)
             .clamp(1, u64::from(u32::MAX)) as u32;
-        let reply_sched = ops
-            .asymmetric
-            .then(|| {
-                target
-                    .as_ref()
-                    .and_then(|t| t.limits.response_policy.scheduler())
-            })
-            .flatten()
-            .map(|policy| ReplySched {
-                policy,
-                loads: Vec::new(),
-                cids: Vec::new(),
-            });
+        let reply_policy = target
+            .as_ref()
+            .and_then(|t| t.limits.response_policy.scheduler());
+        let core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
         Arc::new(Session {
             tsih,
             isid,
@@ -635,17 +578,7 @@ impl Session {
             inline_idle: tokio::sync::Notify::new(),
             read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
             read_budget_kib,
-            state: Mutex::new(SessionState {
-                window: CmdWindow::new(exp_cmd_sn, ops.queue_depth),
-                conns: AHashMap::new(),
-                tasks: AHashMap::new(),
-                task_sets: AHashMap::new(),
-                next_ttt: 1,
-                last_reply: None,
-                reply_sched,
-                inline: 0,
-                closing: false,
-            }),
+            core: Mutex::new(core),
         })
     }
 
@@ -662,14 +595,13 @@ impl Session {
         self.read_budget.clone().acquire_many_owned(kib).await.ok()
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// (ExpCmdSN, MaxCmdSN) to put in a PDU now.
     pub fn cmd_sns(&self) -> (u32, u32) {
-        let st = self.lock();
-        (st.window.exp_cmd_sn(), st.window.max_cmd_sn())
+        self.lock().cmd_sns()
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -677,23 +609,27 @@ impl Session {
     }
 
     pub fn conn_count(&self) -> usize {
-        self.lock().conns.len()
+        self.lock().conn_count()
     }
 
     pub fn conn(&self, cid: u16) -> Option<Arc<Conn>> {
-        self.lock().conns.get(&cid).cloned()
+        self.lock().conn(cid).cloned()
+    }
+
+    /// Every connection of the session now.
+    pub fn conns(&self) -> Vec<Arc<Conn>> {
+        self.lock().conns().cloned().collect()
     }
 
     /// Adds a connection; an existing one with the same CID is returned (to be dropped by the
     /// caller: connection reinstatement, RFC 7143 6.3.4).
     pub fn add_conn(&self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
-        self.lock().conns.insert(conn.cid, conn)
+        self.lock().add_conn(conn)
     }
 
     /// A Target Transfer Tag not equal to the reserved value.
     pub fn alloc_ttt(&self) -> u32 {
-        let mut st = self.lock();
-        alloc_ttt(&mut st)
+        self.lock().alloc_ttt()
     }
 
     /// Registers a SCSI task and submits it to the CmdSN window. Returns the handles for its
@@ -710,22 +646,6 @@ impl Session {
         wants_data: bool,
         bytes: u64,
     ) -> (Register, Option<TaskHandles>, InOrder) {
-        let mut st = self.lock();
-        if st.closing {
-            return (Register::Closing, None, Vec::new());
-        }
-        if !immediate && !st.window.takes(cmd_sn) {
-            return (Register::OutOfWindow, None, Vec::new());
-        }
-        if st.tasks.contains_key(&itt) {
-            // The CmdSN is still consumed so that later commands are not held forever.
-            let ctl = if immediate {
-                Vec::new()
-            } else {
-                submit(&mut st, cmd_sn, Ordered::Nothing, self.ops.asymmetric)
-            };
-            return (Register::IttInUse, None, ctl);
-        }
         let id = self.shared.task_id();
         let (ready_tx, ready_rx) = oneshot::channel();
         let (abort_tx, abort_rx) = watch::channel(false);
@@ -736,112 +656,67 @@ impl Session {
         } else {
             (None, None)
         };
-        let reply_cid = if self.ops.asymmetric {
-            pick_reply(&mut st, bytes).unwrap_or(conn.cid)
-        } else {
-            conn.cid
+        let io = TaskIo {
+            data_tx,
+            ready: Some(ready_tx),
+            abort_tx,
+            done_rx,
         };
-        st.tasks.insert(
+        let task = crate::session_core::NewTask {
+            id,
             itt,
-            TaskEntry {
-                id,
-                cid: conn.cid,
-                reply_cid,
-                bytes,
-                lun,
-                cmd_sn,
-                attr,
-                data_tx,
-                ready: Some(ready_tx),
-                aborted: false,
-                abort_tx,
-                done_rx,
-            },
-        );
-        st.window.task_started();
-        let ctl = if immediate {
-            // Immediate commands skip the ordering (RFC 7143 3.2.2.1) but still enter the task set.
-            admit(&mut st, id);
-            Vec::new()
-        } else {
-            submit(&mut st, cmd_sn, Ordered::Task(id), self.ops.asymmetric)
+            lun,
+            cmd_sn,
+            immediate,
+            attr,
+            bytes,
         };
-        (
-            Register::Ok,
-            Some(TaskHandles {
-                id,
-                ready_rx,
-                abort_rx,
-                data_rx,
-                done_tx,
-            }),
-            ctl,
-        )
+        let mut core = self.lock();
+        let (reg, ctl) = core.register(conn, task, io);
+        wake_ready(&mut core);
+        drop(core);
+        let handles = (reg == Register::Ok).then_some(TaskHandles {
+            id,
+            ready_rx,
+            abort_rx,
+            data_rx,
+            done_tx,
+        });
+        (reg, handles, ctl)
     }
 
-    /// Decides when a [`Deferred`] command runs, without a task of its own. When it is next in
-    /// CmdSN order (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5
-    /// 8.6), its CmdSN is consumed and the caller runs it now ([`Turn::Now`]) to its end, queues
-    /// its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim,
-    /// calls [`Session::release_inline`]. A command ahead of ExpCmdSN (another connection has
-    /// not delivered the ones before it yet) is given to [`Session::hold`]. Nothing is allocated
-    /// on the way of a command whose turn has come.
-    ///
-    /// With one connection no other reader can deliver a command or task management meanwhile,
-    /// so nothing is tracked. With several, a running command counts in its LUN's task set as a
-    /// running SIMPLE task, so that an ORDERED command arriving on another connection waits for
-    /// it and task management waits for it to end ([`Session::inline_quiesced`]).
+    /// Decides when a [`Deferred`] command runs, without a task of its own
+    /// ([`SessionCore::claim`]).
     pub fn claim(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Turn {
-        let mut st = self.lock();
-        if st.closing || st.tasks.contains_key(&itt) {
-            return Turn::Task;
-        }
-        if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-            return Turn::Task;
-        }
-        if immediate || st.window.take_next(cmd_sn) {
-            return Turn::Now(inline_claim(&mut st, lun, self.ops.asymmetric));
-        }
-        Turn::Wait
+        self.lock().claim(itt, lun, cmd_sn, immediate)
     }
 
     /// Holds a command whose turn has not come ([`Turn::Wait`]) in the window, with a queue
     /// slot, to run on the reader that fills the gap before it ([`Run::Inline`]). Returns what
     /// came up in order meanwhile (possibly itself), or gives it back when it needs a task of
     /// its own after all (the session changed since [`Session::claim`]).
-    pub fn hold(&self, d: Deferred) -> Result<InOrder, Box<Deferred>> {
-        let mut st = self.lock();
-        if st.closing || st.tasks.contains_key(&d.cmd.itt) {
-            return Err(Box::new(d));
+    pub fn hold(&self, d: Box<Deferred>) -> Result<InOrder, Box<Deferred>> {
+        let mut core = self.lock();
+        let held = core.hold(d);
+        wake_ready(&mut core);
+        drop(core);
+        match held {
+            Held::InOrder(ready) => Ok(ready),
+            Held::NeedsTask(d) => Err(d),
+            Held::Dropped(d) => {
+                // Silently ignored (RFC 7143 4.2.2.1).
+                tracing::debug!(parent: &d.conn.span, cmd_sn = d.cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
+                Ok(Vec::new())
+            }
         }
-        let cmd_sn = d.cmd.cmd_sn;
-        if !st.window.takes(cmd_sn) {
-            // Silently ignored (RFC 7143 4.2.2.1).
-            tracing::debug!(parent: &d.conn.span, cmd_sn, "command outside the CmdSN window or a duplicate dropped");
-            return Ok(Vec::new());
-        }
-        st.window.task_started();
-        Ok(submit(
-            &mut st,
-            cmd_sn,
-            Ordered::Command(Box::new(d)),
-            self.ops.asymmetric,
-        ))
     }
 
     /// A tracked inline command ended: lets the LUN's task set go on.
     pub fn release_inline(&self, lun: u64) {
-        let mut st = self.lock();
-        let ready = st
-            .task_sets
-            .get_mut(&lun)
-            .map(|ts| ts.leave_inline())
-            .unwrap_or_default();
-        for rid in ready {
-            fire_ready(&mut st, rid);
-        }
-        st.inline = st.inline.saturating_sub(1);
-        if st.inline == 0 {
+        let mut core = self.lock();
+        let idle = core.release_inline(lun);
+        wake_ready(&mut core);
+        if idle {
             self.inline_idle.notify_waiters();
         }
     }
@@ -853,7 +728,7 @@ impl Session {
             let idle = self.inline_idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            if self.lock().inline == 0 {
+            if self.lock().inline_running() == 0 {
                 return;
             }
             idle.await;
@@ -863,37 +738,33 @@ impl Session {
     /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
     /// the requests now in order (possibly including this one) and whether it was dropped.
     pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, InOrder) {
-        let mut st = self.lock();
-        if !st.window.accepts(cmd_sn) {
-            return (false, Vec::new());
-        }
-        (true, submit(&mut st, cmd_sn, item, self.ops.asymmetric))
+        let mut core = self.lock();
+        let r = core.submit_ordered(cmd_sn, item);
+        wake_ready(&mut core);
+        r
     }
 
-    /// The connection task `itt`'s R2T, Data-In and status leave on: the one its command came
-    /// on (connection allegiance, RFC 7143 5.3), or in the asymmetric mode the response
-    /// connection chosen when the task was registered. Falls back to `command_conn` when that
-    /// connection has gone (logged out) or the task is unknown.
+    /// The connection task `itt`'s R2T, Data-In and status leave on
+    /// ([`SessionCore::reply_conn`]).
     pub fn reply_conn(&self, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
         if !self.ops.asymmetric {
             return command_conn.clone();
         }
-        let mut st = self.lock();
-        reply_conn_locked(&mut st, itt, command_conn)
+        self.lock().reply_conn(itt, command_conn)
     }
 
     /// Whether `cmd_sn` is in the window now.
     pub fn accepts(&self, cmd_sn: u32) -> bool {
-        self.lock().window.accepts(cmd_sn)
+        self.lock().accepts(cmd_sn)
     }
 
     /// The Data-Out channel of task `itt` if it is allegiant to `cid`: Err(true) if the task
     /// lives on another connection (a protocol error), Err(false) if there is no such task.
     pub fn data_route(&self, itt: u32, cid: u16) -> Result<mpsc::UnboundedSender<DataOut>, bool> {
-        let st = self.lock();
-        match st.tasks.get(&itt) {
+        let core = self.lock();
+        match core.task(itt) {
             Some(t) if t.cid != cid => Err(true),
-            Some(t) => t.data_tx.clone().ok_or(false),
+            Some(t) => t.io.data_tx.clone().ok_or(false),
             None => Err(false),
         }
     }
@@ -909,35 +780,16 @@ impl Session {
         command_conn: &Arc<Conn>,
         pdus: impl FnOnce(&Conn) -> Vec<Pdu>,
     ) -> bool {
-        let mut st = self.lock();
-        let Some(entry) = st.tasks.get(&itt) else {
+        let mut core = self.lock();
+        let Some(done) = core.finish(itt, id, command_conn) else {
             return false;
         };
-        if entry.id != id {
+        wake_ready(&mut core);
+        if done.aborted {
             return false;
         }
-        let out = if self.ops.asymmetric {
-            reply_conn_locked(&mut st, itt, command_conn)
-        } else {
-            command_conn.clone()
-        };
-        let Some(entry) = st.tasks.remove(&itt) else {
-            return false;
-        };
-        let ready = st
-            .task_sets
-            .get_mut(&entry.lun)
-            .map(|ts| ts.leave(&id))
-            .unwrap_or_default();
-        for rid in ready {
-            fire_ready(&mut st, rid);
-        }
-        st.window.task_done();
-        if entry.aborted {
-            return false;
-        }
-        for p in pdus(&out) {
-            out.send(p);
+        for p in pdus(&done.out) {
+            done.out.send(p);
         }
         true
     }
@@ -946,44 +798,17 @@ impl Session {
     /// be sent, RFC 7143 4.2.3) and its end is waited on through [`Aborted::waits`]; a command
     /// held in the window without a task ([`Deferred`]) is dropped there, its CmdSN kept as
     /// consumed-without-command.
-    pub fn abort_where(&self, mut pred: impl FnMut(&TaskRef) -> bool) -> Aborted {
-        let mut st = self.lock();
-        let mut out = Aborted::default();
-        for (itt, t) in st.tasks.iter_mut() {
-            let r = TaskRef {
-                itt: *itt,
-                cid: t.cid,
-                lun: t.lun,
-                cmd_sn: t.cmd_sn,
-            };
-            if pred(&r) {
-                t.aborted = true;
-                let _ = t.abort_tx.send(true);
-                out.waits.push(t.done_rx.clone());
-                out.found += 1;
-            }
-        }
-        out.found += abort_held(&mut st, pred);
-        out
+    pub fn abort_where(&self, pred: impl FnMut(&TaskRef) -> bool) -> Aborted {
+        let mut waits = Vec::new();
+        let found = self.lock().abort_where(pred, |io| waits.push(io.abort()));
+        Aborted { found, waits }
     }
 
     /// Closes the session: aborts every task, drops every connection, leaves the registry and
     /// tells the device server the I_T nexus is gone once the tasks have ended.
     pub async fn close(self: &Arc<Self>, why: SessionEnd) {
-        let (waits, conns, first) = {
-            let mut st = self.lock();
-            let first = !st.closing;
-            st.closing = true;
-            let _ = st.window.drain_held();
-            let conns: Vec<Arc<Conn>> = st.conns.drain().map(|(_, c)| c).collect();
-            let mut waits = Vec::new();
-            for t in st.tasks.values_mut() {
-                t.aborted = true;
-                let _ = t.abort_tx.send(true);
-                waits.push(t.done_rx.clone());
-            }
-            (waits, conns, first)
-        };
+        let mut waits = Vec::new();
+        let (conns, first) = self.lock().close(|io| waits.push(io.abort()));
         for c in conns {
             c.stop();
         }
@@ -1002,27 +827,8 @@ impl Session {
     /// takes the session with it (RFC 7143 7.1.5 / 6.1); a logged-out connection only ends its
     /// own tasks. A session without connections ends.
     pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, logged_out: bool, why: &str) {
-        let (remaining, waits) = {
-            let mut st = self.lock();
-            if st
-                .conns
-                .get(&conn.cid)
-                .is_some_and(|c| Arc::ptr_eq(c, conn))
-            {
-                st.conns.remove(&conn.cid);
-            }
-            let cid = conn.cid;
-            let mut waits = Vec::new();
-            for t in st.tasks.values_mut() {
-                if t.cid == cid {
-                    t.aborted = true;
-                    let _ = t.abort_tx.send(true);
-                    waits.push(t.done_rx.clone());
-                }
-            }
-            abort_held(&mut st, |t| t.cid == cid);
-            (st.conns.len(), waits)
-        };
+        let mut waits = Vec::new();
+        let remaining = self.lock().conn_lost(conn, |io| waits.push(io.abort()));
         if !logged_out || remaining == 0 {
             self.close(if logged_out {
                 SessionEnd::LastConnectionLoggedOut
@@ -1056,16 +862,6 @@ pub enum SessionEnd {
     Shutdown,
 }
 
-/// What identifies a task for task management, logout and connection loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskRef {
-    pub itt: u32,
-    /// The connection its command came on.
-    pub cid: u16,
-    pub lun: u64,
-    pub cmd_sn: u32,
-}
-
 /// What [`Session::abort_where`] did.
 #[derive(Default)]
 pub struct Aborted {
@@ -1075,215 +871,10 @@ pub struct Aborted {
     pub waits: Vec<watch::Receiver<()>>,
 }
 
-/// Drops the held [`Deferred`] commands `pred` picks, keeping their CmdSNs as used; returns how
-/// many.
-fn abort_held(st: &mut SessionState, mut pred: impl FnMut(&TaskRef) -> bool) -> usize {
-    let mut n = 0;
-    for (_, item) in st.window.held_mut() {
-        let Ordered::Command(d) = item else { continue };
-        let r = TaskRef {
-            itt: d.cmd.itt,
-            cid: d.conn.cid,
-            lun: d.cmd.lun,
-            cmd_sn: d.cmd.cmd_sn,
-        };
-        if pred(&r) {
-            *item = Ordered::Nothing;
-            n += 1;
-        }
-    }
-    for _ in 0..n {
-        st.window.task_done();
-    }
-    n
-}
-
 /// Waits until every task future behind these receivers has ended.
 pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
     for mut w in waits {
         while w.changed().await.is_ok() {}
-    }
-}
-
-/// Counts a command about to run without a task (tracked when other readers could deliver
-/// commands or task management meanwhile) and picks its reply connection.
-fn inline_claim(st: &mut SessionState, lun: u64, asymmetric: bool) -> Inline {
-    let tracked = st.conns.len() > 1;
-    if tracked {
-        st.task_sets.entry(lun).or_default().enter_inline();
-        st.inline += 1;
-    }
-    let reply = if asymmetric {
-        pick_reply(st, 0).and_then(|cid| st.conns.get(&cid).cloned())
-    } else {
-        None
-    };
-    Inline { tracked, reply }
-}
-
-/// A response policy other than round-robin ([`crate::config::ResponsePolicy`]) and the lists
-/// it is given, kept to be reused.
-struct ReplySched {
-    policy: Box<dyn mcsi_tcp::sched::Scheduler>,
-    loads: Vec<mcsi_tcp::sched::ConnLoad>,
-    cids: Vec<u16>,
-}
-
-/// The response connection for a task that moves `bytes`: by the target's response policy, or
-/// round-robin in CID order (thesis 4.3.3: responses spread over connections n+1..2n); `None`
-/// when the session has none.
-fn pick_reply(st: &mut SessionState, bytes: u64) -> Option<u16> {
-    if let Some(rs) = st.reply_sched.as_mut() {
-        return pick_reply_by_policy(rs, &st.conns, &st.tasks, bytes);
-    }
-    // Round-robin in CID order without collecting the connections: the next CID above the last
-    // one picked, or the lowest once past the end. Called once per task in an asymmetric session.
-    let responses = || {
-        st.conns
-            .values()
-            .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
-            .map(|c| c.cid)
-    };
-    let last = st.last_reply;
-    let cid = responses()
-        .filter(|&cid| last.is_none_or(|l| cid > l))
-        .min()
-        .or_else(|| responses().min())?;
-    st.last_reply = Some(cid);
-    Some(cid)
-}
-
-/// The policy's pick among the usable response connections in CID order. A connection's load
-/// is what it still owes: the data of the tasks that reply on it and what its socket holds
-/// unsent or unacknowledged; a load-aware policy also sees the socket's TCP state (the target
-/// sends the reads, so its delivery rate is the connection's).
-fn pick_reply_by_policy(
-    rs: &mut ReplySched,
-    conns: &AHashMap<u16, Arc<Conn>>,
-    tasks: &AHashMap<u32, TaskEntry>,
-    bytes: u64,
-) -> Option<u16> {
-    rs.cids.clear();
-    rs.cids.extend(
-        conns
-            .values()
-            .filter(|c| c.role == ConnRole::Responses && !c.clean_exit())
-            .map(|c| c.cid),
-    );
-    rs.cids.sort_unstable();
-    let wants_tcp = rs.policy.wants_tcp_info();
-    rs.loads.clear();
-    for cid in &rs.cids {
-        let tcp = wants_tcp
-            .then(|| conns.get(cid).and_then(|c| c.tcp_recent()))
-            .flatten();
-        let in_socket = tcp.map_or(0, |t| {
-            u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
-        });
-        rs.loads.push(mcsi_tcp::sched::ConnLoad {
-            usable: true,
-            outstanding_tasks: 0,
-            outstanding_bytes: in_socket,
-            tcp,
-            rate: None,
-            target_tcp: None,
-        });
-    }
-    // The tasks that reply on each connection, in one pass over the task table.
-    for t in tasks.values() {
-        if let Ok(i) = rs.cids.binary_search(&t.reply_cid) {
-            rs.loads[i].outstanding_tasks += 1;
-            rs.loads[i].outstanding_bytes += t.bytes;
-        }
-    }
-    let task = mcsi_tcp::sched::TaskInfo {
-        bytes,
-        write: false,
-    };
-    let i = rs.policy.pick(&rs.loads, &task)?;
-    rs.cids.get(i).copied()
-}
-
-fn reply_conn_locked(st: &mut SessionState, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
-    let Some(cid) = st.tasks.get(&itt).map(|t| t.reply_cid) else {
-        return command_conn.clone();
-    };
-    if let Some(c) = st.conns.get(&cid).filter(|c| !c.clean_exit()) {
-        return c.clone();
-    }
-    // The chosen response connection is logging out or gone: another one takes the rest.
-    let bytes = st.tasks.get(&itt).map_or(0, |t| t.bytes);
-    let cid = pick_reply(st, bytes).unwrap_or(command_conn.cid);
-    if let Some(t) = st.tasks.get_mut(&itt) {
-        t.reply_cid = cid;
-    }
-    st.conns
-        .get(&cid)
-        .cloned()
-        .unwrap_or_else(|| command_conn.clone())
-}
-
-fn alloc_ttt(st: &mut SessionState) -> u32 {
-    let t = st.next_ttt;
-    st.next_ttt = st.next_ttt.wrapping_add(1);
-    if st.next_ttt == mcsi_proto::pdu::RESERVED_TAG {
-        st.next_ttt = 1;
-    }
-    t
-}
-
-/// Puts an item into the window and admits what became in order. Returns what the caller runs
-/// outside the lock: control requests and held commands.
-fn submit(st: &mut SessionState, cmd_sn: u32, item: Ordered, asymmetric: bool) -> InOrder {
-    let mut out = Vec::new();
-    let items = match st.window.submit(cmd_sn, item) {
-        Submit::Deliver(items) => items,
-        // SCSI commands are checked with CmdWindow::takes first, so only a duplicate or
-        // out-of-window control request is dropped here (silently, RFC 7143 4.2.2.1).
-        Submit::Held | Submit::Dropped(_) => Vec::new(),
-    };
-    for it in items {
-        match it {
-            Ordered::Task(id) => admit(st, id),
-            Ordered::Control(c, p) => out.push(Run::Control(c, p)),
-            Ordered::Command(d) => {
-                // Its queue slot is given back now; it runs right after the lock is let go.
-                st.window.task_done();
-                let lun = d.cmd.lun;
-                if st.task_sets.get(&lun).is_some_and(|ts| !ts.admits_simple()) {
-                    out.push(Run::Task(d));
-                } else {
-                    let claim = inline_claim(st, lun, asymmetric);
-                    out.push(Run::Inline(d, claim));
-                }
-            }
-            Ordered::Nothing => {}
-        }
-    }
-    out
-}
-
-/// A task's turn came in CmdSN order: enter its LUN's task set, start it if the set allows.
-fn admit(st: &mut SessionState, id: u64) {
-    let Some((lun, attr)) = st
-        .tasks
-        .values()
-        .find(|t| t.id == id && !t.aborted)
-        .map(|t| (t.lun, t.attr))
-    else {
-        return;
-    };
-    let ready = st.task_sets.entry(lun).or_default().enter(id, attr);
-    if ready {
-        fire_ready(st, id);
-    }
-}
-
-fn fire_ready(st: &mut SessionState, id: u64) {
-    if let Some(t) = st.tasks.values_mut().find(|t| t.id == id) {
-        if let Some(r) = t.ready.take() {
-            let _ = r.send(());
-        }
     }
 }
 

@@ -550,7 +550,7 @@ pub fn snapshot(shared: &Shared) -> Vec<SessionSnapshot> {
 }
 
 fn session_snapshot(s: &Arc<Session>) -> SessionSnapshot {
-    let mut conns: Vec<Arc<Conn>> = s.lock().conns.values().cloned().collect();
+    let mut conns: Vec<Arc<Conn>> = s.conns();
     conns.sort_by_key(|c| c.cid);
     SessionSnapshot {
         tsih: s.tsih,

@@ -1,0 +1,1108 @@
+//! The session core: what a session decides, with no tokio, no sockets, no clock reads and no
+//! threads. It keeps CmdSN order across all of a session's connections (commands reach SCSI in
+//! CmdSN order whichever connection carried them, RFC 7143 4.2.2.1), the task registry keyed by
+//! ITT with each task's connection allegiance, one task set per LUN (SAM-5 8.6), the commands
+//! held in the window until the gap before them is filled, and the choice of a task's response
+//! connection in the asymmetric mode.
+//!
+//! Inputs are method calls: a command or a control request arriving on a connection, a task
+//! ending, task management, a connection added, lost or logged out. Outputs are what the calls
+//! return (requests now in CmdSN order, the connection a reply leaves on) and the tasks whose
+//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer ([`crate::session`])
+//! holds the core under one lock and carries the outputs out: it wakes task futures, runs
+//! control requests, queues PDUs on connections.
+//!
+//! The core is generic over the connection handle `C` ([`CoreConn`]: an `Arc` of the tokio
+//! layer's connection, or a plain value in tests) and over `T`, what the tokio layer attaches to
+//! each task (its channels); the core hands `T` back and never looks inside.
+
+use crate::taskset::TaskSet;
+use crate::window::{CmdWindow, Submit};
+use ahash::AHashMap;
+use mcsi_proto::pdu::Pdu;
+use mcsi_proto::vendor::ConnRole;
+use mcsi_scsi::TaskAttribute;
+
+/// What the core needs to know of a connection.
+pub trait CoreConn: Clone {
+    fn cid(&self) -> u16;
+    /// What the connection carries (asymmetric sessions; [`ConnRole::Both`] otherwise).
+    fn role(&self) -> ConnRole;
+    /// Logged out or being replaced: picked for no new replies.
+    fn clean_exit(&self) -> bool;
+    /// The same connection (not merely the same CID: a reinstated CID is another connection).
+    fn same(&self, other: &Self) -> bool;
+    /// The socket's TCP state, for a load-aware response policy; `None` without a socket.
+    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
+        None
+    }
+}
+
+/// A command that takes its turn in CmdSN order.
+pub enum Ordered<C> {
+    /// A SCSI task: its session-unique id and its ITT.
+    Task(u64, u32),
+    /// A non-SCSI request (NOP-Out, Text, Logout, Task Management) to run in order.
+    Control(C, Pdu),
+    /// A SIMPLE command with all its data, held without a task of its own
+    /// ([`SessionCore::claim`]).
+    Command(Box<Deferred<C>>),
+    /// A CmdSN consumed without a command (a rejected command, an aborted gap).
+    Nothing,
+}
+
+/// A SIMPLE command for a LU that does not block, with all its data at hand (none, or all of it
+/// immediate): it needs no task of its own. It runs at once on the reader that received it
+/// when it is next in CmdSN order; otherwise it waits in the window and runs on the reader of
+/// whichever connection fills the gap before it (sessions of many connections).
+pub struct Deferred<C> {
+    /// The connection it came on (its status leaves there unless the asymmetric mode says
+    /// otherwise).
+    pub conn: C,
+    pub cmd: mcsi_proto::pdu::ScsiCommand,
+    pub phase: mcsi_scsi::DataPhase,
+    /// The write's transfer state (all of its data came as immediate data).
+    pub transfer: Option<crate::transfer::WriteTransfer>,
+}
+
+/// What [`SessionCore::claim`] decided for a command that needs no task of its own.
+pub enum Turn<C> {
+    /// Its turn has come: run it now on this reader.
+    Now(Inline<C>),
+    /// Commands before it have not arrived yet: hold it ([`SessionCore::hold`]).
+    Wait,
+    /// It needs a task of its own (ITT in use, an ORDERED task pending, closing).
+    Task,
+}
+
+/// Something that came up in CmdSN order, for the caller to carry out outside the session lock.
+pub enum Run<C> {
+    /// A non-SCSI request.
+    Control(C, Pdu),
+    /// A held command to run now on this reader.
+    Inline(Box<Deferred<C>>, Inline<C>),
+    /// A held command whose turn came while an ORDERED task is pending: start it as a task
+    /// (its CmdSN is consumed; it enters the task set like an immediate command).
+    Task(Box<Deferred<C>>),
+}
+
+/// A command claimed for execution on its connection's reader.
+pub struct Inline<C> {
+    /// Entered in the task set; [`SessionCore::release_inline`] must follow its end.
+    pub tracked: bool,
+    /// Where its final PDUs go (a response connection in the asymmetric mode); `None`: the
+    /// connection it came on.
+    pub reply: Option<C>,
+}
+
+/// What came up in CmdSN order, with their connections.
+pub type InOrder<C> = Vec<Run<C>>;
+
+/// What [`SessionCore::hold`] did with a command.
+pub enum Held<C> {
+    /// Held or run: what came up in CmdSN order meanwhile (possibly the command itself).
+    InOrder(InOrder<C>),
+    /// Outside the CmdSN window or a duplicate: dropped silently (RFC 7143 4.2.2.1); given
+    /// back to be logged.
+    Dropped(Box<Deferred<C>>),
+    /// It needs a task of its own after all (the session changed since the claim).
+    NeedsTask(Box<Deferred<C>>),
+}
+
+/// Why a new task could not be registered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Register {
+    /// Registered.
+    Ok,
+    /// Outside the CmdSN window, or a duplicate of a held CmdSN: dropped silently (RFC 7143
+    /// 4.2.2.1).
+    OutOfWindow,
+    /// The ITT is in use by another task (Reject 0x07... "task in progress").
+    IttInUse,
+    /// The session is closing.
+    Closing,
+}
+
+/// One task in the task table.
+pub struct Task<T> {
+    pub id: u64,
+    /// The connection the command came on (connection allegiance: its Data-Out comes there).
+    pub cid: u16,
+    /// The connection its R2T, Data-In and status leave on: `cid`, or in an asymmetric session
+    /// one of the response connections.
+    pub reply_cid: u16,
+    /// Data bytes the task moves (its expected data transfer length).
+    pub bytes: u64,
+    pub lun: u64,
+    pub cmd_sn: u32,
+    pub attr: TaskAttribute,
+    /// Aborted: it sends nothing more (RFC 7143 4.2.3) and leaves at its end.
+    pub aborted: bool,
+    /// Its turn came and [`SessionCore::poll_ready`] handed it out.
+    pub started: bool,
+    /// What the tokio layer attached to it.
+    pub io: T,
+}
+
+/// A task as a task set and the ready list know it: its session-unique id and its ITT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key {
+    id: u64,
+    itt: u32,
+}
+
+/// What identifies a task for task management, logout and connection loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskRef {
+    pub itt: u32,
+    /// The connection its command came on.
+    pub cid: u16,
+    pub lun: u64,
+    pub cmd_sn: u32,
+}
+
+/// A new task, as [`SessionCore::register`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewTask {
+    /// Session-unique, never reused (ITTs are).
+    pub id: u64,
+    pub itt: u32,
+    pub lun: u64,
+    pub cmd_sn: u32,
+    /// Skips CmdSN ordering (an immediate command, or one whose CmdSN was consumed already);
+    /// still enters its task set.
+    pub immediate: bool,
+    pub attr: TaskAttribute,
+    pub bytes: u64,
+}
+
+/// A task that left the table ([`SessionCore::finish`]).
+pub struct Finished<C, T> {
+    /// The connection its final PDUs leave on.
+    pub out: C,
+    pub aborted: bool,
+    pub io: T,
+}
+
+/// A response policy other than round-robin ([`crate::config::ResponsePolicy`]) and the lists
+/// it is given, kept to be reused.
+struct ReplySched {
+    policy: Box<dyn mcsi_tcp::sched::Scheduler>,
+    loads: Vec<mcsi_tcp::sched::ConnLoad>,
+    cids: Vec<u16>,
+}
+
+/// One session's ordering, tasks and connections.
+pub struct SessionCore<C, T> {
+    window: CmdWindow<Ordered<C>>,
+    conns: AHashMap<u16, C>,
+    tasks: AHashMap<u32, Task<T>>,
+    task_sets: AHashMap<u64, TaskSet<Key>>,
+    /// Tasks whose turn came, for [`SessionCore::poll_ready`].
+    ready: std::collections::VecDeque<Key>,
+    next_ttt: u32,
+    asymmetric: bool,
+    /// The response connection picked last; the next pick is the one with the next higher CID
+    /// (asymmetric mode, round-robin).
+    last_reply: Option<u16>,
+    reply_sched: Option<ReplySched>,
+    /// Tracked inline commands running ([`SessionCore::claim`]).
+    inline: u32,
+    closing: bool,
+}
+
+impl<C: CoreConn, T> SessionCore<C, T> {
+    /// A session whose first command carries `exp_cmd_sn`, taking `queue_depth` commands at a
+    /// time. In the asymmetric mode `reply_policy` picks response connections (round-robin in
+    /// CID order without one).
+    pub fn new(
+        exp_cmd_sn: u32,
+        queue_depth: u32,
+        asymmetric: bool,
+        reply_policy: Option<Box<dyn mcsi_tcp::sched::Scheduler>>,
+    ) -> Self {
+        SessionCore {
+            window: CmdWindow::new(exp_cmd_sn, queue_depth.max(1)),
+            conns: AHashMap::new(),
+            tasks: AHashMap::new(),
+            task_sets: AHashMap::new(),
+            ready: std::collections::VecDeque::new(),
+            next_ttt: 1,
+            asymmetric,
+            last_reply: None,
+            reply_sched: reply_policy
+                .filter(|_| asymmetric)
+                .map(|policy| ReplySched {
+                    policy,
+                    loads: Vec::new(),
+                    cids: Vec::new(),
+                }),
+            inline: 0,
+            closing: false,
+        }
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) to put in a PDU now.
+    pub fn cmd_sns(&self) -> (u32, u32) {
+        (self.window.exp_cmd_sn(), self.window.max_cmd_sn())
+    }
+
+    /// Whether `cmd_sn` is in the window now.
+    pub fn accepts(&self, cmd_sn: u32) -> bool {
+        self.window.accepts(cmd_sn)
+    }
+
+    /// Commands held in the window for a gap before them.
+    pub fn held(&self) -> usize {
+        self.window.held()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    pub fn conn(&self, cid: u16) -> Option<&C> {
+        self.conns.get(&cid)
+    }
+
+    pub fn conns(&self) -> impl Iterator<Item = &C> {
+        self.conns.values()
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Adds a connection; an existing one with the same CID is returned (to be dropped by the
+    /// caller: connection reinstatement, RFC 7143 6.3.4).
+    pub fn add_conn(&mut self, conn: C) -> Option<C> {
+        self.conns.insert(conn.cid(), conn)
+    }
+
+    /// A Target Transfer Tag not equal to the reserved value.
+    pub fn alloc_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == mcsi_proto::pdu::RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    pub fn task(&self, itt: u32) -> Option<&Task<T>> {
+        self.tasks.get(&itt)
+    }
+
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Registers a SCSI task that came on `conn` and submits it to the CmdSN window. Returns
+    /// whether it was registered (`io` is dropped if not) and the requests its arrival put in
+    /// order. A registered task starts once [`SessionCore::poll_ready`] hands it out.
+    pub fn register(&mut self, conn: &C, t: NewTask, io: T) -> (Register, InOrder<C>) {
+        if self.closing {
+            return (Register::Closing, Vec::new());
+        }
+        if !t.immediate && !self.window.takes(t.cmd_sn) {
+            return (Register::OutOfWindow, Vec::new());
+        }
+        if self.tasks.contains_key(&t.itt) {
+            // The CmdSN is still consumed so that later commands are not held forever.
+            let ctl = if t.immediate {
+                Vec::new()
+            } else {
+                self.submit(t.cmd_sn, Ordered::Nothing)
+            };
+            return (Register::IttInUse, ctl);
+        }
+        let cid = conn.cid();
+        let reply_cid = if self.asymmetric {
+            self.pick_reply(t.bytes).unwrap_or(cid)
+        } else {
+            cid
+        };
+        self.tasks.insert(
+            t.itt,
+            Task {
+                id: t.id,
+                cid,
+                reply_cid,
+                bytes: t.bytes,
+                lun: t.lun,
+                cmd_sn: t.cmd_sn,
+                attr: t.attr,
+                aborted: false,
+                started: false,
+                io,
+            },
+        );
+        self.window.task_started();
+        let ctl = if t.immediate {
+            // Immediate commands skip the ordering (RFC 7143 3.2.2.1) but still enter the task set.
+            self.admit(Key {
+                id: t.id,
+                itt: t.itt,
+            });
+            Vec::new()
+        } else {
+            self.submit(t.cmd_sn, Ordered::Task(t.id, t.itt))
+        };
+        (Register::Ok, ctl)
+    }
+
+    /// The next task whose turn has come (CmdSN order and its task set allow it), with what is
+    /// attached to it; each task once.
+    #[inline]
+    pub fn poll_ready(&mut self) -> Option<(u32, &mut T)> {
+        if self.ready.is_empty() {
+            return None;
+        }
+        self.next_ready()
+    }
+
+    fn next_ready(&mut self) -> Option<(u32, &mut T)> {
+        let k = loop {
+            let k = self.ready.pop_front()?;
+            if self
+                .tasks
+                .get(&k.itt)
+                .is_some_and(|t| t.id == k.id && !t.started)
+            {
+                break k;
+            }
+        };
+        let t = self.tasks.get_mut(&k.itt)?;
+        t.started = true;
+        Some((k.itt, &mut t.io))
+    }
+
+    /// Decides when a [`Deferred`] command runs, without a task of its own. When it is next in
+    /// CmdSN order (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5
+    /// 8.6), its CmdSN is consumed and the caller runs it now ([`Turn::Now`]) to its end, queues
+    /// its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim,
+    /// calls [`SessionCore::release_inline`]. A command ahead of ExpCmdSN (another connection
+    /// has not delivered the ones before it yet) is given to [`SessionCore::hold`]. Nothing is
+    /// allocated on the way of a command whose turn has come.
+    ///
+    /// With one connection no other reader can deliver a command or task management meanwhile,
+    /// so nothing is tracked. With several, a running command counts in its LUN's task set as a
+    /// running SIMPLE task, so that an ORDERED command arriving on another connection waits for
+    /// it and task management waits for it to end ([`SessionCore::inline_running`]).
+    pub fn claim(&mut self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Turn<C> {
+        if self.closing || self.tasks.contains_key(&itt) {
+            return Turn::Task;
+        }
+        if self
+            .task_sets
+            .get(&lun)
+            .is_some_and(|ts| !ts.admits_simple())
+        {
+            return Turn::Task;
+        }
+        if immediate || self.window.take_next(cmd_sn) {
+            return Turn::Now(self.inline_claim(lun));
+        }
+        Turn::Wait
+    }
+
+    /// Holds a command whose turn has not come ([`Turn::Wait`]) in the window, with a queue
+    /// slot, to run on the reader that fills the gap before it ([`Run::Inline`]).
+    pub fn hold(&mut self, d: Box<Deferred<C>>) -> Held<C> {
+        if self.closing || self.tasks.contains_key(&d.cmd.itt) {
+            return Held::NeedsTask(d);
+        }
+        let cmd_sn = d.cmd.cmd_sn;
+        if !self.window.takes(cmd_sn) {
+            return Held::Dropped(d);
+        }
+        self.window.task_started();
+        Held::InOrder(self.submit(cmd_sn, Ordered::Command(d)))
+    }
+
+    /// A tracked inline command ended: lets the LUN's task set go on. Returns true when no
+    /// inline command is running any more.
+    pub fn release_inline(&mut self, lun: u64) -> bool {
+        let ready = self
+            .task_sets
+            .get_mut(&lun)
+            .map(|ts| ts.leave_inline())
+            .unwrap_or_default();
+        for k in ready {
+            self.ready.push_back(k);
+        }
+        self.inline = self.inline.saturating_sub(1);
+        self.inline == 0
+    }
+
+    /// Tracked inline commands running.
+    pub fn inline_running(&self) -> u32 {
+        self.inline
+    }
+
+    /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
+    /// whether it was taken and the requests now in order (possibly including this one).
+    pub fn submit_ordered(&mut self, cmd_sn: u32, item: Ordered<C>) -> (bool, InOrder<C>) {
+        if !self.window.accepts(cmd_sn) {
+            return (false, Vec::new());
+        }
+        (true, self.submit(cmd_sn, item))
+    }
+
+    /// The connection task `itt`'s R2T, Data-In and status leave on: the one its command came
+    /// on (connection allegiance, RFC 7143 5.3), or in the asymmetric mode the response
+    /// connection chosen when the task was registered; when that one has gone or is logging
+    /// out another is chosen. Falls back to `command_conn` when no response connection is left
+    /// or the task is unknown.
+    pub fn reply_conn(&mut self, itt: u32, command_conn: &C) -> C {
+        if !self.asymmetric {
+            return command_conn.clone();
+        }
+        let Some((cid, bytes)) = self.tasks.get(&itt).map(|t| (t.reply_cid, t.bytes)) else {
+            return command_conn.clone();
+        };
+        if let Some(c) = self.conns.get(&cid).filter(|c| !c.clean_exit()) {
+            return c.clone();
+        }
+        // The chosen response connection is logging out or gone: another one takes the rest.
+        let cid = self.pick_reply(bytes).unwrap_or(command_conn.cid());
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.reply_cid = cid;
+        }
+        self.conns
+            .get(&cid)
+            .cloned()
+            .unwrap_or_else(|| command_conn.clone())
+    }
+
+    /// Ends task `itt` (if it is still the task `id`): it leaves the table, its task set goes
+    /// on (tasks whose turn came wait in [`SessionCore::poll_ready`]) and its queue slot is
+    /// given back. Returns where its final PDUs leave (sent only if it was not aborted) and
+    /// what was attached to it.
+    pub fn finish(&mut self, itt: u32, id: u64, command_conn: &C) -> Option<Finished<C, T>> {
+        if self.tasks.get(&itt)?.id != id {
+            return None;
+        }
+        let out = self.reply_conn(itt, command_conn);
+        let entry = self.tasks.remove(&itt)?;
+        let ready = self
+            .task_sets
+            .get_mut(&entry.lun)
+            .map(|ts| ts.leave(&Key { id: entry.id, itt }))
+            .unwrap_or_default();
+        for k in ready {
+            self.ready.push_back(k);
+        }
+        self.window.task_done();
+        Some(Finished {
+            out,
+            aborted: entry.aborted,
+            io: entry.io,
+        })
+    }
+
+    /// Aborts the tasks `pred` picks: a task of its own is marked aborted (its status will not
+    /// be sent, RFC 7143 4.2.3) and handed to `on_abort`, which tells it to stop; a command
+    /// held in the window without a task ([`Deferred`]) is dropped there, its CmdSN kept as
+    /// consumed-without-command. Returns how many were found (running or held).
+    pub fn abort_where(
+        &mut self,
+        mut pred: impl FnMut(&TaskRef) -> bool,
+        mut on_abort: impl FnMut(&mut T),
+    ) -> usize {
+        let mut found = 0;
+        for (itt, t) in self.tasks.iter_mut() {
+            let r = TaskRef {
+                itt: *itt,
+                cid: t.cid,
+                lun: t.lun,
+                cmd_sn: t.cmd_sn,
+            };
+            if pred(&r) {
+                t.aborted = true;
+                on_abort(&mut t.io);
+                found += 1;
+            }
+        }
+        found + self.abort_held(pred)
+    }
+
+    /// Closes the session: nothing more is taken, held commands are dropped, every task is
+    /// aborted (`on_abort`). Returns the connections, to be dropped, and whether this was the
+    /// first close.
+    pub fn close(&mut self, on_abort: impl FnMut(&mut T)) -> (Vec<C>, bool) {
+        let first = !self.closing;
+        self.closing = true;
+        let _ = self.window.drain_held();
+        let conns = self.conns.drain().map(|(_, c)| c).collect();
+        self.tasks.values_mut().for_each(|t| t.aborted = true);
+        self.tasks
+            .values_mut()
+            .map(|t| &mut t.io)
+            .for_each(on_abort);
+        (conns, first)
+    }
+
+    /// Connection `conn` ended: it leaves the session (unless another connection has taken its
+    /// CID meanwhile), and the tasks that came on its CID, running or held, are aborted
+    /// (`on_abort`). Returns how many connections are left.
+    pub fn conn_lost(&mut self, conn: &C, mut on_abort: impl FnMut(&mut T)) -> usize {
+        let cid = conn.cid();
+        if self.conns.get(&cid).is_some_and(|c| c.same(conn)) {
+            self.conns.remove(&cid);
+        }
+        for t in self.tasks.values_mut().filter(|t| t.cid == cid) {
+            t.aborted = true;
+            on_abort(&mut t.io);
+        }
+        self.abort_held(|t| t.cid == cid);
+        self.conns.len()
+    }
+
+    /// Drops the held [`Deferred`] commands `pred` picks, keeping their CmdSNs as used; returns
+    /// how many.
+    fn abort_held(&mut self, mut pred: impl FnMut(&TaskRef) -> bool) -> usize {
+        let mut n = 0;
+        for (_, item) in self.window.held_mut() {
+            let Ordered::Command(d) = item else { continue };
+            let r = TaskRef {
+                itt: d.cmd.itt,
+                cid: d.conn.cid(),
+                lun: d.cmd.lun,
+                cmd_sn: d.cmd.cmd_sn,
+            };
+            if pred(&r) {
+                *item = Ordered::Nothing;
+                n += 1;
+            }
+        }
+        for _ in 0..n {
+            self.window.task_done();
+        }
+        n
+    }
+
+    /// Counts a command about to run without a task (tracked when other readers could deliver
+    /// commands or task management meanwhile) and picks its reply connection.
+    fn inline_claim(&mut self, lun: u64) -> Inline<C> {
+        let tracked = self.conns.len() > 1;
+        if tracked {
+            self.task_sets.entry(lun).or_default().enter_inline();
+            self.inline += 1;
+        }
+        let reply = if self.asymmetric {
+            self.pick_reply(0)
+                .and_then(|cid| self.conns.get(&cid).cloned())
+        } else {
+            None
+        };
+        Inline { tracked, reply }
+    }
+
+    /// Puts an item into the window and admits what became in order. Returns what the caller
+    /// runs outside the lock: control requests and held commands.
+    fn submit(&mut self, cmd_sn: u32, item: Ordered<C>) -> InOrder<C> {
+        let mut out = Vec::new();
+        let items = match self.window.submit(cmd_sn, item) {
+            Submit::Deliver(items) => items,
+            // SCSI commands are checked with takes() first, so only a duplicate or
+            // out-of-window control request is dropped here (silently, RFC 7143 4.2.2.1).
+            Submit::Held | Submit::Dropped(_) => Vec::new(),
+        };
+        for it in items {
+            match it {
+                Ordered::Task(id, itt) => self.admit(Key { id, itt }),
+                Ordered::Control(c, p) => out.push(Run::Control(c, p)),
+                Ordered::Command(d) => {
+                    // Its queue slot is given back now; it runs right after the lock is let go.
+                    self.window.task_done();
+                    let lun = d.cmd.lun;
+                    if self
+                        .task_sets
+                        .get(&lun)
+                        .is_some_and(|ts| !ts.admits_simple())
+                    {
+                        out.push(Run::Task(d));
+                    } else {
+                        let claim = self.inline_claim(lun);
+                        out.push(Run::Inline(d, claim));
+                    }
+                }
+                Ordered::Nothing => {}
+            }
+        }
+        out
+    }
+
+    /// A task's turn came in CmdSN order: enter its LUN's task set, start it if the set allows.
+    fn admit(&mut self, k: Key) {
+        let Some((lun, attr)) = self
+            .tasks
+            .get(&k.itt)
+            .filter(|t| t.id == k.id && !t.aborted)
+            .map(|t| (t.lun, t.attr))
+        else {
+            return;
+        };
+        if self.task_sets.entry(lun).or_default().enter(k, attr) {
+            self.ready.push_back(k);
+        }
+    }
+
+    /// The response connection for a task that moves `bytes`: by the target's response policy,
+    /// or round-robin in CID order (thesis 4.3.3: responses spread over connections n+1..2n);
+    /// `None` when the session has none.
+    fn pick_reply(&mut self, bytes: u64) -> Option<u16> {
+        if let Some(rs) = self.reply_sched.as_mut() {
+            return pick_reply_by_policy(rs, &self.conns, &self.tasks, bytes);
+        }
+        // Round-robin in CID order without collecting the connections: the next CID above the
+        // last one picked, or the lowest once past the end. Called once per task in an
+        // asymmetric session.
+        let responses = || {
+            self.conns
+                .values()
+                .filter(|c| c.role() == ConnRole::Responses && !c.clean_exit())
+                .map(|c| c.cid())
+        };
+        let last = self.last_reply;
+        let cid = responses()
+            .filter(|&cid| last.is_none_or(|l| cid > l))
+            .min()
+            .or_else(|| responses().min())?;
+        self.last_reply = Some(cid);
+        Some(cid)
+    }
+}
+
+/// The policy's pick among the usable response connections in CID order. A connection's load
+/// is what it still owes: the data of the tasks that reply on it and what its socket holds
+/// unsent or unacknowledged; a load-aware policy also sees the socket's TCP state (the target
+/// sends the reads, so its delivery rate is the connection's).
+fn pick_reply_by_policy<C: CoreConn, T>(
+    rs: &mut ReplySched,
+    conns: &AHashMap<u16, C>,
+    tasks: &AHashMap<u32, Task<T>>,
+    bytes: u64,
+) -> Option<u16> {
+    rs.cids.clear();
+    rs.cids.extend(
+        conns
+            .values()
+            .filter(|c| c.role() == ConnRole::Responses && !c.clean_exit())
+            .map(|c| c.cid()),
+    );
+    rs.cids.sort_unstable();
+    let wants_tcp = rs.policy.wants_tcp_info();
+    rs.loads.clear();
+    for cid in &rs.cids {
+        let tcp = wants_tcp
+            .then(|| conns.get(cid).and_then(|c| c.tcp_state()))
+            .flatten();
+        let in_socket = tcp.map_or(0, |t| {
+            u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
+        });
+        rs.loads.push(mcsi_tcp::sched::ConnLoad {
+            usable: true,
+            outstanding_tasks: 0,
+            outstanding_bytes: in_socket,
+            tcp,
+            rate: None,
+            target_tcp: None,
+        });
+    }
+    // The tasks that reply on each connection, in one pass over the task table.
+    for t in tasks.values() {
+        if let Ok(i) = rs.cids.binary_search(&t.reply_cid) {
+            rs.loads[i].outstanding_tasks += 1;
+            rs.loads[i].outstanding_bytes += t.bytes;
+        }
+    }
+    let task = mcsi_tcp::sched::TaskInfo {
+        bytes,
+        write: false,
+    };
+    let i = rs.policy.pick(&rs.loads, &task)?;
+    rs.cids.get(i).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use mcsi_proto::pdu::{ScsiCommand, TaskAttr};
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use TaskAttribute::{Ordered as Ord_, Simple};
+
+    /// A connection as the tests see it: a CID, a role, and which connection of that CID.
+    #[derive(Clone)]
+    struct C {
+        cid: u16,
+        role: ConnRole,
+        generation: u32,
+        clean: Rc<Cell<bool>>,
+    }
+
+    impl CoreConn for C {
+        fn cid(&self) -> u16 {
+            self.cid
+        }
+        fn role(&self) -> ConnRole {
+            self.role
+        }
+        fn clean_exit(&self) -> bool {
+            self.clean.get()
+        }
+        fn same(&self, other: &Self) -> bool {
+            self.cid == other.cid && self.generation == other.generation
+        }
+    }
+
+    fn conn(cid: u16, role: ConnRole) -> C {
+        C {
+            cid,
+            role,
+            generation: 1,
+            clean: Rc::new(Cell::new(false)),
+        }
+    }
+
+    /// What the tests attach to a task: whether it was told to stop.
+    #[derive(Default)]
+    struct Io {
+        aborted: bool,
+    }
+
+    type Core = SessionCore<C, Io>;
+
+    fn core(conns: &[&C]) -> Core {
+        let mut c = Core::new(1, 8, false, None);
+        for x in conns {
+            c.add_conn((*x).clone());
+        }
+        c
+    }
+
+    fn task(itt: u32, cmd_sn: u32, attr: TaskAttribute) -> NewTask {
+        NewTask {
+            id: u64::from(itt) + 1000,
+            itt,
+            lun: 0,
+            cmd_sn,
+            immediate: false,
+            attr,
+            bytes: 4096,
+        }
+    }
+
+    fn register(core: &mut Core, on: &C, t: NewTask) -> (Register, InOrder<C>) {
+        core.register(on, t, Io::default())
+    }
+
+    /// The ITTs of the tasks whose turn came, in the order they came.
+    fn ready(core: &mut Core) -> Vec<u32> {
+        std::iter::from_fn(|| core.poll_ready().map(|(itt, _)| itt)).collect()
+    }
+
+    fn finish(core: &mut Core, itt: u32, on: &C) -> Finished<C, Io> {
+        let id = core.task(itt).expect("task registered").id;
+        core.finish(itt, id, on).expect("task finished")
+    }
+
+    fn deferred(on: &C, itt: u32, cmd_sn: u32) -> Deferred<C> {
+        Deferred {
+            conn: on.clone(),
+            cmd: ScsiCommand {
+                immediate: false,
+                final_: true,
+                read: true,
+                write: false,
+                attr: TaskAttr::Simple,
+                lun: 0,
+                itt,
+                expected_data_transfer_length: 4096,
+                cmd_sn,
+                exp_stat_sn: 0,
+                cdb: Bytes::from_static(&[0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0]),
+                bidi_read_length: None,
+                data: Bytes::new(),
+            },
+            phase: mcsi_scsi::DataPhase {
+                data_out_len: 0,
+                data_in_len: 4096,
+            },
+            transfer: None,
+        }
+    }
+
+    /// The ITTs of held commands that came up to run inline, and whether each is tracked.
+    fn inline(runs: &InOrder<C>) -> Vec<(u32, bool)> {
+        runs.iter()
+            .filter_map(|r| match r {
+                Run::Inline(d, i) => Some((d.cmd.itt, i.tracked)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cmdsn_gap_left_by_one_connection_is_filled_late_by_another() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        // Connection 2 delivers CmdSN 2, 3 (tasks) and 4 (a command without a task) before
+        // connection 1 delivers CmdSN 1: nothing may start.
+        assert_eq!(register(&mut core, &b, task(20, 2, Simple)).0, Register::Ok);
+        assert_eq!(register(&mut core, &b, task(21, 3, Simple)).0, Register::Ok);
+        assert!(matches!(core.claim(40, 0, 4, false), Turn::Wait));
+        let Held::InOrder(runs) = core.hold(Box::new(deferred(&b, 40, 4))) else {
+            panic!("the command should be held")
+        };
+        assert!(runs.is_empty());
+        assert_eq!(ready(&mut core), Vec::<u32>::new());
+        assert_eq!(core.held(), 3);
+        assert_eq!(core.cmd_sns().0, 1, "ExpCmdSN waits for the gap");
+        // CmdSN 1 arrives: everything runs, in CmdSN order; the held command on the reader
+        // that filled the gap, tracked because another reader could meanwhile deliver more.
+        let (reg, runs) = register(&mut core, &a, task(10, 1, Simple));
+        assert_eq!(reg, Register::Ok);
+        assert_eq!(ready(&mut core), vec![10, 20, 21]);
+        assert_eq!(inline(&runs), vec![(40, true)]);
+        assert_eq!(core.held(), 0);
+        // Three tasks hold queue slots (the inline command gave its slot back): MaxCmdSN =
+        // ExpCmdSN - 1 + 8 - 3.
+        assert_eq!(core.cmd_sns(), (5, 9));
+        assert_eq!(core.inline_running(), 1);
+        assert!(core.release_inline(0), "no inline command left");
+        // Each task is handed out once.
+        assert_eq!(ready(&mut core), Vec::<u32>::new());
+        // Tasks reply on the connection their command came on.
+        assert_eq!(finish(&mut core, 20, &b).out.cid, 2);
+        assert_eq!(finish(&mut core, 10, &a).out.cid, 1);
+    }
+
+    #[test]
+    fn a_command_in_order_on_a_single_connection_runs_at_once_untracked() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        let Turn::Now(i) = core.claim(1, 0, 1, false) else {
+            panic!("CmdSN 1 is next")
+        };
+        assert!(!i.tracked && i.reply.is_none());
+        assert_eq!(core.cmd_sns().0, 2);
+        // The next CmdSN but one waits; an immediate command does not.
+        assert!(matches!(core.claim(2, 0, 3, false), Turn::Wait));
+        assert!(matches!(core.claim(3, 0, 99, true), Turn::Now(_)));
+    }
+
+    #[test]
+    fn commands_outside_the_window_and_duplicates_are_dropped() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        // The window is [1, 8].
+        assert_eq!(
+            register(&mut core, &a, task(1, 9, Simple)).0,
+            Register::OutOfWindow
+        );
+        assert_eq!(register(&mut core, &a, task(2, 3, Simple)).0, Register::Ok);
+        assert_eq!(
+            register(&mut core, &b, task(3, 3, Simple)).0,
+            Register::OutOfWindow,
+            "a duplicate of a held CmdSN"
+        );
+        assert!(matches!(
+            core.hold(Box::new(deferred(&b, 4, 3))),
+            Held::Dropped(_)
+        ));
+        assert!(matches!(
+            core.hold(Box::new(deferred(&b, 4, 0))),
+            Held::Dropped(_)
+        ));
+        assert_eq!(core.task_count(), 1);
+        // An immediate command skips the window and still enters its task set.
+        let mut imm = task(5, 1000, Simple);
+        imm.immediate = true;
+        assert_eq!(register(&mut core, &a, imm).0, Register::Ok);
+        assert_eq!(ready(&mut core), vec![5]);
+        assert_eq!(core.cmd_sns().0, 1);
+    }
+
+    #[test]
+    fn an_itt_in_use_is_refused_and_its_cmdsn_consumed() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        assert_eq!(register(&mut core, &a, task(7, 1, Simple)).0, Register::Ok);
+        assert_eq!(
+            register(&mut core, &a, task(7, 2, Simple)).0,
+            Register::IttInUse
+        );
+        assert_eq!(core.cmd_sns().0, 3, "CmdSN 2 is used up, so 3 is not held");
+        assert_eq!(register(&mut core, &a, task(8, 3, Simple)).0, Register::Ok);
+        assert_eq!(ready(&mut core), vec![7, 8]);
+        // A command whose ITT is a running task's needs a task of its own (to be refused).
+        assert!(matches!(core.claim(7, 0, 4, false), Turn::Task));
+    }
+
+    #[test]
+    fn an_ordered_task_waits_for_those_before_it_and_holds_back_those_after() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        register(&mut core, &a, task(1, 1, Simple));
+        register(&mut core, &b, task(2, 2, Ord_));
+        register(&mut core, &a, task(3, 3, Simple));
+        assert_eq!(ready(&mut core), vec![1]);
+        // A SIMPLE command may not run inline past a pending ORDERED one.
+        assert!(matches!(core.claim(4, 0, 4, false), Turn::Task));
+        finish(&mut core, 1, &a);
+        assert_eq!(ready(&mut core), vec![2]);
+        finish(&mut core, 2, &b);
+        assert_eq!(ready(&mut core), vec![3]);
+        // A held command whose turn comes while an ORDERED task is pending becomes a task.
+        register(&mut core, &a, task(5, 5, Ord_));
+        let Held::InOrder(runs) = core.hold(Box::new(deferred(&b, 6, 6))) else {
+            panic!("held")
+        };
+        assert!(runs.is_empty());
+        let (_, runs) = core.submit_ordered(4, Ordered::Nothing);
+        assert!(matches!(runs.as_slice(), [Run::Task(d)] if d.cmd.itt == 6));
+    }
+
+    #[test]
+    fn task_management_aborts_running_tasks_and_held_commands() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        register(&mut core, &a, task(10, 1, Simple));
+        assert_eq!(ready(&mut core), vec![10]);
+        // CmdSN 2 is missing; 3 (held command) and 4 (task) wait for it; 5 is another LUN.
+        let Held::InOrder(_) = core.hold(Box::new(deferred(&b, 30, 3))) else {
+            panic!("held")
+        };
+        register(&mut core, &b, task(31, 4, Simple));
+        let mut other_lun = task(32, 5, Simple);
+        other_lun.lun = 1;
+        register(&mut core, &b, other_lun);
+        // ABORT TASK SET on LUN 0.
+        let mut told = 0;
+        let found = core.abort_where(
+            |t| t.lun == 0,
+            |io| {
+                io.aborted = true;
+                told += 1;
+            },
+        );
+        assert_eq!(found, 3, "two tasks and one held command");
+        assert_eq!(told, 2, "the tasks are told to stop");
+        assert!(core.task(10).is_some_and(|t| t.aborted));
+        assert!(core.task(32).is_some_and(|t| !t.aborted));
+        // The gap fills: the aborted held command does not run, the aborted task does not start,
+        // the other LUN's task does.
+        let (taken, runs) = core.submit_ordered(2, Ordered::Nothing);
+        assert!(taken);
+        assert!(runs.is_empty());
+        assert_eq!(ready(&mut core), vec![32]);
+        assert_eq!(core.cmd_sns().0, 6);
+        // Aborted tasks still leave the table at their end, and send nothing.
+        let f = finish(&mut core, 10, &a);
+        assert!(f.aborted && f.io.aborted);
+        assert!(finish(&mut core, 31, &b).aborted);
+        assert!(!finish(&mut core, 32, &b).aborted);
+        assert_eq!(core.task_count(), 0);
+        // Every queue slot is free again: MaxCmdSN = ExpCmdSN - 1 + 8.
+        assert_eq!(core.cmd_sns(), (6, 13));
+    }
+
+    #[test]
+    fn a_lost_connection_ends_its_tasks_and_the_session_goes_on() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        register(&mut core, &a, task(10, 1, Simple));
+        register(&mut core, &b, task(20, 2, Simple));
+        assert_eq!(ready(&mut core), vec![10, 20]);
+        let Held::InOrder(_) = core.hold(Box::new(deferred(&a, 11, 4))) else {
+            panic!("held")
+        };
+        register(&mut core, &b, task(21, 5, Simple));
+        // Connection 1 is replaced under the same CID before the old one is seen to end: the
+        // new one stays; the old one's tasks (by CID) are aborted.
+        let a2 = C {
+            generation: 2,
+            ..a.clone()
+        };
+        assert!(core.add_conn(a2.clone()).is_some_and(|old| old.same(&a)));
+        let mut told = Vec::new();
+        let left = core.conn_lost(&a, |io| {
+            io.aborted = true;
+            told.push(());
+        });
+        assert_eq!(left, 2);
+        assert!(core.conn(1).is_some_and(|c| c.same(&a2)));
+        assert_eq!(told.len(), 1);
+        assert!(core.task(10).is_some_and(|t| t.aborted));
+        assert!(core.task(20).is_some_and(|t| !t.aborted));
+        // Connection 2 fills the gap: its task runs, the lost connection's held command not.
+        let (_, runs) = core.submit_ordered(3, Ordered::Nothing);
+        assert!(runs.is_empty());
+        assert_eq!(ready(&mut core), vec![21]);
+        // Losing the last connections leaves none.
+        assert_eq!(core.conn_lost(&a2, |_| {}), 1);
+        assert_eq!(core.conn_lost(&b, |_| {}), 0);
+    }
+
+    #[test]
+    fn asymmetric_replies_go_round_robin_and_move_off_a_connection_logging_out() {
+        let cmds = conn(1, ConnRole::Requests);
+        let (r2, r3) = (conn(2, ConnRole::Responses), conn(3, ConnRole::Responses));
+        let mut core = Core::new(1, 8, true, None);
+        for c in [&cmds, &r2, &r3] {
+            core.add_conn(c.clone());
+        }
+        for itt in 1..=4 {
+            register(&mut core, &cmds, task(itt, itt, Simple));
+        }
+        let picks: Vec<u16> = (1..=4)
+            .map(|itt| core.task(itt).map_or(0, |t| t.reply_cid))
+            .collect();
+        assert_eq!(picks, vec![2, 3, 2, 3]);
+        // Inline commands take their turn in the same rotation.
+        let Turn::Now(i) = core.claim(9, 0, 5, false) else {
+            panic!("in order")
+        };
+        assert_eq!(i.reply.map(|c| c.cid), Some(2));
+        // Connection 2 logs out: its tasks' replies move to connection 3, and new tasks avoid it.
+        r2.clean.set(true);
+        assert_eq!(core.reply_conn(1, &cmds).cid, 3);
+        assert_eq!(core.task(1).map(|t| t.reply_cid), Some(3));
+        assert_eq!(finish(&mut core, 3, &cmds).out.cid, 3);
+        register(&mut core, &cmds, task(5, 6, Simple));
+        assert_eq!(core.task(5).map(|t| t.reply_cid), Some(3));
+        // With no response connection left, replies fall back to the command's connection.
+        r3.clean.set(true);
+        assert_eq!(core.reply_conn(4, &cmds).cid, 1);
+    }
+
+    #[test]
+    fn a_closed_session_takes_nothing_more() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        register(&mut core, &a, task(1, 1, Simple));
+        let Held::InOrder(_) = core.hold(Box::new(deferred(&a, 2, 3))) else {
+            panic!("held")
+        };
+        let mut told = 0;
+        let (conns, first) = core.close(|io| {
+            io.aborted = true;
+            told += 1;
+        });
+        assert!(first);
+        assert_eq!(conns.len(), 1);
+        assert_eq!(told, 1);
+        assert_eq!(core.held(), 0);
+        assert!(!core.close(|_| {}).1, "closed once");
+        assert_eq!(
+            register(&mut core, &a, task(3, 2, Simple)).0,
+            Register::Closing
+        );
+        assert!(matches!(core.claim(4, 0, 2, false), Turn::Task));
+        assert!(finish(&mut core, 1, &a).aborted);
+    }
+}
