@@ -64,6 +64,8 @@ pub struct FileConfig {
     pub discovery: Option<FileDiscovery>,
     /// Server-wide limits on logins and connections.
     pub limits: Option<FileLimits>,
+    /// Threads that run sessions (default: one per CPU; 0: the main runtime).
+    pub session_threads: Option<usize>,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
 }
@@ -646,7 +648,18 @@ pub struct ServerConfig {
     pub discovery_auth: AuthSpec,
     /// Logins and connections, server-wide.
     pub limits: ServerLimits,
+    /// Threads that run sessions, each session with all of its connections on one of them
+    /// ([`crate::shard`]); 0 runs sessions on the runtime that starts the server.
+    pub session_threads: usize,
 }
+
+/// The default number of session threads: one per CPU the process may use.
+pub fn default_session_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// At most this many session threads.
+pub const MAX_SESSION_THREADS: usize = 1024;
 
 impl ServerConfig {
     /// Every distinct portal, in first-seen order.
@@ -774,10 +787,21 @@ impl ServerConfig {
             Some(l) => ServerLimits::from_file(l)?,
             None => ServerLimits::default(),
         };
+        let session_threads = match file.session_threads {
+            None => default_session_threads(),
+            Some(n) if n <= MAX_SESSION_THREADS => n,
+            Some(n) => {
+                return Err(cerr(
+                    "session_threads",
+                    format!("{n} is too many (at most {MAX_SESSION_THREADS}; 0 runs sessions on the main runtime)"),
+                ))
+            }
+        };
         Ok(ServerConfig {
             targets,
             discovery_auth,
             limits,
+            session_threads,
         })
     }
 }
@@ -1293,6 +1317,22 @@ mod tests {
             (t.max_sessions, t.max_target_connections),
             (d.max_sessions, d.max_target_connections)
         );
+    }
+
+    #[test]
+    fn session_threads_default_to_the_cpus_and_are_bounded() {
+        let file = |top: &str| {
+            ServerConfig::from_toml(&format!(
+                "{top}listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+        };
+        assert_eq!(file("").unwrap().session_threads, default_session_threads());
+        assert_eq!(file("session_threads = 0\n").unwrap().session_threads, 0);
+        assert_eq!(file("session_threads = 3\n").unwrap().session_threads, 3);
+        let e = file("session_threads = 5000\n").unwrap_err();
+        assert_eq!(e.field, "session_threads");
+        assert!(e.to_string().contains("at most 1024"), "{e}");
+        assert!(file("session_threads = -1\n").is_err());
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod scsi;
 pub mod server;
 pub mod session;
 pub mod session_core;
+pub mod shard;
 pub mod stats;
 pub mod taskset;
 pub mod text;

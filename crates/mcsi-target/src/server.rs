@@ -6,6 +6,7 @@ use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
 use crate::session::{Conn, ConnOps, OutQueue, Session, SessionEnd, Shared, Target};
+use crate::shard::Shards;
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
 use mcsi_scsi::backend::open_backend;
@@ -32,6 +33,8 @@ pub enum StartError {
         #[source]
         source: mcsi_scsi::backend::BackendError,
     },
+    #[error("cannot start the session threads")]
+    Threads(#[source] std::io::Error),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -50,6 +53,13 @@ pub trait Transport: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
     /// The TCP socket under it (no-delay, congestion control, TCP_INFO for reports); `None` for
     /// a stream that is not TCP.
     fn socket(&self) -> Option<socket2::SockRef<'_>>;
+    /// The stream taken off the runtime it is registered with, to move to a session's thread.
+    type Detached: Send + 'static;
+    fn detach(self) -> std::io::Result<Self::Detached>;
+    /// Registers a detached stream with the runtime this is called in.
+    fn attach(d: Self::Detached) -> std::io::Result<Self>
+    where
+        Self: Sized;
 }
 
 impl Transport for TcpStream {
@@ -60,6 +70,13 @@ impl Transport for TcpStream {
     }
     fn socket(&self) -> Option<socket2::SockRef<'_>> {
         Some(socket2::SockRef::from(self))
+    }
+    type Detached = std::net::TcpStream;
+    fn detach(self) -> std::io::Result<std::net::TcpStream> {
+        self.into_std()
+    }
+    fn attach(d: std::net::TcpStream) -> std::io::Result<Self> {
+        TcpStream::from_std(d)
     }
 }
 
@@ -72,12 +89,22 @@ impl Transport for tokio::io::DuplexStream {
     fn socket(&self) -> Option<socket2::SockRef<'_>> {
         None
     }
+    /// Not tied to a runtime's I/O driver: it moves as it is.
+    type Detached = Self;
+    fn detach(self) -> std::io::Result<Self> {
+        Ok(self)
+    }
+    fn attach(d: Self) -> std::io::Result<Self> {
+        Ok(d)
+    }
 }
 
 /// A running target server.
 pub struct Server {
     shared: Arc<Shared>,
     gate: Arc<Gate>,
+    /// The threads sessions run on.
+    shards: Arc<Shards>,
     metrics: Arc<Metrics>,
     local_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
@@ -192,6 +219,7 @@ impl Server {
             cfg.discovery_auth.clone(),
         ));
         let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
+        let shards = Arc::new(Shards::start(cfg.session_threads).map_err(StartError::Threads)?);
         let (stop, stop_rx) = watch::channel(false);
         let mut accept = JoinSet::new();
         for l in listeners {
@@ -199,12 +227,14 @@ impl Server {
                 l,
                 shared.clone(),
                 gate.clone(),
+                shards.clone(),
                 stop_rx.clone(),
             ));
         }
         Ok(Server {
             shared,
             gate,
+            shards,
             metrics,
             local_addrs,
             stop,
@@ -223,7 +253,15 @@ impl Server {
         let Some(slot) = self.gate.connections.try_take() else {
             return false;
         };
-        spawn_connection(&self.shared, &self.gate, slot, stream, peer, local);
+        spawn_connection(
+            &self.shared,
+            &self.gate,
+            &self.shards,
+            slot,
+            stream,
+            peer,
+            local,
+        );
         true
     }
 
@@ -274,6 +312,7 @@ async fn accept_loop(
     l: TcpListener,
     shared: Arc<Shared>,
     gate: Arc<Gate>,
+    shards: Arc<Shards>,
     mut stop: watch::Receiver<bool>,
 ) {
     // Connections closed for max_server_connections since the last log line.
@@ -299,7 +338,7 @@ async fn accept_loop(
                         continue;
                     };
                     let local = stream.local_addr().unwrap_or(peer);
-                    spawn_connection(&shared, &gate, slot, stream, peer, local);
+                    spawn_connection(&shared, &gate, &shards, slot, stream, peer, local);
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
@@ -314,23 +353,32 @@ async fn accept_loop(
 fn spawn_connection<S: Transport>(
     shared: &Arc<Shared>,
     gate: &Arc<Gate>,
+    shards: &Arc<Shards>,
     slot: Slot,
     stream: S,
     peer: SocketAddr,
     local: SocketAddr,
 ) {
     let span = tracing::info_span!("conn", %peer);
-    tokio::spawn(
-        connection(shared.clone(), gate.clone(), slot, stream, peer, local).instrument(span),
+    let c = connection(
+        shared.clone(),
+        gate.clone(),
+        shards.clone(),
+        slot,
+        stream,
+        peer,
+        local,
     );
+    tokio::spawn(c.instrument(span));
 }
 
-/// One connection: login, join or create a session, then full feature phase. `_server_slot`
-/// is its place among the server's connections, held until it ends.
+/// One connection: login, join or create a session, then full feature phase on the session's
+/// thread. `server_slot` is its place among the server's connections, held until it ends.
 async fn connection<S: Transport>(
     shared: Arc<Shared>,
     gate: Arc<Gate>,
-    _server_slot: Slot,
+    shards: Arc<Shards>,
+    server_slot: Slot,
     mut stream: S,
     peer: SocketAddr,
     local: SocketAddr,
@@ -392,7 +440,7 @@ async fn connection<S: Transport>(
         }
     };
     drop(in_login);
-    let (session, old_conn, _target_slot) = match attach(&shared, &gate, &n).await {
+    let (session, old_conn, target_slot) = match attach(&shared, &gate, &n).await {
         Ok(x) => x,
         Err(d) => {
             warn!(
@@ -415,6 +463,37 @@ async fn connection<S: Transport>(
         let aborted = session.abort_where(|t| t.cid == old.cid);
         crate::session::wait_all(aborted.waits).await;
     }
+    // A session of one connection stays here (crate::shard).
+    let tsih = (session.ops.max_connections > 1).then_some(session.tsih);
+    let cid = n.cid;
+    let moved = session.clone();
+    let slots = (server_slot, target_slot);
+    let run = move |stream: S| full_feature(session, n, stream, buf, peer, local, slots);
+    if let Err(e) = shards.run_on(tsih, stream, run).await {
+        warn!(%peer, "connection closed: it could not move to its session's thread: {e}");
+        if moved.conn_count() == 0 {
+            moved
+                .close(SessionEnd::ConnectionLost {
+                    cid,
+                    why: format!("it could not move to its session's thread: {e}"),
+                })
+                .await;
+        }
+    }
+}
+
+/// A logged-in connection of `session` in full feature phase, on the session's thread: it joins
+/// the session, sends the final Login Response, then runs its writer and its reader until it
+/// ends. `_slots` are its places among the server's and its target's connections.
+async fn full_feature<S: Transport>(
+    session: Arc<Session>,
+    n: Negotiated,
+    mut stream: S,
+    buf: BytesMut,
+    peer: SocketAddr,
+    local: SocketAddr,
+    _slots: (Slot, Option<Slot>),
+) {
     if let Some(cc) = session.target.as_ref().and_then(|t| t.limits.congestion) {
         // Checked when the configuration was loaded; a refusal now leaves the default running.
         if let Some(Err(e)) = stream.socket().map(|s| cc.apply(&*s)) {

@@ -105,6 +105,8 @@ fn config() -> ServerConfig {
             max_server_connections: 32,
             ..ServerLimits::default()
         },
+        // Sessions on the fuzzer's own runtime: one thread, the same order every run.
+        session_threads: 0,
     }
 }
 

@@ -38,6 +38,8 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
         }],
         discovery_auth: Default::default(),
         limits: Default::default(),
+        // Two, whatever the machine: connections move to their session's thread after login.
+        session_threads: 2,
     }
 }
 

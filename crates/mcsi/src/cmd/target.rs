@@ -56,6 +56,10 @@ pub struct Args {
     /// Bytes of READ data one session's commands may hold at once (e.g. 64MiB, the default).
     #[arg(long, value_name = "SIZE")]
     read_budget: Option<String>,
+    /// Threads that run sessions, each session with all of its connections on one thread
+    /// (default: one per CPU; 0 runs sessions on the runtime that accepts connections).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
+    session_threads: Option<u16>,
     /// Require CHAP with this user and secret (repeatable; for every target and for discovery).
     /// The secret can also come from the environment: USER:env:VARIABLE.
     #[arg(long, value_name = "USER:SECRET")]
@@ -122,8 +126,12 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             }],
             discovery_auth: Default::default(),
             limits: Default::default(),
+            session_threads: config::default_session_threads(),
         }
     };
+    if let Some(n) = args.session_threads {
+        cfg.session_threads = usize::from(n);
+    }
     let nop_interval = args
         .nop_interval
         .as_ref()
