@@ -178,53 +178,8 @@ pub struct Reader {
     pub keepalive: Keepalive,
 }
 
-/// Target-initiated NOP-In pings (RFC 7143 11.19): a connection that received nothing for
-/// `interval` is pinged; the initiator must answer with a NOP-Out carrying the ping's Target
-/// Transfer Tag within `timeout`, or the connection is dropped (at ErrorRecoveryLevel 0 the
-/// session with it). An `interval` of zero turns pings off.
-#[derive(Debug)]
-pub struct Keepalive {
-    pub interval: Duration,
-    pub timeout: Duration,
-    last_rx: Instant,
-    /// The unanswered ping: its TTT and when its answer is due.
-    pending: Option<(u32, Instant)>,
-}
-
-impl Keepalive {
-    pub fn new(interval: Duration, timeout: Duration) -> Self {
-        Keepalive {
-            interval,
-            timeout,
-            last_rx: Instant::now(),
-            pending: None,
-        }
-    }
-
-    /// When something must happen next (a ping to send or an answer that is due).
-    fn deadline(&self) -> Option<Instant> {
-        if self.interval.is_zero() {
-            return None;
-        }
-        Some(match self.pending {
-            Some((_, due)) => due,
-            None => self.last_rx + self.interval,
-        })
-    }
-
-    fn received(&mut self, now: Instant) {
-        self.last_rx = now;
-    }
-
-    /// A NOP-Out arrived with this TTT: it answers the ping if the tags match.
-    fn answered(&mut self, ttt: u32) -> bool {
-        if self.pending.is_some_and(|(t, _)| t == ttt) {
-            self.pending = None;
-            return true;
-        }
-        false
-    }
-}
+use crate::keepalive::Due;
+pub use crate::keepalive::Keepalive;
 
 impl Reader {
     /// Reads and dispatches until the connection ends. Returns whether it ended cleanly (logout
@@ -299,7 +254,7 @@ impl Reader {
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
                     Ok(0) => break ConnEnd::ClosedByInitiator,
-                    Ok(_) => self.keepalive.received(Instant::now()),
+                    Ok(_) => self.keepalive.received(Instant::now().into_std()),
                     Err(e) => break ConnEnd::Read(e),
                 },
                 _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
@@ -324,34 +279,31 @@ impl Reader {
 
     /// The keepalive deadline passed: ping, or give up on an unanswered ping.
     fn on_keepalive_timer(&mut self) -> Result<(), ConnEnd> {
-        let now = Instant::now();
-        let k = &mut self.keepalive;
-        if let Some((ttt, due)) = k.pending {
-            if now >= due {
-                return Err(ConnEnd::PingUnanswered {
+        let session = &self.session;
+        match self
+            .keepalive
+            .on_deadline(Instant::now().into_std(), || session.alloc_ttt())
+        {
+            Due::Nothing => Ok(()),
+            Due::Unanswered { ttt } => Err(ConnEnd::PingUnanswered {
+                ttt,
+                timeout: self.keepalive.timeout,
+            }),
+            Due::Ping { ttt } => {
+                debug!(parent: &self.conn.span, ttt, "idle: NOP-In ping");
+                // ITT reserved: the target asks for an answer; StatSN is not advanced (11.19.1).
+                self.conn.send(Pdu::NopIn(pdu::NopIn {
+                    lun: 0,
+                    itt: pdu::RESERVED_TAG,
                     ttt,
-                    timeout: k.timeout,
-                });
+                    stat_sn: 0,
+                    exp_cmd_sn: 0,
+                    max_cmd_sn: 0,
+                    data: Bytes::new(),
+                }));
+                Ok(())
             }
-            return Ok(());
         }
-        if now < k.last_rx + k.interval {
-            return Ok(());
-        }
-        let ttt = self.session.alloc_ttt();
-        k.pending = Some((ttt, now + k.timeout));
-        debug!(parent: &self.conn.span, ttt, "idle: NOP-In ping");
-        // ITT reserved: the target asks for an answer; StatSN is not advanced (11.19.1).
-        self.conn.send(Pdu::NopIn(pdu::NopIn {
-            lun: 0,
-            itt: pdu::RESERVED_TAG,
-            ttt,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            data: Bytes::new(),
-        }));
-        Ok(())
     }
 
     /// A rejected non-immediate command still uses up its CmdSN, so that the commands after it
@@ -539,10 +491,11 @@ impl Reader {
     }
 }
 
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
+/// Sleeps until `deadline` (on tokio's clock, which the keepalive is given), or forever without
+/// one.
+async fn sleep_until(deadline: Option<std::time::Instant>) {
     match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
+        Some(d) => tokio::time::sleep_until(Instant::from_std(d)).await,
         None => std::future::pending().await,
     }
 }

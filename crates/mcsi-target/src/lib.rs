@@ -31,6 +31,7 @@ pub mod config;
 pub mod conn;
 pub mod control;
 pub mod datain;
+pub mod keepalive;
 pub mod login;
 pub mod name;
 pub mod scsi;

@@ -562,7 +562,11 @@ async fn full_feature<S: Transport>(
         conn,
         framing: recv_framing,
         buf,
-        keepalive: Keepalive::new(limits.nop_interval, limits.nop_timeout),
+        keepalive: Keepalive::new(
+            limits.nop_interval,
+            limits.nop_timeout,
+            tokio::time::Instant::now().into_std(),
+        ),
     };
     reader.run(rd, stop_rx).instrument(cspan).await;
 }

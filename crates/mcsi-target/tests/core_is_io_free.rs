@@ -6,9 +6,17 @@
 use std::path::Path;
 
 /// The core's modules (src/, without .rs).
-const CORE: &[&str] = &["session_core", "taskset", "transfer", "datain", "window"];
+const CORE: &[&str] = &[
+    "session_core",
+    "keepalive",
+    "taskset",
+    "transfer",
+    "datain",
+    "window",
+];
 
-/// What none of them may name.
+/// What none of them may name. Time is passed in: the `Instant` type is allowed, reading the
+/// clock is not.
 const FORBIDDEN: &[&str] = &[
     "tokio",
     "std::net",
@@ -18,23 +26,25 @@ const FORBIDDEN: &[&str] = &[
     "std::io",
     "Instant::now",
     "SystemTime",
-    "std::time::Instant",
     "mcsi_tcp::tcp_state",
     "rand::",
     "getrandom",
 ];
 
 /// The modules of this crate they may use.
-const CRATE_ALLOWED: &[&str] = &["session_core", "taskset", "transfer", "datain", "window"];
+const CRATE_ALLOWED: &[&str] = CORE;
 
 /// A line's code, without a `//` comment (doc comments included).
 fn code(line: &str) -> &str {
     line.split("//").next().unwrap_or("")
 }
 
+/// What the module's code names that the core may not. Its unit tests (from `#[cfg(test)]` on)
+/// are not the core: they may read the clock for an origin of virtual time.
 fn violations(module: &str, src: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for (n, line) in src.lines().enumerate() {
+    let code_lines = src.lines().take_while(|l| l.trim() != "#[cfg(test)]");
+    for (n, line) in code_lines.enumerate() {
         let c = code(line);
         for f in FORBIDDEN {
             if c.contains(f) {
@@ -84,6 +94,12 @@ fn the_session_core_does_no_io() {
 fn the_check_sees_what_it_forbids() {
     let bad = "use tokio::sync::mpsc;\nlet t = std::time::Instant::now(); // fine here\nuse crate::conn::Conn;\n/// tokio in a doc comment is fine\n";
     let v = violations("x", bad);
-    assert_eq!(v.len(), 4, "{v:#?}");
+    assert_eq!(v.len(), 3, "{v:#?}");
+    assert!(violations("x", "fn f(now: std::time::Instant) {}\n").is_empty());
+    assert!(violations(
+        "x",
+        "#[cfg(test)]\nmod tests { fn t() { Instant::now(); } }\n"
+    )
+    .is_empty());
     assert!(violations("x", "use crate::taskset::TaskSet;\n").is_empty());
 }
