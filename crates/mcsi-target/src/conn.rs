@@ -4,6 +4,7 @@
 use crate::control;
 use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
+use crate::session_core::DataOutcome;
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, ScsiCommand};
@@ -42,6 +43,13 @@ pub enum ConnEnd {
     /// Data-Out for a task on another connection (RFC 7143 4.2.2.3).
     #[error("Data-Out for ITT {itt:#x} on a connection it is not allegiant to")]
     NotAllegiant { itt: u32 },
+    /// A Data-Out that breaks its task's transfer (7.1.4.1).
+    #[error("Data-Out error for ITT {itt:#x}: {source}")]
+    DataOut {
+        itt: u32,
+        #[source]
+        source: crate::transfer::TransferError,
+    },
 }
 
 /// A Reject (11.17) of `pdu`, carrying its BHS ([`Pdu::reject_of`]).
@@ -334,18 +342,18 @@ impl Reader {
         }
         match p {
             Pdu::ScsiCommand(c) => self.on_command(c),
-            Pdu::DataOut(d) => match self.session.data_route(d.itt, self.conn.cid) {
-                Ok(tx) => {
-                    let _ = tx.send(d);
-                    Ok(())
-                }
+            Pdu::DataOut(d) => match self.session.data_out(&self.conn, &d) {
+                DataOutcome::Taken { .. } => Ok(()),
                 // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
-                Err(true) => Err(ConnEnd::NotAllegiant { itt: d.itt }),
-                Err(false) => {
+                DataOutcome::NotAllegiant => Err(ConnEnd::NotAllegiant { itt: d.itt }),
+                DataOutcome::Discarded => {
                     // The task ended or was aborted: the data is discarded (4.2.3.1).
                     debug!(parent: &self.conn.span, itt = d.itt, "Data-Out for no task, discarded");
                     Ok(())
                 }
+                // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143
+                // 7.1.4.1, 7.2): the connection, and with it the session, ends.
+                DataOutcome::Error(source) => Err(ConnEnd::DataOut { itt: d.itt, source }),
             },
             Pdu::NopOut(_)
             | Pdu::TextRequest(_)

@@ -16,8 +16,10 @@
 //!   the server, sessions and connections per target).
 //! - [`session_core`]: what a session decides, with no I/O (no tokio, sockets, clock or threads;
 //!   `tests/core_is_io_free.rs` checks it): CmdSN order across connections, the task registry,
-//!   task sets, held commands, response connections in the asymmetric mode. Unit tested without
-//!   sockets or a runtime.
+//!   task sets, held commands, a write's data and its R2Ts (MaxOutstandingR2T), response
+//!   connections in the asymmetric mode; [`keepalive`]: NOP-In pings on passed-in time. Unit
+//!   tested without sockets or a runtime.
+//! - [`shard`]: session threads (a session of several connections wholly on one thread).
 //! - [`session`]: targets, the session registry, and sessions: the core under a lock, with the
 //!   tokio side of each task (its channels) and connection handles.
 //! - [`conn`]: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN

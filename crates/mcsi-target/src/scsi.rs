@@ -5,8 +5,8 @@
 use crate::datain::{residual, split, Residual};
 use crate::session::{Conn, Inline, Register, Session, TaskHandles};
 use crate::transfer::WriteTransfer;
-use bytes::{Bytes, BytesMut};
-use mcsi_proto::pdu::{DataIn, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG};
+use bytes::Bytes;
+use mcsi_proto::pdu::{DataIn, Pdu, ScsiCommand, ScsiResponse, RESERVED_TAG};
 use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute};
 use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
@@ -19,7 +19,6 @@ pub struct TaskCtx {
     pub attr: TaskAttribute,
     pub cmd: ScsiCommand,
     pub phase: DataPhase,
-    pub transfer: Option<WriteTransfer>,
     pub handles: TaskHandles,
 }
 
@@ -37,6 +36,11 @@ pub fn start_task(
     transfer: Option<WriteTransfer>,
     in_order: bool,
 ) -> crate::session::InOrder {
+    let write = transfer.map(|transfer| crate::session_core::NewWrite {
+        transfer,
+        immediate: cmd.data.clone(),
+        first_burst_length: session.ops.first_burst_length,
+    });
     let (reg, handles, ready) = session.register_task(
         conn,
         cmd.itt,
@@ -44,7 +48,7 @@ pub fn start_task(
         cmd.cmd_sn,
         cmd.immediate || in_order,
         attr,
-        transfer.is_some(),
+        write,
         u64::from(cmd.expected_data_transfer_length),
     );
     match (reg, handles) {
@@ -57,7 +61,6 @@ pub fn start_task(
                 attr,
                 cmd,
                 phase,
-                transfer,
                 handles: h,
             };
             tokio::spawn(run(ctx).instrument(span));
@@ -132,28 +135,23 @@ pub async fn run(ctx: TaskCtx) {
         attr,
         cmd,
         phase,
-        transfer,
         handles,
     } = ctx;
     let TaskHandles {
         id,
         ready_rx,
         mut abort_rx,
-        data_rx,
         done_tx,
     } = handles;
     let itt = cmd.itt;
     let started = std::time::Instant::now();
     let outcome = async {
-        let data_out = match transfer {
-            Some(t) => collect(&session, &conn, &cmd, t, data_rx, &mut abort_rx).await?,
-            None => Bytes::new(),
-        };
-        tokio::select! {
+        // Its turn, with all of its data (gathered by the session core as Data-Out arrives).
+        let data_out = tokio::select! {
             biased;
             _ = crate::session::flag_set(&mut abort_rx) => return None,
             r = ready_rx => r.ok()?,
-        }
+        };
         let read_expected = read_expected(&cmd);
         // The data the backend fills waits for the session's read budget.
         let permit = tokio::select! {
@@ -225,93 +223,6 @@ pub fn read_expected(cmd: &ScsiCommand) -> u32 {
         (true, true) => cmd.bidi_read_length.unwrap_or(0),
         _ => 0,
     }
-}
-
-/// Gathers the data-out buffer: immediate data, the unsolicited burst, and R2T-solicited data.
-async fn collect(
-    session: &Session,
-    conn: &Arc<Conn>,
-    cmd: &ScsiCommand,
-    mut t: WriteTransfer,
-    data_rx: Option<tokio::sync::mpsc::UnboundedReceiver<mcsi_proto::pdu::DataOut>>,
-    abort_rx: &mut tokio::sync::watch::Receiver<bool>,
-) -> Option<Bytes> {
-    let want = t.want() as usize;
-    let imm = t.accept_immediate(cmd.data.len() as u32);
-    if t.done() {
-        // Everything came as immediate data: hand on the received bytes without a copy.
-        return Some(cmd.data.slice(..imm.len as usize));
-    }
-    let mut rx = data_rx?;
-    // Filled in offset order (DataPDUInOrder and DataSequenceInOrder are Yes), so no zeroing.
-    // Room for the unsolicited part now, for the rest as R2Ts ask for it: a write whose data
-    // never comes holds no more memory than the initiator was allowed to send unasked.
-    let unsolicited = (session.ops.first_burst_length as usize).max(imm.len as usize);
-    let mut buf = BytesMut::with_capacity(want.min(unsolicited));
-    place(&mut buf, 0, &cmd.data[..imm.len as usize]);
-    loop {
-        let r2ts = t.next_r2ts(|| session.alloc_ttt());
-        if !r2ts.is_empty() {
-            // R2Ts leave with the task's other replies (a response connection in the
-            // asymmetric mode).
-            let reply = session.reply_conn(cmd.itt, conn);
-            buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
-            for r in r2ts {
-                reply.send(Pdu::R2t(R2t {
-                    lun: cmd.lun,
-                    itt: cmd.itt,
-                    ttt: r.ttt,
-                    stat_sn: 0,
-                    exp_cmd_sn: 0,
-                    max_cmd_sn: 0,
-                    r2t_sn: r.r2t_sn,
-                    buffer_offset: r.offset,
-                    desired_data_transfer_length: r.len,
-                }));
-            }
-        }
-        if t.done() {
-            buf.resize(want, 0);
-            return Some(buf.freeze());
-        }
-        let d = tokio::select! {
-            biased;
-            _ = crate::session::flag_set(abort_rx) => return None,
-            d = rx.recv() => d?,
-        };
-        match t.on_data_out(
-            d.ttt,
-            d.data_sn,
-            d.buffer_offset,
-            d.data.len() as u32,
-            d.final_,
-        ) {
-            Ok(a) => place(&mut buf, a.offset as usize, &d.data[..a.len as usize]),
-            Err(e) => {
-                // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143 7.1.4.1,
-                // 7.2): the connection, and with it the session, ends.
-                warn!(
-                    itt = cmd.itt,
-                    "Data-Out error, dropping the connection: {e}"
-                );
-                conn.stop();
-                return None;
-            }
-        }
-    }
-}
-
-/// Puts `data` at `offset` of the write buffer. Data arrives in offset order, so this appends;
-/// a gap (not allowed by the negotiated in-order keys, and refused by [`WriteTransfer`]) would
-/// be zero-filled rather than left uninitialised.
-fn place(buf: &mut BytesMut, offset: usize, data: &[u8]) {
-    let end = offset + data.len();
-    if buf.len() < offset {
-        buf.resize(offset, 0);
-    }
-    let overlap = buf.len().min(end) - offset;
-    buf[offset..offset + overlap].copy_from_slice(&data[..overlap]);
-    buf.extend_from_slice(&data[overlap..]);
 }
 
 async fn execute(
@@ -483,18 +394,6 @@ mod tests {
             data_out_len: 0,
             data_in_len: n,
         }
-    }
-
-    #[test]
-    fn write_data_is_placed_in_order_without_zeroing_first() {
-        let mut b = BytesMut::with_capacity(16);
-        place(&mut b, 0, b"abcd");
-        place(&mut b, 4, b"efgh");
-        assert_eq!(&b[..], b"abcdefgh");
-        // A repeated range overwrites; a gap is zero-filled.
-        place(&mut b, 2, b"XYZ");
-        place(&mut b, 10, b"kl");
-        assert_eq!(&b[..], b"abXYZfgh\0\0kl");
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! connection and assigned by the connection's writer.
 
 use crate::config::{AuthSpec, Limits};
-use crate::session_core::{Held, SessionCore};
-use mcsi_proto::pdu::{DataOut, Isid, Pdu};
+use crate::session_core::{DataOutcome, Held, NewWrite, SessionCore};
+use crate::transfer::R2tPlan;
+use bytes::Bytes;
+use mcsi_proto::pdu::{DataOut, Isid, Pdu, R2t};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
 use std::collections::HashMap;
@@ -469,10 +471,8 @@ pub type Core = SessionCore<Arc<Conn>, TaskIo>;
 /// What the tokio layer attaches to a task in the core: the ends of its channels that the
 /// session keeps.
 pub struct TaskIo {
-    /// Data-Out PDUs for this task go here.
-    pub data_tx: Option<mpsc::UnboundedSender<DataOut>>,
-    /// Fired when the task may run (its CmdSN came up and the task set admits it).
-    ready: Option<oneshot::Sender<()>>,
+    /// Fired with the task's data-out when it may run (its turn came and its data is in).
+    ready: Option<oneshot::Sender<Bytes>>,
     abort_tx: watch::Sender<bool>,
     /// Closed (sender dropped) when the task's future has ended.
     done_rx: watch::Receiver<()>,
@@ -489,9 +489,9 @@ impl TaskIo {
 /// What a task's future holds.
 pub struct TaskHandles {
     pub id: u64,
-    pub ready_rx: oneshot::Receiver<()>,
+    /// The task's data-out, once it may run.
+    pub ready_rx: oneshot::Receiver<Bytes>,
     pub abort_rx: watch::Receiver<bool>,
-    pub data_rx: Option<mpsc::UnboundedReceiver<DataOut>>,
     /// Dropped when the future ends, which wakes task management waiting for the task.
     pub done_tx: watch::Sender<()>,
 }
@@ -499,10 +499,32 @@ pub struct TaskHandles {
 /// Wakes the futures of the tasks whose turn came.
 #[inline]
 fn wake_ready(core: &mut Core) {
-    while let Some((_, io)) = core.poll_ready() {
-        if let Some(r) = io.ready.take() {
-            let _ = r.send(());
+    while let Some(r) = core.poll_ready() {
+        if let Some(tx) = r.io.ready.take() {
+            let _ = tx.send(r.data);
         }
+    }
+}
+
+/// Queues a task's R2Ts on its reply connection.
+fn send_r2ts(core: &mut Core, conn: &Arc<Conn>, itt: u32, lun: u64, r2ts: Vec<R2tPlan>) {
+    if r2ts.is_empty() {
+        return;
+    }
+    // R2Ts leave with the task's other replies (a response connection in the asymmetric mode).
+    let reply = core.reply_conn(itt, conn);
+    for r in r2ts {
+        reply.send(Pdu::R2t(R2t {
+            lun,
+            itt,
+            ttt: r.ttt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            r2t_sn: r.r2t_sn,
+            buffer_offset: r.offset,
+            desired_data_transfer_length: r.len,
+        }));
     }
 }
 
@@ -643,21 +665,14 @@ impl Session {
         cmd_sn: u32,
         immediate: bool,
         attr: TaskAttribute,
-        wants_data: bool,
+        write: Option<NewWrite>,
         bytes: u64,
     ) -> (Register, Option<TaskHandles>, InOrder) {
         let id = self.shared.task_id();
         let (ready_tx, ready_rx) = oneshot::channel();
         let (abort_tx, abort_rx) = watch::channel(false);
         let (done_tx, done_rx) = watch::channel(());
-        let (data_tx, data_rx) = if wants_data {
-            let (t, r) = mpsc::unbounded_channel();
-            (Some(t), Some(r))
-        } else {
-            (None, None)
-        };
         let io = TaskIo {
-            data_tx,
             ready: Some(ready_tx),
             abort_tx,
             done_rx,
@@ -672,14 +687,14 @@ impl Session {
             bytes,
         };
         let mut core = self.lock();
-        let (reg, ctl) = core.register(conn, task, io);
+        let (reg, ctl, r2ts) = core.register(conn, task, write, io);
+        send_r2ts(&mut core, conn, itt, lun, r2ts);
         wake_ready(&mut core);
         drop(core);
         let handles = (reg == Register::Ok).then_some(TaskHandles {
             id,
             ready_rx,
             abort_rx,
-            data_rx,
             done_tx,
         });
         (reg, handles, ctl)
@@ -758,14 +773,20 @@ impl Session {
         self.lock().accepts(cmd_sn)
     }
 
-    /// The Data-Out channel of task `itt` if it is allegiant to `cid`: Err(true) if the task
-    /// lives on another connection (a protocol error), Err(false) if there is no such task.
-    pub fn data_route(&self, itt: u32, cid: u16) -> Result<mpsc::UnboundedSender<DataOut>, bool> {
-        let core = self.lock();
-        match core.task(itt) {
-            Some(t) if t.cid != cid => Err(true),
-            Some(t) => t.io.data_tx.clone().ok_or(false),
-            None => Err(false),
+    /// A Data-Out arrived on `conn` ([`SessionCore::data_out`]): its R2Ts that follow go out, a
+    /// task whose data is complete is woken if its turn has come.
+    pub fn data_out(&self, conn: &Arc<Conn>, d: &DataOut) -> DataOutcome {
+        let mut core = self.lock();
+        match core.data_out(conn.cid, d) {
+            DataOutcome::Taken { lun, r2ts } => {
+                send_r2ts(&mut core, conn, d.itt, lun, r2ts);
+                wake_ready(&mut core);
+                DataOutcome::Taken {
+                    lun,
+                    r2ts: Vec::new(),
+                }
+            }
+            other => other,
         }
     }
 

@@ -2,8 +2,10 @@
 //! threads. It keeps CmdSN order across all of a session's connections (commands reach SCSI in
 //! CmdSN order whichever connection carried them, RFC 7143 4.2.2.1), the task registry keyed by
 //! ITT with each task's connection allegiance, one task set per LUN (SAM-5 8.6), the commands
-//! held in the window until the gap before them is filled, and the choice of a task's response
-//! connection in the asymmetric mode.
+//! held in the window until the gap before them is filled, a write's data (immediate data, the
+//! unsolicited burst, Data-Out answering R2Ts, with MaxOutstandingR2T R2Ts in flight), and the
+//! choice of a task's response connection in the asymmetric mode. A task is handed out to run
+//! once its turn has come and all of its data is in.
 //!
 //! Inputs are method calls: a command or a control request arriving on a connection, a task
 //! ending, task management, a connection added, lost or logged out. Outputs are what the calls
@@ -17,9 +19,11 @@
 //! each task (its channels); the core hands `T` back and never looks inside.
 
 use crate::taskset::TaskSet;
+use crate::transfer::{R2tPlan, TransferError, WriteTransfer};
 use crate::window::{CmdWindow, Submit};
 use ahash::AHashMap;
-use mcsi_proto::pdu::Pdu;
+use bytes::{Bytes, BytesMut};
+use mcsi_proto::pdu::{DataOut, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::TaskAttribute;
 
@@ -138,10 +142,55 @@ pub struct Task<T> {
     pub attr: TaskAttribute,
     /// Aborted: it sends nothing more (RFC 7143 4.2.3) and leaves at its end.
     pub aborted: bool,
-    /// Its turn came and [`SessionCore::poll_ready`] handed it out.
+    /// Its turn came: CmdSN order and its task set let it run.
+    turn: bool,
+    /// [`SessionCore::poll_ready`] handed it out.
     pub started: bool,
+    /// A write's data still arriving.
+    collect: Option<Box<Collect>>,
+    /// Its data-out, all of it, until the task is handed out.
+    data: Bytes,
     /// What the tokio layer attached to it.
     pub io: T,
+}
+
+/// A write's data being gathered: the transfer's state and the buffer it fills in offset order
+/// (DataPDUInOrder and DataSequenceInOrder are Yes, so no zeroing first).
+struct Collect {
+    transfer: WriteTransfer,
+    buf: BytesMut,
+}
+
+/// The data phase of a new write task.
+pub struct NewWrite {
+    pub transfer: WriteTransfer,
+    /// The command's immediate data.
+    pub immediate: Bytes,
+    /// The session's FirstBurstLength: room for the unsolicited part is made at once, for the
+    /// rest as R2Ts ask for it, so a write whose data never comes holds no more memory than the
+    /// initiator was allowed to send unasked.
+    pub first_burst_length: u32,
+}
+
+/// A task whose turn has come with all of its data ([`SessionCore::poll_ready`]).
+pub struct Ready<'a, T> {
+    pub itt: u32,
+    pub io: &'a mut T,
+    /// Its data-out (empty for a command without one).
+    pub data: Bytes,
+}
+
+/// What a Data-Out did ([`SessionCore::data_out`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum DataOutcome {
+    /// Taken; these R2Ts go out now (on [`SessionCore::reply_conn`] of the task).
+    Taken { lun: u64, r2ts: Vec<R2tPlan> },
+    /// For no task that takes data (ended, aborted, or never a write): discarded (4.2.3.1).
+    Discarded,
+    /// For a task that came on another connection (RFC 7143 4.2.2.3): a protocol error.
+    NotAllegiant,
+    /// Breaks the transfer's rules; at ErrorRecoveryLevel 0 the connection ends (7.1.4.1).
+    Error(TransferError),
 }
 
 /// A task as a task set and the ready list know it: its session-unique id and its ITT.
@@ -281,12 +330,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// A Target Transfer Tag not equal to the reserved value.
     pub fn alloc_ttt(&mut self) -> u32 {
-        let t = self.next_ttt;
-        self.next_ttt = self.next_ttt.wrapping_add(1);
-        if self.next_ttt == mcsi_proto::pdu::RESERVED_TAG {
-            self.next_ttt = 1;
-        }
-        t
+        take_ttt(&mut self.next_ttt)
     }
 
     pub fn task(&self, itt: u32) -> Option<&Task<T>> {
@@ -300,12 +344,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// Registers a SCSI task that came on `conn` and submits it to the CmdSN window. Returns
     /// whether it was registered (`io` is dropped if not) and the requests its arrival put in
     /// order. A registered task starts once [`SessionCore::poll_ready`] hands it out.
-    pub fn register(&mut self, conn: &C, t: NewTask, io: T) -> (Register, InOrder<C>) {
+    pub fn register(
+        &mut self,
+        conn: &C,
+        t: NewTask,
+        write: Option<NewWrite>,
+        io: T,
+    ) -> (Register, InOrder<C>, Vec<R2tPlan>) {
         if self.closing {
-            return (Register::Closing, Vec::new());
+            return (Register::Closing, Vec::new(), Vec::new());
         }
         if !t.immediate && !self.window.takes(t.cmd_sn) {
-            return (Register::OutOfWindow, Vec::new());
+            return (Register::OutOfWindow, Vec::new(), Vec::new());
         }
         if self.tasks.contains_key(&t.itt) {
             // The CmdSN is still consumed so that later commands are not held forever.
@@ -314,8 +364,12 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             } else {
                 self.submit(t.cmd_sn, Ordered::Nothing)
             };
-            return (Register::IttInUse, ctl);
+            return (Register::IttInUse, ctl, Vec::new());
         }
+        let (collect, data, r2ts) = match write {
+            None => (None, Bytes::new(), Vec::new()),
+            Some(w) => self.start_write(w),
+        };
         let cid = conn.cid();
         let reply_cid = if self.asymmetric {
             self.pick_reply(t.bytes).unwrap_or(cid)
@@ -333,7 +387,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 cmd_sn: t.cmd_sn,
                 attr: t.attr,
                 aborted: false,
+                turn: false,
                 started: false,
+                collect,
+                data,
                 io,
             },
         );
@@ -348,33 +405,123 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         } else {
             self.submit(t.cmd_sn, Ordered::Task(t.id, t.itt))
         };
-        (Register::Ok, ctl)
+        (Register::Ok, ctl, r2ts)
+    }
+
+    /// Takes a write's immediate data and plans its first R2Ts: its collection state (`None`
+    /// when the immediate data was all of it), its data so far, the R2Ts.
+    fn start_write(&mut self, w: NewWrite) -> (Option<Box<Collect>>, Bytes, Vec<R2tPlan>) {
+        let mut transfer = w.transfer;
+        let imm = transfer.accept_immediate(w.immediate.len() as u32).len as usize;
+        if transfer.done() {
+            // Everything came as immediate data: handed on without a copy.
+            return (None, w.immediate.slice(..imm), Vec::new());
+        }
+        let want = transfer.want() as usize;
+        let unsolicited = (w.first_burst_length as usize).max(imm);
+        let mut buf = BytesMut::with_capacity(want.min(unsolicited));
+        place(&mut buf, 0, &w.immediate[..imm]);
+        let r2ts = transfer.next_r2ts(|| self.alloc_ttt());
+        buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
+        (
+            Some(Box::new(Collect { transfer, buf })),
+            Bytes::new(),
+            r2ts,
+        )
+    }
+
+    /// A Data-Out arrived on connection `cid`: its bytes go to the task's buffer; a task whose
+    /// data is now complete runs once its turn has come ([`SessionCore::poll_ready`]).
+    pub fn data_out(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
+        let Some(task) = self.tasks.get_mut(&d.itt) else {
+            return DataOutcome::Discarded;
+        };
+        if task.cid != cid {
+            return DataOutcome::NotAllegiant;
+        }
+        if task.aborted {
+            return DataOutcome::Discarded;
+        }
+        let Some(c) = task.collect.as_mut() else {
+            return DataOutcome::Discarded;
+        };
+        let len = d.data.len() as u32;
+        let a = match c
+            .transfer
+            .on_data_out(d.ttt, d.data_sn, d.buffer_offset, len, d.final_)
+        {
+            Ok(a) => a,
+            Err(e) => return DataOutcome::Error(e),
+        };
+        place(&mut c.buf, a.offset as usize, &d.data[..a.len as usize]);
+        let lun = task.lun;
+        let key = Key {
+            id: task.id,
+            itt: d.itt,
+        };
+        if c.transfer.done() {
+            let want = c.transfer.want() as usize;
+            let mut buf = std::mem::take(&mut c.buf);
+            buf.resize(want, 0);
+            task.data = buf.freeze();
+            task.collect = None;
+            if task.turn {
+                self.ready.push_back(key);
+            }
+            return DataOutcome::Taken {
+                lun,
+                r2ts: Vec::new(),
+            };
+        }
+        let r2ts = c.transfer.next_r2ts(|| take_ttt(&mut self.next_ttt));
+        c.buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
+        DataOutcome::Taken { lun, r2ts }
     }
 
     /// The next task whose turn has come (CmdSN order and its task set allow it), with what is
     /// attached to it; each task once.
     #[inline]
-    pub fn poll_ready(&mut self) -> Option<(u32, &mut T)> {
+    pub fn poll_ready(&mut self) -> Option<Ready<'_, T>> {
         if self.ready.is_empty() {
             return None;
         }
         self.next_ready()
     }
 
-    fn next_ready(&mut self) -> Option<(u32, &mut T)> {
+    fn next_ready(&mut self) -> Option<Ready<'_, T>> {
         let k = loop {
             let k = self.ready.pop_front()?;
             if self
                 .tasks
                 .get(&k.itt)
-                .is_some_and(|t| t.id == k.id && !t.started)
+                .is_some_and(|t| t.id == k.id && !t.started && t.turn && t.collect.is_none())
             {
                 break k;
             }
         };
         let t = self.tasks.get_mut(&k.itt)?;
         t.started = true;
-        Some((k.itt, &mut t.io))
+        Some(Ready {
+            itt: k.itt,
+            data: std::mem::take(&mut t.data),
+            io: &mut t.io,
+        })
+    }
+
+    /// The turn of these tasks came (CmdSN order, task set): each runs once its data is in.
+    fn turn_came(&mut self, keys: Vec<Key>) {
+        for k in keys {
+            self.turn_came_one(k);
+        }
+    }
+
+    fn turn_came_one(&mut self, k: Key) {
+        if let Some(t) = self.tasks.get_mut(&k.itt).filter(|t| t.id == k.id) {
+            t.turn = true;
+            if t.collect.is_none() {
+                self.ready.push_back(k);
+            }
+        }
     }
 
     /// Decides when a [`Deferred`] command runs, without a task of its own. When it is next in
@@ -428,9 +575,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             .get_mut(&lun)
             .map(|ts| ts.leave_inline())
             .unwrap_or_default();
-        for k in ready {
-            self.ready.push_back(k);
-        }
+        self.turn_came(ready);
         self.inline = self.inline.saturating_sub(1);
         self.inline == 0
     }
@@ -490,9 +635,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             .get_mut(&entry.lun)
             .map(|ts| ts.leave(&Key { id: entry.id, itt }))
             .unwrap_or_default();
-        for k in ready {
-            self.ready.push_back(k);
-        }
+        self.turn_came(ready);
         self.window.task_done();
         Some(Finished {
             out,
@@ -645,7 +788,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             return;
         };
         if self.task_sets.entry(lun).or_default().enter(k, attr) {
-            self.ready.push_back(k);
+            self.turn_came_one(k);
         }
     }
 
@@ -673,6 +816,29 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.last_reply = Some(cid);
         Some(cid)
     }
+}
+
+/// The next Target Transfer Tag from `next`, never the reserved value.
+fn take_ttt(next: &mut u32) -> u32 {
+    let t = *next;
+    *next = next.wrapping_add(1);
+    if *next == mcsi_proto::pdu::RESERVED_TAG {
+        *next = 1;
+    }
+    t
+}
+
+/// Puts `data` at `offset` of a write buffer. Data arrives in offset order, so this appends; a
+/// gap (not allowed by the negotiated in-order keys, and refused by [`WriteTransfer`]) would be
+/// zero-filled rather than left uninitialised.
+fn place(buf: &mut BytesMut, offset: usize, data: &[u8]) {
+    let end = offset + data.len();
+    if buf.len() < offset {
+        buf.resize(offset, 0);
+    }
+    let overlap = buf.len().min(end) - offset;
+    buf[offset..offset + overlap].copy_from_slice(&data[..overlap]);
+    buf.extend_from_slice(&data[overlap..]);
 }
 
 /// The policy's pick among the usable response connections in CID order. A connection's load
@@ -797,12 +963,14 @@ mod tests {
     }
 
     fn register(core: &mut Core, on: &C, t: NewTask) -> (Register, InOrder<C>) {
-        core.register(on, t, Io::default())
+        let (reg, runs, r2ts) = core.register(on, t, None, Io::default());
+        assert!(r2ts.is_empty());
+        (reg, runs)
     }
 
     /// The ITTs of the tasks whose turn came, in the order they came.
     fn ready(core: &mut Core) -> Vec<u32> {
-        std::iter::from_fn(|| core.poll_ready().map(|(itt, _)| itt)).collect()
+        std::iter::from_fn(|| core.poll_ready().map(|r| r.itt)).collect()
     }
 
     fn finish(core: &mut Core, itt: u32, on: &C) -> Finished<C, Io> {
@@ -1103,6 +1271,198 @@ mod tests {
             Register::Closing
         );
         assert!(matches!(core.claim(4, 0, 2, false), Turn::Task));
+        assert!(finish(&mut core, 1, &a).aborted);
+    }
+
+    #[test]
+    fn write_data_is_placed_in_order_without_zeroing_first() {
+        let mut b = BytesMut::with_capacity(16);
+        place(&mut b, 0, b"abcd");
+        place(&mut b, 4, b"efgh");
+        assert_eq!(&b[..], b"abcdefgh");
+        // A repeated range overwrites; a gap is zero-filled.
+        place(&mut b, 2, b"XYZ");
+        place(&mut b, 10, b"kl");
+        assert_eq!(&b[..], b"abXYZfgh\0\0kl");
+    }
+
+    fn burst(max_outstanding_r2t: u32) -> crate::transfer::BurstParams {
+        crate::transfer::BurstParams {
+            initial_r2t: false,
+            immediate_data: true,
+            first_burst_length: 8,
+            max_burst_length: 16,
+            max_outstanding_r2t,
+        }
+    }
+
+    /// A write of `len` bytes whose first `imm` came as immediate data, F bit set (no
+    /// unsolicited Data-Out).
+    fn write(len: u32, imm: &'static [u8], params: crate::transfer::BurstParams) -> NewWrite {
+        NewWrite {
+            transfer: WriteTransfer::new(params, len, len, imm.len() as u32, true).expect("valid"),
+            immediate: Bytes::from_static(imm),
+            first_burst_length: params.first_burst_length,
+        }
+    }
+
+    fn data_out(
+        itt: u32,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        data: &[u8],
+        final_: bool,
+    ) -> DataOut {
+        DataOut {
+            final_,
+            lun: 0,
+            itt,
+            ttt,
+            exp_stat_sn: 0,
+            data_sn,
+            buffer_offset: offset,
+            data: Bytes::copy_from_slice(data),
+        }
+    }
+
+    /// The (offset, length) of each R2T.
+    fn spans(r2ts: &[R2tPlan]) -> Vec<(u32, u32)> {
+        r2ts.iter().map(|r| (r.offset, r.len)).collect()
+    }
+
+    #[test]
+    fn r2ts_follow_max_outstanding_r2t_and_the_task_runs_with_all_of_its_data() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        // 40 bytes: 4 immediate, then R2Ts of at most MaxBurstLength 16, two at a time.
+        let (reg, _, r2ts) = core.register(
+            &a,
+            task(1, 1, Simple),
+            Some(write(40, b"abcd", burst(2))),
+            Io::default(),
+        );
+        assert_eq!(reg, Register::Ok);
+        assert_eq!(spans(&r2ts), vec![(4, 16), (20, 16)]);
+        assert_eq!(
+            r2ts.iter().map(|r| r.r2t_sn).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        // Its turn came, but its data has not: it does not run yet.
+        assert!(ready(&mut core).is_empty());
+        let (t0, t1) = (r2ts[0].ttt, r2ts[1].ttt);
+        // The first R2T's burst in two PDUs; the third R2T goes out once it is complete.
+        let d = data_out(1, t0, 0, 4, &[b'e'; 8], false);
+        assert_eq!(
+            core.data_out(1, &d),
+            DataOutcome::Taken {
+                lun: 0,
+                r2ts: vec![]
+            }
+        );
+        let d = data_out(1, t0, 1, 12, &[b'f'; 8], true);
+        let DataOutcome::Taken { r2ts, .. } = core.data_out(1, &d) else {
+            panic!("taken")
+        };
+        assert_eq!(spans(&r2ts), vec![(36, 4)]);
+        assert_eq!(r2ts[0].r2t_sn, 2);
+        let t2 = r2ts[0].ttt;
+        assert!(ready(&mut core).is_empty());
+        // The bursts may complete in any order.
+        let d = data_out(1, t2, 0, 36, b"wxyz", true);
+        assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        let d = data_out(1, t1, 0, 20, &[b'g'; 16], true);
+        assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        let r = core.poll_ready().expect("all data in");
+        assert_eq!(r.itt, 1);
+        let mut want = b"abcd".to_vec();
+        want.extend([b'e'; 8]);
+        want.extend([b'f'; 8]);
+        want.extend([b'g'; 16]);
+        want.extend(b"wxyz");
+        assert_eq!(&r.data[..], &want[..]);
+        // Data for the ended transfer, or for no task, is discarded.
+        let d = data_out(1, t1, 1, 36, b"late", true);
+        assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
+        let d = data_out(99, t1, 0, 0, b"none", true);
+        assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
+    }
+
+    #[test]
+    fn a_write_whose_data_came_first_waits_for_its_turn() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        // CmdSN 2 (a write on connection 2) before CmdSN 1.
+        let (_, _, r2ts) = core.register(
+            &b,
+            task(2, 2, Simple),
+            Some(write(8, b"", burst(1))),
+            Io::default(),
+        );
+        assert_eq!(spans(&r2ts), vec![(0, 8)]);
+        let d = data_out(2, r2ts[0].ttt, 0, 0, b"12345678", true);
+        // Data-Out on the wrong connection breaks allegiance.
+        assert_eq!(core.data_out(1, &d), DataOutcome::NotAllegiant);
+        assert!(matches!(core.data_out(2, &d), DataOutcome::Taken { .. }));
+        assert!(ready(&mut core).is_empty(), "CmdSN 1 has not come");
+        register(&mut core, &a, task(1, 1, Simple));
+        let got: Vec<(u32, Bytes)> =
+            std::iter::from_fn(|| core.poll_ready().map(|r| (r.itt, r.data))).collect();
+        assert_eq!(
+            got,
+            vec![(1, Bytes::new()), (2, Bytes::from_static(b"12345678"))]
+        );
+        // A write all of whose data is immediate is ready with it, without a copy.
+        let imm = b"immediate!";
+        let (_, _, r2ts) = core.register(
+            &a,
+            task(3, 3, Simple),
+            Some(write(
+                10,
+                imm,
+                crate::transfer::BurstParams {
+                    first_burst_length: 16,
+                    ..burst(1)
+                },
+            )),
+            Io::default(),
+        );
+        assert!(r2ts.is_empty());
+        let r = core.poll_ready().expect("ready");
+        assert_eq!(r.data.as_ptr(), imm.as_ptr());
+    }
+
+    #[test]
+    fn a_data_out_sequence_error_is_reported_and_an_aborted_write_takes_no_more_data() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        let (_, _, r2ts) = core.register(
+            &a,
+            task(1, 1, Simple),
+            Some(write(16, b"", burst(1))),
+            Io::default(),
+        );
+        let ttt = r2ts[0].ttt;
+        let d = data_out(1, ttt, 1, 0, b"abcd", false);
+        assert!(matches!(
+            core.data_out(1, &d),
+            DataOutcome::Error(TransferError::DataSn {
+                expected: 0,
+                got: 1
+            })
+        ));
+        let d = data_out(1, ttt, 0, 4, b"abcd", false);
+        assert!(matches!(
+            core.data_out(1, &d),
+            DataOutcome::Error(TransferError::Offset {
+                expected: 0,
+                got: 4
+            })
+        ));
+        assert_eq!(core.abort_where(|t| t.itt == 1, |io| io.aborted = true), 1);
+        let d = data_out(1, ttt, 0, 0, b"abcd", false);
+        assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
+        assert!(ready(&mut core).is_empty());
         assert!(finish(&mut core, 1, &a).aborted);
     }
 }
