@@ -424,14 +424,14 @@ pub struct Limits {
     pub response_policy: ResponsePolicy,
     /// Bytes a connection may have queued for sending (Data-In, NOP-In echoes, R2Ts, responses,
     /// rejects) before its reader stops taking requests until the writer has sent some
-    /// ([`crate::session::OutQueue`]).
+    /// (the connection's output queue).
     pub output_budget: u64,
     /// A connection whose socket takes no byte for this long is dropped (a peer that does not
     /// read); zero turns the check off.
     pub send_timeout: Duration,
     /// Bytes of READ data a session's tasks may hold at once, from the backend filling them
     /// until their Data-In is queued on a connection below its output budget
-    /// ([`crate::session::Session::read_permit`]).
+    /// (a semaphore of KiB per session).
     pub read_budget: u64,
 }
 
@@ -649,7 +649,7 @@ pub struct ServerConfig {
     /// Logins and connections, server-wide.
     pub limits: ServerLimits,
     /// Threads that run sessions, each session with all of its connections on one of them
-    /// ([`crate::shard`]); 0 runs sessions on the runtime that starts the server.
+    /// (the session threads of `shard`); 0 runs sessions on the runtime that starts the server.
     pub session_threads: usize,
 }
 

@@ -13,7 +13,7 @@ use crate::config::Limits;
 use crate::session::{Session, SessionOps, Shared, Target};
 use bytes::BytesMut;
 use mcsi_proto::chap::{ChapTarget, ChapUsers};
-use mcsi_proto::keys::{ConnectionParams, KeyDef, SessionParams};
+use mcsi_proto::keys::{ConnectionParams, KeyDef};
 use mcsi_proto::login::{
     Authenticator, LoginEnv, LoginNumbers, LoginStep, NoAuth, Refusal, TargetAccess, TargetLogin,
     TargetLoginConfig,
@@ -53,7 +53,6 @@ fn vendor_keys(limits: &Limits) -> Vec<(KeyDef, String)> {
 /// What a successful login agreed on.
 #[derive(Debug, Clone)]
 pub struct Negotiated {
-    pub session_type: SessionType,
     pub initiator_name: String,
     pub target: Option<Arc<Target>>,
     pub isid: Isid,
@@ -67,7 +66,6 @@ pub struct Negotiated {
     /// Session-wide values (meaningful for a leading login; a joining connection uses its
     /// session's).
     pub session: SessionOps,
-    pub params: SessionParams,
     pub connection: ConnectionParams,
     /// CmdSN of the login request: the session's first ExpCmdSN for a leading login.
     pub cmd_sn: u32,
@@ -401,7 +399,7 @@ async fn run_inner<S: Stream>(
                 response,
                 session,
                 connection,
-                session_type,
+                session_type: _,
                 initiator_name,
                 target_name,
                 isid,
@@ -426,7 +424,6 @@ async fn run_inner<S: Stream>(
                 };
                 let role = ConnRole::agreed(asymmetric, &session.extensions);
                 return Ok(Negotiated {
-                    session_type,
                     initiator_name,
                     target: env.target.clone(),
                     isid,
@@ -435,7 +432,6 @@ async fn run_inner<S: Stream>(
                     cid,
                     role,
                     session: SessionOps::new(&session, queue_depth),
-                    params: session,
                     connection,
                     cmd_sn,
                     next_stat_sn: env.stat_sn,

@@ -80,7 +80,7 @@ pub fn start_task(
     ready
 }
 
-/// Runs a command whose turn has come ([`Session::claim`], [`Run::Inline`]) to its end on the
+/// Runs a command whose turn has come ([`Session::claim`], [`crate::session_core::Run::Inline`]) to its end on the
 /// calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
 /// connection it came on.
 pub fn run_inline(

@@ -10,7 +10,7 @@
 //! Inputs are method calls: a command or a control request arriving on a connection, a task
 //! ending, task management, a connection added, lost or logged out. Outputs are what the calls
 //! return (requests now in CmdSN order, the connection a reply leaves on) and the tasks whose
-//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer ([`crate::session`])
+//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer (the crate's `session` module)
 //! holds the core under one lock and carries the outputs out: it wakes task futures, runs
 //! control requests, queues PDUs on connections.
 //!

@@ -72,15 +72,6 @@ impl Shards {
         Ok(s)
     }
 
-    /// Session threads running (0: sessions run on the caller's runtime).
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
-    }
-
     /// The runtime of the session `tsih`, if sessions have threads of their own.
     pub fn of(&self, tsih: u16) -> Option<&Handle> {
         if self.handles.is_empty() {

@@ -35,6 +35,7 @@ impl<K> Default for TaskSet<K> {
 }
 
 impl<K: PartialEq + Clone> TaskSet<K> {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -109,10 +110,7 @@ impl<K: PartialEq + Clone> TaskSet<K> {
         ready
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.inline == 0
     }
