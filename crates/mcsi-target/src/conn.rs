@@ -184,6 +184,8 @@ pub struct Reader {
     pub framing: Framing,
     pub buf: BytesMut,
     pub keepalive: Keepalive,
+    /// Bytes of the last PDU taken (header and data segment), to size the next reservation.
+    pub last_pdu: usize,
 }
 
 use crate::keepalive::Due;
@@ -217,6 +219,7 @@ impl Reader {
             // Decode everything buffered first.
             match pdu::decode(&mut self.buf, &self.framing) {
                 Ok(Some(p)) => {
+                    self.last_pdu = pdu::BHS_LEN + p.data_len();
                     if let Err(e) = self.dispatch(p) {
                         break e;
                     }
@@ -251,12 +254,19 @@ impl Reader {
                 handled = false;
                 tokio::task::yield_now().await;
             }
-            // Reserve for the next PDU (capped by the codec's limit on data segment length).
+            // Reserve for the next PDU (capped by the codec's limit on data segment length),
+            // and at least for one as large as the last with room for the header after it: PDUs
+            // are handed on as slices of this buffer, so one that straddles two allocations is
+            // copied into the second, and a stream of PDUs just over the reservation (64 KiB
+            // writes) would have each of them copied.
             let need = pdu::pdu_len(&self.buf, &self.framing).unwrap_or(pdu::BHS_LEN);
-            if self.buf.capacity() - self.buf.len() < need.saturating_sub(self.buf.len()).max(4096)
-            {
-                self.buf
-                    .reserve(need.saturating_sub(self.buf.len()).max(64 * 1024));
+            let len = self.buf.len();
+            if self.buf.capacity() - len < need.saturating_sub(len).max(4096) {
+                let room = need
+                    .saturating_sub(len)
+                    .max(64 * 1024)
+                    .max(self.last_pdu + 4096);
+                self.buf.reserve(room);
             }
             let deadline = self.keepalive.deadline();
             tokio::select! {

@@ -567,6 +567,7 @@ async fn full_feature<S: Transport>(
             limits.nop_timeout,
             tokio::time::Instant::now().into_std(),
         ),
+        last_pdu: 0,
     };
     reader.run(rd, stop_rx).instrument(cspan).await;
 }
