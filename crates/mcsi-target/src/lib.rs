@@ -27,7 +27,8 @@
 //!   stamping, vectored writes). `scsi`: one SCSI task from command to status. `control`: NOP, Text, Logout,
 //!   Task Management. `text`: SendTargets.
 //! - Plain data, unit tested: `window` (CmdSN window), `taskset` (task attributes),
-//!   [`transfer`] (Data-Out / R2T bookkeeping), `datain` (the PDUs that end a task: Data-In sequences, phase collapse, residuals).
+//!   [`transfer`] (Data-Out / R2T bookkeeping), `datain` (the PDUs that end a task: Data-In
+//!   sequences, phase collapse, residuals).
 
 pub(crate) mod admission;
 pub mod config;
