@@ -2,7 +2,7 @@
 //! Management (11.5, with the semantics of RFC 7143 4.2.3).
 
 use crate::conn::reject_pdu;
-use crate::session::{wait_all, Conn, InOrder, Ordered, Run, Session, Target};
+use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
 use mcsi_proto::pdu::{
     reject_reason, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu, TaskMgmtRequest,
     TaskMgmtResponse, RESERVED_TAG,
@@ -265,13 +265,13 @@ async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
     // The task may be running inline on another connection's reader: its status goes out
     // before this answer.
     session.inline_quiesced().await;
-    let before_us = Sn::lt(Sn(t.ref_cmd_sn), Sn(t.cmd_sn));
-    if before_us && session.accepts(t.ref_cmd_sn) {
-        let (_, ctl) = session.submit_ordered(t.ref_cmd_sn, Ordered::Nothing);
-        run_all(session, ctl);
-        return tmf_response::COMPLETE;
+    match session.take_as_received(t.ref_cmd_sn, t.cmd_sn) {
+        Some(ctl) => {
+            run_all(session, ctl);
+            tmf_response::COMPLETE
+        }
+        None => tmf_response::NO_TASK,
     }
-    tmf_response::NO_TASK
 }
 
 /// Aborts the tasks of every session of this target (on one LUN or all).

@@ -768,9 +768,12 @@ impl Session {
         self.lock().reply_conn(itt, command_conn)
     }
 
-    /// Whether `cmd_sn` is in the window now.
-    pub fn accepts(&self, cmd_sn: u32) -> bool {
-        self.lock().accepts(cmd_sn)
+    /// ABORT TASK for a task not found ([`SessionCore::take_as_received`]).
+    pub fn take_as_received(&self, ref_cmd_sn: u32, cmd_sn: u32) -> Option<InOrder> {
+        let mut core = self.lock();
+        let r = core.take_as_received(ref_cmd_sn, cmd_sn);
+        wake_ready(&mut core);
+        r
     }
 
     /// A Data-Out arrived on `conn` ([`SessionCore::data_out`]): its R2Ts that follow go out, a

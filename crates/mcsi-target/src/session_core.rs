@@ -594,6 +594,19 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         (true, self.submit(cmd_sn, item))
     }
 
+    /// ABORT TASK for a task that was not found (RFC 7143 11.5.1): when its RefCmdSN lies before
+    /// the request's own CmdSN and still in the window, the referenced command is taken as
+    /// received (its CmdSN is used up, so the commands after it are not held for it) and the
+    /// answer is "function complete": returns what that put in order. `None`: "task does not
+    /// exist".
+    pub fn take_as_received(&mut self, ref_cmd_sn: u32, cmd_sn: u32) -> Option<InOrder<C>> {
+        use mcsi_proto::serial::Sn;
+        if !Sn::lt(Sn(ref_cmd_sn), Sn(cmd_sn)) || !self.window.accepts(ref_cmd_sn) {
+            return None;
+        }
+        Some(self.submit_ordered(ref_cmd_sn, Ordered::Nothing).1)
+    }
+
     /// The connection task `itt`'s R2T, Data-In and status leave on: the one its command came
     /// on (connection allegiance, RFC 7143 5.3), or in the asymmetric mode the response
     /// connection chosen when the task was registered; when that one has gone or is logging
@@ -1464,5 +1477,27 @@ mod tests {
         assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
         assert!(ready(&mut core).is_empty());
         assert!(finish(&mut core, 1, &a).aborted);
+    }
+
+    #[test]
+    fn abort_task_for_a_command_never_received_uses_up_its_cmdsn() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        // CmdSN 2 waits for CmdSN 1, which the initiator gives up on: ABORT TASK with
+        // RefCmdSN 1, itself CmdSN 3 (immediate).
+        register(&mut core, &b, task(20, 2, Simple));
+        assert!(ready(&mut core).is_empty());
+        assert_eq!(
+            core.abort_where(|t| t.itt == 10, |_| {}),
+            0,
+            "never received"
+        );
+        assert!(core.take_as_received(1, 3).is_some());
+        assert_eq!(ready(&mut core), vec![20]);
+        assert_eq!(core.cmd_sns().0, 3);
+        // A RefCmdSN at or after the request's own, or outside the window: no such task.
+        assert!(core.take_as_received(3, 3).is_none());
+        assert!(core.take_as_received(1, 3).is_none(), "already used up");
+        assert!(core.take_as_received(100, 200).is_none());
     }
 }
