@@ -1500,4 +1500,203 @@ mod tests {
         assert!(core.take_as_received(1, 3).is_none(), "already used up");
         assert!(core.take_as_received(100, 200).is_none());
     }
+
+    /// How a command of the property test arrives.
+    #[derive(Debug, Clone, Copy)]
+    enum Kind {
+        /// A task of its own with this attribute.
+        Task(TaskAttribute),
+        /// A SIMPLE command that needs no task ([`SessionCore::claim`]).
+        Deferred,
+        /// A CmdSN used up without a command (a rejected command).
+        Nothing,
+    }
+
+    /// A run of the property test: what ran, in which order, and the checks on the way.
+    struct World {
+        core: Core,
+        conns: [C; 2],
+        kinds: Vec<Kind>,
+        arrived: Vec<bool>,
+        /// CmdSNs that ran (handed out or inline), in order.
+        ran: Vec<u32>,
+        /// Handed-out tasks not finished yet.
+        running: Vec<u32>,
+    }
+
+    impl World {
+        fn kind(&self, sn: u32) -> Kind {
+            self.kinds[sn as usize - 1]
+        }
+
+        fn attr(&self, sn: u32) -> TaskAttribute {
+            match self.kind(sn) {
+                Kind::Task(a) => a,
+                _ => Simple,
+            }
+        }
+
+        /// A command starts: every CmdSN before it has arrived, and its task attribute allows it
+        /// beside the tasks still running.
+        fn starts(&mut self, sn: u32) {
+            assert!(!self.ran.contains(&sn), "CmdSN {sn} ran twice");
+            assert!(
+                (1..sn).all(|x| self.arrived[x as usize - 1]),
+                "CmdSN {sn} ran before an earlier one arrived"
+            );
+            let earlier_running = self.running.iter().filter(|&&x| x < sn);
+            match self.attr(sn) {
+                Ord_ => assert_eq!(earlier_running.count(), 0, "ORDERED {sn} ran too early"),
+                TaskAttribute::HeadOfQueue => {}
+                _ => {
+                    let ordered_before = earlier_running.filter(|&&x| self.attr(x) == Ord_).count();
+                    assert_eq!(ordered_before, 0, "SIMPLE {sn} ran past an ORDERED one");
+                }
+            }
+            // Nothing after a running ORDERED task may start, except HEAD OF QUEUE.
+            if self.attr(sn) != TaskAttribute::HeadOfQueue {
+                assert!(
+                    !self.running.iter().any(|&x| x < sn && self.attr(x) == Ord_),
+                    "{sn} started while an earlier ORDERED task runs"
+                );
+            }
+            self.ran.push(sn);
+        }
+
+        fn drain(&mut self, runs: InOrder<C>) {
+            for r in runs {
+                match r {
+                    Run::Inline(d, i) => {
+                        self.starts(d.cmd.cmd_sn);
+                        if i.tracked {
+                            self.core.release_inline(d.cmd.lun);
+                        }
+                    }
+                    Run::Task(d) => {
+                        // Its CmdSN is used up: it enters its task set like an immediate task.
+                        let mut t = task(d.cmd.itt, d.cmd.cmd_sn, Simple);
+                        t.immediate = true;
+                        let (reg, more, _) = self.core.register(&d.conn, t, None, Io::default());
+                        assert_eq!(reg, Register::Ok);
+                        assert!(more.is_empty());
+                    }
+                    Run::Control(..) => unreachable!("no control requests here"),
+                }
+            }
+            while let Some(itt) = self.core.poll_ready().map(|r| r.itt) {
+                self.starts(itt);
+                self.running.push(itt);
+            }
+        }
+
+        fn arrive(&mut self, sn: u32, on: usize) {
+            self.arrived[sn as usize - 1] = true;
+            let c = self.conns[on].clone();
+            let runs = match self.kind(sn) {
+                Kind::Task(a) => {
+                    let (reg, runs, _) =
+                        self.core.register(&c, task(sn, sn, a), None, Io::default());
+                    assert_eq!(reg, Register::Ok);
+                    runs
+                }
+                Kind::Nothing => {
+                    let (taken, runs) = self.core.submit_ordered(sn, Ordered::Nothing);
+                    assert!(taken);
+                    runs
+                }
+                Kind::Deferred => match self.core.claim(sn, 0, sn, false) {
+                    Turn::Now(i) => {
+                        self.starts(sn);
+                        if i.tracked {
+                            self.core.release_inline(0);
+                        }
+                        Vec::new()
+                    }
+                    Turn::Wait => match self.core.hold(Box::new(deferred(&c, sn, sn))) {
+                        Held::InOrder(runs) => runs,
+                        _ => panic!("CmdSN {sn} could not be held"),
+                    },
+                    Turn::Task => {
+                        let (reg, runs, _) =
+                            self.core
+                                .register(&c, task(sn, sn, Simple), None, Io::default());
+                        assert_eq!(reg, Register::Ok);
+                        runs
+                    }
+                },
+            };
+            self.drain(runs);
+        }
+
+        /// The oldest running task ends.
+        fn finish_one(&mut self) -> bool {
+            if self.running.is_empty() {
+                return false;
+            }
+            let itt = self.running.remove(0);
+            let c = self.conns[0].clone();
+            let f = finish(&mut self.core, itt, &c);
+            assert!(!f.aborted);
+            self.drain(Vec::new());
+            true
+        }
+    }
+
+    fn kind() -> impl proptest::strategy::Strategy<Value = Kind> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => Just(Kind::Task(Simple)),
+            1 => Just(Kind::Task(Ord_)),
+            1 => Just(Kind::Task(TaskAttribute::HeadOfQueue)),
+            4 => Just(Kind::Deferred),
+            1 => Just(Kind::Nothing),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Commands over two connections in any arrival order, with tasks ending between
+        /// arrivals: each runs once, never before an earlier CmdSN arrived, task attributes are
+        /// kept, and at the end nothing is left held and every queue slot is free again.
+        #[test]
+        fn any_arrival_order_runs_each_command_once_in_order(
+            (kinds, order, on, finishes) in proptest::strategy::Strategy::prop_flat_map(1usize..=8, |n| {
+                use proptest::prelude::*;
+                (
+                    proptest::collection::vec(kind(), n),
+                    Just((1..=n as u32).collect::<Vec<_>>()).prop_shuffle(),
+                    proptest::collection::vec(0usize..2, n),
+                    proptest::collection::vec(0usize..3, n),
+                )
+            })
+        ) {
+            let n = kinds.len() as u32;
+            let conns = [conn(1, ConnRole::Both), conn(2, ConnRole::Both)];
+            let mut w = World {
+                core: core(&[&conns[0], &conns[1]]),
+                conns,
+                kinds,
+                arrived: vec![false; n as usize],
+                ran: Vec::new(),
+                running: Vec::new(),
+            };
+            for (i, &sn) in order.iter().enumerate() {
+                w.arrive(sn, on[i]);
+                for _ in 0..finishes[i] {
+                    w.finish_one();
+                }
+            }
+            while w.finish_one() {}
+            let mut ran = w.ran.clone();
+            ran.sort_unstable();
+            let want: Vec<u32> = (1..=n)
+                .filter(|&sn| !matches!(w.kind(sn), Kind::Nothing))
+                .collect();
+            proptest::prop_assert_eq!(ran, want);
+            proptest::prop_assert_eq!(w.core.task_count(), 0);
+            proptest::prop_assert_eq!(w.core.held(), 0);
+            proptest::prop_assert_eq!(w.core.inline_running(), 0);
+            // Every slot free: MaxCmdSN = ExpCmdSN - 1 + depth.
+            proptest::prop_assert_eq!(w.core.cmd_sns(), (n + 1, n + 8));
+        }
+    }
 }
