@@ -5,7 +5,9 @@ use crate::admission::{Denied, Gate, Slot};
 use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Keepalive, Reader};
 use crate::login::{self, status, Negotiated};
-use crate::session::{Conn, ConnOps, OutQueue, Session, SessionEnd, Shared, Target};
+use crate::session::{
+    Conn, ConnOps, OutQueue, Session, SessionClosing, SessionEnd, Shared, Target,
+};
 use crate::shard::Shards;
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
@@ -456,65 +458,19 @@ async fn connection<S: Transport>(
             return;
         }
     };
-    if let Some(old) = old_conn {
-        // Connection reinstatement (RFC 7143 6.3.4): the old connection goes first, with its tasks.
-        old.mark_clean();
-        old.stop();
-        let aborted = session.abort_where(|t| t.cid == old.cid);
-        crate::session::wait_all(aborted.waits).await;
-    }
-    // A session of one connection stays here (crate::shard).
-    let tsih = (session.ops.max_connections > 1).then_some(session.tsih);
-    let cid = n.cid;
-    let moved = session.clone();
-    let slots = (server_slot, target_slot);
-    let run = move |stream: S| full_feature(session, n, stream, buf, peer, local, slots);
-    if let Err(e) = shards.run_on(tsih, stream, run).await {
-        warn!(%peer, "connection closed: it could not move to its session's thread: {e}");
-        if moved.conn_count() == 0 {
-            moved
-                .close(SessionEnd::ConnectionLost {
-                    cid,
-                    why: format!("it could not move to its session's thread: {e}"),
-                })
-                .await;
-        }
-    }
-}
-
-/// A logged-in connection of `session` in full feature phase, on the session's thread: it joins
-/// the session, sends the final Login Response, then runs its writer and its reader until it
-/// ends. `_slots` are its places among the server's and its target's connections.
-async fn full_feature<S: Transport>(
-    session: Arc<Session>,
-    n: Negotiated,
-    mut stream: S,
-    buf: BytesMut,
-    peer: SocketAddr,
-    local: SocketAddr,
-    _slots: (Slot, Option<Slot>),
-) {
-    if let Some(cc) = session.target.as_ref().and_then(|t| t.limits.congestion) {
-        // Checked when the configuration was loaded; a refusal now leaves the default running.
-        if let Some(Err(e)) = stream.socket().map(|s| cc.apply(&*s)) {
-            warn!(%peer, "{e}; the connection keeps the system default");
-        }
-    }
-    let (exp, max) = session.cmd_sns();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
-    let ops = ConnOps::from(&n.connection);
-    let sock = stream.socket().and_then(|s| s.try_clone().ok());
     let limits = session
         .target
         .as_ref()
         .map(|t| t.limits)
         .unwrap_or_default();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
+    let sock = stream.socket().and_then(|s| s.try_clone().ok());
     let out = OutQueue::new(limits.output_budget);
     let (conn, stop_rx) = Conn::new(
         n.cid,
         n.role,
-        ops,
+        ConnOps::from(&n.connection),
         peer,
         local,
         tx,
@@ -522,10 +478,95 @@ async fn full_feature<S: Transport>(
         sock,
         out.clone(),
     );
-    if let Some(prev) = session.add_conn(conn.clone()) {
-        prev.mark_clean();
-        prev.stop();
+    // The connection joins its session before the one whose CID it takes over is stopped, so
+    // the session never looks empty in between (connection reinstatement, RFC 7143 6.3.4: the
+    // old connection goes, with its tasks).
+    let replaced = match session.add_conn(conn.clone()) {
+        Ok(prev) => prev,
+        Err(SessionClosing) => {
+            warn!(
+                initiator = %n.initiator_name,
+                %peer,
+                "login refused with status 2/0x0a (session does not exist): its session is closing"
+            );
+            let st = status::SESSION_DOES_NOT_EXIST;
+            let _ = login::send_refusal(&mut stream, n.final_response, st).await;
+            return;
+        }
+    };
+    let mut old: Vec<Arc<Conn>> = replaced.into_iter().collect();
+    if let Some(o) = old_conn.filter(|o| !old.iter().any(|x| Arc::ptr_eq(x, o))) {
+        old.push(o);
     }
+    for o in old {
+        o.mark_clean();
+        o.stop();
+        let aborted = session.abort_where(|t| t.cid == o.cid);
+        crate::session::wait_all(aborted.waits).await;
+    }
+    // A session of one connection stays here (crate::shard).
+    let tsih = (session.ops.max_connections > 1).then_some(session.tsih);
+    let (moved, moved_conn) = (session.clone(), conn.clone());
+    let slots = (server_slot, target_slot);
+    let ffp = FullFeature {
+        session,
+        conn,
+        stop_rx,
+        rx,
+        out,
+        cspan,
+        limits,
+        n,
+        buf,
+        peer,
+    };
+    let run = move |stream: S| full_feature(ffp, stream, slots);
+    if let Err(e) = shards.run_on(tsih, stream, run).await {
+        let why = format!("it could not move to its session's thread: {e}");
+        warn!(%peer, "connection closed: {why}");
+        moved_conn.mark_clean();
+        let others = moved.conn_count() > 1;
+        moved.connection_ended(&moved_conn, others, &why).await;
+    }
+}
+
+/// A connection that joined its session, ready for full feature phase.
+struct FullFeature {
+    session: Arc<Session>,
+    conn: Arc<Conn>,
+    stop_rx: watch::Receiver<bool>,
+    rx: mpsc::UnboundedReceiver<crate::session::Out>,
+    out: Arc<OutQueue>,
+    cspan: tracing::Span,
+    limits: crate::config::Limits,
+    n: Negotiated,
+    buf: BytesMut,
+    peer: SocketAddr,
+}
+
+/// A logged-in connection in full feature phase, on its session's thread: it sends the final
+/// Login Response, then runs its writer and its reader until it ends. `_slots` are its places
+/// among the server's and its target's connections.
+async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot, Option<Slot>)) {
+    let FullFeature {
+        session,
+        conn,
+        stop_rx,
+        rx,
+        out,
+        cspan,
+        limits,
+        n,
+        buf,
+        peer,
+    } = f;
+    if let Some(cc) = session.target.as_ref().and_then(|t| t.limits.congestion) {
+        // Checked when the configuration was loaded; a refusal now leaves the default running.
+        if let Some(Err(e)) = stream.socket().map(|s| cc.apply(&*s)) {
+            warn!(%peer, "{e}; the connection keeps the system default");
+        }
+    }
+    let (exp, max) = session.cmd_sns();
     if let Err(e) = login::send_final(&mut stream, n.final_response, exp, max).await {
         info!("login failed at the last step: {e}");
         conn.mark_clean();

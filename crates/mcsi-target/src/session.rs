@@ -644,9 +644,9 @@ impl Session {
     }
 
     /// Adds a connection; an existing one with the same CID is returned (to be dropped by the
-    /// caller: connection reinstatement, RFC 7143 6.3.4).
-    pub fn add_conn(&self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
-        self.lock().add_conn(conn)
+    /// caller: connection reinstatement, RFC 7143 6.3.4). A closing session takes none.
+    pub fn add_conn(&self, conn: Arc<Conn>) -> Result<Option<Arc<Conn>>, SessionClosing> {
+        self.lock().add_conn(conn).map_err(|_| SessionClosing)
     }
 
     /// A Target Transfer Tag not equal to the reserved value.
@@ -868,6 +868,10 @@ impl Session {
         }
     }
 }
+
+/// A connection cannot join a session that is closing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionClosing;
 
 /// Why a session ended (logged when it closes).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

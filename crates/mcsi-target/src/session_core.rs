@@ -323,9 +323,13 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     }
 
     /// Adds a connection; an existing one with the same CID is returned (to be dropped by the
-    /// caller: connection reinstatement, RFC 7143 6.3.4).
-    pub fn add_conn(&mut self, conn: C) -> Option<C> {
-        self.conns.insert(conn.cid(), conn)
+    /// caller: connection reinstatement, RFC 7143 6.3.4). A closing session takes none: the
+    /// connection is given back.
+    pub fn add_conn(&mut self, conn: C) -> Result<Option<C>, C> {
+        if self.closing {
+            return Err(conn);
+        }
+        Ok(self.conns.insert(conn.cid(), conn))
     }
 
     /// A Target Transfer Tag not equal to the reserved value.
@@ -699,13 +703,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         (conns, first)
     }
 
-    /// Connection `conn` ended: it leaves the session (unless another connection has taken its
-    /// CID meanwhile), and the tasks that came on its CID, running or held, are aborted
-    /// (`on_abort`). Returns how many connections are left.
+    /// Connection `conn` ended: it leaves the session, and the tasks that came on its CID,
+    /// running or held, are aborted (`on_abort`). A connection whose CID another one has taken
+    /// over (connection reinstatement) has had its tasks aborted then; the tasks of the CID now
+    /// are the new connection's and go on. Returns how many connections are left.
     pub fn conn_lost(&mut self, conn: &C, mut on_abort: impl FnMut(&mut T)) -> usize {
         let cid = conn.cid();
-        if self.conns.get(&cid).is_some_and(|c| c.same(conn)) {
-            self.conns.remove(&cid);
+        match self.conns.get(&cid) {
+            Some(c) if c.same(conn) => {
+                self.conns.remove(&cid);
+            }
+            Some(_) => return self.conns.len(),
+            None => {}
         }
         for t in self.tasks.values_mut().filter(|t| t.cid == cid) {
             t.aborted = true;
@@ -958,7 +967,7 @@ mod tests {
     fn core(conns: &[&C]) -> Core {
         let mut c = Core::new(1, 8, false, None);
         for x in conns {
-            c.add_conn((*x).clone());
+            assert!(c.add_conn((*x).clone()).is_ok());
         }
         c
     }
@@ -1209,24 +1218,43 @@ mod tests {
             generation: 2,
             ..a.clone()
         };
-        assert!(core.add_conn(a2.clone()).is_some_and(|old| old.same(&a)));
+        let old = core.add_conn(a2.clone()).ok().flatten();
+        assert!(old.is_some_and(|old| old.same(&a)));
+        // The caller aborts the old connection's tasks at once; when its reader then ends, the
+        // new connection and the tasks of its CID stay.
         let mut told = Vec::new();
-        let left = core.conn_lost(&a, |io| {
-            io.aborted = true;
-            told.push(());
-        });
-        assert_eq!(left, 2);
-        assert!(core.conn(1).is_some_and(|c| c.same(&a2)));
+        core.abort_where(
+            |t| t.cid == 1,
+            |io| {
+                io.aborted = true;
+                told.push(());
+            },
+        );
         assert_eq!(told.len(), 1);
+        register(&mut core, &a2, task(12, 3, Simple));
+        assert_eq!(
+            core.conn_lost(&a, |_| panic!("nothing of the old one is left")),
+            2
+        );
+        assert!(core.conn(1).is_some_and(|c| c.same(&a2)));
         assert!(core.task(10).is_some_and(|t| t.aborted));
+        assert!(core.task(12).is_some_and(|t| !t.aborted));
         assert!(core.task(20).is_some_and(|t| !t.aborted));
-        // Connection 2 fills the gap: its task runs, the lost connection's held command not.
-        let (_, runs) = core.submit_ordered(3, Ordered::Nothing);
-        assert!(runs.is_empty());
-        assert_eq!(ready(&mut core), vec![21]);
-        // Losing the last connections leaves none.
-        assert_eq!(core.conn_lost(&a2, |_| {}), 1);
+        // CmdSN 3 filled the gap: the new connection's task and connection 2's run, the old
+        // connection's held command not.
+        assert_eq!(ready(&mut core), vec![12, 21]);
+        // The new connection is lost with a task in flight: it is aborted, the session goes on
+        // with connection 2; losing that leaves none.
+        // (Every task of the CID is told, the old connection's aborted one again: the caller
+        // waits for both to end.)
+        let mut told = 0;
+        assert_eq!(core.conn_lost(&a2, |_| told += 1), 1);
+        assert_eq!(told, 2);
+        assert!(core.task(12).is_some_and(|t| t.aborted));
         assert_eq!(core.conn_lost(&b, |_| {}), 0);
+        // A closing session takes no connection.
+        core.close(|_| {});
+        assert!(core.add_conn(conn(3, ConnRole::Both)).is_err());
     }
 
     #[test]
@@ -1235,7 +1263,7 @@ mod tests {
         let (r2, r3) = (conn(2, ConnRole::Responses), conn(3, ConnRole::Responses));
         let mut core = Core::new(1, 8, true, None);
         for c in [&cmds, &r2, &r3] {
-            core.add_conn(c.clone());
+            assert!(core.add_conn(c.clone()).is_ok());
         }
         for itt in 1..=4 {
             register(&mut core, &cmds, task(itt, itt, Simple));

@@ -118,6 +118,38 @@ async fn max_connections_is_negotiated_and_enforced() {
 }
 
 #[tokio::test]
+async fn reinstating_the_only_connection_of_a_session_keeps_the_session() {
+    // A session that may have 2 connections (so it runs on a session thread) has one; the
+    // initiator replaces it under the same CID (connection reinstatement, RFC 7143 6.3.4). The
+    // session must not end when the old connection goes: the new one carries on.
+    let server = start(|l| l.max_connections = 2).await;
+    for round in 0..5u8 {
+        let mut a = Client::connect(&server).await;
+        let r = a
+            .login(
+                [0x80, 1, 2, 3, 4, 5],
+                0,
+                0,
+                &[("TargetName", IQN), ("MaxConnections", "2")],
+            )
+            .await;
+        assert_eq!(r.status_class, 0);
+        a.cmd_sn = r.exp_cmd_sn;
+        let (mut b, r) = Client::join(&server, &a, 0).await;
+        assert_eq!((r.status_class, r.tsih), (0, a.tsih), "round {round}");
+        assert!(
+            a.closed_by_target().await,
+            "the reinstated connection is closed"
+        );
+        b.cmd_sn = r.exp_cmd_sn;
+        let cmd = b.command(&TUR, false, false, 0, Bytes::new(), true);
+        let itt = cmd.itt;
+        b.send(Pdu::ScsiCommand(cmd)).await;
+        let _ = result(&mut b, itt).await;
+    }
+}
+
+#[tokio::test]
 async fn cmd_sn_order_across_connections() {
     let server = start(|_| {}).await;
     let mut a = Client::normal(&server, &[]).await;
