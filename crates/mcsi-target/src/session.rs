@@ -780,17 +780,12 @@ impl Session {
     /// task whose data is complete is woken if its turn has come.
     pub fn data_out(&self, conn: &Arc<Conn>, d: &DataOut) -> DataOutcome {
         let mut core = self.lock();
-        match core.data_out(conn.cid, d) {
-            DataOutcome::Taken { lun, r2ts } => {
-                send_r2ts(&mut core, conn, d.itt, lun, r2ts);
-                wake_ready(&mut core);
-                DataOutcome::Taken {
-                    lun,
-                    r2ts: Vec::new(),
-                }
-            }
-            other => other,
+        let mut outcome = core.data_out(conn.cid, d);
+        if let DataOutcome::Taken { lun, r2ts } = &mut outcome {
+            send_r2ts(&mut core, conn, d.itt, *lun, std::mem::take(r2ts));
+            wake_ready(&mut core);
         }
+        outcome
     }
 
     /// Ends a task: removes it, lets the task set go on and, unless the task was aborted, queues
