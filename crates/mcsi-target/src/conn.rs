@@ -2,6 +2,8 @@
 //! writer that stamps sequence numbers and sends queued PDUs with vectored writes.
 
 use crate::control;
+use crate::keepalive::Due;
+pub use crate::keepalive::Keepalive;
 use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
@@ -187,9 +189,6 @@ pub struct Reader {
     /// Bytes of the last PDU taken (header and data segment), to size the next reservation.
     pub last_pdu: usize,
 }
-
-use crate::keepalive::Due;
-pub use crate::keepalive::Keepalive;
 
 impl Reader {
     /// Reads and dispatches until the connection ends. Returns whether it ended cleanly (logout
