@@ -296,18 +296,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         (self.window.exp_cmd_sn(), self.window.max_cmd_sn())
     }
 
-    /// Whether `cmd_sn` is in the window now.
-    pub fn accepts(&self, cmd_sn: u32) -> bool {
-        self.window.accepts(cmd_sn)
-    }
-
     /// Commands held in the window for a gap before them.
     pub fn held(&self) -> usize {
         self.window.held()
-    }
-
-    pub fn is_closing(&self) -> bool {
-        self.closing
     }
 
     pub fn conn(&self, cid: u16) -> Option<&C> {
