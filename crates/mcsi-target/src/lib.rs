@@ -15,39 +15,35 @@
 //!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
 //!   `admission`: limits a peer cannot exceed (logins per second per source, connections of
 //!   the server, sessions and connections per target).
-//! - [`session_core`]: what a session decides, with no I/O (no tokio, sockets, clock or threads;
-//!   `tests/core_is_io_free.rs` checks it): CmdSN order across connections, the task registry,
-//!   task sets, held commands, a write's data and its R2Ts (MaxOutstandingR2T), response
-//!   connections in the asymmetric mode; [`keepalive`]: NOP-In pings on passed-in time. Unit
-//!   tested without sockets or a runtime.
+//! - The session core is the crate `mcsi-target-core`, re-exported here as [`session_core`],
+//!   [`keepalive`] and [`transfer`]: what a session decides, with no I/O (no async runtime,
+//!   sockets, clock reads or threads; its own tests check its source and dependency graph):
+//!   CmdSN order across connections, the task registry, task sets, held commands, a write's
+//!   data and its R2Ts (MaxOutstandingR2T), Data-In sequences, response connections in the
+//!   asymmetric mode, NOP-In pings on passed-in time. This crate is the tokio layer over it.
 //! - `shard`: session threads (a session of several connections wholly on one thread).
 //! - `session`: targets ([`Target`]), the session registry, and sessions: the core under a lock, with the
 //!   tokio side of each task (its channels) and connection handles.
 //! - `conn`: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
 //!   stamping, vectored writes). `scsi`: one SCSI task from command to status. `control`: NOP, Text, Logout,
 //!   Task Management. `text`: SendTargets.
-//! - Plain data, unit tested: `window` (CmdSN window), `taskset` (task attributes),
-//!   [`transfer`] (Data-Out / R2T bookkeeping), `datain` (the PDUs that end a task: Data-In
-//!   sequences, phase collapse, residuals).
 
 pub(crate) mod admission;
 pub mod config;
 pub(crate) mod conn;
 pub(crate) mod control;
-pub(crate) mod datain;
-pub mod keepalive;
 pub(crate) mod login;
 pub mod name;
 pub(crate) mod scsi;
 pub mod server;
 pub(crate) mod session;
-pub mod session_core;
 pub(crate) mod shard;
 pub mod stats;
-pub(crate) mod taskset;
 pub(crate) mod text;
-pub mod transfer;
-pub(crate) mod window;
+
+pub(crate) use mcsi_target_core::datain;
+/// The session core, a crate of its own (`mcsi-target-core`) so that nothing async can creep in.
+pub use mcsi_target_core::{keepalive, session as session_core, transfer};
 
 pub use config::ServerConfig;
 pub use server::{Server, StartError};

@@ -429,7 +429,7 @@ impl Conn {
     }
 }
 
-impl crate::session_core::CoreConn for Arc<Conn> {
+impl crate::session_core::ConnInfo for Conn {
     fn cid(&self) -> u16 {
         self.cid
     }
@@ -440,10 +440,6 @@ impl crate::session_core::CoreConn for Arc<Conn> {
 
     fn clean_exit(&self) -> bool {
         Conn::clean_exit(self)
-    }
-
-    fn same(&self, other: &Self) -> bool {
-        Arc::ptr_eq(self, other)
     }
 
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {

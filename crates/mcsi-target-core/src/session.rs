@@ -10,7 +10,7 @@
 //! Inputs are method calls: a command or a control request arriving on a connection, a task
 //! ending, task management, a connection added, lost or logged out. Outputs are what the calls
 //! return (requests now in CmdSN order, the connection a reply leaves on) and the tasks whose
-//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer (the crate's `session` module)
+//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer (`mcsi-target`'s `session` module)
 //! holds the core under one lock and carries the outputs out: it wakes task futures, runs
 //! control requests, queues PDUs on connections.
 //!
@@ -20,11 +20,11 @@
 
 use crate::taskset::TaskSet;
 use crate::transfer::{R2tPlan, TransferError, WriteTransfer};
-use crate::window::{CmdWindow, Submit};
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{DataOut, Pdu};
 use mcsi_proto::vendor::ConnRole;
+use mcsi_proto::window::{OrderWindow as CmdWindow, Submit};
 use mcsi_scsi::TaskAttribute;
 
 /// What the core needs to know of a connection.
@@ -39,6 +39,40 @@ pub trait CoreConn: Clone {
     /// The socket's TCP state, for a load-aware response policy; `None` without a socket.
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         None
+    }
+}
+
+/// A connection as the layer above keeps it, shared by reference count: `Arc<T>` is a
+/// [`CoreConn`] for any `T: ConnInfo`, two handles being the same connection when they point to
+/// the same value.
+pub trait ConnInfo {
+    fn cid(&self) -> u16;
+    fn role(&self) -> ConnRole;
+    fn clean_exit(&self) -> bool;
+    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
+        None
+    }
+}
+
+impl<T: ConnInfo> CoreConn for std::sync::Arc<T> {
+    fn cid(&self) -> u16 {
+        T::cid(self)
+    }
+
+    fn role(&self) -> ConnRole {
+        T::role(self)
+    }
+
+    fn clean_exit(&self) -> bool {
+        T::clean_exit(self)
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(self, other)
+    }
+
+    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
+        T::tcp_state(self)
     }
 }
 

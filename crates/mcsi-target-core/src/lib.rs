@@ -1,0 +1,20 @@
+//! The mcsi target's session core: what an iSCSI session (RFC 7143) decides in full feature
+//! phase, with no I/O. No async runtime, no sockets, no clock reads, no threads, no files and no
+//! randomness: inputs are method calls (a PDU's content arriving on a connection, a task ending,
+//! a connection added or lost, the time now), outputs are return values. The same core runs
+//! under `mcsi-target`'s tokio layer on sockets or in-process pipes, and can run on virtual time.
+//! `tests/core_is_io_free.rs` checks this crate's source and its whole dependency graph.
+//!
+//! - [`session`]: CmdSN order across a session's connections, the task registry with
+//!   connection allegiance, task sets per LUN, held commands, a write's data and R2Ts
+//!   (MaxOutstandingR2T), the response connection in the asymmetric mode.
+//! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
+//! - [`transfer`]: one write's Data-Out and R2T bookkeeping.
+//! - [`datain`]: the PDUs that end a task (Data-In sequences, phase collapse, residuals).
+//! - [`taskset`]: task attribute ordering (SIMPLE, ORDERED, HEAD OF QUEUE).
+
+pub mod datain;
+pub mod keepalive;
+pub mod session;
+pub mod taskset;
+pub mod transfer;

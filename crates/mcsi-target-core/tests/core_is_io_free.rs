@@ -1,0 +1,159 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! The session core does no I/O of its own: no async runtime, no sockets, no clock reads, no
+//! threads, no files, no randomness. It runs the same on sockets, in-process pipes and virtual
+//! time. Two checks, on every machine: this crate's dependency graph (from the workspace's
+//! Cargo.lock) holds no async runtime, and its source names nothing that does I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// What the core's source may not name. Time is passed in: the `Instant` type is allowed,
+/// reading the clock is not. (`mcsi_tcp` is a dependency for its pure parts, the response
+/// policies and the `TcpState` type; reading a socket's state is forbidden.)
+const FORBIDDEN: &[&str] = &[
+    "tokio",
+    "std::net",
+    "socket2",
+    "std::thread",
+    "std::fs",
+    "std::io",
+    "std::process",
+    "Instant::now",
+    "SystemTime",
+    "mcsi_tcp::tcp_state",
+    "mcsi_tcp::info::tcp_state",
+    "mcsi_tcp::congestion",
+    "libc::",
+    "rand::",
+    "getrandom",
+];
+
+/// Packages that must not be in the core's dependency graph.
+const FORBIDDEN_PACKAGES: &[&str] = &["tokio", "mio", "async-std", "smol", "async-io"];
+
+/// A line's code, without a `//` comment (doc comments included).
+fn code(line: &str) -> &str {
+    line.split("//").next().unwrap_or("")
+}
+
+/// What a source file's code names that the core may not. Unit tests (from `#[cfg(test)]` on)
+/// are not the core: they may read the clock for an origin of virtual time.
+fn violations(file: &str, src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let code_lines = src.lines().take_while(|l| l.trim() != "#[cfg(test)]");
+    for (n, line) in code_lines.enumerate() {
+        let c = code(line);
+        for f in FORBIDDEN {
+            if c.contains(f) {
+                out.push(format!("{file}:{}: names `{f}`: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// Every package reachable from `root` in a Cargo.lock (dev-dependencies included: the lock
+/// file does not tell them apart, which only makes the check stricter).
+fn reachable(lock: &str, root: &str) -> BTreeSet<String> {
+    let doc: toml::Value = lock.parse().expect("Cargo.lock parses as TOML");
+    let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in doc["package"]
+        .as_array()
+        .expect("Cargo.lock lists packages")
+    {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        let list: Vec<String> = p
+            .get("dependencies")
+            .and_then(|d| d.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_str())
+                    // "name", "name version" or "name version (source)".
+                    .map(|d| d.split(' ').next().unwrap_or(d).to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        deps.entry(name).or_default().extend(list);
+    }
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root.to_string()];
+    while let Some(n) = todo.pop() {
+        if seen.insert(n.clone()) {
+            todo.extend(deps.get(&n).cloned().unwrap_or_default());
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_session_core_does_no_io() {
+    let src_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&src_dir).expect("src/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let src = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            let name = format!("src/{}", path.file_name().unwrap().to_string_lossy());
+            found.extend(violations(&name, &src));
+            files += 1;
+        }
+    }
+    assert!(files >= 5, "only {files} source files found in {src_dir:?}");
+    assert!(
+        found.is_empty(),
+        "the session core must stay free of I/O:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn no_async_runtime_in_the_dependency_graph() {
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    let lock = std::fs::read_to_string(&lock_path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", lock_path.display()));
+    let graph = reachable(&lock, env!("CARGO_PKG_NAME"));
+    assert!(graph.contains("mcsi-proto"), "graph walk found {graph:?}");
+    let bad: Vec<&&str> = FORBIDDEN_PACKAGES
+        .iter()
+        .filter(|p| graph.contains(**p))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "the session core depends (directly or not) on {bad:?}"
+    );
+}
+
+#[test]
+fn the_checks_see_what_they_forbid() {
+    let bad = "use tokio::sync::mpsc;\nlet t = std::time::Instant::now(); // fine here\nlet s = mcsi_tcp::tcp_state(fd);\n/// tokio in a doc comment is fine\n";
+    let v = violations("x", bad);
+    assert_eq!(v.len(), 3, "{v:#?}");
+    assert!(violations("x", "fn f(now: std::time::Instant) {}\n").is_empty());
+    assert!(violations(
+        "x",
+        "#[cfg(test)]\nmod tests { fn t() { Instant::now(); } }\n"
+    )
+    .is_empty());
+    // The graph walk follows dependencies given with versions, and only from the root.
+    let lock = r#"
+[[package]]
+name = "core"
+dependencies = ["a", "b 1.0.0"]
+[[package]]
+name = "a"
+[[package]]
+name = "b"
+version = "1.0.0"
+dependencies = ["tokio"]
+[[package]]
+name = "tokio"
+[[package]]
+name = "other"
+dependencies = ["mio"]
+"#;
+    let g = reachable(lock, "core");
+    assert!(g.contains("tokio") && !g.contains("mio"), "{g:?}");
+}

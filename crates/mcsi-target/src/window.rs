@@ -1,4 +1,0 @@
-//! The session-wide command window: [`mcsi_proto::window::OrderWindow`], written once in the
-//! protocol crate for both sides (RFC 7143 4.2.2.1).
-
-pub use mcsi_proto::window::{OrderWindow as CmdWindow, Submit};
