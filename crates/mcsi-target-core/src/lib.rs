@@ -8,13 +8,18 @@
 //! - [`session`]: CmdSN order across a session's connections, the task registry with
 //!   connection allegiance, task sets per LUN, held commands, a write's data and R2Ts
 //!   (MaxOutstandingR2T), the response connection in the asymmetric mode.
+//! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
+//!   scope, with which answer).
 //! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
 //! - [`transfer`]: one write's Data-Out and R2T bookkeeping.
 //! - [`datain`]: the PDUs that end a task (Data-In sequences, phase collapse, residuals).
+//! - [`text`]: Text Request exchanges (requests in pieces, long answers fetched in pieces).
 //! - [`taskset`]: task attribute ordering (SIMPLE, ORDERED, HEAD OF QUEUE).
 
+pub mod control;
 pub mod datain;
 pub mod keepalive;
 pub mod session;
 pub mod taskset;
+pub mod text;
 pub mod transfer;

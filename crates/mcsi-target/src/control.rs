@@ -1,52 +1,18 @@
 //! Requests other than SCSI commands: NOP-Out (11.18), Text (11.10), Logout (11.14) and Task
-//! Management (11.5, with the semantics of RFC 7143 4.2.3).
+//! Management (11.5, with the semantics of RFC 7143 4.2.3). What each does is the core's plan
+//! (`mcsi_target_core::control`); this layer aborts, waits for the aborted tasks to end, resets
+//! devices and sends the answer.
 
 use crate::conn::reject_pdu;
 use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
-use mcsi_proto::pdu::{
-    reject_reason, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu, TaskMgmtRequest,
-    TaskMgmtResponse, RESERVED_TAG,
-};
-use mcsi_proto::serial::Sn;
+use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
 use mcsi_scsi::TaskAttribute;
+pub use mcsi_target_core::control::tmf_function;
+use mcsi_target_core::control::{
+    logout_pdu, logout_response, nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf,
+};
 use std::sync::Arc;
 use tracing::{debug, info, Instrument};
-
-/// TMF response codes (11.6.1).
-pub mod tmf_response {
-    pub const COMPLETE: u8 = 0;
-    pub const NO_TASK: u8 = 1;
-    pub const NO_LUN: u8 = 2;
-    pub const REASSIGN_NOT_SUPPORTED: u8 = 4;
-    pub const NOT_SUPPORTED: u8 = 5;
-}
-
-/// TMF function codes (11.5.1).
-pub mod tmf_function {
-    pub const ABORT_TASK: u8 = 1;
-    pub const ABORT_TASK_SET: u8 = 2;
-    pub const CLEAR_ACA: u8 = 3;
-    pub const CLEAR_TASK_SET: u8 = 4;
-    pub const LUN_RESET: u8 = 5;
-    pub const TARGET_WARM_RESET: u8 = 6;
-    pub const TARGET_COLD_RESET: u8 = 7;
-    pub const TASK_REASSIGN: u8 = 8;
-
-    /// The function's name in RFC 7143 11.5.1, for logs.
-    pub fn name(f: u8) -> &'static str {
-        match f {
-            ABORT_TASK => "ABORT TASK",
-            ABORT_TASK_SET => "ABORT TASK SET",
-            CLEAR_ACA => "CLEAR ACA",
-            CLEAR_TASK_SET => "CLEAR TASK SET",
-            LUN_RESET => "LOGICAL UNIT RESET",
-            TARGET_WARM_RESET => "TARGET WARM RESET",
-            TARGET_COLD_RESET => "TARGET COLD RESET",
-            TASK_REASSIGN => "TASK REASSIGN",
-            _ => "unknown",
-        }
-    }
-}
 
 /// Runs what came up in CmdSN order: control requests, and held SCSI commands (on this
 /// reader, or as tasks of their own when an ORDERED task is pending).
@@ -111,94 +77,55 @@ pub fn run(session: &Arc<Session>, conn: Arc<Conn>, p: Pdu) {
     }
 }
 
-/// NOP-Out: a ping (ITT set) is echoed with its data (11.19); an answer to our NOP-In (TTT set)
-/// or a NOP-Out with the reserved ITT needs no reply.
+/// NOP-Out: a ping (ITT set) is echoed with its data (11.19); an answer to our NOP-In (TTT set,
+/// taken by the reader) or a NOP-Out with the reserved ITT needs no reply.
 fn nop(conn: &Conn, n: NopOut) {
-    if n.itt == RESERVED_TAG {
-        return;
+    if let Nop::Echo(p) = nop_out(n, conn.ops.send_mrdsl) {
+        conn.send(p);
     }
-    let mut data = n.data;
-    data.truncate(conn.ops.send_mrdsl as usize);
-    conn.send(Pdu::NopIn(NopIn {
-        lun: n.lun,
-        itt: n.itt,
-        ttt: RESERVED_TAG,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-        data,
-    }));
-}
-
-fn logout_response(itt: u32, response: u8) -> Pdu {
-    Pdu::LogoutResponse(LogoutResponse {
-        response,
-        itt,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-        time2wait: 0,
-        time2retain: 0,
-    })
 }
 
 /// Logout (11.14): reason 0 closes the session, 1 closes a connection (possibly another one of
 /// the session), 2 asks for recovery which ErrorRecoveryLevel 0 does not support (11.15.1).
 async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
-    match l.reason {
-        0 => {
+    let plan = Logout::plan(l.reason, l.cid, |cid| session.conn(cid).is_some());
+    // The connections that log out: their end is a clean exit, and they are picked for no new
+    // replies.
+    let leaving: Vec<Arc<Conn>> = match plan {
+        Logout::CloseSession => {
             info!("logout: closing the session");
-            let others: Vec<Arc<Conn>> = session.conns();
-            for c in &others {
-                c.mark_clean();
-            }
-            // Tasks still running are aborted; the response goes out once they ended.
-            let aborted = session.abort_where(|_| true);
-            wait_all(aborted.waits).await;
-            conn.send(logout_response(l.itt, 0));
-            conn.close_after_flush();
-            for c in others.iter().filter(|c| c.cid != conn.cid) {
-                c.stop();
-            }
+            session.conns()
         }
-        1 => {
-            let Some(target) = session.conn(l.cid) else {
-                conn.send(logout_response(l.itt, 1));
-                return;
-            };
-            info!(cid = l.cid, "logout: closing the connection");
-            target.mark_clean();
-            let aborted = session.abort_where(|t| t.cid == l.cid);
-            wait_all(aborted.waits).await;
-            conn.send(logout_response(l.itt, 0));
-            if Arc::ptr_eq(&target, conn) {
-                conn.close_after_flush();
-            } else {
-                target.stop();
-            }
+        Logout::CloseConnection { cid } => {
+            info!(cid, "logout: closing the connection");
+            session.conn(cid).into_iter().collect()
         }
-        2 => conn.send(logout_response(l.itt, 2)),
-        _ => conn.send(reject_pdu(
-            reject_reason::INVALID_PDU_FIELD,
-            &Pdu::LogoutRequest(l),
-        )),
+        Logout::Respond(code) => return conn.send(logout_pdu(l.itt, code)),
+        Logout::Reject => {
+            return conn.send(reject_pdu(
+                reject_reason::INVALID_PDU_FIELD,
+                &Pdu::LogoutRequest(l),
+            ))
+        }
+    };
+    for c in &leaving {
+        c.mark_clean();
     }
-}
-
-fn tmf_response(itt: u32, response: u8) -> Pdu {
-    Pdu::TaskMgmtResponse(TaskMgmtResponse {
-        response,
-        itt,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-    })
+    // Tasks still running are aborted; the response goes out once they ended.
+    let aborted = session.abort_where(|t| plan.aborts(t));
+    wait_all(aborted.waits).await;
+    conn.send(logout_pdu(l.itt, logout_response::CLOSED));
+    if plan == Logout::CloseSession || leaving.iter().any(|c| Arc::ptr_eq(c, conn)) {
+        conn.close_after_flush();
+    }
+    for c in leaving.iter().filter(|c| !Arc::ptr_eq(c, conn)) {
+        c.stop();
+    }
 }
 
 /// Task management (11.5, 4.2.3). Affected tasks are aborted (their status is not sent) and the
 /// response goes out only after they have ended.
 async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
-    use tmf_function::*;
     let Some(target) = session.target.clone() else {
         conn.send(reject_pdu(
             reject_reason::PROTOCOL_ERROR,
@@ -206,58 +133,49 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         ));
         return;
     };
-    let lun_exists = target.dev.lu(t.lun).is_some();
-    let response = match t.function {
-        ABORT_TASK => abort_task(session, &t).await,
-        ABORT_TASK_SET | CLEAR_TASK_SET | LUN_RESET if !lun_exists => tmf_response::NO_LUN,
-        ABORT_TASK_SET => {
-            let aborted =
-                session.abort_where(|e| e.lun == t.lun && Sn::lt(Sn(e.cmd_sn), Sn(t.cmd_sn)));
+    let plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
+    let response = match plan {
+        Tmf::Respond(code) => code,
+        Tmf::AbortTask {
+            ref_cmd_sn, cmd_sn, ..
+        } => abort_task(session, &plan, ref_cmd_sn, cmd_sn).await,
+        Tmf::AbortTaskSet { .. } => {
+            let aborted = session.abort_where(|e| plan.aborts(e));
             wait_all(aborted.waits).await;
             session.inline_quiesced().await;
             tmf_response::COMPLETE
         }
-        CLEAR_TASK_SET => {
-            // The task set is shared by every initiator of the LU (SAM-5 7.5).
-            abort_on_target(session, &target, Some(t.lun)).await;
-            tmf_response::COMPLETE
-        }
-        LUN_RESET => {
-            abort_on_target(session, &target, Some(t.lun)).await;
-            if let Some(lu) = target.dev.lu(t.lun) {
-                lu.reset();
+        Tmf::AbortOnTarget { reset, .. } => {
+            abort_on_target(session, &target, &plan).await;
+            match reset {
+                Reset::Nothing => {}
+                Reset::Lun(lun) => {
+                    if let Some(lu) = target.dev.lu(lun) {
+                        lu.reset();
+                    }
+                }
+                Reset::Target => target.dev.reset_all(),
             }
             tmf_response::COMPLETE
         }
-        TARGET_WARM_RESET => {
-            abort_on_target(session, &target, None).await;
-            target.dev.reset_all();
-            tmf_response::COMPLETE
-        }
-        TASK_REASSIGN => tmf_response::REASSIGN_NOT_SUPPORTED,
-        CLEAR_ACA | TARGET_COLD_RESET => tmf_response::NOT_SUPPORTED,
-        _ => tmf_response::NOT_SUPPORTED,
     };
     // Resets are rare and change what every initiator of the LU sees: the log says so. Aborts
     // (an initiator's timeouts) stay at debug.
     let name = tmf_function::name(t.function);
     let lun = mcsi_scsi::lun::decode(t.lun);
-    if matches!(
-        t.function,
-        LUN_RESET | TARGET_WARM_RESET | TARGET_COLD_RESET
-    ) {
+    if Tmf::is_reset(t.function) {
         tracing::info!(function = name, ?lun, response, "task management");
     } else {
         debug!(function = name, ?lun, response, "task management");
     }
-    conn.send(tmf_response(t.itt, response));
+    conn.send(tmf_pdu(t.itt, response));
 }
 
 /// ABORT TASK (11.5.1): a found task is aborted. A task not found whose RefCmdSN lies in the
 /// window before this request is taken as received (its CmdSN is used up) and the answer is
 /// "function complete"; otherwise "task does not exist".
-async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
-    let aborted = session.abort_where(|e| e.itt == t.referenced_task_tag && e.lun == t.lun);
+async fn abort_task(session: &Arc<Session>, plan: &Tmf, ref_cmd_sn: u32, cmd_sn: u32) -> u8 {
+    let aborted = session.abort_where(|e| plan.aborts(e));
     if aborted.found > 0 {
         wait_all(aborted.waits).await;
         return tmf_response::COMPLETE;
@@ -265,7 +183,7 @@ async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
     // The task may be running inline on another connection's reader: its status goes out
     // before this answer.
     session.inline_quiesced().await;
-    match session.take_as_received(t.ref_cmd_sn, t.cmd_sn) {
+    match session.take_as_received(ref_cmd_sn, cmd_sn) {
         Some(ctl) => {
             run_all(session, ctl);
             tmf_response::COMPLETE
@@ -274,12 +192,12 @@ async fn abort_task(session: &Arc<Session>, t: &TaskMgmtRequest) -> u8 {
     }
 }
 
-/// Aborts the tasks of every session of this target (on one LUN or all).
-async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, lun: Option<u64>) {
+/// Aborts the tasks of every session of this target that `plan` covers.
+async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, plan: &Tmf) {
     let mut waits = Vec::new();
     for s in session.shared.all_sessions() {
         if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
-            waits.extend(s.abort_where(|e| lun.is_none_or(|l| l == e.lun)).waits);
+            waits.extend(s.abort_where(|e| plan.aborts(e)).waits);
         }
     }
     wait_all(waits).await;

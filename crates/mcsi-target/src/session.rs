@@ -328,7 +328,7 @@ pub struct Conn {
     stop: watch::Sender<bool>,
     /// The Text Request exchange under way: a request still arriving in pieces (C bit) or an
     /// answer too long for one Text Response, sent in pieces (11.10, 11.11).
-    pub text: Mutex<crate::text::Exchange>,
+    pub text: Mutex<mcsi_target_core::text::TextExchange>,
     /// Logged out or replaced (connection reinstatement): its end does not fail the session.
     clean: AtomicBool,
     pub span: tracing::Span,
@@ -363,7 +363,7 @@ impl Conn {
             local,
             tx,
             stop,
-            text: Mutex::new(crate::text::Exchange::default()),
+            text: Mutex::new(mcsi_target_core::text::TextExchange::new(ops.send_mrdsl)),
             clean: AtomicBool::new(false),
             span,
             sock,

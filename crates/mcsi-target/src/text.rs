@@ -1,39 +1,14 @@
-//! Text Requests in full feature phase: SendTargets (RFC 7143 section 11.10, appendix C), with
-//! long answers sent in pieces under a Target Transfer Tag.
+//! Text Requests in full feature phase: SendTargets (RFC 7143 section 11.10, appendix C). The
+//! exchange itself (requests in pieces, long answers fetched under a Target Transfer Tag) is the
+//! core's `mcsi_target_core::text`.
 
 use crate::session::{Conn, Session, Shared, Target};
-use bytes::{Bytes, BytesMut};
-use mcsi_proto::keys::{NOT_UNDERSTOOD, REJECT};
-use mcsi_proto::pdu::{Pdu, TextRequest, TextResponse, RESERVED_TAG};
-use mcsi_proto::text::{self, TextAccumulator, TextLimits};
+use mcsi_proto::pdu::{Pdu, TextRequest};
+use mcsi_proto::text;
+use mcsi_target_core::text::{answer_keys, TextStep};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tracing::debug;
-
-/// The rest of an answer the initiator has not fetched yet.
-#[derive(Debug)]
-pub struct Pending {
-    pub itt: u32,
-    pub ttt: u32,
-    pub rest: Bytes,
-}
-
-/// A request whose text arrives over several PDUs (C bit, RFC 7143 11.10.2): the pieces so far,
-/// and the tag the next piece must carry.
-#[derive(Debug)]
-pub struct Incoming {
-    pub itt: u32,
-    pub ttt: u32,
-    pub text: TextAccumulator,
-}
-
-/// The one Text Request exchange a connection may have under way (11.10: at most one
-/// outstanding Text Request per connection).
-#[derive(Debug, Default)]
-pub struct Exchange {
-    pub answer: Option<Pending>,
-    pub request: Option<Incoming>,
-}
 
 /// `TargetAddress` value of a portal: a wildcard address is replaced by the address the
 /// initiator reached us on (RFC 7143 13.8 wants an address the initiator can use).
@@ -88,149 +63,26 @@ pub fn send_targets(
     text::encode(&pairs).to_vec()
 }
 
-/// Answers one Text Request on `conn`.
+/// Answers one Text Request on `conn`: the exchange's steps are the core's
+/// ([`mcsi_target_core::text::TextExchange`]); the SendTargets answer is this layer's (it needs the target list).
 pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest) {
     let mut ex = conn.text.lock().unwrap_or_else(|p| p.into_inner());
-    let reject = |req: TextRequest| {
-        conn.send(crate::conn::reject_pdu(
-            mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
-            &Pdu::TextRequest(req),
-        ))
-    };
-    // A Text Request with the C bit must not have the F bit (11.10.2), on any piece.
-    if req.continue_ && req.final_ {
-        *ex = Exchange::default();
-        return reject(req);
-    }
-    let keys = if req.ttt != RESERVED_TAG {
-        // A follow-on PDU carries the TTT we gave: either the next piece of a request the
-        // initiator is still sending, or a request for the next piece of our answer.
-        if let Some(mut incoming) = ex.request.take() {
-            if incoming.ttt != req.ttt || incoming.itt != req.itt {
-                return reject(req);
-            }
-            match incoming.text.push(&req.data, req.continue_) {
-                Ok(Some(keys)) => keys,
-                Ok(None) => {
-                    let (itt, ttt, lun) = (incoming.itt, incoming.ttt, req.lun);
-                    ex.request = Some(incoming);
-                    return acknowledge_piece(conn, itt, ttt, lun);
-                }
-                Err(e) => {
-                    debug!("Text Request continuation refused: {e}");
-                    return reject(req);
-                }
-            }
-        } else {
-            match ex.answer.take() {
-                // Asking for more of an answer carries no text of its own (11.10.2, 11.11.1).
-                Some(p)
-                    if p.ttt == req.ttt
-                        && p.itt == req.itt
-                        && !req.continue_
-                        && req.data.is_empty() =>
-                {
-                    send_piece(session, conn, &mut ex, req.itt, req.lun, p.rest);
-                }
-                // Unknown TTT: Reject invalid PDU field (11.17.1).
-                _ => reject(req),
-            }
-            return;
-        }
-    } else {
-        // A new request resets any unfinished exchange (11.10.4).
-        *ex = Exchange::default();
-        if req.continue_ {
-            let mut text = TextAccumulator::new(TextLimits::default());
-            if let Err(e) = text.push(&req.data, true) {
-                debug!("Text Request continuation refused: {e}");
-                return reject(req);
-            }
-            let ttt = session.alloc_ttt();
-            ex.request = Some(Incoming {
-                itt: req.itt,
-                ttt,
-                text,
-            });
-            return acknowledge_piece(conn, req.itt, ttt, req.lun);
-        }
-        match text::parse(&req.data, &TextLimits::default()) {
-            Ok(k) => k,
-            Err(e) => {
-                debug!("malformed Text Request: {e}");
-                return reject(req);
-            }
-        }
-    };
-    let mut out = BytesMut::new();
-    let mut answers: Vec<(String, String)> = Vec::new();
-    for (k, v) in keys {
-        if k == "SendTargets" {
-            out.extend_from_slice(&send_targets(
-                shared,
-                session,
-                &v,
-                conn.local,
-                conn.peer.ip(),
+    match ex.on_request(&req, || session.alloc_ttt()) {
+        TextStep::Send(p) => conn.send(p),
+        TextStep::Reject(why) => {
+            debug!("Text Request refused: {why}");
+            conn.send(crate::conn::reject_pdu(
+                mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
+                &Pdu::TextRequest(req),
             ));
-        } else {
-            // Full feature phase renegotiation is not offered (RFC 7143 6.2): vendor keys are
-            // not understood, standard ones rejected.
-            let ans = if k.starts_with("X-") || k.starts_with("X#") {
-                NOT_UNDERSTOOD
-            } else {
-                REJECT
-            };
-            answers.push((k, ans.to_owned()));
+        }
+        TextStep::Keys { itt, lun, keys } => {
+            let answer = answer_keys(keys, |v| {
+                send_targets(shared, session, v, conn.local, conn.peer.ip())
+            });
+            conn.send(ex.answer(itt, lun, answer, || session.alloc_ttt()));
         }
     }
-    out.extend_from_slice(&text::encode(&answers));
-    send_piece(session, conn, &mut ex, req.itt, req.lun, out.freeze());
-}
-
-/// The answer to a piece of a request that has more to come: no data, F and C clear, and the
-/// tag the initiator puts on the next piece (11.11.1, 11.11.4).
-fn acknowledge_piece(conn: &Conn, itt: u32, ttt: u32, lun: u64) {
-    conn.send(text_response(false, false, lun, itt, ttt, Bytes::new()));
-}
-
-/// A Text Response; the sequence numbers are stamped by the connection's writer.
-fn text_response(final_: bool, continue_: bool, lun: u64, itt: u32, ttt: u32, data: Bytes) -> Pdu {
-    Pdu::TextResponse(TextResponse {
-        final_,
-        continue_,
-        lun,
-        itt,
-        ttt,
-        stat_sn: 0,
-        exp_cmd_sn: 0,
-        max_cmd_sn: 0,
-        data,
-    })
-}
-
-fn send_piece(
-    session: &Session,
-    conn: &Conn,
-    ex: &mut Exchange,
-    itt: u32,
-    lun: u64,
-    mut data: Bytes,
-) {
-    let max = conn.ops.send_mrdsl.max(512) as usize;
-    let (final_, ttt, piece) = if data.len() > max {
-        let piece = data.split_to(max);
-        let ttt = session.alloc_ttt();
-        ex.answer = Some(Pending {
-            itt,
-            ttt,
-            rest: data,
-        });
-        (false, ttt, piece)
-    } else {
-        (true, RESERVED_TAG, data)
-    };
-    conn.send(text_response(final_, !final_, lun, itt, ttt, piece));
 }
 
 #[cfg(test)]
