@@ -32,8 +32,6 @@ pub trait CoreConn: Clone {
     fn cid(&self) -> u16;
     /// What the connection carries (asymmetric sessions; [`ConnRole::Both`] otherwise).
     fn role(&self) -> ConnRole;
-    /// Logged out or being replaced: picked for no new replies.
-    fn clean_exit(&self) -> bool;
     /// The same connection (not merely the same CID: a reinstated CID is another connection).
     fn same(&self, other: &Self) -> bool;
     /// The socket's TCP state, for a load-aware response policy; `None` without a socket.
@@ -48,7 +46,6 @@ pub trait CoreConn: Clone {
 pub trait ConnInfo {
     fn cid(&self) -> u16;
     fn role(&self) -> ConnRole;
-    fn clean_exit(&self) -> bool;
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         None
     }
@@ -63,16 +60,33 @@ impl<T: ConnInfo> CoreConn for std::sync::Arc<T> {
         T::role(self)
     }
 
-    fn clean_exit(&self) -> bool {
-        T::clean_exit(self)
-    }
-
     fn same(&self, other: &Self) -> bool {
         std::sync::Arc::ptr_eq(self, other)
     }
 
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         T::tcp_state(self)
+    }
+}
+
+/// What a connection's end did to its session ([`SessionCore::conn_lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLost {
+    /// It left on purpose, was replaced, or the session was already closing.
+    pub clean: bool,
+    /// Connections left in the session.
+    pub remaining: usize,
+    /// The session ends: the connection failed, or none is left.
+    pub session_ends: bool,
+}
+
+impl ConnLost {
+    fn new(clean: bool, remaining: usize) -> Self {
+        ConnLost {
+            clean,
+            remaining,
+            session_ends: !clean || remaining == 0,
+        }
     }
 }
 
@@ -279,6 +293,9 @@ struct ReplySched {
 pub struct SessionCore<C, T> {
     window: CmdWindow<Ordered<C>>,
     conns: AHashMap<u16, C>,
+    /// CIDs whose connection is leaving on purpose (logging out): picked for no new replies,
+    /// and their end is clean.
+    leaving: ahash::AHashSet<u16>,
     tasks: AHashMap<u32, Task<T>>,
     task_sets: AHashMap<u64, TaskSet<Key>>,
     /// Tasks whose turn came, for [`SessionCore::poll_ready`].
@@ -307,6 +324,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         SessionCore {
             window: CmdWindow::new(exp_cmd_sn, queue_depth.max(1)),
             conns: AHashMap::new(),
+            leaving: ahash::AHashSet::new(),
             tasks: AHashMap::new(),
             task_sets: AHashMap::new(),
             ready: std::collections::VecDeque::new(),
@@ -354,7 +372,30 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         if self.closing {
             return Err(conn);
         }
+        self.leaving.remove(&conn.cid());
         Ok(self.conns.insert(conn.cid(), conn))
+    }
+
+    /// `conn` is leaving on purpose (a logout, or a failure the session survives): from now on
+    /// it is picked for no new replies, and its end ([`SessionCore::conn_lost`]) is clean.
+    pub fn leave(&mut self, conn: &C) {
+        if self.conns.get(&conn.cid()).is_some_and(|c| c.same(conn)) {
+            self.leaving.insert(conn.cid());
+        }
+    }
+
+    /// Whether `conn`'s end now would be clean: it is leaving ([`SessionCore::leave`]), or it is
+    /// no longer the session's (another connection took over its CID, connection
+    /// reinstatement, or the session closed). Only the failure of a member fails the session.
+    pub fn ends_cleanly(&self, conn: &C) -> bool {
+        match self.conns.get(&conn.cid()) {
+            Some(c) if c.same(conn) => self.leaving.contains(&conn.cid()),
+            _ => true,
+        }
+    }
+
+    fn usable_for_replies(&self, c: &C) -> bool {
+        !self.leaving.contains(&c.cid())
     }
 
     /// A Target Transfer Tag not equal to the reserved value.
@@ -648,7 +689,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let Some((cid, bytes)) = self.tasks.get(&itt).map(|t| (t.reply_cid, t.bytes)) else {
             return command_conn.clone();
         };
-        if let Some(c) = self.conns.get(&cid).filter(|c| !c.clean_exit()) {
+        if let Some(c) = self.conns.get(&cid).filter(|c| self.usable_for_replies(c)) {
             return c.clone();
         }
         // The chosen response connection is logging out or gone: another one takes the rest.
@@ -720,6 +761,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.closing = true;
         let _ = self.window.drain_held();
         let conns = self.conns.drain().map(|(_, c)| c).collect();
+        self.leaving.clear();
         self.tasks.values_mut().for_each(|t| t.aborted = true);
         self.tasks
             .values_mut()
@@ -731,14 +773,19 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// Connection `conn` ended: it leaves the session, and the tasks that came on its CID,
     /// running or held, are aborted (`on_abort`). A connection whose CID another one has taken
     /// over (connection reinstatement) has had its tasks aborted then; the tasks of the CID now
-    /// are the new connection's and go on. Returns how many connections are left.
-    pub fn conn_lost(&mut self, conn: &C, mut on_abort: impl FnMut(&mut T)) -> usize {
+    /// are the new connection's and go on. Says how many connections are left and whether the
+    /// session ends with it: at ErrorRecoveryLevel 0 a connection that fails (did not leave on
+    /// purpose) takes the session with it (RFC 7143 6.1, 7.1.5), and a session without
+    /// connections ends.
+    pub fn conn_lost(&mut self, conn: &C, mut on_abort: impl FnMut(&mut T)) -> ConnLost {
         let cid = conn.cid();
+        let clean = self.ends_cleanly(conn);
         match self.conns.get(&cid) {
             Some(c) if c.same(conn) => {
                 self.conns.remove(&cid);
+                self.leaving.remove(&cid);
             }
-            Some(_) => return self.conns.len(),
+            Some(_) => return ConnLost::new(clean, self.conns.len()),
             None => {}
         }
         for t in self.tasks.values_mut().filter(|t| t.cid == cid) {
@@ -746,7 +793,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             on_abort(&mut t.io);
         }
         self.abort_held(|t| t.cid == cid);
-        self.conns.len()
+        ConnLost::new(clean, self.conns.len())
     }
 
     /// Drops the held [`Deferred`] commands `pred` picks, keeping their CmdSNs as used; returns
@@ -844,7 +891,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// `None` when the session has none.
     fn pick_reply(&mut self, bytes: u64) -> Option<u16> {
         if let Some(rs) = self.reply_sched.as_mut() {
-            return pick_reply_by_policy(rs, &self.conns, &self.tasks, bytes);
+            return pick_reply_by_policy(rs, &self.conns, &self.leaving, &self.tasks, bytes);
         }
         // Round-robin in CID order without collecting the connections: the next CID above the
         // last one picked, or the lowest once past the end. Called once per task in an
@@ -852,7 +899,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let responses = || {
             self.conns
                 .values()
-                .filter(|c| c.role() == ConnRole::Responses && !c.clean_exit())
+                .filter(|c| c.role() == ConnRole::Responses && self.usable_for_replies(c))
                 .map(|c| c.cid())
         };
         let last = self.last_reply;
@@ -895,6 +942,7 @@ fn place(buf: &mut BytesMut, offset: usize, data: &[u8]) {
 fn pick_reply_by_policy<C: CoreConn, T>(
     rs: &mut ReplySched,
     conns: &AHashMap<u16, C>,
+    leaving: &ahash::AHashSet<u16>,
     tasks: &AHashMap<u32, Task<T>>,
     bytes: u64,
 ) -> Option<u16> {
@@ -902,7 +950,7 @@ fn pick_reply_by_policy<C: CoreConn, T>(
     rs.cids.extend(
         conns
             .values()
-            .filter(|c| c.role() == ConnRole::Responses && !c.clean_exit())
+            .filter(|c| c.role() == ConnRole::Responses && !leaving.contains(&c.cid()))
             .map(|c| c.cid()),
     );
     rs.cids.sort_unstable();
@@ -944,8 +992,6 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use mcsi_proto::pdu::{ScsiCommand, TaskAttr};
-    use std::cell::Cell;
-    use std::rc::Rc;
     use TaskAttribute::{Ordered as Ord_, Simple};
 
     /// A connection as the tests see it: a CID, a role, and which connection of that CID.
@@ -954,7 +1000,6 @@ mod tests {
         cid: u16,
         role: ConnRole,
         generation: u32,
-        clean: Rc<Cell<bool>>,
     }
 
     impl CoreConn for C {
@@ -963,9 +1008,6 @@ mod tests {
         }
         fn role(&self) -> ConnRole {
             self.role
-        }
-        fn clean_exit(&self) -> bool {
-            self.clean.get()
         }
         fn same(&self, other: &Self) -> bool {
             self.cid == other.cid && self.generation == other.generation
@@ -977,7 +1019,6 @@ mod tests {
             cid,
             role,
             generation: 1,
-            clean: Rc::new(Cell::new(false)),
         }
     }
 
@@ -1257,9 +1298,14 @@ mod tests {
         );
         assert_eq!(told.len(), 1);
         register(&mut core, &a2, task(12, 3, Simple));
+        // Its end is clean (it was replaced) and the session goes on.
         assert_eq!(
             core.conn_lost(&a, |_| panic!("nothing of the old one is left")),
-            2
+            ConnLost {
+                clean: true,
+                remaining: 2,
+                session_ends: false
+            }
         );
         assert!(core.conn(1).is_some_and(|c| c.same(&a2)));
         assert!(core.task(10).is_some_and(|t| t.aborted));
@@ -1268,15 +1314,22 @@ mod tests {
         // CmdSN 3 filled the gap: the new connection's task and connection 2's run, the old
         // connection's held command not.
         assert_eq!(ready(&mut core), vec![12, 21]);
-        // The new connection is lost with a task in flight: it is aborted, the session goes on
-        // with connection 2; losing that leaves none.
+        // The new connection is lost with a task in flight: it is aborted; it failed, so at
+        // ErrorRecoveryLevel 0 the session ends (the layer above closes it).
         // (Every task of the CID is told, the old connection's aborted one again: the caller
         // waits for both to end.)
         let mut told = 0;
-        assert_eq!(core.conn_lost(&a2, |_| told += 1), 1);
+        assert_eq!(
+            core.conn_lost(&a2, |_| told += 1),
+            ConnLost {
+                clean: false,
+                remaining: 1,
+                session_ends: true
+            }
+        );
         assert_eq!(told, 2);
         assert!(core.task(12).is_some_and(|t| t.aborted));
-        assert_eq!(core.conn_lost(&b, |_| {}), 0);
+        assert_eq!(core.conn_lost(&b, |_| {}).remaining, 0);
         // A closing session takes no connection.
         core.close(|_| {});
         assert!(core.add_conn(conn(3, ConnRole::Both)).is_err());
@@ -1303,15 +1356,28 @@ mod tests {
         };
         assert_eq!(i.reply.map(|c| c.cid), Some(2));
         // Connection 2 logs out: its tasks' replies move to connection 3, and new tasks avoid it.
-        r2.clean.set(true);
+        core.leave(&r2);
+        assert!(core.ends_cleanly(&r2) && !core.ends_cleanly(&r3));
         assert_eq!(core.reply_conn(1, &cmds).cid, 3);
         assert_eq!(core.task(1).map(|t| t.reply_cid), Some(3));
         assert_eq!(finish(&mut core, 3, &cmds).out.cid, 3);
         register(&mut core, &cmds, task(5, 6, Simple));
         assert_eq!(core.task(5).map(|t| t.reply_cid), Some(3));
+        // Its end is clean: the session goes on.
+        let lost = core.conn_lost(&r2, |_| {});
+        assert!(lost.clean && !lost.session_ends && lost.remaining == 2);
         // With no response connection left, replies fall back to the command's connection.
-        r3.clean.set(true);
+        core.leave(&r3);
         assert_eq!(core.reply_conn(4, &cmds).cid, 1);
+        // A connection that left and comes back under its CID (a new login) is usable again.
+        let r3b = C {
+            generation: 2,
+            ..r3.clone()
+        };
+        assert!(core.add_conn(r3b.clone()).is_ok());
+        assert!(!core.ends_cleanly(&r3b) && core.ends_cleanly(&r3));
+        register(&mut core, &cmds, task(6, 7, Simple));
+        assert_eq!(core.task(6).map(|t| t.reply_cid), Some(3));
     }
 
     #[test]

@@ -282,7 +282,7 @@ impl Reader {
                 }
             }
         };
-        let clean = self.conn.clean_exit();
+        let clean = self.session.ends_cleanly(&self.conn);
         if clean {
             debug!(parent: &self.conn.span, "connection ended: {why}");
         } else {
@@ -290,7 +290,7 @@ impl Reader {
         }
         self.conn.stop();
         self.session
-            .connection_ended(&self.conn, clean, &why.to_string())
+            .connection_ended(&self.conn, &why.to_string())
             .await;
     }
 

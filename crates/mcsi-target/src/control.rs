@@ -109,7 +109,7 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
         }
     };
     for c in &leaving {
-        c.mark_clean();
+        session.leave(c);
     }
     // Tasks still running are aborted; the response goes out once they ended.
     let aborted = session.abort_where(|t| plan.aborts(t));

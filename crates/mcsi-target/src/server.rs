@@ -498,8 +498,8 @@ async fn connection<S: Transport>(
     if let Some(o) = old_conn.filter(|o| !old.iter().any(|x| Arc::ptr_eq(x, o))) {
         old.push(o);
     }
+    // The old connections' CID is now the new one's: their end is a clean one.
     for o in old {
-        o.mark_clean();
         o.stop();
         let aborted = session.abort_where(|t| t.cid == o.cid);
         crate::session::wait_all(aborted.waits).await;
@@ -524,9 +524,11 @@ async fn connection<S: Transport>(
     if let Err(e) = shards.run_on(tsih, stream, run).await {
         let why = format!("it could not move to its session's thread: {e}");
         warn!(%peer, "connection closed: {why}");
-        moved_conn.mark_clean();
-        let others = moved.conn_count() > 1;
-        moved.connection_ended(&moved_conn, others, &why).await;
+        // It fails alone when the session has others; alone, the session goes with it.
+        if moved.conn_count() > 1 {
+            moved.leave(&moved_conn);
+        }
+        moved.connection_ended(&moved_conn, &why).await;
     }
 }
 
@@ -569,13 +571,11 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
     let (exp, max) = session.cmd_sns();
     if let Err(e) = login::send_final(&mut stream, n.final_response, exp, max).await {
         info!("login failed at the last step: {e}");
-        conn.mark_clean();
+        if session.conn_count() > 1 {
+            session.leave(&conn);
+        }
         session
-            .connection_ended(
-                &conn,
-                session.conn_count() > 1,
-                &format!("login failed at the last step: {e}"),
-            )
+            .connection_ended(&conn, &format!("login failed at the last step: {e}"))
             .await;
         return;
     }

@@ -329,8 +329,6 @@ pub struct Conn {
     /// The Text Request exchange under way: a request still arriving in pieces (C bit) or an
     /// answer too long for one Text Response, sent in pieces (11.10, 11.11).
     pub text: Mutex<mcsi_target_core::text::TextExchange>,
-    /// Logged out or replaced (connection reinstatement): its end does not fail the session.
-    clean: AtomicBool,
     pub span: tracing::Span,
     /// A duplicate of the socket, to sample TCP_INFO and the congestion control.
     pub sock: Option<socket2::Socket>,
@@ -364,7 +362,6 @@ impl Conn {
             tx,
             stop,
             text: Mutex::new(mcsi_target_core::text::TextExchange::new(ops.send_mrdsl)),
-            clean: AtomicBool::new(false),
             span,
             sock,
             counters: Default::default(),
@@ -390,16 +387,6 @@ impl Conn {
                 Some(t)
             }
         }
-    }
-
-    /// Marks the connection as ending on purpose (logout, reinstatement). From now on no task
-    /// picks it for its replies (asymmetric mode).
-    pub fn mark_clean(&self) {
-        self.clean.store(true, Ordering::Release);
-    }
-
-    pub fn clean_exit(&self) -> bool {
-        self.clean.load(Ordering::Acquire)
     }
 
     /// Queues a PDU (dropped silently if the connection is gone), counting it against the
@@ -436,10 +423,6 @@ impl crate::session_core::ConnInfo for Conn {
 
     fn role(&self) -> ConnRole {
         self.role
-    }
-
-    fn clean_exit(&self) -> bool {
-        Conn::clean_exit(self)
     }
 
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
@@ -628,6 +611,17 @@ impl Session {
 
     pub fn conn_count(&self) -> usize {
         self.lock().conn_count()
+    }
+
+    /// `conn` leaves on purpose (logout, or a failure the session survives): it is picked for
+    /// no new replies, and its end is clean ([`crate::session_core::SessionCore::leave`]).
+    pub fn leave(&self, conn: &Arc<Conn>) {
+        self.lock().leave(conn);
+    }
+
+    /// Whether `conn`'s end now is clean (it left, was replaced, or the session is closing).
+    pub fn ends_cleanly(&self, conn: &Arc<Conn>) -> bool {
+        self.lock().ends_cleanly(conn)
     }
 
     pub fn conn(&self, cid: u16) -> Option<Arc<Conn>> {
@@ -838,14 +832,14 @@ impl Session {
         tracing::info!(parent: &self.span, "session closed: {why}");
     }
 
-    /// A connection ended. At ErrorRecoveryLevel 0 a connection that fails (not logged out)
-    /// takes the session with it (RFC 7143 7.1.5 / 6.1); a logged-out connection only ends its
-    /// own tasks. A session without connections ends.
-    pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, logged_out: bool, why: &str) {
+    /// A connection ended. At ErrorRecoveryLevel 0 a connection that fails (did not leave)
+    /// takes the session with it (RFC 7143 7.1.5 / 6.1); one that left or was replaced only
+    /// ends its own tasks. A session without connections ends. The core decides which.
+    pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         let mut waits = Vec::new();
-        let remaining = self.lock().conn_lost(conn, |io| waits.push(io.abort()));
-        if !logged_out || remaining == 0 {
-            self.close(if logged_out {
+        let lost = self.lock().conn_lost(conn, |io| waits.push(io.abort()));
+        if lost.session_ends {
+            self.close(if lost.clean {
                 SessionEnd::LastConnectionLoggedOut
             } else {
                 SessionEnd::ConnectionLost {
