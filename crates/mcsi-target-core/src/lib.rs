@@ -11,6 +11,7 @@
 //! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
 //!   scope, with which answer).
 //! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
+//! - [`report`]: when to send an mcsi initiator the target's TCP state (an Async Message).
 //! - [`transfer`]: one write's Data-Out and R2T bookkeeping.
 //! - [`datain`]: the PDUs that end a task (Data-In sequences, phase collapse, residuals).
 //! - [`text`]: Text Request exchanges (requests in pieces, long answers fetched in pieces).
@@ -19,6 +20,7 @@
 pub mod control;
 pub mod datain;
 pub mod keepalive;
+pub mod report;
 pub mod session;
 pub mod taskset;
 pub mod text;

@@ -463,15 +463,14 @@ fn ca_code(t: &TcpState) -> u64 {
 /// [`mcsi_proto::vendor::TCP_REPORT_INTERVAL_MS`] while the socket has sent something new, until
 /// the connection stops.
 pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    use mcsi_proto::pdu::{AsyncMessage, Pdu};
-    use mcsi_proto::vendor::{encode_report, TCP_REPORT_INTERVAL_MS, TCP_REPORT_VCODE};
+    use mcsi_proto::vendor::TCP_REPORT_INTERVAL_MS;
     let Some(sock) = conn.sock.as_ref() else {
         return;
     };
     let period = std::time::Duration::from_millis(TCP_REPORT_INTERVAL_MS);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sent = None;
+    let mut reporter = mcsi_target_core::report::TcpReporter::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -480,32 +479,16 @@ pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<
         if conn.is_closed() {
             return;
         }
-        // Nothing before the initiator's first command: a report is about data sent, and an
-        // initiator may not expect a PDU before it has made a request.
-        if conn.counters.commands.load(Ordering::Relaxed) == 0 {
+        let commands_seen = conn.counters.commands.load(Ordering::Relaxed) > 0;
+        if !commands_seen {
             continue;
         }
         let Ok(t) = mcsi_tcp::tcp_state(sock) else {
             return;
         };
-        // An idle connection's window does not change; say nothing until it sends again.
-        let sent = (t.bytes_sent, t.cwnd, t.ca_state);
-        if last_sent == Some(sent) {
-            continue;
+        if let Some(p) = reporter.on_sample(commands_seen, &t) {
+            conn.send(p);
         }
-        last_sent = Some(sent);
-        conn.send(Pdu::AsyncMessage(AsyncMessage {
-            lun: 0,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            async_event: 255,
-            async_vcode: TCP_REPORT_VCODE,
-            parameter1: 0,
-            parameter2: 0,
-            parameter3: 0,
-            data: encode_report(&t.report_pairs()),
-        }));
     }
 }
 
