@@ -64,15 +64,19 @@ pub enum Nop {
     Nothing,
 }
 
+/// The TTT of the target's ping a NOP-Out answers (ITT reserved, TTT set, 11.18), if it is one.
+pub fn answers_ping(n: &NopOut) -> Option<u32> {
+    (n.itt == RESERVED_TAG && n.ttt != RESERVED_TAG).then_some(n.ttt)
+}
+
 /// A NOP-Out: an answer to our ping, or a ping (ITT set) echoed with its data (11.19), cut to
 /// `max_data` (the initiator's MaxRecvDataSegmentLength).
 pub fn nop_out(n: NopOut, max_data: u32) -> Nop {
+    if let Some(ttt) = answers_ping(&n) {
+        return Nop::PingAnswered { ttt };
+    }
     if n.itt == RESERVED_TAG {
-        return if n.ttt == RESERVED_TAG {
-            Nop::Nothing
-        } else {
-            Nop::PingAnswered { ttt: n.ttt }
-        };
+        return Nop::Nothing;
     }
     let mut data = n.data;
     data.truncate(max_data as usize);

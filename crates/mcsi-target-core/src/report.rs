@@ -13,14 +13,16 @@ pub struct TcpReporter {
 }
 
 impl TcpReporter {
-    /// The report to send for a sample `t`, if any. Nothing before the initiator's first
-    /// command (a report is about data sent, and an initiator may not expect a PDU before it
-    /// has made a request), and nothing while the socket has sent nothing new and its window
-    /// and congestion state are unchanged (an idle connection's state does not change).
-    pub fn on_sample(&mut self, commands_seen: bool, t: &TcpState) -> Option<Pdu> {
-        if !commands_seen {
-            return None;
-        }
+    /// Whether to sample the socket now: not before the initiator's first command (a report is
+    /// about data sent, and an initiator may not expect a PDU before it has made a request).
+    pub fn wants_sample(&self, commands_seen: bool) -> bool {
+        commands_seen
+    }
+
+    /// The report to send for a sample `t`, if any: nothing while the socket has sent nothing
+    /// new and its window and congestion state are unchanged (an idle connection's state does
+    /// not change).
+    pub fn on_sample(&mut self, t: &TcpState) -> Option<Pdu> {
         let now = (t.bytes_sent, t.cwnd, t.ca_state.code());
         if self.last == Some(now) {
             return None;
@@ -53,8 +55,9 @@ mod tests {
             bytes_sent: Some(1000),
             ..Default::default()
         };
-        assert!(r.on_sample(false, &t).is_none(), "before the first command");
-        let Some(Pdu::AsyncMessage(m)) = r.on_sample(true, &t) else {
+        assert!(!r.wants_sample(false), "before the first command");
+        assert!(r.wants_sample(true));
+        let Some(Pdu::AsyncMessage(m)) = r.on_sample(&t) else {
             panic!("a report once commands came")
         };
         assert_eq!((m.async_event, m.async_vcode), (255, TCP_REPORT_VCODE));
@@ -63,10 +66,10 @@ mod tests {
             pairs.iter().any(|(k, v)| k == "cwnd" && *v == 10),
             "{pairs:?}"
         );
-        assert!(r.on_sample(true, &t).is_none(), "idle: nothing new");
+        assert!(r.on_sample(&t).is_none(), "idle: nothing new");
         t.bytes_sent = Some(5096);
-        assert!(r.on_sample(true, &t).is_some(), "sent more");
+        assert!(r.on_sample(&t).is_some(), "sent more");
         t.cwnd = 20;
-        assert!(r.on_sample(true, &t).is_some(), "window changed");
+        assert!(r.on_sample(&t).is_some(), "window changed");
     }
 }

@@ -384,6 +384,15 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
     }
 
+    /// `conn` failed before it carried anything (its last login step, its move to a session
+    /// thread): it leaves like a logout when the session has other connections, and fails
+    /// (taking the session with it) when it is the last.
+    pub fn fail_alone(&mut self, conn: &C) {
+        if self.conns.len() > 1 {
+            self.leave(conn);
+        }
+    }
+
     /// Whether `conn`'s end now would be clean: it is leaving ([`SessionCore::leave`]), or it is
     /// no longer the session's (another connection took over its CID, connection
     /// reinstatement, or the session closed). Only the failure of a member fails the session.
@@ -1378,6 +1387,18 @@ mod tests {
         assert!(!core.ends_cleanly(&r3b) && core.ends_cleanly(&r3));
         register(&mut core, &cmds, task(6, 7, Simple));
         assert_eq!(core.task(6).map(|t| t.reply_cid), Some(3));
+    }
+
+    #[test]
+    fn a_connection_failing_before_it_carried_anything_takes_the_session_only_when_alone() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        core.fail_alone(&b);
+        let lost = core.conn_lost(&b, |_| {});
+        assert!(lost.clean && !lost.session_ends && lost.remaining == 1);
+        core.fail_alone(&a);
+        let lost = core.conn_lost(&a, |_| {});
+        assert!(!lost.clean && lost.session_ends && lost.remaining == 0);
     }
 
     #[test]

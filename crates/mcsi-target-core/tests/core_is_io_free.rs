@@ -37,11 +37,13 @@ fn code(line: &str) -> &str {
     line.split("//").next().unwrap_or("")
 }
 
-/// What a source file's code names that the core may not. Unit tests (from `#[cfg(test)]` on)
-/// are not the core: they may read the clock for an origin of virtual time.
+/// What a source file's code names that the core may not. The unit tests (from a `#[cfg(test)]`
+/// at the start of a line, the tests module, on) are not the core: they may read the clock for
+/// an origin of virtual time. A test-only item inside the code (an indented `#[cfg(test)]`) is
+/// checked like the rest.
 fn violations(file: &str, src: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let code_lines = src.lines().take_while(|l| l.trim() != "#[cfg(test)]");
+    let code_lines = src.lines().take_while(|l| l.trim_end() != "#[cfg(test)]");
     for (n, line) in code_lines.enumerate() {
         let c = code(line);
         for f in FORBIDDEN {
@@ -137,6 +139,12 @@ fn the_checks_see_what_they_forbid() {
         "#[cfg(test)]\nmod tests { fn t() { Instant::now(); } }\n"
     )
     .is_empty());
+    // A test-only method of the code does not end the scan.
+    let v = violations(
+        "x",
+        "impl X {\n    #[cfg(test)]\n    fn len(&self) {}\n    fn f() { std::thread::spawn(|| ()); }\n}\n",
+    );
+    assert_eq!(v.len(), 1, "{v:#?}");
     // The graph walk follows dependencies given with versions, and only from the root.
     let lock = r#"
 [[package]]

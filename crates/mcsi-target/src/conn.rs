@@ -282,12 +282,6 @@ impl Reader {
                 }
             }
         };
-        let clean = self.session.ends_cleanly(&self.conn);
-        if clean {
-            debug!(parent: &self.conn.span, "connection ended: {why}");
-        } else {
-            warn!(parent: &self.conn.span, "connection ended: {why}");
-        }
         self.conn.stop();
         self.session
             .connection_ended(&self.conn, &why.to_string())
@@ -340,14 +334,15 @@ impl Reader {
 
     /// Handles one PDU. An Err ends the connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
-        if let Pdu::NopOut(n) = &p {
-            if n.ttt != pdu::RESERVED_TAG && n.itt == pdu::RESERVED_TAG {
-                // The answer to our ping (11.18): nothing to run, nothing to answer.
-                if !self.keepalive.answered(n.ttt) {
-                    debug!(parent: &self.conn.span, ttt = n.ttt, "NOP-Out for no pending ping");
-                }
-                return Ok(());
+        if let Some(ttt) = match &p {
+            Pdu::NopOut(n) => mcsi_target_core::control::answers_ping(n),
+            _ => None,
+        } {
+            // The answer to our ping (11.18): nothing to run, nothing to answer.
+            if !self.keepalive.answered(ttt) {
+                debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
             }
+            return Ok(());
         }
         match p {
             Pdu::ScsiCommand(c) => self.on_command(c),

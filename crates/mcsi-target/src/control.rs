@@ -7,7 +7,7 @@ use crate::conn::reject_pdu;
 use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
 use mcsi_scsi::TaskAttribute;
-pub use mcsi_target_core::control::tmf_function;
+use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{
     logout_pdu, logout_response, nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf,
 };
@@ -88,7 +88,10 @@ fn nop(conn: &Conn, n: NopOut) {
 /// Logout (11.14): reason 0 closes the session, 1 closes a connection (possibly another one of
 /// the session), 2 asks for recovery which ErrorRecoveryLevel 0 does not support (11.15.1).
 async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
-    let plan = Logout::plan(l.reason, l.cid, |cid| session.conn(cid).is_some());
+    // The connection named is looked up once: the plan and the connection that leaves are the
+    // same one even if the session's connections change meanwhile.
+    let named = session.conn(l.cid);
+    let plan = Logout::plan(l.reason, l.cid, |_| named.is_some());
     // The connections that log out: their end is a clean exit, and they are picked for no new
     // replies.
     let leaving: Vec<Arc<Conn>> = match plan {
@@ -98,7 +101,7 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
         }
         Logout::CloseConnection { cid } => {
             info!(cid, "logout: closing the connection");
-            session.conn(cid).into_iter().collect()
+            named.into_iter().collect()
         }
         Logout::Respond(code) => return conn.send(logout_pdu(l.itt, code)),
         Logout::Reject => {

@@ -523,11 +523,8 @@ async fn connection<S: Transport>(
     let run = move |stream: S| full_feature(ffp, stream, slots);
     if let Err(e) = shards.run_on(tsih, stream, run).await {
         let why = format!("it could not move to its session's thread: {e}");
-        warn!(%peer, "connection closed: {why}");
         // It fails alone when the session has others; alone, the session goes with it.
-        if moved.conn_count() > 1 {
-            moved.leave(&moved_conn);
-        }
+        moved.fail_alone(&moved_conn);
         moved.connection_ended(&moved_conn, &why).await;
     }
 }
@@ -570,10 +567,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
     }
     let (exp, max) = session.cmd_sns();
     if let Err(e) = login::send_final(&mut stream, n.final_response, exp, max).await {
-        info!("login failed at the last step: {e}");
-        if session.conn_count() > 1 {
-            session.leave(&conn);
-        }
+        session.fail_alone(&conn);
         session
             .connection_ended(&conn, &format!("login failed at the last step: {e}"))
             .await;

@@ -619,9 +619,10 @@ impl Session {
         self.lock().leave(conn);
     }
 
-    /// Whether `conn`'s end now is clean (it left, was replaced, or the session is closing).
-    pub fn ends_cleanly(&self, conn: &Arc<Conn>) -> bool {
-        self.lock().ends_cleanly(conn)
+    /// `conn` failed before it carried anything: it leaves alone, unless it is the session's
+    /// last ([`crate::session_core::SessionCore::fail_alone`]).
+    pub fn fail_alone(&self, conn: &Arc<Conn>) {
+        self.lock().fail_alone(conn);
     }
 
     pub fn conn(&self, cid: u16) -> Option<Arc<Conn>> {
@@ -838,6 +839,13 @@ impl Session {
     pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         let mut waits = Vec::new();
         let lost = self.lock().conn_lost(conn, |io| waits.push(io.abort()));
+        // Logged as the core decided: a clean end (logout, reinstatement, a closing session) at
+        // debug, a failure at warn.
+        if lost.clean {
+            tracing::debug!(parent: &conn.span, "connection ended: {why}");
+        } else {
+            tracing::warn!(parent: &conn.span, "connection ended: {why}");
+        }
         if lost.session_ends {
             self.close(if lost.clean {
                 SessionEnd::LastConnectionLoggedOut

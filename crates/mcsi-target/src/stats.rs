@@ -479,14 +479,13 @@ pub async fn report_tcp(conn: Arc<Conn>, mut stop: tokio::sync::watch::Receiver<
         if conn.is_closed() {
             return;
         }
-        let commands_seen = conn.counters.commands.load(Ordering::Relaxed) > 0;
-        if !commands_seen {
+        if !reporter.wants_sample(conn.counters.commands.load(Ordering::Relaxed) > 0) {
             continue;
         }
         let Ok(t) = mcsi_tcp::tcp_state(sock) else {
             return;
         };
-        if let Some(p) = reporter.on_sample(commands_seen, &t) {
+        if let Some(p) = reporter.on_sample(&t) {
             conn.send(p);
         }
     }
