@@ -7,7 +7,22 @@
 //! is answered ([`Keepalive::answered`]), sleeps until [`Keepalive::deadline`] and then calls
 //! [`Keepalive::on_deadline`]; it reads the clock itself, this type never does.
 
+use mcsi_proto::pdu::{NopIn, Pdu, RESERVED_TAG};
 use std::time::{Duration, Instant};
+
+/// The NOP-In of a ping with this TTT: ITT reserved, so the target asks for an answer, and
+/// StatSN not advanced (11.19.1).
+pub fn ping_pdu(ttt: u32) -> Pdu {
+    Pdu::NopIn(NopIn {
+        lun: 0,
+        itt: RESERVED_TAG,
+        ttt,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        data: bytes::Bytes::new(),
+    })
+}
 
 #[derive(Debug)]
 pub struct Keepalive {
@@ -91,6 +106,14 @@ impl Keepalive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ping_asks_for_an_answer_under_its_tag() {
+        let Pdu::NopIn(n) = ping_pdu(0x42) else {
+            panic!("a NOP-In")
+        };
+        assert_eq!((n.itt, n.ttt, n.data.len()), (RESERVED_TAG, 0x42, 0));
+    }
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 

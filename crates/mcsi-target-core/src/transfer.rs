@@ -50,6 +50,23 @@ pub struct R2tPlan {
     pub len: u32,
 }
 
+impl R2tPlan {
+    /// The R2T PDU (11.8) for task `itt` on `lun`; sequence numbers are stamped when it is sent.
+    pub fn pdu(&self, lun: u64, itt: u32) -> mcsi_proto::pdu::Pdu {
+        mcsi_proto::pdu::Pdu::R2t(mcsi_proto::pdu::R2t {
+            lun,
+            itt,
+            ttt: self.ttt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            r2t_sn: self.r2t_sn,
+            buffer_offset: self.offset,
+            desired_data_transfer_length: self.len,
+        })
+    }
+}
+
 /// Bytes of an accepted Data-Out payload to keep: `data[..len]` goes to buffer offset `offset`.
 /// Payload beyond what the command needs is dropped (residual underflow).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +288,30 @@ impl WriteTransfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_r2t_pdu_carries_its_plan() {
+        let plan = R2tPlan {
+            ttt: 7,
+            r2t_sn: 2,
+            offset: 8192,
+            len: 4096,
+        };
+        let mcsi_proto::pdu::Pdu::R2t(r) = plan.pdu(1, 0x10) else {
+            panic!("an R2T")
+        };
+        assert_eq!(
+            (
+                r.lun,
+                r.itt,
+                r.ttt,
+                r.r2t_sn,
+                r.buffer_offset,
+                r.desired_data_transfer_length
+            ),
+            (1, 0x10, 7, 2, 8192, 4096)
+        );
+    }
     use mcsi_proto::pdu::RESERVED_TAG;
 
     fn params(initial_r2t: bool) -> BurstParams {

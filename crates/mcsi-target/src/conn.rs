@@ -2,8 +2,7 @@
 //! writer that stamps sequence numbers and sends queued PDUs with vectored writes.
 
 use crate::control;
-use crate::keepalive::Due;
-pub use crate::keepalive::Keepalive;
+use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
@@ -302,16 +301,7 @@ impl Reader {
             }),
             Due::Ping { ttt } => {
                 debug!(parent: &self.conn.span, ttt, "idle: NOP-In ping");
-                // ITT reserved: the target asks for an answer; StatSN is not advanced (11.19.1).
-                self.conn.send(Pdu::NopIn(pdu::NopIn {
-                    lun: 0,
-                    itt: pdu::RESERVED_TAG,
-                    ttt,
-                    stat_sn: 0,
-                    exp_cmd_sn: 0,
-                    max_cmd_sn: 0,
-                    data: Bytes::new(),
-                }));
+                self.conn.send(crate::keepalive::ping_pdu(ttt));
                 Ok(())
             }
         }

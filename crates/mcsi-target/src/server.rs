@@ -3,7 +3,8 @@
 
 use crate::admission::{Denied, Gate, Slot};
 use crate::config::{LunBackend, ServerConfig};
-use crate::conn::{self, Keepalive, Reader};
+use crate::conn::{self, Reader};
+use crate::keepalive::Keepalive;
 use crate::login::{self, status, Negotiated};
 use crate::session::{
     Conn, ConnOps, OutQueue, Session, SessionClosing, SessionEnd, Shared, Target,

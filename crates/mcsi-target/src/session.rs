@@ -9,7 +9,7 @@ use crate::config::{AuthSpec, Limits};
 use crate::session_core::{DataOutcome, Held, NewWrite, SessionCore};
 use crate::transfer::R2tPlan;
 use bytes::Bytes;
-use mcsi_proto::pdu::{DataOut, Isid, Pdu, R2t};
+use mcsi_proto::pdu::{DataOut, Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
 use std::collections::HashMap;
@@ -493,17 +493,7 @@ fn send_r2ts(core: &mut Core, conn: &Arc<Conn>, itt: u32, lun: u64, r2ts: Vec<R2
     // R2Ts leave with the task's other replies (a response connection in the asymmetric mode).
     let reply = core.reply_conn(itt, conn);
     for r in r2ts {
-        reply.send(Pdu::R2t(R2t {
-            lun,
-            itt,
-            ttt: r.ttt,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            r2t_sn: r.r2t_sn,
-            buffer_offset: r.offset,
-            desired_data_transfer_length: r.len,
-        }));
+        reply.send(r.pdu(lun, itt));
     }
 }
 
