@@ -173,6 +173,9 @@ pub enum Register {
     IttInUse,
     /// The session is closing.
     Closing,
+    /// An immediate command while the session already has as many tasks as it takes: answer
+    /// with status TASK SET FULL.
+    TaskSetFull,
 }
 
 /// One task in the task table.
@@ -216,7 +219,8 @@ pub struct NewWrite {
     pub immediate: Bytes,
     /// The session's FirstBurstLength: room for the unsolicited part is made at once, for the
     /// rest as R2Ts ask for it, so a write whose data never comes holds no more memory than the
-    /// initiator was allowed to send unasked.
+    /// initiator was allowed to send unasked (and asked for); the number of such writes is
+    /// bounded by the CmdSN window, and for immediate commands by the session's task limit.
     pub first_burst_length: u32,
 }
 
@@ -308,6 +312,9 @@ pub struct SessionCore<C, T> {
     reply_sched: Option<ReplySched>,
     /// Tracked inline commands running ([`SessionCore::claim`]).
     inline: u32,
+    /// Most tasks at once: immediate commands bypass the CmdSN window that bounds the others,
+    /// so they are admitted only while the session has fewer tasks than this.
+    max_tasks: usize,
     closing: bool,
 }
 
@@ -339,6 +346,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                     cids: Vec::new(),
                 }),
             inline: 0,
+            max_tasks: 2 * queue_depth.max(1) as usize,
             closing: false,
         }
     }
@@ -436,6 +444,12 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         if !t.immediate && !self.window.takes(t.cmd_sn) {
             return (Register::OutOfWindow, Vec::new(), Vec::new());
         }
+        if t.immediate && self.tasks.len() >= self.max_tasks {
+            // Immediate commands are not bounded by the CmdSN window: beyond the session's
+            // share they are answered TASK SET FULL (SAM-5 5.3), so a peer cannot pile up tasks
+            // (and the buffers of their writes) without limit.
+            return (Register::TaskSetFull, Vec::new(), Vec::new());
+        }
         if self.tasks.contains_key(&t.itt) {
             // The CmdSN is still consumed so that later commands are not held forever.
             let ctl = if t.immediate {
@@ -474,8 +488,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             },
         );
         self.window.task_started();
-        let ctl = if t.immediate {
-            // Immediate commands skip the ordering (RFC 7143 3.2.2.1) but still enter the task set.
+        // Immediate commands skip the ordering (RFC 7143 3.2.2.1) but still enter the task set;
+        // a command next in CmdSN order with nothing held enters it at once, without the
+        // window's delivery list.
+        let ctl = if t.immediate || self.window.take_next(t.cmd_sn) {
             self.admit(Key {
                 id: t.id,
                 itt: t.itt,
@@ -532,7 +548,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             Ok(a) => a,
             Err(e) => return DataOutcome::Error(e),
         };
-        place(&mut c.buf, a.offset as usize, &d.data[..a.len as usize]);
+        // Data beyond what the command needs is accepted and dropped (len 0): nothing to place.
+        if a.len > 0 {
+            place(&mut c.buf, a.offset as usize, &d.data[..a.len as usize]);
+        }
         let lun = task.lun;
         let key = Key {
             id: task.id,
@@ -649,11 +668,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// A tracked inline command ended: lets the LUN's task set go on. Returns true when no
     /// inline command is running any more.
     pub fn release_inline(&mut self, lun: u64) -> bool {
-        let ready = self
-            .task_sets
-            .get_mut(&lun)
-            .map(|ts| ts.leave_inline())
-            .unwrap_or_default();
+        let ready = self.in_task_set(lun, |ts| ts.leave_inline());
         self.turn_came(ready);
         self.inline = self.inline.saturating_sub(1);
         self.inline == 0
@@ -722,11 +737,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
         let out = self.reply_conn(itt, command_conn);
         let entry = self.tasks.remove(&itt)?;
-        let ready = self
-            .task_sets
-            .get_mut(&entry.lun)
-            .map(|ts| ts.leave(&Key { id: entry.id, itt }))
-            .unwrap_or_default();
+        let ready = self.in_task_set(entry.lun, |ts| ts.leave(&Key { id: entry.id, itt }));
         self.turn_came(ready);
         self.window.task_done();
         Some(Finished {
@@ -771,11 +782,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let _ = self.window.drain_held();
         let conns = self.conns.drain().map(|(_, c)| c).collect();
         self.leaving.clear();
-        self.tasks.values_mut().for_each(|t| t.aborted = true);
-        self.tasks
-            .values_mut()
-            .map(|t| &mut t.io)
-            .for_each(on_abort);
+        self.abort_where(|_| true, on_abort);
         (conns, first)
     }
 
@@ -786,7 +793,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// session ends with it: at ErrorRecoveryLevel 0 a connection that fails (did not leave on
     /// purpose) takes the session with it (RFC 7143 6.1, 7.1.5), and a session without
     /// connections ends.
-    pub fn conn_lost(&mut self, conn: &C, mut on_abort: impl FnMut(&mut T)) -> ConnLost {
+    pub fn conn_lost(&mut self, conn: &C, on_abort: impl FnMut(&mut T)) -> ConnLost {
         let cid = conn.cid();
         let clean = self.ends_cleanly(conn);
         match self.conns.get(&cid) {
@@ -797,12 +804,21 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             Some(_) => return ConnLost::new(clean, self.conns.len()),
             None => {}
         }
-        for t in self.tasks.values_mut().filter(|t| t.cid == cid) {
-            t.aborted = true;
-            on_abort(&mut t.io);
-        }
-        self.abort_held(|t| t.cid == cid);
+        self.abort_where(|t| t.cid == cid, on_abort);
         ConnLost::new(clean, self.conns.len())
+    }
+
+    /// Runs `f` on `lun`'s task set, if it has one, and drops the set once it is empty: sets are
+    /// keyed by the LUN field a peer sends, so only sets with tasks in them are kept.
+    fn in_task_set(&mut self, lun: u64, f: impl FnOnce(&mut TaskSet<Key>) -> Vec<Key>) -> Vec<Key> {
+        let Some(ts) = self.task_sets.get_mut(&lun) else {
+            return Vec::new();
+        };
+        let ready = f(ts);
+        if ts.is_empty() {
+            self.task_sets.remove(&lun);
+        }
+        ready
     }
 
     /// Drops the held [`Deferred`] commands `pred` picks, keeping their CmdSNs as used; returns
@@ -1387,6 +1403,40 @@ mod tests {
         assert!(!core.ends_cleanly(&r3b) && core.ends_cleanly(&r3));
         register(&mut core, &cmds, task(6, 7, Simple));
         assert_eq!(core.task(6).map(|t| t.reply_cid), Some(3));
+    }
+
+    #[test]
+    fn immediate_commands_are_bounded_and_task_sets_do_not_outlive_their_tasks() {
+        let a = conn(1, ConnRole::Both);
+        // Queue depth 8: at most 16 tasks, immediate ones answered TASK SET FULL beyond that.
+        let mut core = core(&[&a]);
+        for itt in 0..16u32 {
+            let t = NewTask {
+                immediate: true,
+                lun: u64::from(itt) << 48,
+                ..task(itt, 1, Simple)
+            };
+            assert_eq!(register(&mut core, &a, t).0, Register::Ok, "task {itt}");
+        }
+        let t = NewTask {
+            immediate: true,
+            ..task(99, 1, Simple)
+        };
+        assert_eq!(register(&mut core, &a, t).0, Register::TaskSetFull);
+        // Every task on a LUN of its own, as a peer may choose: one set each while they run,
+        // none once they ended.
+        assert_eq!(core.task_sets.len(), 16);
+        assert_eq!(ready(&mut core).len(), 16);
+        for itt in 0..16u32 {
+            finish(&mut core, itt, &a);
+        }
+        assert!(core.task_sets.is_empty());
+        assert_eq!(core.task_count(), 0);
+        let t = NewTask {
+            immediate: true,
+            ..task(99, 1, Simple)
+        };
+        assert_eq!(register(&mut core, &a, t).0, Register::Ok, "room again");
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl<K: PartialEq + Clone> TaskSet<K> {
         ready
     }
 
-    #[cfg(test)]
+    /// No task in the set, running or waiting, and no inline one.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.inline == 0
     }

@@ -159,11 +159,6 @@ impl WriteTransfer {
         }
     }
 
-    /// Whether the initiator is still sending its unsolicited burst.
-    pub fn unsolicited_open(&self) -> bool {
-        self.unsolicited.is_some()
-    }
-
     /// Checks one Data-Out and says which of its bytes to keep.
     pub fn on_data_out(
         &mut self,

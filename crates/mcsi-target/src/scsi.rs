@@ -30,15 +30,17 @@ pub fn start_task(
     session: &Arc<Session>,
     conn: &Arc<Conn>,
     dev: &Arc<DeviceServer>,
-    cmd: ScsiCommand,
+    mut cmd: ScsiCommand,
     phase: DataPhase,
     attr: TaskAttribute,
     transfer: Option<WriteTransfer>,
     in_order: bool,
 ) -> crate::session::InOrder {
+    // The immediate data goes to the core (which keeps what the write needs); the command the
+    // task keeps does not pin the reader's buffer for the task's life.
     let write = transfer.map(|transfer| crate::session_core::NewWrite {
         transfer,
-        immediate: cmd.data.clone(),
+        immediate: std::mem::take(&mut cmd.data),
         first_burst_length: session.ops.first_burst_length,
     });
     let (reg, handles, ready) = session.register_task(
@@ -68,6 +70,14 @@ pub fn start_task(
         (Register::OutOfWindow, _) => {
             // Silently ignored (RFC 7143 4.2.2.1).
             debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
+        }
+        (Register::TaskSetFull, _) => {
+            debug!(parent: &conn.span, itt = cmd.itt, "immediate command beyond the session's tasks: TASK SET FULL");
+            let full = Outcome::status(status::TASK_SET_FULL);
+            let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.max_burst_length);
+            for p in response_pdus(&cmd, phase, full, mrdsl, max_burst) {
+                conn.send(p);
+            }
         }
         (Register::IttInUse, _) => {
             conn.send(crate::conn::reject_pdu(
@@ -157,7 +167,9 @@ pub async fn run(ctx: TaskCtx) {
         let permit = tokio::select! {
             biased;
             _ = crate::session::flag_set(&mut abort_rx) => return None,
-            p = session.read_permit(read_expected) => p,
+            // Sized by what the CDB can produce, not by the expected length alone, which a
+            // peer may set far above it.
+            p = session.read_permit(read_expected.min(phase.data_in_len)) => p,
         };
         let o = execute(&session, &dev, &cmd, attr, data_out, read_expected).await;
         Some((o, permit))

@@ -740,15 +740,6 @@ impl Session {
         r
     }
 
-    /// The connection task `itt`'s R2T, Data-In and status leave on
-    /// ([`SessionCore::reply_conn`]).
-    pub fn reply_conn(&self, itt: u32, command_conn: &Arc<Conn>) -> Arc<Conn> {
-        if !self.ops.asymmetric {
-            return command_conn.clone();
-        }
-        self.lock().reply_conn(itt, command_conn)
-    }
-
     /// ABORT TASK for a task not found ([`SessionCore::take_as_received`]).
     pub fn take_as_received(&self, ref_cmd_sn: u32, cmd_sn: u32) -> Option<InOrder> {
         let mut core = self.lock();
