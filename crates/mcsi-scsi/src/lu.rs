@@ -409,11 +409,18 @@ impl LogicalUnit {
             op::REPORT_LUNS | op::MAINTENANCE_IN => inl = c.u32(6) as u64,
             _ => {}
         }
-        // Oversized transfers fail in execute; do not ask the transport to buffer them. An
-        // allocation length only caps what a command returns, so a large one stays: the command
-        // still succeeds and its data must fit within the promise.
+        // Oversized transfers fail in execute; do not ask the transport to buffer them (a write
+        // beyond the maximum transfer length is refused before any of its data is asked for).
+        // An allocation length only caps what a command returns, so a large one stays: the
+        // command still succeeds and its data must fit within the promise.
         let limit = MAX_TRANSFER_BYTES + bs;
-        if out > 2 * limit {
+        let out_limit = if c.op() == op::COMPARE_AND_WRITE {
+            // The compare data and the write data, each up to the maximum.
+            2 * limit
+        } else {
+            limit
+        };
+        if out > out_limit {
             out = 0;
         }
         let read = matches!(c.op(), op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16);

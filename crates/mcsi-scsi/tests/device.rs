@@ -1242,6 +1242,15 @@ fn data_phase_from_cdb() {
     r16[0] = 0x88;
     r16[10..14].copy_from_slice(&u32::MAX.to_be_bytes());
     assert_eq!(dp(&r16), (0, 0));
+    // A WRITE beyond the maximum transfer length (8 MiB) asks for no data (execute refuses
+    // it); one at the maximum asks for all of it.
+    let max_blocks = (8u32 << 20) / BS as u32;
+    let mut w16 = [0u8; 16];
+    w16[0] = 0x8A;
+    w16[10..14].copy_from_slice(&(2 * max_blocks).to_be_bytes());
+    assert_eq!(dp(&w16), (0, 0));
+    w16[10..14].copy_from_slice(&max_blocks.to_be_bytes());
+    assert_eq!(dp(&w16), (8 << 20, 0));
 }
 
 #[test]

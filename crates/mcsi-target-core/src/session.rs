@@ -210,6 +210,24 @@ pub struct Task<T> {
 struct Collect {
     transfer: WriteTransfer,
     buf: BytesMut,
+    /// Where its solicited data stands against the write budget ([`SessionCore::poll_grant`]).
+    grant: Grant,
+    /// Data bytes received so far (immediate and Data-Out, kept or not): the progress the
+    /// Data-Out inactivity timeout watches ([`SessionCore::collecting`]).
+    received: u64,
+}
+
+/// A write's permission to ask for its data with R2Ts. A write only asks once its turn has come
+/// (so that a write holding budget never waits on another task) and once the tokio layer has
+/// taken the whole write's bytes from the write budgets; the unsolicited part needs no grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grant {
+    /// Not asked for yet.
+    None,
+    /// Handed out by [`SessionCore::poll_grant`], not granted yet.
+    Asked,
+    /// Granted: R2Ts go out as the transfer allows.
+    Granted,
 }
 
 /// The data phase of a new write task.
@@ -219,8 +237,9 @@ pub struct NewWrite {
     pub immediate: Bytes,
     /// The session's FirstBurstLength: room for the unsolicited part is made at once, for the
     /// rest as R2Ts ask for it, so a write whose data never comes holds no more memory than the
-    /// initiator was allowed to send unasked (and asked for); the number of such writes is
-    /// bounded by the CmdSN window, and for immediate commands by the session's task limit.
+    /// initiator was allowed to send unasked (and was granted, [`SessionCore::grant`]); the
+    /// number of such writes is bounded by the CmdSN window, and for immediate commands by the
+    /// session's task limit.
     pub first_burst_length: u32,
 }
 
@@ -230,6 +249,33 @@ pub struct Ready<'a, T> {
     pub io: &'a mut T,
     /// Its data-out (empty for a command without one).
     pub data: Bytes,
+}
+
+/// A write whose turn has come and that must solicit data: it asks for `bytes` of write budget
+/// ([`SessionCore::poll_grant`], then [`SessionCore::grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantRequest {
+    pub itt: u32,
+    pub id: u64,
+    /// The whole write: its buffer, unsolicited part included.
+    pub bytes: u32,
+}
+
+/// A granted write's first R2Ts ([`SessionCore::grant`]), to queue on `out`.
+pub struct Granted<C> {
+    pub lun: u64,
+    pub out: C,
+    pub r2ts: Vec<R2tPlan>,
+}
+
+/// A write still gathering its data ([`SessionCore::collecting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collecting {
+    /// It waits for its write budget (or its turn): the initiator owes nothing yet beyond the
+    /// unsolicited part.
+    pub waiting_for_grant: bool,
+    /// Bytes received so far.
+    pub received: u64,
 }
 
 /// What a Data-Out did ([`SessionCore::data_out`]).
@@ -304,6 +350,8 @@ pub struct SessionCore<C, T> {
     task_sets: AHashMap<u64, TaskSet<Key>>,
     /// Tasks whose turn came, for [`SessionCore::poll_ready`].
     ready: std::collections::VecDeque<Key>,
+    /// Writes whose turn came that must solicit data, for [`SessionCore::poll_grant`].
+    grants: std::collections::VecDeque<Key>,
     next_ttt: u32,
     asymmetric: bool,
     /// The response connection picked last; the next pick is the one with the next higher CID
@@ -335,6 +383,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             tasks: AHashMap::new(),
             task_sets: AHashMap::new(),
             ready: std::collections::VecDeque::new(),
+            grants: std::collections::VecDeque::new(),
             next_ttt: 1,
             asymmetric,
             last_reply: None,
@@ -424,31 +473,41 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.tasks.get(&itt)
     }
 
+    /// What the tokio layer attached to task `itt`, if it is still the task `id`.
+    pub fn task_io_mut(&mut self, itt: u32, id: u64) -> Option<&mut T> {
+        self.tasks
+            .get_mut(&itt)
+            .filter(|t| t.id == id)
+            .map(|t| &mut t.io)
+    }
+
     pub fn task_count(&self) -> usize {
         self.tasks.len()
     }
 
     /// Registers a SCSI task that came on `conn` and submits it to the CmdSN window. Returns
     /// whether it was registered (`io` is dropped if not) and the requests its arrival put in
-    /// order. A registered task starts once [`SessionCore::poll_ready`] hands it out.
+    /// order. A registered task starts once [`SessionCore::poll_ready`] hands it out; a write
+    /// that must solicit data asks for its budget through [`SessionCore::poll_grant`] once its
+    /// turn has come.
     pub fn register(
         &mut self,
         conn: &C,
         t: NewTask,
         write: Option<NewWrite>,
         io: T,
-    ) -> (Register, InOrder<C>, Vec<R2tPlan>) {
+    ) -> (Register, InOrder<C>) {
         if self.closing {
-            return (Register::Closing, Vec::new(), Vec::new());
+            return (Register::Closing, Vec::new());
         }
         if !t.immediate && !self.window.takes(t.cmd_sn) {
-            return (Register::OutOfWindow, Vec::new(), Vec::new());
+            return (Register::OutOfWindow, Vec::new());
         }
         if t.immediate && self.tasks.len() >= self.max_tasks {
             // Immediate commands are not bounded by the CmdSN window: beyond the session's
             // share they are answered TASK SET FULL (SAM-5 5.3), so a peer cannot pile up tasks
             // (and the buffers of their writes) without limit.
-            return (Register::TaskSetFull, Vec::new(), Vec::new());
+            return (Register::TaskSetFull, Vec::new());
         }
         if self.tasks.contains_key(&t.itt) {
             // The CmdSN is still consumed so that later commands are not held forever.
@@ -457,11 +516,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             } else {
                 self.submit(t.cmd_sn, Ordered::Nothing)
             };
-            return (Register::IttInUse, ctl, Vec::new());
+            return (Register::IttInUse, ctl);
         }
-        let (collect, data, r2ts) = match write {
-            None => (None, Bytes::new(), Vec::new()),
-            Some(w) => self.start_write(w),
+        let (collect, data) = match write {
+            None => (None, Bytes::new()),
+            Some(w) => start_write(w),
         };
         let cid = conn.cid();
         let reply_cid = if self.asymmetric {
@@ -500,29 +559,75 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         } else {
             self.submit(t.cmd_sn, Ordered::Task(t.id, t.itt))
         };
-        (Register::Ok, ctl, r2ts)
+        (Register::Ok, ctl)
     }
 
-    /// Takes a write's immediate data and plans its first R2Ts: its collection state (`None`
-    /// when the immediate data was all of it), its data so far, the R2Ts.
-    fn start_write(&mut self, w: NewWrite) -> (Option<Box<Collect>>, Bytes, Vec<R2tPlan>) {
-        let mut transfer = w.transfer;
-        let imm = transfer.accept_immediate(w.immediate.len() as u32).len as usize;
-        if transfer.done() {
-            // Everything came as immediate data: handed on without a copy.
-            return (None, w.immediate.slice(..imm), Vec::new());
+    /// The next write whose turn has come and that must solicit data, each once: the caller
+    /// takes `bytes` from its write budgets and then calls [`SessionCore::grant`] (at once, or
+    /// later when the budget has room). Until then the write asks for nothing, so the data that
+    /// writes hold stays within the budgets whatever the initiator withholds.
+    pub fn poll_grant(&mut self) -> Option<GrantRequest> {
+        while let Some(k) = self.grants.pop_front() {
+            let Some(t) = self
+                .tasks
+                .get_mut(&k.itt)
+                .filter(|t| t.id == k.id && !t.aborted)
+            else {
+                continue;
+            };
+            let Some(c) = t.collect.as_mut().filter(|c| c.grant == Grant::None) else {
+                continue;
+            };
+            c.grant = Grant::Asked;
+            return Some(GrantRequest {
+                itt: k.itt,
+                id: k.id,
+                bytes: c.transfer.want(),
+            });
         }
-        let want = transfer.want() as usize;
-        let unsolicited = (w.first_burst_length as usize).max(imm);
-        let mut buf = BytesMut::with_capacity(want.min(unsolicited));
-        place(&mut buf, 0, &w.immediate[..imm]);
-        let r2ts = transfer.next_r2ts(|| self.alloc_ttt());
-        buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
-        (
-            Some(Box::new(Collect { transfer, buf })),
-            Bytes::new(),
-            r2ts,
-        )
+        None
+    }
+
+    /// Write `itt` (still the task `id`) has its budget: returns its first R2Ts and the
+    /// connection they leave on. `None` when the task has ended, was aborted or no longer
+    /// collects data (the caller gives the budget back).
+    pub fn grant(&mut self, itt: u32, id: u64) -> Option<Granted<C>> {
+        let t = self
+            .tasks
+            .get_mut(&itt)
+            .filter(|t| t.id == id && !t.aborted)?;
+        let c = t.collect.as_mut()?;
+        c.grant = Grant::Granted;
+        let r2ts = c.transfer.next_r2ts(|| take_ttt(&mut self.next_ttt));
+        c.buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
+        let (lun, cid) = (t.lun, t.cid);
+        let command_conn = self.conns.get(&cid)?.clone();
+        let out = self.reply_conn(itt, &command_conn);
+        Some(Granted { lun, out, r2ts })
+    }
+
+    /// Where write `itt` (still the task `id`) stands while its data is arriving; `None` once
+    /// it has all of it (or has ended).
+    pub fn collecting(&self, itt: u32, id: u64) -> Option<Collecting> {
+        let t = self.tasks.get(&itt).filter(|t| t.id == id)?;
+        let c = t.collect.as_ref()?;
+        Some(Collecting {
+            waiting_for_grant: c.grant != Grant::Granted && c.transfer.solicits(),
+            received: c.received,
+        })
+    }
+
+    /// Queues a grant request for task `k` when its turn has come and its write must solicit
+    /// data it has not been granted.
+    fn ask_grant(&mut self, k: Key) {
+        if let Some(t) = self.tasks.get(&k.itt).filter(|t| t.id == k.id && t.turn) {
+            if t.collect
+                .as_ref()
+                .is_some_and(|c| c.grant == Grant::None && c.transfer.solicits())
+            {
+                self.grants.push_back(k);
+            }
+        }
     }
 
     /// A Data-Out arrived on connection `cid`: its bytes go to the task's buffer; a task whose
@@ -548,6 +653,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             Ok(a) => a,
             Err(e) => return DataOutcome::Error(e),
         };
+        c.received += u64::from(len);
         // Data beyond what the command needs is accepted and dropped (len 0): nothing to place.
         if a.len > 0 {
             place(&mut c.buf, a.offset as usize, &d.data[..a.len as usize]);
@@ -566,6 +672,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             if task.turn {
                 self.ready.push_back(key);
             }
+            return DataOutcome::Taken {
+                lun,
+                r2ts: Vec::new(),
+            };
+        }
+        if c.grant != Grant::Granted {
+            // The unsolicited burst ended early: the rest must be asked for, once granted.
+            self.ask_grant(key);
             return DataOutcome::Taken {
                 lun,
                 r2ts: Vec::new(),
@@ -618,6 +732,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             t.turn = true;
             if t.collect.is_none() {
                 self.ready.push_back(k);
+            } else {
+                self.ask_grant(k);
             }
         }
     }
@@ -937,6 +1053,28 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     }
 }
 
+/// Takes a write's immediate data: its collection state (`None` when the immediate data was all
+/// of it) and its data so far. It asks for nothing yet ([`SessionCore::poll_grant`]).
+fn start_write(w: NewWrite) -> (Option<Box<Collect>>, Bytes) {
+    let transfer = w.transfer;
+    let imm = transfer.accept_immediate(w.immediate.len() as u32).len as usize;
+    if transfer.done() {
+        // Everything came as immediate data: handed on without a copy.
+        return (None, w.immediate.slice(..imm));
+    }
+    let want = transfer.want() as usize;
+    let unsolicited = (w.first_burst_length as usize).max(imm);
+    let mut buf = BytesMut::with_capacity(want.min(unsolicited));
+    place(&mut buf, 0, &w.immediate[..imm]);
+    let collect = Collect {
+        transfer,
+        buf,
+        grant: Grant::None,
+        received: w.immediate.len() as u64,
+    };
+    (Some(Box::new(collect)), Bytes::new())
+}
+
 /// The next Target Transfer Tag from `next`, never the reserved value.
 fn take_ttt(next: &mut u32) -> u32 {
     let t = *next;
@@ -1016,7 +1154,7 @@ fn pick_reply_by_policy<C: CoreConn, T>(
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use mcsi_proto::pdu::{ScsiCommand, TaskAttr};
+    use mcsi_proto::pdu::{ScsiCommand, TaskAttr, RESERVED_TAG};
     use TaskAttribute::{Ordered as Ord_, Simple};
 
     /// A connection as the tests see it: a CID, a role, and which connection of that CID.
@@ -1076,9 +1214,18 @@ mod tests {
     }
 
     fn register(core: &mut Core, on: &C, t: NewTask) -> (Register, InOrder<C>) {
-        let (reg, runs, r2ts) = core.register(on, t, None, Io::default());
-        assert!(r2ts.is_empty());
+        let (reg, runs) = core.register(on, t, None, Io::default());
+        assert_eq!(core.poll_grant(), None);
         (reg, runs)
+    }
+
+    /// Grants every write that asks, as a budget with room would: their first R2Ts.
+    fn grant_all(core: &mut Core) -> Vec<R2tPlan> {
+        let mut r2ts = Vec::new();
+        while let Some(g) = core.poll_grant() {
+            r2ts.extend(core.grant(g.itt, g.id).expect("a live write").r2ts);
+        }
+        r2ts
     }
 
     /// The ITTs of the tasks whose turn came, in the order they came.
@@ -1539,13 +1686,24 @@ mod tests {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
         // 40 bytes: 4 immediate, then R2Ts of at most MaxBurstLength 16, two at a time.
-        let (reg, _, r2ts) = core.register(
+        let (reg, _) = core.register(
             &a,
             task(1, 1, Simple),
             Some(write(40, b"abcd", burst(2))),
             Io::default(),
         );
         assert_eq!(reg, Register::Ok);
+        // Its turn came at once: it asks for the whole write's budget, and R2Ts go out once
+        // granted.
+        let g = core.poll_grant().expect("a grant request");
+        assert_eq!((g.itt, g.bytes), (1, 40));
+        assert_eq!(core.poll_grant(), None, "asked once");
+        let waiting = core.collecting(1, g.id).expect("collecting");
+        assert!(waiting.waiting_for_grant);
+        let granted = core.grant(g.itt, g.id).expect("granted");
+        assert_eq!(granted.lun, 0);
+        assert!(granted.out.same(&a));
+        let r2ts = granted.r2ts;
         assert_eq!(spans(&r2ts), vec![(4, 16), (20, 16)]);
         assert_eq!(
             r2ts.iter().map(|r| r.r2t_sn).collect::<Vec<_>>(),
@@ -1563,6 +1721,13 @@ mod tests {
                 r2ts: vec![]
             }
         );
+        assert_eq!(
+            core.collecting(1, g.id),
+            Some(Collecting {
+                waiting_for_grant: false,
+                received: 12
+            })
+        );
         let d = data_out(1, t0, 1, 12, &[b'f'; 8], true);
         let DataOutcome::Taken { r2ts, .. } = core.data_out(1, &d) else {
             panic!("taken")
@@ -1576,6 +1741,7 @@ mod tests {
         assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
         let d = data_out(1, t1, 0, 20, &[b'g'; 16], true);
         assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        assert_eq!(core.collecting(1, g.id), None, "all data in");
         let r = core.poll_ready().expect("all data in");
         assert_eq!(r.itt, 1);
         let mut want = b"abcd".to_vec();
@@ -1592,18 +1758,78 @@ mod tests {
     }
 
     #[test]
-    fn a_write_whose_data_came_first_waits_for_its_turn() {
+    fn a_write_asks_for_its_budget_only_once_its_turn_has_come() {
         let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
         let mut core = core(&[&a, &b]);
-        // CmdSN 2 (a write on connection 2) before CmdSN 1.
-        let (_, _, r2ts) = core.register(
+        // CmdSN 2, a write on connection 2, before CmdSN 1: it asks for nothing yet, so a
+        // write holding budget never waits for a command the initiator has not sent.
+        core.register(
             &b,
             task(2, 2, Simple),
             Some(write(8, b"", burst(1))),
             Io::default(),
         );
+        assert_eq!(core.poll_grant(), None);
+        let id = core.task(2).expect("registered").id;
+        assert_eq!(
+            core.collecting(2, id),
+            Some(Collecting {
+                waiting_for_grant: true,
+                received: 0
+            })
+        );
+        // CmdSN 1, an ORDERED write: CmdSN 2 comes in order but waits in the task set.
+        core.register(
+            &a,
+            task(1, 1, Ord_),
+            Some(write(16, b"", burst(1))),
+            Io::default(),
+        );
+        let g = core.poll_grant().expect("the ORDERED write asks");
+        assert_eq!((g.itt, g.bytes), (1, 16));
+        assert_eq!(
+            core.poll_grant(),
+            None,
+            "CmdSN 2 waits for the ORDERED write"
+        );
+        let r2ts = core.grant(1, g.id).expect("granted").r2ts;
+        assert_eq!(spans(&r2ts), vec![(0, 16)]);
+        let d = data_out(1, r2ts[0].ttt, 0, 0, &[7; 16], true);
+        assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        assert_eq!(ready(&mut core), vec![1]);
+        finish(&mut core, 1, &a);
+        // Its end lets CmdSN 2 go: now it asks.
+        let r2ts = grant_all(&mut core);
         assert_eq!(spans(&r2ts), vec![(0, 8)]);
-        let d = data_out(2, r2ts[0].ttt, 0, 0, b"12345678", true);
+        // An aborted write asks no more, and a late grant finds nothing.
+        core.register(
+            &a,
+            task(3, 3, Simple),
+            Some(write(8, b"", burst(1))),
+            Io::default(),
+        );
+        let id3 = core.task(3).expect("registered").id;
+        core.abort_where(|t| t.itt == 3, |io| io.aborted = true);
+        assert_eq!(core.poll_grant(), None);
+        assert!(core.grant(3, id3).is_none());
+    }
+
+    #[test]
+    fn a_write_whose_data_came_first_waits_for_its_turn() {
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        // CmdSN 2 (a write on connection 2, all of it unsolicited) before CmdSN 1.
+        let params = crate::transfer::BurstParams {
+            first_burst_length: 8,
+            ..burst(1)
+        };
+        let w = NewWrite {
+            transfer: WriteTransfer::new(params, 8, 8, 0, false).expect("valid"),
+            immediate: Bytes::new(),
+            first_burst_length: 8,
+        };
+        core.register(&b, task(2, 2, Simple), Some(w), Io::default());
+        let d = data_out(2, RESERVED_TAG, 0, 0, b"12345678", true);
         // Data-Out on the wrong connection breaks allegiance.
         assert_eq!(core.data_out(1, &d), DataOutcome::NotAllegiant);
         assert!(matches!(core.data_out(2, &d), DataOutcome::Taken { .. }));
@@ -1615,9 +1841,10 @@ mod tests {
             got,
             vec![(1, Bytes::new()), (2, Bytes::from_static(b"12345678"))]
         );
+        assert_eq!(core.poll_grant(), None, "all of it came unasked");
         // A write all of whose data is immediate is ready with it, without a copy.
         let imm = b"immediate!";
-        let (_, _, r2ts) = core.register(
+        core.register(
             &a,
             task(3, 3, Simple),
             Some(write(
@@ -1630,21 +1857,45 @@ mod tests {
             )),
             Io::default(),
         );
-        assert!(r2ts.is_empty());
+        assert_eq!(core.poll_grant(), None);
         let r = core.poll_ready().expect("ready");
         assert_eq!(r.data.as_ptr(), imm.as_ptr());
+    }
+
+    #[test]
+    fn an_unsolicited_burst_that_ends_early_asks_for_the_rest() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        // 16 bytes, FirstBurstLength 8: the unsolicited burst ends after 4.
+        let w = NewWrite {
+            transfer: WriteTransfer::new(burst(1), 16, 16, 0, false).expect("valid"),
+            immediate: Bytes::new(),
+            first_burst_length: 8,
+        };
+        core.register(&a, task(1, 1, Simple), Some(w), Io::default());
+        // It will need R2Ts beyond the first burst: it asks at once, and the grant plans
+        // nothing while the unsolicited burst is under way.
+        let g = core.poll_grant().expect("asks");
+        assert_eq!(g.bytes, 16);
+        assert!(core.grant(1, g.id).expect("granted").r2ts.is_empty());
+        let d = data_out(1, RESERVED_TAG, 0, 0, b"abcd", true);
+        let DataOutcome::Taken { r2ts, .. } = core.data_out(1, &d) else {
+            panic!("taken")
+        };
+        assert_eq!(spans(&r2ts), vec![(4, 12)]);
     }
 
     #[test]
     fn a_data_out_sequence_error_is_reported_and_an_aborted_write_takes_no_more_data() {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
-        let (_, _, r2ts) = core.register(
+        core.register(
             &a,
             task(1, 1, Simple),
             Some(write(16, b"", burst(1))),
             Io::default(),
         );
+        let r2ts = grant_all(&mut core);
         let ttt = r2ts[0].ttt;
         let d = data_out(1, ttt, 1, 0, b"abcd", false);
         assert!(matches!(
@@ -1766,7 +2017,7 @@ mod tests {
                         // Its CmdSN is used up: it enters its task set like an immediate task.
                         let mut t = task(d.cmd.itt, d.cmd.cmd_sn, Simple);
                         t.immediate = true;
-                        let (reg, more, _) = self.core.register(&d.conn, t, None, Io::default());
+                        let (reg, more) = self.core.register(&d.conn, t, None, Io::default());
                         assert_eq!(reg, Register::Ok);
                         assert!(more.is_empty());
                     }
@@ -1784,8 +2035,7 @@ mod tests {
             let c = self.conns[on].clone();
             let runs = match self.kind(sn) {
                 Kind::Task(a) => {
-                    let (reg, runs, _) =
-                        self.core.register(&c, task(sn, sn, a), None, Io::default());
+                    let (reg, runs) = self.core.register(&c, task(sn, sn, a), None, Io::default());
                     assert_eq!(reg, Register::Ok);
                     runs
                 }
@@ -1807,7 +2057,7 @@ mod tests {
                         _ => panic!("CmdSN {sn} could not be held"),
                     },
                     Turn::Task => {
-                        let (reg, runs, _) =
+                        let (reg, runs) =
                             self.core
                                 .register(&c, task(sn, sn, Simple), None, Io::default());
                         assert_eq!(reg, Register::Ok);

@@ -272,6 +272,16 @@ impl WriteTransfer {
         out
     }
 
+    /// Some of the data the command needs must be asked for with R2Ts (now, or once the
+    /// unsolicited burst under way ends).
+    pub fn solicits(&self) -> bool {
+        let unasked_end = match &self.unsolicited {
+            Some(s) => s.end,
+            None => self.solicit_from,
+        };
+        self.next_r2t_offset.max(unasked_end) < self.want || !self.outstanding.is_empty()
+    }
+
     /// All data the command needs has arrived and no sequence is open.
     pub fn done(&self) -> bool {
         self.unsolicited.is_none()

@@ -84,6 +84,8 @@ pub struct FileLimits {
     pub max_server_connections: Option<u32>,
     /// Connections one source may have logging in at once; 0: no limit.
     pub max_logins_per_source: Option<u32>,
+    /// Bytes of solicited WRITE data all sessions together may hold at once ("128MiB").
+    pub write_budget: Option<SizeValue>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -291,6 +293,11 @@ pub struct FileTarget {
     pub send_timeout: Option<String>,
     /// Bytes of READ data a session's commands may hold at once ("64MiB").
     pub read_budget: Option<SizeValue>,
+    /// Bytes of solicited WRITE data a session's commands may hold at once ("64MiB").
+    pub write_budget: Option<SizeValue>,
+    /// A write that was asked for its data and receives none for this long ends its
+    /// connection ("20s"; "0": never).
+    pub data_out_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -433,6 +440,14 @@ pub struct Limits {
     /// until their Data-In is queued on a connection below its output budget
     /// (a semaphore of KiB per session).
     pub read_budget: u64,
+    /// Bytes of WRITE data a session's solicited writes may hold at once: a write takes its
+    /// whole length from it (and from the server's `write_budget`) before its first R2T, and
+    /// gives it back when it ends (a semaphore of KiB per session).
+    pub write_budget: u64,
+    /// A write that has asked for its data (its R2Ts went out) and receives no Data-Out for
+    /// this long ends its connection (at ErrorRecoveryLevel 0, the session); zero turns the
+    /// check off.
+    pub data_out_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -465,6 +480,11 @@ impl Default for Limits {
             send_timeout: Duration::from_secs(30),
             // 64 reads of 1 MiB in flight per session.
             read_budget: 64 << 20,
+            // 64 writes of 1 MiB, or 8 of the largest a LUN takes (8 MiB), per session.
+            write_budget: 64 << 20,
+            // Longer than a NOP-In ping's interval and answer together on a healthy link, so
+            // that only an initiator that has stopped sending is cut off.
+            data_out_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -486,6 +506,9 @@ pub struct ServerLimits {
     /// more makes the source's oldest login be dropped. Without it a source could hold about
     /// login_rate x login_timeout + login_burst connections in the login phase. 0 turns it off.
     pub max_logins_per_source: u32,
+    /// Bytes of solicited WRITE data all sessions together may hold at once (each write takes
+    /// its length from its session's `write_budget` and from this one before its first R2T).
+    pub write_budget: u64,
 }
 
 impl Default for ServerLimits {
@@ -500,6 +523,8 @@ impl Default for ServerLimits {
             // Far above what an initiator host needs (one per connection being opened, for
             // every session it starts at once), far below the 640 the rate alone allows.
             max_logins_per_source: 64,
+            // Two sessions at their own budget; 16 writes of the largest size in flight.
+            write_budget: 128 << 20,
         }
     }
 }
@@ -514,6 +539,12 @@ impl ServerLimits {
             login_timeout: duration(&f.login_timeout, "limits.login_timeout", d.login_timeout)?,
             max_server_connections: f.max_server_connections.unwrap_or(d.max_server_connections),
             max_logins_per_source: f.max_logins_per_source.unwrap_or(d.max_logins_per_source),
+            write_budget: budget(
+                &f.write_budget,
+                "limits.write_budget",
+                WRITE_BUDGET_MIN,
+                d.write_budget,
+            )?,
         };
         if l.login_rate > 0 && l.login_burst == 0 {
             return Err(cerr(
@@ -908,6 +939,17 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
             READ_BUDGET_MIN,
             d.read_budget,
         )?,
+        write_budget: budget(
+            &t.write_budget,
+            &at("write_budget"),
+            WRITE_BUDGET_MIN,
+            d.write_budget,
+        )?,
+        data_out_timeout: duration(
+            &t.data_out_timeout,
+            &at("data_out_timeout"),
+            d.data_out_timeout,
+        )?,
         response_policy: match &t.response_policy {
             None => d.response_policy,
             Some(name) => {
@@ -938,6 +980,8 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
 pub const OUTPUT_BUDGET_MIN: u64 = 64 << 10;
 /// The smallest `read_budget`.
 pub const READ_BUDGET_MIN: u64 = 1 << 20;
+/// The smallest `write_budget` (per session or server-wide).
+pub const WRITE_BUDGET_MIN: u64 = 1 << 20;
 
 /// A byte budget (`output_budget`, `read_budget`) from `min` to 1 TiB, or `def` when unset.
 pub fn budget(v: &Option<SizeValue>, field: &str, min: u64, def: u64) -> Result<u64, ConfigError> {
@@ -1114,6 +1158,7 @@ mod tests {
                 login_timeout: Duration::from_secs(10),
                 max_server_connections: 100,
                 max_logins_per_source: 8,
+                write_budget: 128 << 20,
             }
         );
         assert_eq!(a.luns[0].backend, LunBackend::Spec("ram:64MiB".into()));

@@ -150,6 +150,7 @@ pub async fn run(ctx: TaskCtx) {
     let TaskHandles {
         id,
         ready_rx,
+        grant_rx,
         mut abort_rx,
         done_tx,
     } = handles;
@@ -160,7 +161,7 @@ pub async fn run(ctx: TaskCtx) {
         let data_out = tokio::select! {
             biased;
             _ = crate::session::flag_set(&mut abort_rx) => return None,
-            r = ready_rx => r.ok()?,
+            r = collect(&session, &conn, itt, id, cmd.write, ready_rx, grant_rx) => r?,
         };
         let read_expected = read_expected(&cmd);
         // The data the backend fills waits for the session's read budget.
@@ -200,6 +201,64 @@ pub async fn run(ctx: TaskCtx) {
     if let (Some(p), Some(q)) = (permit, queue) {
         q.room().await;
         drop(p);
+    }
+}
+
+/// Waits for a task's data-out and its turn. A write that must solicit data and found no room
+/// in the write budgets waits here for it, then sends its first R2Ts ([`Session::grant`]).
+/// Once asked for its data, a write that receives none for the target's `data_out_timeout`
+/// ends its connection: the initiator has stopped sending, and at ErrorRecoveryLevel 0 only the
+/// session's end gives its budget back. `None` then, or when the session drops the task.
+async fn collect(
+    session: &Session,
+    conn: &Conn,
+    itt: u32,
+    id: u64,
+    write: bool,
+    ready_rx: tokio::sync::oneshot::Receiver<Bytes>,
+    grant_rx: tokio::sync::oneshot::Receiver<u32>,
+) -> Option<Bytes> {
+    let timeout = session
+        .target
+        .as_ref()
+        .filter(|_| write)
+        .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout);
+    tokio::pin!(ready_rx);
+    tokio::pin!(grant_rx);
+    let mut grant_asked = false;
+    // Checked four times per timeout: the connection ends between 1 and 1.25 timeouts after
+    // the last Data-Out.
+    let tick = (timeout / 4).max(std::time::Duration::from_millis(10));
+    let mut progress = (0u64, tokio::time::Instant::now());
+    loop {
+        tokio::select! {
+            r = &mut ready_rx => return r.ok(),
+            r = &mut grant_rx, if !grant_asked => {
+                grant_asked = true;
+                if let Ok(bytes) = r {
+                    debug!(bytes, "write waits for room in the write budget");
+                    let permits = session.write_permits(bytes).await?;
+                    session.grant(itt, id, permits);
+                    progress.1 = tokio::time::Instant::now();
+                }
+            }
+            _ = tokio::time::sleep(tick), if !timeout.is_zero() => {
+                let Some(c) = session.collecting(itt, id) else { continue };
+                let now = tokio::time::Instant::now();
+                if c.waiting_for_grant || c.received != progress.0 {
+                    progress = (c.received, now);
+                } else if now - progress.1 >= timeout {
+                    warn!(
+                        parent: &conn.span,
+                        itt,
+                        received = c.received,
+                        "no Data-Out for a write in {timeout:?} after its data was asked for; dropping the connection"
+                    );
+                    conn.stop();
+                    return None;
+                }
+            }
+        }
     }
 }
 

@@ -217,9 +217,10 @@ impl Server {
             listeners.push(l);
         }
         let metrics = Arc::new(Metrics::new());
-        let shared = Arc::new(Shared::new(
+        let shared = Arc::new(Shared::with_write_budget(
             build_targets(&cfg, &metrics)?,
             cfg.discovery_auth.clone(),
+            cfg.limits.write_budget,
         ));
         let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
         let shards = Arc::new(Shards::start(cfg.session_threads).map_err(StartError::Threads)?);

@@ -66,17 +66,89 @@ pub struct Shared {
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: AtomicU16,
     next_task_id: AtomicU64,
+    /// The server-wide write budget in KiB ([`Session::write_permits`]).
+    write_budget: Budget,
+}
+
+/// A byte budget as a semaphore of KiB: a request larger than the whole budget waits for all
+/// of it.
+#[derive(Debug)]
+pub struct Budget {
+    sem: Arc<tokio::sync::Semaphore>,
+    kib: u32,
+}
+
+impl Budget {
+    pub fn new(bytes: u64) -> Budget {
+        let kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX >> 3)) as u32;
+        Budget {
+            sem: Arc::new(tokio::sync::Semaphore::new(kib as usize)),
+            kib,
+        }
+    }
+
+    fn share(&self, bytes: u32) -> u32 {
+        bytes.div_ceil(1024).clamp(1, self.kib)
+    }
+
+    /// Takes room for `bytes` now, if there is.
+    fn try_take(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.sem
+            .clone()
+            .try_acquire_many_owned(self.share(bytes))
+            .ok()
+    }
+
+    /// Waits for room for `bytes` (first come, first served).
+    async fn take(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.sem
+            .clone()
+            .acquire_many_owned(self.share(bytes))
+            .await
+            .ok()
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> u64 {
+        self.sem.available_permits() as u64 * 1024
+    }
+}
+
+/// A write's share of its session's and the server's write budgets, given back when dropped
+/// (when the task ends).
+pub struct WritePermits {
+    _session: tokio::sync::OwnedSemaphorePermit,
+    _server: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Shared {
     pub fn new(targets: Vec<Arc<Target>>, discovery_auth: AuthSpec) -> Self {
+        Self::with_write_budget(
+            targets,
+            discovery_auth,
+            crate::config::ServerLimits::default().write_budget,
+        )
+    }
+
+    /// With a server-wide write budget of `write_budget` bytes.
+    pub fn with_write_budget(
+        targets: Vec<Arc<Target>>,
+        discovery_auth: AuthSpec,
+        write_budget: u64,
+    ) -> Self {
         Shared {
             targets,
             discovery_auth,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             next_task_id: AtomicU64::new(1),
+            write_budget: Budget::new(write_budget),
         }
+    }
+
+    /// Bytes of the server-wide write budget free now.
+    pub fn write_budget_available(&self) -> u64 {
+        self.write_budget.available()
     }
 
     pub fn target(&self, name: &str) -> Option<&Arc<Target>> {
@@ -452,6 +524,11 @@ pub type Core = SessionCore<Arc<Conn>, TaskIo>;
 pub struct TaskIo {
     /// Fired with the task's data-out when it may run (its turn came and its data is in).
     ready: Option<oneshot::Sender<Bytes>>,
+    /// Fired with the write's length when it must wait for room in the write budgets; its
+    /// future waits, then calls [`Session::grant`].
+    wait_grant: Option<oneshot::Sender<u32>>,
+    /// The write's share of the write budgets, held until the task ends.
+    permits: Option<WritePermits>,
     abort_tx: watch::Sender<bool>,
     /// Closed (sender dropped) when the task's future has ended.
     done_rx: watch::Receiver<()>,
@@ -470,22 +547,58 @@ pub struct TaskHandles {
     pub id: u64,
     /// The task's data-out, once it may run.
     pub ready_rx: oneshot::Receiver<Bytes>,
+    /// The write's length, when it must wait for room in the write budgets.
+    pub grant_rx: oneshot::Receiver<u32>,
     pub abort_rx: watch::Receiver<bool>,
     /// Dropped when the future ends, which wakes task management waiting for the task.
     pub done_tx: watch::Sender<()>,
 }
 
-/// Wakes the futures of the tasks whose turn came.
+/// Wakes the futures of the tasks whose turn came, and lets the writes whose turn came ask for
+/// their data: those the write budgets have room for at once send their first R2Ts now, the
+/// others' futures wait for room ([`Session::grant`]).
 #[inline]
-fn wake_ready(core: &mut Core) {
+fn wake_ready(core: &mut Core, session_budget: &Budget, server_budget: &Budget) {
     while let Some(r) = core.poll_ready() {
         if let Some(tx) = r.io.ready.take() {
             let _ = tx.send(r.data);
         }
     }
+    while let Some(g) = core.poll_grant() {
+        let permits = session_budget.try_take(g.bytes).and_then(|s| {
+            Some(WritePermits {
+                _session: s,
+                _server: server_budget.try_take(g.bytes)?,
+            })
+        });
+        match permits {
+            Some(p) => grant(core, g.itt, g.id, p),
+            None => {
+                if let Some(tx) = core
+                    .task_io_mut(g.itt, g.id)
+                    .and_then(|io| io.wait_grant.take())
+                {
+                    let _ = tx.send(g.bytes);
+                }
+            }
+        }
+    }
 }
 
-/// Queues a task's R2Ts on its reply connection.
+/// Write `itt` has its budget: it keeps the permits and its first R2Ts go out.
+fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
+    let Some(g) = core.grant(itt, id) else {
+        return;
+    };
+    for r in &g.r2ts {
+        g.out.send(r.pdu(g.lun, itt));
+    }
+    if let Some(io) = core.task_io_mut(itt, id) {
+        io.permits = Some(permits);
+    }
+}
+
+/// Queues a task's further R2Ts on its reply connection.
 fn send_r2ts(core: &mut Core, conn: &Arc<Conn>, itt: u32, lun: u64, r2ts: Vec<R2tPlan>) {
     if r2ts.is_empty() {
         return;
@@ -513,6 +626,8 @@ pub struct Session {
     /// The session's read budget in KiB ([`Session::read_permit`]).
     read_budget: Arc<tokio::sync::Semaphore>,
     read_budget_kib: u32,
+    /// The session's write budget ([`Session::write_permits`]).
+    write_budget: Budget,
 }
 
 impl Session {
@@ -548,6 +663,11 @@ impl Session {
             isid = %isid_hex,
             target = target.as_ref().map(|t| t.name.as_str()).unwrap_or("discovery"),
         );
+        let write_budget = Budget::new(
+            target
+                .as_ref()
+                .map_or(Limits::default().write_budget, |t| t.limits.write_budget),
+        );
         let read_budget_kib = target
             .as_ref()
             .map_or(Limits::default().read_budget, |t| t.limits.read_budget)
@@ -569,8 +689,44 @@ impl Session {
             inline_idle: tokio::sync::Notify::new(),
             read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
             read_budget_kib,
+            write_budget,
             core: Mutex::new(core),
         })
+    }
+
+    /// Waits for room for a write of `bytes` in the session's write budget, then in the
+    /// server's (each first come, first served). A write larger than a whole budget waits for
+    /// all of it.
+    pub async fn write_permits(&self, bytes: u32) -> Option<WritePermits> {
+        let s = self.write_budget.take(bytes).await?;
+        let v = self.shared.write_budget.take(bytes).await?;
+        Some(WritePermits {
+            _session: s,
+            _server: v,
+        })
+    }
+
+    /// Write `itt` (task `id`) waited for and got its budget: its first R2Ts go out. Nothing
+    /// happens (the permits are given back) if it has ended meanwhile.
+    pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
+        let mut core = self.lock();
+        grant(&mut core, itt, id, permits);
+    }
+
+    /// Where write `itt` (task `id`) stands while its data arrives; `None` once it has all of
+    /// it.
+    pub fn collecting(&self, itt: u32, id: u64) -> Option<crate::session_core::Collecting> {
+        self.lock().collecting(itt, id)
+    }
+
+    /// Bytes of the session's write budget free now.
+    pub fn write_budget_available(&self) -> u64 {
+        self.write_budget.available()
+    }
+
+    /// Wakes the tasks whose turn came and grants the writes the budgets have room for.
+    fn wake(&self, core: &mut Core) {
+        wake_ready(core, &self.write_budget, &self.shared.write_budget);
     }
 
     /// Waits until the session's read budget has room for a read of `bytes` (a read larger
@@ -651,10 +807,13 @@ impl Session {
     ) -> (Register, Option<TaskHandles>, InOrder) {
         let id = self.shared.task_id();
         let (ready_tx, ready_rx) = oneshot::channel();
+        let (grant_tx, grant_rx) = oneshot::channel();
         let (abort_tx, abort_rx) = watch::channel(false);
         let (done_tx, done_rx) = watch::channel(());
         let io = TaskIo {
             ready: Some(ready_tx),
+            wait_grant: Some(grant_tx),
+            permits: None,
             abort_tx,
             done_rx,
         };
@@ -668,13 +827,13 @@ impl Session {
             bytes,
         };
         let mut core = self.lock();
-        let (reg, ctl, r2ts) = core.register(conn, task, write, io);
-        send_r2ts(&mut core, conn, itt, lun, r2ts);
-        wake_ready(&mut core);
+        let (reg, ctl) = core.register(conn, task, write, io);
+        self.wake(&mut core);
         drop(core);
         let handles = (reg == Register::Ok).then_some(TaskHandles {
             id,
             ready_rx,
+            grant_rx,
             abort_rx,
             done_tx,
         });
@@ -694,7 +853,7 @@ impl Session {
     pub fn hold(&self, d: Box<Deferred>) -> Result<InOrder, Box<Deferred>> {
         let mut core = self.lock();
         let held = core.hold(d);
-        wake_ready(&mut core);
+        self.wake(&mut core);
         drop(core);
         match held {
             Held::InOrder(ready) => Ok(ready),
@@ -711,7 +870,7 @@ impl Session {
     pub fn release_inline(&self, lun: u64) {
         let mut core = self.lock();
         let idle = core.release_inline(lun);
-        wake_ready(&mut core);
+        self.wake(&mut core);
         if idle {
             self.inline_idle.notify_waiters();
         }
@@ -736,7 +895,7 @@ impl Session {
     pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, InOrder) {
         let mut core = self.lock();
         let r = core.submit_ordered(cmd_sn, item);
-        wake_ready(&mut core);
+        self.wake(&mut core);
         r
     }
 
@@ -744,7 +903,7 @@ impl Session {
     pub fn take_as_received(&self, ref_cmd_sn: u32, cmd_sn: u32) -> Option<InOrder> {
         let mut core = self.lock();
         let r = core.take_as_received(ref_cmd_sn, cmd_sn);
-        wake_ready(&mut core);
+        self.wake(&mut core);
         r
     }
 
@@ -755,7 +914,7 @@ impl Session {
         let mut outcome = core.data_out(conn.cid, d);
         if let DataOutcome::Taken { lun, r2ts } = &mut outcome {
             send_r2ts(&mut core, conn, d.itt, *lun, std::mem::take(r2ts));
-            wake_ready(&mut core);
+            self.wake(&mut core);
         }
         outcome
     }
@@ -775,7 +934,7 @@ impl Session {
         let Some(done) = core.finish(itt, id, command_conn) else {
             return false;
         };
-        wake_ready(&mut core);
+        self.wake(&mut core);
         if done.aborted {
             return false;
         }

@@ -383,3 +383,150 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
         );
     }
 }
+
+/// What one hostile writer did ([`withholding_writer`]).
+struct Withheld {
+    client: Client,
+    /// Data-Out bytes it sent.
+    sent: u64,
+    /// R2Ts it answered, and those it left unanswered (each one a write's last burst).
+    answered: u32,
+    withheld: u32,
+}
+
+/// Logs in on its own session, sends `n` WRITE(10)s of 8 MiB (the largest the LU takes) at
+/// once, and answers every R2T with its Data-Out except those for a write's last burst, so that
+/// no write ever completes. Returns once no R2T came for `stall`.
+async fn withholding_writer(
+    server: Arc<mcsi_target::Server>,
+    isid: u8,
+    n: u32,
+    stall: Duration,
+) -> Withheld {
+    const LEN: u32 = 8 << 20;
+    let mut c = Client::normal_isid(&server, [0x80, 7, 7, 7, 9, isid], &[]).await;
+    let chunk = pattern(64 << 10, isid);
+    let mut wire = Vec::new();
+    for _ in 0..n {
+        let w = c.command(&rw10(0x2a, 0, 16384), false, true, LEN, Bytes::new(), true);
+        wire.extend_from_slice(&Pdu::ScsiCommand(w).encode(&c.framing).to_vec());
+    }
+    c.s.write_all(&wire).await.unwrap();
+    let (mut sent, mut answered, mut withheld) = (0u64, 0u32, 0u32);
+    while let Ok(p) = tokio::time::timeout(stall, c.recv_inner()).await {
+        let Pdu::R2t(r) = p else {
+            panic!("unexpected {p:?}")
+        };
+        let (off, len) = (r.buffer_offset, r.desired_data_transfer_length);
+        if off + len == LEN {
+            withheld += 1;
+            continue;
+        }
+        let mut done = 0u32;
+        let mut data_sn = 0;
+        let mut out = Vec::new();
+        while done < len {
+            let k = (len - done).min(chunk.len() as u32);
+            let d = Pdu::DataOut(DataOut {
+                final_: done + k == len,
+                lun: 0,
+                itt: r.itt,
+                ttt: r.ttt,
+                exp_stat_sn: 0,
+                data_sn,
+                buffer_offset: off + done,
+                data: chunk.slice(..k as usize),
+            });
+            out.extend_from_slice(&d.encode(&c.framing).to_vec());
+            data_sn += 1;
+            done += k;
+        }
+        c.s.write_all(&out).await.unwrap();
+        sent += u64::from(len);
+        answered += 1;
+    }
+    Withheld {
+        client: c,
+        sent,
+        answered,
+        withheld,
+    }
+}
+
+/// The write flood: sessions that fill the CmdSN window with 8 MiB WRITEs and withhold each
+/// one's last burst hold no more than the write budgets (unbounded, 1 GiB per session), the
+/// Data-Out timeout drops them, and the target then serves writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_whose_data_never_finishes_are_held_to_the_write_budgets() {
+    let _one = SERIAL.lock().await;
+    log();
+    const SESSION_BUDGET: u64 = 32 << 20;
+    const SERVER_BUDGET: u64 = 96 << 20;
+    const NO_DATA: &str = "no Data-Out for a write in 3s";
+    for sessions in [1u8, 8] {
+        let seen = log_count(NO_DATA);
+        let server = Arc::new(
+            start_with(|cfg| {
+                cfg.limits.write_budget = SERVER_BUDGET;
+                let l = &mut cfg.targets[0].limits;
+                l.write_budget = SESSION_BUDGET;
+                l.data_out_timeout = Duration::from_secs(3);
+                l.nop_interval = Duration::ZERO;
+            })
+            .await,
+        );
+        let (_, alone) = verified_io(&server, 1, 1.0).await;
+        let before = rss();
+        let watch = RssWatch::start();
+        let t0 = Instant::now();
+        let mut floods = tokio::task::JoinSet::new();
+        for i in 0..sessions {
+            floods.spawn(withholding_writer(
+                server.clone(),
+                i,
+                128,
+                Duration::from_millis(1500),
+            ));
+        }
+        let writers = floods.join_all().await;
+        let peak = watch.peak();
+        let sent: u64 = writers.iter().map(|w| w.sent).sum();
+        let answered: u32 = writers.iter().map(|w| w.answered).sum();
+        let withheld: u32 = writers.iter().map(|w| w.withheld).sum();
+        let bound = SESSION_BUDGET
+            .saturating_mul(u64::from(sessions))
+            .min(SERVER_BUDGET);
+        println!(
+            "{sessions} session(s) x 128 WRITEs of 8 MiB withholding each last burst: {answered} R2Ts answered ({:.1} MiB), {withheld} withheld, in {:.1} s; resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; write budgets {:.0} MiB per session, {:.0} MiB server-wide; unbounded: {} MiB)",
+            mib(sent),
+            t0.elapsed().as_secs_f64(),
+            mib(before),
+            mib(peak),
+            mib(peak.saturating_sub(before)),
+            mib(SESSION_BUDGET),
+            mib(SERVER_BUDGET),
+            u64::from(sessions) * 1024,
+        );
+        // Each granted write asked for all its bursts; only the budgets' worth were granted.
+        assert_eq!(u64::from(withheld) * (8 << 20), bound, "writes granted");
+        assert!(
+            peak.saturating_sub(before) <= bound + SLACK,
+            "resident memory rose by {:.1} MiB",
+            mib(peak - before)
+        );
+        // The Data-Out timeout drops every stuck connection, and the log says why.
+        for mut w in writers {
+            assert!(
+                w.client.closed_within(Duration::from_secs(10)).await,
+                "a stuck writer was not dropped"
+            );
+        }
+        let line = logged(NO_DATA, seen + 1)
+            .await
+            .expect("no log line for the Data-Out timeout");
+        println!("log: {line}");
+        let (rounds, after) = verified_io(&server, 2, 1.0).await;
+        println!("other session: {alone:.1} MB/s before, {after:.1} MB/s after ({rounds} rounds)");
+        assert!(rounds > 0);
+    }
+}

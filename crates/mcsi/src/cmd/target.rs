@@ -56,6 +56,10 @@ pub struct Args {
     /// Bytes of READ data one session's commands may hold at once (e.g. 64MiB, the default).
     #[arg(long, value_name = "SIZE")]
     read_budget: Option<String>,
+    /// Bytes of solicited WRITE data one session's commands may hold at once (e.g. 64MiB, the
+    /// default); further writes wait for room before their first R2T.
+    #[arg(long, value_name = "SIZE")]
+    write_budget: Option<String>,
     /// Threads that run sessions, each session with all of its connections on one thread
     /// (default: one per CPU; 0 runs sessions on the runtime that accepts connections).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
@@ -155,6 +159,11 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         config::OUTPUT_BUDGET_MIN,
     )?;
     let read_budget = size_arg(&args.read_budget, "--read-budget", config::READ_BUDGET_MIN)?;
+    let write_budget = size_arg(
+        &args.write_budget,
+        "--write-budget",
+        config::WRITE_BUDGET_MIN,
+    )?;
     let send_timeout = args
         .send_timeout
         .as_ref()
@@ -212,6 +221,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
         if let Some(n) = read_budget {
             t.limits.read_budget = n;
+        }
+        if let Some(n) = write_budget {
+            t.limits.write_budget = n;
         }
         if !listen_override.is_empty() {
             t.portals = listen_override.clone();
