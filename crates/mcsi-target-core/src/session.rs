@@ -38,6 +38,11 @@ pub trait CoreConn: Clone {
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         None
     }
+    /// Its output queue is at its budget: a response connection is picked for new replies only
+    /// when every one is.
+    fn full(&self) -> bool {
+        false
+    }
 }
 
 /// A connection as the layer above keeps it, shared by reference count: `Arc<T>` is a
@@ -48,6 +53,9 @@ pub trait ConnInfo {
     fn role(&self) -> ConnRole;
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         None
+    }
+    fn full(&self) -> bool {
+        false
     }
 }
 
@@ -66,6 +74,10 @@ impl<T: ConnInfo> CoreConn for std::sync::Arc<T> {
 
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         T::tcp_state(self)
+    }
+
+    fn full(&self) -> bool {
+        T::full(self)
     }
 }
 
@@ -1037,17 +1049,26 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         // Round-robin in CID order without collecting the connections: the next CID above the
         // last one picked, or the lowest once past the end. Called once per task in an
         // asymmetric session.
-        let responses = || {
-            self.conns
-                .values()
-                .filter(|c| c.role() == ConnRole::Responses && self.usable_for_replies(c))
-                .map(|c| c.cid())
+        // Connections at their output budget are skipped while another has room, so that a
+        // peer that does not read one response connection does not have replies pile up there.
+        let (conns, leaving, last) = (&self.conns, &self.leaving, self.last_reply);
+        let next = |skip_full: bool| {
+            let responses = || {
+                conns
+                    .values()
+                    .filter(move |c| {
+                        c.role() == ConnRole::Responses
+                            && !leaving.contains(&c.cid())
+                            && !(skip_full && c.full())
+                    })
+                    .map(|c| c.cid())
+            };
+            responses()
+                .filter(|&cid| last.is_none_or(|l| cid > l))
+                .min()
+                .or_else(|| responses().min())
         };
-        let last = self.last_reply;
-        let cid = responses()
-            .filter(|&cid| last.is_none_or(|l| cid > l))
-            .min()
-            .or_else(|| responses().min())?;
+        let cid = next(true).or_else(|| next(false))?;
         self.last_reply = Some(cid);
         Some(cid)
     }
@@ -1119,15 +1140,21 @@ fn pick_reply_by_policy<C: CoreConn, T>(
     rs.cids.sort_unstable();
     let wants_tcp = rs.policy.wants_tcp_info();
     rs.loads.clear();
+    // Connections at their output budget are not usable while another has room.
+    let all_full = rs
+        .cids
+        .iter()
+        .all(|cid| conns.get(cid).is_none_or(|c| c.full()));
     for cid in &rs.cids {
         let tcp = wants_tcp
             .then(|| conns.get(cid).and_then(|c| c.tcp_state()))
             .flatten();
+        let usable = all_full || conns.get(cid).is_some_and(|c| !c.full());
         let in_socket = tcp.map_or(0, |t| {
             u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
         });
         rs.loads.push(mcsi_tcp::sched::ConnLoad {
-            usable: true,
+            usable,
             outstanding_tasks: 0,
             outstanding_bytes: in_socket,
             tcp,
@@ -1163,6 +1190,8 @@ mod tests {
         cid: u16,
         role: ConnRole,
         generation: u32,
+        /// Its output queue at the budget (shared by every handle of it).
+        full: std::rc::Rc<std::cell::Cell<bool>>,
     }
 
     impl CoreConn for C {
@@ -1175,6 +1204,9 @@ mod tests {
         fn same(&self, other: &Self) -> bool {
             self.cid == other.cid && self.generation == other.generation
         }
+        fn full(&self) -> bool {
+            self.full.get()
+        }
     }
 
     fn conn(cid: u16, role: ConnRole) -> C {
@@ -1182,6 +1214,7 @@ mod tests {
             cid,
             role,
             generation: 1,
+            full: Default::default(),
         }
     }
 
@@ -1550,6 +1583,35 @@ mod tests {
         assert!(!core.ends_cleanly(&r3b) && core.ends_cleanly(&r3));
         register(&mut core, &cmds, task(6, 7, Simple));
         assert_eq!(core.task(6).map(|t| t.reply_cid), Some(3));
+    }
+
+    #[test]
+    fn replies_skip_response_connections_at_their_budget_while_another_has_room() {
+        let cmds = conn(1, ConnRole::Requests);
+        let (r2, r3) = (conn(2, ConnRole::Responses), conn(3, ConnRole::Responses));
+        for policy in [None, Some("least-outstanding")] {
+            let sched = policy.map(|p| mcsi_tcp::sched::policy(p).expect("a policy"));
+            let mut core = Core::new(1, 8, true, sched);
+            for c in [&cmds, &r2, &r3] {
+                assert!(core.add_conn(c.clone()).is_ok());
+            }
+            r2.full.set(true);
+            for itt in 1..=3 {
+                register(&mut core, &cmds, task(itt, itt, Simple));
+            }
+            let picks: Vec<u16> = (1..=3)
+                .map(|itt| core.task(itt).map_or(0, |t| t.reply_cid))
+                .collect();
+            assert_eq!(picks, vec![3, 3, 3], "{policy:?}");
+            // When every one is full, replies still go somewhere (the reader has stopped).
+            r3.full.set(true);
+            register(&mut core, &cmds, task(4, 4, Simple));
+            assert!(core
+                .task(4)
+                .is_some_and(|t| t.reply_cid == 2 || t.reply_cid == 3));
+            r2.full.set(false);
+            r3.full.set(false);
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::session_core::DataOutcome;
 use crate::transfer::{BurstParams, WriteTransfer};
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, ScsiCommand};
+use mcsi_proto::vendor::ConnRole;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,12 +67,78 @@ pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
     write_batch_within(w, batch, None).await
 }
 
-/// Like [`write_batch`], failing with `TimedOut` when the socket takes no byte for `stall` (a
-/// peer that does not read).
+/// The least a connection with data waiting must send: [`SEND_MIN_RATE`] bytes per second over
+/// each period of the send timeout. A peer that reads a packet now and then (one every 29 s
+/// against a 30 s timeout) would otherwise hold its connection, its session and their memory
+/// for ever.
+#[derive(Debug)]
+pub struct SendPace {
+    timeout: Duration,
+    /// Bytes due in each period.
+    due: u64,
+    start: Instant,
+    sent: u64,
+}
+
+/// 4 KiB/s (32 kbit/s): far below any link this target serves, far above a peer that reads a
+/// packet per timeout.
+pub const SEND_MIN_RATE: u64 = 4096;
+
+/// Why the writer gave up on a slow or stalled peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooSlow {
+    /// Bytes the socket took in the last period.
+    pub sent: u64,
+    pub due: u64,
+}
+
+impl SendPace {
+    /// `None` when the timeout is off (zero).
+    pub fn new(timeout: Duration) -> Option<SendPace> {
+        (!timeout.is_zero()).then(|| SendPace {
+            timeout,
+            due: (SEND_MIN_RATE as f64 * timeout.as_secs_f64()) as u64,
+            start: Instant::now(),
+            sent: 0,
+        })
+    }
+
+    /// A new period begins (the writer had nothing to send before this batch).
+    pub fn restart(&mut self) {
+        self.start = Instant::now();
+        self.sent = 0;
+    }
+
+    fn deadline(&self) -> Instant {
+        self.start + self.timeout
+    }
+
+    /// The socket took `n` bytes (or `0` at the deadline): at the end of a period, the period's
+    /// bytes must reach its due (or the batch be done) for a new one to start.
+    fn progress(&mut self, n: u64, batch_done: bool) -> Result<(), TooSlow> {
+        self.sent += n;
+        let now = Instant::now();
+        if now < self.deadline() {
+            return Ok(());
+        }
+        if self.sent < self.due && !batch_done {
+            return Err(TooSlow {
+                sent: self.sent,
+                due: self.due,
+            });
+        }
+        self.start = now;
+        self.sent = 0;
+        Ok(())
+    }
+}
+
+/// Like [`write_batch`], failing with `TimedOut` when the socket falls below the pace (a peer
+/// that does not read, or reads only a trickle); the pace's [`TooSlow`] says by how much.
 pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     batch: &[Encoded],
-    stall: Option<Duration>,
+    mut pace: Option<&mut SendPace>,
 ) -> io::Result<()> {
     let bufs: Vec<&[u8]> = batch
         .iter()
@@ -88,15 +155,21 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
                 .take(MAX_IOV - 1)
                 .map(|b| IoSlice::new(b)),
         );
-        let mut n = match stall {
+        let mut n = match pace.as_deref_mut() {
             None => w.write_vectored(&slices).await?,
-            Some(d) => tokio::time::timeout(d, w.write_vectored(&slices))
-                .await
-                .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??,
+            Some(p) => match tokio::time::timeout_at(p.deadline(), w.write_vectored(&slices)).await
+            {
+                Ok(r) => r?,
+                Err(_) => {
+                    p.progress(0, false).map_err(too_slow)?;
+                    continue;
+                }
+            },
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
+        let written = n as u64;
         while n > 0 && idx < bufs.len() {
             let rem = bufs[idx].len() - off;
             if n >= rem {
@@ -108,16 +181,32 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
                 n = 0;
             }
         }
+        if let Some(p) = pace.as_deref_mut() {
+            p.progress(written, idx >= bufs.len()).map_err(too_slow)?;
+        }
     }
     Ok(())
 }
 
+fn too_slow(t: TooSlow) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, SlowPeer(t))
+}
+
+/// The error inside a `TimedOut` from [`write_batch_within`].
+#[derive(Debug, thiserror::Error)]
+#[error("the initiator took {} bytes in the last period ({} due)", .0.sent, .0.due)]
+pub struct SlowPeer(pub TooSlow);
+
 /// The writer of one connection: drains the queue, stamps, coalesces into vectored writes, and
 /// gives the connection's output budget back as it goes ([`OutQueue`]). A socket that takes no
-/// byte for `send_timeout` ends the connection.
+/// byte for `send_timeout`, or falls below the least rate ([`SendPace`]), or fails, ends the
+/// connection (its reader is stopped through `conn`, which may be parked in a read of a socket
+/// the peer sends nothing on: a response connection).
+#[allow(clippy::too_many_arguments)]
 pub async fn writer<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::UnboundedReceiver<Out>,
+    conn: std::sync::Weak<Conn>,
     session: Arc<Session>,
     out: Arc<OutQueue>,
     framing: Framing,
@@ -125,9 +214,17 @@ pub async fn writer<W: AsyncWrite + Unpin>(
     send_timeout: Duration,
 ) {
     let mut batch: Vec<Encoded> = Vec::new();
-    let stall = (!send_timeout.is_zero()).then_some(send_timeout);
+    let mut pace = SendPace::new(send_timeout);
+    let mut failed = false;
     loop {
+        // A period of the pace starts with the first batch after the writer had nothing to do.
+        let idle = out.queued() == 0;
         let Some(first) = rx.recv().await else { break };
+        if idle {
+            if let Some(p) = pace.as_mut() {
+                p.restart();
+            }
+        }
         let mut close = false;
         let mut bytes = 0usize;
         let mut queued = 0u64;
@@ -153,17 +250,31 @@ pub async fn writer<W: AsyncWrite + Unpin>(
                 next = rx.try_recv().ok();
             }
         }
-        match write_batch_within(&mut w, &batch, stall).await {
+        match write_batch_within(&mut w, &batch, pace.as_mut()).await {
             Ok(()) => out.sent(queued),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                warn!(
-                    "send timeout: the initiator took no data for {send_timeout:?} ({} bytes queued); dropping the connection",
-                    out.queued()
-                );
+                let sent = e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<SlowPeer>())
+                    .map_or(0, |s| s.0.sent);
+                if sent == 0 {
+                    warn!(
+                        "send timeout: the initiator took no data for {send_timeout:?} ({} bytes queued); dropping the connection",
+                        out.queued()
+                    );
+                } else {
+                    warn!(
+                        "send timeout: the initiator took {sent} bytes in {send_timeout:?}, below {} bytes/s ({} bytes queued); dropping the connection",
+                        SEND_MIN_RATE,
+                        out.queued()
+                    );
+                }
+                failed = true;
                 break;
             }
             Err(e) => {
                 debug!("write failed: {e}");
+                failed = true;
                 break;
             }
         }
@@ -174,6 +285,11 @@ pub async fn writer<W: AsyncWrite + Unpin>(
     }
     // Nothing queued will be sent now: a reader waiting for room must not wait for it.
     out.close();
+    if failed {
+        if let Some(c) = conn.upgrade() {
+            c.stop();
+        }
+    }
     drop(rx);
     let _ = w.shutdown().await;
 }
@@ -211,6 +327,24 @@ impl Reader {
                 }
                 if self.conn.out.is_closed() {
                     break ConnEnd::WriterEnded;
+                }
+                continue;
+            }
+            // In the asymmetric mode this connection's commands are answered on the response
+            // connections: when every one of them is at its budget, wait for room there too.
+            if self.session.ops.asymmetric
+                && self.conn.role == ConnRole::Requests
+                && self.session.responses_full()
+            {
+                let deadline = self.keepalive.deadline();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
+                    _ = sleep_until(deadline) => {
+                        if let Err(e) = self.on_keepalive_timer() {
+                            break e;
+                        }
+                    }
                 }
                 continue;
             }
@@ -541,10 +675,64 @@ mod tests {
             data: Bytes::from_static(b"ping"),
         })
         .encode(&Framing::default())];
-        let e = write_batch_within(&mut Stuck, &batch, Some(Duration::from_millis(30)))
+        let mut pace = SendPace::new(Duration::from_millis(30)).expect("a pace");
+        let e = write_batch_within(&mut Stuck, &batch, Some(&mut pace))
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    /// A peer that reads a little now and then, on tokio's paused clock: 1 KiB every 29 s
+    /// against a 30 s timeout is below the least rate (4 KiB/s, 120 KiB per period) and ends the
+    /// write within two periods; 8 KiB/s keeps it going to the end.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_reads_a_trickle_is_cut_off() {
+        async fn run(chunk: usize, every: Duration) -> (io::Result<()>, Duration) {
+            let (mut near, mut far) = tokio::io::duplex(16 << 10);
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; chunk];
+                loop {
+                    tokio::time::sleep(every).await;
+                    match tokio::io::AsyncReadExt::read(&mut far, &mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+            });
+            let batch = vec![Pdu::NopIn(NopIn {
+                lun: 0,
+                itt: 1,
+                ttt: 0xffff_ffff,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                data: Bytes::from(vec![0u8; 1 << 20]),
+            })
+            .encode(&Framing {
+                max_data_segment_length: 1 << 20,
+                ..Framing::default()
+            })];
+            let t0 = Instant::now();
+            let mut pace = SendPace::new(Duration::from_secs(30)).expect("a pace");
+            let r = write_batch_within(&mut near, &batch, Some(&mut pace)).await;
+            let took = t0.elapsed();
+            drop(near);
+            reader.abort();
+            (r, took)
+        }
+        let (r, took) = run(1024, Duration::from_secs(29)).await;
+        let e = r.expect_err("a trickle is cut off");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        let slow = e
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<SlowPeer>())
+            .expect("the pace says why");
+        assert!(slow.0.sent < slow.0.due, "{:?}", slow.0);
+        assert!(took <= Duration::from_secs(60), "cut off after {took:?}");
+        // 8 KiB/s: 1 MiB in about 128 s, never below the pace.
+        let (r, took) = run(8192, Duration::from_secs(1)).await;
+        assert!(r.is_ok(), "{r:?}");
+        assert!(took >= Duration::from_secs(100), "{took:?}");
     }
 
     #[tokio::test]

@@ -15,45 +15,71 @@ use std::sync::Arc;
 use tracing::{debug, info, Instrument};
 
 /// Runs what came up in CmdSN order: control requests, and held SCSI commands (on this
-/// reader, or as tasks of their own when an ORDERED task is pending).
+/// reader, or as tasks of their own when an ORDERED task is pending). A held command whose
+/// replies would go to a connection at its output budget, and everything after it, go on in a
+/// task of their own that waits for room before each such command: a reader that fills a CmdSN
+/// gap may release a whole window of commands held for another connection, and their output
+/// must not land on a queue the initiator is not reading all at once.
 pub fn run_all(session: &Arc<Session>, ready: InOrder) {
     let mut queue: std::collections::VecDeque<Run> = ready.into();
     while let Some(r) = queue.pop_front() {
-        match r {
-            Run::Control(c, p) => run(session, c, p),
-            Run::Inline(d, claim) => {
-                if let Some(t) = &session.target {
-                    crate::scsi::run_inline(
-                        session,
-                        &t.dev,
-                        &d.conn,
-                        &d.cmd,
-                        d.phase,
-                        d.transfer.as_ref(),
-                        claim,
-                    );
-                }
+        if let Run::Inline(d, claim) = &r {
+            let out = claim.reply.as_ref().unwrap_or(&d.conn);
+            if out.out.full() {
+                queue.push_front(r);
+                let s = session.clone();
+                tokio::spawn(async move {
+                    while let Some(r) = queue.pop_front() {
+                        if let Run::Inline(d, claim) = &r {
+                            let out = claim.reply.as_ref().unwrap_or(&d.conn);
+                            out.out.room().await;
+                        }
+                        run_one(&s, r, &mut queue);
+                    }
+                });
+                return;
             }
-            Run::Task(d) => {
-                let Some(t) = &session.target else { continue };
-                let crate::session::Deferred {
-                    conn,
-                    cmd,
-                    phase,
-                    transfer,
-                } = *d;
-                let more = crate::scsi::start_task(
+        }
+        run_one(session, r, &mut queue);
+    }
+}
+
+/// Runs one thing that came up in CmdSN order; what it puts in order goes to `queue`.
+fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDeque<Run>) {
+    match r {
+        Run::Control(c, p) => run(session, c, p),
+        Run::Inline(d, claim) => {
+            if let Some(t) = &session.target {
+                crate::scsi::run_inline(
                     session,
-                    &conn,
                     &t.dev,
-                    cmd,
-                    phase,
-                    TaskAttribute::Simple,
-                    transfer,
-                    true,
+                    &d.conn,
+                    &d.cmd,
+                    d.phase,
+                    d.transfer.as_ref(),
+                    claim,
                 );
-                queue.extend(more);
             }
+        }
+        Run::Task(d) => {
+            let Some(t) = &session.target else { return };
+            let crate::session::Deferred {
+                conn,
+                cmd,
+                phase,
+                transfer,
+            } = *d;
+            let more = crate::scsi::start_task(
+                session,
+                &conn,
+                &t.dev,
+                cmd,
+                phase,
+                TaskAttribute::Simple,
+                transfer,
+                true,
+            );
+            queue.extend(more);
         }
     }
 }

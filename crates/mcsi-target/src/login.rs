@@ -116,11 +116,26 @@ async fn read_login<S: Stream>(
     }
 }
 
+/// How long one Login Response may take to leave. A response is a few KiB at most; a peer
+/// whose socket takes none of it in this time (one that filled its receive window and stopped
+/// reading) is dropped, also after the login phase's own deadline, when the final response or
+/// a late refusal goes out and would otherwise hold its session and connection slots for ever.
+pub const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 async fn send<S: Stream>(stream: &mut S, r: LoginResponse) -> Result<(), LoginError> {
     let e = Pdu::LoginResponse(r).encode(&Framing::default());
-    crate::conn::write_batch(stream, std::slice::from_ref(&e)).await?;
-    stream.flush().await?;
-    Ok(())
+    let write = async {
+        crate::conn::write_batch(stream, std::slice::from_ref(&e)).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(SEND_LIMIT, write).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the initiator took no Login Response for {SEND_LIMIT:?}"),
+        )
+        .into()),
+    }
 }
 
 /// The server's side of the questions a login raises.

@@ -586,6 +586,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
         conn::writer(
             wr,
             rx,
+            Arc::downgrade(&conn),
             session.clone(),
             out,
             send_framing,

@@ -500,6 +500,10 @@ impl crate::session_core::ConnInfo for Conn {
     fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
         self.tcp_recent()
     }
+
+    fn full(&self) -> bool {
+        self.out.full()
+    }
 }
 
 /// A command that takes its turn in CmdSN order ([`crate::session_core::Ordered`]).
@@ -757,6 +761,17 @@ impl Session {
 
     pub fn conn_count(&self) -> usize {
         self.lock().conn_count()
+    }
+
+    /// Every response connection of the session is at its output budget (asymmetric mode):
+    /// the request connections take no more requests until one has room.
+    pub fn responses_full(&self) -> bool {
+        let core = self.lock();
+        let mut responses = core
+            .conns()
+            .filter(|c| c.role == ConnRole::Responses && !c.is_closed())
+            .peekable();
+        responses.peek().is_some() && responses.all(|c| c.out.full())
     }
 
     /// `conn` leaves on purpose (logout, or a failure the session survives): it is picked for

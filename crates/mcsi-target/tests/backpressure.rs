@@ -530,3 +530,101 @@ async fn writes_whose_data_never_finishes_are_held_to_the_write_budgets() {
         assert!(rounds > 0);
     }
 }
+
+/// The asymmetric mode: commands on one connection, their replies on another that the peer
+/// never reads. The request connection's reader stops once every response connection is at
+/// its budget, so a window of 8 MiB READs of a RAM LUN (run on the reader) queues about one
+/// budget on the response connection, not the whole window (1 GiB). RAM LUN reads are slices
+/// of the LUN's memory, so the figure is the response connection's queue, not the process's
+/// resident size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_on_a_response_connection_never_read_are_bounded() {
+    let _one = SERIAL.lock().await;
+    log();
+    const ASYM: &str = "X-org.mcsi.Asymmetric";
+    const ROLE: &str = "X-org.mcsi.ConnectionRole";
+    const SEND_TIMEOUT: &str = "send timeout: the initiator took no data for 3s";
+    let seen = log_count(SEND_TIMEOUT);
+    let server = start(|l| {
+        server_limits(l);
+        l.nop_interval = Duration::ZERO;
+        l.asymmetric = true;
+    })
+    .await;
+    let (_, alone) = verified_io(&server, 1, 1.0).await;
+    let isid = [0x80, 7, 7, 7, 7, 10];
+    let mut a = Client::normal_isid(&server, isid, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
+    let mut b = Client::connect(&server).await;
+    b.cmd_sn = a.cmd_sn;
+    b.itt = 1 << 20;
+    let r = b
+        .login(isid, a.tsih, 1, &[("TargetName", IQN), (ROLE, "responses")])
+        .await;
+    assert_eq!(r.status_class, 0, "the response connection joins");
+    let mut wire = Vec::new();
+    for _ in 0..128u32 {
+        let r = a.command(
+            &rw10(0x28, 0, 16384),
+            true,
+            false,
+            8 << 20,
+            Bytes::new(),
+            true,
+        );
+        wire.extend_from_slice(&Pdu::ScsiCommand(r).encode(&a.framing).to_vec());
+    }
+    a.s.write_all(&wire).await.unwrap();
+    // The stuck session's queues and commands taken, sampled for 2 s beside another session.
+    let stuck = |snap: &[mcsi_target::stats::SessionSnapshot]| {
+        snap.iter()
+            .find(|s| s.isid == "80070707070a")
+            .map(|s| {
+                let queued = s
+                    .connections
+                    .iter()
+                    .map(|c| c.queued_bytes)
+                    .max()
+                    .unwrap_or(0);
+                let commands: u64 = s.connections.iter().map(|c| c.commands).sum();
+                (queued, commands)
+            })
+            .unwrap_or((0, 0))
+    };
+    let sample = async {
+        let (mut queued, mut commands) = (0u64, 0u64);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(2) {
+            let (q, c) = stuck(&server.snapshot());
+            queued = queued.max(q);
+            commands = commands.max(c);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (queued, commands)
+    };
+    let ((queued, commands), (rounds, during)) = tokio::join!(sample, verified_io(&server, 2, 2.0));
+    println!(
+        "asymmetric, responses never read: 128 READs of 8 MiB sent, {commands} run; at most {:.1} MiB queued on a connection (output budget {:.0} MiB; unbounded: 1024 MiB); other session {alone:.1} MB/s alone, {during:.1} MB/s beside it",
+        mib(queued),
+        mib(BUDGET)
+    );
+    assert!(
+        queued <= BUDGET + (8 << 20) + (1 << 20),
+        "{:.1} MiB queued",
+        mib(queued)
+    );
+    assert!(commands < 128, "every READ ran: the reader did not stop");
+    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    // The response connection took nothing: the send timeout drops it, and with it the
+    // session (ErrorRecoveryLevel 0).
+    let line = logged(SEND_TIMEOUT, seen + 1)
+        .await
+        .expect("no log line for the send timeout");
+    println!("log: {line}");
+    let closed = a.closed_within(Duration::from_secs(10)).await;
+    if !closed {
+        println!("{}", String::from_utf8_lossy(&log().lock().unwrap()));
+        println!("{:?}", server.snapshot());
+    }
+    assert!(closed, "the request connection outlived its session");
+    drop(b);
+}
