@@ -220,6 +220,9 @@ impl LoginEnv for Env<'_> {
         target_name: Option<&str>,
         initiator_name: &str,
     ) -> Result<TargetAccess, Refusal> {
+        if let Err(e) = crate::name::check_peer(initiator_name) {
+            return Err(self.refuse(status::INITIATOR_ERROR, format!("InitiatorName: {e}")));
+        }
         self.initiator = Some(initiator_name.to_owned());
         match (session_type, target_name) {
             (SessionType::Discovery, _) => {
@@ -535,7 +538,14 @@ fn machine_initiator(req: &LoginRequest) -> String {
     mcsi_proto::text::parse(&req.data, &Default::default())
         .ok()
         .and_then(|k| k.into_iter().find(|(k, _)| k == "InitiatorName"))
-        .map(|(_, v)| v)
+        // Not yet checked: escaped, so that a name cannot forge log lines.
+        .map(|(_, v)| {
+            v.chars()
+                .take(256)
+                .collect::<String>()
+                .escape_debug()
+                .to_string()
+        })
         .unwrap_or_else(|| "(not named in this request)".into())
 }
 

@@ -17,6 +17,35 @@ pub enum NameError {
 /// Longest iSCSI name in bytes (RFC 3720 3.2.6.1).
 pub const MAX_NAME_LEN: usize = 223;
 
+/// Checks the InitiatorName a login gives, more leniently than [`validate`] (initiators in the
+/// field send upper case and other characters that stringprep would fold): at most 223 bytes,
+/// one of the three formats by its prefix (any case), and no control character, quote or
+/// backslash. The name goes into logs, `/state` and metric labels, where those would let an
+/// initiator forge lines.
+pub fn check_peer(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(NameError::TooLong(name.chars().take(64).collect()));
+    }
+    let shown = || name.escape_debug().to_string();
+    let prefix = name.get(..4).map(str::to_ascii_lowercase);
+    if !matches!(prefix.as_deref(), Some("iqn." | "eui." | "naa.")) {
+        return Err(NameError::UnknownFormat(shown()));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_control() || c == '"' || c == '\\' || c.is_whitespace())
+    {
+        return Err(NameError::Invalid {
+            name: shown(),
+            why: "control characters, white space, quotes and backslashes are not allowed",
+        });
+    }
+    Ok(())
+}
+
 /// Checks an iSCSI name. Names are compared case-insensitively on the wire after stringprep; we
 /// only accept the already-normalised form (lower case), as RFC 3722 output would be.
 pub fn validate(name: &str) -> Result<(), NameError> {
@@ -83,6 +112,32 @@ pub fn validate(name: &str) -> Result<(), NameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_name_is_checked_leniently_but_cannot_forge_lines() {
+        for ok in [
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-inq",
+            "iqn.1991-05.com.microsoft:HOST-01",
+            "IQN.1994-05.com.redhat:abc",
+            "eui.02004567A425678D",
+        ] {
+            assert_eq!(check_peer(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "host01",
+            "iqn.2026-01.org.x:a\"} 1\nfake_metric 99",
+            "iqn.2026-01.org.x:a\\b",
+            "iqn.2026-01.org.x:a b",
+            "iqn.2026-01.org.x:\u{7}",
+        ] {
+            assert!(check_peer(bad).is_err(), "{bad:?}");
+        }
+        assert!(matches!(
+            check_peer(&format!("iqn.2026-01.org.x:{}", "a".repeat(300))),
+            Err(NameError::TooLong(_))
+        ));
+    }
 
     #[test]
     fn accepts_rfc_examples() {

@@ -432,11 +432,11 @@ impl Metrics {
                 .inc();
             for c in &s.connections {
                 let k = ConnLabels {
-                    target: target.clone(),
-                    initiator: s.initiator.clone(),
+                    target: label_value(target),
+                    initiator: label_value(&s.initiator),
                     session: s.tsih.to_string(),
                     cid: c.cid.to_string(),
-                    peer: c.peer.clone(),
+                    peer: label_value(&c.peer),
                     congestion: c.congestion.clone().unwrap_or_default(),
                 };
                 l.commands.get_or_create(&k).inc_by(c.commands);
@@ -523,6 +523,22 @@ pub struct SessionSnapshot {
     pub connections: Vec<ConnSnapshot>,
 }
 
+/// A label value as the text exposition format wants it: backslash, double quote and line feed
+/// escaped (prometheus-client writes values as given). Initiator names are checked at login
+/// ([`crate::name::check_peer`]); this keeps any other value from breaking a scrape.
+pub fn label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Every session's connections with their TCP state, sampled now.
 pub fn snapshot(shared: &Shared) -> Vec<SessionSnapshot> {
     let mut out: Vec<SessionSnapshot> =
@@ -561,5 +577,16 @@ fn conn_snapshot(c: &Conn) -> ConnSnapshot {
         queued_bytes: c.out.queued(),
         output_budget: c.out.budget(),
         tcp: c.sock.as_ref().and_then(|s| mcsi_tcp::tcp_state(s).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_cannot_end_their_quotes_or_lines() {
+        assert_eq!(label_value("iqn.2026-01.org.x:a"), "iqn.2026-01.org.x:a");
+        assert_eq!(label_value("a\"} 1\nfake 2 \\"), "a\\\"} 1\\nfake 2 \\\\");
     }
 }

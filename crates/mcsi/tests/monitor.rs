@@ -151,6 +151,14 @@ fn metrics_pass_promtool() {
     }
     let t = start_target();
     let url = format!("iscsi://{}/{IQN}/0", t.portal);
+    // A login whose InitiatorName would forge metric lines is refused (2/00), and leaves no
+    // series behind.
+    let hostile = "iqn.2026-01.org.x:a\"} 1\nmcsi_forged_total 99\n#";
+    let out = Command::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args(["bench", &url, "--initiator-name", hostile, "--runtime", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the hostile login was accepted");
     let out = Command::new(env!("CARGO_BIN_EXE_mcsi"))
         .args([
             "bench",
@@ -194,6 +202,7 @@ fn metrics_pass_promtool() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let _ = bench.wait();
+    assert!(!text.contains("mcsi_forged_total"), "{text}");
     assert!(
         text.contains(&format!("mcsi_target_sessions{{target=\"{IQN}\"}} 1")),
         "{text}"

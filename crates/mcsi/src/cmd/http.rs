@@ -17,7 +17,18 @@ pub trait Source: Send + Sync + 'static {
     fn state(&self) -> serde_json::Value;
 }
 
-/// Binds `addr` and serves until the runtime ends. Returns the bound address.
+/// Connections the endpoint serves at once; more are closed as soon as they are accepted, so
+/// that slow or idle clients cannot use up the process's file descriptors.
+pub const MAX_CONNECTIONS: usize = 32;
+/// Time a client has to send its request's headers.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Time one connection may last, request and answer (one request per connection).
+pub const CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Binds `addr` and serves until the runtime ends. Returns the bound address. The endpoint
+/// takes one request per connection, at most [`MAX_CONNECTIONS`] at once, each within
+/// [`CONNECTION_TIMEOUT`]. An address other than loopback is served with a warning: `/state`
+/// names the initiators and their ISIDs.
 pub async fn serve(addr: &str, source: Arc<dyn Source>) -> anyhow::Result<SocketAddr> {
     let addr: SocketAddr = addr
         .parse()
@@ -26,10 +37,21 @@ pub async fn serve(addr: &str, source: Arc<dyn Source>) -> anyhow::Result<Socket
         .await
         .with_context(|| format!("--metrics: cannot listen on {addr}"))?;
     let local = l.local_addr()?;
+    if !local.ip().is_loopback() {
+        tracing::warn!(
+            "--metrics {local}: reachable from the network without authentication; /state names the initiators and their ISIDs (bind 127.0.0.1 unless a firewall limits access)"
+        );
+    }
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = l.accept().await else {
+            let Ok((stream, peer)) = l.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, "metrics endpoint: {MAX_CONNECTIONS} connections already; closing");
+                drop(stream);
                 continue;
             };
             let source = source.clone();
@@ -39,9 +61,13 @@ pub async fn serve(addr: &str, source: Arc<dyn Source>) -> anyhow::Result<Socket
                     async move { Ok::<_, std::convert::Infallible>(answer(&*source, &req)) }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, svc)
-                    .await;
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .keep_alive(false)
+                    .serve_connection(io, svc);
+                let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+                drop(slot);
             });
         }
     });
@@ -145,6 +171,54 @@ pub fn unix_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Empty;
+    impl super::Source for Empty {
+        fn metrics(&self) -> String {
+            "# EOF\n".into()
+        }
+        fn state(&self) -> serde_json::Value {
+            serde_json::json!({})
+        }
+    }
+
+    /// Clients that connect and send nothing are closed after the header timeout and take no
+    /// more than the cap; a client that asks is answered meanwhile, once a slot is free.
+    #[tokio::test]
+    async fn idle_clients_are_capped_and_timed_out() {
+        let at = super::serve("127.0.0.1:0", std::sync::Arc::new(Empty))
+            .await
+            .expect("bound");
+        let mut idle = Vec::new();
+        for _ in 0..super::MAX_CONNECTIONS + 8 {
+            idle.push(tokio::net::TcpStream::connect(at).await.expect("connect"));
+        }
+        // Those beyond the cap are closed at once.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let closed_now = idle
+            .iter()
+            .filter(|s| matches!(s.try_read(&mut [0u8; 1]), Ok(0)))
+            .count();
+        assert_eq!(closed_now, 8);
+        // The others are closed by the header timeout.
+        let t0 = std::time::Instant::now();
+        for s in idle.iter_mut() {
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut b)).await;
+            assert!(matches!(r, Ok(Ok(_)) | Ok(Err(_))), "still open");
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        // Then a scrape is answered.
+        let mut c = tokio::net::TcpStream::connect(at).await.expect("connect");
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("sent");
+        let mut text = String::new();
+        c.read_to_string(&mut text).await.expect("answer");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+
     #[test]
     fn openmetrics_counters_become_classic() {
         let open = "# HELP a_bytes Bytes.\n# TYPE a_bytes counter\n# UNIT a_bytes bytes\na_bytes_total{x=\"1\"} 5\n# HELP g A gauge.\n# TYPE g gauge\ng 2\n# EOF\n";
