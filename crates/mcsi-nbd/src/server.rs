@@ -108,10 +108,19 @@ pub struct ServerOptions {
     pub max_requests: usize,
     /// Bytes of READ and WRITE payload in flight per NBD connection.
     pub max_buffered: usize,
+    /// Bytes of READ and WRITE payload in flight over all NBD connections together.
+    pub max_buffered_total: usize,
     /// NBD connections at once; more are closed as they arrive.
     pub max_connections: usize,
     /// Time a client has to choose an export.
     pub handshake_timeout: Duration,
+    /// A reply the client takes no byte of for this long ends its connection (its requests'
+    /// permits come back, and the server can stop). Zero: never.
+    pub write_timeout: Duration,
+    /// A connection that sends no request for this long is closed. Zero (the default): never,
+    /// since the kernel's nbd client keeps its connections for as long as the device is set up,
+    /// however idle.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -119,8 +128,11 @@ impl Default for ServerOptions {
         ServerOptions {
             max_requests: 128,
             max_buffered: 64 << 20,
+            max_buffered_total: 256 << 20,
             max_connections: 64,
             handshake_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::ZERO,
         }
     }
 }
@@ -158,6 +170,8 @@ struct Slot<E> {
 pub struct Server<E: Export> {
     slots: Vec<Slot<E>>,
     opts: ServerOptions,
+    /// The payload budget of all connections together (bytes).
+    total: Arc<Semaphore>,
 }
 
 /// Where the server listens.
@@ -209,6 +223,7 @@ struct Reply {
 struct Permits {
     _req: tokio::sync::OwnedSemaphorePermit,
     _bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+    _total: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<E: Export> Server<E> {
@@ -236,10 +251,19 @@ impl<E: Export> Server<E> {
                 ));
             }
         }
-        if opts.max_requests == 0 || opts.max_buffered == 0 {
-            return Err("max_requests and max_buffered must be positive".into());
+        if opts.max_requests == 0 || opts.max_buffered == 0 || opts.max_buffered_total == 0 {
+            return Err(
+                "max_requests, max_buffered and max_buffered_total must be positive".into(),
+            );
         }
+        if opts.max_connections == 0 {
+            return Err("max_connections must be positive".into());
+        }
+        let total = Arc::new(Semaphore::new(
+            opts.max_buffered_total.min(Semaphore::MAX_PERMITS),
+        ));
         Ok(Server {
+            total,
             slots: exports
                 .into_iter()
                 .map(|export| Slot {
@@ -555,9 +579,16 @@ impl<E: Export> Server<E> {
         let bytes = Arc::new(Semaphore::new(opts.max_buffered));
         let (tx, rx) = mpsc::channel::<Reply>(opts.max_requests);
         let (dead_tx, mut dead) = watch::channel(false);
-        let writer = tokio::spawn(write_replies(wr, rx, chosen.structured, dead_tx));
+        let writer = tokio::spawn(write_replies(
+            wr,
+            rx,
+            chosen.structured,
+            dead_tx,
+            opts.write_timeout,
+        ));
         let slot_index = chosen.slot;
         let max_payload = self.slots[slot_index].export.info().max_payload;
+        let idle = opts.idle_timeout;
         let why = loop {
             let mut h = [0u8; Request::LEN];
             tokio::select! {
@@ -569,7 +600,10 @@ impl<E: Export> Server<E> {
                     };
                 },
                 _ = flag(&mut stop) => break "the server is stopping".into(),
-                _ = flag(&mut dead) => break "writing a reply failed".into(),
+                _ = flag(&mut dead) => break "writing a reply failed or timed out".into(),
+                _ = tokio::time::sleep(idle), if !idle.is_zero() => {
+                    break format!("no request for {idle:?}; closing");
+                }
             }
             let req = match Request::parse(&h) {
                 Ok(r) => r,
@@ -587,31 +621,31 @@ impl<E: Export> Server<E> {
                 );
             }
             // Bounds first: a request waits here, before its data is read or allocated, until
-            // earlier ones have been answered.
-            let Ok(req_permit) = Arc::clone(&reqs).acquire_owned().await else {
-                break "internal: request limit closed".into();
+            // earlier ones have been answered (on this connection, and on all of them for the
+            // server's payload budget). The wait ends when the server stops or the writer
+            // gives up, so a client that stops reading cannot hold the server's stop.
+            let want = payload.min(max_payload);
+            let permits = tokio::select! {
+                p = self.permits(&reqs, &bytes, want) => p,
+                _ = flag(&mut stop) => break "the server is stopping".into(),
+                _ = flag(&mut dead) => break "writing a reply failed or timed out".into(),
             };
-            let want = payload.min(max_payload).min(opts.max_buffered as u32);
-            let byte_permit = if want > 0 {
-                match Arc::clone(&bytes).acquire_many_owned(want).await {
-                    Ok(p) => Some(p),
-                    Err(_) => break "internal: byte limit closed".into(),
-                }
-            } else {
-                None
+            let Some(permits) = permits else {
+                break "internal: a limit closed".into();
             };
             let data = if req.kind == cmd::WRITE {
                 let mut b = BytesMut::zeroed(req.length as usize);
-                if let Err(e) = rd.read_exact(&mut b).await {
+                let read = tokio::select! {
+                    r = rd.read_exact(&mut b) => r.map(|_| ()),
+                    _ = flag(&mut stop) => break "the server is stopping in a WRITE's data".into(),
+                    _ = flag(&mut dead) => break "writing a reply failed or timed out".into(),
+                };
+                if let Err(e) = read {
                     break format!("reading the data of a WRITE failed: {e}");
                 }
                 b.freeze()
             } else {
                 Bytes::new()
-            };
-            let permits = Permits {
-                _req: req_permit,
-                _bytes: byte_permit,
             };
             let me = Arc::clone(&self);
             let tx = tx.clone();
@@ -642,6 +676,35 @@ impl<E: Export> Server<E> {
         drop(tx);
         let _ = writer.await;
         why
+    }
+
+    /// A request's permits: one of the connection's requests, and room for its payload in the
+    /// connection's and the server's budgets (a payload larger than a whole budget waits for
+    /// all of it).
+    async fn permits(
+        &self,
+        reqs: &Arc<Semaphore>,
+        bytes: &Arc<Semaphore>,
+        want: u32,
+    ) -> Option<Permits> {
+        let req = Arc::clone(reqs).acquire_owned().await.ok()?;
+        let (mut own, mut total) = (None, None);
+        if want > 0 {
+            let n = want.min(self.opts.max_buffered.min(u32::MAX as usize) as u32);
+            own = Some(Arc::clone(bytes).acquire_many_owned(n).await.ok()?);
+            let n = want.min(self.opts.max_buffered_total.min(u32::MAX as usize) as u32);
+            total = Some(Arc::clone(&self.total).acquire_many_owned(n).await.ok()?);
+        }
+        Some(Permits {
+            _req: req,
+            _bytes: own,
+            _total: total,
+        })
+    }
+
+    /// Bytes of the server's payload budget free now.
+    pub fn buffered_available(&self) -> usize {
+        self.total.available_permits()
     }
 
     async fn handle(&self, slot: &Slot<E>, req: Request, data: Bytes) -> Result<Done, NbdError> {
@@ -830,13 +893,16 @@ async fn flag(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Writes replies in the order requests finish, batching what is ready into one flush.
+/// A reply (and the flush after a batch) that makes no progress for `timeout` fails the
+/// connection: the client has stopped reading.
 async fn write_replies<W: AsyncWrite + Unpin>(
     w: W,
     mut rx: mpsc::Receiver<Reply>,
     structured: bool,
     dead: watch::Sender<bool>,
+    timeout: Duration,
 ) {
-    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let mut w = BufWriter::with_capacity(256 << 10, Stalls::new(w, timeout));
     let mut failed = false;
     while let Some(r) = rx.recv().await {
         if failed {
@@ -849,7 +915,11 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             other => other,
         };
         if let Err(e) = res {
-            debug!("NBD reply write failed: {e}");
+            if e.kind() == io::ErrorKind::TimedOut {
+                warn!("NBD client took no reply data for {timeout:?}; closing its connection");
+            } else {
+                debug!("NBD reply write failed: {e}");
+            }
             failed = true;
             let _ = dead.send(true);
         }
@@ -857,6 +927,83 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     if !failed {
         let _ = w.flush().await;
         let _ = w.shutdown().await;
+    }
+}
+
+/// A writer whose writes fail with `TimedOut` when the socket takes no byte for the timeout
+/// (zero: never).
+struct Stalls<W> {
+    inner: W,
+    timeout: Duration,
+    /// Armed while a write is pending.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<W> Stalls<W> {
+    fn new(inner: W, timeout: Duration) -> Self {
+        Stalls {
+            inner,
+            timeout,
+            timer: None,
+        }
+    }
+
+    /// After the inner writer said Pending: Ready(err) once the timer has run out.
+    fn stalled(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Error> {
+        if self.timeout.is_zero() {
+            return std::task::Poll::Pending;
+        }
+        let t = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.timeout)));
+        match t.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => {
+                std::task::Poll::Ready(io::Error::from(io::ErrorKind::TimedOut))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Stalls<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.inner).poll_write(cx, buf) {
+            std::task::Poll::Ready(r) => {
+                self.timer = None;
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match std::pin::Pin::new(&mut self.inner).poll_flush(cx) {
+            std::task::Poll::Ready(r) => {
+                self.timer = None;
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match std::pin::Pin::new(&mut self.inner).poll_shutdown(cx) {
+            std::task::Poll::Ready(r) => {
+                self.timer = None;
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => self.stalled(cx).map(Err),
+        }
     }
 }
 

@@ -413,3 +413,70 @@ async fn many_in_flight_and_a_stop_answers_them() {
     assert_eq!(c.s.read(&mut b).await.unwrap(), 0);
     h.await.unwrap();
 }
+
+/// A client that sends READs and never reads its socket: it holds at most its connection's
+/// payload budget, another client is served meanwhile, and a stop still ends the server (the
+/// stuck connection's writer gives up after the write timeout and its permits come back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_neither_blocks_the_stop_nor_locks_others_out() {
+    let m = Mem::new("m", 16 << 20, false);
+    let opts = ServerOptions {
+        max_buffered: 4 << 20,
+        max_buffered_total: 8 << 20,
+        write_timeout: Duration::from_secs(2),
+        ..ServerOptions::default()
+    };
+    let (addr, stop, h) = start(vec![Arc::clone(&m)], opts).await;
+    let mut stuck = Client::go_structured(addr, "m").await;
+    for i in 0..64u64 {
+        stuck
+            .send(0, cmd::READ, i, (i % 16) << 20, 1 << 20, &[])
+            .await;
+    }
+    // Another client is answered while the stuck one holds its budget.
+    let mut good = Client::go_structured(addr, "m").await;
+    let t0 = std::time::Instant::now();
+    for i in 0..64u64 {
+        good.send(0, cmd::READ, 1000 + i, i << 16, 64 << 10, &[])
+            .await;
+        let (cookie, err, d) = tokio::time::timeout(Duration::from_secs(5), good.reply())
+            .await
+            .expect("the other client is answered");
+        assert_eq!((cookie, err, d.len()), (1000 + i, 0, 64 << 10));
+    }
+    println!(
+        "64 reads of 64 KiB beside a stuck client: {:?}",
+        t0.elapsed()
+    );
+    // The stop ends the server although the stuck client never reads: within the write
+    // timeout and a margin.
+    let t0 = std::time::Instant::now();
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), h)
+        .await
+        .expect("the server stopped")
+        .unwrap();
+    println!("stopped {:?} after the stop was asked", t0.elapsed());
+    drop(stuck);
+}
+
+/// With an idle timeout, a connection that sends nothing is closed.
+#[tokio::test]
+async fn an_idle_connection_is_closed_when_asked() {
+    let m = Mem::new("m", 1 << 20, false);
+    let opts = ServerOptions {
+        idle_timeout: Duration::from_millis(300),
+        ..ServerOptions::default()
+    };
+    let (addr, stop, h) = start(vec![Arc::clone(&m)], opts).await;
+    let mut c = Client::go_structured(addr, "m").await;
+    c.send(0, cmd::READ, 1, 0, 4096, &[]).await;
+    assert_eq!(c.reply().await.1, 0);
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(3), c.s.read(&mut b))
+        .await
+        .expect("closed within 3 s");
+    assert_eq!(r.unwrap(), 0);
+    stop.send(true).unwrap();
+    h.await.unwrap();
+}

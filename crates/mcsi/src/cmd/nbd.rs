@@ -40,6 +40,16 @@ pub struct Args {
     /// Largest READ or WRITE an NBD client may send (smaller if the LUN's Block Limits say so).
     #[arg(long, default_value = "32MiB", value_name = "SIZE")]
     pub max_payload: String,
+    /// NBD connections at once; more are closed as they arrive.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_connections: u32,
+    /// A connection whose client takes no reply data for this long is closed ("0": never).
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub write_timeout: String,
+    /// A connection that sends no request for this long is closed (default "0": never; the
+    /// kernel's nbd client keeps its connection however idle the device is).
+    #[arg(long, default_value = "0", value_name = "DURATION")]
+    pub idle_timeout: String,
     /// Threads that run the server and the sessions (1: everything on one thread, which leaves
     /// the other cores to the client and, on a shared machine, the target).
     #[arg(long, default_value_t = 1)]
@@ -342,10 +352,20 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         exports.push(e);
     }
     let names: Vec<String> = exports.iter().map(|e| e.info.name.clone()).collect();
+    let duration = |v: &str, flag: &str| {
+        mcsi_units::parse_duration(v, mcsi_units::BareUnit::Seconds)
+            .map_err(|e| anyhow::anyhow!("{flag}: {e} (e.g. 30s, 5m, 0 for never)"))
+    };
+    // Room for the largest request in flight, and a few more, per connection; four
+    // connections' worth over all of them.
+    let max_buffered = (64usize << 20).max(4 * max_payload as usize);
     let opts = ServerOptions {
         max_requests: args.max_requests,
-        // Room for the largest request in flight, and a few more.
-        max_buffered: (64usize << 20).max(4 * max_payload as usize),
+        max_buffered,
+        max_buffered_total: 4 * max_buffered,
+        max_connections: args.max_connections as usize,
+        write_timeout: duration(&args.write_timeout, "--write-timeout")?,
+        idle_timeout: duration(&args.idle_timeout, "--idle-timeout")?,
         ..ServerOptions::default()
     };
     let server = Arc::new(Server::new(exports.clone(), opts).map_err(anyhow::Error::msg)?);
