@@ -305,9 +305,22 @@ fn pad4(n: usize) -> usize {
 }
 
 /// Bytes needed for the next PDU once its BHS is in `buf` (for read sizing); `None` if fewer than
-/// 48 bytes are buffered.
+/// 48 bytes are buffered. Never more than [`max_pdu_len`]: with header digests the length
+/// fields are read before the digest has vouched for them (and before [`decode`] refuses a data
+/// segment over the limit), so a peer's bogus length must not size a reservation.
 pub fn pdu_len(buf: &[u8], framing: &Framing) -> Option<usize> {
-    Bhs::new(buf).map(|b| b.pdu_len(framing))
+    Bhs::new(buf).map(|b| b.pdu_len(framing).min(max_pdu_len(framing)))
+}
+
+/// The largest PDU [`decode`] takes under `framing`: BHS, the largest AHS, header digest, the
+/// largest data segment with its padding, data digest.
+pub fn max_pdu_len(framing: &Framing) -> usize {
+    let data_digest = if framing.data_digest { 4 } else { 0 };
+    BHS_LEN
+        + 1020
+        + framing.header_digest_len()
+        + pad4(framing.max_data_segment_length as usize)
+        + data_digest
 }
 
 /// Decode one PDU from the front of `buf`.

@@ -495,3 +495,22 @@ fn data_in_without_status_ignores_reserved_fields() {
     let mut buf = BytesMut::from(&again[..]);
     assert_eq!(decode(&mut buf, &plain()).unwrap().unwrap(), pdu);
 }
+
+/// A header whose data segment length is over the limit sizes no reservation beyond the largest
+/// PDU the framing takes, even before the header digest has been read and checked.
+#[test]
+fn a_bogus_length_does_not_size_a_reservation() {
+    let mut bhs = vec![0u8; BHS_LEN];
+    bhs[0] = 0x01;
+    // DataSegmentLength 0xFFFFFF (16 MiB), TotalAHSLength 255 words.
+    bhs[4] = 255;
+    bhs[5..8].copy_from_slice(&[0xff, 0xff, 0xff]);
+    let f = digests();
+    let got = pdu_len(&bhs, &f).expect("a BHS");
+    assert_eq!(got, max_pdu_len(&f));
+    assert!(got <= BHS_LEN + 1020 + 4 + 8192 + 4, "{got}");
+    // Within the limit, the length is the PDU's.
+    bhs[4] = 0;
+    bhs[5..8].copy_from_slice(&[0, 0x10, 0]);
+    assert_eq!(pdu_len(&bhs, &f), Some(BHS_LEN + 4 + 4096 + 4));
+}

@@ -90,16 +90,63 @@ pub fn run(session: &Arc<Session>, conn: Arc<Conn>, p: Pdu) {
         Pdu::NopOut(n) => nop(&conn, n),
         Pdu::TextRequest(t) => crate::text::handle(&session.shared, session, &conn, t),
         Pdu::LogoutRequest(l) => {
+            let Some(slot) = control_slot(session, &conn, l.immediate, || {
+                Pdu::LogoutRequest(l.clone())
+            }) else {
+                return;
+            };
             let s = session.clone();
             let span = conn.span.clone();
-            tokio::spawn(async move { logout(&s, &conn, l).await }.instrument(span));
+            tokio::spawn(
+                async move {
+                    logout(&s, &conn, l).await;
+                    drop(slot);
+                }
+                .instrument(span),
+            );
         }
         Pdu::TaskMgmtRequest(t) => {
+            let Some(slot) = control_slot(session, &conn, t.immediate, || {
+                Pdu::TaskMgmtRequest(t.clone())
+            }) else {
+                return;
+            };
             let s = session.clone();
             let span = conn.span.clone();
-            tokio::spawn(async move { tmf(&s, &conn, t).await }.instrument(span));
+            tokio::spawn(
+                async move {
+                    tmf(&s, &conn, t).await;
+                    drop(slot);
+                }
+                .instrument(span),
+            );
         }
         other => conn.send(reject_pdu(reject_reason::PROTOCOL_ERROR, &other)),
+    }
+}
+
+/// Task management and logout requests a session handles at once (each waits for the tasks it
+/// aborts to end). Immediate ones are not bounded by the CmdSN window: beyond this many, an
+/// immediate request is rejected (reason 0x06, too many immediate commands, RFC 7143 11.17.1).
+pub const MAX_CONTROL_TASKS: usize = 16;
+
+/// A slot for one more task management or logout handler: `None`, with the request rejected,
+/// when an immediate request finds them all taken. A request in CmdSN order always gets one
+/// (the window bounds those).
+fn control_slot(
+    session: &Session,
+    conn: &Conn,
+    immediate: bool,
+    pdu: impl FnOnce() -> Pdu,
+) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+    match session.control_slots.clone().try_acquire_owned() {
+        Ok(p) => Some(Some(p)),
+        Err(_) if !immediate => Some(None),
+        Err(_) => {
+            debug!(parent: &conn.span, "{MAX_CONTROL_TASKS} task management or logout requests in progress: rejecting an immediate one");
+            conn.send(reject_pdu(reject_reason::IMMEDIATE_COMMAND_REJECT, &pdu()));
+            None
+        }
     }
 }
 

@@ -286,7 +286,12 @@ impl LoginEnv for Env<'_> {
         if tsih == 0 {
             // Reinstating an older session of this initiator port happens once the login has
             // succeeded (crate::server::attach).
-            return Ok(self.shared.alloc_tsih());
+            return self.shared.alloc_tsih().ok_or_else(|| {
+                self.refuse(
+                    status::OUT_OF_RESOURCES,
+                    "every TSIH (65,535 sessions) is in use".into(),
+                )
+            });
         }
         let Some(s) = self.shared.session(tsih).filter(|s| {
             s.isid == isid

@@ -159,15 +159,16 @@ impl Shared {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A TSIH not in use (never 0, RFC 7143 11.12.6).
-    pub fn alloc_tsih(&self) -> u16 {
+    /// A TSIH not in use (never 0, RFC 7143 11.12.6); `None` when all 65,535 are.
+    pub fn alloc_tsih(&self) -> Option<u16> {
         let map = self.sessions();
-        loop {
-            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
-            if t != 0 && !map.contains_key(&t) {
-                return t;
-            }
+        if map.len() >= usize::from(u16::MAX) {
+            return None;
         }
+        (0..=u16::MAX).find_map(|_| {
+            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+            (t != 0 && !map.contains_key(&t)).then_some(t)
+        })
     }
 
     pub fn session(&self, tsih: u16) -> Option<Arc<Session>> {
@@ -632,6 +633,8 @@ pub struct Session {
     read_budget_kib: u32,
     /// The session's write budget ([`Session::write_permits`]).
     write_budget: Budget,
+    /// Task management and logout handlers running ([`crate::control::MAX_CONTROL_TASKS`]).
+    pub control_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Session {
@@ -694,6 +697,9 @@ impl Session {
             read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
             read_budget_kib,
             write_budget,
+            control_slots: Arc::new(tokio::sync::Semaphore::new(
+                crate::control::MAX_CONTROL_TASKS,
+            )),
             core: Mutex::new(core),
         })
     }
@@ -1068,6 +1074,21 @@ mod tests {
             SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
             1,
         )
+    }
+
+    #[test]
+    fn tsihs_run_out_without_spinning() {
+        let shared = Arc::new(Shared::new(Vec::new(), AuthSpec::default()));
+        let mut held = 0u32;
+        while let Some(t) = shared.alloc_tsih() {
+            shared.insert(session(&shared, t, 1, "iqn.2026-01.org.mcsi:a"));
+            held += 1;
+            assert!(held <= 65_535);
+        }
+        assert_eq!(held, 65_535);
+        assert_eq!(shared.alloc_tsih(), None);
+        shared.remove(&shared.session(77).expect("held"));
+        assert_eq!(shared.alloc_tsih(), Some(77));
     }
 
     #[test]

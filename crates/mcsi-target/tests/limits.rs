@@ -632,3 +632,103 @@ async fn unsolicited_data_beyond_first_burst_length_drops_the_connection() {
     assert!(c.closed_by_target().await);
     assert!(blocks_at_2000(&server).await.iter().all(|&b| b == 0));
 }
+
+/// A RAM backend whose reads take 1.5 s (on the blocking pool, where they cannot be cut short).
+struct SlowReads(std::sync::Arc<dyn mcsi_scsi::backend::Backend>);
+
+impl mcsi_scsi::backend::Backend for SlowReads {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), mcsi_scsi::backend::BackendError> {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), mcsi_scsi::backend::BackendError> {
+        self.0.write_at(offset, data)
+    }
+    fn flush(&self) -> Result<(), mcsi_scsi::backend::BackendError> {
+        self.0.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), mcsi_scsi::backend::BackendError> {
+        self.0.unmap(offset, len)
+    }
+    fn mapped(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64, bool)>, mcsi_scsi::backend::BackendError> {
+        self.0.mapped(offset, len)
+    }
+    fn blocking(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        "slow reads".into()
+    }
+}
+
+/// Immediate task management requests bypass the CmdSN window: beyond 16 handlers waiting on
+/// one session (each for the task it aborts to end), more are rejected with reason 0x06 (too
+/// many immediate commands) instead of piling up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_task_management_beyond_the_cap_is_rejected() {
+    let slow = std::sync::Arc::new(SlowReads(
+        mcsi_scsi::backend::open_backend("ram:4MiB").unwrap(),
+    ));
+    let server = start_with(|c| {
+        c.targets[0].luns = vec![mcsi_target::config::LunSpec::new(
+            slow as std::sync::Arc<dyn mcsi_scsi::backend::Backend>,
+        )]
+    })
+    .await;
+    let mut c = Client::normal(&server, &[]).await;
+    // TEST UNIT READY until the power-on unit attention is gone.
+    for _ in 0..3 {
+        let t = c.command(&[0; 6], false, false, 0, Bytes::new(), true);
+        c.send(Pdu::ScsiCommand(t)).await;
+        if let Pdu::ScsiResponse(r) = c.recv().await {
+            if r.status == 0 {
+                break;
+            }
+        }
+    }
+    let r = c.command(&rw10(0x28, 0, 8), true, false, 4096, Bytes::new(), true);
+    c.send(Pdu::ScsiCommand(r)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut wire = Vec::new();
+    for _ in 0..40 {
+        let itt = c.next_itt();
+        let t = Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function: 2,
+            lun: 0,
+            itt,
+            referenced_task_tag: RESERVED_TAG,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 0,
+            exp_data_sn: 0,
+        });
+        wire.extend_from_slice(&t.encode(&c.framing).to_vec());
+    }
+    tokio::io::AsyncWriteExt::write_all(&mut c.s, &wire)
+        .await
+        .unwrap();
+    let (mut rejected, mut answered) = (0, 0);
+    while rejected + answered < 40 {
+        match c.recv().await {
+            Pdu::Reject(r) => {
+                assert_eq!(r.reason, 0x06, "too many immediate commands");
+                rejected += 1;
+            }
+            Pdu::TaskMgmtResponse(r) => {
+                assert_eq!(r.response, 0);
+                answered += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    println!("40 immediate ABORT TASK SETs while a read holds them: {answered} answered, {rejected} rejected");
+    assert_eq!((answered, rejected), (16, 24));
+}
