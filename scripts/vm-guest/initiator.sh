@@ -93,6 +93,8 @@ for kv in authmethod=CHAP username=$CHAP_USER password=$CHAP_SECRET username_in=
 done
 iscsiadm -m discoverydb -t sendtargets -p "$P" --discover | grep -q "$IQN" || fail "CHAP discovery"
 set_node node.session.auth.authmethod CHAP
+# open-iscsi offers only MD5 unless told otherwise; mcsi allows MD5 only when configured to.
+set_node node.session.auth.chap_algs SHA3-256,SHA256,SHA1,MD5
 set_node node.session.auth.username "$CHAP_USER"
 set_node node.session.auth.username_in "$TGT_USER"
 set_node node.session.auth.password_in "$TGT_SECRET"

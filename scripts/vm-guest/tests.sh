@@ -29,6 +29,8 @@ listen = ["$HOST_IP:$port"]
 
 [discovery.auth]
 chap = [$chap]
+# open-iscsi's discovery offers only MD5 (its node sessions are told to offer SHA too).
+chap_algorithms = ["SHA256", "MD5"]
 
 [[targets]]
 iqn = "$iqn"

@@ -107,6 +107,12 @@ pub struct FileAuth {
     /// Source networks allowed in ("10.0.0.0/8", "::1/128", or an address); none means any.
     #[serde(default)]
     pub allow_networks: Vec<String>,
+    /// CHAP algorithms allowed ("SHA3-256", "SHA256", "SHA1", "MD5"); default all but MD5.
+    pub chap_algorithms: Option<Vec<String>>,
+    /// Accept CHAP secrets shorter than 12 bytes (RFC 7143 9.2.1 wants 12 or more unless the
+    /// channel is protected otherwise, e.g. by IPsec).
+    #[serde(default)]
+    pub allow_short_secrets: bool,
 }
 
 /// One CHAP user: the name and secret an initiator proves, and for mutual CHAP the name and
@@ -202,6 +208,33 @@ pub struct AuthSpec {
     pub allow_initiators: Vec<String>,
     /// Allowed source networks; empty: any.
     pub allow_networks: Vec<Network>,
+    /// CHAP algorithms allowed; empty: [`DEFAULT_CHAP_ALGORITHMS`].
+    pub chap_algorithms: Vec<mcsi_proto::chap::ChapAlgorithm>,
+}
+
+/// The CHAP algorithms a target allows unless told otherwise: every one but MD5, which is
+/// broken as a hash (an initiator that offers only MD5, such as libiscsi, needs
+/// `chap_algorithms` to name it).
+pub const DEFAULT_CHAP_ALGORITHMS: [mcsi_proto::chap::ChapAlgorithm; 3] = [
+    mcsi_proto::chap::ChapAlgorithm::Sha3_256,
+    mcsi_proto::chap::ChapAlgorithm::Sha256,
+    mcsi_proto::chap::ChapAlgorithm::Sha1,
+];
+
+/// Checks that a CHAP secret is at least 12 bytes (RFC 7143 9.2.1), unless short ones are
+/// allowed.
+pub fn check_secret_len(field: &str, secret: &str, allow_short: bool) -> Result<(), ConfigError> {
+    let len = secret.len();
+    if !allow_short && len < mcsi_proto::chap::SHORT_SECRET_LEN {
+        return Err(cerr(
+            field,
+            format!(
+                "a CHAP secret of {len} bytes is too short: use at least {} (RFC 7143 9.2.1), or set allow_short_secrets = true where the channel is protected otherwise",
+                mcsi_proto::chap::SHORT_SECRET_LEN
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl AuthSpec {
@@ -227,10 +260,31 @@ impl AuthSpec {
             u.credentials()
                 .validate()
                 .map_err(|e| cerr(f.clone(), e.to_string()))?;
+            check_secret_len(&format!("{f}.secret"), &u.secret, a.allow_short_secrets)?;
+            if let Some(m) = &u.mutual_secret {
+                check_secret_len(&format!("{f}.mutual_secret"), m, a.allow_short_secrets)?;
+            }
             if out.chap.iter().any(|x| x.user == u.user) {
                 return Err(cerr(f, format!("CHAP user '{}' is listed twice", u.user)));
             }
             out.chap.push(u.clone());
+        }
+        if let Some(list) = &a.chap_algorithms {
+            let f = format!("{field}.chap_algorithms");
+            if list.is_empty() {
+                return Err(cerr(f, "name at least one (SHA3-256, SHA256, SHA1, MD5)"));
+            }
+            for (i, n) in list.iter().enumerate() {
+                let alg = mcsi_proto::chap::ChapAlgorithm::parse(n).ok_or_else(|| {
+                    cerr(
+                        format!("{f}[{i}]"),
+                        format!("unknown CHAP algorithm '{n}' (use SHA3-256, SHA256, SHA1 or MD5)"),
+                    )
+                })?;
+                if !out.chap_algorithms.contains(&alg) {
+                    out.chap_algorithms.push(alg);
+                }
+            }
         }
         for (i, n) in a.allow_initiators.iter().enumerate() {
             name::validate(n)
@@ -1179,7 +1233,7 @@ mod tests {
             [[targets]]
             iqn = "iqn.2026-01.org.mcsi:a"
             [targets.auth]
-            chap = [{ user = "u1", secret = "secret-one", mutual_user = "tgt", mutual_secret = "secret-two" }]
+            chap = [{ user = "u1", secret = "secret-one-12", mutual_user = "tgt", mutual_secret = "secret-two-34" }]
             allow_initiators = ["iqn.2026-01.org.mcsi:host"]
             allow_networks = ["10.1.0.0/16", "::1"]
             [[targets.luns]]
@@ -1194,6 +1248,7 @@ mod tests {
             !format!("{a:?}").contains("secret-one"),
             "Debug shows no secret"
         );
+        assert!(a.chap_algorithms.is_empty(), "the default set");
         let host = "iqn.2026-01.org.mcsi:host";
         assert!(a.allows(host, "10.1.200.3".parse().unwrap()));
         assert!(a.allows(host, "::1".parse().unwrap()));
@@ -1222,6 +1277,30 @@ mod tests {
         assert!(e.why.contains("9.2.1"), "{e}");
         let e = bad(r#"allow_networks = ["10.0.0.0/40"]"#);
         assert_eq!(e.field, "targets[0].auth.allow_networks[0]");
+        // Secrets under 12 bytes, unless allowed; algorithms by name.
+        let e = bad(r#"chap = [{ user = "u", secret = "short-1" }]"#);
+        assert_eq!(e.field, "targets[0].auth.chap[0].secret");
+        assert!(e.why.contains("allow_short_secrets"), "{e}");
+        let e = bad(
+            r#"chap = [{ user = "u", secret = "long-enough-1", mutual_user = "t", mutual_secret = "short" }]"#,
+        );
+        assert_eq!(e.field, "targets[0].auth.chap[0].mutual_secret");
+        let e = bad(r#"chap_algorithms = ["SHA256", "ROT13"]"#);
+        assert_eq!(e.field, "targets[0].auth.chap_algorithms[1]");
+        let ok = |auth: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[targets.auth]\n{auth}\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+            .unwrap()
+        };
+        let c = ok("allow_short_secrets = true\nchap = [{ user = \"u\", secret = \"short-1\" }]\nchap_algorithms = [\"md5\", \"SHA-256\"]");
+        assert_eq!(
+            c.targets[0].auth.chap_algorithms,
+            vec![
+                mcsi_proto::chap::ChapAlgorithm::Md5,
+                mcsi_proto::chap::ChapAlgorithm::Sha256
+            ]
+        );
     }
 
     #[test]

@@ -187,21 +187,60 @@ impl Env<'_> {
             return Ok(Box::new(NoAuth));
         }
         let mut users = ChapUsers::new();
+        let now = std::time::Instant::now();
+        let mut locked = Vec::new();
         for u in &auth.chap {
+            // A user whose logins failed lately sits out its lock ([`ChapThrottle`]).
+            if let Some(left) = self.shared.chap_throttle.locked(&u.user, now) {
+                locked.push(format!(
+                    "{:?} ({:.0} s more)",
+                    u.user,
+                    left.as_secs_f64().ceil()
+                ));
+                continue;
+            }
             // Validated with the configuration; a failure here leaves the user out.
             let _ = users.insert(u.credentials());
         }
         let note = self.chap_note.clone();
+        let throttle = self.shared.chap_throttle.clone();
+        let algorithms: &[mcsi_proto::chap::ChapAlgorithm] = if auth.chap_algorithms.is_empty() {
+            &crate::config::DEFAULT_CHAP_ALGORITHMS
+        } else {
+            &auth.chap_algorithms
+        };
         let chap = ChapTarget::new(users, |b: &mut [u8]| rand::rngs::OsRng.fill_bytes(b))
+            .with_algorithms(algorithms)
             .with_observer(move |r| {
                 let text = match r {
-                    Ok(ok) => format!(
-                        "CHAP user {:?} authenticated ({}{})",
-                        ok.user,
-                        ok.algorithm,
-                        if ok.mutual { ", mutual" } else { "" }
-                    ),
-                    Err(e) => format!("CHAP failed: {e}"),
+                    Ok(ok) => {
+                        throttle.succeeded(&ok.user);
+                        format!(
+                            "CHAP user {:?} authenticated ({}{})",
+                            ok.user,
+                            ok.algorithm,
+                            if ok.mutual { ", mutual" } else { "" }
+                        )
+                    }
+                    Err(e) => {
+                        if let mcsi_proto::chap::ChapError::WrongResponse(user) = e {
+                            throttle.failed(user, std::time::Instant::now());
+                        }
+                        let held = if locked.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                " (locked out after failed logins: {})",
+                                locked.join(", ")
+                            )
+                        };
+                        let hint = if matches!(e, mcsi_proto::chap::ChapError::NoCommonAlgorithm { .. }) {
+                            " (an initiator that offers only MD5, as open-iscsi does by default and libiscsi always, needs MD5 in the target's chap_algorithms; open-iscsi can offer more with node.session.auth.chap_algs = SHA3-256,SHA256,SHA1,MD5)"
+                        } else {
+                            ""
+                        };
+                        format!("CHAP failed: {e}{held}{hint}")
+                    }
                 };
                 *note.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
             });

@@ -68,6 +68,55 @@ pub struct Shared {
     next_task_id: AtomicU64,
     /// The server-wide write budget in KiB ([`Session::write_permits`]).
     write_budget: Budget,
+    /// CHAP users whose logins failed lately ([`ChapThrottle`]).
+    pub chap_throttle: ChapThrottle,
+}
+
+/// Failed CHAP logins per configured user: the first failure is free (a typo), and after the
+/// k-th in a row (k >= 2) the user's credentials are left out of logins for min(2^(k-2), 60)
+/// seconds (such a login fails as an unknown user), which turns an online guess of a secret
+/// into a crawl. A success clears the
+/// count, and so do 10 minutes without a failure. Only configured users are counted, so the
+/// table is as large as the configuration.
+#[derive(Debug, Default, Clone)]
+pub struct ChapThrottle {
+    users: Arc<Mutex<HashMap<String, (u32, std::time::Instant)>>>,
+}
+
+impl ChapThrottle {
+    const FORGET: std::time::Duration = std::time::Duration::from_secs(600);
+    const MAX_LOCK: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, (u32, std::time::Instant)>> {
+        self.users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A failed response for `user` (a configured one).
+    pub fn failed(&self, user: &str, now: std::time::Instant) {
+        let mut m = self.map();
+        let e = m.entry(user.to_string()).or_insert((0, now));
+        if now.duration_since(e.1) > Self::FORGET {
+            e.0 = 0;
+        }
+        e.0 = e.0.saturating_add(1);
+        e.1 = now;
+    }
+
+    pub fn succeeded(&self, user: &str) {
+        self.map().remove(user);
+    }
+
+    /// How much longer `user` is locked out, if at all.
+    pub fn locked(&self, user: &str, now: std::time::Instant) -> Option<std::time::Duration> {
+        let m = self.map();
+        let (n, last) = *m.get(user)?;
+        if n < 2 {
+            return None;
+        }
+        let lock = std::time::Duration::from_secs(1u64 << (n - 2).min(6)).min(Self::MAX_LOCK);
+        let until = last + lock;
+        (now < until).then(|| until - now)
+    }
 }
 
 /// A byte budget as a semaphore of KiB: a request larger than the whole budget waits for all
@@ -143,6 +192,7 @@ impl Shared {
             next_tsih: AtomicU16::new(1),
             next_task_id: AtomicU64::new(1),
             write_budget: Budget::new(write_budget),
+            chap_throttle: ChapThrottle::default(),
         }
     }
 
@@ -1074,6 +1124,35 @@ mod tests {
             SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
             1,
         )
+    }
+
+    #[test]
+    fn failed_chap_logins_lock_their_user_out_for_longer_each_time() {
+        let t = ChapThrottle::default();
+        let t0 = std::time::Instant::now();
+        let s = std::time::Duration::from_secs;
+        assert_eq!(t.locked("alice", t0), None);
+        t.failed("alice", t0);
+        assert_eq!(t.locked("alice", t0), None, "the first failure is free");
+        t.failed("alice", t0);
+        assert_eq!(t.locked("alice", t0), Some(s(1)));
+        assert_eq!(t.locked("alice", t0 + s(1)), None);
+        for _ in 0..3 {
+            t.failed("alice", t0);
+        }
+        assert_eq!(t.locked("alice", t0), Some(s(8)));
+        for _ in 0..10 {
+            t.failed("alice", t0);
+        }
+        assert_eq!(t.locked("alice", t0), Some(s(60)), "capped");
+        assert_eq!(t.locked("bob", t0), None, "per user");
+        // Ten quiet minutes, then one failure: free again.
+        t.failed("alice", t0 + s(700));
+        assert_eq!(t.locked("alice", t0 + s(700)), None);
+        t.failed("alice", t0 + s(700));
+        assert_eq!(t.locked("alice", t0 + s(700)), Some(s(1)));
+        t.succeeded("alice");
+        assert_eq!(t.locked("alice", t0 + s(700)), None);
     }
 
     #[test]

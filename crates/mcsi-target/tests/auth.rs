@@ -127,7 +127,7 @@ async fn allow_lists_refuse_with_authorization_failure() {
         c.targets[0].auth = AuthSpec {
             chap: Vec::new(),
             allow_initiators: vec!["iqn.2026-01.org.mcsi:other".into()],
-            allow_networks: Vec::new(),
+            ..AuthSpec::default()
         };
     })
     .await;
@@ -172,4 +172,57 @@ async fn discovery_credentials() {
     .unwrap();
     // The target itself stays open: its auth table is empty.
     login(&server, normal(None)).await.unwrap();
+}
+
+/// MD5 is not allowed unless the target names it; an initiator that offers only MD5 (as
+/// libiscsi does) is refused with 2/01 by default.
+#[tokio::test]
+async fn md5_only_when_the_target_allows_it() {
+    use mcsi_proto::chap::ChapAlgorithm;
+    let md5_only = || {
+        let mut cfg = normal(None);
+        cfg.authenticator = Box::new(
+            ChapInitiator::new(
+                ChapCredentials::new("alice", "alice-secret-1"),
+                |b: &mut [u8]| b.fill(7),
+            )
+            .unwrap()
+            .with_algorithms(&[ChapAlgorithm::Md5]),
+        );
+        cfg
+    };
+    let server = start_with(|c| {
+        c.targets[0].auth.chap = vec![user("alice", "alice-secret-1", None)];
+    })
+    .await;
+    assert_eq!(status_of(login(&server, md5_only()).await), (2, 1));
+    let server = start_with(|c| {
+        c.targets[0].auth.chap = vec![user("alice", "alice-secret-1", None)];
+        c.targets[0].auth.chap_algorithms = vec![ChapAlgorithm::Sha256, ChapAlgorithm::Md5];
+    })
+    .await;
+    assert_ne!(login(&server, md5_only()).await.unwrap(), 0);
+}
+
+/// A second wrong secret in a row locks its user out for a second (then 2, 4, ... up to 60):
+/// the right secret right after is refused too, and accepted once the lock has passed.
+#[tokio::test]
+async fn failed_logins_lock_their_user_out_for_a_while() {
+    let server = start_with(|c| {
+        c.targets[0].auth.chap = vec![
+            user("alice", "alice-secret-1", None),
+            user("bob", "bob-secret-123", None),
+        ];
+    })
+    .await;
+    let right = || normal(Some(ChapCredentials::new("alice", "alice-secret-1")));
+    let wrong = || normal(Some(ChapCredentials::new("alice", "not-the-secret")));
+    assert_eq!(status_of(login(&server, wrong()).await), (2, 1));
+    assert_eq!(status_of(login(&server, wrong()).await), (2, 1));
+    assert_eq!(status_of(login(&server, right()).await), (2, 1), "locked");
+    // Another user is not held.
+    let bob = normal(Some(ChapCredentials::new("bob", "bob-secret-123")));
+    assert_ne!(login(&server, bob).await.unwrap(), 0);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_ne!(login(&server, right()).await.unwrap(), 0);
 }

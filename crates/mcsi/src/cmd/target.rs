@@ -95,6 +95,8 @@ fn chap_arg(arg: &str) -> anyhow::Result<config::ChapUser> {
     u.credentials()
         .validate()
         .map_err(|e| anyhow::anyhow!("--chap {user}:...: {e}"))?;
+    // Short secrets only through a configuration file that says allow_short_secrets.
+    config::check_secret_len(&format!("--chap {user}:..."), &u.secret, false)?;
     Ok(u)
 }
 
