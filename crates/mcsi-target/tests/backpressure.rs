@@ -628,3 +628,69 @@ async fn replies_on_a_response_connection_never_read_are_bounded() {
     assert!(closed, "the request connection outlived its session");
     drop(b);
 }
+
+/// The write flood in the asymmetric mode, with the response connection (where R2Ts go) never
+/// read: no write can get its data, the granted ones hold at most the write budgets, and the
+/// Data-Out timeout ends the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
+    let _one = SERIAL.lock().await;
+    log();
+    const ASYM: &str = "X-org.mcsi.Asymmetric";
+    const ROLE: &str = "X-org.mcsi.ConnectionRole";
+    const SESSION_BUDGET: u64 = 32 << 20;
+    let server = start(|l| {
+        server_limits(l);
+        l.nop_interval = Duration::ZERO;
+        l.asymmetric = true;
+        l.write_budget = SESSION_BUDGET;
+        l.data_out_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let (_, alone) = verified_io(&server, 1, 1.0).await;
+    let before = rss();
+    let watch = RssWatch::start();
+    let isid = [0x80, 7, 7, 7, 7, 11];
+    let mut a = Client::normal_isid(&server, isid, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
+    let mut b = Client::connect(&server).await;
+    b.cmd_sn = a.cmd_sn;
+    b.itt = 1 << 20;
+    let r = b
+        .login(isid, a.tsih, 1, &[("TargetName", IQN), (ROLE, "responses")])
+        .await;
+    assert_eq!(r.status_class, 0, "the response connection joins");
+    let mut wire = Vec::new();
+    for _ in 0..128u32 {
+        let w = a.command(
+            &rw10(0x2a, 0, 16384),
+            false,
+            true,
+            8 << 20,
+            Bytes::new(),
+            true,
+        );
+        wire.extend_from_slice(&Pdu::ScsiCommand(w).encode(&a.framing).to_vec());
+    }
+    a.s.write_all(&wire).await.unwrap();
+    let (rounds, during) = verified_io(&server, 2, 2.0).await;
+    let peak = watch.peak();
+    println!(
+        "asymmetric, R2Ts never read: 128 WRITEs of 8 MiB; resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; write budget {:.0} MiB per session); other session {alone:.1} MB/s alone, {during:.1} MB/s beside it",
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(SESSION_BUDGET)
+    );
+    assert!(
+        peak.saturating_sub(before) <= SESSION_BUDGET + SLACK,
+        "resident memory rose by {:.1} MiB",
+        mib(peak - before)
+    );
+    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    // No Data-Out ever comes: the Data-Out timeout ends the connection and the session.
+    assert!(
+        a.closed_within(Duration::from_secs(10)).await,
+        "the request connection outlived the Data-Out timeout"
+    );
+    drop(b);
+}
