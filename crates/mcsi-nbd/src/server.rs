@@ -702,11 +702,6 @@ impl<E: Export> Server<E> {
         })
     }
 
-    /// Bytes of the server's payload budget free now.
-    pub fn buffered_available(&self) -> usize {
-        self.total.available_permits()
-    }
-
     async fn handle(&self, slot: &Slot<E>, req: Request, data: Bytes) -> Result<Done, NbdError> {
         let e = &slot.export;
         let inf = e.info();
@@ -948,19 +943,25 @@ impl<W> Stalls<W> {
         }
     }
 
-    /// After the inner writer said Pending: Ready(err) once the timer has run out.
-    fn stalled(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Error> {
-        if self.timeout.is_zero() {
-            return std::task::Poll::Pending;
+    /// What a poll of the inner writer gave, with the timer: a result disarms it; Pending arms
+    /// it, and turns into `TimedOut` once it has run out.
+    fn watch<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<io::Result<T>>,
+    ) -> std::task::Poll<io::Result<T>> {
+        use std::task::Poll;
+        if r.is_ready() || self.timeout.is_zero() {
+            self.timer = None;
+            return r;
         }
+        let timeout = self.timeout;
         let t = self
             .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.timeout)));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
         match t.as_mut().poll(cx) {
-            std::task::Poll::Ready(()) => {
-                std::task::Poll::Ready(io::Error::from(io::ErrorKind::TimedOut))
-            }
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -971,39 +972,24 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Stalls<W> {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<io::Result<usize>> {
-        match std::pin::Pin::new(&mut self.inner).poll_write(cx, buf) {
-            std::task::Poll::Ready(r) => {
-                self.timer = None;
-                std::task::Poll::Ready(r)
-            }
-            std::task::Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, r)
     }
 
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        match std::pin::Pin::new(&mut self.inner).poll_flush(cx) {
-            std::task::Poll::Ready(r) => {
-                self.timer = None;
-                std::task::Poll::Ready(r)
-            }
-            std::task::Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, r)
     }
 
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        match std::pin::Pin::new(&mut self.inner).poll_shutdown(cx) {
-            std::task::Poll::Ready(r) => {
-                self.timer = None;
-                std::task::Poll::Ready(r)
-            }
-            std::task::Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let r = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.watch(cx, r)
     }
 }
 

@@ -604,18 +604,20 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// connection they leave on. `None` when the task has ended, was aborted or no longer
     /// collects data (the caller gives the budget back).
     pub fn grant(&mut self, itt: u32, id: u64) -> Option<Granted<C>> {
-        let t = self
-            .tasks
-            .get_mut(&itt)
-            .filter(|t| t.id == id && !t.aborted)?;
+        let t = self.tasks.get(&itt).filter(|t| t.id == id && !t.aborted)?;
+        // Its connection gone, it is about to be aborted: nothing is planned for it.
+        let command_conn = self.conns.get(&t.cid)?.clone();
+        let out = self.reply_conn(itt, &command_conn);
+        let t = self.tasks.get_mut(&itt)?;
         let c = t.collect.as_mut()?;
         c.grant = Grant::Granted;
         let r2ts = c.transfer.next_r2ts(|| take_ttt(&mut self.next_ttt));
         c.buf.reserve(r2ts.iter().map(|r| r.len as usize).sum());
-        let (lun, cid) = (t.lun, t.cid);
-        let command_conn = self.conns.get(&cid)?.clone();
-        let out = self.reply_conn(itt, &command_conn);
-        Some(Granted { lun, out, r2ts })
+        Some(Granted {
+            lun: t.lun,
+            out,
+            r2ts,
+        })
     }
 
     /// Where write `itt` (still the task `id`) stands while its data is arriving; `None` once

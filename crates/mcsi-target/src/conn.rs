@@ -641,6 +641,23 @@ mod tests {
     use super::*;
     use mcsi_proto::pdu::NopIn;
 
+    /// A NOP-In carrying `data`, encoded.
+    fn nop_in(data: Bytes) -> Encoded {
+        Pdu::NopIn(NopIn {
+            lun: 0,
+            itt: 1,
+            ttt: 0xffff_ffff,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data,
+        })
+        .encode(&Framing {
+            max_data_segment_length: 1 << 20,
+            ..Framing::default()
+        })
+    }
+
     #[tokio::test]
     async fn a_socket_that_takes_nothing_times_out() {
         struct Stuck;
@@ -665,16 +682,7 @@ mod tests {
                 std::task::Poll::Ready(Ok(()))
             }
         }
-        let batch = vec![Pdu::NopIn(NopIn {
-            lun: 0,
-            itt: 1,
-            ttt: 0xffff_ffff,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            data: Bytes::from_static(b"ping"),
-        })
-        .encode(&Framing::default())];
+        let batch = vec![nop_in(Bytes::from_static(b"ping"))];
         let mut pace = SendPace::new(Duration::from_millis(30)).expect("a pace");
         let e = write_batch_within(&mut Stuck, &batch, Some(&mut pace))
             .await
@@ -699,19 +707,7 @@ mod tests {
                     }
                 }
             });
-            let batch = vec![Pdu::NopIn(NopIn {
-                lun: 0,
-                itt: 1,
-                ttt: 0xffff_ffff,
-                stat_sn: 0,
-                exp_cmd_sn: 0,
-                max_cmd_sn: 0,
-                data: Bytes::from(vec![0u8; 1 << 20]),
-            })
-            .encode(&Framing {
-                max_data_segment_length: 1 << 20,
-                ..Framing::default()
-            })];
+            let batch = vec![nop_in(Bytes::from(vec![0u8; 1 << 20]))];
             let t0 = Instant::now();
             let mut pace = SendPace::new(Duration::from_secs(30)).expect("a pace");
             let r = write_batch_within(&mut near, &batch, Some(&mut pace)).await;

@@ -20,6 +20,8 @@ pub struct TaskCtx {
     pub cmd: ScsiCommand,
     pub phase: DataPhase,
     pub handles: TaskHandles,
+    /// A write whose data is still to come (watched by the Data-Out timeout).
+    pub collecting: bool,
 }
 
 /// Registers a command as a task of its own and starts it: it waits for its data, its turn in
@@ -36,6 +38,7 @@ pub fn start_task(
     transfer: Option<WriteTransfer>,
     in_order: bool,
 ) -> crate::session::InOrder {
+    let collecting = transfer.as_ref().is_some_and(|t| !t.done());
     // The immediate data goes to the core (which keeps what the write needs); the command the
     // task keeps does not pin the reader's buffer for the task's life.
     let write = transfer.map(|transfer| crate::session_core::NewWrite {
@@ -64,6 +67,7 @@ pub fn start_task(
                 cmd,
                 phase,
                 handles: h,
+                collecting,
             };
             tokio::spawn(run(ctx).instrument(span));
         }
@@ -146,6 +150,7 @@ pub async fn run(ctx: TaskCtx) {
         cmd,
         phase,
         handles,
+        collecting,
     } = ctx;
     let TaskHandles {
         id,
@@ -161,7 +166,7 @@ pub async fn run(ctx: TaskCtx) {
         let data_out = tokio::select! {
             biased;
             _ = crate::session::flag_set(&mut abort_rx) => return None,
-            r = collect(&session, &conn, itt, id, cmd.write, ready_rx, grant_rx) => r?,
+            r = collect(&session, &conn, itt, id, collecting, ready_rx, grant_rx) => r?,
         };
         let read_expected = read_expected(&cmd);
         // The data the backend fills waits for the session's read budget.
@@ -214,14 +219,17 @@ async fn collect(
     conn: &Conn,
     itt: u32,
     id: u64,
-    write: bool,
+    collecting: bool,
     ready_rx: tokio::sync::oneshot::Receiver<Bytes>,
     grant_rx: tokio::sync::oneshot::Receiver<u32>,
 ) -> Option<Bytes> {
+    if !collecting {
+        // Nothing to ask for and nothing to watch: reads, and writes with all their data.
+        return ready_rx.await.ok();
+    }
     let timeout = session
         .target
         .as_ref()
-        .filter(|_| write)
         .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout);
     tokio::pin!(ready_rx);
     tokio::pin!(grant_rx);
@@ -230,6 +238,9 @@ async fn collect(
     // the last Data-Out.
     let tick = (timeout / 4).max(std::time::Duration::from_millis(10));
     let mut progress = (0u64, tokio::time::Instant::now());
+    // One timer for the task's life, armed again at each tick.
+    let check = tokio::time::sleep(tick);
+    tokio::pin!(check);
     loop {
         tokio::select! {
             r = &mut ready_rx => return r.ok(),
@@ -242,9 +253,10 @@ async fn collect(
                     progress.1 = tokio::time::Instant::now();
                 }
             }
-            _ = tokio::time::sleep(tick), if !timeout.is_zero() => {
-                let Some(c) = session.collecting(itt, id) else { continue };
+            _ = &mut check, if !timeout.is_zero() => {
                 let now = tokio::time::Instant::now();
+                check.as_mut().reset(now + tick);
+                let Some(c) = session.collecting(itt, id) else { continue };
                 if c.waiting_for_grant || c.received != progress.0 {
                     progress = (c.received, now);
                 } else if now - progress.1 >= timeout {

@@ -468,7 +468,10 @@ async fn connection<S: Transport>(
     let (tx, rx) = mpsc::unbounded_channel();
     let cspan = tracing::info_span!(parent: &session.span, "conn", %peer, cid = n.cid);
     let sock = stream.socket().and_then(|s| s.try_clone().ok());
-    let out = OutQueue::new(limits.output_budget);
+    // A response connection counts itself in its session while its queue is full.
+    let full_count =
+        (n.role == mcsi_proto::vendor::ConnRole::Responses).then(|| session.full_responses.clone());
+    let out = OutQueue::counted(limits.output_budget, full_count);
     let (conn, stop_rx) = Conn::new(
         n.cid,
         n.role,

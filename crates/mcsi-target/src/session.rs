@@ -14,7 +14,7 @@ use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -75,9 +75,8 @@ pub struct Shared {
 /// Failed CHAP logins per configured user: the first failure is free (a typo), and after the
 /// k-th in a row (k >= 2) the user's credentials are left out of logins for min(2^(k-2), 60)
 /// seconds (such a login fails as an unknown user), which turns an online guess of a secret
-/// into a crawl. A success clears the
-/// count, and so do 10 minutes without a failure. Only configured users are counted, so the
-/// table is as large as the configuration.
+/// into a crawl. A success clears the count, and so do 10 minutes without a failure. Only
+/// configured users are counted, so the table is as large as the configuration.
 #[derive(Debug, Default, Clone)]
 pub struct ChapThrottle {
     users: Arc<Mutex<HashMap<String, (u32, std::time::Instant)>>>,
@@ -119,8 +118,8 @@ impl ChapThrottle {
     }
 }
 
-/// A byte budget as a semaphore of KiB: a request larger than the whole budget waits for all
-/// of it.
+/// A byte budget as a semaphore of KiB (the session's read and write budgets, the server's
+/// write budget): a request larger than the whole budget waits for all of it.
 #[derive(Debug)]
 pub struct Budget {
     sem: Arc<tokio::sync::Semaphore>,
@@ -129,7 +128,7 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(bytes: u64) -> Budget {
-        let kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX >> 3)) as u32;
+        let kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX)) as u32;
         Budget {
             sem: Arc::new(tokio::sync::Semaphore::new(kib as usize)),
             kib,
@@ -156,11 +155,6 @@ impl Budget {
             .await
             .ok()
     }
-
-    /// Bytes free now.
-    pub fn available(&self) -> u64 {
-        self.sem.available_permits() as u64 * 1024
-    }
 }
 
 /// A write's share of its session's and the server's write budgets, given back when dropped
@@ -168,6 +162,25 @@ impl Budget {
 pub struct WritePermits {
     _session: tokio::sync::OwnedSemaphorePermit,
     _server: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl WritePermits {
+    /// Room for `bytes` in both budgets now, if both have it.
+    fn try_take(session: &Budget, server: &Budget, bytes: u32) -> Option<WritePermits> {
+        Some(WritePermits {
+            _session: session.try_take(bytes)?,
+            _server: server.try_take(bytes)?,
+        })
+    }
+
+    /// Waits for room in the session's budget, then in the server's (each first come, first
+    /// served).
+    async fn take(session: &Budget, server: &Budget, bytes: u32) -> Option<WritePermits> {
+        Some(WritePermits {
+            _session: session.take(bytes).await?,
+            _server: server.take(bytes).await?,
+        })
+    }
 }
 
 impl Shared {
@@ -194,11 +207,6 @@ impl Shared {
             write_budget: Budget::new(write_budget),
             chap_throttle: ChapThrottle::default(),
         }
-    }
-
-    /// Bytes of the server-wide write budget free now.
-    pub fn write_budget_available(&self) -> u64 {
-        self.write_budget.available()
     }
 
     pub fn target(&self, name: &str) -> Option<&Arc<Target>> {
@@ -371,15 +379,24 @@ pub struct OutQueue {
     /// Woken when the queue falls below the budget, and when the writer ends.
     drained: tokio::sync::Notify,
     closed: AtomicBool,
+    /// Counts this queue while it is at its budget (a response connection's, in its session's
+    /// [`Session::full_responses`]).
+    full_count: Option<Arc<AtomicUsize>>,
 }
 
 impl OutQueue {
     pub fn new(budget: u64) -> Arc<OutQueue> {
+        Self::counted(budget, None)
+    }
+
+    /// A queue that counts itself in `full_count` while it is at its budget.
+    pub fn counted(budget: u64, full_count: Option<Arc<AtomicUsize>>) -> Arc<OutQueue> {
         Arc::new(OutQueue {
             queued: AtomicU64::new(0),
             budget: budget.max(1),
             drained: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
+            full_count,
         })
     }
 
@@ -389,13 +406,21 @@ impl OutQueue {
     }
 
     fn add(&self, n: u64) {
-        self.queued.fetch_add(n, Ordering::AcqRel);
+        let prev = self.queued.fetch_add(n, Ordering::AcqRel);
+        if let Some(c) = &self.full_count {
+            if prev < self.budget && prev + n >= self.budget {
+                c.fetch_add(1, Ordering::AcqRel);
+            }
+        }
     }
 
     /// The writer sent (or will never send) `n` bytes of what was queued.
     pub fn sent(&self, n: u64) {
         let prev = self.queued.fetch_sub(n, Ordering::AcqRel);
         if prev >= self.budget && prev.saturating_sub(n) < self.budget {
+            if let Some(c) = &self.full_count {
+                c.fetch_sub(1, Ordering::AcqRel);
+            }
             self.drained.notify_waiters();
         }
     }
@@ -620,13 +645,7 @@ fn wake_ready(core: &mut Core, session_budget: &Budget, server_budget: &Budget) 
         }
     }
     while let Some(g) = core.poll_grant() {
-        let permits = session_budget.try_take(g.bytes).and_then(|s| {
-            Some(WritePermits {
-                _session: s,
-                _server: server_budget.try_take(g.bytes)?,
-            })
-        });
-        match permits {
+        match WritePermits::try_take(session_budget, server_budget, g.bytes) {
             Some(p) => grant(core, g.itt, g.id, p),
             None => {
                 if let Some(tx) = core
@@ -678,13 +697,17 @@ pub struct Session {
     core: Mutex<Core>,
     /// Woken when the last tracked inline command ends.
     inline_idle: tokio::sync::Notify,
-    /// The session's read budget in KiB ([`Session::read_permit`]).
-    read_budget: Arc<tokio::sync::Semaphore>,
-    read_budget_kib: u32,
+    /// The session's read budget ([`Session::read_permit`]).
+    read_budget: Budget,
     /// The session's write budget ([`Session::write_permits`]).
     write_budget: Budget,
     /// Task management and logout handlers running ([`crate::control::MAX_CONTROL_TASKS`]).
     pub control_slots: Arc<tokio::sync::Semaphore>,
+    /// Response connections at their output budget ([`OutQueue::counted`]), so that request
+    /// readers look at the response connections only when one of them is full
+    /// ([`Session::responses_full`]). A queue that closes while full stays counted, which only
+    /// costs a look.
+    pub full_responses: Arc<AtomicUsize>,
 }
 
 impl Session {
@@ -725,11 +748,11 @@ impl Session {
                 .as_ref()
                 .map_or(Limits::default().write_budget, |t| t.limits.write_budget),
         );
-        let read_budget_kib = target
-            .as_ref()
-            .map_or(Limits::default().read_budget, |t| t.limits.read_budget)
-            .div_ceil(1024)
-            .clamp(1, u64::from(u32::MAX)) as u32;
+        let read_budget = Budget::new(
+            target
+                .as_ref()
+                .map_or(Limits::default().read_budget, |t| t.limits.read_budget),
+        );
         let reply_policy = target
             .as_ref()
             .and_then(|t| t.limits.response_policy.scheduler());
@@ -744,12 +767,12 @@ impl Session {
             shared,
             span,
             inline_idle: tokio::sync::Notify::new(),
-            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
-            read_budget_kib,
+            read_budget,
             write_budget,
             control_slots: Arc::new(tokio::sync::Semaphore::new(
                 crate::control::MAX_CONTROL_TASKS,
             )),
+            full_responses: Arc::new(AtomicUsize::new(0)),
             core: Mutex::new(core),
         })
     }
@@ -758,12 +781,7 @@ impl Session {
     /// server's (each first come, first served). A write larger than a whole budget waits for
     /// all of it.
     pub async fn write_permits(&self, bytes: u32) -> Option<WritePermits> {
-        let s = self.write_budget.take(bytes).await?;
-        let v = self.shared.write_budget.take(bytes).await?;
-        Some(WritePermits {
-            _session: s,
-            _server: v,
-        })
+        WritePermits::take(&self.write_budget, &self.shared.write_budget, bytes).await
     }
 
     /// Write `itt` (task `id`) waited for and got its budget: its first R2Ts go out. Nothing
@@ -777,11 +795,6 @@ impl Session {
     /// it.
     pub fn collecting(&self, itt: u32, id: u64) -> Option<crate::session_core::Collecting> {
         self.lock().collecting(itt, id)
-    }
-
-    /// Bytes of the session's write budget free now.
-    pub fn write_budget_available(&self) -> u64 {
-        self.write_budget.available()
     }
 
     /// Wakes the tasks whose turn came and grants the writes the budgets have room for.
@@ -798,8 +811,7 @@ impl Session {
         if bytes == 0 {
             return None;
         }
-        let kib = bytes.div_ceil(1024).min(self.read_budget_kib);
-        self.read_budget.clone().acquire_many_owned(kib).await.ok()
+        self.read_budget.take(bytes).await
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -822,6 +834,9 @@ impl Session {
     /// Every response connection of the session is at its output budget (asymmetric mode):
     /// the request connections take no more requests until one has room.
     pub fn responses_full(&self) -> bool {
+        if self.full_responses.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let core = self.lock();
         let mut responses = core
             .conns()

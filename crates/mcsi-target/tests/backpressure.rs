@@ -384,6 +384,40 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
     }
 }
 
+const ASYM: &str = "X-org.mcsi.Asymmetric";
+const ROLE: &str = "X-org.mcsi.ConnectionRole";
+
+/// An asymmetric session of its own: a request connection and a response connection (CID 1).
+async fn asymmetric_pair(server: &mcsi_target::Server, isid: [u8; 6]) -> (Client, Client) {
+    let a = Client::normal_isid(server, isid, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
+    let mut b = Client::connect(server).await;
+    b.cmd_sn = a.cmd_sn;
+    b.itt = 1 << 20;
+    let r = b
+        .login(isid, a.tsih, 1, &[("TargetName", IQN), (ROLE, "responses")])
+        .await;
+    assert_eq!(r.status_class, 0, "the response connection joins");
+    (a, b)
+}
+
+/// `n` READ(10)s (`op` 0x28) or WRITE(10)s (0x2a) of 8 MiB at LBA 0, the largest the LU takes,
+/// encoded back to back.
+fn window_of_8mib(c: &mut Client, n: u32, op: u8) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for _ in 0..n {
+        let cmd = c.command(
+            &rw10(op, 0, 16384),
+            op == 0x28,
+            op == 0x2a,
+            8 << 20,
+            Bytes::new(),
+            true,
+        );
+        wire.extend_from_slice(&Pdu::ScsiCommand(cmd).encode(&c.framing).to_vec());
+    }
+    wire
+}
+
 /// What one hostile writer did ([`withholding_writer`]).
 struct Withheld {
     client: Client,
@@ -406,11 +440,7 @@ async fn withholding_writer(
     const LEN: u32 = 8 << 20;
     let mut c = Client::normal_isid(&server, [0x80, 7, 7, 7, 9, isid], &[]).await;
     let chunk = pattern(64 << 10, isid);
-    let mut wire = Vec::new();
-    for _ in 0..n {
-        let w = c.command(&rw10(0x2a, 0, 16384), false, true, LEN, Bytes::new(), true);
-        wire.extend_from_slice(&Pdu::ScsiCommand(w).encode(&c.framing).to_vec());
-    }
+    let wire = window_of_8mib(&mut c, n, 0x2a);
     c.s.write_all(&wire).await.unwrap();
     let (mut sent, mut answered, mut withheld) = (0u64, 0u32, 0u32);
     while let Ok(p) = tokio::time::timeout(stall, c.recv_inner()).await {
@@ -541,8 +571,6 @@ async fn writes_whose_data_never_finishes_are_held_to_the_write_budgets() {
 async fn replies_on_a_response_connection_never_read_are_bounded() {
     let _one = SERIAL.lock().await;
     log();
-    const ASYM: &str = "X-org.mcsi.Asymmetric";
-    const ROLE: &str = "X-org.mcsi.ConnectionRole";
     const SEND_TIMEOUT: &str = "send timeout: the initiator took no data for 3s";
     let seen = log_count(SEND_TIMEOUT);
     let server = start(|l| {
@@ -553,26 +581,8 @@ async fn replies_on_a_response_connection_never_read_are_bounded() {
     .await;
     let (_, alone) = verified_io(&server, 1, 1.0).await;
     let isid = [0x80, 7, 7, 7, 7, 10];
-    let mut a = Client::normal_isid(&server, isid, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
-    let mut b = Client::connect(&server).await;
-    b.cmd_sn = a.cmd_sn;
-    b.itt = 1 << 20;
-    let r = b
-        .login(isid, a.tsih, 1, &[("TargetName", IQN), (ROLE, "responses")])
-        .await;
-    assert_eq!(r.status_class, 0, "the response connection joins");
-    let mut wire = Vec::new();
-    for _ in 0..128u32 {
-        let r = a.command(
-            &rw10(0x28, 0, 16384),
-            true,
-            false,
-            8 << 20,
-            Bytes::new(),
-            true,
-        );
-        wire.extend_from_slice(&Pdu::ScsiCommand(r).encode(&a.framing).to_vec());
-    }
+    let (mut a, b) = asymmetric_pair(&server, isid).await;
+    let wire = window_of_8mib(&mut a, 128, 0x28);
     a.s.write_all(&wire).await.unwrap();
     // The stuck session's queues and commands taken, sampled for 2 s beside another session.
     let stuck = |snap: &[mcsi_target::stats::SessionSnapshot]| {
@@ -636,8 +646,6 @@ async fn replies_on_a_response_connection_never_read_are_bounded() {
 async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
     let _one = SERIAL.lock().await;
     log();
-    const ASYM: &str = "X-org.mcsi.Asymmetric";
-    const ROLE: &str = "X-org.mcsi.ConnectionRole";
     const SESSION_BUDGET: u64 = 32 << 20;
     let server = start(|l| {
         server_limits(l);
@@ -651,26 +659,8 @@ async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
     let before = rss();
     let watch = RssWatch::start();
     let isid = [0x80, 7, 7, 7, 7, 11];
-    let mut a = Client::normal_isid(&server, isid, &[(ASYM, "Yes"), (ROLE, "requests")]).await;
-    let mut b = Client::connect(&server).await;
-    b.cmd_sn = a.cmd_sn;
-    b.itt = 1 << 20;
-    let r = b
-        .login(isid, a.tsih, 1, &[("TargetName", IQN), (ROLE, "responses")])
-        .await;
-    assert_eq!(r.status_class, 0, "the response connection joins");
-    let mut wire = Vec::new();
-    for _ in 0..128u32 {
-        let w = a.command(
-            &rw10(0x2a, 0, 16384),
-            false,
-            true,
-            8 << 20,
-            Bytes::new(),
-            true,
-        );
-        wire.extend_from_slice(&Pdu::ScsiCommand(w).encode(&a.framing).to_vec());
-    }
+    let (mut a, b) = asymmetric_pair(&server, isid).await;
+    let wire = window_of_8mib(&mut a, 128, 0x2a);
     a.s.write_all(&wire).await.unwrap();
     let (rounds, during) = verified_io(&server, 2, 2.0).await;
     let peak = watch.peak();
