@@ -227,6 +227,8 @@ struct Collect {
     /// Data bytes received so far (immediate and Data-Out, kept or not): the progress the
     /// Data-Out inactivity timeout watches ([`SessionCore::collecting`]).
     received: u64,
+    /// Refused ([`NewWrite::refused`]): its unsolicited data is taken and dropped.
+    refused: bool,
 }
 
 /// A write's permission to ask for its data with R2Ts. A write only asks once its turn has come
@@ -253,6 +255,11 @@ pub struct NewWrite {
     /// number of such writes is bounded by the CmdSN window, and for immediate commands by the
     /// session's task limit.
     pub first_burst_length: u32,
+    /// Refused for want of room for its unsolicited data: nothing it sends is kept, and it is
+    /// handed out ([`SessionCore::poll_ready`], with no data) once its unsolicited burst has
+    /// ended, for the caller to answer without running it (RFC 7143 11.4.x: a response waits for
+    /// the last expected Data-Out). It never asks for a grant.
+    pub refused: bool,
 }
 
 /// A task whose turn has come with all of its data ([`SessionCore::poll_ready`]).
@@ -626,19 +633,26 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let t = self.tasks.get(&itt).filter(|t| t.id == id)?;
         let c = t.collect.as_ref()?;
         Some(Collecting {
-            waiting_for_grant: c.grant != Grant::Granted && c.transfer.solicits(),
+            // While its unsolicited burst is open the initiator owes data, grant or not.
+            waiting_for_grant: !c.refused
+                && !c.transfer.unsolicited_open()
+                && c.grant != Grant::Granted
+                && c.transfer.solicits(),
             received: c.received,
         })
     }
 
     /// Queues a grant request for task `k` when its turn has come and its write must solicit
-    /// data it has not been granted.
+    /// data it has not been granted, once its unsolicited burst has ended (no R2T may go out
+    /// before: a write whose burst never ends holds no write budget).
     fn ask_grant(&mut self, k: Key) {
         if let Some(t) = self.tasks.get(&k.itt).filter(|t| t.id == k.id && t.turn) {
-            if t.collect
-                .as_ref()
-                .is_some_and(|c| c.grant == Grant::None && c.transfer.solicits())
-            {
+            if t.collect.as_ref().is_some_and(|c| {
+                !c.refused
+                    && c.grant == Grant::None
+                    && !c.transfer.unsolicited_open()
+                    && c.transfer.solicits()
+            }) {
                 self.grants.push_back(k);
             }
         }
@@ -669,7 +683,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         };
         c.received += u64::from(len);
         // Data beyond what the command needs is accepted and dropped (len 0): nothing to place.
-        if a.len > 0 {
+        if a.len > 0 && !c.refused {
             place(&mut c.buf, a.offset as usize, &d.data[..a.len as usize]);
         }
         let lun = task.lun;
@@ -677,6 +691,17 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             id: task.id,
             itt: d.itt,
         };
+        if c.refused && !c.transfer.unsolicited_open() {
+            // A refused write ends with its unsolicited burst, with no data.
+            task.collect = None;
+            if task.turn {
+                self.ready.push_back(key);
+            }
+            return DataOutcome::Taken {
+                lun,
+                r2ts: Vec::new(),
+            };
+        }
         if c.transfer.done() {
             let want = c.transfer.want() as usize;
             let mut buf = std::mem::take(&mut c.buf);
@@ -1080,6 +1105,19 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 /// of it) and its data so far. It asks for nothing yet ([`SessionCore::poll_grant`]).
 fn start_write(w: NewWrite) -> (Option<Box<Collect>>, Bytes) {
     let transfer = w.transfer;
+    if w.refused {
+        // Nothing is kept; it waits only for the rest of its unsolicited burst, if any.
+        let collect = transfer.unsolicited_open().then(|| {
+            Box::new(Collect {
+                transfer,
+                buf: BytesMut::new(),
+                grant: Grant::None,
+                received: w.immediate.len() as u64,
+                refused: true,
+            })
+        });
+        return (collect, Bytes::new());
+    }
     let imm = transfer.accept_immediate(w.immediate.len() as u32).len as usize;
     if transfer.done() {
         // Everything came as immediate data: handed on without a copy.
@@ -1094,6 +1132,7 @@ fn start_write(w: NewWrite) -> (Option<Box<Collect>>, Bytes) {
         buf,
         grant: Grant::None,
         received: w.immediate.len() as u64,
+        refused: false,
     };
     (Some(Box::new(collect)), Bytes::new())
 }
@@ -1717,6 +1756,7 @@ mod tests {
             transfer: WriteTransfer::new(params, len, len, imm.len() as u32, true).expect("valid"),
             immediate: Bytes::from_static(imm),
             first_burst_length: params.first_burst_length,
+            refused: false,
         }
     }
 
@@ -1891,6 +1931,7 @@ mod tests {
             transfer: WriteTransfer::new(params, 8, 8, 0, false).expect("valid"),
             immediate: Bytes::new(),
             first_burst_length: 8,
+            refused: false,
         };
         core.register(&b, task(2, 2, Simple), Some(w), Io::default());
         let d = data_out(2, RESERVED_TAG, 0, 0, b"12345678", true);
@@ -1935,18 +1976,95 @@ mod tests {
             transfer: WriteTransfer::new(burst(1), 16, 16, 0, false).expect("valid"),
             immediate: Bytes::new(),
             first_burst_length: 8,
+            refused: false,
         };
         core.register(&a, task(1, 1, Simple), Some(w), Io::default());
-        // It will need R2Ts beyond the first burst: it asks at once, and the grant plans
-        // nothing while the unsolicited burst is under way.
-        let g = core.poll_grant().expect("asks");
-        assert_eq!(g.bytes, 16);
-        assert!(core.grant(1, g.id).expect("granted").r2ts.is_empty());
+        // It will need R2Ts beyond the first burst, but asks for its budget only once the
+        // unsolicited burst has ended: one that never ends holds none.
+        assert_eq!(core.poll_grant(), None);
         let d = data_out(1, RESERVED_TAG, 0, 0, b"abcd", true);
         let DataOutcome::Taken { r2ts, .. } = core.data_out(1, &d) else {
             panic!("taken")
         };
+        assert!(r2ts.is_empty(), "nothing asked before the grant");
+        let g = core.poll_grant().expect("asks");
+        assert_eq!(g.bytes, 16);
+        let r2ts = core.grant(1, g.id).expect("granted").r2ts;
         assert_eq!(spans(&r2ts), vec![(4, 12)]);
+    }
+
+    #[test]
+    fn a_refused_write_keeps_nothing_and_ends_with_its_unsolicited_burst() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        // 32 bytes, 4 immediate, unsolicited up to FirstBurstLength 8, the rest by R2T were it
+        // not refused.
+        let w = NewWrite {
+            transfer: WriteTransfer::new(burst(1), 32, 32, 4, false).expect("valid"),
+            immediate: Bytes::from_static(b"abcd"),
+            first_burst_length: 8,
+            refused: true,
+        };
+        core.register(&a, task(1, 1, Simple), Some(w), Io::default());
+        assert_eq!(core.poll_grant(), None, "a refused write asks for nothing");
+        assert!(
+            ready(&mut core).is_empty(),
+            "its unsolicited burst is still open"
+        );
+        let c = core.collecting(1, 1001).expect("collecting");
+        assert!(
+            !c.waiting_for_grant,
+            "the initiator owes its burst: the timeout watches"
+        );
+        let d = data_out(1, RESERVED_TAG, 0, 4, b"efgh", true);
+        assert!(
+            matches!(core.data_out(1, &d), DataOutcome::Taken { ref r2ts, .. } if r2ts.is_empty())
+        );
+        assert_eq!(core.poll_grant(), None);
+        let got: Vec<(u32, Bytes)> =
+            std::iter::from_fn(|| core.poll_ready().map(|r| (r.itt, r.data))).collect();
+        assert_eq!(got, vec![(1, Bytes::new())], "handed out with no data");
+        // A refused write with no unsolicited Data-Out to come is handed out at once.
+        let w = NewWrite {
+            transfer: WriteTransfer::new(burst(1), 32, 32, 4, true).expect("valid"),
+            immediate: Bytes::from_static(b"abcd"),
+            first_burst_length: 8,
+            refused: true,
+        };
+        core.register(&a, task(2, 2, Simple), Some(w), Io::default());
+        assert_eq!(core.poll_grant(), None);
+        assert_eq!(
+            core.poll_ready().map(|r| (r.itt, r.data.len())),
+            Some((2, 0))
+        );
+    }
+
+    #[test]
+    fn an_open_unsolicited_burst_is_owed_data_even_before_its_grant() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        // 16 bytes, FirstBurstLength 8: it asks for its grant at once, but until its burst
+        // ends the initiator owes data, so the Data-Out timeout must watch it.
+        let w = NewWrite {
+            transfer: WriteTransfer::new(burst(1), 16, 16, 0, false).expect("valid"),
+            immediate: Bytes::new(),
+            first_burst_length: 8,
+            refused: false,
+        };
+        core.register(&a, task(1, 1, Simple), Some(w), Io::default());
+        assert!(
+            !core
+                .collecting(1, 1001)
+                .expect("collecting")
+                .waiting_for_grant
+        );
+        let d = data_out(1, RESERVED_TAG, 0, 0, b"abcdefgh", true);
+        assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        assert!(
+            core.collecting(1, 1001)
+                .expect("collecting")
+                .waiting_for_grant
+        );
     }
 
     #[test]

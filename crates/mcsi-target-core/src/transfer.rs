@@ -282,6 +282,21 @@ impl WriteTransfer {
         self.next_r2t_offset.max(unasked_end) < self.want || !self.outstanding.is_empty()
     }
 
+    /// The unsolicited burst is still arriving (its last PDU, with the F bit, has not come).
+    pub fn unsolicited_open(&self) -> bool {
+        self.unsolicited.is_some()
+    }
+
+    /// The bytes the command keeps of what the initiator may send unasked: its immediate data
+    /// and unsolicited burst, within the command's need.
+    pub fn unsolicited_len(&self) -> u32 {
+        let end = self
+            .unsolicited
+            .as_ref()
+            .map_or(self.solicit_from, |s| s.end);
+        end.min(self.want)
+    }
+
     /// All data the command needs has arrived and no sequence is open.
     pub fn done(&self) -> bool {
         self.unsolicited.is_none()

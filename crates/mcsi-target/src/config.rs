@@ -86,6 +86,9 @@ pub struct FileLimits {
     pub max_logins_per_source: Option<u32>,
     /// Bytes of solicited WRITE data all sessions together may hold at once ("128MiB").
     pub write_budget: Option<SizeValue>,
+    /// Bytes of unsolicited WRITE data (immediate data and unsolicited bursts) all sessions
+    /// together may hold at once ("64MiB").
+    pub unsolicited_budget: Option<SizeValue>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -563,6 +566,12 @@ pub struct ServerLimits {
     /// Bytes of solicited WRITE data all sessions together may hold at once (each write takes
     /// its length from its session's `write_budget` and from this one before its first R2T).
     pub write_budget: u64,
+    /// Bytes of unsolicited WRITE data all sessions together may hold at once: a command that
+    /// brings immediate data or announces an unsolicited burst and cannot run at once takes
+    /// what it may send unasked (at most FirstBurstLength) from it when it arrives. A command
+    /// that finds no room keeps nothing, takes the rest of its burst and drops it, and is
+    /// answered TASK SET FULL, which initiators retry.
+    pub unsolicited_budget: u64,
 }
 
 impl Default for ServerLimits {
@@ -579,6 +588,8 @@ impl Default for ServerLimits {
             max_logins_per_source: 64,
             // Two sessions at their own budget; 16 writes of the largest size in flight.
             write_budget: 128 << 20,
+            // Two sessions with a full window of first bursts at the defaults (128 x 256 KiB).
+            unsolicited_budget: 64 << 20,
         }
     }
 }
@@ -598,6 +609,12 @@ impl ServerLimits {
                 "limits.write_budget",
                 WRITE_BUDGET_MIN,
                 d.write_budget,
+            )?,
+            unsolicited_budget: budget(
+                &f.unsolicited_budget,
+                "limits.unsolicited_budget",
+                WRITE_BUDGET_MIN,
+                d.unsolicited_budget,
             )?,
         };
         if l.login_rate > 0 && l.login_burst == 0 {
@@ -1161,6 +1178,7 @@ mod tests {
             login_timeout = "10s"
             max_server_connections = 100
             max_logins_per_source = 8
+            unsolicited_budget = "32MiB"
             [[targets]]
             iqn = "iqn.2026-01.org.mcsi:a"
             max_connections = 4
@@ -1213,6 +1231,7 @@ mod tests {
                 max_server_connections: 100,
                 max_logins_per_source: 8,
                 write_budget: 128 << 20,
+                unsolicited_budget: 32 << 20,
             }
         );
         assert_eq!(a.luns[0].backend, LunBackend::Spec("ram:64MiB".into()));

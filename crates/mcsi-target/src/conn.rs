@@ -582,7 +582,7 @@ impl Reader {
         };
         // A SIMPLE command for a LU that does not block, with all its data at hand, needs no
         // task of its own: it runs on a reader when its turn comes (Session::claim).
-        let (c, transfer) = if attr == mcsi_scsi::TaskAttribute::Simple
+        let (c, transfer, accounted) = if attr == mcsi_scsi::TaskAttribute::Simple
             && transfer.as_ref().is_none_or(|t| t.done())
             && !target.dev.blocking(c.lun, &c.cdb)
         {
@@ -593,6 +593,29 @@ impl Reader {
                     return Ok(());
                 }
                 Turn::Wait => {
+                    // Its immediate data waits with it: room in the unsolicited budget, or
+                    // TASK SET FULL now (all of its data has come, so the answer may go).
+                    let mut c = c;
+                    // Held, it keeps its CDB, not the reader's buffer around it.
+                    c.cdb = Bytes::copy_from_slice(&c.cdb);
+                    if !c.data.is_empty() {
+                        match scsi::account_unsolicited(&self.session, std::mem::take(&mut c.data))
+                        {
+                            Some(data) => c.data = data,
+                            None => {
+                                // Its CmdSN is used up; one outside the window is dropped
+                                // silently instead (RFC 7143 4.2.2.1).
+                                let (taken, ready) =
+                                    self.session.submit_ordered(c.cmd_sn, Ordered::Nothing);
+                                if taken {
+                                    debug!(parent: &self.conn.span, itt = c.itt, "no room in the unsolicited budget for a held write: TASK SET FULL");
+                                    scsi::task_set_full(&self.session, &self.conn, &c, phase);
+                                }
+                                control::run_all(&self.session, ready);
+                                return Ok(());
+                            }
+                        }
+                    }
                     let d = Box::new(Deferred {
                         conn: self.conn.clone(),
                         cmd: c,
@@ -604,13 +627,13 @@ impl Reader {
                             control::run_all(&self.session, ready);
                             return Ok(());
                         }
-                        Err(d) => (d.cmd, d.transfer),
+                        Err(d) => (d.cmd, d.transfer, true),
                     }
                 }
-                Turn::Task => (c, transfer),
+                Turn::Task => (c, transfer, false),
             }
         } else {
-            (c, transfer)
+            (c, transfer, false)
         };
         let ready = scsi::start_task(
             &self.session,
@@ -621,6 +644,7 @@ impl Reader {
             attr,
             transfer,
             false,
+            accounted,
         );
         control::run_all(&self.session, ready);
         Ok(())

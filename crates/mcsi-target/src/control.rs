@@ -78,6 +78,7 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
                 TaskAttribute::Simple,
                 transfer,
                 true,
+                true,
             );
             queue.extend(more);
         }

@@ -22,11 +22,17 @@ pub struct TaskCtx {
     pub handles: TaskHandles,
     /// A write whose data is still to come (watched by the Data-Out timeout).
     pub collecting: bool,
+    /// Refused for want of room in the unsolicited budget: answered TASK SET FULL once its
+    /// unsolicited data has come (and been dropped), without running.
+    pub refused: bool,
 }
 
 /// Registers a command as a task of its own and starts it: it waits for its data, its turn in
 /// CmdSN order (unless `in_order`: its CmdSN was consumed already, it only enters the task set)
-/// and its task attribute. Returns what came up in CmdSN order meanwhile, for the caller to run.
+/// and its task attribute. Its immediate data and unsolicited burst take room in the server's
+/// unsolicited budget, unless `accounted` (a held command's data holds its room already,
+/// [`account_unsolicited`]); a write that finds none is refused. Returns what came up in CmdSN
+/// order meanwhile, for the caller to run.
 #[allow(clippy::too_many_arguments)]
 pub fn start_task(
     session: &Arc<Session>,
@@ -37,14 +43,30 @@ pub fn start_task(
     attr: TaskAttribute,
     transfer: Option<WriteTransfer>,
     in_order: bool,
+    accounted: bool,
 ) -> crate::session::InOrder {
     let collecting = transfer.as_ref().is_some_and(|t| !t.done());
-    // The immediate data goes to the core (which keeps what the write needs); the command the
-    // task keeps does not pin the reader's buffer for the task's life.
+    let unsolicited = transfer.as_ref().map_or(0, |t| t.unsolicited_len());
+    let (permit, refused) = if accounted || unsolicited == 0 {
+        (None, false)
+    } else {
+        match session.unsolicited_permit(unsolicited) {
+            Some(p) => (Some(p), false),
+            None => {
+                debug!(parent: &conn.span, itt = cmd.itt, unsolicited, "no room in the unsolicited budget: the write is refused (TASK SET FULL) once its unsolicited data has come");
+                (None, true)
+            }
+        }
+    };
+    // The immediate data goes to the core (which keeps what the write needs) and the CDB is
+    // copied out: the command the task keeps does not pin the reader's buffer (the PDU's
+    // allocation, shared with the PDUs around it) for the task's life.
+    cmd.cdb = Bytes::copy_from_slice(&cmd.cdb);
     let write = transfer.map(|transfer| crate::session_core::NewWrite {
         transfer,
         immediate: std::mem::take(&mut cmd.data),
         first_burst_length: session.ops.first_burst_length,
+        refused,
     });
     let (reg, handles, ready) = session.register_task(
         conn,
@@ -55,6 +77,7 @@ pub fn start_task(
         attr,
         write,
         u64::from(cmd.expected_data_transfer_length),
+        permit,
     );
     match (reg, handles) {
         (Register::Ok, Some(h)) => {
@@ -68,6 +91,7 @@ pub fn start_task(
                 phase,
                 handles: h,
                 collecting,
+                refused,
             };
             tokio::spawn(run(ctx).instrument(span));
         }
@@ -77,11 +101,7 @@ pub fn start_task(
         }
         (Register::TaskSetFull, _) => {
             debug!(parent: &conn.span, itt = cmd.itt, "immediate command beyond the session's tasks: TASK SET FULL");
-            let full = Outcome::status(status::TASK_SET_FULL);
-            let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.max_burst_length);
-            for p in response_pdus(&cmd, phase, full, mrdsl, max_burst) {
-                conn.send(p);
-            }
+            task_set_full(session, conn, &cmd, phase);
         }
         (Register::IttInUse, _) => {
             conn.send(crate::conn::reject_pdu(
@@ -92,6 +112,34 @@ pub fn start_task(
         _ => {}
     }
     ready
+}
+
+/// Answers `cmd` on `conn` with status TASK SET FULL.
+pub fn task_set_full(session: &Session, conn: &Conn, cmd: &ScsiCommand, phase: DataPhase) {
+    let full = Outcome::status(status::TASK_SET_FULL);
+    let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.max_burst_length);
+    for p in response_pdus(cmd, phase, full, mrdsl, max_burst) {
+        conn.send(p);
+    }
+}
+
+/// The data of a command held for its turn ([`crate::session::Session::hold`]), made to hold
+/// room in the server's unsolicited budget for as long as it lives; `None` when there is none.
+pub fn account_unsolicited(session: &Session, data: Bytes) -> Option<Bytes> {
+    struct Held {
+        data: Bytes,
+        _permit: tokio::sync::OwnedSemaphorePermit,
+    }
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            &self.data
+        }
+    }
+    let permit = session.unsolicited_permit(data.len() as u32)?;
+    Some(Bytes::from_owner(Held {
+        data,
+        _permit: permit,
+    }))
 }
 
 /// Runs a command whose turn has come ([`Session::claim`], [`crate::session_core::Run::Inline`]) to its end on the
@@ -151,6 +199,7 @@ pub async fn run(ctx: TaskCtx) {
         phase,
         handles,
         collecting,
+        refused,
     } = ctx;
     let TaskHandles {
         id,
@@ -168,6 +217,9 @@ pub async fn run(ctx: TaskCtx) {
             _ = crate::session::flag_set(&mut abort_rx) => return None,
             r = collect(&session, &conn, itt, id, collecting, ready_rx, grant_rx) => r?,
         };
+        if refused {
+            return Some((Outcome::status(status::TASK_SET_FULL), None));
+        }
         let read_expected = read_expected(&cmd);
         // The data the backend fills waits for the session's read budget.
         let permit = tokio::select! {

@@ -217,10 +217,10 @@ impl Server {
             listeners.push(l);
         }
         let metrics = Arc::new(Metrics::new());
-        let shared = Arc::new(Shared::with_write_budget(
+        let shared = Arc::new(Shared::with_budgets(
             build_targets(&cfg, &metrics)?,
             cfg.discovery_auth.clone(),
-            cfg.limits.write_budget,
+            &cfg.limits,
         ));
         let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
         let shards = Arc::new(Shards::start(cfg.session_threads).map_err(StartError::Threads)?);

@@ -68,6 +68,8 @@ pub struct Shared {
     next_task_id: AtomicU64,
     /// The server-wide write budget in KiB ([`Session::write_permits`]).
     write_budget: Budget,
+    /// The server-wide budget of unsolicited write data ([`Session::unsolicited_permit`]).
+    unsolicited_budget: Budget,
     /// CHAP users whose logins failed lately ([`ChapThrottle`]).
     pub chap_throttle: ChapThrottle,
 }
@@ -185,18 +187,18 @@ impl WritePermits {
 
 impl Shared {
     pub fn new(targets: Vec<Arc<Target>>, discovery_auth: AuthSpec) -> Self {
-        Self::with_write_budget(
+        Self::with_budgets(
             targets,
             discovery_auth,
-            crate::config::ServerLimits::default().write_budget,
+            &crate::config::ServerLimits::default(),
         )
     }
 
-    /// With a server-wide write budget of `write_budget` bytes.
-    pub fn with_write_budget(
+    /// With the server-wide write budgets of `limits`.
+    pub fn with_budgets(
         targets: Vec<Arc<Target>>,
         discovery_auth: AuthSpec,
-        write_budget: u64,
+        limits: &crate::config::ServerLimits,
     ) -> Self {
         Shared {
             targets,
@@ -204,7 +206,8 @@ impl Shared {
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             next_task_id: AtomicU64::new(1),
-            write_budget: Budget::new(write_budget),
+            write_budget: Budget::new(limits.write_budget),
+            unsolicited_budget: Budget::new(limits.unsolicited_budget),
             chap_throttle: ChapThrottle::default(),
         }
     }
@@ -609,6 +612,9 @@ pub struct TaskIo {
     wait_grant: Option<oneshot::Sender<u32>>,
     /// The write's share of the write budgets, held until the task ends.
     permits: Option<WritePermits>,
+    /// Its unsolicited data's share of the server's unsolicited budget, held until the task
+    /// ends or its grant puts the whole write under the write budgets.
+    unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
     abort_tx: watch::Sender<bool>,
     /// Closed (sender dropped) when the task's future has ended.
     done_rx: watch::Receiver<()>,
@@ -669,6 +675,7 @@ fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
     }
     if let Some(io) = core.task_io_mut(itt, id) {
         io.permits = Some(permits);
+        io.unsolicited = None;
     }
 }
 
@@ -784,6 +791,12 @@ impl Session {
         WritePermits::take(&self.write_budget, &self.shared.write_budget, bytes).await
     }
 
+    /// Room for `bytes` of unsolicited write data in the server's unsolicited budget now, if
+    /// there is (never waits: the data is on its way whatever the target does).
+    pub fn unsolicited_permit(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.shared.unsolicited_budget.try_take(bytes)
+    }
+
     /// Write `itt` (task `id`) waited for and got its budget: its first R2Ts go out. Nothing
     /// happens (the permits are given back) if it has ended meanwhile.
     pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
@@ -890,6 +903,7 @@ impl Session {
         attr: TaskAttribute,
         write: Option<NewWrite>,
         bytes: u64,
+        unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> (Register, Option<TaskHandles>, InOrder) {
         let id = self.shared.task_id();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -900,6 +914,7 @@ impl Session {
             ready: Some(ready_tx),
             wait_grant: Some(grant_tx),
             permits: None,
+            unsolicited,
             abort_tx,
             done_rx,
         };
@@ -977,7 +992,8 @@ impl Session {
     }
 
     /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
-    /// the requests now in order (possibly including this one) and whether it was dropped.
+    /// whether it was taken (false: outside the window or a duplicate, dropped) and the
+    /// requests now in order (possibly including this one).
     pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, InOrder) {
         let mut core = self.lock();
         let r = core.submit_ordered(cmd_sn, item);

@@ -684,3 +684,191 @@ async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
     );
     drop(b);
 }
+
+/// Login keys for a session that sends its first burst unasked: immediate data, then
+/// unsolicited Data-Out, up to FirstBurstLength (256 KiB, the target's default).
+const UNSOLICITED: &[(&str, &str)] = &[
+    ("InitialR2T", "No"),
+    ("ImmediateData", "Yes"),
+    ("FirstBurstLength", "262144"),
+    ("MaxBurstLength", "1048576"),
+];
+
+/// Sessions whose writes bring their first burst unasked (64 KiB immediate, then unsolicited
+/// Data-Out) and withhold the burst's last PDU: each write would keep a 256 KiB buffer forever
+/// (8 sessions x 128 writes: 256 MiB). The server's unsolicited budget (here 32 MiB) bounds
+/// them; writes beyond it keep nothing; the Data-Out timeout then drops every such connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_bursts_that_never_end_are_held_to_the_unsolicited_budget() {
+    let _one = SERIAL.lock().await;
+    log();
+    const UNSOLICITED_BUDGET: u64 = 32 << 20;
+    const SESSIONS: u8 = 8;
+    const NO_DATA: &str = "no Data-Out for a write in 3s";
+    let seen = log_count(NO_DATA);
+    let server = Arc::new(
+        start_with(|cfg| {
+            cfg.limits.unsolicited_budget = UNSOLICITED_BUDGET;
+            let l = &mut cfg.targets[0].limits;
+            l.data_out_timeout = Duration::from_secs(3);
+            l.nop_interval = Duration::ZERO;
+        })
+        .await,
+    );
+    let (_, alone) = verified_io(&server, 1, 1.0).await;
+    let before = rss();
+    let watch = RssWatch::start();
+    let chunk = pattern(64 << 10, 5);
+    let mut clients = Vec::new();
+    for i in 0..SESSIONS {
+        let mut c = Client::normal_isid(&server, [0x80, 7, 7, 8, 8, i], UNSOLICITED).await;
+        // One write at a time on the wire, so that this process's own buffers stay small.
+        for _ in 0..128 {
+            let mut wire = Vec::new();
+            // 8 MiB, of which the first 256 KiB come unasked: 64 KiB with the command, two
+            // Data-Outs of 64 KiB, and the last one (F bit) withheld.
+            let cmd = c.command(
+                &rw10(0x2a, 0, 16384),
+                false,
+                true,
+                8 << 20,
+                chunk.clone(),
+                false,
+            );
+            let itt = cmd.itt;
+            wire.extend_from_slice(&Pdu::ScsiCommand(cmd).encode(&c.framing).to_vec());
+            for k in 0..2u32 {
+                let d = Pdu::DataOut(DataOut {
+                    final_: false,
+                    lun: 0,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    exp_stat_sn: 0,
+                    data_sn: k,
+                    buffer_offset: (k + 1) * (64 << 10),
+                    data: chunk.clone(),
+                });
+                wire.extend_from_slice(&d.encode(&c.framing).to_vec());
+            }
+            c.s.write_all(&wire).await.unwrap();
+        }
+        clients.push(c);
+    }
+    let (rounds, during) = verified_io(&server, 2, 2.0).await;
+    let peak = watch.peak();
+    println!(
+        "{SESSIONS} sessions x 128 WRITEs withholding the end of their unsolicited burst: resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; unsolicited budget {:.0} MiB; unbounded: {} MiB); other session {alone:.1} MB/s alone, {during:.1} MB/s beside them",
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(UNSOLICITED_BUDGET),
+        u64::from(SESSIONS) * 128 / 4,
+    );
+    assert!(
+        peak.saturating_sub(before) <= UNSOLICITED_BUDGET + SLACK,
+        "resident memory rose by {:.1} MiB",
+        mib(peak - before)
+    );
+    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    // Every such write owes its burst's end, kept or refused: the Data-Out timeout drops them.
+    for mut c in clients {
+        assert!(
+            c.closed_within(Duration::from_secs(10)).await,
+            "a stuck writer was not dropped"
+        );
+    }
+    let line = logged(NO_DATA, seen + 1)
+        .await
+        .expect("no log line for the Data-Out timeout");
+    println!("log: {line}");
+}
+
+/// Sessions that leave a gap in CmdSN and send a window of 256 KiB WRITEs with all their data
+/// immediate: each is held for its turn with its data (8 sessions x 127: 254 MiB). Those held
+/// take the unsolicited budget (32 MiB: exactly 128 of them); the rest are answered TASK SET
+/// FULL at once. Once the gap is filled the held ones run and succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_held_behind_a_cmdsn_gap_are_held_to_the_unsolicited_budget() {
+    let _one = SERIAL.lock().await;
+    log();
+    const UNSOLICITED_BUDGET: u64 = 32 << 20;
+    const SESSIONS: u8 = 8;
+    const LEN: u32 = 256 << 10;
+    let server = start_with(|cfg| {
+        cfg.limits.unsolicited_budget = UNSOLICITED_BUDGET;
+        cfg.targets[0].limits.nop_interval = Duration::ZERO;
+    })
+    .await;
+    let before = rss();
+    let watch = RssWatch::start();
+    let data = pattern(LEN as usize, 9);
+    let mut clients = Vec::new();
+    for i in 0..SESSIONS {
+        let mut c = Client::normal_isid(&server, [0x80, 7, 7, 9, 9, i], UNSOLICITED).await;
+        let gap = c.cmd_sn;
+        c.cmd_sn += 1;
+        for _ in 0..127 {
+            let cmd = c.command(&rw10(0x2a, 0, 512), false, true, LEN, data.clone(), true);
+            c.send(Pdu::ScsiCommand(cmd)).await;
+        }
+        clients.push((c, gap));
+    }
+    // The refused ones are answered now; the held ones wait for the gap.
+    let mut refused = 0u32;
+    for (c, _) in &mut clients {
+        while let Ok(p) = tokio::time::timeout(Duration::from_millis(500), c.recv_inner()).await {
+            let Pdu::ScsiResponse(r) = p else {
+                panic!("unexpected {p:?}")
+            };
+            assert_eq!(r.status, 0x28, "TASK SET FULL");
+            refused += 1;
+        }
+    }
+    let peak = watch.peak();
+    let held = u32::from(SESSIONS) * 127 - refused;
+    println!(
+        "{SESSIONS} sessions x 127 WRITEs of 256 KiB behind a CmdSN gap: {held} held, {refused} answered TASK SET FULL; resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; unsolicited budget {:.0} MiB; unbounded: {:.0} MiB)",
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(UNSOLICITED_BUDGET),
+        mib(u64::from(SESSIONS) * 127 * u64::from(LEN)),
+    );
+    assert_eq!(
+        u64::from(held),
+        UNSOLICITED_BUDGET / u64::from(LEN),
+        "writes held"
+    );
+    assert!(
+        peak.saturating_sub(before) <= UNSOLICITED_BUDGET + SLACK,
+        "resident memory rose by {:.1} MiB",
+        mib(peak - before)
+    );
+    // The gap filled, every held write runs and succeeds, and the budget is free again.
+    let mut good = 0u32;
+    for (c, gap) in &mut clients {
+        let next = c.cmd_sn;
+        c.cmd_sn = *gap;
+        let tur = c.command(&[0u8; 6], false, false, 0, Bytes::new(), true);
+        c.cmd_sn = next;
+        c.send(Pdu::ScsiCommand(tur)).await;
+        while let Ok(p) = tokio::time::timeout(Duration::from_millis(500), c.recv_inner()).await {
+            let Pdu::ScsiResponse(r) = p else {
+                panic!("unexpected {p:?}")
+            };
+            assert_eq!(r.status, 0, "GOOD");
+            good += 1;
+        }
+    }
+    assert_eq!(
+        good,
+        held + u32::from(SESSIONS),
+        "the held writes and the gaps' commands"
+    );
+    let (c, _) = &mut clients[0];
+    let cmd = c.command(&rw10(0x2a, 0, 512), false, true, LEN, data.clone(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (_, status, ..) = c.read_result(itt).await;
+    assert_eq!(status, 0, "a write with immediate data after the flood");
+}
