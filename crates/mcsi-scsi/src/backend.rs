@@ -141,11 +141,16 @@ pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
 /// I/O of initiators (128 KiB).
 pub const RAM_CHUNK: u64 = 128 * 1024;
 
+/// The smallest read served as a slice of its chunk: a smaller one is copied, so that a held
+/// read never pins more than 4 times its own length (a queue of 512-byte reads over chunks that
+/// are then written would otherwise hold a whole 128 KiB chunk per read).
+pub const RAM_SLICE_MIN: usize = (RAM_CHUNK / 4) as usize;
+
 /// Memory-backed storage, allocated lazily in [`RAM_CHUNK`] pieces.
 ///
-/// Chunks are shared buffers: a read inside one chunk returns a slice of it (no copy), and a
-/// write to a chunk that such a read still holds copies the chunk first (copy-on-write), so the
-/// read keeps the data it saw.
+/// Chunks are shared buffers: a read of at least [`RAM_SLICE_MIN`] inside one chunk returns a
+/// slice of it (no copy), and a write to a chunk that such a read still holds copies the chunk
+/// first (copy-on-write), so the read keeps the data it saw.
 pub struct RamBackend {
     size: u64,
     chunks: Vec<RwLock<Option<Bytes>>>,
@@ -235,7 +240,7 @@ impl Backend for RamBackend {
         check_range("read", offset, len as u64, self.size)?;
         let idx = offset / RAM_CHUNK;
         let at = (offset % RAM_CHUNK) as usize;
-        if len > 0 && at + len <= self.chunk_len(idx) {
+        if len >= RAM_SLICE_MIN && at + len <= self.chunk_len(idx) {
             // Inside one allocated chunk: a slice of it.
             match self.chunks[idx as usize].read() {
                 Ok(g) => {

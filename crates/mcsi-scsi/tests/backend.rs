@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Backends: RAM laziness, files with holes, spec parsing, failure injection.
 
-use mcsi_scsi::backend::RAM_CHUNK;
+use mcsi_scsi::backend::{RAM_CHUNK, RAM_SLICE_MIN};
 use mcsi_scsi::{open_backend, Backend, BackendError, FailingBackend, FileBackend, RamBackend};
 use std::sync::Arc;
 
@@ -173,13 +173,18 @@ fn ram_read_bytes_matches_read_at_across_chunks_and_holes() {
 #[test]
 fn ram_read_inside_a_chunk_keeps_its_data_across_later_writes() {
     let r = RamBackend::new(2 * RAM_CHUNK).unwrap();
-    r.write_at(4096, &[1u8; 8192]).unwrap();
+    let n = RAM_SLICE_MIN;
+    r.write_at(4096, &vec![1u8; n]).unwrap();
     // A read inside one chunk (served as a slice of it), then a write over the same bytes while
     // the read's buffer is still held: the read keeps what it saw (copy-on-write).
-    let before = r.read_bytes(4096, 8192).unwrap();
+    let before = r.read_bytes(4096, n).unwrap();
+    assert!(
+        before.clone().try_into_mut().is_err(),
+        "a slice of the chunk"
+    );
     r.write_at(8192, &[2u8; 512]).unwrap();
     assert!(before.iter().all(|&b| b == 1));
-    let after = r.read_bytes(4096, 8192).unwrap();
+    let after = r.read_bytes(4096, n).unwrap();
     assert!(after[..4096].iter().all(|&b| b == 1));
     assert!(after[4096..4608].iter().all(|&b| b == 2));
     assert!(after[4608..].iter().all(|&b| b == 1));
@@ -195,4 +200,7 @@ fn ram_read_inside_a_chunk_keeps_its_data_across_later_writes() {
         .all(|&b| b == 0));
     assert!(r.read_bytes(0, 0).unwrap().is_empty());
     assert_eq!(r.allocated_bytes(), RAM_CHUNK);
+    // A smaller read is a copy of its own: held, it pins no chunk.
+    let small = r.read_bytes(4096, RAM_SLICE_MIN - 1).unwrap();
+    assert!(small.try_into_mut().is_ok(), "a copy");
 }
