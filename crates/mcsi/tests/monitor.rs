@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{ci, get, have};
+use common::{get, have, skip};
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -145,8 +145,10 @@ fn monitor_follows_a_running_sessions_connections() {
 #[test]
 fn metrics_pass_promtool() {
     if !have("promtool") {
-        assert!(!ci(), "promtool (Debian's prometheus) is missing under CI");
-        eprintln!("SKIPPED: promtool is not installed (apt-get install prometheus)");
+        skip(
+            "metrics_pass_promtool",
+            "promtool is not installed (apt-get install prometheus)",
+        );
         return;
     }
     let t = start_target();

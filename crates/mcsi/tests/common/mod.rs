@@ -1,4 +1,6 @@
 //! Helpers shared by the integration tests that drive real peers (tgt, qemu-img, mcsi target).
+// Each test binary that includes this module uses part of it.
+#![allow(dead_code)]
 
 use std::process::{Command, Stdio};
 
@@ -17,8 +19,25 @@ pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
+/// A test (or part of one, `what`) that cannot run here: under CI=true a failure; otherwise it
+/// says why on stderr and appends the reason to `$MCSI_SKIP_LOG`, where `scripts/test` counts
+/// it as skipped (cargo shows a passing test's output only with --nocapture).
+pub fn skip(what: &str, why: &str) {
+    assert!(!ci(), "{what}: {why} (CI=true: nothing is skipped)");
+    eprintln!("{what}: SKIPPED: {why}");
+    if let Some(path) = std::env::var_os("MCSI_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{what}: {why}");
+        }
+    }
+}
+
 /// `GET path` from an HTTP server on `addr` (the `--metrics` endpoints); the body of a 200.
-#[allow(dead_code)] // not every test binary that includes this module scrapes
 pub fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
