@@ -1168,6 +1168,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn zero_turns_the_keepalive_and_timeouts_off_rather_than_picking_a_default() {
+        let c = ServerConfig::from_toml(
+            "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\nnop_interval = \"0\"\ndata_out_timeout = \"0s\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n",
+        )
+        .unwrap();
+        let l = &c.targets[0].limits;
+        assert_eq!(l.nop_interval, Duration::ZERO);
+        assert_eq!(l.data_out_timeout, Duration::ZERO);
+        assert_ne!(Limits::default().nop_interval, Duration::ZERO);
+    }
+
+    #[test]
     fn full_file() {
         let c = ServerConfig::from_toml(
             r#"

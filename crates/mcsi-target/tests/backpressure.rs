@@ -114,6 +114,23 @@ async fn logged(what: &str, n: usize) -> Option<String> {
     None
 }
 
+/// The share of its speed alone that another session must keep beside a hostile peer. Beside a
+/// target that holds the peer to its budgets it keeps about all of it (0.9-1.1x measured); a
+/// target stuck on the peer gives it next to nothing. A quarter leaves room for a busy 2-core
+/// machine, where the peer's own traffic takes CPU.
+const KEPT: f64 = 0.25;
+
+/// The other session kept its pace beside the hostile peer: at least [`KEPT`] of its speed
+/// alone, over at least 3 verified rounds.
+fn kept_pace(alone: f64, during: f64, rounds: u64) {
+    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    assert!(
+        during >= KEPT * alone,
+        "the other session slowed from {alone:.1} MB/s alone to {during:.1} MB/s ({:.2}x, floor {KEPT})",
+        during / alone
+    );
+}
+
 fn mib(n: u64) -> f64 {
     n as f64 / (1u64 << 20) as f64
 }
@@ -266,7 +283,7 @@ async fn a_peer_that_never_reads_is_held_to_the_output_budget() {
         "resident memory rose by {:.1} MiB",
         mib(peak - before)
     );
-    assert!(rounds >= 4, "the other session made {rounds} rounds");
+    kept_pace(alone, during, rounds);
 
     // The stuck connection is dropped (keepalive 1 s + 1 s, send timeout 3 s): reading what is
     // left ends in EOF.
@@ -356,7 +373,7 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
             "resident memory rose by {:.1} MiB",
             mib(peak - before)
         );
-        assert!(rounds >= 3, "the other session made {rounds} rounds");
+        kept_pace(alone, during, rounds);
         // The socket took nothing for 3 s: the connection is dropped, and the log says so.
         let line = logged(SEND_TIMEOUT, seen + 1)
             .await
@@ -623,7 +640,7 @@ async fn replies_on_a_response_connection_never_read_are_bounded() {
         mib(queued)
     );
     assert!(commands < 128, "every READ ran: the reader did not stop");
-    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    kept_pace(alone, during, rounds);
     // The response connection took nothing: the send timeout drops it, and with it the
     // session (ErrorRecoveryLevel 0).
     let line = logged(SEND_TIMEOUT, seen + 1)
@@ -676,7 +693,7 @@ async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
         "resident memory rose by {:.1} MiB",
         mib(peak - before)
     );
-    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    kept_pace(alone, during, rounds);
     // No Data-Out ever comes: the Data-Out timeout ends the connection and the session.
     assert!(
         a.closed_within(Duration::from_secs(10)).await,
@@ -769,7 +786,7 @@ async fn unsolicited_bursts_that_never_end_are_held_to_the_unsolicited_budget() 
         "resident memory rose by {:.1} MiB",
         mib(peak - before)
     );
-    assert!(rounds >= 3, "the other session made {rounds} rounds");
+    kept_pace(alone, during, rounds);
     // Every such write owes its burst's end, kept or refused: the Data-Out timeout drops them.
     for mut c in clients {
         assert!(
