@@ -170,10 +170,16 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut l = Loss::new(LossModel::Bernoulli(0.05));
         let n = 200_000;
-        let lost = (0..n).filter(|_| l.lose(&mut rng)).count();
+        let draws: Vec<bool> = (0..n).map(|_| l.lose(&mut rng)).collect();
+        let lost = draws.iter().filter(|&&x| x).count();
         let f = lost as f64 / n as f64;
         assert!((f - 0.05).abs() < 0.003, "{f}");
-        // Bernoulli losses do not cluster: P(lost | previous lost) is also p.
+        // Bernoulli losses do not cluster: P(lost | previous lost) is also p. About 10k losses
+        // follow a loss here: sd of the conditional rate 0.22%, the bound is > 4.5 sd, while a
+        // Gilbert-Elliott model of the same mean (bursts of 10) gives 90%.
+        let after_loss: Vec<bool> = draws.windows(2).filter(|w| w[0]).map(|w| w[1]).collect();
+        let c = after_loss.iter().filter(|&&x| x).count() as f64 / after_loss.len() as f64;
+        assert!((c - 0.05).abs() < 0.01, "P(lost | previous lost) = {c}");
     }
 
     #[test]

@@ -149,7 +149,34 @@ mod tests {
         // (m rho)^m / m! overflows f64 here; the recursion does not.
         let q = mmm(900.0, 1.0, 1000).unwrap();
         assert!(q.queuing_probability.is_finite());
-        assert!((0.0..1.0).contains(&q.queuing_probability));
+        // Against the textbook formula evaluated in log space, a different computation:
+        // P_Q = [a^m/m! / (1 - rho)] / [sum_{k<m} a^k/k! + a^m/m! / (1 - rho)].
+        let direct = |a: f64, m: u32| {
+            let rho = a / f64::from(m);
+            let mut ln_fact = 0.0;
+            let mut terms = Vec::new();
+            for k in 0..m {
+                if k > 0 {
+                    ln_fact += f64::from(k).ln();
+                }
+                terms.push(f64::from(k) * a.ln() - ln_fact);
+            }
+            ln_fact += f64::from(m).ln();
+            let last = f64::from(m) * a.ln() - ln_fact - (1.0 - rho).ln();
+            let top = terms.iter().copied().fold(last, f64::max);
+            let sum: f64 = terms.iter().map(|t| (t - top).exp()).sum::<f64>() + (last - top).exp();
+            (last - top).exp() / sum
+        };
+        for (a, m) in [(900.0, 1000), (1.5, 3), (7.2, 8), (95.0, 100), (0.3, 1)] {
+            let want = direct(a, m);
+            let got = erlang_c(a, m);
+            assert!(
+                (got - want).abs() <= 1e-9 * want.max(1e-300),
+                "Erlang C({a}, {m}): {got} against {want}"
+            );
+        }
+        let want = direct(900.0, 1000);
+        assert!((q.queuing_probability - want).abs() <= 1e-9 * want);
     }
 
     #[test]

@@ -99,6 +99,29 @@ fn read_bw(link_opts: &[&str], connections: u32) -> f64 {
     bw / 1e6
 }
 
+/// The cell's TCP goodput in MB/s by `mcsi model wlan` (thesis 000 eq. 3.1-3.15): 802.11b,
+/// 1500-byte packets, delayed ACKs, one station, packet error rate `per`.
+fn model_mb_s(per: f64) -> f64 {
+    let mut input = mcsi_model::wlan::Input::new(mcsi_model::wlan::Standard::B);
+    input.packet_error = per;
+    let r = mcsi_model::wlan::throughput(&input).unwrap();
+    r.failure.tcp_goodput_bps / 8e6
+}
+
+/// iSCSI reads run at the cell's TCP goodput: within [0.9, 1.06] of the model (iSCSI headers cost
+/// about 0.04 %, the emulated cell's timing is not the model's exactly; 0.98-1.02 measured).
+/// No connection count, error or no error, gets far from it: this is where a broken link, a
+/// stalled session or a figure the model does not predict shows.
+fn assert_at_goodput(what: &str, got: f64, per: f64) {
+    let model = model_mb_s(per);
+    let ratio = got / model;
+    println!("{what}: {got:.3} MB/s, model {model:.3} MB/s ({ratio:.2}x)");
+    assert!(
+        (0.9..=1.06).contains(&ratio),
+        "{what}: {got:.3} MB/s is {ratio:.2}x the model's {model:.3} MB/s (band 0.9-1.06)"
+    );
+}
+
 #[test]
 fn iscsi_reads_over_clean_80211b_cell() {
     if !ready("iscsi_reads_over_clean_80211b_cell") {
@@ -108,9 +131,8 @@ fn iscsi_reads_over_clean_80211b_cell() {
     let one = read_bw(&[], 1);
     let four = read_bw(&[], 4);
     println!("802.11b, PER 0: 1 connection {one:.3} MB/s, 4 connections {four:.3} MB/s");
-    assert!((0.45..=0.70).contains(&one), "1 connection: {one:.3} MB/s");
-    // A clean cell has no losses for more connections to hide: only a sanity floor.
-    assert!(four > 0.3, "4 connections: {four:.3} MB/s");
+    assert_at_goodput("PER 0, 1 connection", one, 0.0);
+    assert_at_goodput("PER 0, 4 connections", four, 0.0);
 }
 
 #[test]
@@ -122,6 +144,8 @@ fn iscsi_reads_over_80211b_cell_with_10pct_frame_errors() {
     let one = read_bw(&["--per", "10%"], 1);
     let four = read_bw(&["--per", "10%"], 4);
     println!("802.11b, PER 10%: 1 connection {one:.3} MB/s, 4 connections {four:.3} MB/s");
-    // Zero errors is checked in read_bw; the figures are for the record.
-    assert!(one > 0.0 && four > 0.0);
+    // 802.11 retransmission recovers the frame errors before TCP sees them: both run at the
+    // cell's goodput with errors.
+    assert_at_goodput("PER 10%, 1 connection", one, 0.1);
+    assert_at_goodput("PER 10%, 4 connections", four, 0.1);
 }
