@@ -70,7 +70,14 @@ test_lio() {
   in_ns "$MCSI" bench --connections 4 --rw randrw --bs 64KiB --iodepth 16 --runtime 8 \
     --size 128MiB --verify "$url" >"$RUN/bench1.log" 2>&1 &
   local bench=$!
-  sleep 4
+  # Ask LIO once all four connections are up (under TCG logins take seconds, so no fixed sleep).
+  local i=0
+  until [ "$(in_ns ss -Htn state established "dst $GUEST_IP:3260" | wc -l)" -ge 4 ]; do
+    i=$((i + 1))
+    [ $i -le 300 ] || die "the bench's 4 connections to LIO were not up after 30 s"
+    kill -0 "$bench" 2>/dev/null || { cat "$RUN/bench1.log" >&2; die "mcsi bench ended before its 4 connections were up"; }
+    sleep 0.1
+  done
   vm_send sessions
   vm_expect "sessions shown" 60
   wait "$bench" || {

@@ -639,7 +639,27 @@ async fn racing_leading_logins_of_one_port_leave_one_session() {
         while let Some(c) = set.join_next().await {
             clients.extend(c.unwrap());
         }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // Wait for the displaced sessions to close (not a fixed sleep: on a busy machine
+        // closing takes a while): one session and one connection left for the port.
+        let isid = format!("8007070707{round:02x}");
+        let t = std::time::Instant::now();
+        loop {
+            let port: Vec<_> = server
+                .snapshot()
+                .into_iter()
+                .filter(|s| s.isid == isid)
+                .collect();
+            let conns: usize = port.iter().map(|s| s.connections.len()).sum();
+            if port.len() == 1 && conns == 1 {
+                break;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "round {round}: {} sessions and {conns} connections of the port after 10 s",
+                port.len()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         let mut alive = 0;
         for c in &mut clients {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
