@@ -231,6 +231,14 @@ struct Collect {
     refused: bool,
 }
 
+impl Collect {
+    /// It must ask for the rest of its data with R2Ts now: not refused, its unsolicited burst
+    /// over (no R2T may go before), and data still unasked for.
+    fn must_solicit(&self) -> bool {
+        !self.refused && !self.transfer.unsolicited_open() && self.transfer.solicits()
+    }
+}
+
 /// A write's permission to ask for its data with R2Ts. A write only asks once its turn has come
 /// (so that a write holding budget never waits on another task) and once the tokio layer has
 /// taken the whole write's bytes from the write budgets; the unsolicited part needs no grant.
@@ -634,10 +642,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let c = t.collect.as_ref()?;
         Some(Collecting {
             // While its unsolicited burst is open the initiator owes data, grant or not.
-            waiting_for_grant: !c.refused
-                && !c.transfer.unsolicited_open()
-                && c.grant != Grant::Granted
-                && c.transfer.solicits(),
+            waiting_for_grant: c.grant != Grant::Granted && c.must_solicit(),
             received: c.received,
         })
     }
@@ -647,12 +652,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// before: a write whose burst never ends holds no write budget).
     fn ask_grant(&mut self, k: Key) {
         if let Some(t) = self.tasks.get(&k.itt).filter(|t| t.id == k.id && t.turn) {
-            if t.collect.as_ref().is_some_and(|c| {
-                !c.refused
-                    && c.grant == Grant::None
-                    && !c.transfer.unsolicited_open()
-                    && c.transfer.solicits()
-            }) {
+            if t.collect
+                .as_ref()
+                .is_some_and(|c| c.grant == Grant::None && c.must_solicit())
+            {
                 self.grants.push_back(k);
             }
         }
@@ -1760,6 +1763,18 @@ mod tests {
         }
     }
 
+    /// A write of `len` bytes under [`burst`]`(1)` (FirstBurstLength 8) whose first `imm` came as
+    /// immediate data, with the command's F bit `final_` (false: unsolicited Data-Out follows).
+    fn burst_write(len: u32, imm: &'static [u8], final_: bool, refused: bool) -> NewWrite {
+        NewWrite {
+            transfer: WriteTransfer::new(burst(1), len, len, imm.len() as u32, final_)
+                .expect("valid"),
+            immediate: Bytes::from_static(imm),
+            first_burst_length: 8,
+            refused,
+        }
+    }
+
     fn data_out(
         itt: u32,
         ttt: u32,
@@ -1923,16 +1938,7 @@ mod tests {
         let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
         let mut core = core(&[&a, &b]);
         // CmdSN 2 (a write on connection 2, all of it unsolicited) before CmdSN 1.
-        let params = crate::transfer::BurstParams {
-            first_burst_length: 8,
-            ..burst(1)
-        };
-        let w = NewWrite {
-            transfer: WriteTransfer::new(params, 8, 8, 0, false).expect("valid"),
-            immediate: Bytes::new(),
-            first_burst_length: 8,
-            refused: false,
-        };
+        let w = burst_write(8, b"", false, false);
         core.register(&b, task(2, 2, Simple), Some(w), Io::default());
         let d = data_out(2, RESERVED_TAG, 0, 0, b"12345678", true);
         // Data-Out on the wrong connection breaks allegiance.
@@ -1972,12 +1978,7 @@ mod tests {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
         // 16 bytes, FirstBurstLength 8: the unsolicited burst ends after 4.
-        let w = NewWrite {
-            transfer: WriteTransfer::new(burst(1), 16, 16, 0, false).expect("valid"),
-            immediate: Bytes::new(),
-            first_burst_length: 8,
-            refused: false,
-        };
+        let w = burst_write(16, b"", false, false);
         core.register(&a, task(1, 1, Simple), Some(w), Io::default());
         // It will need R2Ts beyond the first burst, but asks for its budget only once the
         // unsolicited burst has ended: one that never ends holds none.
@@ -1999,12 +2000,7 @@ mod tests {
         let mut core = core(&[&a]);
         // 32 bytes, 4 immediate, unsolicited up to FirstBurstLength 8, the rest by R2T were it
         // not refused.
-        let w = NewWrite {
-            transfer: WriteTransfer::new(burst(1), 32, 32, 4, false).expect("valid"),
-            immediate: Bytes::from_static(b"abcd"),
-            first_burst_length: 8,
-            refused: true,
-        };
+        let w = burst_write(32, b"abcd", false, true);
         core.register(&a, task(1, 1, Simple), Some(w), Io::default());
         assert_eq!(core.poll_grant(), None, "a refused write asks for nothing");
         assert!(
@@ -2025,12 +2021,7 @@ mod tests {
             std::iter::from_fn(|| core.poll_ready().map(|r| (r.itt, r.data))).collect();
         assert_eq!(got, vec![(1, Bytes::new())], "handed out with no data");
         // A refused write with no unsolicited Data-Out to come is handed out at once.
-        let w = NewWrite {
-            transfer: WriteTransfer::new(burst(1), 32, 32, 4, true).expect("valid"),
-            immediate: Bytes::from_static(b"abcd"),
-            first_burst_length: 8,
-            refused: true,
-        };
+        let w = burst_write(32, b"abcd", true, true);
         core.register(&a, task(2, 2, Simple), Some(w), Io::default());
         assert_eq!(core.poll_grant(), None);
         assert_eq!(
@@ -2045,12 +2036,7 @@ mod tests {
         let mut core = core(&[&a]);
         // 16 bytes, FirstBurstLength 8: it asks for its grant at once, but until its burst
         // ends the initiator owes data, so the Data-Out timeout must watch it.
-        let w = NewWrite {
-            transfer: WriteTransfer::new(burst(1), 16, 16, 0, false).expect("valid"),
-            immediate: Bytes::new(),
-            first_burst_length: 8,
-            refused: false,
-        };
+        let w = burst_write(16, b"", false, false);
         core.register(&a, task(1, 1, Simple), Some(w), Io::default());
         assert!(
             !core
