@@ -532,6 +532,29 @@ impl Reader {
         }
     }
 
+    /// A command about to be held for its turn, made to keep its own CDB (not the reader's
+    /// buffer around it) and its immediate data's room in the unsolicited budget. Without room
+    /// it is answered TASK SET FULL now (all of its data has come, so the answer may go) and its
+    /// CmdSN is used up: `None`.
+    fn to_hold(&self, mut c: ScsiCommand, phase: mcsi_scsi::DataPhase) -> Option<ScsiCommand> {
+        c.cdb = Bytes::copy_from_slice(&c.cdb);
+        if c.data.is_empty() {
+            return Some(c);
+        }
+        if let Some(data) = scsi::account_unsolicited(&self.session, std::mem::take(&mut c.data)) {
+            c.data = data;
+            return Some(c);
+        }
+        // One outside the window is dropped silently instead (RFC 7143 4.2.2.1).
+        let (taken, ready) = self.session.submit_ordered(c.cmd_sn, Ordered::Nothing);
+        if taken {
+            debug!(parent: &self.conn.span, itt = c.itt, "no room in the unsolicited budget for a held write: TASK SET FULL");
+            scsi::task_set_full(&self.session, &self.conn, &c, phase);
+        }
+        control::run_all(&self.session, ready);
+        None
+    }
+
     fn on_command(&mut self, c: ScsiCommand) -> Result<(), ConnEnd> {
         let Some(target) = self.session.target.clone() else {
             let p = Pdu::ScsiCommand(c);
@@ -593,29 +616,9 @@ impl Reader {
                     return Ok(());
                 }
                 Turn::Wait => {
-                    // Its immediate data waits with it: room in the unsolicited budget, or
-                    // TASK SET FULL now (all of its data has come, so the answer may go).
-                    let mut c = c;
-                    // Held, it keeps its CDB, not the reader's buffer around it.
-                    c.cdb = Bytes::copy_from_slice(&c.cdb);
-                    if !c.data.is_empty() {
-                        match scsi::account_unsolicited(&self.session, std::mem::take(&mut c.data))
-                        {
-                            Some(data) => c.data = data,
-                            None => {
-                                // Its CmdSN is used up; one outside the window is dropped
-                                // silently instead (RFC 7143 4.2.2.1).
-                                let (taken, ready) =
-                                    self.session.submit_ordered(c.cmd_sn, Ordered::Nothing);
-                                if taken {
-                                    debug!(parent: &self.conn.span, itt = c.itt, "no room in the unsolicited budget for a held write: TASK SET FULL");
-                                    scsi::task_set_full(&self.session, &self.conn, &c, phase);
-                                }
-                                control::run_all(&self.session, ready);
-                                return Ok(());
-                            }
-                        }
-                    }
+                    let Some(c) = self.to_hold(c, phase) else {
+                        return Ok(());
+                    };
                     let d = Box::new(Deferred {
                         conn: self.conn.clone(),
                         cmd: c,

@@ -237,7 +237,8 @@ pub async fn run(ctx: TaskCtx) {
         Some((o, p)) => (Some(o), p),
         None => (None, None),
     };
-    if let Some(o) = &outcome {
+    // A refused write did not run: like the other TASK SET FULL answers it moves no counter.
+    if let (Some(o), false) = (&outcome, refused) {
         account(&session, &conn, &cmd, o, started);
     }
     let max_burst = session.ops.max_burst_length;

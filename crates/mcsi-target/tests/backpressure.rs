@@ -500,6 +500,22 @@ async fn withholding_writer(
     }
 }
 
+/// A target for writers that stop sending: a 3 s Data-Out timeout (the stuck connections are
+/// dropped within the test), no NOP-In pings (the writers do not answer them), then `f`.
+async fn stalled_writers_server(
+    f: impl FnOnce(&mut mcsi_target::config::ServerConfig),
+) -> Arc<mcsi_target::Server> {
+    Arc::new(
+        start_with(|cfg| {
+            let l = &mut cfg.targets[0].limits;
+            l.data_out_timeout = Duration::from_secs(3);
+            l.nop_interval = Duration::ZERO;
+            f(cfg);
+        })
+        .await,
+    )
+}
+
 /// The write flood: sessions that fill the CmdSN window with 8 MiB WRITEs and withhold each
 /// one's last burst hold no more than the write budgets (unbounded, 1 GiB per session), the
 /// Data-Out timeout drops them, and the target then serves writes again.
@@ -512,16 +528,11 @@ async fn writes_whose_data_never_finishes_are_held_to_the_write_budgets() {
     const NO_DATA: &str = "no Data-Out for a write in 3s";
     for sessions in [1u8, 8] {
         let seen = log_count(NO_DATA);
-        let server = Arc::new(
-            start_with(|cfg| {
-                cfg.limits.write_budget = SERVER_BUDGET;
-                let l = &mut cfg.targets[0].limits;
-                l.write_budget = SESSION_BUDGET;
-                l.data_out_timeout = Duration::from_secs(3);
-                l.nop_interval = Duration::ZERO;
-            })
-            .await,
-        );
+        let server = stalled_writers_server(|cfg| {
+            cfg.limits.write_budget = SERVER_BUDGET;
+            cfg.targets[0].limits.write_budget = SESSION_BUDGET;
+        })
+        .await;
         let (_, alone) = verified_io(&server, 1, 1.0).await;
         let before = rss();
         let watch = RssWatch::start();
@@ -723,15 +734,8 @@ async fn unsolicited_bursts_that_never_end_are_held_to_the_unsolicited_budget() 
     const SESSIONS: u8 = 8;
     const NO_DATA: &str = "no Data-Out for a write in 3s";
     let seen = log_count(NO_DATA);
-    let server = Arc::new(
-        start_with(|cfg| {
-            cfg.limits.unsolicited_budget = UNSOLICITED_BUDGET;
-            let l = &mut cfg.targets[0].limits;
-            l.data_out_timeout = Duration::from_secs(3);
-            l.nop_interval = Duration::ZERO;
-        })
-        .await,
-    );
+    let server =
+        stalled_writers_server(|cfg| cfg.limits.unsolicited_budget = UNSOLICITED_BUDGET).await;
     let (_, alone) = verified_io(&server, 1, 1.0).await;
     let before = rss();
     let watch = RssWatch::start();
