@@ -24,21 +24,8 @@ fn mcsi() -> &'static str {
     env!("CARGO_BIN_EXE_mcsi")
 }
 
-fn missing() -> Option<String> {
-    if let Some(why) = mcsi_link::run::missing_privileges() {
-        return Some(why);
-    }
-    None
-}
-
 fn ready(test: &str) -> bool {
-    match missing() {
-        None => true,
-        Some(why) => {
-            common::skip(test, &why);
-            false
-        }
-    }
+    common::runs(test, mcsi_link::run::missing_privileges())
 }
 
 /// One run: target on the host at $MCSI_LINK_PEER:3260, 8 s of 128 KiB sequential reads at

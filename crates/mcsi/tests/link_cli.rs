@@ -37,13 +37,7 @@ fn missing() -> Option<String> {
 
 /// True if the test may run; under CI a missing prerequisite is a failure.
 fn ready(test: &str) -> bool {
-    match missing() {
-        None => true,
-        Some(why) => {
-            common::skip(test, &why);
-            false
-        }
-    }
+    common::runs(test, missing())
 }
 
 /// Whether a process named `name` (its comm) descends from `pid`.

@@ -37,6 +37,17 @@ pub fn skip(what: &str, why: &str) {
     }
 }
 
+/// Whether `test` may run: `missing` is why it cannot ([`skip`]), or `None`.
+pub fn runs(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(why) => {
+            skip(test, &why);
+            false
+        }
+    }
+}
+
 /// `GET path` from an HTTP server on `addr` (the `--metrics` endpoints); the body of a 200.
 pub fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
