@@ -5,7 +5,7 @@
 use crate::model;
 use crate::plot;
 use crate::results::{self, Aggregate, RunRow};
-use crate::spec::{Bound, Claim, Experiment, Selector};
+use crate::spec::{Bound, Claim, Experiment, Kind, Null, Piece, Selector, Stat, ValueRef};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -56,16 +56,31 @@ impl Meta {
 /// The verdict on one claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Verdict {
-    Reproduced,
-    Differs,
+    /// The measurement is in the accepted range and the null is not: reproduced (a seed's or a
+    /// model's claim) or met (a goal).
+    Holds,
+    /// The measurement is outside the accepted range: differs, or missed.
+    Fails,
+    /// The measurement is in the accepted range, but so is the null: the run cannot tell the
+    /// effect from its absence.
+    Inconclusive,
     NotMeasured,
 }
 
 impl Verdict {
-    pub fn word(self) -> &'static str {
+    pub const ALL: [Verdict; 4] = [
+        Verdict::Holds,
+        Verdict::Fails,
+        Verdict::Inconclusive,
+        Verdict::NotMeasured,
+    ];
+
+    /// The word for a claim of kind `k`.
+    pub fn word(self, k: Kind) -> &'static str {
         match self {
-            Verdict::Reproduced => "reproduced",
-            Verdict::Differs => "differs",
+            Verdict::Holds => k.holds().0,
+            Verdict::Fails => k.holds().1,
+            Verdict::Inconclusive => "inconclusive",
             Verdict::NotMeasured => "not measured",
         }
     }
@@ -78,12 +93,65 @@ pub struct Judged {
     pub model: Option<Result<f64, String>>,
     /// Median, min and max.
     pub measured: Option<(f64, f64, f64)>,
+    /// The null's value, when the claim has one and it was measured.
+    pub null: Option<f64>,
     pub runs: usize,
     pub verdict: Verdict,
 }
 
+impl Judged {
+    pub fn word(&self) -> &'static str {
+        self.verdict.word(self.claim.kind)
+    }
+}
+
 fn find<'a>(aggs: &'a [Aggregate], sel: &Selector) -> Option<&'a Aggregate> {
     aggs.iter().find(|a| sel.matches(&a.point))
+}
+
+/// Whether `x` is in the claim's accepted range (for a strict bound: beyond the published value).
+pub fn accepted(c: &Claim, x: f64) -> bool {
+    let p = c.published;
+    match c.bound {
+        None => (x - p).abs() <= c.tolerance * p,
+        Some(Bound::AtLeast) => x >= p * (1.0 - c.tolerance),
+        Some(Bound::AtMost) => x <= p * (1.0 + c.tolerance),
+        Some(Bound::Above) => x > p,
+        Some(Bound::Below) => x < p,
+    }
+}
+
+/// The accepted range in words: `0.90-1.06 x`, `≥ 1.27 x`, `< 1.00 x`.
+pub fn range_text(c: &Claim) -> String {
+    let p = c.published;
+    let u = unit(c);
+    match c.bound {
+        None => format!(
+            "{}-{} {u}",
+            num(p * (1.0 - c.tolerance)),
+            num(p * (1.0 + c.tolerance))
+        ),
+        Some(Bound::AtLeast) => format!("≥ {} {u}", num(p * (1.0 - c.tolerance))),
+        Some(Bound::AtMost) => format!("≤ {} {u}", num(p * (1.0 + c.tolerance))),
+        Some(Bound::Above) => format!("> {} {u} in every run", num(p)),
+        Some(Bound::Below) => format!("< {} {u} in every run", num(p)),
+    }
+}
+
+/// The median, min or max of `metric` at one point, or the ratio of the medians at two.
+pub fn value_of(aggs: &[Aggregate], v: &ValueRef) -> Option<f64> {
+    let at = find(aggs, &v.at)?.metrics.get(&v.metric)?;
+    match &v.over {
+        None => Some(match v.stat {
+            Stat::Median => at.median,
+            Stat::Min => at.min,
+            Stat::Max => at.max,
+        }),
+        Some(o) => {
+            let o = find(aggs, o)?.metrics.get(&v.metric)?;
+            (o.median > 0.0).then(|| at.median / o.median)
+        }
+    }
 }
 
 /// Judges one claim against the aggregated runs.
@@ -111,24 +179,38 @@ pub fn judge(c: &Claim, aggs: &[Aggregate]) -> Judged {
             }
         })
     });
+    let null = match &c.null {
+        Null::Value(v) => Some(*v),
+        Null::At(sel) => spread(find(aggs, sel)).map(|s| s.median),
+        Null::None(_) => None,
+    };
     let runs = at.map_or(0, |a| a.runs);
     let verdict = match measured {
         None => Verdict::NotMeasured,
-        Some((m, _, _))
-            if match c.bound {
-                None => (m - c.published).abs() <= c.tolerance * c.published,
-                Some(Bound::AtLeast) => m >= c.published * (1.0 - c.tolerance),
-                Some(Bound::AtMost) => m <= c.published * (1.0 + c.tolerance),
-            } =>
-        {
-            Verdict::Reproduced
+        Some((m, lo, hi)) => {
+            let holds = match c.bound {
+                Some(Bound::Above) => lo > c.published,
+                Some(Bound::Below) => hi < c.published,
+                _ => accepted(c, m),
+            };
+            let null_in = match (&c.null, null) {
+                (Null::None(_), _) => false,
+                // A null point that was not measured cannot rule the null out.
+                (_, None) => true,
+                (_, Some(n)) => accepted(c, n),
+            };
+            match (holds, null_in) {
+                (false, _) => Verdict::Fails,
+                (true, true) => Verdict::Inconclusive,
+                (true, false) => Verdict::Holds,
+            }
         }
-        Some(_) => Verdict::Differs,
     };
     Judged {
         claim: c.clone(),
         model,
         measured,
+        null,
         runs,
         verdict,
     }
@@ -174,23 +256,61 @@ fn published_cell(c: &Claim) -> String {
 }
 
 fn verdict_cell(j: &Judged) -> String {
+    let word = j.word();
     match (j.verdict, j.measured) {
-        (Verdict::Differs, Some((m, _, _))) => {
+        (Verdict::Fails, Some((m, _, _))) => {
             let pct = (m / j.claim.published - 1.0) * 100.0;
-            format!("**differs** ({pct:+.0} %)")
+            format!("**{word}** ({pct:+.0} %)")
         }
-        (Verdict::Reproduced, Some((m, _, _))) => {
+        (Verdict::Holds, Some((m, _, _))) => {
             let pct = (m / j.claim.published - 1.0) * 100.0;
             match j.claim.bound {
                 None => format!(
-                    "**reproduced** ({pct:+.0} %, within ±{:.0} %)",
+                    "**{word}** ({pct:+.0} %, within ±{:.0} %)",
                     j.claim.tolerance * 100.0
                 ),
-                Some(b) => format!("**reproduced** ({pct:+.0} %, {} holds)", b.sign()),
+                Some(b) if b.strict() => format!("**{word}** ({} holds in every run)", b.sign()),
+                Some(b) => format!("**{word}** ({pct:+.0} %, {} holds)", b.sign()),
             }
         }
-        (v, _) => format!("**{}**", v.word()),
+        (Verdict::Inconclusive, _) => match j.null {
+            Some(n) => format!(
+                "**{word}** (the null, {} {}, is inside {})",
+                num(n),
+                unit(&j.claim),
+                range_text(&j.claim)
+            ),
+            None => format!("**{word}** (the null point was not measured)"),
+        },
+        _ => format!("**{word}**"),
     }
+}
+
+fn null_cell(j: &Judged) -> String {
+    match (&j.claim.null, j.null) {
+        (Null::None(_), _) => "none (see below)".into(),
+        (Null::Value(_), Some(n)) => format!("{} {}", num(n), unit(&j.claim)),
+        (Null::At(sel), Some(n)) => format!("{} {} ({sel})", num(n), unit(&j.claim)),
+        (Null::At(sel), None) => format!("not measured ({sel})"),
+        (Null::Value(_), None) => "-".into(),
+    }
+}
+
+/// A discussion with its numbers filled in from the data.
+pub fn discussion(j: &Judged, pieces: &[Piece], aggs: &[Aggregate]) -> String {
+    let mut out = String::new();
+    for p in pieces {
+        match p {
+            Piece::Text(t) | Piece::Quote(t) => out.push_str(t),
+            Piece::Published => out.push_str(&num(j.claim.published)),
+            Piece::Model => out.push_str(&match &j.model {
+                Some(Ok(v)) => num(*v),
+                _ => "n/a".into(),
+            }),
+            Piece::Value(v) => out.push_str(&value_of(aggs, v).map_or("n/a".into(), num)),
+        }
+    }
+    out
 }
 
 fn model_cell(j: &Judged) -> String {
@@ -303,20 +423,23 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     );
 
     let _ = writeln!(md, "## Claims\n");
+    let _ = writeln!(md, "{}\n", counts_line(&judged));
     let _ = writeln!(
         md,
-        "| claim | source | published | model | measured median (min-max) | verdict |"
+        "| claim | kind | source | published | model | null (no effect) | measured median (min-max) | verdict |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     for j in &judged {
         let _ = writeln!(
             md,
-            "| {} | {} | {} {} | {} | {} | {} |",
+            "| {} | {} | {} | {} {} | {} | {} | {} | {} |",
             j.claim.text,
+            j.claim.kind.word(),
             j.claim.source,
             published_cell(&j.claim),
             unit(&j.claim),
             model_cell(j),
+            null_cell(j),
             measured_cell(j),
             verdict_cell(j)
         );
@@ -325,9 +448,10 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     for j in &judged {
         let _ = writeln!(
             md,
-            "- **{}** ({}): measured at {}{}; {}.",
+            "- **{}** ({}, {}): measured at {}{}; {}; accepted {}.",
             j.claim.id,
-            j.verdict.word(),
+            j.claim.kind.word(),
+            j.word(),
             j.claim.at,
             j.claim
                 .over
@@ -335,19 +459,49 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
                 .map_or(String::new(), |o| format!(", over {o}")),
             match j.claim.bound {
                 None => format!("tolerance ±{:.0} %", j.claim.tolerance * 100.0),
+                Some(b) if b.strict() =>
+                    format!("strict ({} {})", b.sign(), num(j.claim.published)),
                 Some(b) => format!(
                     "one-sided ({} {}), slack {:.0} %",
                     b.sign(),
                     num(j.claim.published),
                     j.claim.tolerance * 100.0
                 ),
-            }
+            },
+            range_text(&j.claim)
         );
+        match (&j.claim.null, j.null) {
+            (Null::None(why), _) => {
+                let stop = if why.ends_with('.') { "" } else { "." };
+                let _ = writeln!(md, "  No null: {why}{stop}");
+            }
+            (_, Some(n)) => {
+                let _ = writeln!(
+                    md,
+                    "  Null (no effect): {} {}, {} the accepted range.",
+                    num(n),
+                    unit(&j.claim),
+                    if accepted(&j.claim, n) {
+                        "inside"
+                    } else {
+                        "outside"
+                    }
+                );
+            }
+            (_, None) => {
+                let _ = writeln!(md, "  Null (no effect): not measured.");
+            }
+        }
         if let Some(d) = &j.claim.discussion {
             let _ = writeln!(
                 md,
-                "  Analysis (full run): {}",
-                d.trim().replace('\n', "\n  ")
+                "  Analysis{}: {}",
+                if meta.quick {
+                    " (written from the full run; numbers from this one)"
+                } else {
+                    ""
+                },
+                discussion(j, d, &aggs).trim().replace('\n', "\n  ")
             );
         }
     }
@@ -419,6 +573,43 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     })
 }
 
+/// `seeds: 3 of 9 reproduced (2 inconclusive, 4 differ); mcsi goals: 2 of 2 met`.
+pub fn counts_line(judged: &[Judged]) -> String {
+    let mut parts = Vec::new();
+    for k in Kind::ALL {
+        let of: Vec<&Judged> = judged.iter().filter(|j| j.claim.kind == k).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let n = |v: Verdict| of.iter().filter(|j| j.verdict == v).count();
+        let mut rest = Vec::new();
+        for v in [Verdict::Inconclusive, Verdict::Fails, Verdict::NotMeasured] {
+            if n(v) > 0 {
+                // "3 differ", "1 missed", "2 inconclusive".
+                let w = v.word(k);
+                rest.push(format!(
+                    "{} {}",
+                    n(v),
+                    w.strip_suffix('s').filter(|_| w == "differs").unwrap_or(w)
+                ));
+            }
+        }
+        parts.push(format!(
+            "{}: {} of {} {}{}",
+            k.plural(),
+            n(Verdict::Holds),
+            of.len(),
+            Verdict::Holds.word(k),
+            if rest.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rest.join(", "))
+            }
+        ));
+    }
+    parts.join("; ")
+}
+
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -454,26 +645,30 @@ pub fn write_index(dir: &Path) -> Result<Vec<(Experiment, Written)>, String> {
         let w = write(&exp, &e)?;
         done.push((exp, w));
     }
-    let mut md = String::from("# mcsi lab results\n\n| experiment | mode | run | claims reproduced | differ | not measured |\n|---|---|---|---|---|---|\n");
-    let mut html = String::from("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>mcsi lab results</title>\n<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}.reproduced{color:#176117}.differs{color:#a31515}</style></head><body>\n<h1>mcsi lab results</h1>\n");
+    let all: Vec<Judged> = done.iter().flat_map(|(_, w)| w.judged.clone()).collect();
+    let mut md = format!("# mcsi lab results\n\nAll experiments: {}.\n\nA seed's claim is a published result, a model's is an analytical prediction, and a goal is mcsi's own design target; each kind is counted apart. A claim is inconclusive when the value it would take without the effect (its null) also falls in its accepted range.\n\n| experiment | mode | run | claims |\n|---|---|---|---|\n", counts_line(&all));
+    let mut html = String::from("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>mcsi lab results</title>\n<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}.holds{color:#176117}.fails{color:#a31515}.inconclusive{color:#8a6d00}</style></head><body>\n<h1>mcsi lab results</h1>\n");
     for (exp, w) in &done {
-        let count = |v: Verdict| w.judged.iter().filter(|j| j.verdict == v).count();
         let mode = if w.meta.quick { "quick" } else { "full" };
         let _ = writeln!(
             md,
-            "| [{}]({}/report.md): {} | {mode} | {} | {} | {} | {} |",
+            "| [{}]({}/report.md): {} | {mode} | {} | {} |",
             exp.name,
             exp.name,
             exp.title,
             w.meta.started_utc,
-            count(Verdict::Reproduced),
-            count(Verdict::Differs),
-            count(Verdict::NotMeasured)
+            counts_line(&w.judged)
         );
-        let _ = writeln!(html, "<h2 id=\"{0}\">{0}: {1}</h2>\n<p>{2}. {mode} run of {3} UTC, host TCP congestion control {4}. <a href=\"{0}/report.md\">report</a>, <a href=\"{0}/results.csv\">results.csv</a></p>", html_escape(&exp.name), html_escape(&exp.title), html_escape(&exp.source), html_escape(&w.meta.started_utc), html_escape(&w.meta.congestion));
-        html.push_str("<table><tr><th>claim</th><th>source</th><th>published</th><th>model</th><th>measured median (min-max)</th><th>verdict</th></tr>\n");
+        let _ = writeln!(html, "<h2 id=\"{0}\">{0}: {1}</h2>\n<p>{2}. {mode} run of {3} UTC, host TCP congestion control {4}. {5}. <a href=\"{0}/report.md\">report</a>, <a href=\"{0}/results.csv\">results.csv</a></p>", html_escape(&exp.name), html_escape(&exp.title), html_escape(&exp.source), html_escape(&w.meta.started_utc), html_escape(&w.meta.congestion), html_escape(&counts_line(&w.judged)));
+        html.push_str("<table><tr><th>claim</th><th>kind</th><th>source</th><th>published</th><th>model</th><th>null (no effect)</th><th>measured median (min-max)</th><th>verdict</th></tr>\n");
         for j in &w.judged {
-            let _ = writeln!(html, "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>", html_escape(&j.claim.text), html_escape(&j.claim.source), html_escape(&published_cell(&j.claim)), unit(&j.claim), html_escape(&model_cell(j)), html_escape(&measured_cell(j)), j.verdict.word().replace(' ', "-"), html_escape(&verdict_cell(j).replace("**", "")));
+            let class = match j.verdict {
+                Verdict::Holds => "holds",
+                Verdict::Fails => "fails",
+                Verdict::Inconclusive => "inconclusive",
+                Verdict::NotMeasured => "not-measured",
+            };
+            let _ = writeln!(html, "<tr><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td></tr>", html_escape(&j.claim.text), j.claim.kind.word(), html_escape(&j.claim.source), html_escape(&published_cell(&j.claim)), unit(&j.claim), html_escape(&model_cell(j)), html_escape(&null_cell(j)), html_escape(&measured_cell(j)), html_escape(&verdict_cell(j).replace("**", "")));
         }
         html.push_str("</table>\n");
         for p in &w.figures {

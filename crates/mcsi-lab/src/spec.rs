@@ -159,7 +159,7 @@ pub struct ModelRef {
 }
 
 /// A selection of points: parameter values, and optionally a series by name.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Selector {
     pub series: Option<String>,
     pub params: Params,
@@ -207,10 +207,72 @@ pub struct Figure {
     pub models: Vec<ModelRef>,
 }
 
+/// Whose claim it is: a published result, a model's prediction, or one of mcsi's own goals.
+/// Reports count each kind apart, so that a goal met never passes for a result reproduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A result published in one of the seeds (a table, figure or section).
+    Seed,
+    /// What an analytical model predicts (Mathis, Padhye, the 802.11 airtime model).
+    Model,
+    /// A design target of mcsi ("tcp-aware at least 1.3x round-robin").
+    Goal,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Seed, Kind::Model, Kind::Goal];
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::Seed => "seed",
+            Kind::Model => "model",
+            Kind::Goal => "goal",
+        }
+    }
+
+    /// The heading of the kind's count ("seeds: 3 of 9 reproduced").
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Seed => "seeds",
+            Kind::Model => "models",
+            Kind::Goal => "mcsi goals",
+        }
+    }
+
+    /// The verdict words of a claim of this kind that holds and one that does not.
+    pub fn holds(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Goal => ("met", "missed"),
+            Kind::Seed | Kind::Model => ("reproduced", "differs"),
+        }
+    }
+
+    fn parse(s: &str) -> Result<Kind, String> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.word() == s)
+            .ok_or_else(|| format!("'{s}': use seed (a published result), model (a model's prediction) or goal (a target of mcsi's own)"))
+    }
+}
+
+/// What the measurement would show if the claimed effect did not exist. A claim whose null
+/// falls inside its accepted range cannot tell the effect from its absence: it is judged
+/// inconclusive.
+#[derive(Debug, Clone)]
+pub enum Null {
+    /// A value in the claim's units (1.0 for a ratio: "no gain").
+    Value(f64),
+    /// The median at another point (the same metric): "one connection" for a claim about two.
+    At(Selector),
+    /// The claim has no null, and says why (a baseline value, or a claim of no change).
+    None(String),
+}
+
 /// A published claim the experiment tests.
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub id: String,
+    pub kind: Kind,
     /// Where the claim is published (seed, figure or table).
     pub source: String,
     pub text: String,
@@ -226,15 +288,23 @@ pub struct Claim {
     /// A one-sided claim ("at least 1.3x", "lower than"): None for "about this value".
     pub bound: Option<Bound>,
     pub model: Option<ModelRef>,
-    /// What the measurement shows when it differs, written after looking at the data.
-    pub discussion: Option<String>,
+    pub null: Null,
+    /// What the measurement shows, written after looking at the data; its numbers are
+    /// placeholders filled from the data (see [`Piece`]).
+    pub discussion: Option<Vec<Piece>>,
 }
 
 /// The side of a one-sided claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bound {
+    /// The median at least the published value, less the slack.
     AtLeast,
+    /// The median at most the published value, plus the slack.
     AtMost,
+    /// Every run strictly above the published value ("more than one connection").
+    Above,
+    /// Every run strictly below the published value ("a lower p99").
+    Below,
 }
 
 impl Bound {
@@ -243,8 +313,49 @@ impl Bound {
         match self {
             Bound::AtLeast => "≥",
             Bound::AtMost => "≤",
+            Bound::Above => ">",
+            Bound::Below => "<",
         }
     }
+
+    /// Whether the claim is judged on every run rather than on the median, without slack.
+    pub fn strict(self) -> bool {
+        matches!(self, Bound::Above | Bound::Below)
+    }
+}
+
+/// A piece of a discussion: text, or a number taken from the data when the report is written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Text(String),
+    /// `{quote:TEXT}`: a number from a source, not measured, written as is.
+    Quote(String),
+    /// `{published}`: the claim's published value.
+    Published,
+    /// `{model}`: the claim's model value.
+    Model,
+    /// `{metric=M, stat=S, series=X, param=V, ...}`, or a ratio of two medians with `/`.
+    Value(ValueRef),
+}
+
+/// A statistic of the runs at one point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    Median,
+    Min,
+    Max,
+}
+
+/// A number in a discussion: the median (or min, max) of a metric at one point, or the ratio
+/// of the medians at two points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueRef {
+    pub metric: Metric,
+    pub stat: Stat,
+    pub at: Selector,
+    pub over: Option<Selector>,
+    /// The placeholder as written, for messages.
+    pub text: String,
 }
 
 /// A parsed, checked experiment.
@@ -383,15 +494,18 @@ struct RawFigure {
 #[serde(deny_unknown_fields)]
 struct RawClaim {
     id: String,
+    kind: Option<String>,
     source: String,
     text: String,
     metric: String,
     at: toml::Table,
     over: Option<toml::Table>,
     published: f64,
-    tolerance: f64,
+    tolerance: Option<f64>,
     bound: Option<String>,
     model: Option<ModelRef>,
+    null: Option<toml::Value>,
+    no_null: Option<String>,
     discussion: Option<String>,
 }
 
@@ -481,6 +595,160 @@ impl Ctx<'_> {
         sel.params = self.params(field, &rest)?;
         Ok(sel)
     }
+}
+
+/// Parses a discussion: text with `{...}` placeholders for the numbers (see [`Piece`]). A
+/// number of a measured quantity (MB/s, IOPS, a ratio) written as text is refused: it would go
+/// stale when the run is redone.
+fn discussion(
+    cx: &Ctx<'_>,
+    field: &str,
+    text: &str,
+    series: &[Series],
+) -> Result<Vec<Piece>, SpecError> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let (before, after) = rest.split_at(open);
+        if !before.is_empty() {
+            out.push(Piece::Text(before.to_string()));
+        }
+        let close = after
+            .find('}')
+            .filter(|&c| !after[1..c].contains('{'))
+            .ok_or_else(|| {
+                cx.err(
+                    field,
+                    format!(
+                        "'{}': a {{ without its }}",
+                        after.chars().take(30).collect::<String>()
+                    ),
+                )
+            })?;
+        let inner = &after[1..close];
+        out.push(placeholder(cx, field, inner, series)?);
+        rest = &after[close + 1..];
+    }
+    if !rest.is_empty() {
+        out.push(Piece::Text(rest.to_string()));
+    }
+    for p in &out {
+        if let Piece::Text(t) = p {
+            if let Some(n) = measured_number(t) {
+                return Err(cx.err(
+                    field,
+                    format!("'{n}' is written as text: take a measured number from the data with {{metric=bw_mbs, series=NAME, PARAM=VALUE}} (a ratio: {{metric=bw_mbs, series=A / series=B}}), or mark a number quoted from a source as {{quote:{n}}}"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The first number in `t` followed by a unit of a measured quantity (MB/s, IOPS, x, times),
+/// with its unit.
+fn measured_number(t: &str) -> Option<String> {
+    let b = t.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_digit()
+            || (i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.'))
+        {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len()
+            && (b[j].is_ascii_digit()
+                || (b[j] == b'.' && b.get(j + 1).is_some_and(u8::is_ascii_digit)))
+        {
+            j += 1;
+        }
+        let after = t[j..].trim_start_matches(' ');
+        let word: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '/')
+            .collect();
+        if ["MB/s", "IOPS", "x", "times"].contains(&word.as_str()) {
+            let end = t.len() - after.len() + word.len();
+            return Some(t[i..end].to_string());
+        }
+        i = j;
+    }
+    None
+}
+
+/// One `{...}` of a discussion.
+fn placeholder(
+    cx: &Ctx<'_>,
+    field: &str,
+    inner: &str,
+    series: &[Series],
+) -> Result<Piece, SpecError> {
+    let inner_t = inner.trim();
+    if let Some(q) = inner_t.strip_prefix("quote:") {
+        return Ok(Piece::Quote(q.trim().to_string()));
+    }
+    match inner_t {
+        "published" => return Ok(Piece::Published),
+        "model" => return Ok(Piece::Model),
+        _ => {}
+    }
+    let bad = |m: String| cx.err(field, format!("{{{inner}}}: {m}"));
+    let mut metric = None;
+    let mut stat = Stat::Median;
+    let mut sels = Vec::new();
+    for (si, part) in inner_t.split('/').enumerate() {
+        let mut t = toml::Table::new();
+        for kv in part.split(',') {
+            let kv = kv.trim();
+            if kv.is_empty() {
+                continue;
+            }
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("'{kv}': expected NAME=VALUE")))?;
+            let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+            match k {
+                "metric" if si == 0 => {
+                    metric = Some(Metric::parse(v).map_err(bad)?);
+                }
+                "stat" if si == 0 => {
+                    stat = match v {
+                        "median" => Stat::Median,
+                        "min" => Stat::Min,
+                        "max" => Stat::Max,
+                        _ => return Err(bad(format!("stat '{v}': use median, min or max"))),
+                    }
+                }
+                "metric" | "stat" => {
+                    return Err(bad(format!("{k} goes before the /")));
+                }
+                _ => {
+                    t.insert(k.to_string(), toml::Value::String(v.to_string()));
+                }
+            }
+        }
+        sels.push(cx.selector(field, &t, series).map_err(|e| bad(e.message))?);
+    }
+    let metric = metric.ok_or_else(|| {
+        bad("no metric: write {metric=bw_mbs, series=NAME, PARAM=VALUE}, {quote:TEXT}, {published} or {model}".into())
+    })?;
+    if sels.len() > 2 {
+        return Err(bad("one / at most (a ratio of two points)".into()));
+    }
+    if sels.len() == 2 && stat != Stat::Median {
+        return Err(bad("a ratio is of the medians: leave stat out".into()));
+    }
+    let mut sels = sels.into_iter();
+    let at = sels.next().unwrap_or_default();
+    Ok(Piece::Value(ValueRef {
+        metric,
+        stat,
+        at,
+        over: sels.next(),
+        text: inner_t.to_string(),
+    }))
 }
 
 fn series_names(series: &[Series]) -> String {
@@ -699,23 +967,93 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             Some(t) => Some(cx.selector(&format!("{fld}.over"), t, &series)?),
             None => None,
         };
-        if !(c.tolerance > 0.0 && c.tolerance <= 10.0) {
-            return Err(cx.err(
-                format!("{fld}.tolerance"),
-                "must be above 0 (a fraction: 0.2 is 20 %)",
-            ));
-        }
         let bound = match c.bound.as_deref() {
             None => None,
             Some("at-least") => Some(Bound::AtLeast),
             Some("at-most") => Some(Bound::AtMost),
+            Some("above") => Some(Bound::Above),
+            Some("below") => Some(Bound::Below),
             Some(other) => {
                 return Err(cx.err(
                     format!("{fld}.bound"),
-                    format!("'{other}': use at-least or at-most (or leave it out for \"about\")"),
+                    format!("'{other}': use at-least or at-most (the median, with the tolerance as slack), above or below (every run, strictly), or leave it out for \"about\""),
                 ))
             }
         };
+        let tolerance = match (bound, c.tolerance) {
+            (Some(b), Some(_)) if b.strict() => {
+                return Err(cx.err(
+                    format!("{fld}.tolerance"),
+                    format!("bound {} is strict (every run beyond the published value): it takes no tolerance", c.bound.as_deref().unwrap_or_default()),
+                ))
+            }
+            (Some(b), None) if b.strict() => 0.0,
+            (_, None) => {
+                return Err(cx.err(
+                    format!("{fld}.tolerance"),
+                    "missing: a fraction of the published value (0.2 is 20 %)",
+                ))
+            }
+            (_, Some(t)) if !(t > 0.0 && t <= 10.0) => {
+                return Err(cx.err(
+                    format!("{fld}.tolerance"),
+                    "must be above 0 (a fraction: 0.2 is 20 %)",
+                ))
+            }
+            (_, Some(t)) => t,
+        };
+        let kind = match &c.kind {
+            None => {
+                return Err(cx.err(
+                    format!("{fld}.kind"),
+                    "missing: seed (a published result), model (a model's prediction) or goal (a target of mcsi's own)",
+                ))
+            }
+            Some(k) => Kind::parse(k).map_err(|m| cx.err(format!("{fld}.kind"), m))?,
+        };
+        let null = match (&c.null, &c.no_null) {
+            (Some(_), Some(_)) => {
+                return Err(cx.err(
+                    format!("{fld}.no_null"),
+                    "give null or no_null, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(cx.err(
+                    format!("{fld}.null"),
+                    "missing: what would be measured if the effect did not exist, as a value (null = 1.0 for a ratio) or a point (null = { series = \"c1\", bs = \"2KiB\" }); a plain absolute value or a claim of no change says so with no_null = \"why\"",
+                ))
+            }
+            (None, Some(why)) if why.trim().is_empty() => {
+                return Err(cx.err(
+                    format!("{fld}.no_null"),
+                    "say why the claim has no null",
+                ))
+            }
+            (None, Some(why)) => Null::None(why.trim().to_string()),
+            (Some(toml::Value::Float(v)), None) => Null::Value(*v),
+            (Some(toml::Value::Integer(v)), None) => Null::Value(*v as f64),
+            (Some(toml::Value::Table(t)), None) => {
+                if c.over.is_some() {
+                    return Err(cx.err(
+                        format!("{fld}.null"),
+                        "a ratio's null is a value (1.0: no effect), not a point",
+                    ));
+                }
+                Null::At(cx.selector(&format!("{fld}.null"), t, &series)?)
+            }
+            (Some(_), None) => {
+                return Err(cx.err(
+                    format!("{fld}.null"),
+                    "expected a number or a point ({ series = \"c1\", ... })",
+                ))
+            }
+        };
+        if let Null::Value(v) = null {
+            if !v.is_finite() || v < 0.0 {
+                return Err(cx.err(format!("{fld}.null"), "must be a number of 0 or more"));
+            }
+        }
         if !c.published.is_finite() || c.published <= 0.0 {
             return Err(cx.err(format!("{fld}.published"), "must be a positive number"));
         }
@@ -730,16 +1068,21 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         }
         claims.push(Claim {
             id: c.id.clone(),
+            kind,
             source: c.source.clone(),
             text: c.text.clone(),
             metric,
             at,
             over,
             published: c.published,
-            tolerance: c.tolerance,
+            tolerance,
             bound,
             model: c.model.clone(),
-            discussion: c.discussion.clone(),
+            null,
+            discussion: match &c.discussion {
+                None => None,
+                Some(d) => Some(discussion(&cx, &format!("{fld}.discussion"), d, &series)?),
+            },
         });
     }
     let exp = Experiment {
@@ -768,7 +1111,15 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                 .map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
         }
         for (i, c) in exp.claims.iter().enumerate() {
-            for (which, sel) in [("at", Some(&c.at)), ("over", c.over.as_ref())] {
+            let null = match &c.null {
+                Null::At(s) => Some(s),
+                _ => None,
+            };
+            for (which, sel) in [
+                ("at", Some(&c.at)),
+                ("over", c.over.as_ref()),
+                ("null", null),
+            ] {
                 let Some(sel) = sel else { continue };
                 let n = points.iter().filter(|p| sel.matches(p)).count();
                 if n != 1 {
@@ -776,6 +1127,25 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                         format!("claim[{i}].{which}{mode}"),
                         format!("selects {n} points ({sel}); it must select exactly one"),
                     ));
+                }
+            }
+            // A discussion is written from the full run; quick mode shows what it has.
+            if quick {
+                continue;
+            }
+            for v in c.discussion.iter().flatten() {
+                let Piece::Value(v) = v else { continue };
+                for sel in std::iter::once(&v.at).chain(v.over.as_ref()) {
+                    let n = points.iter().filter(|p| sel.matches(p)).count();
+                    if n != 1 {
+                        return Err(cx.err(
+                            format!("claim[{i}].discussion"),
+                            format!(
+                                "{{{}}} selects {n} points ({sel}); it must select exactly one",
+                                v.text
+                            ),
+                        ));
+                    }
                 }
             }
         }

@@ -33,14 +33,17 @@ published = [{ label = "paper", points = [[2, 0.25], [128, 0.62]] }]
 model = [{ label = "goodput", kind = "wlan-goodput" }]
 [[claim]]
 id = "single"
+kind = "seed"
 source = "s"
 text = "one connection at 2 KiB: 0.25"
 metric = "bw_mbs"
 at = { series = "one", bs = "2KiB" }
 published = 0.25
 tolerance = 0.2
+no_null = "a baseline"
 [[claim]]
 id = "gain"
+kind = "seed"
 source = "s"
 text = "two connections double it"
 metric = "bw_mbs"
@@ -48,18 +51,22 @@ at = { series = "two", bs = "2KiB" }
 over = { series = "one", bs = "2KiB" }
 published = 2.0
 tolerance = 0.2
-discussion = "explained here"
+null = 1.0
+discussion = "explained here: {metric=bw_mbs, series=two, bs=2KiB} against {metric=bw_mbs, stat=max, series=one, bs=2KiB}, {metric=bw_mbs, series=two, bs=2KiB / series=one, bs=2KiB} times; {published} against {quote:1.9 MB/s}"
 [[claim]]
 id = "big"
+kind = "model"
 source = "s"
 text = "128 KiB"
 metric = "bw_mbs"
 at = { series = "one", bs = "128KiB" }
 published = 0.62
 tolerance = 0.1
+null = { series = "two", bs = "128KiB" }
 model = { label = "goodput", kind = "wlan-goodput" }
 [[claim]]
 id = "at-least"
+kind = "goal"
 source = "s"
 text = "two connections add at least 10 %"
 metric = "bw_mbs"
@@ -68,8 +75,10 @@ over = { series = "one", bs = "2KiB" }
 published = 1.1
 tolerance = 0.01
 bound = "at-least"
+null = 1.0
 [[claim]]
 id = "at-most"
+kind = "goal"
 source = "s"
 text = "two connections add at most 10 %"
 metric = "bw_mbs"
@@ -78,6 +87,40 @@ over = { series = "one", bs = "2KiB" }
 published = 1.1
 tolerance = 0.01
 bound = "at-most"
+null = 1.0
+[[claim]]
+id = "near-one"
+kind = "seed"
+source = "s"
+text = "two connections add 10 %, give or take 15 %"
+metric = "bw_mbs"
+at = { series = "two", bs = "2KiB" }
+over = { series = "one", bs = "2KiB" }
+published = 1.1
+tolerance = 0.15
+null = 1.0
+[[claim]]
+id = "above"
+kind = "goal"
+source = "s"
+text = "two connections move more than one in every run"
+metric = "bw_mbs"
+at = { series = "two", bs = "2KiB" }
+over = { series = "one", bs = "2KiB" }
+published = 1.0
+bound = "above"
+null = 1.0
+[[claim]]
+id = "below"
+kind = "goal"
+source = "s"
+text = "at 8 KiB, two connections move less than one in every run"
+metric = "bw_mbs"
+at = { series = "two", bs = "8KiB" }
+over = { series = "one", bs = "8KiB" }
+published = 1.0
+bound = "below"
+null = 1.0
 "#;
 
 #[test]
@@ -137,20 +180,27 @@ fn verdicts_and_files() {
     let done = report::write_index(dir.path()).unwrap();
     assert_eq!(done.len(), 1);
     let j = &done[0].1.judged;
-    assert_eq!(j[0].verdict, Verdict::Reproduced);
+    assert_eq!(j[0].verdict, Verdict::Holds);
     assert_eq!(j[0].measured, Some((0.25, 0.24, 0.26)));
-    assert_eq!(j[1].verdict, Verdict::Differs);
+    assert_eq!(j[1].verdict, Verdict::Fails);
     let (m, lo, hi) = j[1].measured.unwrap();
     assert!(
         (m - 1.2).abs() < 1e-9
             && (lo - 0.30 / 0.26).abs() < 1e-9
             && (hi - 0.30 / 0.24).abs() < 1e-9
     );
-    assert_eq!(j[2].verdict, Verdict::Differs, "0.40 against 0.62");
+    assert_eq!(j[2].verdict, Verdict::Fails, "0.40 against 0.62");
+    assert_eq!(j[2].null, Some(0.40), "the null point's median");
     assert_eq!(j[2].runs, 2, "the failed run is not counted");
     // One-sided: 1.2x is at least 1.1x, and not at most 1.1x.
-    assert_eq!(j[3].verdict, Verdict::Reproduced);
-    assert_eq!(j[4].verdict, Verdict::Differs);
+    assert_eq!(j[3].verdict, Verdict::Holds);
+    assert_eq!(j[4].verdict, Verdict::Fails);
+    // 1.2x is within 1.1x ± 15 %, but so is 1.0, the null: the run cannot tell.
+    assert_eq!(j[5].verdict, Verdict::Inconclusive);
+    // Strict bounds look at every run: 0.30 / 0.26 > 1 holds; at 8 KiB both move 0.5.
+    assert_eq!(j[6].verdict, Verdict::Holds);
+    assert_eq!(j[7].verdict, Verdict::Fails);
+    assert_eq!(report::counts_line(j), "seeds: 1 of 3 reproduced (1 inconclusive, 1 differ); models: 0 of 1 reproduced (1 differ); mcsi goals: 2 of 4 met (2 missed)");
     let model = j[2].model.clone().unwrap().unwrap();
     assert!((0.6..0.66).contains(&model), "802.11b goodput {model}");
     let md = std::fs::read_to_string(d.join("report.md")).unwrap();
@@ -158,7 +208,15 @@ fn verdicts_and_files() {
         md.contains("**reproduced**") && md.contains("**differs**"),
         "{md}"
     );
-    assert!(md.contains("explained here"));
+    assert!(
+        md.contains("explained here: 0.300 against 0.260, 1.20 times; 2.00 against 1.9 MB/s"),
+        "{md}"
+    );
+    assert!(
+        md.contains("**inconclusive** (the null, 1.00 x, is inside 0.935-1.26 x)"),
+        "{md}"
+    );
+    assert!(md.contains("| < 1.00 x |"), "{md}");
     assert!(
         md.contains("| ≥ 1.10 x |") && md.contains("| ≤ 1.10 x |"),
         "{md}"

@@ -49,12 +49,15 @@ x = "bs"
 y = "bw_mbs"
 [[claim]]
 id = "c"
+kind = "seed"
 source = "s"
 text = "t"
 metric = "bw_mbs"
 at = { series = "one", bs = "2KiB" }
 published = 1.0
 tolerance = 0.2
+no_null = "a baseline"
+discussion = "one connection moves {metric=bw_mbs, series=one, bs=2KiB} MB/s, {metric=bw_mbs, series=two, bs=2KiB / series=one, bs=2KiB} times less than two; the paper says {quote:0.25 MB/s}"
 "#;
 
 fn broken(from: &str, to: &str) -> String {
@@ -168,8 +171,81 @@ fn errors_name_the_field() {
         ),
         (
             "tolerance = 0.2",
-            "tolerance = 0.2\nbound = \"above\"",
+            "tolerance = 0.2\nbound = \"over\"",
             "claim[0].bound",
+        ),
+        (
+            "tolerance = 0.2",
+            "tolerance = 0.2\nbound = \"above\"",
+            "claim[0].tolerance: bound above is strict",
+        ),
+        ("tolerance = 0.2\n", "", "claim[0].tolerance: missing"),
+        ("kind = \"seed\"\n", "", "claim[0].kind: missing"),
+        (
+            "kind = \"seed\"",
+            "kind = \"paper\"",
+            "claim[0].kind: 'paper'",
+        ),
+        (
+            "no_null = \"a baseline\"\n",
+            "",
+            "claim[0].null: missing: what would be measured if the effect did not exist",
+        ),
+        (
+            "no_null = \"a baseline\"",
+            "no_null = \"a baseline\"\nnull = 1.0",
+            "claim[0].no_null: give null or no_null, not both",
+        ),
+        ("no_null = \"a baseline\"", "no_null = \" \"", "say why"),
+        (
+            "no_null = \"a baseline\"",
+            "null = { series = \"two\" }",
+            "claim[0].null: selects 2 points",
+        ),
+        (
+            "no_null = \"a baseline\"",
+            "null = \"none\"",
+            "claim[0].null: expected a number or a point",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB} MB/s",
+            "0.41 MB/s",
+            "claim[0].discussion: '0.41 MB/s' is written as text",
+        ),
+        (
+            "times less",
+            "times less, 3 times more, 1.5x",
+            "'3 times' is written as text",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{metric=bw_mbs, series=one}",
+            "selects 2 points",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{metric=speed, series=one, bs=2KiB}",
+            "unknown metric 'speed'",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{series=one, bs=2KiB}",
+            "no metric",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{metric=bw_mbs, series=six, bs=2KiB}",
+            "no series named 'six'",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{metric=bw_mbs, series=one, bs=2KiB",
+            "without its }",
+        ),
+        (
+            "{metric=bw_mbs, series=one, bs=2KiB}",
+            "{metric=bw_mbs, stat=mean, series=one, bs=2KiB}",
+            "stat 'mean'",
         ),
         (
             "set = { connections = 1 }",
@@ -186,6 +262,54 @@ fn errors_name_the_field() {
         let e = broken(from, to);
         assert!(e.contains(want), "{to}: error '{e}' does not name '{want}'");
         assert!(e.starts_with("x.toml: "), "{e}");
+    }
+}
+
+#[test]
+fn claims_carry_their_kind_null_and_discussion() {
+    use mcsi_lab::spec::{Kind, Null, Piece, Stat};
+    let e = parse("x", "x.toml", GOOD).unwrap();
+    let c = &e.claims[0];
+    assert_eq!(c.kind, Kind::Seed);
+    assert!(matches!(&c.null, Null::None(w) if w == "a baseline"));
+    let d = c.discussion.as_ref().unwrap();
+    assert_eq!(d.len(), 6, "{d:?}");
+    let Piece::Value(v) = &d[1] else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        (v.stat, v.at.series.as_deref(), v.over.is_none()),
+        (Stat::Median, Some("one"), true)
+    );
+    let Piece::Value(r) = &d[3] else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        r.over.as_ref().and_then(|o| o.series.as_deref()),
+        Some("one")
+    );
+    assert_eq!(d[5], Piece::Quote("0.25 MB/s".into()));
+    // A ratio's null is a value; an absolute claim's may be a point.
+    let t = GOOD.replace(
+        "no_null = \"a baseline\"",
+        "null = { series = \"two\", bs = \"2KiB\" }",
+    );
+    let e = parse("x", "x.toml", &t).unwrap();
+    assert!(matches!(&e.claims[0].null, Null::At(s) if s.series.as_deref() == Some("two")));
+    let t = GOOD.replace("no_null = \"a baseline\"", "null = 1");
+    assert!(matches!(parse("x", "x.toml", &t).unwrap().claims[0].null, Null::Value(v) if v == 1.0));
+}
+
+#[test]
+fn every_shipped_claim_has_a_kind_and_a_null_or_says_why_not() {
+    use mcsi_lab::spec::Null;
+    for (name, text) in mcsi_lab::BUILTIN {
+        let e = parse(name, name, text).unwrap();
+        for c in &e.claims {
+            if let Null::None(why) = &c.null {
+                assert!(why.len() > 10, "{name}: {}: no_null needs a reason", c.id);
+            }
+        }
     }
 }
 

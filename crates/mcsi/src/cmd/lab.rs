@@ -132,15 +132,10 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
         Command::Report { dir } => {
             let done = mcsi_lab::report::write_index(&dir).map_err(anyhow::Error::msg)?;
             for (e, w) in &done {
-                use mcsi_lab::report::Verdict;
-                let n = |v| w.judged.iter().filter(|j| j.verdict == v).count();
                 println!(
-                    "{}: {} claims: {} reproduced, {} differ, {} not measured; {}",
+                    "{}: {}; {}",
                     e.name,
-                    w.judged.len(),
-                    n(Verdict::Reproduced),
-                    n(Verdict::Differs),
-                    n(Verdict::NotMeasured),
+                    mcsi_lab::report::counts_line(&w.judged),
                     w.report.display()
                 );
             }
