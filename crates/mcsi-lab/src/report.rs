@@ -374,10 +374,12 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     let _ = writeln!(md, "Source: {}.\n", exp.source);
     let _ = writeln!(md, "{}\n", exp.about.trim());
     let total = runs.len();
-    let failed = runs.iter().filter(|r| !r.ok()).count();
+    let retried = runs.iter().filter(|r| r.retried()).count();
+    let failed = runs.iter().filter(|r| !r.ok() && !r.retried()).count();
+    let total = total - retried;
     let wall: f64 = runs.iter().map(|r| r.wall_s).sum();
     let _ = writeln!(md, "## How it ran\n");
-    let _ = writeln!(md, "- {mode}: `mcsi lab run {}{}`, {} points x {reps} repetition(s) of {runtime} s; {total} runs ({failed} failed), {:.1} min of wall time", exp.name, if meta.quick { " --quick" } else { "" }, aggs.len(), wall / 60.0);
+    let _ = writeln!(md, "- {mode}: `mcsi lab run {}{}`, {} points x {reps} repetition(s) of {runtime} s; {total} runs ({failed} failed{}), {:.1} min of wall time", exp.name, if meta.quick { " --quick" } else { "" }, aggs.len(), if retried > 0 { format!("; {retried} more attempt(s) failed for the machine's sake and were run again, listed below") } else { String::new() }, wall / 60.0);
     let _ = writeln!(
         md,
         "- started {} UTC{}",
@@ -559,6 +561,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     let fails: Vec<&RunRow> = runs.iter().filter(|r| !r.ok()).collect();
     if !fails.is_empty() {
         let _ = writeln!(md, "\n## Failed runs\n");
+        let _ = writeln!(md, "Their logs are in `logs/` beside runs.csv (kept by the run that made them). An attempt marked retried failed for the machine's sake (a port in use, a server slow to start) and was run once more.\n");
         for r in fails {
             let _ = writeln!(md, "- {} rep {}: {}", r.key, r.rep, r.status);
         }

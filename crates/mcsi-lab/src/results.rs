@@ -29,7 +29,8 @@ pub struct RunRow {
     /// Parameter name to canonical value.
     pub params: BTreeMap<String, String>,
     pub metrics: Vec<(Metric, f64)>,
-    /// `ok` or `failed: why`.
+    /// `ok`, `failed: why`, or `retried: why` (an attempt that failed for the machine's sake,
+    /// such as a port in use, and was run again).
     pub status: String,
     /// The host's default TCP congestion control when the run started.
     pub congestion: String,
@@ -40,6 +41,10 @@ pub struct RunRow {
 impl RunRow {
     pub fn ok(&self) -> bool {
         self.status == "ok"
+    }
+    /// An attempt that failed for the machine's sake and was run again.
+    pub fn retried(&self) -> bool {
+        self.status.starts_with("retried")
     }
     pub fn metric(&self, m: Metric) -> Option<f64> {
         self.metrics.iter().find(|(k, _)| *k == m).map(|(_, v)| *v)
@@ -285,7 +290,7 @@ pub fn aggregate(exp: &Experiment, quick: bool, runs: &[RunRow]) -> Vec<Aggregat
             Aggregate {
                 point,
                 runs: ok.len(),
-                failed: mine.len() - ok.len(),
+                failed: mine.iter().filter(|r| !r.ok() && !r.retried()).count(),
                 metrics,
             }
         })

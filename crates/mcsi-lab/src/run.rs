@@ -38,6 +38,8 @@ pub struct Outcome {
     /// Claims left without a measurement (every run they need failed).
     pub unmeasured: usize,
     pub failed: usize,
+    /// Attempts that failed for the machine's sake and were run again.
+    pub retried: usize,
 }
 
 /// A run error that stops the experiment (not a failed run, which is recorded and skipped).
@@ -519,6 +521,52 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
     Ok(out)
 }
 
+/// Why a failed run failed for the machine's sake rather than the software's, if it did: a
+/// server that could not bind its port, or did not come up in time. Such a run is run once more.
+pub fn machine_fault(error: &str, log: &str) -> Option<&'static str> {
+    let both = format!("{error}\n{log}");
+    if both.contains("Address already in use") || both.contains("address already in use") {
+        Some("a port was in use")
+    } else if both.contains("nothing listened on") || both.contains("did not start") {
+        Some("the server was slow to start")
+    } else {
+        None
+    }
+}
+
+/// Writes a failed attempt's record: the point, the command, the error and all it printed.
+fn keep_log(
+    log: &Path,
+    p: &Point,
+    rep: u32,
+    cmdline: &str,
+    error: &str,
+    stdout: &Path,
+    stderr: &Path,
+) -> Result<(), String> {
+    if let Some(d) = log.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let read = |f: &Path| std::fs::read_to_string(f).unwrap_or_else(|e| format!("({e})"));
+    let text = format!(
+        "point: {}\nrepetition: {rep}\nerror: {error}\ncommand: {cmdline}\n\n--- stderr ---\n{}\n--- stdout ---\n{}\n",
+        p.key(),
+        read(stderr),
+        read(stdout)
+    );
+    std::fs::write(log, text).map_err(|e| format!("{}: {e}", log.display()))
+}
+
+/// The last `n` non-empty lines of a file.
+fn last_lines(path: &Path, n: usize) -> Vec<String> {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
+}
+
 /// The last lines of a file, for a failed run's record.
 fn tail(path: &Path, lines: usize) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
@@ -666,34 +714,86 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
     let summary = dir.join(".link-summary.json");
     let mut done_secs = 0.0;
     let n = todo.len();
+    let logs = dir.join("logs");
     for (i, (rep, p)) in todo.into_iter().enumerate() {
         let seed = exp.seed.wrapping_add(u64::from(rep) - 1);
         let desc = describe(exp, p);
-        bar.set_message(format!("{}/{n} {desc}", i + 1));
-        let started = now_utc();
-        let t0 = Instant::now();
-        let limit = Duration::from_secs_f64(p.runtime() + 60.0);
-        let result = command(&opts.mcsi, p, seed, &summary).and_then(|c| {
-            run_with_limit(c, &stdout, &stderr, limit, &|s| {
-                bar.set_position((done_secs + s.min(p.runtime() + 1.0)) as u64)
-            })
-        });
-        let measured = result.and_then(|()| {
-            let b = std::fs::read(&stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
-            measure(&b, &summary, p)
-        });
-        let wall = t0.elapsed().as_secs_f64();
-        let status = match &measured {
-            Ok(_) => "ok".to_string(),
-            Err(e) => {
-                out.failed += 1;
-                let t = tail(&stderr, 3);
-                if t.is_empty() {
-                    format!("failed: {e}")
-                } else {
-                    format!("failed: {e}: {t}")
-                }
+        let point_no = points.iter().position(|q| q.key() == p.key()).unwrap_or(i) + 1;
+        let mut attempt = 0;
+        let (measured, started, wall, status) = loop {
+            attempt += 1;
+            bar.set_message(format!("{}/{n} {desc}", i + 1));
+            let started = now_utc();
+            let t0 = Instant::now();
+            let limit = Duration::from_secs_f64(p.runtime() + 60.0);
+            let mut cmdline = String::new();
+            let result = command(&opts.mcsi, p, seed, &summary).and_then(|c| {
+                cmdline = format!("{c:?}");
+                run_with_limit(c, &stdout, &stderr, limit, &|s| {
+                    bar.set_position((done_secs + s.min(p.runtime() + 1.0)) as u64)
+                })
+            });
+            let measured = result.and_then(|()| {
+                let b = std::fs::read(&stdout).map_err(|e| format!("{}: {e}", stdout.display()))?;
+                measure(&b, &summary, p)
+            });
+            let wall = t0.elapsed().as_secs_f64();
+            let e = match measured {
+                Ok(m) => break (Ok(m), started, wall, "ok".to_string()),
+                Err(e) => e,
+            };
+            // Keep what the run printed beside runs.csv, and show its end now.
+            let log = logs.join(format!(
+                "{}-point{point_no}-rep{rep}-try{attempt}.log",
+                p.series
+            ));
+            let kept = keep_log(&log, p, rep, &cmdline, &e, &stdout, &stderr);
+            let t = tail(&stderr, 3);
+            let why = if t.is_empty() {
+                e.clone()
+            } else {
+                format!("{e}: {t}")
+            };
+            let mut msg = format!(
+                "{} [{}/{n}] rep {rep} {desc}: attempt {attempt} failed: {e}\n  command: {cmdline}\n  log: {}",
+                exp.name,
+                i + 1,
+                kept.as_ref().map_or_else(|k| format!("not kept ({k})"), |()| log.display().to_string())
+            );
+            for l in last_lines(&stderr, 12) {
+                msg.push_str("\n    | ");
+                msg.push_str(&l);
             }
+            if tty {
+                bar.println(msg)
+            } else {
+                eprintln!("{msg}")
+            }
+            let fault = machine_fault(&e, &std::fs::read_to_string(&stderr).unwrap_or_default());
+            if let (1, Some(fault)) = (attempt, fault) {
+                // Recorded, not counted: the report lists it.
+                writer.append(&RunRow {
+                    key: p.key(),
+                    series: p.series.clone(),
+                    rep,
+                    seed,
+                    params: p
+                        .params
+                        .iter()
+                        .map(|(d, v)| (d.name.to_string(), v.text.clone()))
+                        .collect(),
+                    metrics: Vec::new(),
+                    status: format!("retried: {fault}: {why}"),
+                    congestion: cc.clone(),
+                    started,
+                    wall_s: wall,
+                })?;
+                out.retried += 1;
+                std::thread::sleep(Duration::from_secs(2));
+                continue;
+            }
+            out.failed += 1;
+            break (Err(e), started, wall, format!("failed: {why}"));
         };
         let row = RunRow {
             key: p.key(),

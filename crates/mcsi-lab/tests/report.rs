@@ -176,6 +176,25 @@ fn verdicts_and_files() {
             .unwrap();
         }
     }
+    // An attempt that failed for the machine's sake and was run again: listed, not counted.
+    let p8 = exp
+        .points(false)
+        .into_iter()
+        .find(|p| p.series == "two" && p.num("bs") == Some(8.0))
+        .unwrap();
+    w.append(&RunRow {
+        key: p8.key(),
+        series: p8.series.clone(),
+        rep: 1,
+        seed: 1,
+        params: Default::default(),
+        metrics: vec![],
+        status: "retried: a port was in use: bind: Address already in use".into(),
+        congestion: "cubic".into(),
+        started: "2026-01-01 00:00:00".into(),
+        wall_s: 1.0,
+    })
+    .unwrap();
     drop(w);
     let done = report::write_index(dir.path()).unwrap();
     assert_eq!(done.len(), 1);
@@ -222,6 +241,11 @@ fn verdicts_and_files() {
         "{md}"
     );
     assert!(md.contains("failed: test"));
+    assert!(
+        md.contains("18 runs (1 failed; 1 more attempt(s) failed for the machine's sake and were run again, listed below)"),
+        "{md}"
+    );
+    assert!(md.contains("rep 1: retried: a port was in use"), "{md}");
     let png = std::fs::read(d.join("bw.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
     assert!(dir.path().join("index.html").exists() && dir.path().join("index.md").exists());

@@ -359,3 +359,36 @@ fn nbd_fio_client_command() {
     let host = &args[args.iter().position(|a| a == "--host").unwrap() + 1];
     assert!(host.contains("--congestion cubic"), "{host}");
 }
+
+#[test]
+fn only_the_machines_faults_are_retried() {
+    use mcsi_lab::run::machine_fault;
+    assert_eq!(
+        machine_fault(
+            "mcsi link run exited with exit status: 1",
+            "mcsi: error: bind 100.64.0.1:3260: Address already in use (os error 98)"
+        ),
+        Some("a port was in use")
+    );
+    assert_eq!(
+        machine_fault(
+            "mcsi link run exited with exit status: 1",
+            "nothing listened on 100.64.0.1:3260 within 10s (host commands still running: 1)"
+        ),
+        Some("the server was slow to start")
+    );
+    assert_eq!(
+        machine_fault("x", "tgtd did not start"),
+        Some("the server was slow to start")
+    );
+    // A fault of the software is never retried: a crash, a protocol error, a hang.
+    for e in [
+        "bench reported error 5",
+        "no I/O completed",
+        "timed out after 68 s",
+        "the target ended during the run",
+        "connection 1 ran congestion control bbr instead of cubic",
+    ] {
+        assert_eq!(machine_fault(e, "thread 'main' panicked"), None, "{e}");
+    }
+}

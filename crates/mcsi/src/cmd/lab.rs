@@ -104,11 +104,12 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
             for e in &exps {
                 let o = run::run(e, &opts)?;
                 eprintln!(
-                    "{}: {} runs done, {} resumed from earlier, {} failed; results in {}",
+                    "{}: {} runs done, {} resumed from earlier, {} failed, {} retried after a failure of the machine's; results in {}",
                     e.name,
                     o.done,
                     o.skipped,
                     o.failed,
+                    o.retried,
                     a.out.join(&e.name).display()
                 );
                 if let Some(r) = &o.report {
