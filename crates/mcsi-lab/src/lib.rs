@@ -38,6 +38,11 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "toyoda-table2",
         include_str!("../experiments/toyoda-table2.toml"),
     ),
+    (
+        "thesis-targets",
+        include_str!("../experiments/thesis-targets.toml"),
+    ),
+    ("thesis-per", include_str!("../experiments/thesis-per.toml")),
     ("nbd-wan", include_str!("../experiments/nbd-wan.toml")),
 ];
 

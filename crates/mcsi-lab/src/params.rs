@@ -83,6 +83,13 @@ pub const DEFS: &[Def] = &[
         help: "reno, cubic or bbr: the congestion control of the initiator's network namespace (the sender of writes; reads are sent by the target, with the host's default)",
     },
     Def {
+        name: "target_cc",
+        role: Role::Target,
+        kind: Kind::Choice(CC),
+        axis: "target side's TCP congestion control",
+        help: "reno, cubic or bbr: the congestion control of the target's side of the link, set on the host's route to the initiator (ip route ... congctl), so that every socket the target accepts there uses it whatever the host's default; for targets that cannot set it themselves, such as tgt",
+    },
+    Def {
         name: "cc",
         role: Role::Bench,
         kind: Kind::Choice(CC),
@@ -130,6 +137,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Int(1, 8),
         axis: "TCP connections",
         help: "connections in the session, 1 to 8",
+    },
+    Def {
+        name: "sessions",
+        role: Role::Client,
+        kind: Kind::Int(1, 8),
+        axis: "sessions (one LUN each)",
+        help: "sessions run at once from the initiator's side, 1 to 8: the target serves one LUN per session and one mcsi bench per session reads its own, all for the same runtime; the run's throughput and IOPS are all the sessions moved over the span from the first one's start to the last one's end, response times I/O-weighted means (the p99 is the worst session's)",
     },
     Def {
         name: "policy",

@@ -181,7 +181,7 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         _ => (
             format!(
                 "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}{}",
-                sh_quote(lun),
+                vec![sh_quote(lun); sessions(p)].join(" --lun "),
                 p.params
                     .get("cc")
                     .map_or(String::new(), |cc| format!(" --congestion {}", cc.text)),
@@ -189,10 +189,42 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
             0,
         ),
     };
+    // The target side's congestion control, as a route attribute: the link's host-side route
+    // to the initiator gets its own /32 with congctl, which goes when the link's device goes.
+    let target = match p.params.get("target_cc") {
+        Some(cc) => format!(
+            "dev=$(ip -o route get $MCSI_LINK_ADDR | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); \
+             ip route replace $MCSI_LINK_ADDR/32 dev \"$dev\" src $MCSI_LINK_PEER congctl {cc} || \
+             {{ echo \"cannot set congestion control {cc} on the route to $MCSI_LINK_ADDR (dev '$dev')\" >&2; exit 1; }}\n{target}",
+            cc = cc.text
+        ),
+        None => target,
+    };
     let url = format!("iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/{lun_no}");
     let client = match p.text("client") {
         "iscsi-perf" => iscsi_perf_script(p, &url),
         "nbd-fio" => nbd_fio_script(&bin, p, &url, seed),
+        _ if sessions(p) > 1 => {
+            // One bench per session, each on its own LUN and seed; their JSON documents follow
+            // one another on stdout, in session order.
+            let mut s = String::from("d=$(mktemp -d); pids=''");
+            for i in 0..sessions(p) {
+                let bench: Vec<String> = bench_args(p, seed + i as u64 * 1000)
+                    .iter()
+                    .map(|a| sh_quote(a))
+                    .collect();
+                s.push_str(&format!(
+                    "; {bin} bench {} iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/{i} > $d/{i}.json & pids=\"$pids $!\"",
+                    bench.join(" ")
+                ));
+            }
+            s.push_str("; rc=0; for p in $pids; do wait $p || rc=$?; done; cat");
+            for i in 0..sessions(p) {
+                s.push_str(&format!(" $d/{i}.json"));
+            }
+            s.push_str("; rm -rf $d; exit $rc");
+            s
+        }
         _ => {
             let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
             format!("exec {bin} bench {} {url}", bench.join(" "))
@@ -217,6 +249,11 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
     c.arg("--").arg("sh").arg("-c").arg(client);
     c.env("MCSI_LOG", "warn");
     Ok(c)
+}
+
+/// Sessions the point runs at once (parameter `sessions`, default 1).
+pub fn sessions(p: &Point) -> usize {
+    p.num("sessions").map_or(1, |n| n as usize).max(1)
 }
 
 /// What the standard stack can run: libiscsi's iscsi-perf reads, over one connection (libiscsi
@@ -258,6 +295,12 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         if p.params.get("initiator_cc").is_some() {
             return Err("set cc (every socket of the session, both sides) or initiator_cc (the initiator's namespace), not both".into());
         }
+        if p.params.get("target_cc").is_some() {
+            return Err("set cc (every socket of the session, both sides) or target_cc (the target side's route), not both".into());
+        }
+    }
+    if sessions(p) > 1 && (p.text("target") != "mcsi" || p.text("client") != "mcsi-bench") {
+        return Err("sessions runs several mcsi bench against mcsi's target, one LUN each: use target = \"mcsi\" and client = \"mcsi-bench\"".into());
     }
     if p.text("target") == "tgt" {
         ram_size(p)?;
@@ -452,8 +495,109 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
         let bs = p.num("bs").unwrap_or(4.0) * 1024.0;
         return Ok(vec![(Metric::BwMbs, iops * bs / 1e6), (Metric::Iops, iops)]);
     }
-    let j: serde_json::Value =
-        serde_json::from_slice(bench).map_err(|e| format!("bench printed no JSON ({e})"))?;
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(bench)
+        .into_iter::<serde_json::Value>()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("bench printed no JSON ({e})"))?;
+    let want = sessions(p);
+    if docs.len() != want {
+        return Err(format!(
+            "{} bench report(s) for {want} session(s)",
+            docs.len()
+        ));
+    }
+    let each = docs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            measure_one(j, p).map_err(|e| {
+                if want > 1 {
+                    format!("session {}: {e}", i + 1)
+                } else {
+                    e
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // The sessions' common window: from the first one's start to the last one's end (bench
+    // reports when it ended and for how long it ran), so that sessions that did not quite
+    // overlap are not counted as if they had.
+    let window = docs
+        .iter()
+        .map(|j| {
+            let end = j["timestamp_ms"].as_f64()?;
+            let ms = j["jobs"][0]["job_runtime"].as_f64()?;
+            Some((end - ms, end))
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(|w| {
+            let start = w.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            let end = w.iter().map(|x| x.1).fold(0.0, f64::max);
+            (end - start) / 1000.0
+        });
+    let moved: Vec<(f64, f64)> = docs
+        .iter()
+        .map(|j| {
+            let job = &j["jobs"][0];
+            let f = |d: &str, k: &str| job[d][k].as_f64().unwrap_or(0.0);
+            (
+                f("read", "io_bytes") + f("write", "io_bytes"),
+                f("read", "total_ios") + f("write", "total_ios"),
+            )
+        })
+        .collect();
+    let mut out = combine(each);
+    if let Some(secs) = window.filter(|s| *s > 0.0 && want > 1) {
+        let bytes: f64 = moved.iter().map(|m| m.0).sum();
+        let ios: f64 = moved.iter().map(|m| m.1).sum();
+        for (m, v) in &mut out {
+            match m {
+                Metric::BwMbs => *v = bytes / secs / 1e6,
+                Metric::Iops => *v = ios / secs,
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The figures of several sessions run at once: throughput, IOPS and retransmissions add up;
+/// response times and I/O sizes are weighted by each session's I/O rate, except the 99th
+/// percentile, which is the worst session's.
+fn combine(mut each: Vec<Vec<(Metric, f64)>>) -> Vec<(Metric, f64)> {
+    if each.len() == 1 {
+        return each.pop().unwrap_or_default();
+    }
+    let get = |v: &[(Metric, f64)], m: Metric| v.iter().find(|(k, _)| *k == m).map(|(_, x)| *x);
+    let iops: Vec<f64> = each
+        .iter()
+        .map(|v| get(v, Metric::Iops).unwrap_or(0.0))
+        .collect();
+    let total_iops: f64 = iops.iter().sum();
+    let mut out = Vec::new();
+    for m in Metric::ALL {
+        let vals: Vec<Option<f64>> = each.iter().map(|v| get(v, m)).collect();
+        if vals.iter().any(Option::is_none) {
+            continue;
+        }
+        let vals: Vec<f64> = vals.into_iter().flatten().collect();
+        let x = match m {
+            Metric::BwMbs | Metric::Iops | Metric::Retransmits | Metric::TargetRetransmits => {
+                vals.iter().sum()
+            }
+            Metric::LatP99Ms => vals.iter().copied().fold(0.0, f64::max),
+            Metric::LatMeanMs | Metric::LatP50Ms | Metric::IoKib if total_iops > 0.0 => {
+                vals.iter().zip(&iops).map(|(v, w)| v * w).sum::<f64>() / total_iops
+            }
+            _ => continue,
+        };
+        out.push((m, x));
+    }
+    out
+}
+
+/// The figures of one `mcsi bench --json` report.
+fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, String> {
     let job = &j["jobs"][0];
     let error = job["error"].as_i64().unwrap_or(-1);
     if error != 0 {
@@ -596,6 +740,17 @@ pub fn check_congestion(points: &[Point]) -> Result<(), String> {
             mcsi_tcp::Congestion::new(&cc.text)
                 .and_then(|c| c.check())
                 .map_err(|e| e.to_string())?;
+        }
+    }
+    for p in points {
+        if let Some(cc) = p.params.get("target_cc") {
+            if !available.split_whitespace().any(|a| a == cc.text) {
+                return Err(format!(
+                    "target_cc {} is not available in this kernel (available: {})",
+                    cc.text,
+                    available.trim()
+                ));
+            }
         }
     }
     let mut want: Vec<&str> = points
@@ -870,4 +1025,77 @@ pub fn describe(exp: &Experiment, p: &Point) -> String {
 /// The parameter names, in CSV order.
 pub fn param_columns() -> Vec<&'static str> {
     params::DEFS.iter().map(|d| d.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn doc(
+        end_ms: u64,
+        runtime_ms: u64,
+        bytes: u64,
+        ios: u64,
+        mean_ns: f64,
+        p99_ns: f64,
+    ) -> String {
+        let secs = runtime_ms as f64 / 1000.0;
+        serde_json::json!({
+            "timestamp_ms": end_ms,
+            "jobs": [{
+                "error": 0,
+                "job_runtime": runtime_ms,
+                "read": {
+                    "io_bytes": bytes, "total_ios": ios, "bw_bytes": bytes as f64 / secs,
+                    "iops": ios as f64 / secs,
+                    "lat_ns": { "mean": mean_ns, "percentile": { "50.000000": mean_ns, "99.000000": p99_ns } }
+                },
+                "write": { "io_bytes": 0, "total_ios": 0, "bw_bytes": 0, "iops": 0 }
+            }]
+        })
+        .to_string()
+    }
+
+    fn point(sessions: u32) -> Point {
+        let text = format!(
+            "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\nrate = \"10mbit\"\nsessions = {sessions}\n[sweep]\nbs = [\"4KiB\"]\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"bs\"\ny = \"bw_mbs\"\n"
+        );
+        crate::spec::parse("t", "t.toml", &text)
+            .unwrap()
+            .points(false)[0]
+            .clone()
+    }
+
+    #[test]
+    fn sessions_add_up_over_their_common_window() {
+        let none = Path::new("/nonexistent");
+        // Two sessions of 2 s each, the second ending 1 s after the first: 3 s in all.
+        let two = format!(
+            "{}\n{}",
+            doc(10_000, 2000, 2_000_000, 100, 2e6, 9e6),
+            doc(11_000, 2000, 4_000_000, 300, 4e6, 5e6)
+        );
+        let m = measure(two.as_bytes(), none, &point(2)).unwrap();
+        let get = |k: Metric| m.iter().find(|(x, _)| *x == k).unwrap().1;
+        assert!((get(Metric::BwMbs) - 2.0).abs() < 1e-9, "6 MB over 3 s");
+        assert!((get(Metric::Iops) - 400.0 / 3.0).abs() < 1e-9);
+        // Weighted by each session's I/O rate (50 and 150 IOPS): (2 x 50 + 4 x 150) / 200.
+        assert!((get(Metric::LatMeanMs) - 3.5).abs() < 1e-9);
+        assert!(
+            (get(Metric::LatP99Ms) - 9.0).abs() < 1e-9,
+            "the worst session's"
+        );
+        // A session that printed nothing fails the run.
+        let e = measure(doc(1, 1, 1, 1, 1.0, 1.0).as_bytes(), none, &point(2)).unwrap_err();
+        assert!(e.contains("1 bench report(s) for 2 session(s)"), "{e}");
+        // One session: its own figures.
+        let m = measure(
+            doc(10_000, 2000, 2_000_000, 100, 2e6, 9e6).as_bytes(),
+            none,
+            &point(1),
+        )
+        .unwrap();
+        assert_eq!(m.iter().find(|(x, _)| *x == Metric::BwMbs).unwrap().1, 1.0);
+    }
 }

@@ -151,6 +151,26 @@ fn errors_name_the_field() {
         ),
         (
             "set = { connections = 1 }",
+            r#"set = { connections = 1, cc = "cubic", target_cc = "reno" }"#,
+            "or target_cc (the target side's route), not both",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, target_cc = "vegas2" }"#,
+            "series[0].set.target_cc",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, sessions = 2, target = "tgt" }"#,
+            "sessions runs several mcsi bench against mcsi's target",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, sessions = 9 }"#,
+            "series[0].set.sessions",
+        ),
+        (
+            "set = { connections = 1 }",
             r#"set = { connections = 1, policy = "fastest" }"#,
             "series[0].set.policy",
         ),

@@ -730,10 +730,11 @@ fn fio_json(
         .collect();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .unwrap_or_default();
     json!({
         "fio version": concat!("mcsi-", env!("CARGO_PKG_VERSION")),
-        "timestamp": now,
+        "timestamp": now.as_secs(),
+        "timestamp_ms": now.as_millis() as u64,
         "global options": {
             "rw": a.rw.name(),
             "bs": bs.to_string(),
