@@ -2,6 +2,7 @@
 
 use crate::error::Error;
 use crate::negotiate::{Login, LoginConfig, LoginDone, LoginStep};
+use crate::route::Bind;
 use bytes::BytesMut;
 use mcsi_proto::pdu::{decode, pdu_len, Encoded, Framing, Pdu};
 use mcsi_tcp::Congestion;
@@ -20,6 +21,7 @@ pub(crate) async fn connect_tcp(
     addr: &str,
     timeout: Duration,
     congestion: Option<Congestion>,
+    bind: Option<&Bind>,
 ) -> Result<TcpStream, Error> {
     let attempt = async {
         let mut last = None;
@@ -32,6 +34,12 @@ pub(crate) async fn connect_tcp(
             if let Some(cc) = congestion {
                 cc.apply(&sock).map_err(std::io::Error::other)?;
             }
+            if let Some(b) = bind {
+                if let Err(e) = b.apply(&sock, a) {
+                    last = Some(e);
+                    continue;
+                }
+            }
             match sock.connect(a).await {
                 Ok(s) => return Ok(s),
                 Err(e) => last = Some(e),
@@ -43,8 +51,21 @@ pub(crate) async fn connect_tcp(
     };
     let s = tokio::time::timeout(timeout, attempt)
         .await
-        .map_err(|_| Error::Timeout(format!("connecting to {addr} took longer than {timeout:?}")))?
-        .map_err(|e| Error::io(format!("cannot connect to {addr}"), &e))?;
+        .map_err(|_| {
+            Error::Timeout(format!(
+                "connecting to {addr}{} took longer than {timeout:?}",
+                bind.map_or(String::new(), |b| format!(" from {b}"))
+            ))
+        })?
+        .map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot connect to {addr}{}",
+                    bind.map_or(String::new(), |b| format!(" from {b}"))
+                ),
+                &e,
+            )
+        })?;
     s.set_nodelay(true)
         .map_err(|e| Error::io("setting TCP_NODELAY", &e))?;
     Ok(s)

@@ -49,7 +49,7 @@ pub async fn discover(
     initiator_name: &str,
     timeout: Duration,
 ) -> Result<Vec<DiscoveredTarget>, Error> {
-    let mut s = conn::connect_tcp(addr, timeout, None).await?;
+    let mut s = conn::connect_tcp(addr, timeout, None, None).await?;
     let cfg = LoginConfig {
         initiator_name: initiator_name.to_string(),
         target_name: None,

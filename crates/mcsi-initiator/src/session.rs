@@ -6,6 +6,7 @@ use crate::conn::{self, LoginOutcome};
 use crate::core::{Action, Command, ConnRole, ConnStart, ConnStats, Event, Response, SessionCore};
 use crate::error::Error;
 use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
+use crate::route::{self, Bind};
 use crate::sched::{self, Scheduler};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
@@ -59,6 +60,12 @@ pub struct ConnectOptions {
     /// Ask the target to report its sending side's TCP state (`X-org.mcsi.TcpReport`; only mcsi
     /// targets agree, others answer NotUnderstood and the session goes on without).
     pub tcp_report: bool,
+    /// Sources of the connections, taken in turn (connection i: bind i mod n); empty: the
+    /// system's choice. See [`crate::route`].
+    pub binds: Vec<Bind>,
+    /// Target portals (`HOST:PORT`, one portal group) of the connections, taken in turn; empty:
+    /// the URL's.
+    pub portals: Vec<String>,
 }
 
 impl Default for ConnectOptions {
@@ -82,6 +89,8 @@ impl Default for ConnectOptions {
             chap_algorithms: vec![mcsi_proto::chap::ChapAlgorithm::Md5],
             congestion: None,
             tcp_report: false,
+            binds: Vec::new(),
+            portals: Vec::new(),
         }
     }
 }
@@ -120,6 +129,10 @@ pub struct ConnectionStats {
     pub congestion: Option<String>,
     /// The target's address of this connection.
     pub peer: Option<std::net::SocketAddr>,
+    /// This host's address of this connection.
+    pub local: Option<std::net::SocketAddr>,
+    /// The source the connection was asked to leave from (`--bind`), if any.
+    pub bind: Option<String>,
     /// The target's sending side of this connection, as it last reported it
     /// (`X-org.mcsi.TcpReport`).
     pub target_tcp: Option<TcpState>,
@@ -221,10 +234,11 @@ async fn login_conn(
     cfg: LoginConfig,
     timeout: Duration,
     congestion: Option<Congestion>,
+    bind: Option<&Bind>,
 ) -> Result<(TcpStream, Box<LoginDone>, BytesMut), Error> {
     let mut addr = addr.to_string();
     for _ in 0..4 {
-        let mut s = conn::connect_tcp(&addr, timeout, congestion).await?;
+        let mut s = conn::connect_tcp(&addr, timeout, congestion, bind).await?;
         match conn::login(&mut s, cfg.clone(), timeout).await? {
             LoginOutcome::Done(d, rest) => return Ok((s, d, rest)),
             LoginOutcome::Redirect(to) => {
@@ -268,8 +282,16 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         // The leading connection carries requests (thesis 4.3.3: connections 1..n).
         role: ConnRole::Requests,
     };
-    let addr = url.address();
-    let (s0, done, rest0) = login_conn(&addr, cfg.clone(), o.login_timeout, o.congestion).await?;
+    let default_portal = url.address();
+    let (bind0, addr0) = route::of(&o.binds, &o.portals, &default_portal, 0);
+    let (s0, done, rest0) = login_conn(
+        &addr0,
+        cfg.clone(),
+        o.login_timeout,
+        o.congestion,
+        bind0.as_ref(),
+    )
+    .await?;
     let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
     let n = want.min(done.params.max_connections.max(1));
     if n < want {
@@ -312,7 +334,8 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             },
             ..cfg.clone()
         };
-        match login_conn(&addr, c, o.login_timeout, o.congestion).await {
+        let (bind, addr) = route::of(&o.binds, &o.portals, &default_portal, usize::from(cid));
+        match login_conn(&addr, c, o.login_timeout, o.congestion, bind.as_ref()).await {
             Ok((s, d, rest)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
                 conns.push(EstablishedConn {
@@ -325,7 +348,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
                 });
             }
             Err(e) => {
-                tracing::warn!(cid, error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
+                tracing::warn!(cid, portal = %addr, bind = bind.as_ref().map(|b| b.to_string()), error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
                 break;
             }
         }
@@ -814,12 +837,19 @@ impl Session {
             let peer = handle
                 .and_then(|h| h.sock.peer_addr().ok())
                 .and_then(|a| a.as_socket());
+            let local = handle
+                .and_then(|h| h.sock.local_addr().ok())
+                .and_then(|a| a.as_socket());
+            let binds = &self.shared.options.binds;
+            let bind = (!binds.is_empty()).then(|| binds[index % binds.len()].to_string());
             conns.push(ConnectionStats {
                 index,
                 counters: c,
                 tcp,
                 congestion,
                 peer,
+                local,
+                bind,
                 target_tcp,
             });
         }

@@ -69,6 +69,20 @@ impl BsAutoArgs {
     }
 }
 
+/// A portal is HOST:PORT (an IPv6 address in brackets), the port 1 to 65535.
+fn check_portal(p: &str) -> Result<(), String> {
+    let (host, port) = p
+        .rsplit_once(':')
+        .ok_or("expected HOST:PORT, e.g. 192.0.2.10:3260")?;
+    if host.is_empty() || (host.contains(':') && !(host.starts_with('[') && host.ends_with(']'))) {
+        return Err("expected HOST:PORT (an IPv6 address in brackets: [2001:db8::1]:3260)".into());
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("'{port}' is not a port (1 to 65535)")),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// How an initiator command opens its sessions: connections, scheduler, congestion control,
 /// asymmetric mode, digests, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
 #[derive(clap::Args, Debug, Clone)]
@@ -102,6 +116,15 @@ pub struct SessionArgs {
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
+    /// Source of the connections: an address of this host, or an interface (SO_BINDTODEVICE).
+    /// Repeatable: connection i leaves from bind i mod n, so `--bind wlan0 --bind wwan0
+    /// --connections 2` puts the session on two routes.
+    #[arg(long, value_name = "ADDR|IFACE")]
+    pub bind: Vec<String>,
+    /// Target portal for the connections, HOST:PORT of the same target (one portal group).
+    /// Repeatable: connection i goes to portal i mod n; default: the URL's.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub portal: Vec<String>,
 }
 
 impl SessionArgs {
@@ -128,6 +151,15 @@ impl SessionArgs {
         };
         if let Some(n) = &self.initiator_name {
             opts.initiator_name = n.clone();
+        }
+        for b in &self.bind {
+            opts.binds.push(
+                mcsi_initiator::Bind::parse(b).map_err(|e| anyhow::anyhow!("--bind {b}: {e}"))?,
+            );
+        }
+        for p in &self.portal {
+            check_portal(p).map_err(|e| anyhow::anyhow!("--portal {p}: {e}"))?;
+            opts.portals.push(p.clone());
         }
         Ok(opts)
     }

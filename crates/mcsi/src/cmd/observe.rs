@@ -16,6 +16,7 @@ struct ConnLabels {
     session: String,
     cid: String,
     peer: String,
+    local: String,
     congestion: String,
 }
 
@@ -38,6 +39,8 @@ impl crate::cmd::http::Source for SessionObserver {
                     "role": c.counters.role.as_str(),
                     "alive": c.counters.alive,
                     "peer": c.peer.map(|p| p.to_string()).unwrap_or_default(),
+                    "local": c.local.map(|p| p.to_string()).unwrap_or_default(),
+                    "bind": c.bind,
                     "congestion": c.congestion,
                     "tasks": c.counters.tasks,
                     "bytes": c.counters.bytes,
@@ -117,6 +120,7 @@ impl SessionObserver {
                 session: st.tsih.to_string(),
                 cid: c.counters.cid.to_string(),
                 peer: c.peer.map(|p| p.to_string()).unwrap_or_default(),
+                local: c.local.map(|p| p.to_string()).unwrap_or_default(),
                 congestion: c.congestion.clone().unwrap_or_default(),
             };
             tasks.get_or_create(&k).inc_by(c.counters.tasks);
