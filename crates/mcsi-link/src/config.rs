@@ -320,6 +320,10 @@ pub enum PathBy {
     /// the VPN multi-routing of seed 003). Plain `port % N` would not do: Linux picks even
     /// ephemeral ports for connect().
     Port,
+    /// By the command side's source address, as on a multi-homed host: the command's side has
+    /// one address per path (`$MCSI_LINK_ADDR_0`, `$MCSI_LINK_ADDR_1`, ...), and a packet from
+    /// (or to) address i takes path i. A connection chooses its route by binding its source.
+    Source,
 }
 
 impl PathBy {
@@ -327,7 +331,8 @@ impl PathBy {
         match s.trim().to_ascii_lowercase().as_str() {
             "hash" | "5-tuple" | "flow" => Ok(PathBy::Hash),
             "port" => Ok(PathBy::Port),
-            _ => Err(invalid("path-by", s, "use hash or port")),
+            "source" | "src" => Ok(PathBy::Source),
+            _ => Err(invalid("path-by", s, "use hash, port or source")),
         }
     }
 }
@@ -344,6 +349,13 @@ impl LinkConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.paths.is_empty() {
             return Err(invalid("link", "no paths", "needs at least one path"));
+        }
+        if self.path_by == PathBy::Source && self.paths.len() > 14 {
+            return Err(invalid(
+                "path-by",
+                "source",
+                "at most 14 paths: the command side has one address per path in a /28",
+            ));
         }
         if self.paths.len() > 64 {
             return Err(invalid(

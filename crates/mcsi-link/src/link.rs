@@ -203,6 +203,8 @@ pub struct Link {
     seed: u64,
     by_port: HashMap<u16, usize>,
     next_port_path: usize,
+    /// The command side's address of each path ([`PathBy::Source`]).
+    sources: Vec<[u8; 4]>,
     now: Nanos,
 }
 
@@ -220,8 +222,15 @@ impl Link {
             seed: cfg.seed,
             by_port: HashMap::new(),
             next_port_path: 0,
+            sources: Vec::new(),
             now: 0,
         })
+    }
+
+    /// The command side's address of each path, for [`PathBy::Source`]: a packet from (or to)
+    /// `sources[i]` takes path i, any other path 0.
+    pub fn set_sources(&mut self, sources: Vec<[u8; 4]>) {
+        self.sources = sources;
     }
 
     pub fn path_count(&self) -> usize {
@@ -246,6 +255,11 @@ impl Link {
                     p
                 })
             }
+            PathBy::Source => self
+                .sources
+                .iter()
+                .position(|a| *a == key.cmd_addr)
+                .map_or(0, |i| i % n),
             _ => (key.hash(self.seed) % n as u64) as usize,
         }
     }
@@ -335,6 +349,25 @@ mod tests {
         p[20..22].copy_from_slice(&sp.to_be_bytes());
         p[22..24].copy_from_slice(&dp.to_be_bytes());
         p
+    }
+
+    #[test]
+    fn source_addresses_pick_their_paths_in_both_directions() {
+        let mut l = Link::new(&cfg(vec![PathConfig::default(); 2], PathBy::Source)).unwrap();
+        l.set_sources(vec![[100, 64, 0, 2], [100, 64, 0, 3]]);
+        let from = |src: [u8; 4], dir: Dir| {
+            let mut p = tcp(dir, 40000, 3260);
+            let at = if dir == Dir::Up { 12 } else { 16 };
+            p[at..at + 4].copy_from_slice(&src);
+            p
+        };
+        for dir in [Dir::Up, Dir::Down] {
+            // Whatever the port, the source address decides.
+            assert_eq!(l.classify(dir, &from([100, 64, 0, 2], dir)), 0);
+            assert_eq!(l.classify(dir, &from([100, 64, 0, 3], dir)), 1);
+            // An address of no path takes path 0.
+            assert_eq!(l.classify(dir, &from([100, 64, 0, 9], dir)), 0);
+        }
     }
 
     fn cfg(paths: Vec<PathConfig>, by: PathBy) -> LinkConfig {

@@ -140,7 +140,8 @@ struct HostProc {
 }
 
 impl HostProc {
-    fn spawn(command: &str, host: Ipv4Addr, cmd_addr: Ipv4Addr) -> Result<Self, RunError> {
+    fn spawn(command: &str, host: Ipv4Addr, cmd_addrs: &[Ipv4Addr]) -> Result<Self, RunError> {
+        let cmd_addr = cmd_addrs[0];
         let spawn_err = |err| RunError::HostSpawn {
             command: command.to_string(),
             err,
@@ -158,6 +159,7 @@ impl HostProc {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::from(out))
             .process_group(0);
+        address_env(&mut c, cmd_addrs);
         // SAFETY: getpid is async-signal-safe.
         let parent = unsafe { libc::getpid() };
         // SAFETY: only async-signal-safe calls between fork and exec.
@@ -426,21 +428,39 @@ fn wait_ports(
     Ok(())
 }
 
-/// Picks a /30 in 100.64.0.0/10 (shared address space, RFC 6598) from the pid, skipping any
-/// already used on this host. Returns (host side, command side).
+/// Most command-side addresses (paths with `--path-by source`): a /28 less the host's.
+pub const MAX_SOURCES: usize = 14;
+
+/// Picks a /28 in 100.64.0.0/10 (shared address space, RFC 6598) from the pid, skipping any
+/// with an address already used on this host. Returns (host side, command side): the host side
+/// is .1, the command side .2 and, for `--path-by source`, the following addresses.
 fn pick_addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
     let used = sys::local_ipv4();
     let base = u32::from(Ipv4Addr::new(100, 64, 0, 0));
-    let blocks = 1u32 << 20;
+    let blocks = 1u32 << 18;
     let mut pair = (Ipv4Addr::new(100, 64, 0, 1), Ipv4Addr::new(100, 64, 0, 2));
     for k in 0..blocks {
-        let net = base + ((pid.wrapping_add(k)) % blocks) * 4;
+        let net = base + ((pid.wrapping_add(k)) % blocks) * 16;
         pair = (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2));
-        if !used.contains(&pair.0) && !used.contains(&pair.1) {
+        if !(net..net + 16).any(|a| used.contains(&Ipv4Addr::from(a))) {
             break;
         }
     }
     pair
+}
+
+/// The command side's addresses: `n` from `first` on.
+fn command_addresses(first: Ipv4Addr, n: usize) -> Vec<Ipv4Addr> {
+    (0..n.clamp(1, MAX_SOURCES) as u32)
+        .map(|i| Ipv4Addr::from(u32::from(first) + i))
+        .collect()
+}
+
+/// `MCSI_LINK_ADDR_0`, `MCSI_LINK_ADDR_1`, ... for the command side's addresses.
+fn address_env(c: &mut std::process::Command, addrs: &[Ipv4Addr]) {
+    for (i, a) in addrs.iter().enumerate() {
+        c.env(format!("MCSI_LINK_ADDR_{i}"), a.to_string());
+    }
 }
 
 /// Removes host-side devices left by runs whose process is gone. Ours are non-persistent, so
@@ -475,7 +495,7 @@ struct Forwarder {
     stop_fd: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     host: [u8; 4],
-    cmd: [u8; 4],
+    cmd: Vec<[u8; 4]>,
     start: Instant,
     start_unix_ns: u64,
     pcap: Option<PcapWriter<BufWriter<File>>>,
@@ -599,8 +619,8 @@ impl Forwarder {
         }
         let (src, dst) = (&pkt[12..16], &pkt[16..20]);
         match dir {
-            Dir::Up => src == self.cmd && dst == self.host,
-            Dir::Down => src == self.host && dst == self.cmd,
+            Dir::Up => self.cmd.iter().any(|c| c == src) && dst == self.host,
+            Dir::Down => src == self.host && self.cmd.iter().any(|c| c == dst),
         }
     }
 
@@ -698,6 +718,14 @@ fn run_blocked(
     cleanup_stale();
     let pid = std::process::id();
     let (host, cmd_addr) = pick_addresses(pid);
+    let sources = if opts.link.path_by == crate::PathBy::Source {
+        opts.link.paths.len()
+    } else {
+        1
+    };
+    let cmd_addrs = command_addresses(cmd_addr, sources);
+    let mut link = link;
+    link.set_sources(cmd_addrs.iter().map(|a| a.octets()).collect());
     let host_dev = format!("{HOST_PREFIX}{pid}h");
     if std::path::Path::new(&format!("/sys/class/net/{host_dev}")).exists() {
         let _ = sys::remove_persistent_tun(&host_dev);
@@ -705,8 +733,12 @@ fn run_blocked(
     let host_tun = sys::open_tun(&host_dev)?;
     sys::disable_ipv6(&host_dev);
     sys::configure_p2p(&host_dev, host, cmd_addr, opts.mtu)?;
+    for a in &cmd_addrs[1..] {
+        sys::add_host_route(&host_dev, *a)?;
+    }
 
     let mtu = opts.mtu;
+    let extra = cmd_addrs[1..].to_vec();
     let (ns_fd, ns_tun) = std::thread::Builder::new()
         .name("mcsi-link-netns".into())
         .spawn(move || -> Result<(OwnedFd, OwnedFd), SysError> {
@@ -716,6 +748,9 @@ fn run_blocked(
             let tun = sys::open_tun(NS_DEV)?;
             sys::disable_ipv6(NS_DEV);
             sys::configure_p2p(NS_DEV, cmd_addr, host, mtu)?;
+            for (k, a) in extra.iter().enumerate() {
+                sys::add_alias(NS_DEV, k + 1, *a)?;
+            }
             Ok((ns, tun))
         })
         .map_err(|source| RunError::Output {
@@ -739,7 +774,7 @@ fn run_blocked(
         stop_fd: stop_fd.clone(),
         stop: stop.clone(),
         host: host.octets(),
-        cmd: cmd_addr.octets(),
+        cmd: cmd_addrs.iter().map(|a| a.octets()).collect(),
         start,
         start_unix_ns,
         pcap,
@@ -767,7 +802,7 @@ fn run_blocked(
     // Host commands after the link is up: the host-side address exists for them to bind.
     let mut hosts: Vec<HostProc> = Vec::with_capacity(opts.host_commands.len());
     let spawned = opts.host_commands.iter().try_for_each(|c| {
-        hosts.push(HostProc::spawn(c, host, cmd_addr)?);
+        hosts.push(HostProc::spawn(c, host, &cmd_addrs)?);
         Ok(())
     });
     let watchdog = Watchdog::spawn(&hosts.iter().map(|h| h.pgid).collect::<Vec<_>>());
@@ -792,6 +827,7 @@ fn run_blocked(
         .args(&opts.command[1..])
         .env("MCSI_LINK_PEER", host.to_string())
         .env("MCSI_LINK_ADDR", cmd_addr.to_string());
+    address_env(&mut command, &cmd_addrs);
     let ns_raw = ns_fd.as_raw_fd();
     // SAFETY: getpid is async-signal-safe.
     let parent = unsafe { libc::getpid() };

@@ -189,6 +189,49 @@ pub(crate) fn configure_p2p(
     set_up(fd, name)
 }
 
+/// Adds `addr` (/32) as a further address of `name`, under the alias label `name:k`.
+pub(crate) fn add_alias(name: &str, k: usize, addr: Ipv4Addr) -> Result<(), SysError> {
+    let s = inet_socket()?;
+    let fd = s.as_raw_fd();
+    let alias = format!("{name}:{k}");
+    set_addr(fd, libc::SIOCSIFADDR, &alias, addr, "address")?;
+    set_addr(
+        fd,
+        libc::SIOCSIFNETMASK,
+        &alias,
+        Ipv4Addr::new(255, 255, 255, 255),
+        "netmask",
+    )
+}
+
+/// Routes `addr` (/32) through the interface `dev`.
+pub(crate) fn add_host_route(dev: &str, addr: Ipv4Addr) -> Result<(), SysError> {
+    let s = inet_socket()?;
+    let name = std::ffi::CString::new(dev).map_err(|_| SysError::Io {
+        what: format!("interface name '{dev}'"),
+        err: io::Error::from(io::ErrorKind::InvalidInput),
+    })?;
+    // SAFETY: rtentry is plain data; all-zero is a valid empty entry.
+    let mut rt: libc::rtentry = unsafe { std::mem::zeroed() };
+    // SAFETY: a sockaddr_in fits in (and is read through) a struct sockaddr.
+    unsafe {
+        std::ptr::write(
+            (&mut rt.rt_dst as *mut libc::sockaddr).cast::<libc::sockaddr_in>(),
+            sockaddr(addr),
+        );
+        std::ptr::write(
+            (&mut rt.rt_genmask as *mut libc::sockaddr).cast::<libc::sockaddr_in>(),
+            sockaddr(Ipv4Addr::new(255, 255, 255, 255)),
+        );
+    }
+    rt.rt_flags = libc::RTF_UP | libc::RTF_HOST;
+    rt.rt_dev = name.as_ptr().cast_mut();
+    // SAFETY: SIOCADDRT reads the rtentry and the device name it points to, both alive here.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT as _, &mut rt) };
+    cvt(rc, || format!("route {addr} through {dev}"))?;
+    Ok(())
+}
+
 /// Brings an interface up (also used for the namespace's loopback).
 pub(crate) fn link_up(name: &str) -> Result<(), SysError> {
     let s = inet_socket()?;

@@ -74,6 +74,65 @@ fn has_descendant(pid: u32, name: &str) -> bool {
         })
 }
 
+#[test]
+fn paths_by_source_address_follow_the_connections_bind() {
+    if !ready("paths_by_source_address_follow_the_connections_bind") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port().to_string();
+    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
+    let summary = std::env::temp_dir().join(format!("mcsi-link-src-{}.json", std::process::id()));
+    let summary_arg = summary.to_string_lossy().into_owned();
+    // One stream from the second address, which is path 1's: the slow path carries it all,
+    // the control connection from the first address takes path 0.
+    let out = link_run(
+        &[
+            "--path",
+            "rate=4mbit,delay=5ms",
+            "--path",
+            "rate=2mbit,delay=20ms",
+            "--path-by",
+            "source",
+            "--summary-json",
+            &summary_arg,
+            "--host",
+            &server,
+            "--host-wait",
+            &port,
+        ],
+        &format!(
+            "test \"$MCSI_LINK_ADDR_0\" = \"$MCSI_LINK_ADDR\" && test -n \"$MCSI_LINK_ADDR_1\" && \
+             iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t 4 -B \"$MCSI_LINK_ADDR_1\" -J"
+        ),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e6;
+    eprintln!("goodput {g} Mbit/s from the second address");
+    assert!(
+        (1.5..=1.95).contains(&g),
+        "{g} Mbit/s: not held to path 1's 2 Mbit/s"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&summary);
+    let up = |p: usize| {
+        s["summary"]["paths"][p]["up"]["bytes_out"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(up(1) > 500_000, "path 1 carried {} bytes", up(1));
+    assert!(
+        up(0) < 100_000,
+        "path 0 carried {} bytes of a stream bound to path 1",
+        up(0)
+    );
+}
+
 fn link_run(opts: &[&str], script: &str) -> Output {
     let mut args = vec!["link", "run"];
     args.extend_from_slice(opts);

@@ -93,8 +93,10 @@ pub struct RunArgs {
     /// several paths; each flow stays on one path.
     #[arg(long = "path", value_name = "SPEC")]
     paths: Vec<String>,
-    /// How flows are pinned to paths: hash (5-tuple) or port (each new command-side port takes
-    /// the next path in turn).
+    /// How flows are pinned to paths: hash (5-tuple), port (each new command-side port takes
+    /// the next path in turn) or source (the command's side gets one address per path,
+    /// $MCSI_LINK_ADDR_0, $MCSI_LINK_ADDR_1, ...; a packet takes the path of its source
+    /// address, as on a multi-homed host: bind a connection's source to choose its route).
     #[arg(long, default_value = "hash")]
     path_by: String,
     /// Seed of every random draw (loss, jitter, backoff); same seed and traffic, same run.
