@@ -43,6 +43,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../experiments/thesis-targets.toml"),
     ),
     ("thesis-per", include_str!("../experiments/thesis-per.toml")),
+    (
+        "chishima-fig10",
+        include_str!("../experiments/chishima-fig10.toml"),
+    ),
     ("nbd-wan", include_str!("../experiments/nbd-wan.toml")),
 ];
 

@@ -58,6 +58,7 @@ const TARGET: &[&str] = &["mcsi", "tgt"];
 const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf", "nbd-fio"];
 const CC: &[&str] = &["reno", "cubic", "bbr"];
 const BS_RULE: &[&str] = &["cwnd", "bdp"];
+const PATH_BY: &[&str] = &["port", "source"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -235,6 +236,20 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Text,
         axis: "paths",
         help: "several paths, ';' between them, each key=value,... on top of the link's options (e.g. \"rate=20mbit,delay=2.5ms;rate=5mbit,delay=20ms\"); each new connection takes the next path",
+    },
+    Def {
+        name: "path_by",
+        role: Role::Link,
+        kind: Kind::Choice(PATH_BY),
+        axis: "how connections find their path",
+        help: "port (default: each new connection takes the next path, the emulator's pinning) or source (each path has its own command-side address and a connection takes the path of the address it binds, as on a multi-homed host; see routes)",
+    },
+    Def {
+        name: "routes",
+        role: Role::Client,
+        kind: Kind::Int(1, 14),
+        axis: "routes the session's connections bind",
+        help: "with path_by = \"source\": the connections of the session bind the first N path addresses in turn (mcsi bench --bind $MCSI_LINK_ADDR_0 ...); 1 puts every connection on path 0",
     },
     Def {
         name: "mtu",

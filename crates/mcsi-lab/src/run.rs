@@ -81,7 +81,7 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
     }
     for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Link) {
         match d.name {
-            "profile" | "mtu" | "paths" => {}
+            "profile" | "mtu" | "paths" | "path_by" => {}
             "rtt" => {
                 let half = v.num.unwrap_or(0.0) / 2.0;
                 set("delay", format!("{half}ms"))?;
@@ -108,7 +108,11 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
             args.push((*spec).to_string());
         }
         args.push("--path-by".into());
-        args.push("port".into());
+        args.push(
+            p.params
+                .get("path_by")
+                .map_or("port".to_string(), |v| v.text.clone()),
+        );
     }
     if let Some(m) = p.params.get("mtu") {
         args.push("--mtu".into());
@@ -227,7 +231,11 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         }
         _ => {
             let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
-            format!("exec {bin} bench {} {url}", bench.join(" "))
+            // The path addresses the link exports, bound in turn (path_by = "source").
+            let binds: String = (0..p.num("routes").map_or(0, |n| n as usize))
+                .map(|i| format!(" --bind $MCSI_LINK_ADDR_{i}"))
+                .collect();
+            format!("exec {bin} bench {}{binds} {url}", bench.join(" "))
         }
     };
     // The namespace's congestion control (a per-namespace sysctl: the host is not touched).
@@ -298,6 +306,26 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         if p.params.get("target_cc").is_some() {
             return Err("set cc (every socket of the session, both sides) or target_cc (the target side's route), not both".into());
         }
+    }
+    if p.params.get("routes").is_some() {
+        if p.text("path_by") != "source" || p.params.get("paths").is_none() {
+            return Err("routes binds the connections to the link's path addresses: set paths and path_by = \"source\"".into());
+        }
+        if p.text("client") != "mcsi-bench" || sessions(p) > 1 {
+            return Err(
+                "routes is for mcsi bench (one session): use client = \"mcsi-bench\"".into(),
+            );
+        }
+        let n = p.text("paths").split(';').count();
+        if p.num("routes").is_some_and(|r| r as usize > n) {
+            return Err(format!(
+                "routes {} is more than the {n} paths",
+                p.text("routes")
+            ));
+        }
+    }
+    if p.params.get("path_by").is_some() && p.params.get("paths").is_none() {
+        return Err("path_by says how connections find their path: set paths too".into());
     }
     if sessions(p) > 1 && (p.text("target") != "mcsi" || p.text("client") != "mcsi-bench") {
         return Err("sessions runs several mcsi bench against mcsi's target, one LUN each: use target = \"mcsi\" and client = \"mcsi-bench\"".into());
@@ -665,6 +693,26 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
     Ok(out)
 }
 
+/// The row of one run of `p`, without its outcome.
+fn row_of(p: &Point, rep: u32, seed: u64, congestion: &str) -> RunRow {
+    RunRow {
+        key: p.key(),
+        series: p.series.clone(),
+        rep,
+        seed,
+        params: p
+            .params
+            .iter()
+            .map(|(d, v)| (d.name.to_string(), v.text.clone()))
+            .collect(),
+        metrics: Vec::new(),
+        status: String::new(),
+        congestion: congestion.to_string(),
+        started: String::new(),
+        wall_s: 0.0,
+    }
+}
+
 /// Why a failed run failed for the machine's sake rather than the software's, if it did: a
 /// server that could not bind its port, or did not come up in time. Such a run is run once more.
 pub fn machine_fault(error: &str, log: &str) -> Option<&'static str> {
@@ -928,20 +976,10 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
             if let (1, Some(fault)) = (attempt, fault) {
                 // Recorded, not counted: the report lists it.
                 writer.append(&RunRow {
-                    key: p.key(),
-                    series: p.series.clone(),
-                    rep,
-                    seed,
-                    params: p
-                        .params
-                        .iter()
-                        .map(|(d, v)| (d.name.to_string(), v.text.clone()))
-                        .collect(),
-                    metrics: Vec::new(),
                     status: format!("retried: {fault}: {why}"),
-                    congestion: cc.clone(),
                     started,
                     wall_s: wall,
+                    ..row_of(p, rep, seed, &cc)
                 })?;
                 out.retried += 1;
                 std::thread::sleep(Duration::from_secs(2));
@@ -951,20 +989,11 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
             break (Err(e), started, wall, format!("failed: {why}"));
         };
         let row = RunRow {
-            key: p.key(),
-            series: p.series.clone(),
-            rep,
-            seed,
-            params: p
-                .params
-                .iter()
-                .map(|(d, v)| (d.name.to_string(), v.text.clone()))
-                .collect(),
             metrics: measured.unwrap_or_default(),
             status: status.clone(),
-            congestion: cc.clone(),
             started,
             wall_s: wall,
+            ..row_of(p, rep, seed, &cc)
         };
         writer.append(&row)?;
         out.done += 1;

@@ -171,6 +171,26 @@ fn errors_name_the_field() {
         ),
         (
             "set = { connections = 1 }",
+            r#"set = { connections = 1, routes = 2 }"#,
+            "set paths and path_by = \"source\"",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, path_by = "source" }"#,
+            "path_by says how connections find their path: set paths too",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, paths = "delay=1ms;delay=2ms", path_by = "source", routes = 3 }"#,
+            "routes 3 is more than the 2 paths",
+        ),
+        (
+            "set = { connections = 1 }",
+            r#"set = { connections = 1, path_by = "moon" }"#,
+            "series[0].set.path_by",
+        ),
+        (
+            "set = { connections = 1 }",
             r#"set = { connections = 1, policy = "fastest" }"#,
             "series[0].set.policy",
         ),
