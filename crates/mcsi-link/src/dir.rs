@@ -19,6 +19,8 @@ pub enum DropCause {
     Queue,
     /// 802.11: every attempt up to the retry limit failed.
     RetryLimit,
+    /// The path was down (a route brought down by a path event).
+    Down,
 }
 
 impl DropCause {
@@ -27,6 +29,7 @@ impl DropCause {
             DropCause::Loss => "loss",
             DropCause::Queue => "queue",
             DropCause::RetryLimit => "retry-limit",
+            DropCause::Down => "path-down",
         }
     }
 }
@@ -219,8 +222,8 @@ impl DirState {
         self.line.peek().map(|d| d.release)
     }
 
-    /// The next packet due at or before `now`, with its release time.
-    pub fn pop_due(&mut self, now: Nanos) -> Option<(Nanos, Vec<u8>)> {
+    /// The next packet due at or before `now`, with its release and arrival times.
+    pub fn pop_due(&mut self, now: Nanos) -> Option<(Nanos, Nanos, Vec<u8>)> {
         if self.line.peek()?.release > now {
             return None;
         }
@@ -229,7 +232,7 @@ impl DirState {
         self.stats.packets_out += 1;
         self.stats.bytes_out += d.pkt.len() as u64;
         self.stats.delay_sum_ns += d.release.saturating_sub(d.arrival);
-        Some((d.release, d.pkt))
+        Some((d.release, d.arrival, d.pkt))
     }
 
     pub fn in_flight(&self) -> usize {
@@ -329,8 +332,8 @@ mod tests {
         let mut now = 0;
         while now <= until {
             p.advance(now);
-            while let Some(x) = p.st.pop_due(now) {
-                out.push(x);
+            while let Some((t, _, x)) = p.st.pop_due(now) {
+                out.push((t, x));
             }
             match p.next_event() {
                 Some(t) => now = t,
@@ -478,8 +481,8 @@ mod tests {
         for i in 0..n {
             let now = i * MS;
             p.advance(now);
-            while let Some(x) = p.st.pop_due(now) {
-                out.push(x);
+            while let Some((t, _, x)) = p.st.pop_due(now) {
+                out.push((t, x));
             }
             p.enqueue(i.to_be_bytes().to_vec(), now).unwrap();
         }

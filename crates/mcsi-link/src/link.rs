@@ -40,6 +40,8 @@ pub struct Delivery {
     pub path: usize,
     /// When it was due (at or before the `now` of the poll).
     pub at: Nanos,
+    /// When it entered the link.
+    pub arrived: Nanos,
     pub pkt: Vec<u8>,
 }
 
@@ -205,7 +207,41 @@ pub struct Link {
     next_port_path: usize,
     /// The command side's address of each path ([`PathBy::Source`]).
     sources: Vec<[u8; 4]>,
+    /// Path events not yet applied, earliest last.
+    events: Vec<PathEvent>,
+    /// Whether each path is down, and what it dropped for that (up, down).
+    down: Vec<bool>,
+    down_drops: Vec<[u64; 2]>,
+    /// Each path's outages: since when it has been down, and the past ones (from, to).
+    down_since: Vec<Option<Nanos>>,
+    outages: Vec<Vec<(Nanos, Nanos)>>,
     now: Nanos,
+}
+
+/// A path going down or coming back up at a time of the link's clock: a route that fails, scripted
+/// so that the failure can be repeated exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathEvent {
+    pub at: Nanos,
+    pub path: usize,
+    pub up: bool,
+}
+
+impl PathEvent {
+    /// Parses `I@TIME` (`1@5s`, `0@250ms`) for path `I` going down (`up` false) or up.
+    pub fn parse(s: &str, up: bool) -> Result<PathEvent, String> {
+        let (i, t) = s
+            .split_once('@')
+            .ok_or_else(|| format!("'{s}': expected PATH@TIME, e.g. 1@5s"))?;
+        let path = i
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("'{s}': '{i}' is not a path number (0 is the first --path)"))?;
+        let at = mcsi_units::parse_duration(t.trim(), mcsi_units::BareUnit::Seconds)
+            .map_err(|e| format!("'{s}': {e}"))?
+            .as_nanos() as Nanos;
+        Ok(PathEvent { at, path, up })
+    }
 }
 
 impl Link {
@@ -223,8 +259,54 @@ impl Link {
             by_port: HashMap::new(),
             next_port_path: 0,
             sources: Vec::new(),
+            events: Vec::new(),
+            down: vec![false; cfg.paths.len()],
+            down_drops: vec![[0; 2]; cfg.paths.len()],
+            down_since: vec![None; cfg.paths.len()],
+            outages: vec![Vec::new(); cfg.paths.len()],
             now: 0,
         })
+    }
+
+    /// Schedules paths going down and up. A path that is down drops what arrives for it and
+    /// what it held when it went down. Events naming a path the link lacks are an error.
+    pub fn schedule(&mut self, mut events: Vec<PathEvent>) -> Result<(), String> {
+        if let Some(e) = events.iter().find(|e| e.path >= self.paths.len()) {
+            return Err(format!(
+                "path {} does not exist: the link has {} path(s), numbered from 0",
+                e.path,
+                self.paths.len()
+            ));
+        }
+        events.sort_by_key(|e| std::cmp::Reverse(e.at));
+        self.events = events;
+        Ok(())
+    }
+
+    /// Applies the path events due at `now`.
+    fn apply_events(&mut self, now: Nanos) {
+        while self.events.last().is_some_and(|e| e.at <= now) {
+            if let Some(e) = self.events.pop() {
+                match (self.down[e.path], e.up) {
+                    (false, false) => {
+                        tracing::info!(path = e.path, "path down");
+                        self.down_since[e.path] = Some(e.at);
+                    }
+                    (true, true) => {
+                        tracing::info!(path = e.path, "path up");
+                        if let Some(from) = self.down_since[e.path].take() {
+                            self.outages[e.path].push((from, e.at));
+                        }
+                    }
+                    _ => {}
+                }
+                self.down[e.path] = !e.up;
+            }
+        }
+    }
+
+    fn count_down_drop(&mut self, path: usize, dir: Dir) {
+        self.down_drops[path][usize::from(dir == Dir::Down)] += 1;
     }
 
     /// The command side's address of each path, for [`PathBy::Source`]: a packet from (or to)
@@ -273,7 +355,12 @@ impl Link {
     ) -> Result<usize, (usize, DropCause)> {
         let now = now.max(self.now);
         self.now = now;
+        self.apply_events(now);
         let path = self.classify(dir, &pkt);
+        if self.down.get(path).copied().unwrap_or(false) {
+            self.count_down_drop(path, dir);
+            return Err((path, DropCause::Down));
+        }
         let core = self.paths.get_mut(path).ok_or((path, DropCause::Queue))?;
         core.enqueue(dir, pkt, now).map_err(|c| (path, c))?;
         Ok(path)
@@ -283,6 +370,24 @@ impl Link {
     pub fn poll_transmit(&mut self, now: Nanos) -> Option<Delivery> {
         let now = now.max(self.now);
         self.now = now;
+        self.apply_events(now);
+        loop {
+            let d = self.poll_one(now)?;
+            // What a path held while it was down is lost with it.
+            let p = d.path;
+            let lost = self.down_since[p].is_some_and(|from| from <= d.at)
+                || self.outages[p]
+                    .iter()
+                    .any(|&(from, to)| from <= d.at && to > d.arrived);
+            if lost {
+                self.count_down_drop(d.path, d.dir);
+                continue;
+            }
+            return Some(d);
+        }
+    }
+
+    fn poll_one(&mut self, now: Nanos) -> Option<Delivery> {
         let mut best: Option<(Nanos, usize, Dir)> = None;
         for (i, p) in self.paths.iter_mut().enumerate() {
             p.advance(now);
@@ -295,14 +400,25 @@ impl Link {
             }
         }
         let (_, path, dir) = best?;
-        let (at, pkt) = self.paths.get_mut(path)?.dir(dir).pop_due(now)?;
-        Some(Delivery { dir, path, at, pkt })
+        let (at, arrived, pkt) = self.paths.get_mut(path)?.dir(dir).pop_due(now)?;
+        Some(Delivery {
+            dir,
+            path,
+            at,
+            arrived,
+            pkt,
+        })
     }
 
     /// When something next happens inside the link (a packet due, a serializer or the medium
     /// freeing); `None` when the link is empty.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        self.paths.iter().filter_map(PathCore::next_event).min()
+        let events = self.events.last().map(|e| e.at);
+        self.paths
+            .iter()
+            .filter_map(PathCore::next_event)
+            .chain(events)
+            .min()
     }
 
     /// Packets inside the link (queued, in service or in a delay line).
@@ -323,7 +439,17 @@ impl Link {
     pub fn summary(&self) -> Summary {
         Summary {
             elapsed_ns: 0,
-            paths: self.paths.iter().map(PathCore::stats).collect(),
+            paths: self
+                .paths
+                .iter()
+                .zip(&self.down_drops)
+                .map(|(p, d)| {
+                    let mut s = p.stats();
+                    s.up.drop_down = d[0];
+                    s.down.drop_down = d[1];
+                    s
+                })
+                .collect(),
             ..Default::default()
         }
     }
@@ -349,6 +475,76 @@ mod tests {
         p[20..22].copy_from_slice(&sp.to_be_bytes());
         p[22..24].copy_from_slice(&dp.to_be_bytes());
         p
+    }
+
+    #[test]
+    fn a_path_that_goes_down_loses_what_it_holds_and_what_comes() {
+        let mut p = PathConfig::default();
+        p.apply_spec("delay=3ms").unwrap();
+        let mut l = Link::new(&cfg(vec![p], PathBy::Hash)).unwrap();
+        let ms = 1_000_000;
+        l.schedule(vec![
+            PathEvent::parse("0@2ms", true).unwrap(),
+            PathEvent::parse("0@1ms", false).unwrap(),
+        ])
+        .unwrap();
+        assert!(l
+            .schedule(vec![PathEvent::parse("1@1ms", false).unwrap()])
+            .is_err());
+        l.schedule(vec![
+            PathEvent {
+                at: 2 * ms,
+                path: 0,
+                up: true,
+            },
+            PathEvent {
+                at: ms,
+                path: 0,
+                up: false,
+            },
+        ])
+        .unwrap();
+        // Queued before the failure, due after it: lost.
+        assert!(l.enqueue(Dir::Up, tcp(Dir::Up, 1, 2), 0).is_ok());
+        assert_eq!(l.next_deadline(), Some(ms), "the event wakes the caller");
+        // Arrives while the path is down: refused.
+        assert_eq!(
+            l.enqueue(Dir::Up, tcp(Dir::Up, 1, 2), ms + ms / 2),
+            Err((0, DropCause::Down))
+        );
+        // After the path is back: delivered.
+        assert!(l
+            .enqueue(Dir::Down, tcp(Dir::Down, 1, 2), 2 * ms + ms / 2)
+            .is_ok());
+        let mut got = Vec::new();
+        for t in (0..20).map(|i| i * ms / 2) {
+            while let Some(d) = l.poll_transmit(t) {
+                got.push((d.dir, d.at));
+            }
+        }
+        assert_eq!(got, vec![(Dir::Down, 5 * ms + ms / 2)]);
+        let s = l.summary();
+        assert_eq!((s.paths[0].up.drop_down, s.paths[0].down.drop_down), (2, 0));
+    }
+
+    #[test]
+    fn path_events_parse() {
+        assert_eq!(
+            PathEvent::parse("1@5s", false).unwrap(),
+            PathEvent {
+                at: 5_000_000_000,
+                path: 1,
+                up: false
+            }
+        );
+        assert_eq!(PathEvent::parse("0@250ms", true).unwrap().at, 250_000_000);
+        assert!(PathEvent::parse("1", false)
+            .unwrap_err()
+            .contains("PATH@TIME"));
+        assert!(PathEvent::parse("x@1s", false)
+            .unwrap_err()
+            .contains("not a path number"));
+        assert!(PathEvent::parse("1@soon", false).is_err());
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct RunOptions {
     pub host_wait: Vec<u16>,
     /// How long to wait for `host_wait` ports.
     pub host_wait_timeout: Duration,
+    /// Paths going down and up, on the link's clock (from the link's start).
+    pub path_events: Vec<crate::PathEvent>,
 }
 
 /// How a host command ended.
@@ -680,7 +682,12 @@ pub fn run(opts: RunOptions) -> Result<RunOutcome, RunError> {
     if !(576..=65535).contains(&opts.mtu) {
         return Err(RunError::Mtu(opts.mtu));
     }
-    let link = Link::new(&opts.link)?;
+    let mut link = Link::new(&opts.link)?;
+    link.schedule(opts.path_events.clone())
+        .map_err(|m| RunError::Output {
+            what: "--path-down/--path-up".into(),
+            err: io::Error::new(io::ErrorKind::InvalidInput, m),
+        })?;
     let pcap = match &opts.pcap {
         Some(p) => Some(
             PcapWriter::new(create_output(p, "pcap")?, opts.mtu).map_err(|source| {

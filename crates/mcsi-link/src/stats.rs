@@ -13,6 +13,8 @@ pub struct DirStats {
     pub drop_loss: u64,
     pub drop_queue: u64,
     pub drop_retry_limit: u64,
+    /// Packets lost because their path was down (on arrival, or queued when it went down).
+    pub drop_down: u64,
     pub peak_queue_packets: u64,
     pub peak_queue_bytes: u64,
     /// Sum over delivered packets of (release - arrival), for the mean sojourn time.
@@ -25,7 +27,7 @@ pub struct DirStats {
 
 impl DirStats {
     pub fn drops(&self) -> u64 {
-        self.drop_loss + self.drop_queue + self.drop_retry_limit
+        self.drop_loss + self.drop_queue + self.drop_retry_limit + self.drop_down
     }
 
     pub fn mean_delay(&self) -> Option<Duration> {
@@ -77,6 +79,9 @@ impl fmt::Display for Summary {
                     d.drop_loss,
                     d.drop_queue,
                 )?;
+                if d.drop_down > 0 {
+                    write!(f, " path-down {}", d.drop_down)?;
+                }
                 if d.attempts > 0 {
                     write!(
                         f,

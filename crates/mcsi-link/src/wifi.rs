@@ -393,7 +393,7 @@ mod tests {
         loop {
             c.advance(now);
             for i in 0..2 {
-                while let Some((t, p)) = c.dir(i).pop_due(now) {
+                while let Some((t, _, p)) = c.dir(i).pop_due(now) {
                     out.push((t, i, p));
                 }
             }

@@ -133,6 +133,41 @@ fn paths_by_source_address_follow_the_connections_bind() {
     );
 }
 
+#[test]
+fn a_path_brought_down_and_up_loses_pings_only_between() {
+    if !ready("a_path_brought_down_and_up_loses_pings_only_between") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // 40 pings 100 ms apart; the only path is down from 1.5 s to 2.5 s: about 10 lost.
+    let (loss, _) = ping(
+        &[
+            "--delay",
+            "1ms",
+            "--path-down",
+            "0@1.5s",
+            "--path-up",
+            "0@2.5s",
+        ],
+        40,
+        "0.1",
+    );
+    assert!((15.0..=35.0).contains(&loss), "{loss} % lost");
+    // Bad events are refused before the link starts.
+    for (args, want) in [
+        (
+            ["--path-down", "1@1s"],
+            "--path-down 1@1s: path 1 does not exist: the link has 1 path(s)",
+        ),
+        (["--path-up", "0"], "--path-up '0': expected PATH@TIME"),
+    ] {
+        let out = link_run(&args, "true");
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(want), "{e}");
+    }
+}
+
 fn link_run(opts: &[&str], script: &str) -> Output {
     let mut args = vec!["link", "run"];
     args.extend_from_slice(opts);

@@ -99,6 +99,13 @@ pub struct RunArgs {
     /// address, as on a multi-homed host: bind a connection's source to choose its route).
     #[arg(long, default_value = "hash")]
     path_by: String,
+    /// Bring path PATH down at TIME after the link starts (PATH@TIME, e.g. 1@5s; repeatable):
+    /// it drops what arrives for it and what it held, as a route that fails.
+    #[arg(long, value_name = "PATH@TIME")]
+    path_down: Vec<String>,
+    /// Bring path PATH back up at TIME (PATH@TIME, e.g. 1@12s; repeatable).
+    #[arg(long, value_name = "PATH@TIME")]
+    path_up: Vec<String>,
     /// Seed of every random draw (loss, jitter, backoff); same seed and traffic, same run.
     #[arg(long)]
     seed: Option<u64>,
@@ -177,6 +184,29 @@ impl RunArgs {
         Ok(p)
     }
 
+    /// The --path-down and --path-up events, checked against the paths.
+    fn path_events(&self) -> anyhow::Result<Vec<mcsi_link::PathEvent>> {
+        let n = self.paths.len().max(1);
+        let mut v = Vec::new();
+        for (opt, list, up) in [
+            ("--path-down", &self.path_down, false),
+            ("--path-up", &self.path_up, true),
+        ] {
+            for s in list {
+                let e =
+                    mcsi_link::PathEvent::parse(s, up).map_err(|m| anyhow::anyhow!("{opt} {m}"))?;
+                if e.path >= n {
+                    anyhow::bail!(
+                        "{opt} {s}: path {} does not exist: the link has {n} path(s), numbered from 0 in the order of --path",
+                        e.path
+                    );
+                }
+                v.push(e);
+            }
+        }
+        Ok(v)
+    }
+
     fn link_config(&self) -> anyhow::Result<LinkConfig> {
         let base = self.path_config()?;
         let paths = if self.paths.is_empty() {
@@ -230,6 +260,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         host_commands: args.host.clone(),
         host_wait: args.host_wait.clone(),
         host_wait_timeout,
+        path_events: args.path_events()?,
     })?;
     if !args.quiet {
         eprint!("{}", out.summary);
