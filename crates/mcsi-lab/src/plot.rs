@@ -65,6 +65,33 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
+/// Whether two series lie on top of each other in a figure whose y axis spans `0..span`: the
+/// same x values, medians within 1.5 % of the axis.
+fn coincide(a: &Line, b: &Line, span: f64) -> bool {
+    a.points.len() == b.points.len()
+        && a.points
+            .iter()
+            .zip(&b.points)
+            .all(|(p, q)| p.0 == q.0 && (p.1 - q.1).abs() <= 0.015 * span)
+}
+
+/// `note` as one line, or as two split at the "; " nearest `max` characters from the start.
+fn wrap_note(note: &str, max: usize) -> Vec<String> {
+    if note.chars().count() <= max {
+        return vec![note.to_string()];
+    }
+    let cut = note
+        .char_indices()
+        .take_while(|(i, _)| *i <= max)
+        .filter(|(i, _)| note[*i..].starts_with("; "))
+        .map(|(i, _)| i)
+        .last();
+    match cut {
+        Some(i) => vec![note[..i + 1].to_string(), note[i + 2..].to_string()],
+        None => vec![note.to_string()],
+    }
+}
+
 /// Draws `fig` from `aggs` into `path`. `note` goes under the figure (runs, link, congestion).
 pub fn draw(
     exp: &Experiment,
@@ -186,13 +213,17 @@ pub fn draw(
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| format!("{}: {e}", path.display());
     root.fill(&WHITE).map_err(err)?;
-    let (chart_area, foot) = root.split_vertically(H - 34);
-    foot.draw(&Text::new(
-        note.to_string(),
-        (14, 8),
-        ("sans-serif", 15).into_font().color(&MODEL),
-    ))
-    .map_err(err)?;
+    // A note too long for one line goes on two, split at a "; ".
+    let note_lines = wrap_note(note, 150);
+    let (chart_area, foot) = root.split_vertically(H - 16 - 18 * note_lines.len() as u32);
+    for (i, l) in note_lines.iter().enumerate() {
+        foot.draw(&Text::new(
+            l.clone(),
+            (14, 8 + 18 * i as i32),
+            ("sans-serif", 15).into_font().color(&MODEL),
+        ))
+        .map_err(err)?;
+    }
     let mut chart = ChartBuilder::on(&chart_area)
         .caption(
             &fig.title,
@@ -245,13 +276,19 @@ pub fn draw(
     for (i, l) in lines.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let pts: Vec<(f64, f64)> = l.points.iter().map(|p| (tx(p.0), p.1)).collect();
+        // A series that later ones cover is drawn wider, so that it shows around them.
+        let under = lines[i + 1..].iter().filter(|o| coincide(l, o, y1)).count() as u32;
+        let (width, radius) = (2 + 3 * under, 4 + 3 * under);
         chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(width)))
             .map_err(err)?
             .label(l.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(2)));
         chart
-            .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 4, c.filled())))
+            .draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), radius, c.filled())),
+            )
             .map_err(err)?;
         chart
             .draw_series(
