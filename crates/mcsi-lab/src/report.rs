@@ -68,13 +68,6 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 4] = [
-        Verdict::Holds,
-        Verdict::Fails,
-        Verdict::Inconclusive,
-        Verdict::NotMeasured,
-    ];
-
     /// The word for a claim of kind `k`.
     pub fn word(self, k: Kind) -> &'static str {
         match self {
@@ -589,12 +582,11 @@ pub fn counts_line(judged: &[Judged]) -> String {
         for v in [Verdict::Inconclusive, Verdict::Fails, Verdict::NotMeasured] {
             if n(v) > 0 {
                 // "3 differ", "1 missed", "2 inconclusive".
-                let w = v.word(k);
-                rest.push(format!(
-                    "{} {}",
-                    n(v),
-                    w.strip_suffix('s').filter(|_| w == "differs").unwrap_or(w)
-                ));
+                let w = match v.word(k) {
+                    "differs" => "differ",
+                    w => w,
+                };
+                rest.push(format!("{} {w}", n(v)));
             }
         }
         parts.push(format!(

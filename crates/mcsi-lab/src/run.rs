@@ -547,10 +547,10 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // The sessions' common window: from the first one's start to the last one's end (bench
-    // reports when it ended and for how long it ran), so that sessions that did not quite
-    // overlap are not counted as if they had.
-    let window = docs
+    if want == 1 {
+        return Ok(each.into_iter().flatten().collect());
+    }
+    let spans = docs
         .iter()
         .map(|j| {
             let end = j["timestamp_ms"].as_f64()?;
@@ -558,64 +558,47 @@ fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>
             Some((end - ms, end))
         })
         .collect::<Option<Vec<_>>>()
-        .map(|w| {
-            let start = w.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
-            let end = w.iter().map(|x| x.1).fold(0.0, f64::max);
-            (end - start) / 1000.0
-        });
-    let moved: Vec<(f64, f64)> = docs
-        .iter()
-        .map(|j| {
-            let job = &j["jobs"][0];
-            let f = |d: &str, k: &str| job[d][k].as_f64().unwrap_or(0.0);
-            (
-                f("read", "io_bytes") + f("write", "io_bytes"),
-                f("read", "total_ios") + f("write", "total_ios"),
-            )
-        })
-        .collect();
-    let mut out = combine(each);
-    if let Some(secs) = window.filter(|s| *s > 0.0 && want > 1) {
-        let bytes: f64 = moved.iter().map(|m| m.0).sum();
-        let ios: f64 = moved.iter().map(|m| m.1).sum();
-        for (m, v) in &mut out {
-            match m {
-                Metric::BwMbs => *v = bytes / secs / 1e6,
-                Metric::Iops => *v = ios / secs,
-                _ => {}
-            }
-        }
-    }
-    Ok(out)
+        .ok_or("a session's bench report has no timestamp_ms or job_runtime")?;
+    Ok(combine(&docs, &each, &spans))
 }
 
-/// The figures of several sessions run at once: throughput, IOPS and retransmissions add up;
-/// response times and I/O sizes are weighted by each session's I/O rate, except the 99th
-/// percentile, which is the worst session's.
-fn combine(mut each: Vec<Vec<(Metric, f64)>>) -> Vec<(Metric, f64)> {
-    if each.len() == 1 {
-        return each.pop().unwrap_or_default();
-    }
+/// The figures of several sessions run at once. Throughput and IOPS are all the sessions moved
+/// over their common span, from the first one's start to the last one's end (`spans`, in ms),
+/// so that sessions that did not quite overlap are not counted as if they had; retransmissions
+/// add up; mean response time, median and I/O size are weighted by each session's I/O count
+/// (exact for the mean, an approximation for the median); the 99th percentile is the worst
+/// session's.
+fn combine(
+    docs: &[serde_json::Value],
+    each: &[Vec<(Metric, f64)>],
+    spans: &[(f64, f64)],
+) -> Vec<(Metric, f64)> {
+    let start = spans.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+    let end = spans.iter().map(|x| x.1).fold(0.0, f64::max);
+    let secs = ((end - start) / 1000.0).max(1e-3);
+    let moved = |k: &str| -> Vec<f64> {
+        docs.iter()
+            .map(|j| {
+                let job = &j["jobs"][0];
+                job["read"][k].as_f64().unwrap_or(0.0) + job["write"][k].as_f64().unwrap_or(0.0)
+            })
+            .collect()
+    };
+    let (bytes, ios) = (moved("io_bytes"), moved("total_ios"));
+    let total_ios: f64 = ios.iter().sum();
     let get = |v: &[(Metric, f64)], m: Metric| v.iter().find(|(k, _)| *k == m).map(|(_, x)| *x);
-    let iops: Vec<f64> = each
-        .iter()
-        .map(|v| get(v, Metric::Iops).unwrap_or(0.0))
-        .collect();
-    let total_iops: f64 = iops.iter().sum();
     let mut out = Vec::new();
     for m in Metric::ALL {
-        let vals: Vec<Option<f64>> = each.iter().map(|v| get(v, m)).collect();
-        if vals.iter().any(Option::is_none) {
+        let Some(vals) = each.iter().map(|v| get(v, m)).collect::<Option<Vec<f64>>>() else {
             continue;
-        }
-        let vals: Vec<f64> = vals.into_iter().flatten().collect();
+        };
         let x = match m {
-            Metric::BwMbs | Metric::Iops | Metric::Retransmits | Metric::TargetRetransmits => {
-                vals.iter().sum()
-            }
+            Metric::BwMbs => bytes.iter().sum::<f64>() / secs / 1e6,
+            Metric::Iops => total_ios / secs,
+            Metric::Retransmits | Metric::TargetRetransmits => vals.iter().sum(),
             Metric::LatP99Ms => vals.iter().copied().fold(0.0, f64::max),
-            Metric::LatMeanMs | Metric::LatP50Ms | Metric::IoKib if total_iops > 0.0 => {
-                vals.iter().zip(&iops).map(|(v, w)| v * w).sum::<f64>() / total_iops
+            Metric::LatMeanMs | Metric::LatP50Ms | Metric::IoKib if total_ios > 0.0 => {
+                vals.iter().zip(&ios).map(|(v, w)| v * w).sum::<f64>() / total_ios
             }
             _ => continue,
         };
@@ -734,36 +717,23 @@ fn keep_log(
     cmdline: &str,
     error: &str,
     stdout: &Path,
-    stderr: &Path,
+    stderr: &str,
 ) -> Result<(), String> {
     if let Some(d) = log.parent() {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
-    let read = |f: &Path| std::fs::read_to_string(f).unwrap_or_else(|e| format!("({e})"));
+    let out = std::fs::read_to_string(stdout).unwrap_or_else(|e| format!("({e})"));
     let text = format!(
-        "point: {}\nrepetition: {rep}\nerror: {error}\ncommand: {cmdline}\n\n--- stderr ---\n{}\n--- stdout ---\n{}\n",
+        "point: {}\nrepetition: {rep}\nerror: {error}\ncommand: {cmdline}\n\n--- stderr ---\n{stderr}\n--- stdout ---\n{out}\n",
         p.key(),
-        read(stderr),
-        read(stdout)
     );
     std::fs::write(log, text).map_err(|e| format!("{}: {e}", log.display()))
 }
 
-/// The last `n` non-empty lines of a file.
-fn last_lines(path: &Path, n: usize) -> Vec<String> {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    v[v.len().saturating_sub(n)..]
-        .iter()
-        .map(|l| l.to_string())
-        .collect()
-}
-
-/// The last lines of a file, for a failed run's record.
-fn tail(path: &Path, lines: usize) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    v[v.len().saturating_sub(lines)..].join(" | ")
+/// The last `n` non-empty lines of `text`.
+fn last_lines(text: &str, n: usize) -> Vec<&str> {
+    let v: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(n)..].to_vec()
 }
 
 fn now_utc() -> String {
@@ -781,23 +751,14 @@ pub fn check_congestion(points: &[Point]) -> Result<(), String> {
         |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
     let allowed = read("tcp_allowed_congestion_control");
     let available = read("tcp_available_congestion_control");
-    // Per-socket choices (cc) only need the algorithm to exist: the lab runs as root, and a
-    // privileged socket may pick any available one.
+    // Per-socket choices (cc) and the target side's route (target_cc) only need the algorithm
+    // to exist: the lab runs as root, in the host's namespace for the target.
     for p in points {
-        if let Some(cc) = p.params.get("cc") {
-            mcsi_tcp::Congestion::new(&cc.text)
-                .and_then(|c| c.check())
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    for p in points {
-        if let Some(cc) = p.params.get("target_cc") {
-            if !available.split_whitespace().any(|a| a == cc.text) {
-                return Err(format!(
-                    "target_cc {} is not available in this kernel (available: {})",
-                    cc.text,
-                    available.trim()
-                ));
+        for name in ["cc", "target_cc"] {
+            if let Some(cc) = p.params.get(name) {
+                mcsi_tcp::Congestion::new(&cc.text)
+                    .and_then(|c| c.check())
+                    .map_err(|e| format!("{name}: {e}"))?;
             }
         }
     }
@@ -950,8 +911,9 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
                 "{}-point{point_no}-rep{rep}-try{attempt}.log",
                 p.series
             ));
-            let kept = keep_log(&log, p, rep, &cmdline, &e, &stdout, &stderr);
-            let t = tail(&stderr, 3);
+            let err_text = std::fs::read_to_string(&stderr).unwrap_or_default();
+            let kept = keep_log(&log, p, rep, &cmdline, &e, &stdout, &err_text);
+            let t = last_lines(&err_text, 3).join(" | ");
             let why = if t.is_empty() {
                 e.clone()
             } else {
@@ -963,16 +925,16 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
                 i + 1,
                 kept.as_ref().map_or_else(|k| format!("not kept ({k})"), |()| log.display().to_string())
             );
-            for l in last_lines(&stderr, 12) {
+            for l in last_lines(&err_text, 12) {
                 msg.push_str("\n    | ");
-                msg.push_str(&l);
+                msg.push_str(l);
             }
             if tty {
                 bar.println(msg)
             } else {
                 eprintln!("{msg}")
             }
-            let fault = machine_fault(&e, &std::fs::read_to_string(&stderr).unwrap_or_default());
+            let fault = machine_fault(&e, &err_text);
             if let (1, Some(fault)) = (attempt, fault) {
                 // Recorded, not counted: the report lists it.
                 writer.append(&RunRow {

@@ -1105,6 +1105,17 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
     for quick in [false, true] {
         let mode = if quick { " (quick)" } else { "" };
         let points = exp.points(quick);
+        let one = |field: String, sel: &Selector, what: &str| {
+            let n = points.iter().filter(|p| sel.matches(p)).count();
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(cx.err(
+                    field,
+                    format!("{what}selects {n} points ({sel}); it must select exactly one"),
+                ))
+            }
+        };
         for p in &points {
             crate::run::link_args(p)
                 .and_then(|_| crate::run::check_point(p))
@@ -1121,13 +1132,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
                 ("null", null),
             ] {
                 let Some(sel) = sel else { continue };
-                let n = points.iter().filter(|p| sel.matches(p)).count();
-                if n != 1 {
-                    return Err(cx.err(
-                        format!("claim[{i}].{which}{mode}"),
-                        format!("selects {n} points ({sel}); it must select exactly one"),
-                    ));
-                }
+                one(format!("claim[{i}].{which}{mode}"), sel, "")?;
             }
             // A discussion is written from the full run; quick mode shows what it has.
             if quick {
@@ -1136,16 +1141,11 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             for v in c.discussion.iter().flatten() {
                 let Piece::Value(v) = v else { continue };
                 for sel in std::iter::once(&v.at).chain(v.over.as_ref()) {
-                    let n = points.iter().filter(|p| sel.matches(p)).count();
-                    if n != 1 {
-                        return Err(cx.err(
-                            format!("claim[{i}].discussion"),
-                            format!(
-                                "{{{}}} selects {n} points ({sel}); it must select exactly one",
-                                v.text
-                            ),
-                        ));
-                    }
+                    one(
+                        format!("claim[{i}].discussion"),
+                        sel,
+                        &format!("{{{}}} ", v.text),
+                    )?;
                 }
             }
         }
