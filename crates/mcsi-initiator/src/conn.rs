@@ -49,23 +49,15 @@ pub(crate) async fn connect_tcp(
             std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")
         }))
     };
+    let from = bind.map_or(String::new(), |b| format!(" from {b}"));
     let s = tokio::time::timeout(timeout, attempt)
         .await
         .map_err(|_| {
             Error::Timeout(format!(
-                "connecting to {addr}{} took longer than {timeout:?}",
-                bind.map_or(String::new(), |b| format!(" from {b}"))
+                "connecting to {addr}{from} took longer than {timeout:?}"
             ))
         })?
-        .map_err(|e| {
-            Error::io(
-                format!(
-                    "cannot connect to {addr}{}",
-                    bind.map_or(String::new(), |b| format!(" from {b}"))
-                ),
-                &e,
-            )
-        })?;
+        .map_err(|e| Error::io(format!("cannot connect to {addr}{from}"), &e))?;
     s.set_nodelay(true)
         .map_err(|e| Error::io("setting TCP_NODELAY", &e))?;
     Ok(s)

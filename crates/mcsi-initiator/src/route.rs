@@ -114,20 +114,20 @@ fn host_addresses() -> Vec<String> {
     v
 }
 
+/// Item `index mod len` of `v`, the one connection `index` takes; `None` when `v` is empty.
+pub fn nth<T>(v: &[T], index: usize) -> Option<&T> {
+    v.get(index.checked_rem(v.len())?)
+}
+
 /// The route of connection `index`: its bind, if any, and its portal (`HOST:PORT`).
-pub fn of(
-    binds: &[Bind],
-    portals: &[String],
-    default_portal: &str,
+pub fn of<'a>(
+    binds: &'a [Bind],
+    portals: &'a [String],
+    default_portal: &'a str,
     index: usize,
-) -> (Option<Bind>, String) {
-    let bind = (!binds.is_empty()).then(|| binds[index % binds.len()].clone());
-    let portal = if portals.is_empty() {
-        default_portal.to_string()
-    } else {
-        portals[index % portals.len()].clone()
-    };
-    (bind, portal)
+) -> (Option<&'a Bind>, &'a str) {
+    let portal = nth(portals, index).map_or(default_portal, String::as_str);
+    (nth(binds, index), portal)
 }
 
 #[cfg(test)]
@@ -160,8 +160,8 @@ mod tests {
     fn connections_take_binds_and_portals_in_turn() {
         let b = vec![Bind::Iface("a".into()), Bind::Iface("b".into())];
         let p = vec!["x:1".to_string()];
-        assert_eq!(of(&b, &p, "d:3260", 0), (Some(b[0].clone()), "x:1".into()));
-        assert_eq!(of(&b, &p, "d:3260", 3), (Some(b[1].clone()), "x:1".into()));
-        assert_eq!(of(&[], &[], "d:3260", 5), (None, "d:3260".into()));
+        assert_eq!(of(&b, &p, "d:3260", 0), (Some(&b[0]), "x:1"));
+        assert_eq!(of(&b, &p, "d:3260", 3), (Some(&b[1]), "x:1"));
+        assert_eq!(of(&[], &[], "d:3260", 5), (None, "d:3260"));
     }
 }

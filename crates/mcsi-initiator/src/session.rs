@@ -284,14 +284,8 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
     };
     let default_portal = url.address();
     let (bind0, addr0) = route::of(&o.binds, &o.portals, &default_portal, 0);
-    let (s0, done, rest0) = login_conn(
-        &addr0,
-        cfg.clone(),
-        o.login_timeout,
-        o.congestion,
-        bind0.as_ref(),
-    )
-    .await?;
+    let (s0, done, rest0) =
+        login_conn(addr0, cfg.clone(), o.login_timeout, o.congestion, bind0).await?;
     let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
     let n = want.min(done.params.max_connections.max(1));
     if n < want {
@@ -335,7 +329,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             ..cfg.clone()
         };
         let (bind, addr) = route::of(&o.binds, &o.portals, &default_portal, usize::from(cid));
-        match login_conn(&addr, c, o.login_timeout, o.congestion, bind.as_ref()).await {
+        match login_conn(addr, c, o.login_timeout, o.congestion, bind).await {
             Ok((s, d, rest)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
                 conns.push(EstablishedConn {
@@ -348,7 +342,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
                 });
             }
             Err(e) => {
-                tracing::warn!(cid, portal = %addr, bind = bind.as_ref().map(|b| b.to_string()), error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
+                tracing::warn!(cid, portal = %addr, bind = bind.map(|b| b.to_string()), error = %e, "could not add connection {cid} to the session; going on with {}", conns.len());
                 break;
             }
         }
@@ -840,8 +834,7 @@ impl Session {
             let local = handle
                 .and_then(|h| h.sock.local_addr().ok())
                 .and_then(|a| a.as_socket());
-            let binds = &self.shared.options.binds;
-            let bind = (!binds.is_empty()).then(|| binds[index % binds.len()].to_string());
+            let bind = route::nth(&self.shared.options.binds, index).map(ToString::to_string);
             conns.push(ConnectionStats {
                 index,
                 counters: c,

@@ -50,33 +50,8 @@ impl IscsiUrl {
         if user.as_deref() == Some("") {
             return Err(bad("the user name is empty"));
         }
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("unterminated [ in the IPv6 address"))?;
-            let port = match after.strip_prefix(':') {
-                Some(p) => Some(p),
-                None if after.is_empty() => None,
-                None => return Err(bad("garbage after the IPv6 address")),
-            };
-            (h.to_string(), port)
-        } else {
-            match hostport.split_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (hostport.to_string(), None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("the host is empty"));
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|&p| p != 0)
-                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?,
-        };
+        let (host, port) = host_port(hostport).map_err(|e| bad(&e))?;
+        let port = port.unwrap_or(DEFAULT_PORT);
         let path = path.trim_end_matches('/');
         let (target, lun) = path
             .rsplit_once('/')
@@ -104,11 +79,59 @@ impl IscsiUrl {
 
     /// `host:port` for connecting (IPv6 in brackets).
     pub fn address(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
+        join(&self.host, self.port)
+    }
+}
+
+/// `host:port`, an IPv6 address in brackets.
+fn join(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Splits `host[:port]` (an IPv6 address in brackets) and checks the port.
+fn host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or("unterminated [ in the IPv6 address")?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err("garbage after the IPv6 address".into()),
+        };
+        (h, port)
+    } else if s.matches(':').count() > 1 {
+        return Err("expected HOST:PORT (an IPv6 address in brackets: [2001:db8::1]:3260)".into());
+    } else {
+        match s.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
         }
+    };
+    if host.is_empty() {
+        return Err("the host is empty".into());
+    }
+    let port = port
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| format!("'{p}' is not a port (1 to 65535)"))
+        })
+        .transpose()?;
+    Ok((host.to_string(), port))
+}
+
+/// A target portal given as `HOST:PORT` (an IPv6 address in brackets), checked and in the form
+/// a connection takes.
+pub fn portal(s: &str) -> Result<String, String> {
+    match host_port(s.trim())? {
+        (host, Some(port)) => Ok(join(&host, port)),
+        (_, None) => Err("expected HOST:PORT, e.g. 192.0.2.10:3260".into()),
     }
 }
 
@@ -159,6 +182,17 @@ mod tests {
         assert_eq!(u.host, "::1");
         assert_eq!(u.address(), "[::1]:3290");
         assert_eq!(u.lun, 1);
+    }
+
+    #[test]
+    fn portals() {
+        assert_eq!(portal("10.0.0.1:3261").unwrap(), "10.0.0.1:3261");
+        assert_eq!(portal("[::1]:3290").unwrap(), "[::1]:3290");
+        assert!(portal("10.0.0.1")
+            .unwrap_err()
+            .contains("expected HOST:PORT"));
+        assert!(portal("h:0").unwrap_err().contains("'0' is not a port"));
+        assert!(portal("::1:3260").unwrap_err().contains("in brackets"));
     }
 
     #[test]

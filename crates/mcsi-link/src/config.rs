@@ -309,6 +309,9 @@ impl PathConfig {
     }
 }
 
+/// Most paths with [`PathBy::Source`]: the command side's addresses of a /28, less the host's.
+pub const MAX_SOURCE_PATHS: usize = 14;
+
 /// How flows are spread over several paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub enum PathBy {
@@ -350,11 +353,11 @@ impl LinkConfig {
         if self.paths.is_empty() {
             return Err(invalid("link", "no paths", "needs at least one path"));
         }
-        if self.path_by == PathBy::Source && self.paths.len() > 14 {
+        if self.path_by == PathBy::Source && self.paths.len() > MAX_SOURCE_PATHS {
             return Err(invalid(
                 "path-by",
                 "source",
-                "at most 14 paths: the command side has one address per path in a /28",
+                format!("at most {MAX_SOURCE_PATHS} paths: the command side has one address per path in a /28"),
             ));
         }
         if self.paths.len() > 64 {

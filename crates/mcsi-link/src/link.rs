@@ -209,10 +209,8 @@ pub struct Link {
     sources: Vec<[u8; 4]>,
     /// Path events not yet applied, earliest last.
     events: Vec<PathEvent>,
-    /// Whether each path is down, and what it dropped for that (up, down).
-    down: Vec<bool>,
-    down_drops: Vec<[u64; 2]>,
-    /// Each path's outages: since when it has been down, and the past ones (from, to).
+    /// Each path's outages: since when it has been down (None: up), and the past ones
+    /// (from, to).
     down_since: Vec<Option<Nanos>>,
     outages: Vec<Vec<(Nanos, Nanos)>>,
     now: Nanos,
@@ -242,6 +240,18 @@ impl PathEvent {
             .as_nanos() as Nanos;
         Ok(PathEvent { at, path, up })
     }
+
+    /// Checks the event against a link of `paths` paths.
+    pub fn check(&self, paths: usize) -> Result<(), String> {
+        if self.path < paths {
+            Ok(())
+        } else {
+            Err(format!(
+                "path {} does not exist: the link has {paths} path(s), numbered from 0 in the order of --path",
+                self.path
+            ))
+        }
+    }
 }
 
 impl Link {
@@ -260,8 +270,6 @@ impl Link {
             next_port_path: 0,
             sources: Vec::new(),
             events: Vec::new(),
-            down: vec![false; cfg.paths.len()],
-            down_drops: vec![[0; 2]; cfg.paths.len()],
             down_since: vec![None; cfg.paths.len()],
             outages: vec![Vec::new(); cfg.paths.len()],
             now: 0,
@@ -271,12 +279,8 @@ impl Link {
     /// Schedules paths going down and up. A path that is down drops what arrives for it and
     /// what it held when it went down. Events naming a path the link lacks are an error.
     pub fn schedule(&mut self, mut events: Vec<PathEvent>) -> Result<(), String> {
-        if let Some(e) = events.iter().find(|e| e.path >= self.paths.len()) {
-            return Err(format!(
-                "path {} does not exist: the link has {} path(s), numbered from 0",
-                e.path,
-                self.paths.len()
-            ));
+        for e in &events {
+            e.check(self.paths.len())?;
         }
         events.sort_by_key(|e| std::cmp::Reverse(e.at));
         self.events = events;
@@ -287,26 +291,27 @@ impl Link {
     fn apply_events(&mut self, now: Nanos) {
         while self.events.last().is_some_and(|e| e.at <= now) {
             if let Some(e) = self.events.pop() {
-                match (self.down[e.path], e.up) {
-                    (false, false) => {
+                let since = &mut self.down_since[e.path];
+                match (*since, e.up) {
+                    (None, false) => {
                         tracing::info!(path = e.path, "path down");
-                        self.down_since[e.path] = Some(e.at);
+                        *since = Some(e.at);
                     }
-                    (true, true) => {
+                    (Some(from), true) => {
                         tracing::info!(path = e.path, "path up");
-                        if let Some(from) = self.down_since[e.path].take() {
-                            self.outages[e.path].push((from, e.at));
-                        }
+                        *since = None;
+                        self.outages[e.path].push((from, e.at));
                     }
                     _ => {}
                 }
-                self.down[e.path] = !e.up;
             }
         }
     }
 
     fn count_down_drop(&mut self, path: usize, dir: Dir) {
-        self.down_drops[path][usize::from(dir == Dir::Down)] += 1;
+        if let Some(p) = self.paths.get_mut(path) {
+            p.dir(dir).stats.drop_down += 1;
+        }
     }
 
     /// The command side's address of each path, for [`PathBy::Source`]: a packet from (or to)
@@ -357,7 +362,7 @@ impl Link {
         self.now = now;
         self.apply_events(now);
         let path = self.classify(dir, &pkt);
-        if self.down.get(path).copied().unwrap_or(false) {
+        if self.down_since.get(path).is_some_and(Option::is_some) {
             self.count_down_drop(path, dir);
             return Err((path, DropCause::Down));
         }
@@ -439,17 +444,7 @@ impl Link {
     pub fn summary(&self) -> Summary {
         Summary {
             elapsed_ns: 0,
-            paths: self
-                .paths
-                .iter()
-                .zip(&self.down_drops)
-                .map(|(p, d)| {
-                    let mut s = p.stats();
-                    s.up.drop_down = d[0];
-                    s.down.drop_down = d[1];
-                    s
-                })
-                .collect(),
+            paths: self.paths.iter().map(PathCore::stats).collect(),
             ..Default::default()
         }
     }

@@ -430,9 +430,6 @@ fn wait_ports(
     Ok(())
 }
 
-/// Most command-side addresses (paths with `--path-by source`): a /28 less the host's.
-pub const MAX_SOURCES: usize = 14;
-
 /// Picks a /28 in 100.64.0.0/10 (shared address space, RFC 6598) from the pid, skipping any
 /// with an address already used on this host. Returns (host side, command side): the host side
 /// is .1, the command side .2 and, for `--path-by source`, the following addresses.
@@ -453,7 +450,7 @@ fn pick_addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
 
 /// The command side's addresses: `n` from `first` on.
 fn command_addresses(first: Ipv4Addr, n: usize) -> Vec<Ipv4Addr> {
-    (0..n.clamp(1, MAX_SOURCES) as u32)
+    (0..n.clamp(1, crate::config::MAX_SOURCE_PATHS) as u32)
         .map(|i| Ipv4Addr::from(u32::from(first) + i))
         .collect()
 }

@@ -55,10 +55,7 @@ fn each_side_runs_the_algorithm_it_was_given_on_every_socket() {
         );
         return;
     }
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = common::free_port();
     let mut target = mcsi()
         .args([
             "target",
@@ -73,14 +70,7 @@ fn each_side_runs_the_algorithm_it_was_given_on_every_socket() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "target did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_listening(port);
     let url = format!("iscsi://127.0.0.1:{port}/{IQN}/0");
     let bench = mcsi()
         .args([

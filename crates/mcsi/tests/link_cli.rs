@@ -5,6 +5,7 @@
 //! Without them the tests say so and pass, except under CI=true, where they fail.
 
 mod common;
+use common::free_port;
 
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -80,34 +81,14 @@ fn paths_by_source_address_follow_the_connections_bind() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port().to_string();
-    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
-    let summary = std::env::temp_dir().join(format!("mcsi-link-src-{}.json", std::process::id()));
-    let summary_arg = summary.to_string_lossy().into_owned();
     // One stream from the second address, which is path 1's: the slow path carries it all,
     // the control connection from the first address takes path 0.
-    let out = link_run(
-        &[
-            "--path",
-            "rate=4mbit,delay=5ms",
-            "--path",
-            "rate=2mbit,delay=20ms",
-            "--path-by",
-            "source",
-            "--summary-json",
-            &summary_arg,
-            "--host",
-            &server,
-            "--host-wait",
-            &port,
-        ],
-        &format!(
+    let (j, s) = iperf_over_two_paths("source", |port| {
+        format!(
             "test \"$MCSI_LINK_ADDR_0\" = \"$MCSI_LINK_ADDR\" && test -n \"$MCSI_LINK_ADDR_1\" && \
              iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t 4 -B \"$MCSI_LINK_ADDR_1\" -J"
-        ),
-    );
-    assert!(out.status.success(), "{out:?}");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        )
+    });
     let g = j["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap()
@@ -117,9 +98,6 @@ fn paths_by_source_address_follow_the_connections_bind() {
         (1.5..=1.95).contains(&g),
         "{g} Mbit/s: not held to path 1's 2 Mbit/s"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&summary);
     let up = |p: usize| {
         s["summary"]["paths"][p]["up"]["bytes_out"]
             .as_u64()
@@ -168,6 +146,41 @@ fn a_path_brought_down_and_up_loses_pings_only_between() {
     }
 }
 
+/// iperf3 behind a link of two paths (4 Mbit/s 5 ms, 2 Mbit/s 20 ms) pinned `by`, its server on
+/// the host side, the client from `client(port)`: iperf3's JSON and the link's summary.
+fn iperf_over_two_paths(
+    by: &str,
+    client: impl Fn(&str) -> String,
+) -> (serde_json::Value, serde_json::Value) {
+    let port = free_port().to_string();
+    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
+    let summary = std::env::temp_dir().join(format!("mcsi-link-{by}-{}.json", std::process::id()));
+    let summary_arg = summary.to_string_lossy().into_owned();
+    let out = link_run(
+        &[
+            "--path",
+            "rate=4mbit,delay=5ms",
+            "--path",
+            "rate=2mbit,delay=20ms",
+            "--path-by",
+            by,
+            "--summary-json",
+            &summary_arg,
+            "--host",
+            &server,
+            "--host-wait",
+            &port,
+        ],
+        &client(&port),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&summary);
+    (j, s)
+}
+
 fn link_run(opts: &[&str], script: &str) -> Output {
     let mut args = vec!["link", "run"];
     args.extend_from_slice(opts);
@@ -179,17 +192,6 @@ fn link_run(opts: &[&str], script: &str) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// A port number for a test server. The server itself binds only the link's host-side
-/// address; the number is taken from a loopback socket so that it is not one some other
-/// program on this machine already serves.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// iperf3 client inside the link, a one-shot server on the host bound to the link's host-side
@@ -285,31 +287,11 @@ fn two_paths_by_port_carry_separate_connections() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port().to_string();
-    let server = format!("iperf3 -s -1 -B \"$MCSI_LINK_PEER\" -p {port}");
-    let summary = std::env::temp_dir().join(format!("mcsi-link-test-{}.json", std::process::id()));
-    let summary_arg = summary.to_string_lossy().into_owned();
     // iperf3 opens its control connection first (path 0), then the two data streams take
     // paths 1 and 0 in turn.
-    let out = link_run(
-        &[
-            "--path",
-            "rate=4mbit,delay=5ms",
-            "--path",
-            "rate=2mbit,delay=20ms",
-            "--path-by",
-            "port",
-            "--summary-json",
-            &summary_arg,
-            "--host",
-            &server,
-            "--host-wait",
-            &port,
-        ],
-        &format!("iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t 5 -P 2 -J"),
-    );
-    assert!(out.status.success(), "{out:?}");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (j, s) = iperf_over_two_paths("port", |port| {
+        format!("iperf3 -c \"$MCSI_LINK_PEER\" -p {port} -t 5 -P 2 -J")
+    });
     let mut g: Vec<f64> = j["end"]["streams"]
         .as_array()
         .unwrap()
@@ -321,9 +303,6 @@ fn two_paths_by_port_carry_separate_connections() {
     // Each stream is held to its own path's rate (x 1448/1500 for headers).
     assert!((1.5..=1.95).contains(&g[0]), "{g:?}");
     assert!((3.2..=3.9).contains(&g[1]), "{g:?}");
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&summary);
     for p in 0..2 {
         let bytes = s["summary"]["paths"][p]["up"]["bytes_out"]
             .as_u64()

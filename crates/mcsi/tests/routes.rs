@@ -3,29 +3,15 @@
 //! connection's addresses. Bad values are refused before anything connects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::{free_port, wait_listening};
+
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 const IQN: &str = "iqn.2026-01.org.mcsi:routes-test";
 
 fn mcsi() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mcsi"))
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-fn wait_for(port: u16) {
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "target did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -40,8 +26,8 @@ fn connections_take_their_binds_and_portals_in_turn() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for(p1);
-    wait_for(p2);
+    wait_listening(p1);
+    wait_listening(p2);
     let out = mcsi()
         .args(["bench", &format!("iscsi://127.0.0.1:{p1}/{IQN}/0")])
         .args(["--connections", "4", "--iodepth", "8", "--bs", "16KiB"])

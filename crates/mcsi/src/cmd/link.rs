@@ -195,12 +195,7 @@ impl RunArgs {
             for s in list {
                 let e =
                     mcsi_link::PathEvent::parse(s, up).map_err(|m| anyhow::anyhow!("{opt} {m}"))?;
-                if e.path >= n {
-                    anyhow::bail!(
-                        "{opt} {s}: path {} does not exist: the link has {n} path(s), numbered from 0 in the order of --path",
-                        e.path
-                    );
-                }
+                e.check(n).map_err(|m| anyhow::anyhow!("{opt} {s}: {m}"))?;
                 v.push(e);
             }
         }

@@ -69,20 +69,6 @@ impl BsAutoArgs {
     }
 }
 
-/// A portal is HOST:PORT (an IPv6 address in brackets), the port 1 to 65535.
-fn check_portal(p: &str) -> Result<(), String> {
-    let (host, port) = p
-        .rsplit_once(':')
-        .ok_or("expected HOST:PORT, e.g. 192.0.2.10:3260")?;
-    if host.is_empty() || (host.contains(':') && !(host.starts_with('[') && host.ends_with(']'))) {
-        return Err("expected HOST:PORT (an IPv6 address in brackets: [2001:db8::1]:3260)".into());
-    }
-    match port.parse::<u16>() {
-        Ok(0) | Err(_) => Err(format!("'{port}' is not a port (1 to 65535)")),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// How an initiator command opens its sessions: connections, scheduler, congestion control,
 /// asymmetric mode, digests, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
 #[derive(clap::Args, Debug, Clone)]
@@ -158,8 +144,9 @@ impl SessionArgs {
             );
         }
         for p in &self.portal {
-            check_portal(p).map_err(|e| anyhow::anyhow!("--portal {p}: {e}"))?;
-            opts.portals.push(p.clone());
+            opts.portals.push(
+                mcsi_initiator::url::portal(p).map_err(|e| anyhow::anyhow!("--portal {p}: {e}"))?,
+            );
         }
         Ok(opts)
     }

@@ -62,3 +62,26 @@ pub fn get(addr: &str, path: &str) -> String {
     );
     body.to_string()
 }
+
+/// A port number no program on this machine serves now, from a loopback socket the kernel
+/// picks it for (a server of a test binds it, or the same number on another address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts TCP connections on 127.0.0.1:`port` (a server the test
+/// started), 20 s at most.
+pub fn wait_listening(port: u16) {
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "nothing listened on 127.0.0.1:{port} within 20 s: the server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
