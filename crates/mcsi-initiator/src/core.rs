@@ -149,6 +149,37 @@ struct ConnState {
     target_tcp: Option<TcpState>,
 }
 
+impl ConnState {
+    fn new(c: &ConnStart, session_dsl: u32) -> ConnState {
+        ConnState {
+            alive: true,
+            draining: false,
+            role: c.role,
+            cid: c.cid,
+            exp_stat_sn: c.stat_sn.wrapping_add(1),
+            max_send_dsl: c.max_send_dsl.unwrap_or(session_dsl),
+            outstanding_tasks: 0,
+            outstanding_bytes: 0,
+            tasks_total: 0,
+            bytes_total: 0,
+            statuses_in: 0,
+            data_in_bytes: 0,
+            tcp: None,
+            rate: None,
+            target_tcp: None,
+        }
+    }
+}
+
+/// A task of a failed-over connection, to clear at the target ([`SessionCore::fail_over`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphan {
+    pub itt: u32,
+    pub cmd_sn: u32,
+    /// The LUN field it was sent with.
+    pub lun: u64,
+}
+
 /// Counters of one connection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConnStats {
@@ -239,23 +270,7 @@ impl<C> SessionCore<C> {
         self.window = window;
         self.conns = conns
             .iter()
-            .map(|c| ConnState {
-                alive: true,
-                draining: false,
-                role: c.role,
-                cid: c.cid,
-                exp_stat_sn: c.stat_sn.wrapping_add(1),
-                max_send_dsl: c.max_send_dsl.unwrap_or(session_dsl),
-                outstanding_tasks: 0,
-                outstanding_bytes: 0,
-                tasks_total: 0,
-                bytes_total: 0,
-                statuses_in: 0,
-                data_in_bytes: 0,
-                tcp: None,
-                rate: None,
-                target_tcp: None,
-            })
+            .map(|c| ConnState::new(c, session_dsl))
             .collect();
         self.pump(out);
     }
@@ -408,6 +423,84 @@ impl<C> SessionCore<C> {
     /// Connections that can take tasks.
     pub fn usable_conns(&self) -> usize {
         self.loads().iter().filter(|l| l.usable).count()
+    }
+
+    /// Whether connection `conn` is in the session and carries tasks (not failed over, closed
+    /// or lost with the session).
+    pub fn conn_alive(&self, conn: usize) -> bool {
+        self.conns.get(conn).is_some_and(|c| c.alive)
+    }
+
+    /// Whether every connection carries both requests and responses (no asymmetric mode).
+    pub fn symmetric(&self) -> bool {
+        self.conns.iter().all(|c| c.role == ConnRole::Both)
+    }
+
+    /// Connection `conn` stopped delivering (its route died, RFC 7143 allows a session to go
+    /// on without one of its connections after logging it out): it takes no new task, and
+    /// its outstanding tasks are returned, oldest CmdSN first, for the driver to clear at the
+    /// target (Logout of the CID, ABORT TASK) before [`SessionCore::reissue`] issues them
+    /// again. The tasks stay in the table until then: a status that still arrives on another
+    /// connection completes them as usual.
+    pub fn fail_over(&mut self, conn: usize) -> Vec<Orphan> {
+        let Some(c) = self.conns.get_mut(conn) else {
+            return Vec::new();
+        };
+        c.alive = false;
+        let mut orphans: Vec<Orphan> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.conn == conn)
+            .map(|(itt, t)| Orphan {
+                itt: *itt,
+                cmd_sn: t.cmd_sn,
+                lun: encode_lun(t.cmd.lun),
+            })
+            .collect();
+        if let Some(base) =
+            orphans
+                .iter()
+                .map(|o| o.cmd_sn)
+                .reduce(|a, b| if Sn::lt(Sn(a), Sn(b)) { a } else { b })
+        {
+            orphans.sort_by_key(|o| o.cmd_sn.wrapping_sub(base));
+        }
+        orphans
+    }
+
+    /// Issue the failed-over tasks `itts` again (new ITT and CmdSN, on the connections that
+    /// remain), ahead of the queued commands and in their old CmdSN order. Tasks that completed
+    /// meanwhile are skipped.
+    pub fn reissue(&mut self, itts: &[u32], out: &mut Vec<Action<C>>) {
+        for itt in itts.iter().rev() {
+            let Some(t) = self.tasks.remove(itt) else {
+                continue;
+            };
+            if let Some(c) = self.conns.get_mut(t.conn) {
+                c.outstanding_tasks = c.outstanding_tasks.saturating_sub(1);
+                c.outstanding_bytes = c.outstanding_bytes.saturating_sub(t.bytes);
+            }
+            self.pending.push_front(Queued {
+                cmd: t.cmd,
+                handle: t.handle,
+            });
+        }
+        self.pump(out);
+    }
+
+    /// A new connection took slot `conn` (a failed-over connection's route came back): it
+    /// carries tasks again from now on, with fresh counters.
+    pub fn conn_up(&mut self, conn: usize, start: ConnStart, out: &mut Vec<Action<C>>) {
+        let session_dsl = self.params.target_max_recv_dsl;
+        if let Some(c) = self.conns.get_mut(conn) {
+            *c = ConnState::new(&start, session_dsl);
+        }
+        self.pump(out);
+    }
+
+    /// Take a CmdSN window from a login response on a connection added to the session.
+    pub fn update_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        self.window.update(exp_cmd_sn, max_cmd_sn);
     }
 
     /// CmdSN for an immediate PDU (carried, not taken: 11.18 / 4.2.2.1).
@@ -1138,6 +1231,84 @@ mod tests {
         c.submit(read(0, 4096), 3, &mut out);
         assert_eq!(cmd_sns(&out)[0].0, 0);
         assert!(!c.conn_idle(1));
+    }
+
+    #[test]
+    fn a_failed_over_connection_gives_its_tasks_back_in_cmdsn_order() {
+        // Round-robin over two connections: tasks 0, 2, 4 on connection 0, 1, 3, 5 on 1.
+        let (mut c, _) = core(2, 1, 100);
+        let mut out = Vec::new();
+        for h in 0..6 {
+            c.submit(tur(), h, &mut out);
+        }
+        let sent = cmd_sns(&out);
+        let on1: Vec<(u32, u32)> = sent
+            .iter()
+            .filter(|x| x.0 == 1)
+            .map(|x| (x.2, x.1))
+            .collect();
+        assert_eq!(on1.len(), 3);
+        // The first of them completes on its own connection before the stall is noticed.
+        let mut out = Vec::new();
+        c.handle(1, good(on1[0].0, 1000, 1, 100), &mut out).unwrap();
+        let orphans = c.fail_over(1);
+        assert!(!c.conn_alive(1) && c.conn_alive(0));
+        assert_eq!(c.usable_conns(), 1);
+        let got: Vec<(u32, u32)> = orphans.iter().map(|o| (o.itt, o.cmd_sn)).collect();
+        assert_eq!(
+            got,
+            on1[1..].to_vec(),
+            "the tasks still outstanding, oldest first"
+        );
+        // A new command meanwhile goes to connection 0 only.
+        let mut out = Vec::new();
+        c.submit(tur(), 6, &mut out);
+        assert_eq!(
+            cmd_sns(&out).iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![0]
+        );
+        // Issued again: new ITTs and CmdSNs, on connection 0, ahead of anything queued.
+        let mut out = Vec::new();
+        let itts: Vec<u32> = orphans.iter().map(|o| o.itt).collect();
+        c.reissue(&itts, &mut out);
+        let again = cmd_sns(&out);
+        assert_eq!(again.len(), 2);
+        for (i, (conn, cmd_sn, itt)) in again.iter().enumerate() {
+            assert_eq!(*conn, 0);
+            assert_eq!(*cmd_sn, 8 + i as u32, "CmdSNs after the 7 already used");
+            assert!(!itts.contains(itt), "a fresh ITT");
+        }
+        assert!(c.conn_idle(1), "its counters were given back");
+        // The route returns: a new connection takes the slot and gets tasks again.
+        let mut out = Vec::new();
+        c.conn_up(1, ConnStart::new(1, ConnRole::Both, 2000), &mut out);
+        assert!(c.conn_alive(1));
+        assert_eq!(c.exp_stat_sn(1), 2001);
+        let mut out = Vec::new();
+        c.submit(tur(), 7, &mut out);
+        c.submit(tur(), 8, &mut out);
+        let conns: Vec<usize> = cmd_sns(&out).iter().map(|x| x.0).collect();
+        assert!(conns.contains(&1), "{conns:?}");
+    }
+
+    #[test]
+    fn reissue_skips_a_task_that_completed_meanwhile() {
+        let (mut c, _) = core(2, 1, 100);
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.submit(tur(), 1, &mut out);
+        let on1 = cmd_sns(&out).into_iter().find(|x| x.0 == 1).unwrap();
+        let orphans = c.fail_over(1);
+        assert_eq!(orphans.len(), 1);
+        // Its status still arrived (on a connection that carries it): it completes once.
+        let mut out = Vec::new();
+        c.handle(0, good(on1.2, 1000, 3, 100), &mut out).unwrap();
+        assert!(out
+            .iter()
+            .any(|a| matches!(a, Action::Complete { handle: 1, .. })));
+        let mut out = Vec::new();
+        c.reissue(&[on1.2], &mut out);
+        assert!(cmd_sns(&out).is_empty());
     }
 
     #[test]

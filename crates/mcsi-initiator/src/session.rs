@@ -3,7 +3,9 @@
 //! logout.
 
 use crate::conn::{self, LoginOutcome};
-use crate::core::{Action, Command, ConnRole, ConnStart, ConnStats, Event, Response, SessionCore};
+use crate::core::{
+    Action, Command, ConnRole, ConnStart, ConnStats, Event, Orphan, Response, SessionCore,
+};
 use crate::error::Error;
 use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
 use crate::route::{self, Bind};
@@ -11,16 +13,21 @@ use crate::sched::{self, Scheduler};
 use crate::url::IscsiUrl;
 use crate::window::CmdWindow;
 use bytes::BytesMut;
+use mcsi_proto::codes::{logout_reason, logout_response, tmf_function, tmf_response};
 use mcsi_proto::keys::ConnectionParams;
-use mcsi_proto::pdu::{Isid, LogoutRequest, Pdu};
+use mcsi_proto::pdu::{Isid, LogoutRequest, NopOut, Pdu, TaskMgmtRequest, RESERVED_TAG};
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 type Completion = oneshot::Sender<Result<Response, Error>>;
+
+/// How long a Logout or task management request may wait for its answer.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often TCP_INFO is sampled for schedulers that look at it.
 const TCP_INFO_PERIOD: Duration = Duration::from_millis(20);
@@ -48,6 +55,12 @@ pub struct ConnectOptions {
     /// lost PDU at ErrorRecoveryLevel 0): it is recovered and the task issued again. Zero
     /// disables the check.
     pub response_timeout: Duration,
+    /// A connection with work outstanding that receives nothing for this long (a NOP-Out ping
+    /// goes out at half of it) is taken out of the session while the others go on: it is
+    /// logged out through another connection, its tasks are cleared at the target (ABORT
+    /// TASK) and issued again elsewhere, and its route is retried until a new connection
+    /// rejoins. Symmetric sessions of two or more connections only; zero turns it off.
+    pub stall_timeout: Duration,
     pub login_timeout: Duration,
     /// CmdSN of the leading login (the first command's CmdSN). Any value is legal.
     pub initial_cmd_sn: u32,
@@ -84,6 +97,7 @@ impl Default for ConnectOptions {
             asymmetric: false,
             reconnect_attempts: 5,
             response_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(4),
             login_timeout: Duration::from_secs(15),
             initial_cmd_sn: 1,
             chap_algorithms: vec![mcsi_proto::chap::ChapAlgorithm::Md5],
@@ -146,6 +160,10 @@ pub struct SessionStats {
     pub connections: Vec<ConnectionStats>,
     /// Times the session was re-established after a failure.
     pub recoveries: u32,
+    /// Connections taken out of the session because they stalled, with the session going on
+    /// over the others, and new connections that rejoined in their place.
+    pub failovers: u32,
+    pub rejoins: u32,
     /// Times a command waited because MaxCmdSN closed the window.
     pub window_waits: u64,
     pub exp_cmd_sn: u32,
@@ -156,6 +174,13 @@ struct ConnHandle {
     tx: mpsc::UnboundedSender<Pdu>,
     /// A duplicate of the socket, to read TCP_INFO and to shut the connection down.
     sock: socket2::Socket,
+    /// Which connection this is, over the session's life: its reader and writer report with
+    /// it, so that reports of a connection another has replaced are ignored.
+    serial: u64,
+    /// When the connection last received something, or last had nothing outstanding.
+    heard: Instant,
+    /// A NOP-Out ping went out since `heard`.
+    pinged: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +199,17 @@ struct Inner {
     control: HashMap<u32, oneshot::Sender<Pdu>>,
     tsih: u16,
     recoveries: u32,
+    /// Connections taken out of the session when they stalled, and new ones that rejoined.
+    failovers: u32,
+    rejoins: u32,
+    next_serial: u64,
+}
+
+impl Inner {
+    /// Whether `serial` is still the connection in slot `conn`.
+    fn current(&self, conn: usize, serial: u64) -> bool {
+        self.conns.get(conn).is_some_and(|h| h.serial == serial)
+    }
 }
 
 struct Shared {
@@ -251,10 +287,10 @@ async fn login_conn(
     Err(Error::Protocol("more than 3 login redirections".into()))
 }
 
-async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Established, Error> {
-    let want = o.connections.max(1);
+/// The leading login's configuration; connections added later change CID, TSIH, ITT and CmdSN.
+fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
     let offers = Offers {
-        max_connections: want,
+        max_connections: o.connections.max(1),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
         max_burst_length: o.max_burst_length,
         first_burst_length: o.first_burst_length,
@@ -264,7 +300,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         asymmetric: o.asymmetric,
         tcp_report: o.tcp_report,
     };
-    let cfg = LoginConfig {
+    LoginConfig {
         initiator_name: o.initiator_name.clone(),
         target_name: Some(url.target.clone()),
         kind: SessionKind::Normal,
@@ -281,7 +317,12 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
         chap_algorithms: o.chap_algorithms.clone(),
         // The leading connection carries requests (thesis 4.3.3: connections 1..n).
         role: ConnRole::Requests,
-    };
+    }
+}
+
+async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Established, Error> {
+    let want = o.connections.max(1);
+    let cfg = login_config(url, o, isid);
     let default_portal = url.address();
     let (bind0, addr0) = route::of(&o.binds, &o.portals, &default_portal, 0);
     let (s0, done, rest0) =
@@ -368,6 +409,9 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
             control: HashMap::new(),
             tsih: 0,
             recoveries: 0,
+            failovers: 0,
+            rejoins: 0,
+            next_serial: 0,
         }),
         url: url.clone(),
         options,
@@ -412,43 +456,9 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     let mut handles = Vec::new();
     let mut starts = Vec::new();
     for (i, c) in est.conns.into_iter().enumerate() {
-        let EstablishedConn {
-            stream,
-            cid,
-            stat_sn,
-            role,
-            params: cp,
-            rest,
-        } = c;
-        // Each connection frames by what its own login negotiated.
-        let (send_framing, recv_framing) = (cp.tx_framing(), cp.rx_framing());
-        let sock = socket2::SockRef::from(&stream)
-            .try_clone()
-            .map_err(|e| Error::io("duplicating the socket", &e))?;
-        let (r, w) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let sh = Arc::clone(shared);
-        tokio::spawn(async move {
-            if let Err(e) = conn::writer(w, rx, send_framing).await {
-                connection_failed(&sh, i, generation, Error::io("writing to the target", &e));
-            }
-        });
-        let sh = Arc::clone(shared);
-        let sink_sh = Arc::clone(shared);
-        tokio::spawn(async move {
-            let err = conn::reader(r, recv_framing, rest, move |pdus| {
-                on_pdus(&sink_sh, i, generation, pdus)
-            })
-            .await;
-            connection_failed(&sh, i, generation, err);
-        });
-        handles.push(ConnHandle { tx, sock });
-        starts.push(ConnStart {
-            cid,
-            role,
-            stat_sn,
-            max_send_dsl: Some(cp.max_send_data_segment_length),
-        });
+        let (h, start) = spawn_conn(shared, &mut inner, i, c)?;
+        handles.push(h);
+        starts.push(start);
     }
     inner.conns = handles;
     inner.tsih = est.done.tsih;
@@ -464,7 +474,357 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
         let sh = Arc::clone(shared);
         tokio::spawn(async move { sample_tcp_info(sh, generation).await });
     }
+    if !shared.options.stall_timeout.is_zero() && inner.conns.len() >= 2 {
+        if inner.core.symmetric() {
+            let sh = Arc::clone(shared);
+            tokio::spawn(async move { stall_watch(sh, generation).await });
+        } else {
+            tracing::info!(
+                "asymmetric session: a stalled connection is recovered with the whole session"
+            );
+        }
+    }
     Ok(())
+}
+
+/// Spawn the reader and writer of logged-in connection `c`, which takes slot `index`.
+fn spawn_conn(
+    shared: &Arc<Shared>,
+    inner: &mut Inner,
+    index: usize,
+    c: EstablishedConn,
+) -> Result<(ConnHandle, ConnStart), Error> {
+    let EstablishedConn {
+        stream,
+        cid,
+        stat_sn,
+        role,
+        params: cp,
+        rest,
+    } = c;
+    // Each connection frames by what its own login negotiated.
+    let (send_framing, recv_framing) = (cp.tx_framing(), cp.rx_framing());
+    let sock = socket2::SockRef::from(&stream)
+        .try_clone()
+        .map_err(|e| Error::io("duplicating the socket", &e))?;
+    inner.next_serial += 1;
+    let serial = inner.next_serial;
+    let (r, w) = stream.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sh = Arc::clone(shared);
+    tokio::spawn(async move {
+        if let Err(e) = conn::writer(w, rx, send_framing).await {
+            connection_failed(&sh, index, serial, Error::io("writing to the target", &e));
+        }
+    });
+    let sh = Arc::clone(shared);
+    let sink_sh = Arc::clone(shared);
+    tokio::spawn(async move {
+        let err = conn::reader(r, recv_framing, rest, move |pdus| {
+            on_pdus(&sink_sh, index, serial, pdus)
+        })
+        .await;
+        connection_failed(&sh, index, serial, err);
+    });
+    let handle = ConnHandle {
+        tx,
+        sock,
+        serial,
+        heard: Instant::now(),
+        pinged: false,
+    };
+    let start = ConnStart {
+        cid,
+        role,
+        stat_sn,
+        max_send_dsl: Some(cp.max_send_data_segment_length),
+    };
+    Ok((handle, start))
+}
+
+/// Take a connection that has work outstanding and has received nothing for `stall_timeout`
+/// out of the session, while another connection still works (a route that died: TCP itself
+/// would keep retrying for many minutes). A NOP-Out ping at half the time makes a live
+/// connection whose tasks are merely slow (a busy disk) answer.
+async fn stall_watch(shared: Arc<Shared>, generation: u64) {
+    let limit = shared.options.stall_timeout;
+    let mut tick = tokio::time::interval(
+        (limit / 8).clamp(Duration::from_millis(10), Duration::from_millis(250)),
+    );
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let mut inner = lock(&shared);
+        if inner.generation != generation || inner.phase == Phase::Closed {
+            return;
+        }
+        if inner.phase != Phase::Running {
+            continue;
+        }
+        let inner = &mut *inner;
+        let mut stalled = None;
+        for i in 0..inner.conns.len() {
+            if !inner.core.conn_alive(i) {
+                continue;
+            }
+            let idle = inner.core.conn_idle(i);
+            let ping = NopOut {
+                immediate: true,
+                lun: 0,
+                itt: inner.core.alloc_itt(),
+                ttt: RESERVED_TAG,
+                cmd_sn: inner.core.immediate_cmd_sn(),
+                exp_stat_sn: inner.core.exp_stat_sn(i),
+                data: bytes::Bytes::new(),
+            };
+            let h = &mut inner.conns[i];
+            if idle {
+                h.heard = now;
+                h.pinged = false;
+                continue;
+            }
+            let silent = now.duration_since(h.heard);
+            if silent >= limit / 2 && !h.pinged {
+                h.pinged = true;
+                tracing::debug!(
+                    conn = i,
+                    ?silent,
+                    "connection silent with work outstanding; pinging it"
+                );
+                let _ = h.tx.send(Pdu::NopOut(ping));
+            }
+            if silent >= limit && stalled.is_none() {
+                stalled = Some((i, silent));
+            }
+        }
+        let Some((conn, silent)) = stalled else {
+            continue;
+        };
+        let others = (0..inner.conns.len()).any(|j| {
+            j != conn
+                && inner.core.conn_alive(j)
+                && now.duration_since(inner.conns[j].heard) < limit
+        });
+        if !others {
+            continue;
+        }
+        fail_over(&shared, inner, conn, silent);
+    }
+}
+
+/// Take connection `conn` out of the session: no new task goes to it, and [`evict`] clears
+/// its tasks at the target and issues them again elsewhere.
+fn fail_over(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, silent: Duration) {
+    let orphans = inner.core.fail_over(conn);
+    inner.failovers += 1;
+    let cid = inner.core.cid(conn).unwrap_or_default();
+    let local = inner.conns[conn]
+        .sock
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket());
+    tracing::warn!(
+        conn,
+        cid,
+        local = local.map(|a| a.to_string()),
+        tasks = orphans.len(),
+        "connection {conn} received nothing for {silent:.1?} with work outstanding; taking it out of the session and issuing its {} task(s) on the others",
+        orphans.len()
+    );
+    let (sh, generation) = (Arc::clone(shared), inner.generation);
+    let started = Instant::now() - silent;
+    tokio::spawn(async move { evict(sh, conn, generation, cid, orphans, started).await });
+}
+
+/// Clear a stalled connection at the target and issue its tasks again: Logout of its CID
+/// through another connection (the target aborts the tasks it received on it and closes it),
+/// then ABORT TASK for each task (a command the target never received leaves a hole in the
+/// CmdSN order that holds every later command; ABORT TASK of a task not found with its
+/// RefCmdSN in the window takes the CmdSN as received, RFC 7143 11.5.1). A target that answers
+/// otherwise gets session recovery, as before. Then the tasks go out again and the route is
+/// retried ([`rejoin`]).
+async fn evict(
+    shared: Arc<Shared>,
+    conn: usize,
+    generation: u64,
+    cid: u16,
+    orphans: Vec<Orphan>,
+    started: Instant,
+) {
+    let session = Session {
+        shared: Arc::clone(&shared),
+    };
+    let result = async {
+        let r = session
+            .request_elsewhere(conn, |core, itt, via| {
+                Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason: logout_reason::CLOSE_CONNECTION,
+                    itt,
+                    cid,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                })
+            })
+            .await?;
+        match r {
+            Pdu::LogoutResponse(l)
+                if l.response == logout_response::CLOSED
+                    || l.response == logout_response::CID_NOT_FOUND => {}
+            Pdu::LogoutResponse(l) => {
+                return Err(Error::Protocol(format!(
+                    "the target refused to log out the stalled connection (response {})",
+                    l.response
+                )))
+            }
+            other => return Err(unexpected("a Logout Response", &other)),
+        }
+        for o in &orphans {
+            let r = session
+                .request_elsewhere(conn, |core, itt, via| {
+                    Pdu::TaskMgmtRequest(TaskMgmtRequest {
+                        immediate: true,
+                        function: tmf_function::ABORT_TASK,
+                        lun: o.lun,
+                        itt,
+                        referenced_task_tag: o.itt,
+                        cmd_sn: core.immediate_cmd_sn(),
+                        exp_stat_sn: core.exp_stat_sn(via),
+                        ref_cmd_sn: o.cmd_sn,
+                        exp_data_sn: 0,
+                    })
+                })
+                .await?;
+            match r {
+                Pdu::TaskMgmtResponse(t)
+                    if t.response == tmf_response::COMPLETE
+                        || t.response == tmf_response::NO_TASK => {}
+                Pdu::TaskMgmtResponse(t) => {
+                    return Err(Error::Protocol(format!(
+                        "the target answered ABORT TASK for task {:#x} of the stalled connection with response {}",
+                        o.itt, t.response
+                    )))
+                }
+                other => return Err(unexpected("a Task Management Function Response", &other)),
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let mut inner = lock(&shared);
+    if inner.generation != generation || inner.phase != Phase::Running {
+        return;
+    }
+    if let Err(e) = result {
+        tracing::warn!(conn, error = %e, "could not take the stalled connection out alone; recovering the session");
+        begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
+        return;
+    }
+    if let Some(h) = inner.conns.get(conn) {
+        let _ = h.sock.shutdown(std::net::Shutdown::Both);
+    }
+    let itts: Vec<u32> = orphans.iter().map(|o| o.itt).collect();
+    let mut out = Vec::new();
+    inner.core.reissue(&itts, &mut out);
+    run_actions(&shared, &mut inner, out);
+    tracing::info!(
+        conn,
+        tasks = itts.len(),
+        remaining = inner.core.usable_conns(),
+        "stalled connection logged out, its tasks issued again {:.1?} after it went silent",
+        started.elapsed()
+    );
+    let sh = Arc::clone(&shared);
+    tokio::spawn(async move { rejoin(sh, conn, generation).await });
+}
+
+fn unexpected(wanted: &str, got: &Pdu) -> Error {
+    Error::Protocol(format!("expected {wanted}, got {:?}", got.opcode()))
+}
+
+/// Longest wait between two attempts to bring a failed-over connection's route back.
+const REJOIN_MAX_DELAY: Duration = Duration::from_secs(10);
+
+/// Log a new connection in on slot `conn`'s route (its bind and portal, the same CID) with
+/// backoff, until it succeeds or the session ends; it then carries tasks again.
+async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
+    let o = &shared.options;
+    let default_portal = shared.url.address();
+    let (bind, addr) = route::of(&o.binds, &o.portals, &default_portal, conn);
+    let (bind, addr) = (bind.cloned(), addr.to_string());
+    let gone = Instant::now();
+    let mut delay = Duration::from_secs(1);
+    let mut login_cid;
+    for attempt in 1u32.. {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(REJOIN_MAX_DELAY);
+        let cfg = {
+            let inner = lock(&shared);
+            if inner.generation != generation || inner.phase != Phase::Running {
+                return;
+            }
+            let Some(cid) = inner.core.cid(conn) else {
+                return;
+            };
+            login_cid = cid;
+            LoginConfig {
+                tsih: inner.tsih,
+                cid,
+                itt: u32::from(cid) | 0x8000_0000,
+                cmd_sn: inner.core.immediate_cmd_sn(),
+                ..login_config(&shared.url, o, shared.isid)
+            }
+        };
+        let connect_timeout = o.login_timeout.min(Duration::from_secs(5));
+        match login_conn(&addr, cfg, connect_timeout, o.congestion, bind.as_ref()).await {
+            Ok((stream, d, rest)) => {
+                let mut inner = lock(&shared);
+                if inner.generation != generation
+                    || inner.phase != Phase::Running
+                    || inner.core.conn_alive(conn)
+                {
+                    return;
+                }
+                inner.core.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+                let c = EstablishedConn {
+                    stream,
+                    cid: login_cid,
+                    stat_sn: d.stat_sn,
+                    role: ConnRole::Both,
+                    params: d.connection,
+                    rest,
+                };
+                match spawn_conn(&shared, &mut inner, conn, c) {
+                    Ok((h, start)) => {
+                        inner.conns[conn] = h;
+                        inner.rejoins += 1;
+                        let mut out = Vec::new();
+                        inner.core.conn_up(conn, start, &mut out);
+                        run_actions(&shared, &mut inner, out);
+                        tracing::info!(
+                            conn,
+                            attempt,
+                            portal = %addr,
+                            "connection {conn} rejoined the session {:.1?} after it was taken out",
+                            gone.elapsed()
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(conn, error = %e, "could not start the rejoined connection")
+                    }
+                }
+            }
+            Err(e) => {
+                let level_warn = attempt == 1;
+                if level_warn {
+                    tracing::warn!(conn, portal = %addr, bind = bind.as_ref().map(|b| b.to_string()), error = %e, "route of connection {conn} still down; retrying with backoff up to {REJOIN_MAX_DELAY:?}");
+                } else {
+                    tracing::info!(conn, attempt, error = %e, "route of connection {conn} still down; next try in {delay:?}");
+                }
+            }
+        }
+    }
 }
 
 /// Recover the session when a task has waited longer than `response_timeout` for its status.
@@ -624,7 +984,11 @@ async fn honour_logout_request(shared: Arc<Shared>, conn: usize, generation: u64
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let last = { lock(&shared).core.usable_conns() == 0 };
-    let reason = if last { 0 } else { 1 };
+    let reason = if last {
+        logout_reason::CLOSE_SESSION
+    } else {
+        logout_reason::CLOSE_CONNECTION
+    };
     let session = Session {
         shared: Arc::clone(&shared),
     };
@@ -658,10 +1022,20 @@ async fn honour_logout_request(shared: Arc<Shared>, conn: usize, generation: u64
     }
 }
 
-fn on_pdus(shared: &Arc<Shared>, conn: usize, generation: u64, pdus: Vec<Pdu>) -> bool {
+fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<Pdu>) -> bool {
     let mut inner = lock(shared);
-    if inner.generation != generation || matches!(inner.phase, Phase::Closed | Phase::Recovering) {
+    // A connection taken out of the session (failed over, logged out) reads no more: a late
+    // PDU of a task issued again elsewhere must not reach the core.
+    if !inner.current(conn, serial)
+        || !inner.core.conn_alive(conn)
+        || matches!(inner.phase, Phase::Closed | Phase::Recovering)
+    {
         return false;
+    }
+    let generation = inner.generation;
+    if let Some(h) = inner.conns.get_mut(conn) {
+        h.heard = Instant::now();
+        h.pinged = false;
     }
     let mut out = Vec::new();
     let mut failure = None;
@@ -680,11 +1054,13 @@ fn on_pdus(shared: &Arc<Shared>, conn: usize, generation: u64, pdus: Vec<Pdu>) -
     true
 }
 
-fn connection_failed(shared: &Arc<Shared>, conn: usize, generation: u64, err: Error) {
+fn connection_failed(shared: &Arc<Shared>, conn: usize, serial: u64, err: Error) {
     let mut inner = lock(shared);
-    if inner.generation != generation {
+    // A connection replaced, or taken out of the session on purpose, ends as expected.
+    if !inner.current(conn, serial) || !inner.core.conn_alive(conn) {
         return;
     }
+    let generation = inner.generation;
     match inner.phase {
         Phase::Running => {
             tracing::warn!(conn, error = %err, "connection lost; recovering the session");
@@ -851,6 +1227,8 @@ impl Session {
             policy: inner.core.scheduler_name(),
             connections: conns,
             recoveries: inner.recoveries,
+            failovers: inner.failovers,
+            rejoins: inner.rejoins,
             window_waits: inner.core.window_waits(),
             exp_cmd_sn: inner.core.window().exp_cmd_sn(),
             max_cmd_sn: inner.core.window().max_cmd_sn(),
@@ -867,42 +1245,68 @@ impl Session {
         }
     }
 
-    async fn send_logout(&self, conn: usize, reason: u8) -> Result<(), Error> {
+    /// Send a control request built by `build` (given the core, a fresh ITT and the
+    /// connection it goes on) on connection `conn`, and wait for the PDU that answers it.
+    async fn request(
+        &self,
+        conn: usize,
+        build: impl FnOnce(&SessionCore<Completion>, u32, usize) -> Pdu,
+    ) -> Result<Pdu, Error> {
         let (tx, rx) = oneshot::channel();
-        {
+        let itt = {
             let mut inner = lock(&self.shared);
-            let Some(cid) = inner.core.cid(conn) else {
-                return Err(Error::Closed);
-            };
             let itt = inner.core.alloc_itt();
-            let pdu = Pdu::LogoutRequest(LogoutRequest {
-                immediate: true,
-                reason,
-                itt,
-                cid,
-                cmd_sn: inner.core.immediate_cmd_sn(),
-                exp_stat_sn: inner.core.exp_stat_sn(conn),
-            });
-            inner.control.insert(itt, tx);
+            let pdu = build(&inner.core, itt, conn);
             let Some(h) = inner.conns.get(conn) else {
                 return Err(Error::Closed);
             };
             h.tx.send(pdu).map_err(|_| Error::Closed)?;
-        }
-        let pdu = tokio::time::timeout(Duration::from_secs(10), rx)
-            .await
-            .map_err(|_| Error::Timeout("no Logout Response within 10 s".into()))?
-            .map_err(|_| Error::Closed)?;
+            inner.control.insert(itt, tx);
+            itt
+        };
+        let r = tokio::time::timeout(CONTROL_TIMEOUT, rx).await;
+        lock(&self.shared).control.remove(&itt);
+        r.map_err(|_| Error::Timeout(format!("no answer within {CONTROL_TIMEOUT:?}")))?
+            .map_err(|_| Error::Closed)
+    }
+
+    /// [`Session::request`] on a connection that carries tasks, other than `avoid`.
+    async fn request_elsewhere(
+        &self,
+        avoid: usize,
+        build: impl FnOnce(&SessionCore<Completion>, u32, usize) -> Pdu,
+    ) -> Result<Pdu, Error> {
+        let via = {
+            let inner = lock(&self.shared);
+            (0..inner.conns.len()).find(|&i| i != avoid && inner.core.conn_alive(i))
+        };
+        let Some(via) = via else {
+            return Err(Error::Protocol("no other connection left".into()));
+        };
+        self.request(via, build).await
+    }
+
+    async fn send_logout(&self, conn: usize, reason: u8) -> Result<(), Error> {
+        let cid = lock(&self.shared).core.cid(conn).ok_or(Error::Closed)?;
+        let pdu = self
+            .request(conn, |core, itt, via| {
+                Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason,
+                    itt,
+                    cid,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                })
+            })
+            .await?;
         match pdu {
-            Pdu::LogoutResponse(r) if r.response == 0 => Ok(()),
+            Pdu::LogoutResponse(r) if r.response == logout_response::CLOSED => Ok(()),
             Pdu::LogoutResponse(r) => Err(Error::Protocol(format!(
                 "logout refused with response {} (1 CID not found, 2 recovery not supported, 3 cleanup failed)",
                 r.response
             ))),
-            other => Err(Error::Protocol(format!(
-                "expected a Logout Response, got {:?}",
-                other.opcode()
-            ))),
+            other => Err(unexpected("a Logout Response", &other)),
         }
     }
 
@@ -928,7 +1332,7 @@ impl Session {
                 .find(|&i| inner.core.cid(i).is_some())
                 .unwrap_or(0)
         };
-        let r = self.send_logout(conn, 0).await;
+        let r = self.send_logout(conn, logout_reason::CLOSE_SESSION).await;
         let mut inner = lock(&self.shared);
         inner.phase = Phase::Closed;
         let mut out = Vec::new();

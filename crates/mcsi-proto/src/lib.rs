@@ -26,6 +26,7 @@
 
 pub mod chap;
 mod codec;
+pub mod codes;
 pub mod digest;
 pub mod keys;
 pub mod login;

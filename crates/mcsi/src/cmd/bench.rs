@@ -773,6 +773,8 @@ fn fio_json(
             "asymmetric": params.asymmetric,
             "tsih": stats.tsih,
             "recoveries": stats.recoveries,
+            "failovers": stats.failovers,
+            "rejoins": stats.rejoins,
             "window_waits": stats.window_waits,
             "exp_cmd_sn": stats.exp_cmd_sn,
             "max_cmd_sn": stats.max_cmd_sn,

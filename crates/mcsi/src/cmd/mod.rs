@@ -111,6 +111,12 @@ pub struct SessionArgs {
     /// Repeatable: connection i goes to portal i mod n; default: the URL's.
     #[arg(long, value_name = "HOST:PORT")]
     pub portal: Vec<String>,
+    /// A connection with work outstanding that receives nothing for this long (a ping goes
+    /// out at half of it) is taken out of the session and its tasks are issued on the other
+    /// connections; its route is retried until it rejoins. 0 turns it off (a stalled
+    /// connection then waits for the 30 s response timeout and session recovery).
+    #[arg(long, default_value = "4s", value_name = "DURATION")]
+    pub stall_timeout: String,
 }
 
 impl SessionArgs {
@@ -133,6 +139,11 @@ impl SessionArgs {
             digests: self.digests,
             congestion: congestion_arg(self.congestion.as_deref())?,
             tcp_report: tcp_report || self.target_tcp || self.policy == "tcp-aware",
+            stall_timeout: mcsi_units::parse_duration(
+                &self.stall_timeout,
+                mcsi_units::BareUnit::Seconds,
+            )
+            .map_err(|e| anyhow::anyhow!("--stall-timeout {}: {e}", self.stall_timeout))?,
             ..mcsi_initiator::ConnectOptions::default()
         };
         if let Some(n) = &self.initiator_name {

@@ -60,6 +60,8 @@ impl crate::cmd::http::Source for SessionObserver {
                 "initiator": self.initiator,
                 "policy": st.policy,
                 "recoveries": st.recoveries,
+                "failovers": st.failovers,
+                "rejoins": st.rejoins,
                 "connections": conns,
             }],
         })
@@ -85,6 +87,8 @@ impl SessionObserver {
         let tcp = TcpFamilies::<ConnLabels>::default();
         let recoveries = Counter::<u64>::default();
         let window_waits = Counter::<u64>::default();
+        let failovers = Counter::<u64>::default();
+        let rejoins = Counter::<u64>::default();
         r.register(
             "connection_tasks",
             "Tasks issued on the connection",
@@ -107,6 +111,16 @@ impl SessionObserver {
             recoveries.clone(),
         );
         r.register(
+            "session_failovers",
+            "Connections taken out of the session when they stalled, the session going on over the others",
+            failovers.clone(),
+        );
+        r.register(
+            "session_rejoins",
+            "New connections that took a failed-over connection's place",
+            rejoins.clone(),
+        );
+        r.register(
             "session_window_waits",
             "Times a command waited for the target's CmdSN window",
             window_waits.clone(),
@@ -114,6 +128,8 @@ impl SessionObserver {
         tcp.register(r, "the initiator's");
         recoveries.inc_by(u64::from(st.recoveries));
         window_waits.inc_by(st.window_waits);
+        failovers.inc_by(u64::from(st.failovers));
+        rejoins.inc_by(u64::from(st.rejoins));
         for c in &st.connections {
             let k = ConnLabels {
                 target: self.session.url().to_string(),
