@@ -15,26 +15,49 @@ use tokio::sync::mpsc;
 /// Most PDUs gathered into one vectored write.
 const WRITE_BATCH: usize = 64;
 
-/// Connect with a timeout; TCP_NODELAY because iSCSI PDUs are latency-bound requests. With
-/// `congestion`, the socket runs that algorithm from its first segment on.
-pub(crate) async fn connect_tcp(
-    addr: &str,
-    timeout: Duration,
-    congestion: Option<Congestion>,
-    bind: Option<&Bind>,
-) -> Result<TcpStream, Error> {
+/// How a connection is opened: its time limit, congestion control, source, and whether it is
+/// Multipath TCP.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Dial<'a> {
+    pub timeout: Duration,
+    pub congestion: Option<Congestion>,
+    pub bind: Option<&'a Bind>,
+    pub mptcp: bool,
+}
+
+impl Dial<'_> {
+    fn socket(&self, a: std::net::SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
+        if !self.mptcp {
+            let s = if a.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()
+            } else {
+                tokio::net::TcpSocket::new_v6()
+            };
+            return s.map_err(|e| Error::io("opening a TCP socket", &e));
+        }
+        let s = mcsi_tcp::mptcp::socket(&a).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        s.set_nonblocking(true)
+            .map_err(|e| Error::io("opening an MPTCP socket", &e))?;
+        Ok(tokio::net::TcpSocket::from_std_stream(s.into()))
+    }
+}
+
+/// Connect with a timeout; TCP_NODELAY because iSCSI PDUs are latency-bound requests. With a
+/// congestion control, the socket runs that algorithm from its first segment on.
+pub(crate) async fn connect_tcp(addr: &str, dial: &Dial<'_>) -> Result<TcpStream, Error> {
+    let timeout = dial.timeout;
     let attempt = async {
         let mut last = None;
-        for a in tokio::net::lookup_host(addr).await? {
-            let sock = if a.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()?
-            } else {
-                tokio::net::TcpSocket::new_v6()?
-            };
-            if let Some(cc) = congestion {
-                cc.apply(&sock).map_err(std::io::Error::other)?;
+        let addrs = tokio::net::lookup_host(addr)
+            .await
+            .map_err(|e| Error::io(format!("cannot resolve {addr}"), &e))?;
+        for a in addrs {
+            let sock = dial.socket(a)?;
+            if let Some(cc) = dial.congestion {
+                cc.apply(&sock)
+                    .map_err(|e| Error::io("setting TCP_CONGESTION", &std::io::Error::other(e)))?;
             }
-            if let Some(b) = bind {
+            if let Some(b) = dial.bind {
                 if let Err(e) = b.apply(&sock, a) {
                     last = Some(e);
                     continue;
@@ -45,22 +68,31 @@ pub(crate) async fn connect_tcp(
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| {
+        let e = last.unwrap_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")
-        }))
+        });
+        Err(Error::io(
+            format!("cannot connect to {addr}{}", from(dial)),
+            &e,
+        ))
     };
-    let from = bind.map_or(String::new(), |b| format!(" from {b}"));
-    let s = tokio::time::timeout(timeout, attempt)
-        .await
-        .map_err(|_| {
-            Error::Timeout(format!(
-                "connecting to {addr}{from} took longer than {timeout:?}"
-            ))
-        })?
-        .map_err(|e| Error::io(format!("cannot connect to {addr}{from}"), &e))?;
+    let s = tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+        Error::Timeout(format!(
+            "connecting to {addr}{} took longer than {timeout:?}",
+            from(dial)
+        ))
+    })??;
     s.set_nodelay(true)
         .map_err(|e| Error::io("setting TCP_NODELAY", &e))?;
     Ok(s)
+}
+
+fn from(dial: &Dial<'_>) -> String {
+    let mut s = dial.bind.map_or(String::new(), |b| format!(" from {b}"));
+    if dial.mptcp {
+        s.push_str(" over MPTCP");
+    }
+    s
 }
 
 /// Write PDUs with vectored writes: header, payload (not copied) and trailer of each.

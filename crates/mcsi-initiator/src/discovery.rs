@@ -49,7 +49,14 @@ pub async fn discover(
     initiator_name: &str,
     timeout: Duration,
 ) -> Result<Vec<DiscoveredTarget>, Error> {
-    let mut s = conn::connect_tcp(addr, timeout, None, None).await?;
+    let mut s = conn::connect_tcp(
+        addr,
+        &conn::Dial {
+            timeout,
+            ..Default::default()
+        },
+    )
+    .await?;
     let cfg = LoginConfig {
         initiator_name: initiator_name.to_string(),
         target_name: None,

@@ -79,6 +79,9 @@ pub struct ConnectOptions {
     /// Target portals (`HOST:PORT`, one portal group) of the connections, taken in turn; empty:
     /// the URL's.
     pub portals: Vec<String>,
+    /// Open every connection with Multipath TCP (`IPPROTO_MPTCP`); the kernel's path manager
+    /// adds subflows, and a target that does not speak it gets plain TCP on the same socket.
+    pub mptcp: bool,
 }
 
 impl Default for ConnectOptions {
@@ -105,6 +108,7 @@ impl Default for ConnectOptions {
             tcp_report: false,
             binds: Vec::new(),
             portals: Vec::new(),
+            mptcp: false,
         }
     }
 }
@@ -141,6 +145,8 @@ pub struct ConnectionStats {
     pub tcp: Option<TcpState>,
     /// The congestion control the socket really runs.
     pub congestion: Option<String>,
+    /// Its Multipath TCP subflows, when it runs MPTCP.
+    pub mptcp: Option<mcsi_tcp::mptcp::MptcpState>,
     /// The target's address of this connection.
     pub peer: Option<std::net::SocketAddr>,
     /// This host's address of this connection.
@@ -268,14 +274,12 @@ fn parse_target_address(a: &str) -> String {
 async fn login_conn(
     addr: &str,
     cfg: LoginConfig,
-    timeout: Duration,
-    congestion: Option<Congestion>,
-    bind: Option<&Bind>,
+    dial: &conn::Dial<'_>,
 ) -> Result<(TcpStream, Box<LoginDone>, BytesMut), Error> {
     let mut addr = addr.to_string();
     for _ in 0..4 {
-        let mut s = conn::connect_tcp(&addr, timeout, congestion, bind).await?;
-        match conn::login(&mut s, cfg.clone(), timeout).await? {
+        let mut s = conn::connect_tcp(&addr, dial).await?;
+        match conn::login(&mut s, cfg.clone(), dial.timeout).await? {
             LoginOutcome::Done(d, rest) => return Ok((s, d, rest)),
             LoginOutcome::Redirect(to) => {
                 let to = parse_target_address(&to);
@@ -285,6 +289,15 @@ async fn login_conn(
         }
     }
     Err(Error::Protocol("more than 3 login redirections".into()))
+}
+
+fn dial<'a>(o: &ConnectOptions, bind: Option<&'a Bind>, timeout: Duration) -> conn::Dial<'a> {
+    conn::Dial {
+        timeout,
+        congestion: o.congestion,
+        bind,
+        mptcp: o.mptcp,
+    }
 }
 
 /// The leading login's configuration; connections added later change CID, TSIH, ITT and CmdSN.
@@ -326,7 +339,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
     let default_portal = url.address();
     let (bind0, addr0) = route::of(&o.binds, &o.portals, &default_portal, 0);
     let (s0, done, rest0) =
-        login_conn(addr0, cfg.clone(), o.login_timeout, o.congestion, bind0).await?;
+        login_conn(addr0, cfg.clone(), &dial(o, bind0, o.login_timeout)).await?;
     let mut window = CmdWindow::new(done.exp_cmd_sn, done.max_cmd_sn);
     let n = want.min(done.params.max_connections.max(1));
     if n < want {
@@ -370,7 +383,7 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
             ..cfg.clone()
         };
         let (bind, addr) = route::of(&o.binds, &o.portals, &default_portal, usize::from(cid));
-        match login_conn(addr, c, o.login_timeout, o.congestion, bind).await {
+        match login_conn(addr, c, &dial(o, bind, o.login_timeout)).await {
             Ok((s, d, rest)) => {
                 window.update(d.exp_cmd_sn, d.max_cmd_sn);
                 conns.push(EstablishedConn {
@@ -776,7 +789,7 @@ async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
             }
         };
         let connect_timeout = o.login_timeout.min(Duration::from_secs(5));
-        match login_conn(&addr, cfg, connect_timeout, o.congestion, bind.as_ref()).await {
+        match login_conn(&addr, cfg, &dial(o, bind.as_ref(), connect_timeout)).await {
             Ok((stream, d, rest)) => {
                 let mut inner = lock(&shared);
                 if inner.generation != generation
@@ -1211,6 +1224,7 @@ impl Session {
                 .and_then(|h| h.sock.local_addr().ok())
                 .and_then(|a| a.as_socket());
             let bind = route::nth(&self.shared.options.binds, index).map(ToString::to_string);
+            let mptcp = handle.and_then(|h| mcsi_tcp::mptcp::state(&h.sock));
             conns.push(ConnectionStats {
                 index,
                 counters: c,
@@ -1219,6 +1233,7 @@ impl Session {
                 peer,
                 local,
                 bind,
+                mptcp,
                 target_tcp,
             });
         }

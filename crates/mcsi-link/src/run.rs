@@ -56,6 +56,9 @@ pub struct RunOptions {
     pub host_wait_timeout: Duration,
     /// Paths going down and up, on the link's clock (from the link's start).
     pub path_events: Vec<crate::PathEvent>,
+    /// Set up the command namespace's MPTCP path manager: every command-side address after the
+    /// first is a subflow endpoint, and the limits allow a subflow on each.
+    pub mptcp: bool,
 }
 
 /// How a host command ended.
@@ -743,6 +746,7 @@ fn run_blocked(
 
     let mtu = opts.mtu;
     let extra = cmd_addrs[1..].to_vec();
+    let mptcp = opts.mptcp;
     let (ns_fd, ns_tun) = std::thread::Builder::new()
         .name("mcsi-link-netns".into())
         .spawn(move || -> Result<(OwnedFd, OwnedFd), SysError> {
@@ -754,6 +758,9 @@ fn run_blocked(
             sys::configure_p2p(NS_DEV, cmd_addr, host, mtu)?;
             for (k, a) in extra.iter().enumerate() {
                 sys::add_alias(NS_DEV, k + 1, *a)?;
+            }
+            if mptcp {
+                sys::mptcp_endpoints(NS_DEV, &extra)?;
             }
             Ok((ns, tun))
         })

@@ -473,3 +473,58 @@ pub(crate) fn signal_name(sig: libc::c_int) -> String {
 pub(crate) fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
+
+/// The calling thread's network namespace gets an MPTCP path manager that opens one subflow
+/// from each of `addrs` (endpoints with the `subflow` flag on `dev`) and allows as many
+/// subflows and announced addresses. Runs iproute2's `ip mptcp`, which the thread's children
+/// run in its namespace.
+pub(crate) fn mptcp_endpoints(dev: &str, addrs: &[std::net::Ipv4Addr]) -> Result<(), SysError> {
+    let n = addrs.len().max(1).to_string();
+    let mut cmds: Vec<Vec<String>> = vec![[
+        "mptcp",
+        "limits",
+        "set",
+        "subflow",
+        &n,
+        "add_addr_accepted",
+        &n,
+    ]
+    .map(String::from)
+    .to_vec()];
+    for a in addrs {
+        cmds.push(
+            [
+                "mptcp",
+                "endpoint",
+                "add",
+                &a.to_string(),
+                "dev",
+                dev,
+                "subflow",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    }
+    for args in cmds {
+        let what = format!("ip {}", args.join(" "));
+        let out = std::process::Command::new("ip")
+            .args(&args)
+            .output()
+            .map_err(|err| SysError::Missing {
+                what: what.clone(),
+                hint: "--mptcp needs iproute2's ip on PATH (apt-get install iproute2)",
+                err,
+            })?;
+        if !out.status.success() {
+            return Err(SysError::Io {
+                what,
+                err: io::Error::other(format!(
+                    "{}; --mptcp needs Linux 5.6 or later with net.mptcp.enabled = 1",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+            });
+        }
+    }
+    Ok(())
+}

@@ -66,6 +66,9 @@ pub struct FileConfig {
     pub limits: Option<FileLimits>,
     /// Threads that run sessions (default: one per CPU; 0: the main runtime).
     pub session_threads: Option<usize>,
+    /// Every portal listens with Multipath TCP (plain TCP initiators still connect).
+    #[serde(default)]
+    pub mptcp: bool,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
 }
@@ -753,6 +756,9 @@ pub struct ServerConfig {
     /// Threads that run sessions, each session with all of its connections on one of them
     /// (the session threads of `shard`); 0 runs sessions on the runtime that starts the server.
     pub session_threads: usize,
+    /// Portals listen with Multipath TCP (`IPPROTO_MPTCP`): an MPTCP initiator's subflows join
+    /// its connection, and a plain TCP initiator is served as before (the kernel falls back).
+    pub mptcp: bool,
 }
 
 /// The default number of session threads: one per CPU the process may use.
@@ -904,6 +910,7 @@ impl ServerConfig {
             discovery_auth,
             limits,
             session_threads,
+            mptcp: file.mptcp,
         })
     }
 }

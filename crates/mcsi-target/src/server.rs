@@ -186,6 +186,26 @@ pub fn build_targets(
     Ok(out)
 }
 
+/// A listener on `addr`, with Multipath TCP when `mptcp` (the kernel falls back to TCP for
+/// initiators that do not speak it).
+fn listen(addr: SocketAddr, mptcp: bool) -> std::io::Result<TcpListener> {
+    let sock = if mptcp {
+        mcsi_tcp::mptcp::socket(&addr).map_err(std::io::Error::other)?
+    } else {
+        socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?
+    };
+    // As tokio's own bind: SO_REUSEADDR, a backlog of 1024.
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    TcpListener::from_std(sock.into())
+}
+
 fn fnv1a(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
         (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
@@ -200,9 +220,8 @@ impl Server {
         let mut listeners = Vec::new();
         let mut local_addrs = Vec::new();
         for addr in cfg.portals() {
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Listen { addr, source })?;
+            let l =
+                listen(addr, cfg.mptcp).map_err(|source| StartError::Listen { addr, source })?;
             let local = l
                 .local_addr()
                 .map_err(|source| StartError::Listen { addr, source })?;

@@ -7,11 +7,13 @@
 //!   running kernel actually filled in.
 //! - [`congestion`]: the congestion-control algorithm of a socket (`TCP_CONGESTION`), checked
 //!   against what the kernel offers.
+//! - [`mptcp`]: Multipath TCP sockets and what the kernel says of their subflows.
 //! - [`sched`]: the policies that choose a connection for each task from its load and TCP
 //!   state (round-robin, least-outstanding, tcp-aware, weighted, failover).
 
 pub mod congestion;
 pub mod info;
+pub mod mptcp;
 pub mod sched;
 
 pub use congestion::{Congestion, CongestionError};

@@ -138,6 +138,7 @@ fn a_path_brought_down_and_up_loses_pings_only_between() {
             "--path-down 1@1s: path 1 does not exist: the link has 1 path(s)",
         ),
         (["--path-up", "0"], "--path-up '0': expected PATH@TIME"),
+        (["--mptcp", "--quiet"], "--mptcp needs --path-by source"),
     ] {
         let out = link_run(&args, "true");
         assert!(!out.status.success());

@@ -100,6 +100,10 @@ fn bad_routes_are_refused_with_what_is_wrong() {
             "--portal 127.0.0.1:0: '0' is not a port",
         ),
         (vec!["--portal", "::1:3260"], "an IPv6 address in brackets"),
+        (
+            vec!["--stall-timeout", "soon"],
+            "--stall-timeout soon: invalid duration 'soon'",
+        ),
     ] {
         let out = mcsi()
             .args(["bench", url, "--runtime", "1"])

@@ -725,6 +725,7 @@ fn fio_json(
                 "local": c.local.map(|a| a.to_string()),
                 "peer": c.peer.map(|a| a.to_string()),
                 "bind": c.bind,
+                    "mptcp": c.mptcp,
                 "congestion": c.congestion,
                 "tcp": c.tcp.map(tcp_json),
                 "target_tcp": c.target_tcp.map(tcp_json),

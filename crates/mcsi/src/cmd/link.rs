@@ -106,6 +106,12 @@ pub struct RunArgs {
     /// Bring path PATH back up at TIME (PATH@TIME, e.g. 1@12s; repeatable).
     #[arg(long, value_name = "PATH@TIME")]
     path_up: Vec<String>,
+    /// With --path-by source: set up the command namespace's MPTCP path manager so that an MPTCP
+    /// connection (from $MCSI_LINK_ADDR_0) opens a subflow from each other address, one per
+    /// path (`ip mptcp endpoint ... subflow`, `ip mptcp limits`). The host side keeps its own
+    /// limits (Linux's default accepts 2 extra subflows).
+    #[arg(long)]
+    mptcp: bool,
     /// Seed of every random draw (loss, jitter, backoff); same seed and traffic, same run.
     #[arg(long)]
     seed: Option<u64>,
@@ -241,6 +247,11 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
 
 fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
     let link = args.link_config()?;
+    if args.mptcp && link.path_by != PathBy::Source {
+        anyhow::bail!(
+            "--mptcp needs --path-by source: the subflows leave from one address per path"
+        );
+    }
     let seed = link.seed;
     let host_wait_timeout =
         mcsi_units::parse_duration(&args.host_wait_timeout, mcsi_units::BareUnit::Seconds)
@@ -256,6 +267,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         host_wait: args.host_wait.clone(),
         host_wait_timeout,
         path_events: args.path_events()?,
+        mptcp: args.mptcp,
     })?;
     if !args.quiet {
         eprint!("{}", out.summary);

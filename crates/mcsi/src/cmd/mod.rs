@@ -117,6 +117,11 @@ pub struct SessionArgs {
     /// connection then waits for the 30 s response timeout and session recovery).
     #[arg(long, default_value = "4s", value_name = "DURATION")]
     pub stall_timeout: String,
+    /// Open every connection with Multipath TCP: the kernel's path manager adds subflows over
+    /// the routes it knows (`ip mptcp endpoint`); a target without MPTCP gets plain TCP. Needs
+    /// Linux 5.6 or later with net.mptcp.enabled = 1.
+    #[arg(long)]
+    pub mptcp: bool,
 }
 
 impl SessionArgs {
@@ -144,6 +149,7 @@ impl SessionArgs {
                 mcsi_units::BareUnit::Seconds,
             )
             .map_err(|e| anyhow::anyhow!("--stall-timeout {}: {e}", self.stall_timeout))?,
+            mptcp: self.mptcp,
             ..mcsi_initiator::ConnectOptions::default()
         };
         if let Some(n) = &self.initiator_name {

@@ -41,6 +41,7 @@ impl crate::cmd::http::Source for SessionObserver {
                     "peer": c.peer.map(|p| p.to_string()).unwrap_or_default(),
                     "local": c.local.map(|p| p.to_string()).unwrap_or_default(),
                     "bind": c.bind,
+                    "mptcp": c.mptcp,
                     "congestion": c.congestion,
                     "tasks": c.counters.tasks,
                     "bytes": c.counters.bytes,

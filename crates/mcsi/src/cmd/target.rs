@@ -64,6 +64,11 @@ pub struct Args {
     /// (default: one per CPU; 0 runs sessions on the runtime that accepts connections).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     session_threads: Option<u16>,
+    /// Listen with Multipath TCP on every portal (as `mptcp = true` in the file): an MPTCP
+    /// initiator's subflows join its connections, and plain TCP initiators still connect.
+    /// Needs Linux 5.6 or later with net.mptcp.enabled = 1.
+    #[arg(long)]
+    mptcp: bool,
     /// Require CHAP with this user and secret (repeatable; for every target and for discovery).
     /// The secret can also come from the environment: USER:env:VARIABLE.
     #[arg(long, value_name = "USER:SECRET")]
@@ -133,11 +138,13 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             discovery_auth: Default::default(),
             limits: Default::default(),
             session_threads: config::default_session_threads(),
+            mptcp: false,
         }
     };
     if let Some(n) = args.session_threads {
         cfg.session_threads = usize::from(n);
     }
+    cfg.mptcp |= args.mptcp;
     let nop_interval = args
         .nop_interval
         .as_ref()
