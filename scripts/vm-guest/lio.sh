@@ -33,6 +33,22 @@ while true; do
     ss -Htn state established '( sport = :3260 )' | tee /tmp/conns
     say "sessions shown: $sessions session(s), $(grep -c . /tmp/conns) connection(s)"
     ;;
+  stall\ *)
+    # One connection's packets vanish both ways, as on a route that died: the host's side
+    # of that TCP connection hears nothing, without a reset.
+    port=${req#stall }
+    dev=$(ip -o route get 10.77.0.1 | sed -n 's/.* dev \([^ ]*\).*/\1/p')
+    tc qdisc add dev "$dev" root handle 1: prio
+    tc filter add dev "$dev" parent 1: protocol ip u32 match ip dport "$port" 0xffff action drop
+    tc qdisc add dev "$dev" ingress
+    tc filter add dev "$dev" parent ffff: protocol ip u32 match ip sport "$port" 0xffff action drop
+    say "stalled $port on $dev"
+    ;;
+  unstall)
+    tc qdisc del dev "$dev" root
+    tc qdisc del dev "$dev" ingress
+    say unstalled
+    ;;
   done) break ;;
   *) fail "unknown request from the host: $req" ;;
   esac

@@ -111,6 +111,39 @@ test_lio() {
     grep "session established" "$RUN/bench3.log" >&2
     die "LIO did not agree to CRC32C digests"
   }
+  log "a connection that goes silent: LIO lets the session go on without it"
+  in_ns "$MCSI" bench --connections 2 --stall-timeout 2s --rw randrw --bs 64KiB --iodepth 8 \
+    --runtime 14 --size 32MiB --verify --json "$url" >"$RUN/bench6.json" 2>"$RUN/bench6.log" &
+  bench=$!
+  i=0
+  until [ "$(in_ns ss -Htn state established "dst $GUEST_IP:3260" | wc -l)" -ge 2 ]; do
+    i=$((i + 1))
+    [ $i -le 300 ] || die "the bench's 2 connections to LIO were not up after 30 s"
+    sleep 0.1
+  done
+  sleep 2
+  local port
+  port=$(in_ns ss -Htn state established "dst $GUEST_IP:3260" | awk '{print $3}' | sed 's/.*://' | sort -n | tail -n 1)
+  vm_send "stall $port"
+  vm_expect "stalled $port" 60
+  sleep 6
+  vm_send unstall
+  vm_expect unstalled 60
+  wait "$bench" || {
+    cat "$RUN/bench6.log" >&2
+    die "mcsi bench with a silent connection to LIO"
+  }
+  grep -E "taking it out|logged out|rejoined|recovering" "$RUN/bench6.log" >&2 || true
+  python3 - "$RUN/bench6.json" <<'PY' || die "LIO: the session did not go on without the silent connection"
+import json, sys
+j = json.load(open(sys.argv[1]))
+m = j["mcsi"]
+print(f"vm: LIO, one connection silent for 6 s: failovers {m['failovers']}, rejoins {m['rejoins']}, "
+      f"recoveries {m['recoveries']}, error {j['jobs'][0]['error']}, "
+      f"verify errors {m['verify']['errors']} of {m['verify']['blocks_checked']} blocks checked", file=sys.stderr)
+ok = m["failovers"] >= 1 and m["recoveries"] == 0 and j["jobs"][0]["error"] == 0 and m["verify"]["errors"] == 0
+sys.exit(0 if ok else 1)
+PY
   log "CHAP"
   vm_send chap
   vm_expect "chap on" 60

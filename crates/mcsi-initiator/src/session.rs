@@ -1189,6 +1189,11 @@ impl Session {
         lock(&self.shared).core.params().clone()
     }
 
+    /// What the session was opened with.
+    pub fn options(&self) -> &ConnectOptions {
+        &self.shared.options
+    }
+
     /// Connections currently in the session.
     pub fn connection_count(&self) -> usize {
         lock(&self.shared).conns.len()

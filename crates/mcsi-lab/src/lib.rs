@@ -48,6 +48,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../experiments/chishima-fig10.toml"),
     ),
     ("nbd-wan", include_str!("../experiments/nbd-wan.toml")),
+    (
+        "routes-vs-mptcp",
+        include_str!("../experiments/routes-vs-mptcp.toml"),
+    ),
 ];
 
 /// Parses a shipped experiment.

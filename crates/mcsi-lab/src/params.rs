@@ -252,6 +252,13 @@ pub const DEFS: &[Def] = &[
         help: "with path_by = \"source\": the connections of the session bind the first N path addresses in turn (mcsi bench --bind $MCSI_LINK_ADDR_0 ...); 1 puts every connection on path 0",
     },
     Def {
+        name: "mptcp",
+        role: Role::Client,
+        kind: Kind::Bool,
+        axis: "Multipath TCP",
+        help: "true: every socket of the session is Multipath TCP. The link sets up the initiator namespace's path manager (a subflow from each path address; needs paths with path_by = \"source\"), mcsi's target and bench take --mptcp, tgt and iscsi-perf run under Debian's mptcpize",
+    },
+    Def {
         name: "mtu",
         role: Role::Link,
         kind: Kind::Int(576, 9000),

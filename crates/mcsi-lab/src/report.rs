@@ -381,7 +381,15 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             .as_ref()
             .map_or(String::new(), |f| format!(", finished {f} UTC"))
     );
-    let _ = writeln!(md, "- mcsi {}, Linux {}, {} CPUs; host TCP congestion control: **{}** (the target's sockets use it; the initiator's namespace inherits it)", meta.mcsi_version, meta.kernel, meta.cpus, meta.congestion);
+    let _ = writeln!(
+        md,
+        "- mcsi {}, Linux {}, {} CPUs; host TCP congestion control: **{}** ({})",
+        meta.mcsi_version,
+        meta.kernel,
+        meta.cpus,
+        meta.congestion,
+        cc_use(&aggs)
+    );
     if !link.is_empty() {
         let _ = writeln!(md, "- link (every run): {link}");
     }
@@ -683,4 +691,35 @@ pub fn write_index(dir: &Path) -> Result<Vec<(Experiment, Written)>, String> {
     std::fs::write(dir.join("index.md"), md).map_err(|e| format!("{}: {e}", dir.display()))?;
     std::fs::write(dir.join("index.html"), html).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(done)
+}
+
+/// Who runs the host's congestion control: the target's sockets and the initiator's namespace
+/// use it unless every point sets its own (`cc`, `target_cc`, `initiator_cc`).
+fn cc_use(aggs: &[Aggregate]) -> String {
+    // The values every point sets for `name`, or None when some point leaves it to the host.
+    let every = |name: &str| -> Option<String> {
+        let mut vals = Vec::new();
+        for a in aggs {
+            vals.push(a.point.params.get(name)?.text.as_str());
+        }
+        vals.sort_unstable();
+        vals.dedup();
+        match vals.as_slice() {
+            [] => None,
+            [one] => Some(format!("runs {one}")),
+            many => Some(format!("is set by each point ({})", many.join(", "))),
+        }
+    };
+    if let Some(cc) = every("cc") {
+        return format!("not used: the congestion control of every socket {cc}");
+    }
+    let target = match every("target_cc") {
+        Some(cc) => format!("the target side {cc}, set on its route to the initiator"),
+        None => "the target's sockets use it".to_string(),
+    };
+    let initiator = match every("initiator_cc") {
+        Some(cc) => format!("the initiator's namespace {cc}"),
+        None => "the initiator's namespace inherits it".to_string(),
+    };
+    format!("{target}; {initiator}")
 }

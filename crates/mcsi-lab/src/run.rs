@@ -118,12 +118,33 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
         args.push("--mtu".into());
         args.push(m.text.clone());
     }
+    if mptcp(p) {
+        args.push("--mptcp".into());
+    }
     Ok(args)
+}
+
+/// Whether the point runs over Multipath TCP (parameter `mptcp`).
+fn mptcp(p: &Point) -> bool {
+    p.text("mptcp") == "true"
+}
+
+/// `mptcpize run ` before a standard program's name when the point runs over MPTCP: Debian's
+/// wrapper turns its TCP sockets into MPTCP ones.
+fn mptcpize(p: &Point) -> &'static str {
+    if mptcp(p) {
+        "mptcpize run "
+    } else {
+        ""
+    }
 }
 
 /// The `mcsi bench` options for point `p`, after the URL.
 pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
     let mut a = Vec::new();
+    if mptcp(p) {
+        a.push("--mptcp".to_string());
+    }
     for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Bench) {
         match d.name {
             "asymmetric" => {
@@ -189,17 +210,19 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
                 p.params
                     .get("cc")
                     .map_or(String::new(), |cc| format!(" --congestion {}", cc.text)),
-            ),
+            ) + if mptcp(p) { " --mptcp" } else { "" },
             0,
         ),
     };
     // The target side's congestion control, as a route attribute: the link's host-side route
-    // to the initiator gets its own /32 with congctl, which goes when the link's device goes.
+    // to each of the initiator's addresses gets its own /32 with congctl, which goes when the
+    // link's device goes.
     let target = match p.params.get("target_cc") {
         Some(cc) => format!(
             "dev=$(ip -o route get $MCSI_LINK_ADDR | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); \
-             ip route replace $MCSI_LINK_ADDR/32 dev \"$dev\" src $MCSI_LINK_PEER congctl {cc} || \
-             {{ echo \"cannot set congestion control {cc} on the route to $MCSI_LINK_ADDR (dev '$dev')\" >&2; exit 1; }}\n{target}",
+             for a in $(env | sed -n 's/^MCSI_LINK_ADDR_[0-9]*=//p'); do \
+             ip route replace $a/32 dev \"$dev\" src $MCSI_LINK_PEER congctl {cc} || \
+             {{ echo \"cannot set congestion control {cc} on the route to $a (dev '$dev')\" >&2; exit 1; }}; done\n{target}",
             cc = cc.text
         ),
         None => target,
@@ -324,6 +347,17 @@ pub fn check_point(p: &Point) -> Result<(), String> {
             ));
         }
     }
+    if mptcp(p) {
+        if p.text("path_by") != "source" || p.params.get("paths").is_none() {
+            return Err(
+                "mptcp opens a subflow from each path address: set paths and path_by = \"source\""
+                    .into(),
+            );
+        }
+        if p.text("client") == "nbd-fio" {
+            return Err("mptcp is for mcsi bench and iscsi-perf clients".into());
+        }
+    }
     if p.params.get("path_by").is_some() && p.params.get("paths").is_none() {
         return Err("path_by says how connections find their path: set paths too".into());
     }
@@ -364,7 +398,7 @@ fn tgt_script(p: &Point) -> Result<String, String> {
         r#"set -e
 f=$(mktemp /dev/shm/mcsi-lab-tgt.XXXXXX)
 truncate -s {size} "$f"
-tgtd -f -C {c} --iscsi portal=$MCSI_LINK_PEER:{alt} >&2 &
+{wrap}tgtd -f -C {c} --iscsi portal=$MCSI_LINK_PEER:{alt} >&2 &
 pid=$!
 stop() {{
   tgtadm -C {c} --op update --mode sys --name State -v offline >/dev/null 2>&1 || true
@@ -386,6 +420,7 @@ tgtadm -C {c} --lld iscsi --mode target --op bind --tid 1 -I ALL
 tgtadm -C {c} --lld iscsi --mode portal --op new --param portal=$MCSI_LINK_PEER:{PORT}
 wait $pid"#,
         alt = PORT + 2,
+        wrap = mptcpize(p),
     ))
 }
 
@@ -399,8 +434,9 @@ fn iscsi_perf_script(p: &Point, url: &str) -> String {
         ""
     };
     format!(
-        "iscsi-perf -i iqn.2026-01.org.mcsi:lab-client -m {} -b {blocks}{random} {url} & pid=$!; \
+        "{}iscsi-perf -i iqn.2026-01.org.mcsi:lab-client -m {} -b {blocks}{random} {url} & pid=$!; \
          sleep {}; kill -INT $pid; wait $pid; exit 0",
+        mptcpize(p),
         p.text("iodepth"),
         p.text("runtime"),
     )

@@ -678,6 +678,23 @@ fn measured_number(t: &str) -> Option<String> {
     None
 }
 
+/// `s` cut at each `sep` that is not inside double quotes: a placeholder's value may hold commas
+/// or slashes when quoted (`paths="rate=10mbit,delay=10ms;rate=5mbit"`).
+fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in s.char_indices() {
+        if c == '"' {
+            quoted = !quoted;
+        } else if c == sep && !quoted {
+            out.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
 /// One `{...}` of a discussion.
 fn placeholder(
     cx: &Ctx<'_>,
@@ -698,9 +715,9 @@ fn placeholder(
     let mut metric = None;
     let mut stat = Stat::Median;
     let mut sels = Vec::new();
-    for (si, part) in inner_t.split('/').enumerate() {
+    for (si, part) in split_unquoted(inner_t, '/').into_iter().enumerate() {
         let mut t = toml::Table::new();
-        for kv in part.split(',') {
+        for kv in split_unquoted(part, ',') {
             let kv = kv.trim();
             if kv.is_empty() {
                 continue;

@@ -27,6 +27,7 @@
 //! cleanup.
 
 pub mod config;
+pub mod control;
 pub mod dir;
 pub mod link;
 pub mod loss;

@@ -287,6 +287,21 @@ impl Link {
         Ok(())
     }
 
+    /// Path `path` goes down (`up` false) or comes back at `now` (the control socket), as an
+    /// event scheduled for that time would.
+    pub fn set_path(&mut self, path: usize, up: bool, now: Nanos) {
+        if path < self.paths.len() {
+            // Events are kept earliest last; one at `now` is no later than any pending one.
+            self.events.push(PathEvent { at: now, path, up });
+            self.apply_events(now);
+        }
+    }
+
+    /// Whether path `path` is down now.
+    pub fn is_down(&self, path: usize) -> bool {
+        self.down_since.get(path).is_some_and(Option::is_some)
+    }
+
     /// Applies the path events due at `now`.
     fn apply_events(&mut self, now: Nanos) {
         while self.events.last().is_some_and(|e| e.at <= now) {

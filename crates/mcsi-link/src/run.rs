@@ -56,6 +56,9 @@ pub struct RunOptions {
     pub host_wait_timeout: Duration,
     /// Paths going down and up, on the link's clock (from the link's start).
     pub path_events: Vec<crate::PathEvent>,
+    /// A Unix socket taking `down PATH` / `up PATH` lines while the link runs
+    /// ([`crate::control`]).
+    pub control: Option<PathBuf>,
     /// Set up the command namespace's MPTCP path manager: every command-side address after the
     /// first is a subflow endpoint, and the limits allow a subflow on each.
     pub mptcp: bool,
@@ -509,7 +512,14 @@ struct Forwarder {
     write_errors: u64,
     /// Running average of how late a timed sleep wakes up.
     wake_late_ewma: u64,
+    /// Commands from the control socket, and the paths' state shown to it.
+    control: std::sync::mpsc::Receiver<crate::control::Command>,
+    down_shared: Arc<std::sync::Mutex<Vec<bool>>>,
+    down_refreshed: Nanos,
 }
+
+/// How often the paths' state is copied out for the control socket's `paths`.
+const DOWN_REFRESH_NS: u64 = 20_000_000;
 
 /// Deadlines closer than this are met by polling without sleeping: a sleeping thread wakes
 /// tens of microseconds late.
@@ -536,6 +546,17 @@ impl Forwarder {
         ];
         loop {
             let now = self.now();
+            while let Ok(crate::control::Command::Path { path, up }) = self.control.try_recv() {
+                self.link.set_path(path, up, now);
+                self.down_refreshed = 0;
+            }
+            if now.saturating_sub(self.down_refreshed) >= DOWN_REFRESH_NS {
+                self.down_refreshed = now;
+                let mut d = self.down_shared.lock().unwrap_or_else(|p| p.into_inner());
+                for (i, v) in d.iter_mut().enumerate() {
+                    *v = self.link.is_down(i);
+                }
+            }
             while let Some(d) = self.link.poll_transmit(now) {
                 self.emit(d);
             }
@@ -774,6 +795,27 @@ fn run_blocked(
 
     let stop = Arc::new(AtomicBool::new(false));
     let stop_fd = Arc::new(sys::eventfd()?);
+    let (control_tx, control_rx) = std::sync::mpsc::channel();
+    let down_shared = Arc::new(std::sync::Mutex::new(vec![false; opts.link.paths.len()]));
+    let _control = match &opts.control {
+        Some(path) => {
+            let wake_fd = stop_fd.clone();
+            let shared = crate::control::Shared {
+                tx: control_tx,
+                down: down_shared.clone(),
+                wake: Box::new(move || sys::eventfd_signal(wake_fd.as_raw_fd())),
+            };
+            Some(
+                crate::control::ControlSocket::start(path, opts.link.paths.len(), shared).map_err(
+                    |err| RunError::Output {
+                        what: format!("--control {}", path.display()),
+                        err,
+                    },
+                )?,
+            )
+        }
+        None => None,
+    };
     let start = Instant::now();
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -796,6 +838,9 @@ fn run_blocked(
         delivered: 0,
         write_errors: 0,
         wake_late_ewma: 0,
+        control: control_rx,
+        down_shared: down_shared.clone(),
+        down_refreshed: 0,
     };
     let forwarder = std::thread::Builder::new()
         .name("mcsi-link-fwd".into())

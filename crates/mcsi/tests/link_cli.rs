@@ -112,6 +112,73 @@ fn paths_by_source_address_follow_the_connections_bind() {
 }
 
 #[test]
+fn the_control_socket_fails_and_restores_a_path_on_command() {
+    if !ready("the_control_socket_fails_and_restores_a_path_on_command") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let sock = std::env::temp_dir().join(format!("mcsi-link-ctl-{}.sock", std::process::id()));
+    let sock_arg = sock.to_string_lossy().into_owned();
+    // 40 pings 100 ms apart; the path goes down on command for about a second.
+    let child = Command::new(mcsi())
+        .args([
+            "link",
+            "run",
+            "--delay",
+            "1ms",
+            "--control",
+            &sock_arg,
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            "ping -q -n -c 40 -i 0.1 -W 1 \"$MCSI_LINK_PEER\"",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ctl = |words: &[&str]| {
+        let out = Command::new(mcsi())
+            .args(["link", "control", &sock_arg])
+            .args(words)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let t0 = Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let down = ctl(&["down", "0"]);
+    let state = ctl(&["paths"]);
+    let bad = ctl(&["down", "3"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let up = ctl(&["up", "0"]);
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(down.0 && down.1.contains("ok path 0 down"), "{down:?}");
+    assert!(state.0 && state.1.contains("0 down"), "{state:?}");
+    assert!(!bad.0 && bad.1.contains("path 3 does not exist"), "{bad:?}");
+    assert!(up.0 && up.1.contains("ok path 0 up"), "{up:?}");
+    let loss: f64 = text
+        .split(',')
+        .find_map(|p| p.trim().strip_suffix("% packet loss"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no loss figure in ping output: {text}"));
+    assert!((10.0..=40.0).contains(&loss), "{loss} % lost");
+    assert!(!sock.exists(), "the socket file outlived the link");
+}
+
+#[test]
 fn a_path_brought_down_and_up_loses_pings_only_between() {
     if !ready("a_path_brought_down_and_up_loses_pings_only_between") {
         return;

@@ -6,9 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{free_port, wait_listening};
+use common::{free_port, LocalTarget};
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const IQN: &str = "iqn.2026-01.org.mcsi:mptcp-test";
 
@@ -88,29 +88,13 @@ fn one_mptcp_connection_reads_over_both_routes() {
 
 #[test]
 fn a_plain_tcp_target_serves_an_mptcp_initiator() {
-    let port = free_port();
-    let mut target = Command::new(mcsi())
-        .args([
-            "target",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--iqn",
-            IQN,
-        ])
-        .args(["--lun", "ram:8MiB"])
-        .env("MCSI_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(port);
+    let target = LocalTarget::start(mcsi(), IQN, "ram:8MiB");
     let out = Command::new(mcsi())
-        .args(["bench", &format!("iscsi://127.0.0.1:{port}/{IQN}/0")])
+        .args(["bench", &target.url(IQN)])
         .args(["--mptcp", "--runtime", "1", "--json"])
         .output()
         .unwrap();
-    let _ = target.kill();
-    let _ = target.wait();
+    drop(target);
     let log = String::from_utf8_lossy(&out.stderr);
     if log.contains("MPTCP is not available") {
         common::skip("a_plain_tcp_target_serves_an_mptcp_initiator", &log);

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::{free_port, wait_listening};
+use common::{free_port, wait_listening, LocalTarget};
 
 use std::process::{Command, Stdio};
 
@@ -134,4 +134,55 @@ fn bad_routes_are_refused_with_what_is_wrong() {
         )) && e.contains("refused"),
         "{e}"
     );
+}
+
+#[test]
+fn a_session_profile_shapes_the_session_and_the_command_line_wins() {
+    let target = LocalTarget::start(env!("CARGO_BIN_EXE_mcsi"), IQN, "ram:16MiB");
+    let dir = std::env::temp_dir();
+    let profile = dir.join(format!("mcsi-profile-{}.toml", std::process::id()));
+    std::fs::write(
+        &profile,
+        "connections = 2\nbind = [\"127.0.0.2\", \"127.0.0.3\"]\npolicy = \"least-outstanding\"\nstall_timeout = \"2s\"\n",
+    )
+    .unwrap();
+    let bad = dir.join(format!("mcsi-profile-bad-{}.toml", std::process::id()));
+    std::fs::write(&bad, "connections = 2\nconections = 4\n").unwrap();
+    let url = target.url(IQN);
+    let out = mcsi()
+        .args(["bench", &url, "--runtime", "1", "--json"])
+        .args(["--session-profile", &profile.to_string_lossy()])
+        .args(["--policy", "round-robin"])
+        .output()
+        .unwrap();
+    let refused = mcsi()
+        .args(["bench", &url, "--runtime", "1"])
+        .args(["--session-profile", &bad.to_string_lossy()])
+        .output()
+        .unwrap();
+    drop(target);
+    let _ = std::fs::remove_file(&profile);
+    let _ = std::fs::remove_file(&bad);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["mcsi"]["policy"], "round-robin",
+        "the command line wins: {v}"
+    );
+    let conns = v["mcsi"]["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 2, "{v}");
+    for (i, c) in conns.iter().enumerate() {
+        let src = ["127.0.0.2", "127.0.0.3"][i];
+        assert!(
+            c["local"].as_str().unwrap().starts_with(&format!("{src}:")),
+            "{c}"
+        );
+    }
+    assert!(!refused.status.success());
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(e.contains("unknown field `conections`"), "{e}");
 }

@@ -769,7 +769,7 @@ fn fio_json(
         "mcsi": {
             "url": session.url().to_string(),
             "policy": stats.policy,
-            "connections_requested": a.session.connections,
+            "connections_requested": session.options().connections,
             "connections": conns,
             "asymmetric": params.asymmetric,
             "tsih": stats.tsih,

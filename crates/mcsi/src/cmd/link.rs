@@ -13,7 +13,16 @@ pub enum Command {
     /// Run COMMAND in a new network namespace whose traffic to the host crosses the emulated
     /// link. Inside, $MCSI_LINK_PEER is the host-side address; start servers for it with
     /// --host so that they bind that address only. Exits with COMMAND's status.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Send one command to a running link's control socket (`mcsi link run --control
+    /// SOCKET`) and print its answer: `down PATH`, `up PATH` or `paths`.
+    Control {
+        /// The socket given to --control.
+        socket: PathBuf,
+        /// The command's words, e.g. `down 1`.
+        #[arg(required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
 }
 
 /// Per-direction options: `--X` sets both directions, `--X-up` the direction toward the host,
@@ -112,6 +121,11 @@ pub struct RunArgs {
     /// limits (Linux's default accepts 2 extra subflows).
     #[arg(long)]
     mptcp: bool,
+    /// A Unix socket taking commands while the link runs, one per line: `down PATH`, `up
+    /// PATH`, `paths`; each gets an `ok ...` or `error: ...` line back. `mcsi link control
+    /// SOCKET down 1` sends one. A route fails when a script says so, not only at set times.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// Seed of every random draw (loss, jitter, backoff); same seed and traffic, same run.
     #[arg(long)]
     seed: Option<u64>,
@@ -241,8 +255,31 @@ impl RunArgs {
 
 pub fn run(c: Command) -> anyhow::Result<ExitCode> {
     match c {
-        Command::Run(args) => run_cmd(args),
+        Command::Run(args) => run_cmd(*args),
+        Command::Control { socket, command } => control_cmd(&socket, &command.join(" ")),
     }
+}
+
+fn control_cmd(socket: &std::path::Path, line: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
+        format!(
+            "connecting to {} (is `mcsi link run --control {}` running?)",
+            socket.display(),
+            socket.display()
+        )
+    })?;
+    writeln!(s, "{line}").context("sending the command")?;
+    let mut answer = String::new();
+    std::io::BufReader::new(s)
+        .read_line(&mut answer)
+        .context("reading the answer")?;
+    let answer = answer.trim();
+    if let Some(e) = answer.strip_prefix("error: ") {
+        anyhow::bail!("{e}");
+    }
+    println!("{answer}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -268,6 +305,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         host_wait_timeout,
         path_events: args.path_events()?,
         mptcp: args.mptcp,
+        control: args.control.clone(),
     })?;
     if !args.quiet {
         eprint!("{}", out.summary);
@@ -320,7 +358,9 @@ mod tests {
         let mut v = vec!["mcsi", "run"];
         v.extend_from_slice(args);
         v.extend_from_slice(&["--", "true"]);
-        let Command::Run(a) = Cli::try_parse_from(v)?.c;
+        let Command::Run(a) = Cli::try_parse_from(v)?.c else {
+            anyhow::bail!("not a run command");
+        };
         a.link_config()
     }
 
@@ -379,7 +419,9 @@ mod tests {
             "--",
             "true",
         ];
-        let Command::Run(a) = Cli::try_parse_from(v).unwrap().c;
+        let Command::Run(a) = Cli::try_parse_from(v).unwrap().c else {
+            panic!("not a run command");
+        };
         assert_eq!(a.host, ["iperf3 -s -B $MCSI_LINK_PEER", "true"]);
         assert_eq!(a.host_wait, [5201, 3260]);
         assert_eq!(a.host_wait_timeout, "10s");

@@ -70,17 +70,20 @@ impl BsAutoArgs {
 }
 
 /// How an initiator command opens its sessions: connections, scheduler, congestion control,
-/// asymmetric mode, digests, initiator name (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
+/// asymmetric mode, digests, initiator name, routes (`mcsi bench`, `mcsi copy`, `mcsi nbd`).
+/// Each can also come from a TOML session profile (`--session-profile`); an option given on
+/// the command line wins over the profile's.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SessionArgs {
-    /// TCP connections per iSCSI session (the target's MaxConnections may lower it).
-    #[arg(long, default_value_t = 1)]
-    pub connections: u16,
+    /// TCP connections per iSCSI session (the target's MaxConnections may lower it) [default: 1].
+    #[arg(long)]
+    pub connections: Option<u16>,
     /// Connection scheduler: round-robin, least-outstanding, tcp-aware (earliest expected
     /// completion from each connection's measured rate and RTT), weighted:W1,W2,... (static
-    /// weights per connection) or failover (one active connection, the others standby).
-    #[arg(long, default_value = "round-robin")]
-    pub policy: String,
+    /// weights per connection) or failover (one active connection, the others standby)
+    /// [default: round-robin].
+    #[arg(long)]
+    pub policy: Option<String>,
     /// Ask an mcsi target to report the TCP state of its sending side of each connection (the
     /// one that carries reads); on by itself with --policy tcp-aware (and with `mcsi bench
     /// --metrics` or `--bs auto`).
@@ -114,53 +117,113 @@ pub struct SessionArgs {
     /// A connection with work outstanding that receives nothing for this long (a ping goes
     /// out at half of it) is taken out of the session and its tasks are issued on the other
     /// connections; its route is retried until it rejoins. 0 turns it off (a stalled
-    /// connection then waits for the 30 s response timeout and session recovery).
-    #[arg(long, default_value = "4s", value_name = "DURATION")]
-    pub stall_timeout: String,
+    /// connection then waits for the 30 s response timeout and session recovery) [default: 4s].
+    #[arg(long, value_name = "DURATION")]
+    pub stall_timeout: Option<String>,
     /// Open every connection with Multipath TCP: the kernel's path manager adds subflows over
     /// the routes it knows (`ip mptcp endpoint`); a target without MPTCP gets plain TCP. Needs
     /// Linux 5.6 or later with net.mptcp.enabled = 1.
     #[arg(long)]
     pub mptcp: bool,
+    /// A TOML file with any of the options above under their own names, with `_` for `-`
+    /// (connections = 2, policy = "tcp-aware", bind = ["wlan0", "wwan0"], stall_timeout =
+    /// "2s", mptcp = false, ...): the session's shape kept in one place.
+    #[arg(long, value_name = "FILE")]
+    pub session_profile: Option<std::path::PathBuf>,
+}
+
+/// A session profile (`--session-profile`): the same options as the command line.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct SessionProfile {
+    connections: Option<u16>,
+    policy: Option<String>,
+    #[serde(default)]
+    target_tcp: bool,
+    congestion: Option<String>,
+    #[serde(default)]
+    asymmetric: bool,
+    #[serde(default)]
+    digests: bool,
+    initiator_name: Option<String>,
+    #[serde(default)]
+    bind: Vec<String>,
+    #[serde(default)]
+    portal: Vec<String>,
+    stall_timeout: Option<String>,
+    #[serde(default)]
+    mptcp: bool,
 }
 
 impl SessionArgs {
+    /// The command line over the profile, if any: what the session is opened with.
+    fn merged(&self) -> anyhow::Result<SessionArgs> {
+        let Some(path) = &self.session_profile else {
+            return Ok(self.clone());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--session-profile {}: {e}", path.display()))?;
+        let f: SessionProfile = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("--session-profile {}: {e}", path.display()))?;
+        let list = |cli: &Vec<String>, file: Vec<String>| {
+            if cli.is_empty() {
+                file
+            } else {
+                cli.clone()
+            }
+        };
+        Ok(SessionArgs {
+            connections: self.connections.or(f.connections),
+            policy: self.policy.clone().or(f.policy),
+            target_tcp: self.target_tcp || f.target_tcp,
+            congestion: self.congestion.clone().or(f.congestion),
+            asymmetric: self.asymmetric || f.asymmetric,
+            digests: self.digests || f.digests,
+            initiator_name: self.initiator_name.clone().or(f.initiator_name),
+            bind: list(&self.bind, f.bind),
+            portal: list(&self.portal, f.portal),
+            stall_timeout: self.stall_timeout.clone().or(f.stall_timeout),
+            mptcp: self.mptcp || f.mptcp,
+            session_profile: None,
+        })
+    }
+
     /// The connect options, checked; `tcp_report`: ask for the target's TCP state regardless.
     pub fn options(&self, tcp_report: bool) -> anyhow::Result<mcsi_initiator::ConnectOptions> {
-        if self.connections == 0 {
+        let a = self.merged()?;
+        let connections = a.connections.unwrap_or(1);
+        let policy = a.policy.as_deref().unwrap_or("round-robin");
+        if connections == 0 {
             anyhow::bail!("--connections must be at least 1");
         }
-        if self.asymmetric && self.connections < 2 {
+        if a.asymmetric && connections < 2 {
             anyhow::bail!(
                 "--asymmetric needs --connections 2 or more (requests and responses each need one)"
             );
         }
-        mcsi_initiator::sched::policy(&self.policy)
-            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        mcsi_initiator::sched::policy(policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        let stall = a.stall_timeout.as_deref().unwrap_or("4s");
         let mut opts = mcsi_initiator::ConnectOptions {
-            connections: self.connections,
-            policy: self.policy.clone(),
-            asymmetric: self.asymmetric,
-            digests: self.digests,
-            congestion: congestion_arg(self.congestion.as_deref())?,
-            tcp_report: tcp_report || self.target_tcp || self.policy == "tcp-aware",
-            stall_timeout: mcsi_units::parse_duration(
-                &self.stall_timeout,
-                mcsi_units::BareUnit::Seconds,
-            )
-            .map_err(|e| anyhow::anyhow!("--stall-timeout {}: {e}", self.stall_timeout))?,
-            mptcp: self.mptcp,
+            connections,
+            policy: policy.to_string(),
+            asymmetric: a.asymmetric,
+            digests: a.digests,
+            congestion: congestion_arg(a.congestion.as_deref())?,
+            tcp_report: tcp_report || a.target_tcp || policy == "tcp-aware",
+            stall_timeout: mcsi_units::parse_duration(stall, mcsi_units::BareUnit::Seconds)
+                .map_err(|e| anyhow::anyhow!("--stall-timeout {stall}: {e}"))?,
+            mptcp: a.mptcp,
             ..mcsi_initiator::ConnectOptions::default()
         };
-        if let Some(n) = &self.initiator_name {
+        if let Some(n) = &a.initiator_name {
             opts.initiator_name = n.clone();
         }
-        for b in &self.bind {
+        for b in &a.bind {
             opts.binds.push(
                 mcsi_initiator::Bind::parse(b).map_err(|e| anyhow::anyhow!("--bind {b}: {e}"))?,
             );
         }
-        for p in &self.portal {
+        for p in &a.portal {
             opts.portals.push(
                 mcsi_initiator::url::portal(p).map_err(|e| anyhow::anyhow!("--portal {p}: {e}"))?,
             );

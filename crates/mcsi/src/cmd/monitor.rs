@@ -57,6 +57,9 @@ struct ConnState {
     cid: u16,
     #[serde(default)]
     peer: String,
+    /// On the initiator side: the connection's own address (its route).
+    #[serde(default)]
+    local: String,
     #[serde(default)]
     congestion: Option<String>,
     #[serde(default)]
@@ -240,6 +243,7 @@ fn sample(state: &State, t: f64, tracks: &mut BTreeMap<String, Track>) -> Vec<Va
                 "initiator": s.initiator,
                 "cid": c.cid,
                 "peer": c.peer,
+                "local": c.local,
                 "congestion": c.congestion,
                 "ca_state": tcp.ca_state.as_str(),
                 "cwnd": tcp.cwnd,
@@ -282,11 +286,16 @@ fn render(addr: &str, state: &State, t: f64, tracks: &BTreeMap<String, Track>) -
         state.side,
         state.sessions.len()
     );
-    let _ = writeln!(
+    // An initiator's connections each leave from their own address (route): shown before the
+    // peer's.
+    let routes = state.side == "initiator";
+    let _ =
+        writeln!(
         o,
-        "{:>5} {:>4} {:<22} {:<6} {:<9} {:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>6}",
+        "{:>5} {:>4} {}{:<22} {:<6} {:<9} {:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>6}",
         "sess",
         "cid",
+        if routes { format!("{:<22} ", "local") } else { String::new() },
         "peer",
         "cc",
         "state",
@@ -306,9 +315,14 @@ fn render(addr: &str, state: &State, t: f64, tracks: &BTreeMap<String, Track>) -
         let ss = r["ssthresh"].as_u64().unwrap_or(0);
         let _ = writeln!(
             o,
-            "{:>5} {:>4} {:<22} {:<6} {:<9} {:>6} {:>9.0} {:>8} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>8} {:>6}",
+            "{:>5} {:>4} {}{:<22} {:<6} {:<9} {:>6} {:>9.0} {:>8} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>8} {:>6}",
             r["session"].to_string(),
             r["cid"].to_string(),
+            if routes {
+                format!("{:<22} ", r["local"].as_str().unwrap_or(""))
+            } else {
+                String::new()
+            },
             r["peer"].as_str().unwrap_or(""),
             r["congestion"].as_str().unwrap_or("?"),
             r["ca_state"].as_str().unwrap_or(""),

@@ -85,3 +85,38 @@ pub fn wait_listening(port: u16) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// An `mcsi target` (binary `bin`) on 127.0.0.1, stopped when dropped.
+pub struct LocalTarget {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl LocalTarget {
+    /// Serves `iqn` with one LUN `lun` on a free port, quietly; listening when this returns.
+    pub fn start(bin: &str, iqn: &str, lun: &str) -> LocalTarget {
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["target", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--iqn", iqn, "--lun", lun])
+            .env("MCSI_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting mcsi target");
+        wait_listening(port);
+        LocalTarget { child, port }
+    }
+
+    /// `iscsi://127.0.0.1:PORT/IQN/0`.
+    pub fn url(&self, iqn: &str) -> String {
+        format!("iscsi://127.0.0.1:{}/{iqn}/0", self.port)
+    }
+}
+
+impl Drop for LocalTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,226 @@
+//! The link's control socket (`mcsi link run --control PATH`): a Unix stream socket taking one
+//! command per line while the link runs, so that a route can be failed and restored by hand or
+//! from a script at any moment, not only at times given in advance.
+//!
+//! ```text
+//! down 1      path 1 goes down now
+//! up 1        path 1 comes back
+//! paths       how many paths, and which are down
+//! ```
+//!
+//! Each line gets one answer line, `ok ...` or `error: ...`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+/// A command the forwarder applies at its next turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// A path goes down (`up` false) or comes back.
+    Path { path: usize, up: bool },
+}
+
+/// Parses one line against a link of `paths` paths; the error says what is accepted.
+pub fn parse(line: &str, paths: usize) -> Result<Command, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (up, n) = match words.as_slice() {
+        ["down", n] => (false, *n),
+        ["up", n] => (true, *n),
+        _ => {
+            return Err(format!(
+                "'{}': expected 'down PATH', 'up PATH' or 'paths'",
+                line.trim()
+            ))
+        }
+    };
+    let path: usize = n
+        .parse()
+        .map_err(|_| format!("'{n}' is not a path number (0 is the first --path)"))?;
+    if path >= paths {
+        return Err(format!(
+            "path {path} does not exist: the link has {paths} path(s), numbered from 0"
+        ));
+    }
+    Ok(Command::Path { path, up })
+}
+
+/// The listening socket and the thread that serves it; the socket file goes when this is
+/// dropped.
+pub struct ControlSocket {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the control thread shares with the forwarder: commands to apply, and each path's state
+/// as last applied (for `paths`).
+pub struct Shared {
+    pub tx: mpsc::Sender<Command>,
+    pub down: Arc<Mutex<Vec<bool>>>,
+    /// Wakes the forwarder (an eventfd).
+    pub wake: Box<dyn Fn() + Send>,
+}
+
+impl ControlSocket {
+    /// Binds `path` (a socket file left by an earlier run is replaced; any other file is an
+    /// error) and serves it on a thread.
+    pub fn start(path: &Path, paths: usize, shared: Shared) -> std::io::Result<ControlSocket> {
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !m.file_type().is_socket() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("mcsi-link-control".into())
+            .spawn(move || serve(listener, paths, shared, stop2))?;
+        Ok(ControlSocket {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Clients at once; more wait for one to leave.
+const MAX_CLIENTS: usize = 4;
+/// The longest line taken; a longer one is refused and the client dropped.
+const MAX_LINE: u64 = 256;
+
+fn serve(listener: UnixListener, paths: usize, shared: Shared, stop: Arc<AtomicBool>) {
+    let shared = Arc::new(Mutex::new(shared));
+    let clients = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) if clients.load(Ordering::Relaxed) < MAX_CLIENTS => {
+                clients.fetch_add(1, Ordering::Relaxed);
+                let (sh, cl, st) = (shared.clone(), clients.clone(), stop.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("mcsi-link-control-client".into())
+                    .spawn(move || {
+                        client(s, paths, &sh, &st);
+                        cl.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    clients.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            Ok((mut s, _)) => {
+                let _ = writeln!(s, "error: {MAX_CLIENTS} clients already connected");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!("control socket: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn client(s: UnixStream, paths: usize, shared: &Mutex<Shared>, stop: &AtomicBool) {
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let Ok(mut out) = s.try_clone() else { return };
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        line.clear();
+        match Read::by_ref(&mut r).take(MAX_LINE).read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_LINE => {
+                let _ = writeln!(out, "error: line longer than {MAX_LINE} bytes");
+                return;
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        let answer = answer(line.trim(), paths, shared);
+        if writeln!(out, "{answer}").is_err() {
+            return;
+        }
+    }
+}
+
+fn answer(line: &str, paths: usize, shared: &Mutex<Shared>) -> String {
+    if line.is_empty() {
+        return "error: empty line: expected 'down PATH', 'up PATH' or 'paths'".into();
+    }
+    let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+    if line == "paths" {
+        let down = sh.down.lock().unwrap_or_else(|p| p.into_inner());
+        let list: Vec<String> = (0..paths)
+            .map(|i| {
+                format!(
+                    "{i} {}",
+                    if down.get(i).copied().unwrap_or(false) {
+                        "down"
+                    } else {
+                        "up"
+                    }
+                )
+            })
+            .collect();
+        return format!("ok {paths} path(s): {}", list.join(", "));
+    }
+    match parse(line, paths) {
+        Ok(c @ Command::Path { path, up }) => {
+            if sh.tx.send(c).is_err() {
+                return "error: the link has stopped".into();
+            }
+            (sh.wake)();
+            format!("ok path {path} {}", if up { "up" } else { "down" })
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_or_say_what_is_accepted() {
+        assert_eq!(parse("down 1", 2), Ok(Command::Path { path: 1, up: false }));
+        assert_eq!(
+            parse("  up   0 ", 2),
+            Ok(Command::Path { path: 0, up: true })
+        );
+        assert!(parse("down 2", 2).unwrap_err().contains("does not exist"));
+        assert!(parse("down x", 2)
+            .unwrap_err()
+            .contains("not a path number"));
+        assert!(parse("sideways 1", 2).unwrap_err().contains("expected"));
+        assert!(parse("down", 2).unwrap_err().contains("expected"));
+    }
+}
