@@ -14,6 +14,13 @@ use tokio::sync::mpsc;
 
 /// Most PDUs gathered into one vectored write.
 const WRITE_BATCH: usize = 64;
+/// Most bytes gathered into one vectored write: an immediate PDU queued meanwhile waits for at
+/// most this much.
+const WRITE_BATCH_BYTES: usize = 1 << 20;
+/// Unsent bytes the kernel may hold for a connection (`TCP_NOTSENT_LOWAT`): beyond it, data
+/// waits in the session's queue, where an immediate PDU (a ping, a Logout, ABORT TASK) can go
+/// ahead of it, instead of behind megabytes in the socket on a slow route.
+const NOTSENT_LOWAT: libc::c_int = 1 << 20;
 
 /// How a connection is opened: its time limit, congestion control, source, and whether it is
 /// Multipath TCP.
@@ -84,7 +91,30 @@ pub(crate) async fn connect_tcp(addr: &str, dial: &Dial<'_>) -> Result<TcpStream
     })??;
     s.set_nodelay(true)
         .map_err(|e| Error::io("setting TCP_NODELAY", &e))?;
+    set_notsent_lowat(&s);
     Ok(s)
+}
+
+/// Best effort: a kernel without `TCP_NOTSENT_LOWAT` (before 3.12) keeps its own buffering.
+fn set_notsent_lowat(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let v = NOTSENT_LOWAT;
+    // SAFETY: v outlives the call and its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(
+            "TCP_NOTSENT_LOWAT not set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 fn from(dial: &Dial<'_>) -> String {
@@ -195,14 +225,32 @@ pub(crate) async fn login(
 pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::UnboundedReceiver<Pdu>,
+    mut urgent: mpsc::UnboundedReceiver<Pdu>,
     framing: Framing,
 ) -> std::io::Result<()> {
     let mut batch: Vec<Encoded> = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = rx.recv().await {
+    loop {
+        // Immediate control PDUs first; they carry no CmdSN order with the queued data.
+        let first = tokio::select! {
+            biased;
+            Some(p) = urgent.recv() => p,
+            p = rx.recv() => match p {
+                Some(p) => p,
+                None => break,
+            },
+        };
         batch.push(first.encode_owned(&framing));
-        while batch.len() < WRITE_BATCH {
+        while let Ok(p) = urgent.try_recv() {
+            batch.push(p.encode_owned(&framing));
+        }
+        let mut bytes: usize = batch.iter().map(Encoded::len).sum();
+        while batch.len() < WRITE_BATCH && bytes < WRITE_BATCH_BYTES {
             match rx.try_recv() {
-                Ok(p) => batch.push(p.encode_owned(&framing)),
+                Ok(p) => {
+                    let e = p.encode_owned(&framing);
+                    bytes += e.len();
+                    batch.push(e);
+                }
                 Err(_) => break,
             }
         }

@@ -16,6 +16,7 @@ use bytes::BytesMut;
 use mcsi_proto::codes::{logout_reason, logout_response, tmf_function, tmf_response};
 use mcsi_proto::keys::ConnectionParams;
 use mcsi_proto::pdu::{Isid, LogoutRequest, NopOut, Pdu, TaskMgmtRequest, RESERVED_TAG};
+use mcsi_proto::serial::Sn;
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -178,6 +179,9 @@ pub struct SessionStats {
 
 struct ConnHandle {
     tx: mpsc::UnboundedSender<Pdu>,
+    /// Immediate control PDUs (pings, Logout, task management): the writer sends them ahead
+    /// of the data queued on `tx`.
+    urgent: mpsc::UnboundedSender<Pdu>,
     /// A duplicate of the socket, to read TCP_INFO and to shut the connection down.
     sock: socket2::Socket,
     /// Which connection this is, over the session's life: its reader and writer report with
@@ -524,9 +528,10 @@ fn spawn_conn(
     let serial = inner.next_serial;
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
+    let (urgent, urgent_rx) = mpsc::unbounded_channel();
     let sh = Arc::clone(shared);
     tokio::spawn(async move {
-        if let Err(e) = conn::writer(w, rx, send_framing).await {
+        if let Err(e) = conn::writer(w, rx, urgent_rx, send_framing).await {
             connection_failed(&sh, index, serial, Error::io("writing to the target", &e));
         }
     });
@@ -541,6 +546,7 @@ fn spawn_conn(
     });
     let handle = ConnHandle {
         tx,
+        urgent,
         sock,
         serial,
         heard: Instant::now(),
@@ -604,7 +610,7 @@ async fn stall_watch(shared: Arc<Shared>, generation: u64) {
                     ?silent,
                     "connection silent with work outstanding; pinging it"
                 );
-                let _ = h.tx.send(Pdu::NopOut(ping));
+                let _ = h.urgent.send(Pdu::NopOut(ping));
             }
             if silent >= limit && stalled.is_none() {
                 stalled = Some((i, silent));
@@ -692,33 +698,30 @@ async fn evict(
             }
             other => return Err(unexpected("a Logout Response", &other)),
         }
-        for o in &orphans {
-            let r = session
-                .request_elsewhere(conn, |core, itt, via| {
-                    Pdu::TaskMgmtRequest(TaskMgmtRequest {
-                        immediate: true,
-                        function: tmf_function::ABORT_TASK,
-                        lun: o.lun,
-                        itt,
-                        referenced_task_tag: o.itt,
-                        cmd_sn: core.immediate_cmd_sn(),
-                        exp_stat_sn: core.exp_stat_sn(via),
-                        ref_cmd_sn: o.cmd_sn,
-                        exp_data_sn: 0,
-                    })
-                })
-                .await?;
-            match r {
-                Pdu::TaskMgmtResponse(t)
-                    if t.response == tmf_response::COMPLETE
-                        || t.response == tmf_response::NO_TASK => {}
-                Pdu::TaskMgmtResponse(t) => {
-                    return Err(Error::Protocol(format!(
-                        "the target answered ABORT TASK for task {:#x} of the stalled connection with response {}",
-                        o.itt, t.response
-                    )))
-                }
-                other => return Err(unexpected("a Task Management Function Response", &other)),
+        // The Logout Response's ExpCmdSN says which commands the target had: those before it
+        // were received (and ended by the logout). A command from it on left a hole, which
+        // ABORT TASK fills; the aborts go out together, a few at a time.
+        let exp = lock(&shared).core.window().exp_cmd_sn();
+        let holes: Vec<Orphan> = orphans
+            .iter()
+            .filter(|o| !Sn::lt(Sn(o.cmd_sn), Sn(exp)))
+            .copied()
+            .collect();
+        tracing::debug!(
+            conn,
+            tasks = orphans.len(),
+            holes = holes.len(),
+            exp_cmd_sn = exp,
+            "stalled connection logged out; filling the CmdSN holes it left"
+        );
+        for chunk in holes.chunks(ABORTS_AT_ONCE) {
+            let mut set = tokio::task::JoinSet::new();
+            for o in chunk.iter().copied() {
+                let s = session.clone();
+                set.spawn(async move { s.abort_orphan(conn, o).await });
+            }
+            while let Some(r) = set.join_next().await {
+                r.map_err(|e| Error::Protocol(format!("an ABORT TASK request failed: {e}")))??;
             }
         }
         Ok(())
@@ -754,6 +757,10 @@ async fn evict(
 fn unexpected(wanted: &str, got: &Pdu) -> Error {
     Error::Protocol(format!("expected {wanted}, got {:?}", got.opcode()))
 }
+
+/// ABORT TASK requests in flight at once when clearing a stalled connection (mcsi's target
+/// takes 16 immediate control requests at a time).
+const ABORTS_AT_ONCE: usize = 8;
 
 /// Longest wait between two attempts to bring a failed-over connection's route back.
 const REJOIN_MAX_DELAY: Duration = Duration::from_secs(10);
@@ -1280,7 +1287,7 @@ impl Session {
             let Some(h) = inner.conns.get(conn) else {
                 return Err(Error::Closed);
             };
-            h.tx.send(pdu).map_err(|_| Error::Closed)?;
+            h.urgent.send(pdu).map_err(|_| Error::Closed)?;
             inner.control.insert(itt, tx);
             itt
         };
@@ -1288,6 +1295,39 @@ impl Session {
         lock(&self.shared).control.remove(&itt);
         r.map_err(|_| Error::Timeout(format!("no answer within {CONTROL_TIMEOUT:?}")))?
             .map_err(|_| Error::Closed)
+    }
+
+    /// ABORT TASK for task `o` of connection `avoid`, sent on another one: done when the target
+    /// answers "function complete" (aborted, or its CmdSN taken as received) or "task does not
+    /// exist" (it ended before).
+    async fn abort_orphan(&self, avoid: usize, o: Orphan) -> Result<(), Error> {
+        let r = self
+            .request_elsewhere(avoid, |core, itt, via| {
+                Pdu::TaskMgmtRequest(TaskMgmtRequest {
+                    immediate: true,
+                    function: tmf_function::ABORT_TASK,
+                    lun: o.lun,
+                    itt,
+                    referenced_task_tag: o.itt,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                    ref_cmd_sn: o.cmd_sn,
+                    exp_data_sn: 0,
+                })
+            })
+            .await?;
+        match r {
+            Pdu::TaskMgmtResponse(t)
+                if t.response == tmf_response::COMPLETE || t.response == tmf_response::NO_TASK =>
+            {
+                Ok(())
+            }
+            Pdu::TaskMgmtResponse(t) => Err(Error::Protocol(format!(
+                "the target answered ABORT TASK for task {:#x} of the stalled connection with response {}",
+                o.itt, t.response
+            ))),
+            other => Err(unexpected("a Task Management Function Response", &other)),
+        }
     }
 
     /// [`Session::request`] on a connection that carries tasks, other than `avoid`.
