@@ -83,6 +83,9 @@ pub struct ConnectOptions {
     /// Open every connection with Multipath TCP (`IPPROTO_MPTCP`); the kernel's path manager
     /// adds subflows, and a target that does not speak it gets plain TCP on the same socket.
     pub mptcp: bool,
+    /// When `portals` is empty: ask the URL's portal (SendTargets) for the target's portals
+    /// and use those of the first one's portal group in turn.
+    pub discover_portals: bool,
 }
 
 impl Default for ConnectOptions {
@@ -110,6 +113,7 @@ impl Default for ConnectOptions {
             binds: Vec::new(),
             portals: Vec::new(),
             mptcp: false,
+            discover_portals: false,
         }
     }
 }
@@ -413,8 +417,11 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
 }
 
 /// Log in to `url` and open the session's connections.
-pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session, Error> {
+pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Session, Error> {
     let scheduler: Box<dyn Scheduler> = sched::policy(&options.policy)?;
+    if options.discover_portals && options.portals.is_empty() {
+        options.portals = discovered_portals(url, &options).await?;
+    }
     let isid = random_isid();
     let est = establish(url, &options, isid).await?;
     let shared = Arc::new(Shared {
@@ -462,6 +469,40 @@ pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session,
         );
     }
     Ok(s)
+}
+
+/// The portals SendTargets at the URL's portal lists for the URL's target, in the portal group
+/// of the first one (a session's connections must stay in one group, RFC 7143 4.4); none listed
+/// means the URL's own portal.
+async fn discovered_portals(url: &IscsiUrl, o: &ConnectOptions) -> Result<Vec<String>, Error> {
+    let at = url.address();
+    let targets = crate::discovery::discover(&at, &o.initiator_name, o.login_timeout).await?;
+    let Some(t) = targets.iter().find(|t| t.name == url.target) else {
+        return Err(Error::InvalidArgument(format!(
+            "SendTargets at {at} does not list {} (it lists: {})",
+            url.target,
+            targets
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    let group = |a: &str| a.rsplit_once(',').map(|(_, g)| g.to_string());
+    let first = t.addresses.first().and_then(|a| group(a));
+    let portals: Vec<String> = t
+        .addresses
+        .iter()
+        .filter(|a| group(a) == first)
+        .map(|a| parse_target_address(a))
+        .collect();
+    tracing::info!(
+        target = %url.target,
+        discovery = %at,
+        portals = ?portals,
+        "portals from SendTargets"
+    );
+    Ok(portals)
 }
 
 /// Put established connections to work: spawn reader and writer tasks, restart the core.

@@ -186,3 +186,52 @@ fn a_session_profile_shapes_the_session_and_the_command_line_wins() {
     let e = String::from_utf8_lossy(&refused.stderr);
     assert!(e.contains("unknown field `conections`"), "{e}");
 }
+
+#[test]
+fn portals_learned_from_send_targets_take_the_connections_in_turn() {
+    let (p1, p2) = (free_port(), free_port());
+    let mut target = mcsi()
+        .args(["target", "--listen", &format!("127.0.0.1:{p1}")])
+        .args(["--listen", &format!("127.0.0.1:{p2}"), "--iqn", IQN])
+        .args(["--lun", "ram:16MiB"])
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(p1);
+    wait_listening(p2);
+    let out = mcsi()
+        .args(["bench", &format!("iscsi://127.0.0.1:{p1}/{IQN}/0")])
+        .args(["--connections", "2", "--discover-portals"])
+        .args(["--runtime", "1", "--json"])
+        .output()
+        .unwrap();
+    let unknown = mcsi()
+        .args(["bench", &format!("iscsi://127.0.0.1:{p1}/{IQN}-not-here/0")])
+        .args(["--discover-portals", "--runtime", "1"])
+        .output()
+        .unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let peers: Vec<&str> = v["mcsi"]["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["peer"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        peers,
+        [format!("127.0.0.1:{p1}"), format!("127.0.0.1:{p2}")],
+        "{v}"
+    );
+    assert!(!unknown.status.success());
+    let e = String::from_utf8_lossy(&unknown.stderr);
+    assert!(e.contains("does not list"), "{e}");
+}

@@ -125,6 +125,10 @@ pub struct SessionArgs {
     /// Linux 5.6 or later with net.mptcp.enabled = 1.
     #[arg(long)]
     pub mptcp: bool,
+    /// Ask the URL's portal (SendTargets) for the target's portals and spread the connections
+    /// over those of its portal group, connection i on portal i mod n (instead of --portal).
+    #[arg(long, conflicts_with = "portal")]
+    pub discover_portals: bool,
     /// A TOML file with any of the options above under their own names, with `_` for `-`
     /// (connections = 2, policy = "tcp-aware", bind = ["wlan0", "wwan0"], stall_timeout =
     /// "2s", mptcp = false, ...): the session's shape kept in one place.
@@ -153,6 +157,8 @@ struct SessionProfile {
     stall_timeout: Option<String>,
     #[serde(default)]
     mptcp: bool,
+    #[serde(default)]
+    discover_portals: bool,
 }
 
 impl SessionArgs {
@@ -184,6 +190,7 @@ impl SessionArgs {
             portal: list(&self.portal, f.portal),
             stall_timeout: self.stall_timeout.clone().or(f.stall_timeout),
             mptcp: self.mptcp || f.mptcp,
+            discover_portals: self.discover_portals || f.discover_portals,
             session_profile: None,
         })
     }
@@ -213,6 +220,7 @@ impl SessionArgs {
             stall_timeout: mcsi_units::parse_duration(stall, mcsi_units::BareUnit::Seconds)
                 .map_err(|e| anyhow::anyhow!("--stall-timeout {stall}: {e}"))?,
             mptcp: a.mptcp,
+            discover_portals: a.discover_portals,
             ..mcsi_initiator::ConnectOptions::default()
         };
         if let Some(n) = &a.initiator_name {
