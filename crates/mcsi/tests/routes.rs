@@ -14,10 +14,10 @@ fn mcsi() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mcsi"))
 }
 
-#[test]
-fn connections_take_their_binds_and_portals_in_turn() {
+/// An mcsi target of one 16 MiB LUN listening on two portals of 127.0.0.1.
+fn two_portal_target() -> (std::process::Child, u16, u16) {
     let (p1, p2) = (free_port(), free_port());
-    let mut target = mcsi()
+    let target = mcsi()
         .args(["target", "--listen", &format!("127.0.0.1:{p1}")])
         .args(["--listen", &format!("127.0.0.1:{p2}"), "--iqn", IQN])
         .args(["--lun", "ram:16MiB"])
@@ -28,6 +28,12 @@ fn connections_take_their_binds_and_portals_in_turn() {
         .unwrap();
     wait_listening(p1);
     wait_listening(p2);
+    (target, p1, p2)
+}
+
+#[test]
+fn connections_take_their_binds_and_portals_in_turn() {
+    let (mut target, p1, p2) = two_portal_target();
     let out = mcsi()
         .args(["bench", &format!("iscsi://127.0.0.1:{p1}/{IQN}/0")])
         .args(["--connections", "4", "--iodepth", "8", "--bs", "16KiB"])
@@ -189,18 +195,7 @@ fn a_session_profile_shapes_the_session_and_the_command_line_wins() {
 
 #[test]
 fn portals_learned_from_send_targets_take_the_connections_in_turn() {
-    let (p1, p2) = (free_port(), free_port());
-    let mut target = mcsi()
-        .args(["target", "--listen", &format!("127.0.0.1:{p1}")])
-        .args(["--listen", &format!("127.0.0.1:{p2}"), "--iqn", IQN])
-        .args(["--lun", "ram:16MiB"])
-        .env("MCSI_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(p1);
-    wait_listening(p2);
+    let (mut target, p1, p2) = two_portal_target();
     let out = mcsi()
         .args(["bench", &format!("iscsi://127.0.0.1:{p1}/{IQN}/0")])
         .args(["--connections", "2", "--discover-portals"])
