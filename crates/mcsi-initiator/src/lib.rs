@@ -40,6 +40,7 @@ pub mod sense;
 pub mod session;
 pub mod task;
 pub mod url;
+pub mod volume;
 pub mod window;
 
 pub use crate::core::{Command, DataDir, Response};
@@ -54,3 +55,4 @@ pub use sched::{ConnLoad, LeastOutstanding, RoundRobin, Scheduler, TaskInfo};
 pub use sense::{Sense, SenseKey};
 pub use session::{connect, ConnectOptions, ConnectionStats, Session, SessionStats};
 pub use url::IscsiUrl;
+pub use volume::{Device, Layout, MemberSpec, Volume, VolumeSpec};

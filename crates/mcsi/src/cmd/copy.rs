@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use mcsi_initiator::{connect, ConnectOptions, IscsiUrl, Lun, Session};
+use mcsi_initiator::{connect, ConnectOptions, Device, IscsiUrl, Lun, Session, Volume};
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
 use std::process::ExitCode;
@@ -11,9 +11,11 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Source: a file, or iscsi://[user[%password]@]host[:port]/target-iqn/lun.
+    /// Source: a file, iscsi://[user[%password]@]host[:port]/target-iqn/lun, or
+    /// volume:SPEC.toml (several LUNs as one volume, striped or mirrored).
     pub src: String,
-    /// Destination: a file (created if missing, cut to the copied length), or an iscsi:// URL.
+    /// Destination: a file (created if missing, cut to the copied length), an iscsi:// URL, or
+    /// volume:SPEC.toml.
     pub dst: String,
     /// Chunks in flight at once.
     #[arg(long, default_value_t = 16)]
@@ -38,10 +40,34 @@ pub struct Args {
 #[derive(Clone)]
 enum End {
     File(Arc<std::fs::File>),
-    Lun(Lun),
+    Dev(Device),
 }
 
 impl End {
+    /// Block size and name of a block end (a file has none).
+    fn blocks(&self) -> Option<(u64, String)> {
+        match self {
+            End::File(_) => None,
+            End::Dev(d) => Some((u64::from(d.block_size()), d.describe())),
+        }
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        match self {
+            End::Dev(d) => d
+                .flush()
+                .await
+                .with_context(|| format!("flushing {}", d.describe())),
+            End::File(f) => match f.sync_data() {
+                // A special file that cannot be synchronised (/dev/null, a pipe): nothing to
+                // make durable (fdatasync(2): EINVAL).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+                Err(e) => Err(anyhow::Error::new(e).context("syncing the destination file")),
+                Ok(()) => Ok(()),
+            },
+        }
+    }
+
     async fn read(&self, off: u64, len: usize) -> anyhow::Result<Bytes> {
         match self {
             End::File(f) => {
@@ -54,12 +80,12 @@ impl End {
                 })
                 .await?
             }
-            End::Lun(l) => {
-                let bs = u64::from(l.block_size());
-                Ok(l.read(off / bs, (len as u64 / bs) as u32)
+            End::Dev(d) => {
+                let bs = u64::from(d.block_size());
+                Ok(d.read(off / bs, (len as u64 / bs) as u32)
                     .await
                     .with_context(|| {
-                        format!("reading {len} bytes at offset {off} of LUN {}", l.number())
+                        format!("reading {len} bytes at offset {off} of {}", d.describe())
                     })?)
             }
         }
@@ -75,15 +101,36 @@ impl End {
                 })
                 .await?
             }
-            End::Lun(l) => {
-                let bs = u64::from(l.block_size());
+            End::Dev(d) => {
+                let bs = u64::from(d.block_size());
                 let n = data.len();
-                l.write(off / bs, data).await.with_context(|| {
-                    format!("writing {n} bytes at offset {off} of LUN {}", l.number())
+                d.write(off / bs, data).await.with_context(|| {
+                    format!("writing {n} bytes at offset {off} of {}", d.describe())
                 })
             }
         }
     }
+}
+
+/// The LUN or volume `arg` names (`volume:SPEC.toml` or an iscsi:// URL); None for a file.
+async fn open_device(
+    arg: &str,
+    opts: &ConnectOptions,
+    session: &crate::cmd::SessionArgs,
+    tcp_report: bool,
+) -> anyhow::Result<Option<Device>> {
+    if let Some(path) = crate::cmd::volume::spec_path(arg) {
+        let spec = crate::cmd::volume::load(path, session, tcp_report)?;
+        let v = Volume::open(&spec)
+            .await
+            .with_context(|| format!("opening {arg}"))?;
+        return Ok(Some(Device::Volume(v)));
+    }
+    if IscsiUrl::is_url(arg) {
+        let (_, l) = open_lun(arg, opts).await?;
+        return Ok(Some(Device::Lun(l)));
+    }
+    Ok(None)
 }
 
 async fn open_lun(url: &str, o: &ConnectOptions) -> anyhow::Result<(Session, Lun)> {
@@ -129,7 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn auto_sizer(a: &Args) -> anyhow::Result<(mcsi_initiator::iosize::Rule, u64, u64)> {
     if !IscsiUrl::is_url(&a.src) {
         bail!(
-            "--bs auto sizes reads from an iSCSI LUN: the source {} is a file (give a fixed --bs)",
+            "--bs auto sizes reads from one iSCSI LUN: the source {} is not one (give a fixed --bs)",
             a.src
         );
     }
@@ -151,16 +198,16 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     }
     let opts = a.session.options(auto.is_some())?;
     let mut sessions = Vec::new();
-    let (src, src_size) = if IscsiUrl::is_url(&a.src) {
-        let (s, l) = open_lun(&a.src, &opts).await?;
-        sessions.push(s);
-        let size = l.geometry().bytes();
-        (End::Lun(l), size)
-    } else {
-        let f = std::fs::File::open(&a.src).with_context(|| format!("opening {}", a.src))?;
-        let size = file_size(&f, &a.src)?;
-        (End::File(Arc::new(f)), size)
-    };
+    let (src, src_size) =
+        if let Some(d) = open_device(&a.src, &opts, &a.session, auto.is_some()).await? {
+            sessions.extend(d.sessions());
+            let size = d.geometry().bytes();
+            (End::Dev(d), size)
+        } else {
+            let f = std::fs::File::open(&a.src).with_context(|| format!("opening {}", a.src))?;
+            let size = file_size(&f, &a.src)?;
+            (End::File(Arc::new(f)), size)
+        };
     let length = match &a.length {
         Some(l) => mcsi_units::parse_size(l).map_err(|e| anyhow::anyhow!("--length: {e}"))?,
         None => src_size,
@@ -168,16 +215,13 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     if length > src_size {
         bail!("--length {length} is beyond the end of the source ({src_size} bytes)");
     }
-    let dst = if IscsiUrl::is_url(&a.dst) {
-        let (s, l) = open_lun(&a.dst, &opts).await?;
-        sessions.push(s);
-        if length > l.geometry().bytes() {
-            bail!(
-                "the destination LUN holds {} bytes, {length} are to be copied",
-                l.geometry().bytes()
-            );
+    let dst = if let Some(d) = open_device(&a.dst, &opts, &a.session, false).await? {
+        sessions.extend(d.sessions());
+        let size = d.geometry().bytes();
+        if length > size {
+            bail!("the destination holds {size} bytes, {length} are to be copied");
         }
-        End::Lun(l)
+        End::Dev(d)
     } else {
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -192,12 +236,10 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         End::File(Arc::new(f))
     };
     for end in [&src, &dst] {
-        if let End::Lun(l) = end {
-            let b = u64::from(l.block_size());
+        if let Some((b, name)) = end.blocks() {
             if (auto.is_none() && !bs.is_multiple_of(b)) || !length.is_multiple_of(b) {
                 bail!(
-                    "--bs ({bs}) and the length ({length}) must be multiples of the {b}-byte block size of LUN {}",
-                    l.number()
+                    "--bs ({bs}) and the length ({length}) must be multiples of the {b}-byte block size of {name}"
                 );
             }
         }
@@ -226,10 +268,10 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     // --bs auto: the chunk size follows the source session's reports of the target's sending
     // side, sampled every 20 ms (sizes in whole blocks of both ends).
     let mut sizer = match (auto, &src, sessions.first()) {
-        (Some((rule, min, max)), End::Lun(l), Some(s)) => {
-            let unit = match &dst {
-                End::Lun(d) => lcm(u64::from(l.block_size()), u64::from(d.block_size())),
-                End::File(_) => u64::from(l.block_size()),
+        (Some((rule, min, max)), End::Dev(Device::Lun(l)), Some(s)) => {
+            let unit = match dst.blocks() {
+                Some((d, _)) => lcm(u64::from(l.block_size()), d),
+                None => u64::from(l.block_size()),
             };
             let sizer = mcsi_initiator::iosize::Sizer::new(rule, min, max, unit, a.iodepth as u64);
             Some((sizer, s.clone(), Vec::<(u64, u64)>::new()))
@@ -295,21 +337,8 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     }
     bar.finish_and_clear();
     if first_err.is_none() {
-        match &dst {
-            End::Lun(l) => {
-                if let Err(e) = l.flush().await {
-                    first_err = Some(anyhow::Error::new(e).context("flushing the destination LUN"));
-                }
-            }
-            End::File(f) => match f.sync_data() {
-                // A special file that cannot be synchronised (/dev/null, a pipe): nothing to
-                // make durable (fdatasync(2): EINVAL).
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                Err(e) => {
-                    first_err = Some(anyhow::Error::new(e).context("syncing the destination file"));
-                }
-                Ok(()) => {}
-            },
+        if let Err(e) = dst.flush().await {
+            first_err = Some(e);
         }
     }
     let secs = t0.elapsed().as_secs_f64();

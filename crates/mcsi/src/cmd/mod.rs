@@ -10,6 +10,7 @@ pub mod monitor;
 pub mod nbd;
 pub mod observe;
 pub mod target;
+pub mod volume;
 
 /// The runtime of an initiator command with `--threads N`: one thread runs everything on the
 /// calling thread (like one fio job); more use a multi-threaded runtime.
@@ -139,7 +140,7 @@ pub struct SessionArgs {
 /// A session profile (`--session-profile`): the same options as the command line.
 #[derive(serde::Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
-struct SessionProfile {
+pub(crate) struct SessionProfile {
     connections: Option<u16>,
     policy: Option<String>,
     #[serde(default)]
@@ -162,6 +163,34 @@ struct SessionProfile {
 }
 
 impl SessionArgs {
+    /// These options with `over`'s on top (a volume member's own options over the command
+    /// line's).
+    pub(crate) fn under(&self, over: SessionProfile) -> anyhow::Result<SessionArgs> {
+        let base = self.merged()?;
+        let list = |mine: Vec<String>, base: &Vec<String>| {
+            if mine.is_empty() {
+                base.clone()
+            } else {
+                mine
+            }
+        };
+        Ok(SessionArgs {
+            connections: over.connections.or(base.connections),
+            policy: over.policy.or(base.policy.clone()),
+            target_tcp: over.target_tcp || base.target_tcp,
+            congestion: over.congestion.or(base.congestion.clone()),
+            asymmetric: over.asymmetric || base.asymmetric,
+            digests: over.digests || base.digests,
+            initiator_name: over.initiator_name.or(base.initiator_name.clone()),
+            bind: list(over.bind, &base.bind),
+            portal: list(over.portal, &base.portal),
+            stall_timeout: over.stall_timeout.or(base.stall_timeout.clone()),
+            mptcp: over.mptcp || base.mptcp,
+            discover_portals: over.discover_portals || base.discover_portals,
+            session_profile: None,
+        })
+    }
+
     /// The command line over the profile, if any: what the session is opened with.
     fn merged(&self) -> anyhow::Result<SessionArgs> {
         let Some(path) = &self.session_profile else {

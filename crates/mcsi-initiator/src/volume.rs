@@ -1,0 +1,584 @@
+//! Several LUNs as one volume (seed 003: "access to two targets in parallel as one large
+//! store"): striped (RAID-0, in chunks) or mirrored (RAID-1) across members, each member a LUN
+//! with its own session, connections and routes.
+//!
+//! [`Volume`] offers what a [`Lun`] does (read, write, flush, unmap, write zeroes), so a tool
+//! that moves blocks can take either. The stripe arithmetic ([`Stripe`]) is pure and tested
+//! apart from any session.
+
+use crate::error::Error;
+use crate::lun::{Capacity, Lun};
+use crate::session::{connect, ConnectOptions};
+use crate::url::IscsiUrl;
+use bytes::{Bytes, BytesMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// How the members hold the volume's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// RAID-0: chunks of `chunk` bytes in turn, chunk i on member i mod n.
+    Stripe { chunk: u64 },
+    /// RAID-1: every member holds every block.
+    Mirror,
+}
+
+/// One member: a LUN URL and how to open its session.
+#[derive(Debug, Clone)]
+pub struct MemberSpec {
+    pub url: IscsiUrl,
+    pub options: ConnectOptions,
+}
+
+/// A volume to open.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    pub layout: Layout,
+    pub members: Vec<MemberSpec>,
+}
+
+/// Where a run of volume blocks lies on a stripe's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stripe {
+    /// Chunk size in blocks.
+    pub chunk_blocks: u64,
+    pub members: usize,
+}
+
+/// A contiguous run of blocks on one member, and where its data sits in the request's buffer
+/// (in blocks from the request's start; one run may gather several pieces of the request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    pub member: usize,
+    pub lba: u64,
+    pub blocks: u64,
+    /// `(offset in the request, offset in this run, blocks)` for each piece.
+    pub pieces: Vec<(u64, u64, u64)>,
+}
+
+impl Stripe {
+    /// Member and member LBA of volume block `lba`.
+    pub fn locate(&self, lba: u64) -> (usize, u64) {
+        let n = self.members as u64;
+        let chunk = lba / self.chunk_blocks;
+        let member = (chunk % n) as usize;
+        let row = chunk / n;
+        (member, row * self.chunk_blocks + lba % self.chunk_blocks)
+    }
+
+    /// The member runs of volume blocks `[lba, lba + blocks)`: pieces cut at chunk
+    /// boundaries, those of one member that follow each other on it merged into one run.
+    pub fn split(&self, lba: u64, blocks: u64) -> Vec<Extent> {
+        let mut out: Vec<Extent> = Vec::new();
+        let mut at = 0;
+        while at < blocks {
+            let v = lba + at;
+            let n = (self.chunk_blocks - v % self.chunk_blocks).min(blocks - at);
+            let (member, mlba) = self.locate(v);
+            match out
+                .iter_mut()
+                .rev()
+                .find(|e| e.member == member)
+                .filter(|e| e.lba + e.blocks == mlba)
+            {
+                Some(e) => {
+                    e.pieces.push((at, e.blocks, n));
+                    e.blocks += n;
+                }
+                None => out.push(Extent {
+                    member,
+                    lba: mlba,
+                    blocks: n,
+                    pieces: vec![(at, 0, n)],
+                }),
+            }
+            at += n;
+        }
+        out
+    }
+}
+
+/// A member once open.
+#[derive(Debug)]
+struct Member {
+    lun: Lun,
+    name: String,
+    /// Commands in flight on it, for reads of a mirror.
+    busy: AtomicUsize,
+}
+
+/// An open volume. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Volume {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    layout: Layout,
+    stripe: Option<Stripe>,
+    members: Vec<Member>,
+    cap: Capacity,
+}
+
+impl Volume {
+    /// Opens every member's session and LUN (at once), checks that they agree in block size,
+    /// and sizes the volume: a stripe takes the smallest member's whole chunks from each, a
+    /// mirror the smallest member.
+    pub async fn open(spec: &VolumeSpec) -> Result<Volume, Error> {
+        if spec.members.len() < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "a volume needs two members or more, got {}",
+                spec.members.len()
+            )));
+        }
+        let mut opening = tokio::task::JoinSet::new();
+        for (i, m) in spec.members.iter().cloned().enumerate() {
+            opening.spawn(async move {
+                let name = m.url.to_string();
+                let r = async {
+                    let s = connect(&m.url, m.options.clone()).await?;
+                    s.open_lun(m.url.lun).await
+                }
+                .await;
+                (i, name, r)
+            });
+        }
+        let mut opened: Vec<Option<Member>> = (0..spec.members.len()).map(|_| None).collect();
+        while let Some(j) = opening.join_next().await {
+            let (i, name, r) =
+                j.map_err(|e| Error::Protocol(format!("opening a member failed: {e}")))?;
+            let lun = r.map_err(|e| {
+                Error::InvalidArgument(format!("member {i} ({name}) cannot be opened: {e}"))
+            })?;
+            opened[i] = Some(Member {
+                lun,
+                name,
+                busy: AtomicUsize::new(0),
+            });
+        }
+        let members: Vec<Member> = opened.into_iter().flatten().collect();
+        let bs = members[0].lun.block_size();
+        for (i, m) in members.iter().enumerate() {
+            if m.lun.block_size() != bs {
+                return Err(Error::InvalidArgument(format!(
+                    "member {i} ({}) has {}-byte blocks, member 0 ({}) {bs}: a volume's members must agree",
+                    m.name,
+                    m.lun.block_size(),
+                    members[0].name
+                )));
+            }
+        }
+        let smallest = members
+            .iter()
+            .map(|m| m.lun.geometry().blocks)
+            .min()
+            .unwrap_or(0);
+        let (stripe, blocks) = match spec.layout {
+            Layout::Stripe { chunk } => {
+                if chunk == 0 || !chunk.is_multiple_of(u64::from(bs)) {
+                    return Err(Error::InvalidArgument(format!(
+                        "chunk {chunk} bytes is not a multiple of the members' {bs}-byte blocks"
+                    )));
+                }
+                let chunk_blocks = chunk / u64::from(bs);
+                let per_member = smallest / chunk_blocks * chunk_blocks;
+                if per_member == 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "the smallest member holds less than one {chunk}-byte chunk"
+                    )));
+                }
+                let s = Stripe {
+                    chunk_blocks,
+                    members: members.len(),
+                };
+                (Some(s), per_member * members.len() as u64)
+            }
+            Layout::Mirror => (None, smallest),
+        };
+        let v = Volume {
+            inner: Arc::new(Inner {
+                layout: spec.layout,
+                stripe,
+                cap: Capacity {
+                    block_size: bs,
+                    blocks,
+                },
+                members,
+            }),
+        };
+        tracing::info!(
+            layout = ?v.inner.layout,
+            members = v.inner.members.len(),
+            bytes = v.inner.cap.bytes(),
+            "volume open"
+        );
+        Ok(v)
+    }
+
+    pub fn geometry(&self) -> Capacity {
+        self.inner.cap
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.inner.cap.block_size
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.inner.layout
+    }
+
+    /// The members' LUNs, in the spec's order.
+    pub fn members(&self) -> Vec<Lun> {
+        self.inner.members.iter().map(|m| m.lun.clone()).collect()
+    }
+
+    fn check(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|end| end > self.inner.cap.blocks)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "blocks {lba}..{} lie beyond the volume's {} blocks",
+                lba.saturating_add(blocks),
+                self.inner.cap.blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `blocks` blocks from `lba`: a stripe reads every member's part at once; a mirror
+    /// reads from the member with the fewest commands in flight.
+    pub async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, Error> {
+        self.check(lba, u64::from(blocks))?;
+        let bs = u64::from(self.block_size());
+        let Some(stripe) = self.inner.stripe else {
+            let m = self.least_busy();
+            let member = &self.inner.members[m];
+            member.busy.fetch_add(1, Ordering::Relaxed);
+            let r = member.lun.read(lba, blocks).await;
+            member.busy.fetch_sub(1, Ordering::Relaxed);
+            return r.map_err(|e| self.member_error(m, e));
+        };
+        let extents = stripe.split(lba, u64::from(blocks));
+        let reads = extents.iter().map(|e| async move {
+            let data = self.inner.members[e.member]
+                .lun
+                .read(e.lba, e.blocks as u32)
+                .await
+                .map_err(|err| self.member_error(e.member, err))?;
+            Ok::<_, Error>((e, data))
+        });
+        let parts = futures_join(reads).await?;
+        let mut out = BytesMut::zeroed((u64::from(blocks) * bs) as usize);
+        for (e, data) in parts {
+            for &(at, off, n) in &e.pieces {
+                let (dst, src, len) = ((at * bs) as usize, (off * bs) as usize, (n * bs) as usize);
+                let piece = data.get(src..src + len).ok_or_else(|| {
+                    Error::Protocol(format!(
+                        "member {} returned {} bytes for {} blocks",
+                        e.member,
+                        data.len(),
+                        e.blocks
+                    ))
+                })?;
+                out[dst..dst + len].copy_from_slice(piece);
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// Writes `data` (whole blocks) at `lba`; done when every member that holds a part (a
+    /// stripe) or every member (a mirror) has it.
+    pub async fn write(&self, lba: u64, data: Bytes) -> Result<(), Error> {
+        self.write_fua(lba, data, false).await
+    }
+
+    /// [`Volume::write`] with Force Unit Access on every member's part.
+    pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
+        let bs = u64::from(self.block_size());
+        if !(data.len() as u64).is_multiple_of(bs) {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes is not a whole number of {bs}-byte blocks",
+                data.len()
+            )));
+        }
+        let blocks = data.len() as u64 / bs;
+        self.check(lba, blocks)?;
+        let Some(stripe) = self.inner.stripe else {
+            let writes = (0..self.inner.members.len()).map(|m| {
+                let data = data.clone();
+                async move {
+                    self.inner.members[m]
+                        .lun
+                        .write_fua(lba, data, fua)
+                        .await
+                        .map_err(|e| self.member_error(m, e))
+                }
+            });
+            futures_join(writes).await?;
+            return Ok(());
+        };
+        let extents = stripe.split(lba, blocks);
+        let writes = extents.iter().map(|e| {
+            let part = gather(&data, e, bs);
+            async move {
+                self.inner.members[e.member]
+                    .lun
+                    .write_fua(e.lba, part, fua)
+                    .await
+                    .map_err(|err| self.member_error(e.member, err))
+            }
+        });
+        futures_join(writes).await?;
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE on every member.
+    pub async fn flush(&self) -> Result<(), Error> {
+        let flushes = (0..self.inner.members.len()).map(|m| async move {
+            self.inner.members[m]
+                .lun
+                .flush()
+                .await
+                .map_err(|e| self.member_error(m, e))
+        });
+        futures_join(flushes).await?;
+        Ok(())
+    }
+
+    /// UNMAP of `[lba, lba + blocks)`, split across the members like data.
+    pub async fn unmap(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        self.check(lba, blocks)?;
+        let runs = self.runs(lba, blocks);
+        let ops = runs.into_iter().map(|(m, l, n)| async move {
+            self.inner.members[m]
+                .lun
+                .unmap(l, n)
+                .await
+                .map_err(|e| self.member_error(m, e))
+        });
+        futures_join(ops).await?;
+        Ok(())
+    }
+
+    /// Zeroes `[lba, lba + blocks)` (WRITE SAME, at most `max_per_command` blocks a command),
+    /// split across the members like data.
+    pub async fn write_zeroes(
+        &self,
+        lba: u64,
+        blocks: u64,
+        unmap: bool,
+        max_per_command: u64,
+    ) -> Result<(), Error> {
+        self.check(lba, blocks)?;
+        let runs = self.runs(lba, blocks);
+        let ops = runs.into_iter().map(|(m, l, n)| async move {
+            self.inner.members[m]
+                .lun
+                .write_zeroes(l, n, unmap, max_per_command)
+                .await
+                .map_err(|e| self.member_error(m, e))
+        });
+        futures_join(ops).await?;
+        Ok(())
+    }
+
+    /// `(member, member LBA, blocks)` runs that hold `[lba, lba + blocks)`.
+    fn runs(&self, lba: u64, blocks: u64) -> Vec<(usize, u64, u64)> {
+        match self.inner.stripe {
+            Some(s) => s
+                .split(lba, blocks)
+                .into_iter()
+                .map(|e| (e.member, e.lba, e.blocks))
+                .collect(),
+            None => (0..self.inner.members.len())
+                .map(|m| (m, lba, blocks))
+                .collect(),
+        }
+    }
+
+    fn least_busy(&self) -> usize {
+        self.inner
+            .members
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
+            .map_or(0, |(i, _)| i)
+    }
+
+    fn member_error(&self, m: usize, e: Error) -> Error {
+        let name = self.inner.members.get(m).map_or("?", |x| x.name.as_str());
+        tracing::warn!(member = m, url = name, error = %e, "volume member failed a command");
+        e
+    }
+}
+
+/// A LUN or a volume: what a tool that moves blocks reads and writes.
+#[derive(Debug, Clone)]
+pub enum Device {
+    Lun(Lun),
+    Volume(Volume),
+}
+
+impl Device {
+    pub fn geometry(&self) -> Capacity {
+        match self {
+            Device::Lun(l) => l.geometry(),
+            Device::Volume(v) => v.geometry(),
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.geometry().block_size
+    }
+
+    /// The sessions under it: one for a LUN, one per member for a volume.
+    pub fn sessions(&self) -> Vec<crate::session::Session> {
+        match self {
+            Device::Lun(l) => vec![l.session().clone()],
+            Device::Volume(v) => v.members().iter().map(|l| l.session().clone()).collect(),
+        }
+    }
+
+    /// "LUN n" or "the volume", for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Device::Lun(l) => format!("LUN {}", l.number()),
+            Device::Volume(_) => "the volume".to_string(),
+        }
+    }
+
+    pub async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, Error> {
+        match self {
+            Device::Lun(l) => l.read(lba, blocks).await,
+            Device::Volume(v) => v.read(lba, blocks).await,
+        }
+    }
+
+    pub async fn write(&self, lba: u64, data: Bytes) -> Result<(), Error> {
+        match self {
+            Device::Lun(l) => l.write(lba, data).await,
+            Device::Volume(v) => v.write(lba, data).await,
+        }
+    }
+
+    pub async fn flush(&self) -> Result<(), Error> {
+        match self {
+            Device::Lun(l) => l.flush().await,
+            Device::Volume(v) => v.flush().await,
+        }
+    }
+}
+
+/// The bytes of extent `e` gathered from the request's buffer (one slice when it is one piece).
+fn gather(data: &Bytes, e: &Extent, bs: u64) -> Bytes {
+    if let [(at, _, n)] = e.pieces.as_slice() {
+        return data.slice((at * bs) as usize..((at + n) * bs) as usize);
+    }
+    let mut out = BytesMut::with_capacity((e.blocks * bs) as usize);
+    for &(at, _, n) in &e.pieces {
+        out.extend_from_slice(&data[(at * bs) as usize..((at + n) * bs) as usize]);
+    }
+    out.freeze()
+}
+
+/// Runs the futures at once and returns their results in order, or the first error.
+async fn futures_join<T, F>(futs: impl Iterator<Item = F>) -> Result<Vec<T>, Error>
+where
+    F: std::future::Future<Output = Result<T, Error>>,
+{
+    futures_util::future::try_join_all(futs).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(chunk_blocks: u64, members: usize) -> Stripe {
+        Stripe {
+            chunk_blocks,
+            members,
+        }
+    }
+
+    #[test]
+    fn blocks_go_to_members_chunk_by_chunk() {
+        let st = s(4, 2);
+        assert_eq!(st.locate(0), (0, 0));
+        assert_eq!(st.locate(3), (0, 3));
+        assert_eq!(st.locate(4), (1, 0));
+        assert_eq!(st.locate(8), (0, 4));
+        assert_eq!(st.locate(13), (1, 5));
+    }
+
+    #[test]
+    fn a_request_splits_at_chunk_edges_and_merges_per_member() {
+        let st = s(4, 2);
+        // Blocks 2..14: member 0 has 2..4 and 8..12 (its 2..4 and 4..8: one run), member 1
+        // has 4..8 and 12..14 (its 0..4 and 4..6: one run).
+        let e = st.split(2, 12);
+        assert_eq!(
+            e,
+            vec![
+                Extent {
+                    member: 0,
+                    lba: 2,
+                    blocks: 6,
+                    pieces: vec![(0, 0, 2), (6, 2, 4)],
+                },
+                Extent {
+                    member: 1,
+                    lba: 0,
+                    blocks: 6,
+                    pieces: vec![(2, 0, 4), (10, 4, 2)],
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn every_block_is_placed_once_and_back() {
+        for members in 2..5 {
+            for chunk in [1u64, 3, 8] {
+                let st = s(chunk, members);
+                for lba in 0..40 {
+                    for blocks in 1..30 {
+                        let ex = st.split(lba, blocks);
+                        let mut seen = vec![false; blocks as usize];
+                        for e in &ex {
+                            let mut in_run = 0;
+                            for &(at, off, n) in &e.pieces {
+                                assert_eq!(off, in_run, "pieces fill the run in order");
+                                in_run += n;
+                                for k in 0..n {
+                                    let (m, l) = st.locate(lba + at + k);
+                                    assert_eq!((m, l), (e.member, e.lba + off + k));
+                                    assert!(!seen[(at + k) as usize]);
+                                    seen[(at + k) as usize] = true;
+                                }
+                            }
+                            assert_eq!(in_run, e.blocks);
+                        }
+                        assert!(seen.iter().all(|&x| x));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gathered_pieces_keep_their_order() {
+        let data = Bytes::from((0u8..16).collect::<Vec<_>>());
+        let e = Extent {
+            member: 0,
+            lba: 0,
+            blocks: 3,
+            pieces: vec![(0, 0, 1), (2, 1, 2)],
+        };
+        assert_eq!(
+            &gather(&data, &e, 4)[..],
+            &[0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! Volume specs: several LUNs as one volume (`volume:FILE.toml` wherever a tool takes a URL).
+//!
+//! ```toml
+//! layout = "stripe"        # or "mirror"
+//! chunk = "256KiB"         # stripe only: a multiple of the members' block size
+//!
+//! [[member]]
+//! url = "iscsi://10.0.0.1:3260/iqn.2026-01.org.example:a/0"
+//! connections = 2          # any session option, as in --session-profile; the member's own
+//! bind = ["wlan0"]         # options win over the command line's
+//!
+//! [[member]]
+//! url = "iscsi://10.0.0.2:3260/iqn.2026-01.org.example:b/0"
+//! ```
+
+use crate::cmd::{SessionArgs, SessionProfile};
+use anyhow::{bail, Context};
+use mcsi_initiator::{IscsiUrl, Layout, MemberSpec, VolumeSpec};
+use std::path::Path;
+
+/// The prefix that names a volume spec where a URL is expected.
+pub const PREFIX: &str = "volume:";
+
+/// The spec file `arg` names, if it is `volume:PATH`.
+pub fn spec_path(arg: &str) -> Option<&Path> {
+    arg.strip_prefix(PREFIX).map(Path::new)
+}
+
+/// The chunk size of a stripe when the spec gives none.
+pub const DEFAULT_CHUNK: u64 = 256 << 10;
+
+/// Reads the spec at `path`: layout, chunk, and each member's URL and session options (the
+/// member's own over `session`'s). `tcp_report` as in [`SessionArgs::options`].
+pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Result<VolumeSpec> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).with_context(|| format!("volume spec {shown}"))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("volume spec {shown}"))?;
+    let at = |field: &str| format!("volume spec {shown}: {field}");
+    let layout_word = match table.remove("layout") {
+        Some(toml::Value::String(s)) => s,
+        Some(_) => bail!("{}: a word, stripe or mirror", at("layout")),
+        None => bail!(
+            "{}: missing (layout = \"stripe\" or \"mirror\")",
+            at("layout")
+        ),
+    };
+    let chunk = match table.remove("chunk") {
+        Some(toml::Value::String(s)) => {
+            Some(mcsi_units::parse_size(&s).map_err(|e| anyhow::anyhow!("{}: {e}", at("chunk")))?)
+        }
+        Some(toml::Value::Integer(n)) if n > 0 => Some(n as u64),
+        Some(_) => bail!("{}: a size such as \"256KiB\"", at("chunk")),
+        None => None,
+    };
+    let layout = match layout_word.as_str() {
+        "stripe" => Layout::Stripe {
+            chunk: chunk.unwrap_or(DEFAULT_CHUNK),
+        },
+        "mirror" => {
+            if chunk.is_some() {
+                bail!("{}: a mirror has no chunks", at("chunk"));
+            }
+            Layout::Mirror
+        }
+        other => bail!("{}: '{other}': use stripe or mirror", at("layout")),
+    };
+    let members = match table.remove("member") {
+        Some(toml::Value::Array(a)) => a,
+        Some(_) => bail!("{}: give members as [[member]] tables", at("member")),
+        None => bail!(
+            "{}: no members: add [[member]] tables with url = \"iscsi://...\"",
+            at("member")
+        ),
+    };
+    if let Some(k) = table.keys().next() {
+        bail!("{}: unknown key (use layout, chunk, [[member]])", at(k));
+    }
+    if members.len() < 2 {
+        bail!(
+            "{}: a volume needs two members or more, got {}",
+            at("member"),
+            members.len()
+        );
+    }
+    let mut out = Vec::new();
+    for (i, m) in members.into_iter().enumerate() {
+        let field = format!("member[{i}]");
+        let toml::Value::Table(mut m) = m else {
+            bail!("{}: a table with url = \"iscsi://...\"", at(&field));
+        };
+        let url = match m.remove("url") {
+            Some(toml::Value::String(u)) => u,
+            _ => bail!(
+                "{}: missing url = \"iscsi://HOST[:PORT]/IQN/LUN\"",
+                at(&format!("{field}.url"))
+            ),
+        };
+        let url = IscsiUrl::parse(&url)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at(&format!("{field}.url"))))?;
+        let own: SessionProfile = toml::Value::Table(m)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at(&field)))?;
+        let options = session
+            .under(own)?
+            .options(tcp_report)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at(&field)))?;
+        out.push(MemberSpec { url, options });
+    }
+    Ok(VolumeSpec {
+        layout,
+        members: out,
+    })
+}
