@@ -219,3 +219,56 @@ fn bad_volume_specs_say_what_is_wrong() {
         assert!(e.contains(want), "{vol}: wanted '{want}' in: {e}");
     }
 }
+
+#[test]
+fn a_verified_bench_runs_over_a_striped_volume() {
+    let (a, b) = (
+        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
+        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
+    );
+    let dir = Scratch::new("bench");
+    let vol = spec(
+        &dir,
+        "s.toml",
+        "layout = \"stripe\"\nchunk = \"32KiB\"",
+        &[&a, &b],
+    );
+    let out = run(&[
+        "bench",
+        &vol,
+        "--rw",
+        "randrw",
+        "--verify",
+        "--bs",
+        "48KiB",
+        "--iodepth",
+        "8",
+        "--size",
+        "4MiB",
+        "--runtime",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{v}");
+    assert!(
+        v["mcsi"]["verify"]["blocks_checked"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let vol_json = &v["mcsi"]["volume"];
+    assert_eq!(vol_json["layout"], "stripe", "{v}");
+    assert_eq!(vol_json["bytes"], 16 << 20, "{v}");
+    let members = vol_json["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    for m in members {
+        assert!(
+            m["tasks"].as_u64().unwrap() > 0,
+            "a member carried nothing: {m}"
+        );
+    }
+    let auto = run(&["bench", &vol, "--bs", "auto", "--runtime", "1"]);
+    assert!(!auto.status.success());
+    assert!(String::from_utf8_lossy(&auto.stderr).contains("give a volume a fixed --bs"));
+}

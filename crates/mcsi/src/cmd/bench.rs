@@ -4,7 +4,7 @@
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use mcsi_initiator::{connect, IscsiUrl, Lun, Session};
+use mcsi_initiator::{connect, Device, IscsiUrl, Lun, Session, Volume};
 use serde_json::{json, Map, Value};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -36,7 +36,8 @@ impl Rw {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun
+    /// iscsi://[user[%password]@]host[:port]/target-iqn/lun, or volume:SPEC.toml (several
+    /// LUNs as one volume; see mcsi copy).
     pub url: String,
     /// I/Os in flight.
     #[arg(long, default_value_t = 1)]
@@ -346,7 +347,7 @@ struct WorkerOut {
 }
 
 struct Ctx {
-    lun: Lun,
+    dev: Device,
     bs: u64,
     lbas_per_io: u64,
     verify: bool,
@@ -369,7 +370,7 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
         let t0 = Instant::now();
         let (res, gen_written) = match op {
             Op::Read => {
-                let r = c.lun.read(lba, c.lbas_per_io as u32).await;
+                let r = c.dev.read(lba, c.lbas_per_io as u32).await;
                 let ns = t0.elapsed().as_nanos() as u64;
                 match r {
                     Ok(data) => {
@@ -405,7 +406,7 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
                 } else {
                     (c.fill.clone(), None)
                 };
-                let r = c.lun.write(lba, data).await;
+                let r = c.dev.write(lba, data).await;
                 let ns = t0.elapsed().as_nanos() as u64;
                 if r.is_ok() {
                     out.write.record(ns, c.bs);
@@ -440,6 +441,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn bench(a: Args) -> anyhow::Result<ExitCode> {
+    if let Some(path) = crate::cmd::volume::spec_path(&a.url) {
+        return bench_volume(&a, path).await;
+    }
     let url = IscsiUrl::parse(&a.url)?;
     let auto = (a.bs == "auto").then(|| auto_args(&a)).transpose()?;
     let bs = match &auto {
@@ -471,7 +475,10 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     }
     let result = match auto {
         Some(x) => run_auto(&a, &session, &url, x).await,
-        None => run_jobs(&a, &session, &url, bs).await,
+        None => match session.open_lun(url.lun).await {
+            Ok(lun) => run_jobs(&a, Device::Lun(lun), &session, bs).await,
+            Err(e) => Err(anyhow::Error::new(e).context(format!("opening {url}"))),
+        },
     };
     if let Err(e) = session.logout().await {
         tracing::warn!(error = %e, "logout failed");
@@ -479,20 +486,47 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     result
 }
 
-async fn run_jobs(
-    a: &Args,
-    session: &Session,
-    url: &IscsiUrl,
-    bs: u64,
-) -> anyhow::Result<ExitCode> {
-    let lun = session
-        .open_lun(url.lun)
+/// `mcsi bench volume:SPEC.toml`: the workload over a volume of several LUNs. The JSON's
+/// session figures are the first member's; `mcsi.volume` lists every member's.
+async fn bench_volume(a: &Args, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    if a.bs == "auto" {
+        bail!("--bs auto sizes reads from one LUN's session: give a volume a fixed --bs");
+    }
+    if a.metrics.is_some() {
+        bail!("--metrics serves one session: bench a volume's members one at a time to watch them");
+    }
+    if a.iodepth == 0 || a.iodepth > 4096 {
+        bail!("--iodepth must be between 1 and 4096, got {}", a.iodepth);
+    }
+    if a.rwmixread > 100 {
+        bail!("--rwmixread is a percentage (0-100), got {}", a.rwmixread);
+    }
+    let bs = mcsi_units::parse_size(&a.bs).map_err(|e| anyhow::anyhow!("--bs: {e}"))?;
+    let spec = crate::cmd::volume::load(path, &a.session, false)?;
+    let v = Volume::open(&spec)
         .await
-        .with_context(|| format!("opening {url}"))?;
-    let geo = lun.geometry();
+        .with_context(|| format!("opening {}", a.url))?;
+    let dev = Device::Volume(v);
+    let sessions = dev.sessions();
+    let result = run_jobs(a, dev, &sessions[0], bs).await;
+    for s in &sessions {
+        if let Err(e) = s.logout().await {
+            tracing::warn!(error = %e, "logout of {} failed", s.url());
+        }
+    }
+    result
+}
+
+/// The workload over `dev`; `session` is the one whose figures the report gives (a LUN's, or
+/// a volume's first member's).
+async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::Result<ExitCode> {
+    let geo = dev.geometry();
+    let dev_name = dev.describe();
     let lbs = u64::from(geo.block_size);
     if bs == 0 || !bs.is_multiple_of(lbs) || bs > 16 << 20 {
-        bail!("--bs {bs} must be a multiple of the LUN's {lbs}-byte block size and at most 16MiB");
+        bail!(
+            "--bs {bs} must be a multiple of {dev_name}'s {lbs}-byte block size and at most 16MiB"
+        );
     }
     if a.verify && bs < HDR as u64 {
         bail!("--verify needs --bs of at least {HDR} bytes");
@@ -502,7 +536,7 @@ async fn run_jobs(
         None => geo.bytes(),
     };
     if size > geo.bytes() {
-        bail!("--size {size} exceeds the LUN ({} bytes)", geo.bytes());
+        bail!("--size {size} exceeds {} ({} bytes)", dev_name, geo.bytes());
     }
     let blocks = size / bs;
     if blocks == 0 {
@@ -556,7 +590,7 @@ async fn run_jobs(
         c.copy_from_slice(&v[..c.len()]);
     }
     let ctx = Arc::new(Ctx {
-        lun,
+        dev,
         bs,
         lbas_per_io: bs / lbs,
         verify: a.verify,
@@ -593,7 +627,7 @@ async fn run_jobs(
     let params = session.params();
     let error = total.first_error.as_ref().map_or(0, |e| e.0);
     if a.json {
-        let out = fio_json(
+        let mut out = fio_json(
             a,
             bs,
             size,
@@ -605,6 +639,9 @@ async fn run_jobs(
             session,
             &cpu,
         );
+        if let (Device::Volume(v), Some(m)) = (&ctx.dev, out.get_mut("mcsi")) {
+            m["volume"] = volume_json(v);
+        }
         emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
         print_human(a, bs, &total, main_elapsed, &stats, session, &cpu);
@@ -641,6 +678,30 @@ async fn run_phase(ctx: &Arc<Ctx>, iodepth: usize) -> WorkerOut {
         }
     }
     total
+}
+
+/// A volume's layout and each member's session, for the JSON.
+fn volume_json(v: &Volume) -> Value {
+    let members: Vec<Value> = v
+        .members()
+        .iter()
+        .map(|l| {
+            let st = l.session().stats();
+            json!({
+                "url": l.session().url().to_string(),
+                "connections": st.connections.len(),
+                "tasks": st.connections.iter().map(|c| c.counters.tasks).sum::<u64>(),
+                "bytes": st.connections.iter().map(|c| c.counters.bytes).sum::<u64>(),
+                "recoveries": st.recoveries,
+                "failovers": st.failovers,
+            })
+        })
+        .collect();
+    let (layout, chunk) = match v.layout() {
+        mcsi_initiator::Layout::Stripe { chunk } => ("stripe", Some(chunk)),
+        mcsi_initiator::Layout::Mirror => ("mirror", None),
+    };
+    json!({"layout": layout, "chunk": chunk, "bytes": v.geometry().bytes(), "members": members})
 }
 
 /// Write to stdout; a closed pipe (`| head`) is not an error worth a panic.
