@@ -7,7 +7,7 @@
 //! apart from any session.
 
 use crate::error::Error;
-use crate::lun::{Capacity, Lun};
+use crate::lun::{Capabilities, Capacity, Lun};
 use crate::session::{connect, ConnectOptions};
 use crate::url::IscsiUrl;
 use bytes::{Bytes, BytesMut};
@@ -384,6 +384,29 @@ impl Volume {
         Ok(())
     }
 
+    /// What every member offers: a feature only when all have it, each limit the smallest.
+    pub async fn capabilities(&self) -> Result<Capabilities, Error> {
+        let each = (0..self.inner.members.len()).map(|m| async move {
+            self.inner.members[m]
+                .lun
+                .capabilities()
+                .await
+                .map_err(|e| self.member_error(m, e))
+        });
+        let all = futures_join(each).await?;
+        let min32 = |f: fn(&Capabilities) -> Option<u32>| all.iter().filter_map(f).min();
+        Ok(Capabilities {
+            max_transfer_blocks: min32(|c| c.max_transfer_blocks),
+            optimal_transfer_blocks: min32(|c| c.optimal_transfer_blocks),
+            max_unmap_blocks: min32(|c| c.max_unmap_blocks),
+            max_write_same_blocks: all.iter().filter_map(|c| c.max_write_same_blocks).min(),
+            unmap: all.iter().all(|c| c.unmap),
+            write_same_unmap: all.iter().all(|c| c.write_same_unmap),
+            write_protected: all.iter().any(|c| c.write_protected),
+            fua: all.iter().all(|c| c.fua),
+        })
+    }
+
     /// `(member, member LBA, blocks)` runs that hold `[lba, lba + blocks)`.
     fn runs(&self, lba: u64, blocks: u64) -> Vec<(usize, u64, u64)> {
         match self.inner.stripe {
@@ -463,10 +486,44 @@ impl Device {
         }
     }
 
+    pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
+        match self {
+            Device::Lun(l) => l.write_fua(lba, data, fua).await,
+            Device::Volume(v) => v.write_fua(lba, data, fua).await,
+        }
+    }
+
     pub async fn flush(&self) -> Result<(), Error> {
         match self {
             Device::Lun(l) => l.flush().await,
             Device::Volume(v) => v.flush().await,
+        }
+    }
+
+    pub async fn unmap(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        match self {
+            Device::Lun(l) => l.unmap(lba, blocks).await,
+            Device::Volume(v) => v.unmap(lba, blocks).await,
+        }
+    }
+
+    pub async fn write_zeroes(
+        &self,
+        lba: u64,
+        blocks: u64,
+        unmap: bool,
+        max_per_command: u64,
+    ) -> Result<(), Error> {
+        match self {
+            Device::Lun(l) => l.write_zeroes(lba, blocks, unmap, max_per_command).await,
+            Device::Volume(v) => v.write_zeroes(lba, blocks, unmap, max_per_command).await,
+        }
+    }
+
+    pub async fn capabilities(&self) -> Result<Capabilities, Error> {
+        match self {
+            Device::Lun(l) => l.capabilities().await,
+            Device::Volume(v) => v.capabilities().await,
         }
     }
 }

@@ -87,15 +87,15 @@ fn target(dir: &Path, size_mib: u64) -> (Proc2, u16) {
 }
 
 fn nbd(dir: &Path, port: u16, extra: &[&str]) -> (Proc2, PathBuf) {
+    nbd_of(dir, &format!("iscsi://127.0.0.1:{port}/{IQN}/0"), extra)
+}
+
+/// `mcsi nbd` of `what` (a URL or volume:SPEC) on a Unix socket in `dir`.
+fn nbd_of(dir: &Path, what: &str, extra: &[&str]) -> (Proc2, PathBuf) {
     let sock = dir.join("nbd.sock");
     let log = dir.join("nbd.log");
     let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
-        .args([
-            "nbd",
-            &format!("iscsi://127.0.0.1:{port}/{IQN}/0"),
-            "--socket",
-            sock.to_str().unwrap(),
-        ])
+        .args(["nbd", what, "--socket", sock.to_str().unwrap()])
         .args(extra)
         .env("MCSI_LOG", "info")
         .stdout(Stdio::null())
@@ -292,4 +292,56 @@ fn read_only_export_and_unknown_export_name() {
     assert_eq!(j["exports"][0]["export-name"], "disk");
     let (st, log) = stop(n);
     assert!(st.success(), "{log}");
+}
+
+#[test]
+fn a_striped_volume_of_two_targets_as_one_export() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !tools_or_skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&da).unwrap();
+    std::fs::create_dir_all(&db).unwrap();
+    let (a, pa) = target(&da, 32);
+    let (b, pb) = target(&db, 32);
+    let spec = dir.path().join("two.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "layout = \"stripe\"\nchunk = \"128KiB\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
+        ),
+    )
+    .unwrap();
+    let (n, sock) = nbd_of(
+        dir.path(),
+        &format!("volume:{}", spec.display()),
+        &["--connections", "2"],
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&run(Proc::new("nbdinfo").args(["--json", &uri(&sock)]))).unwrap();
+    let e = &j["exports"][0];
+    assert_eq!(e["export-name"], "two");
+    assert_eq!(e["export-size"], 64u64 << 20, "both members");
+    for flag in ["can_flush", "can_fua", "can_trim", "can_zero"] {
+        assert_eq!(e[flag], true, "{flag} in {e}");
+    }
+    let src = dir.path().join("src.bin");
+    let data: Vec<u8> = (0..48u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    run(Proc::new("nbdcopy").arg(&src).arg(uri(&sock)));
+    let back = dir.path().join("back.bin");
+    run(Proc::new("nbdcopy").arg(uri(&sock)).arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert!(
+        got[..data.len()] == data[..],
+        "the volume reads back what was written"
+    );
+    let (st, log) = stop(n);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("flushed and logged out"), "{log}");
+    drop((a, b));
 }

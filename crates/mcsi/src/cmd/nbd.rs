@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use mcsi_initiator::{connect, Capabilities, Error, IscsiUrl, Lun, SenseKey, Session};
+use mcsi_initiator::{connect, Capabilities, Device, Error, IscsiUrl, SenseKey, Session, Volume};
 use mcsi_nbd::proto::errno;
 use mcsi_nbd::{Export, ExportInfo, ExportStats, Listener, NbdError, Server, ServerOptions};
 use std::process::ExitCode;
@@ -15,8 +15,9 @@ use tracing::{error, info, warn};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The LUNs to export, iscsi://[user[%password]@]host[:port]/target-iqn/lun; each gets its
-    /// own session. A client asking for the default export (an empty name) gets the first.
+    /// The LUNs to export, iscsi://[user[%password]@]host[:port]/target-iqn/lun, or volumes,
+    /// volume:SPEC.toml (see mcsi copy); each gets its own sessions. A client asking for the
+    /// default export (an empty name) gets the first.
     #[arg(required = true)]
     pub urls: Vec<String>,
     #[command(flatten)]
@@ -60,9 +61,9 @@ pub struct Args {
     pub metrics: Option<String>,
 }
 
-/// One LUN as an NBD export.
+/// One LUN, or a volume of several, as an NBD export.
 struct LunExport {
-    lun: Lun,
+    lun: Device,
     info: ExportInfo,
     caps: Capabilities,
     url: String,
@@ -215,12 +216,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     crate::cmd::runtime(args.threads)?.block_on(serve(args))
 }
 
-async fn open(
-    url: &str,
-    name: Option<&str>,
-    args: &Args,
-    max_payload: u64,
-) -> anyhow::Result<(Session, Arc<LunExport>)> {
+/// The LUN or volume `url` names, a default export name, and a description.
+async fn open_device(url: &str, args: &Args) -> anyhow::Result<(Device, String, String)> {
+    if let Some(path) = crate::cmd::volume::spec_path(url) {
+        let spec = crate::cmd::volume::load(path, &args.session, false)?;
+        let v = Volume::open(&spec)
+            .await
+            .with_context(|| format!("opening {url}"))?;
+        let name = path.file_stem().map_or_else(
+            || "volume".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let desc = format!(
+            "a {} volume of {} members",
+            match v.layout() {
+                mcsi_initiator::Layout::Stripe { .. } => "striped",
+                mcsi_initiator::Layout::Mirror => "mirrored",
+            },
+            v.members().len()
+        );
+        return Ok((Device::Volume(v), name, desc));
+    }
     let u = IscsiUrl::parse(url)?;
     let opts = args.session.options(false)?;
     let session = connect(&u, opts)
@@ -230,6 +246,19 @@ async fn open(
         .open_lun(u.lun)
         .await
         .with_context(|| format!("opening {u}"))?;
+    let desc = format!("{u} over {} connection(s)", session.connection_count());
+    Ok((Device::Lun(lun), format!("{}/{}", u.target, u.lun), desc))
+}
+
+async fn open(
+    url: &str,
+    name: Option<&str>,
+    args: &Args,
+    max_payload: u64,
+) -> anyhow::Result<(Vec<Session>, Arc<LunExport>)> {
+    let (lun, default_name, description) = open_device(url, args).await?;
+    let u = url;
+    let session = lun.sessions()[0].clone();
     let caps = lun
         .capabilities()
         .await
@@ -253,10 +282,8 @@ async fn open(
     let preferred = preferred / bs * bs;
     let read_only = args.read_only || caps.write_protected;
     let info = ExportInfo {
-        name: name
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{}/{}", u.target, u.lun)),
-        description: format!("{u} over {} connection(s)", session.connection_count()),
+        name: name.map_or(default_name, str::to_string),
+        description,
         size: cap.bytes(),
         block_size: bs,
         preferred,
@@ -282,6 +309,7 @@ async fn open(
         read_only,
         "exporting {u}"
     );
+    let sessions = lun.sessions();
     let export = Arc::new(LunExport {
         lun,
         info,
@@ -289,7 +317,7 @@ async fn open(
         url: u.to_string(),
         lost: AtomicBool::new(false),
     });
-    Ok((session, export))
+    Ok((sessions, export))
 }
 
 async fn bind(args: &Args) -> anyhow::Result<(Listener, String)> {
@@ -373,7 +401,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(addr) = &args.metrics {
         let observer = NbdObserver {
             session: crate::cmd::observe::SessionObserver {
-                session: sessions[0].clone(),
+                session: sessions[0][0].clone(),
                 initiator: args
                     .session
                     .initiator_name
@@ -404,9 +432,11 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
                 failed = true;
             }
         }
-        if let Err(err) = s.logout().await {
-            warn!("{}: logout failed: {err}", e.url);
-            not_logged_out += 1;
+        for s in s {
+            if let Err(err) = s.logout().await {
+                warn!("{}: logout of {} failed: {err}", e.url, s.url());
+                not_logged_out += 1;
+            }
         }
     }
     if let Some(p) = &args.socket {
