@@ -49,6 +49,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
     ("nbd-wan", include_str!("../experiments/nbd-wan.toml")),
     (
+        "chishima-fig17",
+        include_str!("../experiments/chishima-fig17.toml"),
+    ),
+    (
         "routes-vs-mptcp",
         include_str!("../experiments/routes-vs-mptcp.toml"),
     ),

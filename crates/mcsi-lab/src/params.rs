@@ -58,6 +58,7 @@ const TARGET: &[&str] = &["mcsi", "tgt"];
 const CLIENT: &[&str] = &["mcsi-bench", "iscsi-perf", "nbd-fio"];
 const CC: &[&str] = &["reno", "cubic", "bbr"];
 const BS_RULE: &[&str] = &["cwnd", "bdp"];
+const VOLUME: &[&str] = &["stripe", "mirror"];
 const PATH_BY: &[&str] = &["port", "source"];
 
 /// Every parameter, in the order of the CSV columns.
@@ -145,6 +146,27 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Int(1, 8),
         axis: "sessions (one LUN each)",
         help: "sessions run at once from the initiator's side, 1 to 8: the target serves one LUN per session and one mcsi bench per session reads its own, all for the same runtime; the run's throughput and IOPS are all the sessions moved over the span from the first one's start to the last one's end, response times I/O-weighted means (the p99 is the worst session's)",
+    },
+    Def {
+        name: "volume",
+        role: Role::Client,
+        kind: Kind::Choice(VOLUME),
+        axis: "volume layout",
+        help: "stripe or mirror: mcsi bench runs over a volume of `members` LUNs of the target (mcsi bench volume:SPEC), each member its own session; with routes, member i binds path address i mod routes",
+    },
+    Def {
+        name: "members",
+        role: Role::Client,
+        kind: Kind::Int(2, 8),
+        axis: "volume members",
+        help: "with volume: how many LUNs (each its own session) make the volume, 2 to 8 (default 2)",
+    },
+    Def {
+        name: "chunk",
+        role: Role::Client,
+        kind: Kind::Size,
+        axis: "stripe chunk (KiB)",
+        help: "with volume = \"stripe\": the chunk size (default 256KiB)",
     },
     Def {
         name: "policy",

@@ -206,7 +206,7 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         _ => (
             format!(
                 "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}{}",
-                vec![sh_quote(lun); sessions(p)].join(" --lun "),
+                vec![sh_quote(lun); sessions(p).max(members(p))].join(" --lun "),
                 p.params
                     .get("cc")
                     .map_or(String::new(), |cc| format!(" --congestion {}", cc.text)),
@@ -231,6 +231,7 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
     let client = match p.text("client") {
         "iscsi-perf" => iscsi_perf_script(p, &url),
         "nbd-fio" => nbd_fio_script(&bin, p, &url, seed),
+        _ if p.params.get("volume").is_some() => volume_script(&bin, p, seed),
         _ if sessions(p) > 1 => {
             // One bench per session, each on its own LUN and seed; their JSON documents follow
             // one another on stdout, in session order.
@@ -282,6 +283,37 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
     Ok(c)
 }
 
+/// LUNs of the point's volume (parameter `members`, default 2), or 0 without a volume.
+pub fn members(p: &Point) -> usize {
+    if p.params.get("volume").is_none() {
+        return 0;
+    }
+    p.num("members").map_or(2, |n| n as usize).max(2)
+}
+
+/// The link-side script of a volume point: the spec (one member per LUN of the target, member i
+/// bound to path address i mod routes) written to a temporary file, and mcsi bench over it.
+fn volume_script(bin: &str, p: &Point, seed: u64) -> String {
+    let mut spec = format!("layout = \"{}\"\n", p.text("volume"));
+    if let Some(c) = p.params.get("chunk") {
+        spec.push_str(&format!("chunk = {}\n", c.text));
+    }
+    let routes = p.num("routes").map(|n| (n as usize).max(1));
+    for i in 0..members(p) {
+        spec.push_str(&format!(
+            "[[member]]\nurl = \"iscsi://$MCSI_LINK_PEER:{PORT}/{IQN}/{i}\"\n"
+        ));
+        if let Some(r) = routes {
+            spec.push_str(&format!("bind = [\"$MCSI_LINK_ADDR_{}\"]\n", i % r));
+        }
+    }
+    let bench: Vec<String> = bench_args(p, seed).iter().map(|a| sh_quote(a)).collect();
+    format!(
+        "d=$(mktemp -d); cat > $d/volume.toml <<SPEC\n{spec}SPEC\n{bin} bench {} volume:$d/volume.toml; rc=$?; rm -rf $d; exit $rc",
+        bench.join(" ")
+    )
+}
+
 /// Sessions the point runs at once (parameter `sessions`, default 1).
 pub fn sessions(p: &Point) -> usize {
     p.num("sessions").map_or(1, |n| n as usize).max(1)
@@ -329,6 +361,21 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         if p.params.get("target_cc").is_some() {
             return Err("set cc (every socket of the session, both sides) or target_cc (the target side's route), not both".into());
         }
+    }
+    if p.params.get("volume").is_some() {
+        if p.text("target") != "mcsi" || p.text("client") != "mcsi-bench" || sessions(p) > 1 {
+            return Err("volume runs mcsi bench over LUNs of mcsi's target, one session each: use target = \"mcsi\", client = \"mcsi-bench\" and no sessions".into());
+        }
+        if p.params.get("bs_auto").is_some() {
+            return Err("bs_auto follows one session: give a volume a fixed bs".into());
+        }
+        if p.params.get("chunk").is_some() && p.text("volume") != "stripe" {
+            return Err("chunk is a stripe's: set volume = \"stripe\"".into());
+        }
+    } else if p.params.get("members").is_some() || p.params.get("chunk").is_some() {
+        return Err(
+            "members and chunk shape a volume: set volume = \"stripe\" or \"mirror\"".into(),
+        );
     }
     if p.params.get("routes").is_some() {
         if p.text("path_by") != "source" || p.params.get("paths").is_none() {
