@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator lio nbd)
+VM_TESTS=(initiator lio nbd nbdvol)
 
 # test_initiator: open-iscsi in the VM against `mcsi target` on a file: discovery, login, fio
 # with verify, ext4; mutual CHAP with CRC32C digests; a target restart under a mounted,
@@ -168,8 +168,37 @@ test_nbd() {
   local img=$1 iqn=iqn.2026-01.org.mcsi:vm-nbd
   ns_target "$RUN/target.log" --listen 127.0.0.1:3260 --iqn "$iqn" --lun ram:512MiB
   in_ns_wait_port 3260
-  ip netns exec "$NS" "$MCSI" nbd --connections 4 --listen "$HOST_IP:10809" --name disk \
-    "iscsi://127.0.0.1:3260/$iqn/0" >"$RUN/nbd.log" 2>&1 &
+  nbd_guest "$img" "iscsi://127.0.0.1:3260/$iqn/0" --connections 4
+}
+
+# test_nbdvol: the same over a volume striped across two LUNs, each its own 2-connection
+# session: ext4 made, filled, remounted and checked through one export.
+test_nbdvol() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-nbdvol
+  ns_target "$RUN/target.log" --listen 127.0.0.1:3260 --iqn "$iqn" --lun ram:256MiB \
+    --lun ram:256MiB
+  in_ns_wait_port 3260
+  cat >"$RUN/volume.toml" <<SPEC
+layout = "stripe"
+chunk = "128KiB"
+
+[[member]]
+url = "iscsi://127.0.0.1:3260/$iqn/0"
+
+[[member]]
+url = "iscsi://127.0.0.1:3260/$iqn/1"
+SPEC
+  nbd_guest "$img" "volume:$RUN/volume.toml" --connections 2
+  grep -q "exporting volume:" "$RUN/nbd.log" || die "mcsi nbd did not export the volume"
+}
+
+# nbd_guest IMG WHAT ARGS...: `mcsi nbd WHAT ARGS` as export "disk" on the host side, and the
+# guest's nbd.sh (nbd-client, ext4, remount, e2fsck) against it; a clean stop after.
+nbd_guest() {
+  local img=$1 what=$2
+  shift 2
+  ip netns exec "$NS" "$MCSI" nbd "$@" --listen "$HOST_IP:10809" --name disk "$what" \
+    >"$RUN/nbd.log" 2>&1 &
   local nbd=$!
   EXTRA_PIDS="${EXTRA_PIDS:-} $nbd"
   in_ns_wait_port 10809 "$HOST_IP"
