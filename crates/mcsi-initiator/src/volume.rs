@@ -7,12 +7,13 @@
 //! apart from any session.
 
 use crate::error::Error;
+use crate::error::Scope;
 use crate::lun::{Capabilities, Capacity, Lun};
 use crate::session::{connect, ConnectOptions};
 use crate::url::IscsiUrl;
 use bytes::{Bytes, BytesMut};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// How the members hold the volume's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,29 @@ struct Member {
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
+    /// A mirror member whose session failed: it gets no more commands, and `dirty` records the
+    /// regions written since.
+    failed: AtomicBool,
+    /// One bit per region of [`REGION_BYTES`] written while the member was failed.
+    dirty: Mutex<Vec<u64>>,
+}
+
+/// The unit a failed mirror member's missed writes are recorded in.
+pub const REGION_BYTES: u64 = 1 << 20;
+
+/// A member's state as the volume sees it ([`Volume::member_states`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub url: String,
+    pub failed: bool,
+    /// Bytes of regions written while it was failed (what a resync would copy).
+    pub dirty_bytes: u64,
+}
+
+/// Whether `e` means the member itself is gone (its connection or session), rather than an
+/// answer about the command (a SCSI status) or a bad request.
+fn member_gone(e: &Error) -> bool {
+    matches!(e.scope(), Scope::Connection | Scope::Session)
 }
 
 /// An open volume. Cheap to clone.
@@ -155,6 +179,8 @@ impl Volume {
                 lun,
                 name,
                 busy: AtomicUsize::new(0),
+                failed: AtomicBool::new(false),
+                dirty: Mutex::new(Vec::new()),
             });
         }
         let members: Vec<Member> = opened.into_iter().flatten().collect();
@@ -253,12 +279,21 @@ impl Volume {
         self.check(lba, u64::from(blocks))?;
         let bs = u64::from(self.block_size());
         let Some(stripe) = self.inner.stripe else {
-            let m = self.least_busy();
-            let member = &self.inner.members[m];
-            member.busy.fetch_add(1, Ordering::Relaxed);
-            let r = member.lun.read(lba, blocks).await;
-            member.busy.fetch_sub(1, Ordering::Relaxed);
-            return r.map_err(|e| self.member_error(m, e));
+            // The least busy live member; one that turns out to be gone is failed and the read
+            // goes to the next.
+            loop {
+                let Some(m) = self.least_busy() else {
+                    return Err(Error::Closed);
+                };
+                let member = &self.inner.members[m];
+                member.busy.fetch_add(1, Ordering::Relaxed);
+                let r = member.lun.read(lba, blocks).await;
+                member.busy.fetch_sub(1, Ordering::Relaxed);
+                match r {
+                    Err(e) if member_gone(&e) && self.live_members() > 1 => self.fail_member(m, &e),
+                    r => return r.map_err(|e| self.member_error(m, e)),
+                }
+            }
         };
         let extents = stripe.split(lba, u64::from(blocks));
         let reads = extents.iter().map(|e| async move {
@@ -306,18 +341,7 @@ impl Volume {
         let blocks = data.len() as u64 / bs;
         self.check(lba, blocks)?;
         let Some(stripe) = self.inner.stripe else {
-            let writes = (0..self.inner.members.len()).map(|m| {
-                let data = data.clone();
-                async move {
-                    self.inner.members[m]
-                        .lun
-                        .write_fua(lba, data, fua)
-                        .await
-                        .map_err(|e| self.member_error(m, e))
-                }
-            });
-            futures_join(writes).await?;
-            return Ok(());
+            return self.mirror_write(lba, blocks, data, fua).await;
         };
         let extents = stripe.split(lba, blocks);
         let writes = extents.iter().map(|e| {
@@ -334,32 +358,19 @@ impl Volume {
         Ok(())
     }
 
-    /// SYNCHRONIZE CACHE on every member.
+    /// SYNCHRONIZE CACHE on every (live) member.
     pub async fn flush(&self) -> Result<(), Error> {
-        let flushes = (0..self.inner.members.len()).map(|m| async move {
-            self.inner.members[m]
-                .lun
-                .flush()
-                .await
-                .map_err(|e| self.member_error(m, e))
-        });
-        futures_join(flushes).await?;
-        Ok(())
+        let all = (0..self.inner.members.len()).map(|m| (m, 0, 0)).collect();
+        self.on_runs(all, false, |lun, _, _| async move { lun.flush().await })
+            .await
     }
 
     /// UNMAP of `[lba, lba + blocks)`, split across the members like data.
     pub async fn unmap(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         self.check(lba, blocks)?;
         let runs = self.runs(lba, blocks);
-        let ops = runs.into_iter().map(|(m, l, n)| async move {
-            self.inner.members[m]
-                .lun
-                .unmap(l, n)
-                .await
-                .map_err(|e| self.member_error(m, e))
-        });
-        futures_join(ops).await?;
-        Ok(())
+        self.on_runs(runs, true, |lun, l, n| async move { lun.unmap(l, n).await })
+            .await
     }
 
     /// Zeroes `[lba, lba + blocks)` (WRITE SAME, at most `max_per_command` blocks a command),
@@ -373,15 +384,64 @@ impl Volume {
     ) -> Result<(), Error> {
         self.check(lba, blocks)?;
         let runs = self.runs(lba, blocks);
-        let ops = runs.into_iter().map(|(m, l, n)| async move {
-            self.inner.members[m]
-                .lun
-                .write_zeroes(l, n, unmap, max_per_command)
-                .await
-                .map_err(|e| self.member_error(m, e))
+        self.on_runs(runs, true, move |lun, l, n| async move {
+            lun.write_zeroes(l, n, unmap, max_per_command).await
+        })
+        .await
+    }
+
+    /// Runs `op` on each `(member, lba, blocks)` run at once. In a mirror a member that is gone
+    /// (or was) is failed and skipped, the run marked for it when `changes`; the stripe has no
+    /// copy to go on with, so there any error is the caller's.
+    async fn on_runs<F, Fut>(
+        &self,
+        runs: Vec<(usize, u64, u64)>,
+        changes: bool,
+        op: F,
+    ) -> Result<(), Error>
+    where
+        F: Fn(Lun, u64, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Error>>,
+    {
+        let mirror = self.inner.stripe.is_none();
+        let ops = runs.into_iter().map(|(m, l, n)| {
+            let member = &self.inner.members[m];
+            let skip = mirror && member.failed.load(Ordering::Relaxed);
+            let fut = (!skip).then(|| op(member.lun.clone(), l, n));
+            async move {
+                match fut {
+                    Some(f) => (m, l, n, Some(f.await)),
+                    None => (m, l, n, None),
+                }
+            }
         });
-        futures_join(ops).await?;
-        Ok(())
+        let results = futures_util::future::join_all(ops).await;
+        let mut done = 0;
+        let mut answer = None;
+        for (m, l, n, r) in results {
+            match r {
+                Some(Ok(())) => done += 1,
+                Some(Err(e)) if mirror && member_gone(&e) => {
+                    self.fail_member(m, &e);
+                    if changes {
+                        self.mark_dirty(m, l, n);
+                    }
+                }
+                Some(Err(e)) => {
+                    answer.get_or_insert(self.member_error(m, e));
+                }
+                None => {
+                    if changes {
+                        self.mark_dirty(m, l, n);
+                    }
+                }
+            }
+        }
+        match answer {
+            Some(e) => Err(e),
+            None if done == 0 => Err(Error::Closed),
+            None => Ok(()),
+        }
     }
 
     /// What every member offers: a feature only when all have it, each limit the smallest.
@@ -421,13 +481,98 @@ impl Volume {
         }
     }
 
-    fn least_busy(&self) -> usize {
+    /// A mirror write: to every live member at once; done when each has it or is gone. A
+    /// member that is gone is failed (the volume goes on degraded) and the region marked for
+    /// it; the write fails only when no member took it, or one answered with an error about
+    /// the command itself.
+    async fn mirror_write(
+        &self,
+        lba: u64,
+        blocks: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), Error> {
+        let all = (0..self.inner.members.len())
+            .map(|m| (m, lba, blocks))
+            .collect();
+        self.on_runs(all, true, |lun, l, _| {
+            let d = data.clone();
+            async move { lun.write_fua(l, d, fua).await }
+        })
+        .await
+    }
+
+    /// Member `m` is gone: no more commands go to it. Logged once.
+    fn fail_member(&self, m: usize, e: &Error) {
+        let member = &self.inner.members[m];
+        if !member.failed.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                member = m,
+                url = %member.name,
+                error = %e,
+                live = self.live_members(),
+                "mirror member {m} failed; the volume goes on degraded, recording what it misses"
+            );
+        }
+    }
+
+    fn mark_dirty(&self, m: usize, lba: u64, blocks: u64) {
+        let region = (REGION_BYTES / u64::from(self.block_size())).max(1);
+        let (first, last) = (lba / region, (lba + blocks.max(1) - 1) / region);
+        let mut bits = self.inner.members[m]
+            .dirty
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let words = (self.inner.cap.blocks / region + 1).div_ceil(64) as usize;
+        if bits.len() < words {
+            bits.resize(words, 0);
+        }
+        for r in first..=last {
+            if let Some(w) = bits.get_mut((r / 64) as usize) {
+                *w |= 1 << (r % 64);
+            }
+        }
+    }
+
+    fn live_members(&self) -> usize {
+        self.inner
+            .members
+            .iter()
+            .filter(|m| !m.failed.load(Ordering::Relaxed))
+            .count()
+    }
+
+    /// Each member's state: failed or not, and how much it missed.
+    pub fn member_states(&self) -> Vec<MemberState> {
+        self.inner
+            .members
+            .iter()
+            .map(|m| {
+                let regions: u64 = m
+                    .dirty
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|w| u64::from(w.count_ones()))
+                    .sum();
+                MemberState {
+                    url: m.name.clone(),
+                    failed: m.failed.load(Ordering::Relaxed),
+                    dirty_bytes: regions * REGION_BYTES,
+                }
+            })
+            .collect()
+    }
+
+    /// The live member with the fewest commands in flight.
+    fn least_busy(&self) -> Option<usize> {
         self.inner
             .members
             .iter()
             .enumerate()
+            .filter(|(_, m)| !m.failed.load(Ordering::Relaxed))
             .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
-            .map_or(0, |(i, _)| i)
+            .map(|(i, _)| i)
     }
 
     fn member_error(&self, m: usize, e: Error) -> Error {

@@ -272,3 +272,53 @@ fn a_verified_bench_runs_over_a_striped_volume() {
     assert!(!auto.status.success());
     assert!(String::from_utf8_lossy(&auto.stderr).contains("give a volume a fixed --bs"));
 }
+
+#[test]
+fn a_mirror_goes_on_degraded_when_a_member_dies() {
+    let a = LocalTarget::start(mcsi(), IQN, "ram:16MiB");
+    let b = LocalTarget::start(mcsi(), IQN, "ram:16MiB");
+    let dir = Scratch::new("degraded");
+    let vol = spec(&dir, "m.toml", "layout = \"mirror\"", &[&a, &b]);
+    let bench = Command::new(mcsi())
+        .args([
+            "bench",
+            &vol,
+            "--rw",
+            "randwrite",
+            "--verify",
+            "--bs",
+            "64KiB",
+            "--iodepth",
+            "8",
+            "--size",
+            "8MiB",
+            "--runtime",
+            "6",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Member 1's target dies mid-run (SIGKILL): its session tries again, gives up, and the
+    // volume goes on with member 0 alone.
+    drop(b);
+    let out = bench.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    assert!(out.status.success(), "{log}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{v}");
+    assert!(
+        v["mcsi"]["verify"]["blocks_checked"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let m = &v["mcsi"]["volume"]["members"];
+    assert_eq!(m[0]["failed"], false, "{v}");
+    assert_eq!(m[1]["failed"], true, "{v}");
+    assert!(m[1]["dirty_bytes"].as_u64().unwrap() > 0, "{v}");
+    assert!(log.contains("goes on degraded"), "{log}");
+    drop(a);
+}

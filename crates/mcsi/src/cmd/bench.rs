@@ -682,10 +682,12 @@ async fn run_phase(ctx: &Arc<Ctx>, iodepth: usize) -> WorkerOut {
 
 /// A volume's layout and each member's session, for the JSON.
 fn volume_json(v: &Volume) -> Value {
+    let states = v.member_states();
     let members: Vec<Value> = v
         .members()
         .iter()
-        .map(|l| {
+        .zip(&states)
+        .map(|(l, state)| {
             let st = l.session().stats();
             json!({
                 "url": l.session().url().to_string(),
@@ -694,6 +696,8 @@ fn volume_json(v: &Volume) -> Value {
                 "bytes": st.connections.iter().map(|c| c.counters.bytes).sum::<u64>(),
                 "recoveries": st.recoveries,
                 "failovers": st.failovers,
+                "failed": state.failed,
+                "dirty_bytes": state.dirty_bytes,
             })
         })
         .collect();
