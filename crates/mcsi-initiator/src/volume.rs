@@ -12,7 +12,7 @@ use crate::lun::{Capabilities, Capacity, Lun};
 use crate::session::{connect, ConnectOptions};
 use crate::url::IscsiUrl;
 use bytes::{Bytes, BytesMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How the members hold the volume's blocks.
@@ -102,16 +102,132 @@ impl Stripe {
 /// A member once open.
 #[derive(Debug)]
 struct Member {
-    lun: Lun,
+    /// Replaced when a failed member comes back with a new session.
+    lun: std::sync::RwLock<Lun>,
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
-    /// A mirror member whose session failed: it gets no more commands, and `dirty` records the
-    /// regions written since.
-    failed: AtomicBool,
+    /// [`ACTIVE`], [`FAILED`] (a mirror member whose session was lost: no commands go to it,
+    /// and `dirty` records the regions written since) or [`RESYNCING`] (back: it takes writes,
+    /// not reads, while the regions it missed are copied to it).
+    state: AtomicU8,
     /// One bit per region of [`REGION_BYTES`] written while the member was failed.
     dirty: Mutex<Vec<u64>>,
 }
+
+const ACTIVE: u8 = 0;
+const FAILED: u8 = 1;
+const RESYNCING: u8 = 2;
+
+impl Member {
+    fn lun(&self) -> Lun {
+        self.lun.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+}
+
+/// Writes in flight per region, and the region a resync copies: a resync waits for the writes
+/// on its region and holds new ones back while it copies, so that it never lays older data over
+/// a newer write.
+#[derive(Debug, Default)]
+struct Regions {
+    state: Mutex<RegionState>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct RegionState {
+    writing: std::collections::HashMap<u64, u32>,
+    copying: Option<u64>,
+}
+
+impl Regions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RegionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a write on regions `first..=last`, once none of them is being copied.
+    async fn share(&self, first: u64, last: u64) -> RegionShare<'_> {
+        loop {
+            let wait = self.changed.notified();
+            {
+                let mut st = self.lock();
+                if !st.copying.is_some_and(|c| (first..=last).contains(&c)) {
+                    for r in first..=last {
+                        *st.writing.entry(r).or_insert(0) += 1;
+                    }
+                    return RegionShare {
+                        regions: self,
+                        first,
+                        last,
+                    };
+                }
+            }
+            wait.await;
+        }
+    }
+
+    /// Takes region `r` for a copy: new writes on it wait, and this waits for those in flight.
+    async fn exclusive(&self, r: u64) -> RegionCopy<'_> {
+        loop {
+            let wait = self.changed.notified();
+            {
+                let mut st = self.lock();
+                if st.copying.is_none() {
+                    st.copying = Some(r);
+                    break;
+                }
+            }
+            wait.await;
+        }
+        loop {
+            let wait = self.changed.notified();
+            if self.lock().writing.get(&r).copied().unwrap_or(0) == 0 {
+                return RegionCopy { regions: self };
+            }
+            wait.await;
+        }
+    }
+}
+
+struct RegionShare<'a> {
+    regions: &'a Regions,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for RegionShare<'_> {
+    fn drop(&mut self) {
+        let mut st = self.regions.lock();
+        for r in self.first..=self.last {
+            if let Some(n) = st.writing.get_mut(&r) {
+                *n -= 1;
+                if *n == 0 {
+                    st.writing.remove(&r);
+                }
+            }
+        }
+        drop(st);
+        self.regions.changed.notify_waiters();
+    }
+}
+
+struct RegionCopy<'a> {
+    regions: &'a Regions,
+}
+
+impl Drop for RegionCopy<'_> {
+    fn drop(&mut self) {
+        self.regions.lock().copying = None;
+        self.regions.changed.notify_waiters();
+    }
+}
+
+/// How often a failed mirror member is tried again.
+const REJOIN_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The unit a failed mirror member's missed writes are recorded in.
 pub const REGION_BYTES: u64 = 1 << 20;
@@ -143,6 +259,11 @@ struct Inner {
     stripe: Option<Stripe>,
     members: Vec<Member>,
     cap: Capacity,
+    /// How to open each member again (a failed mirror member's return).
+    specs: Vec<MemberSpec>,
+    regions: Regions,
+    /// A task tries failed members again.
+    rejoining: AtomicBool,
 }
 
 impl Volume {
@@ -176,28 +297,28 @@ impl Volume {
                 Error::InvalidArgument(format!("member {i} ({name}) cannot be opened: {e}"))
             })?;
             opened[i] = Some(Member {
-                lun,
+                lun: std::sync::RwLock::new(lun),
                 name,
                 busy: AtomicUsize::new(0),
-                failed: AtomicBool::new(false),
+                state: AtomicU8::new(ACTIVE),
                 dirty: Mutex::new(Vec::new()),
             });
         }
         let members: Vec<Member> = opened.into_iter().flatten().collect();
-        let bs = members[0].lun.block_size();
+        let bs = members[0].lun().block_size();
         for (i, m) in members.iter().enumerate() {
-            if m.lun.block_size() != bs {
+            if m.lun().block_size() != bs {
                 return Err(Error::InvalidArgument(format!(
                     "member {i} ({}) has {}-byte blocks, member 0 ({}) {bs}: a volume's members must agree",
                     m.name,
-                    m.lun.block_size(),
+                    m.lun().block_size(),
                     members[0].name
                 )));
             }
         }
         let smallest = members
             .iter()
-            .map(|m| m.lun.geometry().blocks)
+            .map(|m| m.lun().geometry().blocks)
             .min()
             .unwrap_or(0);
         let (stripe, blocks) = match spec.layout {
@@ -231,6 +352,9 @@ impl Volume {
                     blocks,
                 },
                 members,
+                specs: spec.members.clone(),
+                regions: Regions::default(),
+                rejoining: AtomicBool::new(false),
             }),
         };
         tracing::info!(
@@ -256,7 +380,7 @@ impl Volume {
 
     /// The members' LUNs, in the spec's order.
     pub fn members(&self) -> Vec<Lun> {
-        self.inner.members.iter().map(|m| m.lun.clone()).collect()
+        self.inner.members.iter().map(Member::lun).collect()
     }
 
     fn check(&self, lba: u64, blocks: u64) -> Result<(), Error> {
@@ -287,7 +411,7 @@ impl Volume {
                 };
                 let member = &self.inner.members[m];
                 member.busy.fetch_add(1, Ordering::Relaxed);
-                let r = member.lun.read(lba, blocks).await;
+                let r = member.lun().read(lba, blocks).await;
                 member.busy.fetch_sub(1, Ordering::Relaxed);
                 match r {
                     Err(e) if member_gone(&e) && self.live_members() > 1 => self.fail_member(m, &e),
@@ -298,7 +422,7 @@ impl Volume {
         let extents = stripe.split(lba, u64::from(blocks));
         let reads = extents.iter().map(|e| async move {
             let data = self.inner.members[e.member]
-                .lun
+                .lun()
                 .read(e.lba, e.blocks as u32)
                 .await
                 .map_err(|err| self.member_error(e.member, err))?;
@@ -348,7 +472,7 @@ impl Volume {
             let part = gather(&data, e, bs);
             async move {
                 self.inner.members[e.member]
-                    .lun
+                    .lun()
                     .write_fua(e.lba, part, fua)
                     .await
                     .map_err(|err| self.member_error(e.member, err))
@@ -390,9 +514,10 @@ impl Volume {
         .await
     }
 
-    /// Runs `op` on each `(member, lba, blocks)` run at once. In a mirror a member that is gone
-    /// (or was) is failed and skipped, the run marked for it when `changes`; the stripe has no
-    /// copy to go on with, so there any error is the caller's.
+    /// Runs `op` on each `(member, lba, blocks)` run at once. In a mirror a failed member is
+    /// skipped and the run marked for it when `changes`, a member that turns out to be gone is
+    /// failed, and a member coming back (resyncing) takes the changes but does not count as a
+    /// copy yet; the stripe has no copy to go on with, so there any error is the caller's.
     async fn on_runs<F, Fut>(
         &self,
         runs: Vec<(usize, u64, u64)>,
@@ -404,23 +529,32 @@ impl Volume {
         Fut: std::future::Future<Output = Result<(), Error>>,
     {
         let mirror = self.inner.stripe.is_none();
-        let ops = runs.into_iter().map(|(m, l, n)| {
+        // A mirror's change holds its regions against a resync copying them meanwhile.
+        let _share = match runs.first() {
+            Some(&(_, l, n)) if mirror && changes => {
+                let (first, last) = self.region_span(l, n);
+                Some(self.inner.regions.share(first, last).await)
+            }
+            _ => None,
+        };
+        let ops = runs.iter().map(|&(m, l, n)| {
             let member = &self.inner.members[m];
-            let skip = mirror && member.failed.load(Ordering::Relaxed);
-            let fut = (!skip).then(|| op(member.lun.clone(), l, n));
+            let state = member.state();
+            let skip = mirror && state == FAILED;
+            let fut = (!skip).then(|| op(member.lun(), l, n));
             async move {
                 match fut {
-                    Some(f) => (m, l, n, Some(f.await)),
-                    None => (m, l, n, None),
+                    Some(f) => (m, l, n, state, Some(f.await)),
+                    None => (m, l, n, state, None),
                 }
             }
         });
         let results = futures_util::future::join_all(ops).await;
         let mut done = 0;
         let mut answer = None;
-        for (m, l, n, r) in results {
+        for (m, l, n, state, r) in results {
             match r {
-                Some(Ok(())) => done += 1,
+                Some(Ok(())) => done += usize::from(state == ACTIVE || !mirror),
                 Some(Err(e)) if mirror && member_gone(&e) => {
                     self.fail_member(m, &e);
                     if changes {
@@ -430,11 +564,18 @@ impl Volume {
                 Some(Err(e)) => {
                     answer.get_or_insert(self.member_error(m, e));
                 }
-                None => {
-                    if changes {
-                        self.mark_dirty(m, l, n);
+                None if changes => {
+                    self.mark_dirty(m, l, n);
+                    // It came back after this change passed it by, and its resync may already
+                    // be past this region: give it the change now (the region is still held).
+                    let member = &self.inner.members[m];
+                    if member.state() != FAILED {
+                        if let Err(e) = op(member.lun(), l, n).await {
+                            self.fail_member(m, &e);
+                        }
                     }
                 }
+                None => {}
             }
         }
         match answer {
@@ -444,11 +585,21 @@ impl Volume {
         }
     }
 
+    /// The regions `[lba, lba + blocks)` touches.
+    fn region_span(&self, lba: u64, blocks: u64) -> (u64, u64) {
+        let region = self.region_blocks();
+        (lba / region, (lba + blocks.max(1) - 1) / region)
+    }
+
+    fn region_blocks(&self) -> u64 {
+        (REGION_BYTES / u64::from(self.block_size())).max(1)
+    }
+
     /// What every member offers: a feature only when all have it, each limit the smallest.
     pub async fn capabilities(&self) -> Result<Capabilities, Error> {
         let each = (0..self.inner.members.len()).map(|m| async move {
             self.inner.members[m]
-                .lun
+                .lun()
                 .capabilities()
                 .await
                 .map_err(|e| self.member_error(m, e))
@@ -502,10 +653,11 @@ impl Volume {
         .await
     }
 
-    /// Member `m` is gone: no more commands go to it. Logged once.
+    /// Member `m` is gone: no more commands go to it, logged once, and a task tries it again
+    /// every [`REJOIN_PERIOD`] to bring it back ([`Volume::rejoin`]).
     fn fail_member(&self, m: usize, e: &Error) {
         let member = &self.inner.members[m];
-        if !member.failed.swap(true, Ordering::Relaxed) {
+        if member.state.swap(FAILED, Ordering::AcqRel) != FAILED {
             tracing::error!(
                 member = m,
                 url = %member.name,
@@ -514,11 +666,121 @@ impl Volume {
                 "mirror member {m} failed; the volume goes on degraded, recording what it misses"
             );
         }
+        if !self.inner.rejoining.swap(true, Ordering::AcqRel) {
+            let v = self.clone();
+            tokio::spawn(async move { v.rejoin().await });
+        }
+    }
+
+    /// Tries the failed members again until none is left: one that opens (same block size, big
+    /// enough) takes writes at once and gets the regions it missed copied from a live member,
+    /// one at a time, before it serves reads again.
+    async fn rejoin(self) {
+        loop {
+            tokio::time::sleep(REJOIN_PERIOD).await;
+            let failed: Vec<usize> = (0..self.inner.members.len())
+                .filter(|&m| self.inner.members[m].state() == FAILED)
+                .collect();
+            if failed.is_empty() {
+                self.inner.rejoining.store(false, Ordering::Release);
+                // A member that failed just now found the flag still set: look once more.
+                if self.inner.members.iter().any(|m| m.state() == FAILED)
+                    && !self.inner.rejoining.swap(true, Ordering::AcqRel)
+                {
+                    continue;
+                }
+                return;
+            }
+            if Arc::strong_count(&self.inner) == 1 {
+                return; // the volume was dropped
+            }
+            for m in failed {
+                self.try_back(m).await;
+            }
+        }
+    }
+
+    async fn try_back(&self, m: usize) {
+        let spec = &self.inner.specs[m];
+        let member = &self.inner.members[m];
+        let lun = match async {
+            let s = connect(&spec.url, spec.options.clone()).await?;
+            s.open_lun(spec.url.lun).await
+        }
+        .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::info!(member = m, url = %member.name, error = %e, "mirror member {m} still away");
+                return;
+            }
+        };
+        let (bs, blocks) = (lun.block_size(), lun.geometry().blocks);
+        if bs != self.block_size() || blocks < self.inner.cap.blocks {
+            tracing::error!(member = m, url = %member.name, block_size = bs, blocks, "mirror member {m} came back with another geometry; it stays failed");
+            let _ = lun.session().logout().await;
+            return;
+        }
+        *member.lun.write().unwrap_or_else(|p| p.into_inner()) = lun;
+        member.state.store(RESYNCING, Ordering::Release);
+        let t0 = std::time::Instant::now();
+        match self.resync(m).await {
+            Ok(bytes) => {
+                member.state.store(ACTIVE, Ordering::Release);
+                tracing::info!(
+                    member = m,
+                    url = %member.name,
+                    bytes,
+                    "mirror member {m} back in sync: {} copied in {:.1?}",
+                    mcsi_units::Bytes(bytes as f64),
+                    t0.elapsed()
+                );
+            }
+            Err(e) => self.fail_member(m, &e),
+        }
+    }
+
+    /// Copies member `m`'s dirty regions from a live member, one region at a time, each held
+    /// against writes while it is copied. Returns the bytes copied.
+    async fn resync(&self, m: usize) -> Result<u64, Error> {
+        let member = &self.inner.members[m];
+        let region = self.region_blocks();
+        let bs = u64::from(self.block_size());
+        let mut copied = 0;
+        let dirty: u64 = self.member_states()[m].dirty_bytes;
+        tracing::info!(member = m, url = %member.name, dirty, "mirror member {m} is back; copying the regions it missed");
+        loop {
+            let next = {
+                let bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
+                bits.iter()
+                    .enumerate()
+                    .find(|(_, w)| **w != 0)
+                    .map(|(i, w)| i as u64 * 64 + u64::from(w.trailing_zeros()))
+            };
+            let Some(r) = next else {
+                return Ok(copied);
+            };
+            let _copy = self.inner.regions.exclusive(r).await;
+            let lba = r * region;
+            let n = region.min(self.inner.cap.blocks.saturating_sub(lba));
+            if n > 0 {
+                let src = (0..self.inner.members.len())
+                    .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
+                    .ok_or(Error::Closed)?;
+                let data = self.inner.members[src].lun().read(lba, n as u32).await?;
+                member.lun().write(lba, data).await?;
+                copied += n * bs;
+            }
+            let mut bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = bits.get_mut((r / 64) as usize) {
+                *w &= !(1 << (r % 64));
+            }
+        }
     }
 
     fn mark_dirty(&self, m: usize, lba: u64, blocks: u64) {
-        let region = (REGION_BYTES / u64::from(self.block_size())).max(1);
-        let (first, last) = (lba / region, (lba + blocks.max(1) - 1) / region);
+        let region = self.region_blocks();
+        let (first, last) = self.region_span(lba, blocks);
         let mut bits = self.inner.members[m]
             .dirty
             .lock()
@@ -538,7 +800,7 @@ impl Volume {
         self.inner
             .members
             .iter()
-            .filter(|m| !m.failed.load(Ordering::Relaxed))
+            .filter(|m| m.state() == ACTIVE)
             .count()
     }
 
@@ -557,7 +819,7 @@ impl Volume {
                     .sum();
                 MemberState {
                     url: m.name.clone(),
-                    failed: m.failed.load(Ordering::Relaxed),
+                    failed: m.state() != ACTIVE,
                     dirty_bytes: regions * REGION_BYTES,
                 }
             })
@@ -570,7 +832,7 @@ impl Volume {
             .members
             .iter()
             .enumerate()
-            .filter(|(_, m)| !m.failed.load(Ordering::Relaxed))
+            .filter(|(_, m)| m.state() == ACTIVE)
             .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
             .map(|(i, _)| i)
     }

@@ -322,3 +322,105 @@ fn a_mirror_goes_on_degraded_when_a_member_dies() {
     assert!(log.contains("goes on degraded"), "{log}");
     drop(a);
 }
+
+/// `mcsi target` serving `file` (16 MiB) on `port`.
+fn file_target(port: u16, file: &str) -> std::process::Child {
+    let child = Command::new(mcsi())
+        .args([
+            "target",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--iqn",
+            IQN,
+        ])
+        .args(["--lun", &format!("file:{file}:16MiB")])
+        .env("MCSI_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_listening(port);
+    child
+}
+
+#[test]
+fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
+    let dir = Scratch::new("resync");
+    let (fa, fb) = (dir.file("a.img"), dir.file("b.img"));
+    let (pa, pb) = (common::free_port(), common::free_port());
+    let mut ta = file_target(pa, &fa);
+    let mut tb = file_target(pb, &fb);
+    let spec_file = dir.file("m.toml");
+    std::fs::write(
+        &spec_file,
+        format!(
+            "layout = \"mirror\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
+        ),
+    )
+    .unwrap();
+    let vol = format!("volume:{spec_file}");
+    // Both members hold the whole 16 MiB first.
+    let src = dir.file("src.bin");
+    std::fs::write(&src, pattern(16 << 20)).unwrap();
+    assert!(run(&["copy", "--no-progress", &src, &vol]).status.success());
+    // Random writes over the first 4 MiB for 12 s; member 1's target dies at 1 s (its session
+    // gives up about 3 s later) and comes back on the same file at 7 s.
+    let bench = Command::new(mcsi())
+        .args([
+            "bench",
+            &vol,
+            "--rw",
+            "randwrite",
+            "--verify",
+            "--bs",
+            "64KiB",
+            "--iodepth",
+            "4",
+            "--size",
+            "4MiB",
+            "--runtime",
+            "12",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _ = tb.kill();
+    let _ = tb.wait();
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    tb = file_target(pb, &fb);
+    let out = bench.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    for t in [&mut ta, &mut tb] {
+        let _ = t.kill();
+        let _ = t.wait();
+    }
+    assert!(out.status.success(), "{log}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{v}");
+    assert!(log.contains("goes on degraded"), "{log}");
+    let synced = log
+        .lines()
+        .find(|l| l.contains("back in sync"))
+        .unwrap_or_else(|| panic!("member 1 never came back in sync: {log}"));
+    let bytes: u64 = synced
+        .split("bytes=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in: {synced}"));
+    assert!(
+        bytes > 0 && bytes <= 4 << 20,
+        "the resync copied {bytes} bytes; only the 4 MiB region written while away may be copied"
+    );
+    let m = &v["mcsi"]["volume"]["members"];
+    assert_eq!(m[1]["failed"], false, "{v}");
+    // Both members now hold the same bytes.
+    let (a, b) = (std::fs::read(&fa).unwrap(), std::fs::read(&fb).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert!(a == b, "the members differ after the resync");
+}
