@@ -59,6 +59,33 @@ fn spec(dir: &Scratch, name: &str, head: &str, members: &[&LocalTarget]) -> Stri
     format!("volume:{p}")
 }
 
+/// A verified random-write `mcsi bench` over `vol` in the background, its output piped.
+fn verified_writes(vol: &str, iodepth: &str, size: &str, runtime: &str) -> std::process::Child {
+    Command::new(mcsi())
+        .args([
+            "bench",
+            vol,
+            "--rw",
+            "randwrite",
+            "--verify",
+            "--bs",
+            "64KiB",
+        ])
+        .args([
+            "--iodepth",
+            iodepth,
+            "--size",
+            size,
+            "--runtime",
+            runtime,
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
@@ -279,27 +306,7 @@ fn a_mirror_goes_on_degraded_when_a_member_dies() {
     let b = LocalTarget::start(mcsi(), IQN, "ram:16MiB");
     let dir = Scratch::new("degraded");
     let vol = spec(&dir, "m.toml", "layout = \"mirror\"", &[&a, &b]);
-    let bench = Command::new(mcsi())
-        .args([
-            "bench",
-            &vol,
-            "--rw",
-            "randwrite",
-            "--verify",
-            "--bs",
-            "64KiB",
-            "--iodepth",
-            "8",
-            "--size",
-            "8MiB",
-            "--runtime",
-            "6",
-            "--json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let bench = verified_writes(&vol, "8", "8MiB", "6");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     // Member 1's target dies mid-run (SIGKILL): its session tries again, gives up, and the
     // volume goes on with member 0 alone.
@@ -365,27 +372,7 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     assert!(run(&["copy", "--no-progress", &src, &vol]).status.success());
     // Random writes over the first 4 MiB for 12 s; member 1's target dies at 1 s (its session
     // gives up about 3 s later) and comes back on the same file at 7 s.
-    let bench = Command::new(mcsi())
-        .args([
-            "bench",
-            &vol,
-            "--rw",
-            "randwrite",
-            "--verify",
-            "--bs",
-            "64KiB",
-            "--iodepth",
-            "4",
-            "--size",
-            "4MiB",
-            "--runtime",
-            "12",
-            "--json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let bench = verified_writes(&vol, "4", "4MiB", "12");
     std::thread::sleep(std::time::Duration::from_secs(1));
     let _ = tb.kill();
     let _ = tb.wait();
