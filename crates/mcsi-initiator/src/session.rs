@@ -628,15 +628,6 @@ async fn stall_watch(shared: Arc<Shared>, generation: u64) {
                 continue;
             }
             let idle = inner.core.conn_idle(i);
-            let ping = NopOut {
-                immediate: true,
-                lun: 0,
-                itt: inner.core.alloc_itt(),
-                ttt: RESERVED_TAG,
-                cmd_sn: inner.core.immediate_cmd_sn(),
-                exp_stat_sn: inner.core.exp_stat_sn(i),
-                data: bytes::Bytes::new(),
-            };
             let h = &mut inner.conns[i];
             if idle {
                 h.heard = now;
@@ -651,7 +642,17 @@ async fn stall_watch(shared: Arc<Shared>, generation: u64) {
                     ?silent,
                     "connection silent with work outstanding; pinging it"
                 );
-                let _ = h.urgent.send(Pdu::NopOut(ping));
+                // A ping takes an ITT of its own; built only when it goes out.
+                let ping = NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt: inner.core.alloc_itt(),
+                    ttt: RESERVED_TAG,
+                    cmd_sn: inner.core.immediate_cmd_sn(),
+                    exp_stat_sn: inner.core.exp_stat_sn(i),
+                    data: bytes::Bytes::new(),
+                };
+                let _ = inner.conns[i].urgent.send(Pdu::NopOut(ping));
             }
             if silent >= limit && stalled.is_none() {
                 stalled = Some((i, silent));
