@@ -347,10 +347,11 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
         .collect::<Vec<_>>()
         .join(", ");
     let note = format!(
-        "mcsi {} ({mode}), median of {reps} run(s) of {runtime} s, bars min-max; link: {}; host TCP congestion control: {}; {}",
+        "mcsi {} ({mode}), median of {reps} run(s) of {runtime} s, bars min-max; link: {}; host TCP congestion control: {} ({}); {}",
         meta.mcsi_version,
         if link.is_empty() { "see sweep".to_string() } else { link.clone() },
         meta.congestion,
+        cc_use(&aggs),
         meta.started_utc.get(..10).unwrap_or(""),
     );
     let mut figures = Vec::new();
