@@ -1,8 +1,9 @@
 //! `mcsi copy SRC DST`: copy between files and iSCSI LUNs over sessions of many connections.
 
+use crate::cmd::volume::open_device;
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use mcsi_initiator::{connect, ConnectOptions, Device, IscsiUrl, Lun, Session, Volume};
+use mcsi_initiator::{Device, IscsiUrl};
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
 use std::process::ExitCode;
@@ -112,39 +113,6 @@ impl End {
     }
 }
 
-/// The LUN or volume `arg` names (`volume:SPEC.toml` or an iscsi:// URL); None for a file.
-async fn open_device(
-    arg: &str,
-    opts: &ConnectOptions,
-    session: &crate::cmd::SessionArgs,
-    tcp_report: bool,
-) -> anyhow::Result<Option<Device>> {
-    if let Some(path) = crate::cmd::volume::spec_path(arg) {
-        let spec = crate::cmd::volume::load(path, session, tcp_report)?;
-        let v = Volume::open(&spec)
-            .await
-            .with_context(|| format!("opening {arg}"))?;
-        return Ok(Some(Device::Volume(v)));
-    }
-    if IscsiUrl::is_url(arg) {
-        let (_, l) = open_lun(arg, opts).await?;
-        return Ok(Some(Device::Lun(l)));
-    }
-    Ok(None)
-}
-
-async fn open_lun(url: &str, o: &ConnectOptions) -> anyhow::Result<(Session, Lun)> {
-    let u = IscsiUrl::parse(url)?;
-    let s = connect(&u, o.clone())
-        .await
-        .with_context(|| format!("connecting to {u}"))?;
-    let lun = s
-        .open_lun(u.lun)
-        .await
-        .with_context(|| format!("opening {u}"))?;
-    Ok((s, lun))
-}
-
 fn lcm(a: u64, b: u64) -> u64 {
     let (mut x, mut y) = (a.max(1), b.max(1));
     while y != 0 {
@@ -196,18 +164,16 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     if a.iodepth == 0 || a.iodepth > 1024 {
         bail!("--iodepth must be between 1 and 1024, got {}", a.iodepth);
     }
-    let opts = a.session.options(auto.is_some())?;
     let mut sessions = Vec::new();
-    let (src, src_size) =
-        if let Some(d) = open_device(&a.src, &opts, &a.session, auto.is_some()).await? {
-            sessions.extend(d.sessions());
-            let size = d.geometry().bytes();
-            (End::Dev(d), size)
-        } else {
-            let f = std::fs::File::open(&a.src).with_context(|| format!("opening {}", a.src))?;
-            let size = file_size(&f, &a.src)?;
-            (End::File(Arc::new(f)), size)
-        };
+    let (src, src_size) = if let Some(d) = open_device(&a.src, &a.session, auto.is_some()).await? {
+        sessions.extend(d.sessions());
+        let size = d.geometry().bytes();
+        (End::Dev(d), size)
+    } else {
+        let f = std::fs::File::open(&a.src).with_context(|| format!("opening {}", a.src))?;
+        let size = file_size(&f, &a.src)?;
+        (End::File(Arc::new(f)), size)
+    };
     let length = match &a.length {
         Some(l) => mcsi_units::parse_size(l).map_err(|e| anyhow::anyhow!("--length: {e}"))?,
         None => src_size,
@@ -215,7 +181,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     if length > src_size {
         bail!("--length {length} is beyond the end of the source ({src_size} bytes)");
     }
-    let dst = if let Some(d) = open_device(&a.dst, &opts, &a.session, false).await? {
+    let dst = if let Some(d) = open_device(&a.dst, &a.session, false).await? {
         sessions.extend(d.sessions());
         let size = d.geometry().bytes();
         if length > size {

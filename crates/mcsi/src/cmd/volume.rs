@@ -112,3 +112,32 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
         members: out,
     })
 }
+
+/// The device `arg` names: a volume (`volume:SPEC.toml`, members opened with `session`'s options
+/// under their own) or one LUN (an iscsi:// URL); None for anything else (a file).
+pub async fn open_device(
+    arg: &str,
+    session: &SessionArgs,
+    tcp_report: bool,
+) -> anyhow::Result<Option<mcsi_initiator::Device>> {
+    use mcsi_initiator::{connect, Device, Volume};
+    if let Some(path) = spec_path(arg) {
+        let spec = load(path, session, tcp_report)?;
+        let v = Volume::open(&spec)
+            .await
+            .with_context(|| format!("opening {arg}"))?;
+        return Ok(Some(Device::Volume(v)));
+    }
+    if !IscsiUrl::is_url(arg) {
+        return Ok(None);
+    }
+    let u = IscsiUrl::parse(arg)?;
+    let s = connect(&u, session.options(tcp_report)?)
+        .await
+        .with_context(|| format!("connecting to {u}"))?;
+    let lun = s
+        .open_lun(u.lun)
+        .await
+        .with_context(|| format!("opening {u}"))?;
+    Ok(Some(Device::Lun(lun)))
+}
