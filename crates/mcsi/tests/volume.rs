@@ -92,6 +92,14 @@ fn pattern(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Two mcsi targets, each serving one `lun`.
+fn two_targets(lun: &str) -> (LocalTarget, LocalTarget) {
+    (
+        LocalTarget::start(mcsi(), IQN, lun),
+        LocalTarget::start(mcsi(), IQN, lun),
+    )
+}
+
 fn read_member(m: &LocalTarget, dir: &Scratch, name: &str, len: &str) -> Vec<u8> {
     let out = dir.file(name);
     let o = run(&["copy", "--no-progress", "--length", len, &m.url(IQN), &out]);
@@ -101,10 +109,7 @@ fn read_member(m: &LocalTarget, dir: &Scratch, name: &str, len: &str) -> Vec<u8>
 
 #[test]
 fn a_striped_volume_spreads_chunks_and_reads_back_byte_exact() {
-    let (a, b) = (
-        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
-        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
-    );
+    let (a, b) = two_targets("ram:8MiB");
     let dir = Scratch::new("stripe");
     let vol = spec(
         &dir,
@@ -249,10 +254,7 @@ fn bad_volume_specs_say_what_is_wrong() {
 
 #[test]
 fn a_verified_bench_runs_over_a_striped_volume() {
-    let (a, b) = (
-        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
-        LocalTarget::start(mcsi(), IQN, "ram:8MiB"),
-    );
+    let (a, b) = two_targets("ram:8MiB");
     let dir = Scratch::new("bench");
     let vol = spec(
         &dir,
@@ -331,23 +333,8 @@ fn a_mirror_goes_on_degraded_when_a_member_dies() {
 }
 
 /// `mcsi target` serving `file` (16 MiB) on `port`.
-fn file_target(port: u16, file: &str) -> std::process::Child {
-    let child = Command::new(mcsi())
-        .args([
-            "target",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--iqn",
-            IQN,
-        ])
-        .args(["--lun", &format!("file:{file}:16MiB")])
-        .env("MCSI_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    common::wait_listening(port);
-    child
+fn file_target(port: u16, file: &str) -> LocalTarget {
+    LocalTarget::start_at(mcsi(), port, IQN, &format!("file:{file}:16MiB"))
 }
 
 #[test]
@@ -355,7 +342,7 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     let dir = Scratch::new("resync");
     let (fa, fb) = (dir.file("a.img"), dir.file("b.img"));
     let (pa, pb) = (common::free_port(), common::free_port());
-    let mut ta = file_target(pa, &fa);
+    let ta = file_target(pa, &fa);
     let mut tb = file_target(pb, &fb);
     let spec_file = dir.file("m.toml");
     std::fs::write(
@@ -374,17 +361,13 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     // gives up about 3 s later) and comes back on the same file at 7 s.
     let bench = verified_writes(&vol, "4", "4MiB", "12");
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let _ = tb.kill();
-    let _ = tb.wait();
+    drop(tb);
     std::thread::sleep(std::time::Duration::from_secs(6));
     tb = file_target(pb, &fb);
     let out = bench.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     eprintln!("{log}");
-    for t in [&mut ta, &mut tb] {
-        let _ = t.kill();
-        let _ = t.wait();
-    }
+    drop((ta, tb));
     assert!(out.status.success(), "{log}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["jobs"][0]["error"], 0, "{v}");

@@ -95,7 +95,11 @@ pub struct LocalTarget {
 impl LocalTarget {
     /// Serves `iqn` with one LUN `lun` on a free port, quietly; listening when this returns.
     pub fn start(bin: &str, iqn: &str, lun: &str) -> LocalTarget {
-        let port = free_port();
+        LocalTarget::start_at(bin, free_port(), iqn, lun)
+    }
+
+    /// [`LocalTarget::start`] on `port` (a target restarted where its initiators expect it).
+    pub fn start_at(bin: &str, port: u16, iqn: &str, lun: &str) -> LocalTarget {
         let child = Command::new(bin)
             .args(["target", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--iqn", iqn, "--lun", lun])
