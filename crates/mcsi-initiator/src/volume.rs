@@ -15,6 +15,9 @@ use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod bitmap;
+use bitmap::BitmapFile;
+
 /// How the members hold the volume's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -36,6 +39,13 @@ pub struct MemberSpec {
 pub struct VolumeSpec {
     pub layout: Layout,
     pub members: Vec<MemberSpec>,
+    /// A mirror's record of what each member missed ([`bitmap`]'s file). With it a mirror also
+    /// opens while a member is away, and a process that starts again knows which members are
+    /// stale; without it, every member must open and is trusted to hold the same blocks.
+    pub bitmap: Option<std::path::PathBuf>,
+    /// The most a mirror's resync copies per second (bytes); it always yields half the time to
+    /// the volume's own commands while they run.
+    pub resync_rate: Option<u64>,
 }
 
 /// Where a run of volume blocks lies on a stripe's members.
@@ -102,8 +112,9 @@ impl Stripe {
 /// A member once open.
 #[derive(Debug)]
 struct Member {
-    /// Replaced when a failed member comes back with a new session.
-    lun: std::sync::RwLock<Lun>,
+    /// Replaced when a failed member comes back with a new session; None for a member that
+    /// has not opened since the volume did.
+    lun: std::sync::RwLock<Option<Lun>>,
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
@@ -120,8 +131,14 @@ const FAILED: u8 = 1;
 const RESYNCING: u8 = 2;
 
 impl Member {
-    fn lun(&self) -> Lun {
+    fn lun(&self) -> Option<Lun> {
         self.lun.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Its LUN, or [`Error::Closed`] for a member that is not open (only a failed mirror
+    /// member, which no command is sent to).
+    fn open_lun(&self) -> Result<Lun, Error> {
+        self.lun().ok_or(Error::Closed)
     }
 
     fn state(&self) -> u8 {
@@ -215,6 +232,14 @@ impl Drop for RegionShare<'_> {
     }
 }
 
+struct UserOp<'a>(&'a AtomicUsize);
+
+impl Drop for UserOp<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct RegionCopy<'a> {
     regions: &'a Regions,
 }
@@ -225,6 +250,9 @@ impl Drop for RegionCopy<'_> {
         self.regions.changed.notify_waiters();
     }
 }
+
+/// How often a resync saves the regions it has cleaned so far.
+const RESYNC_SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How often a failed mirror member is tried again.
 const REJOIN_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
@@ -264,12 +292,26 @@ struct Inner {
     regions: Regions,
     /// A task tries failed members again.
     rejoining: AtomicBool,
+    /// A mirror's record of what each member missed, kept in a file.
+    bitmap: Option<BitmapFile>,
+    /// The most a resync copies per second (bytes), when the spec caps it.
+    resync_rate: Option<u64>,
+    /// Commands of the volume's users in flight (reads, writes, flushes...), which a resync
+    /// makes room for.
+    user_ops: AtomicUsize,
+    /// Set by [`Volume::logout`]: members going away now are not failures.
+    closing: AtomicBool,
 }
 
 impl Volume {
     /// Opens every member's session and LUN (at once), checks that they agree in block size,
     /// and sizes the volume: a stripe takes the smallest member's whole chunks from each, a
     /// mirror the smallest member.
+    ///
+    /// A mirror with a bitmap file also opens while members are away, as long as one member
+    /// that missed nothing is open: the others start failed (tried again in the background) or,
+    /// when the file says they missed writes, take writes but no reads until those regions are
+    /// copied to them.
     pub async fn open(spec: &VolumeSpec) -> Result<Volume, Error> {
         if spec.members.len() < 2 {
             return Err(Error::InvalidArgument(format!(
@@ -277,48 +319,92 @@ impl Volume {
                 spec.members.len()
             )));
         }
+        let urls: Vec<String> = spec.members.iter().map(|m| m.url.to_string()).collect();
+        let bitmap = match (&spec.bitmap, spec.layout) {
+            (Some(p), Layout::Mirror) => Some(BitmapFile::new(p, urls.clone(), REGION_BYTES)),
+            (Some(_), Layout::Stripe { .. }) => {
+                return Err(Error::InvalidArgument(
+                    "a bitmap records what a mirror member missed; a stripe has no copies"
+                        .to_string(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let recorded = match &bitmap {
+            Some(b) => b.load()?,
+            None => None,
+        };
         let mut opening = tokio::task::JoinSet::new();
         for (i, m) in spec.members.iter().cloned().enumerate() {
             opening.spawn(async move {
-                let name = m.url.to_string();
                 let r = async {
                     let s = connect(&m.url, m.options.clone()).await?;
                     s.open_lun(m.url.lun).await
                 }
                 .await;
-                (i, name, r)
+                (i, r)
             });
         }
-        let mut opened: Vec<Option<Member>> = (0..spec.members.len()).map(|_| None).collect();
+        let mut opened: Vec<Option<Result<Lun, Error>>> =
+            (0..spec.members.len()).map(|_| None).collect();
         while let Some(j) = opening.join_next().await {
-            let (i, name, r) =
-                j.map_err(|e| Error::Protocol(format!("opening a member failed: {e}")))?;
-            let lun = r.map_err(|e| {
-                Error::InvalidArgument(format!("member {i} ({name}) cannot be opened: {e}"))
-            })?;
-            opened[i] = Some(Member {
+            let (i, r) = j.map_err(|e| Error::Protocol(format!("opening a member failed: {e}")))?;
+            opened[i] = Some(r);
+        }
+        let mut members = Vec::with_capacity(opened.len());
+        let mut away = Vec::new();
+        for (i, r) in opened.into_iter().enumerate() {
+            let name = urls[i].clone();
+            let lun = match r {
+                Some(Ok(l)) => Some(l),
+                Some(Err(e)) if bitmap.is_some() => {
+                    away.push((i, e));
+                    None
+                }
+                Some(Err(e)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "member {i} ({name}) cannot be opened: {e}"
+                    )))
+                }
+                None => return Err(Error::Protocol(format!("member {i} was never opened"))),
+            };
+            members.push(Member {
+                state: AtomicU8::new(if lun.is_some() { ACTIVE } else { FAILED }),
                 lun: std::sync::RwLock::new(lun),
                 name,
                 busy: AtomicUsize::new(0),
-                state: AtomicU8::new(ACTIVE),
                 dirty: Mutex::new(Vec::new()),
             });
         }
-        let members: Vec<Member> = opened.into_iter().flatten().collect();
-        let bs = members[0].lun().block_size();
-        for (i, m) in members.iter().enumerate() {
-            if m.lun().block_size() != bs {
+        let open: Vec<(usize, Lun)> = members
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.lun().map(|l| (i, l)))
+            .collect();
+        let Some((first, first_lun)) = open.first().cloned() else {
+            let why: Vec<String> = away
+                .iter()
+                .map(|(i, e)| format!("member {i} ({}): {e}", urls[*i]))
+                .collect();
+            return Err(Error::InvalidArgument(format!(
+                "no member can be opened: {}",
+                why.join("; ")
+            )));
+        };
+        let bs = first_lun.block_size();
+        for (i, l) in &open {
+            if l.block_size() != bs {
                 return Err(Error::InvalidArgument(format!(
-                    "member {i} ({}) has {}-byte blocks, member 0 ({}) {bs}: a volume's members must agree",
-                    m.name,
-                    m.lun().block_size(),
-                    members[0].name
+                    "member {i} ({}) has {}-byte blocks, member {first} ({}) {bs}: a volume's members must agree",
+                    urls[*i],
+                    l.block_size(),
+                    urls[first]
                 )));
             }
         }
-        let smallest = members
+        let smallest = open
             .iter()
-            .map(|m| m.lun().geometry().blocks)
+            .map(|(_, l)| l.geometry().blocks)
             .min()
             .unwrap_or(0);
         let (stripe, blocks) = match spec.layout {
@@ -343,18 +429,65 @@ impl Volume {
             }
             Layout::Mirror => (None, smallest),
         };
+        let cap = Capacity {
+            block_size: bs,
+            blocks,
+        };
+        // What the file says each member missed.
+        let region = (REGION_BYTES / u64::from(bs)).max(1);
+        let regions = blocks.div_ceil(region);
+        let words = regions.div_ceil(64) as usize;
+        let mut stale = Vec::new();
+        if let (Some(rec), Some(file)) = (&recorded, &bitmap) {
+            for (i, m) in members.iter_mut().enumerate() {
+                let bits = rec.bits(i, regions, words).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "mirror bitmap {}: member {i}: {why}",
+                        file.path().display()
+                    ))
+                })?;
+                if bits.iter().any(|&w| w != 0) {
+                    if m.state() == ACTIVE {
+                        m.state.store(RESYNCING, Ordering::Release);
+                    }
+                    stale.push(i);
+                }
+                *m.dirty.get_mut().unwrap_or_else(|p| p.into_inner()) = bits;
+            }
+        }
+        if !members.iter().any(|m| m.state() == ACTIVE) {
+            let why: Vec<String> = members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| match away.iter().find(|(a, _)| *a == i) {
+                    Some((_, e)) => format!("member {i} ({}) cannot be opened: {e}", m.name),
+                    None => format!(
+                        "member {i} ({}) missed writes while the volume ran without it",
+                        m.name
+                    ),
+                })
+                .collect();
+            return Err(Error::InvalidArgument(format!(
+                "no member holds every write (bitmap {}): {}",
+                bitmap
+                    .as_ref()
+                    .map_or_else(String::new, |b| b.path().display().to_string()),
+                why.join("; ")
+            )));
+        }
         let v = Volume {
             inner: Arc::new(Inner {
                 layout: spec.layout,
                 stripe,
-                cap: Capacity {
-                    block_size: bs,
-                    blocks,
-                },
+                cap,
                 members,
                 specs: spec.members.clone(),
                 regions: Regions::default(),
                 rejoining: AtomicBool::new(false),
+                bitmap,
+                resync_rate: spec.resync_rate,
+                user_ops: AtomicUsize::new(0),
+                closing: AtomicBool::new(false),
             }),
         };
         tracing::info!(
@@ -363,6 +496,30 @@ impl Volume {
             bytes = v.inner.cap.bytes(),
             "volume open"
         );
+        if v.inner.layout == Layout::Mirror && v.inner.bitmap.is_none() {
+            tracing::warn!(
+                "mirror without a bitmap file: a member that misses writes is tracked only while this process runs; add bitmap = \"FILE\" to the spec so that a restart knows which member is stale"
+            );
+        }
+        // The file exists from now on, so that its absence later means a new volume.
+        if recorded.is_none() {
+            v.record().await?;
+        }
+        for (i, e) in &away {
+            tracing::error!(member = i, url = %urls[*i], error = %e, "mirror member {i} cannot be opened; the volume starts degraded, recording what it misses");
+        }
+        if !away.is_empty() && !v.inner.rejoining.swap(true, Ordering::AcqRel) {
+            let w = v.clone();
+            tokio::spawn(async move { w.rejoin().await });
+        }
+        for m in stale {
+            let state = v.member_states()[m].clone();
+            if v.inner.members[m].state() == RESYNCING {
+                tracing::warn!(member = m, url = %state.url, dirty = state.dirty_bytes, "mirror member {m} missed {} of writes before this process started (bitmap); it serves no reads until they are copied to it", mcsi_units::Bytes(state.dirty_bytes as f64));
+                let w = v.clone();
+                tokio::spawn(async move { w.catch_up(m).await });
+            }
+        }
         Ok(v)
     }
 
@@ -378,8 +535,8 @@ impl Volume {
         self.inner.layout
     }
 
-    /// The members' LUNs, in the spec's order.
-    pub fn members(&self) -> Vec<Lun> {
+    /// The members' LUNs, in the spec's order; None for a mirror member that has not opened.
+    pub fn members(&self) -> Vec<Option<Lun>> {
         self.inner.members.iter().map(Member::lun).collect()
     }
 
@@ -400,6 +557,7 @@ impl Volume {
     /// Reads `blocks` blocks from `lba`: a stripe reads every member's part at once; a mirror
     /// reads from the member with the fewest commands in flight.
     pub async fn read(&self, lba: u64, blocks: u32) -> Result<Bytes, Error> {
+        let _user = self.user_op();
         self.check(lba, u64::from(blocks))?;
         let bs = u64::from(self.block_size());
         let Some(stripe) = self.inner.stripe else {
@@ -411,7 +569,10 @@ impl Volume {
                 };
                 let member = &self.inner.members[m];
                 member.busy.fetch_add(1, Ordering::Relaxed);
-                let r = member.lun().read(lba, blocks).await;
+                let r = match member.open_lun() {
+                    Ok(l) => l.read(lba, blocks).await,
+                    Err(e) => Err(e),
+                };
                 member.busy.fetch_sub(1, Ordering::Relaxed);
                 match r {
                     Err(e) if member_gone(&e) && self.live_members() > 1 => self.fail_member(m, &e),
@@ -422,7 +583,7 @@ impl Volume {
         let extents = stripe.split(lba, u64::from(blocks));
         let reads = extents.iter().map(|e| async move {
             let data = self.inner.members[e.member]
-                .lun()
+                .open_lun()?
                 .read(e.lba, e.blocks as u32)
                 .await
                 .map_err(|err| self.member_error(e.member, err))?;
@@ -455,6 +616,7 @@ impl Volume {
 
     /// [`Volume::write`] with Force Unit Access on every member's part.
     pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
+        let _user = self.user_op();
         let bs = u64::from(self.block_size());
         if !(data.len() as u64).is_multiple_of(bs) {
             return Err(Error::InvalidArgument(format!(
@@ -472,7 +634,7 @@ impl Volume {
             let part = gather(&data, e, bs);
             async move {
                 self.inner.members[e.member]
-                    .lun()
+                    .open_lun()?
                     .write_fua(e.lba, part, fua)
                     .await
                     .map_err(|err| self.member_error(e.member, err))
@@ -484,6 +646,7 @@ impl Volume {
 
     /// SYNCHRONIZE CACHE on every (live) member.
     pub async fn flush(&self) -> Result<(), Error> {
+        let _user = self.user_op();
         let all = (0..self.inner.members.len()).map(|m| (m, 0, 0)).collect();
         self.on_runs(all, false, |lun, _, _| async move { lun.flush().await })
             .await
@@ -491,6 +654,7 @@ impl Volume {
 
     /// UNMAP of `[lba, lba + blocks)`, split across the members like data.
     pub async fn unmap(&self, lba: u64, blocks: u64) -> Result<(), Error> {
+        let _user = self.user_op();
         self.check(lba, blocks)?;
         let runs = self.runs(lba, blocks);
         self.on_runs(runs, true, |lun, l, n| async move { lun.unmap(l, n).await })
@@ -506,6 +670,7 @@ impl Volume {
         unmap: bool,
         max_per_command: u64,
     ) -> Result<(), Error> {
+        let _user = self.user_op();
         self.check(lba, blocks)?;
         let runs = self.runs(lba, blocks);
         self.on_runs(runs, true, move |lun, l, n| async move {
@@ -537,11 +702,28 @@ impl Volume {
             }
             _ => None,
         };
+        // A member known to be failed misses this change: that is recorded (in the file, if
+        // there is one) before any member takes it.
+        if mirror && changes {
+            let mut new = false;
+            for &(m, l, n) in &runs {
+                if self.inner.members[m].state() == FAILED {
+                    new |= self.mark_dirty(m, l, n);
+                }
+            }
+            if new {
+                self.record().await?;
+            }
+        }
         let ops = runs.iter().map(|&(m, l, n)| {
             let member = &self.inner.members[m];
             let state = member.state();
-            let skip = mirror && state == FAILED;
-            let fut = (!skip).then(|| op(member.lun(), l, n));
+            let lun = if mirror && state == FAILED {
+                None
+            } else {
+                member.lun()
+            };
+            let fut = lun.map(|lun| op(lun, l, n));
             async move {
                 match fut {
                     Some(f) => (m, l, n, state, Some(f.await)),
@@ -552,31 +734,35 @@ impl Volume {
         let results = futures_util::future::join_all(ops).await;
         let mut done = 0;
         let mut answer = None;
+        let mut new = false;
         for (m, l, n, state, r) in results {
             match r {
                 Some(Ok(())) => done += usize::from(state == ACTIVE || !mirror),
                 Some(Err(e)) if mirror && member_gone(&e) => {
                     self.fail_member(m, &e);
                     if changes {
-                        self.mark_dirty(m, l, n);
+                        new |= self.mark_dirty(m, l, n);
                     }
                 }
                 Some(Err(e)) => {
                     answer.get_or_insert(self.member_error(m, e));
                 }
                 None if changes => {
-                    self.mark_dirty(m, l, n);
                     // It came back after this change passed it by, and its resync may already
                     // be past this region: give it the change now (the region is still held).
                     let member = &self.inner.members[m];
-                    if member.state() != FAILED {
-                        if let Err(e) = op(member.lun(), l, n).await {
+                    if let Some(lun) = member.lun().filter(|_| member.state() != FAILED) {
+                        if let Err(e) = op(lun, l, n).await {
                             self.fail_member(m, &e);
                         }
                     }
                 }
                 None => {}
             }
+        }
+        // The change is acknowledged only once what the failed members missed is on record.
+        if new {
+            self.record().await?;
         }
         match answer {
             Some(e) => Err(e),
@@ -595,12 +781,14 @@ impl Volume {
         (REGION_BYTES / u64::from(self.block_size())).max(1)
     }
 
-    /// What every member offers: a feature only when all have it, each limit the smallest.
+    /// What every member offers: a feature only when all have it, each limit the smallest
+    /// (of the members open now: a mirror member away is not asked).
     pub async fn capabilities(&self) -> Result<Capabilities, Error> {
-        let each = (0..self.inner.members.len()).map(|m| async move {
-            self.inner.members[m]
-                .lun()
-                .capabilities()
+        let open: Vec<(usize, Lun)> = (0..self.inner.members.len())
+            .filter_map(|m| self.inner.members[m].lun().map(|l| (m, l)))
+            .collect();
+        let each = open.into_iter().map(|(m, lun)| async move {
+            lun.capabilities()
                 .await
                 .map_err(|e| self.member_error(m, e))
         });
@@ -656,6 +844,9 @@ impl Volume {
     /// Member `m` is gone: no more commands go to it, logged once, and a task tries it again
     /// every [`REJOIN_PERIOD`] to bring it back ([`Volume::rejoin`]).
     fn fail_member(&self, m: usize, e: &Error) {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return;
+        }
         let member = &self.inner.members[m];
         if member.state.swap(FAILED, Ordering::AcqRel) != FAILED {
             tracing::error!(
@@ -691,8 +882,8 @@ impl Volume {
                 }
                 return;
             }
-            if Arc::strong_count(&self.inner) == 1 {
-                return; // the volume was dropped
+            if Arc::strong_count(&self.inner) == 1 || self.inner.closing.load(Ordering::Acquire) {
+                return; // the volume was dropped or closed
             }
             for m in failed {
                 self.try_back(m).await;
@@ -721,8 +912,15 @@ impl Volume {
             let _ = lun.session().logout().await;
             return;
         }
-        *member.lun.write().unwrap_or_else(|p| p.into_inner()) = lun;
+        *member.lun.write().unwrap_or_else(|p| p.into_inner()) = Some(lun);
         member.state.store(RESYNCING, Ordering::Release);
+        self.catch_up(m).await;
+    }
+
+    /// Member `m` is open again (or was stale when the volume opened): copies it what it missed
+    /// and lets it serve reads again, or fails it once more.
+    async fn catch_up(&self, m: usize) {
+        let member = &self.inner.members[m];
         let t0 = std::time::Instant::now();
         match self.resync(m).await {
             Ok(bytes) => {
@@ -736,8 +934,25 @@ impl Volume {
                     t0.elapsed()
                 );
             }
+            Err(_) if self.inner.closing.load(Ordering::Acquire) => {
+                let left = self.member_states()[m].dirty_bytes;
+                tracing::info!(member = m, url = %member.name, left, "the resync of member {m} stops with the volume; {} left to copy (kept in the bitmap, if there is one)", mcsi_units::Bytes(left as f64));
+            }
             Err(e) => self.fail_member(m, &e),
         }
+    }
+
+    /// Logs out of every member's session (the current one: a member that came back has a new
+    /// session), stopping any resync and rejoin first. Returns the logouts that failed.
+    pub async fn logout(&self) -> Vec<(String, Error)> {
+        self.inner.closing.store(true, Ordering::Release);
+        let mut failed = Vec::new();
+        for l in self.members().into_iter().flatten() {
+            if let Err(e) = l.session().logout().await {
+                failed.push((l.session().url().to_string(), e));
+            }
+        }
+        failed
     }
 
     /// Copies member `m`'s dirty regions from a live member, one region at a time, each held
@@ -749,6 +964,8 @@ impl Volume {
         let mut copied = 0;
         let dirty: u64 = self.member_states()[m].dirty_bytes;
         tracing::info!(member = m, url = %member.name, dirty, "mirror member {m} is back; copying the regions it missed");
+        let t0 = tokio::time::Instant::now();
+        let mut saved = t0;
         loop {
             let next = {
                 let bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
@@ -758,42 +975,98 @@ impl Volume {
                     .map(|(i, w)| i as u64 * 64 + u64::from(w.trailing_zeros()))
             };
             let Some(r) = next else {
+                // Clean on record too, so that a restart does not copy it all again.
+                self.record().await?;
                 return Ok(copied);
             };
-            let _copy = self.inner.regions.exclusive(r).await;
-            let lba = r * region;
-            let n = region.min(self.inner.cap.blocks.saturating_sub(lba));
-            if n > 0 {
-                let src = (0..self.inner.members.len())
-                    .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
-                    .ok_or(Error::Closed)?;
-                let data = self.inner.members[src].lun().read(lba, n as u32).await?;
-                member.lun().write(lba, data).await?;
-                copied += n * bs;
+            let began = tokio::time::Instant::now();
+            let users_before = self.inner.user_ops.load(Ordering::Relaxed);
+            {
+                let _copy = self.inner.regions.exclusive(r).await;
+                let lba = r * region;
+                let n = region.min(self.inner.cap.blocks.saturating_sub(lba));
+                if n > 0 {
+                    let src = (0..self.inner.members.len())
+                        .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
+                        .ok_or(Error::Closed)?;
+                    let data = self.inner.members[src]
+                        .open_lun()?
+                        .read(lba, n as u32)
+                        .await?;
+                    member.open_lun()?.write(lba, data).await?;
+                    copied += n * bs;
+                }
+                let mut bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(w) = bits.get_mut((r / 64) as usize) {
+                    *w &= !(1 << (r % 64));
+                }
             }
-            let mut bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(w) = bits.get_mut((r / 64) as usize) {
-                *w &= !(1 << (r % 64));
+            if saved.elapsed() >= RESYNC_SAVE_PERIOD {
+                self.record().await?;
+                saved = tokio::time::Instant::now();
+            }
+            // Pacing: while the volume's users have commands going, the copy takes at most
+            // half the time (it waits as long as its last region took), and never more than
+            // the spec's resync_rate.
+            let took = began.elapsed();
+            let users = self.inner.user_ops.load(Ordering::Relaxed);
+            let mut wait = if users > 0 || users_before > 0 {
+                took
+            } else {
+                std::time::Duration::ZERO
+            };
+            if let Some(rate) = self.inner.resync_rate {
+                let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
+                wait = wait.max(due.saturating_sub(t0.elapsed()));
+            }
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
             }
         }
     }
 
-    fn mark_dirty(&self, m: usize, lba: u64, blocks: u64) {
+    /// Marks regions `[lba, lba + blocks)` missed by member `m`; true when one was not marked
+    /// before (the record must then be saved).
+    fn mark_dirty(&self, m: usize, lba: u64, blocks: u64) -> bool {
         let region = self.region_blocks();
         let (first, last) = self.region_span(lba, blocks);
         let mut bits = self.inner.members[m]
             .dirty
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let words = (self.inner.cap.blocks / region + 1).div_ceil(64) as usize;
+        let words = self.inner.cap.blocks.div_ceil(region).div_ceil(64) as usize;
         if bits.len() < words {
             bits.resize(words, 0);
         }
+        let mut new = false;
         for r in first..=last {
             if let Some(w) = bits.get_mut((r / 64) as usize) {
+                new |= *w & (1 << (r % 64)) == 0;
                 *w |= 1 << (r % 64);
             }
         }
+        new
+    }
+
+    /// Saves what each member missed to the bitmap file, if there is one; durable on return.
+    async fn record(&self) -> Result<(), Error> {
+        let Some(file) = &self.inner.bitmap else {
+            return Ok(());
+        };
+        file.save(|| {
+            self.inner
+                .members
+                .iter()
+                .map(|m| m.dirty.lock().unwrap_or_else(|p| p.into_inner()).clone())
+                .collect()
+        })
+        .await
+    }
+
+    /// Counts a command of the volume's users until the guard drops.
+    fn user_op(&self) -> UserOp<'_> {
+        self.inner.user_ops.fetch_add(1, Ordering::Relaxed);
+        UserOp(&self.inner.user_ops)
     }
 
     fn live_members(&self) -> usize {
@@ -867,7 +1140,24 @@ impl Device {
     pub fn sessions(&self) -> Vec<crate::session::Session> {
         match self {
             Device::Lun(l) => vec![l.session().clone()],
-            Device::Volume(v) => v.members().iter().map(|l| l.session().clone()).collect(),
+            Device::Volume(v) => v
+                .members()
+                .iter()
+                .flatten()
+                .map(|l| l.session().clone())
+                .collect(),
+        }
+    }
+
+    /// Logs out of the sessions under it (a volume's current ones, its resync stopped first).
+    /// Returns the logouts that failed, with each session's URL.
+    pub async fn logout(&self) -> Vec<(String, Error)> {
+        match self {
+            Device::Lun(l) => match l.session().logout().await {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![(l.session().url().to_string(), e)],
+            },
+            Device::Volume(v) => v.logout().await,
         }
     }
 

@@ -394,3 +394,89 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     assert_eq!(a.len(), b.len());
     assert!(a == b, "the members differ after the resync");
 }
+
+#[test]
+fn a_restarted_mirror_never_trusts_a_stale_member() {
+    let dir = Scratch::new("restart");
+    let (fa, fb) = (dir.file("a.img"), dir.file("b.img"));
+    let (pa, pb) = (common::free_port(), common::free_port());
+    let mut ta = file_target(pa, &fa);
+    let mut tb = file_target(pb, &fb);
+    let spec_file = dir.file("m.toml");
+    std::fs::write(
+        &spec_file,
+        format!(
+            "layout = \"mirror\"\nbitmap = \"m.bitmap\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
+        ),
+    )
+    .unwrap();
+    let vol = format!("volume:{spec_file}");
+    let bitmap = dir.file("m.bitmap");
+    let dirty_of = |member: usize| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&bitmap).unwrap()).unwrap();
+        v["members"][member]["dirty"].clone()
+    };
+    // Both members hold pattern one; the bitmap file is created clean.
+    let one = pattern(16 << 20);
+    let src = dir.file("one.bin");
+    std::fs::write(&src, &one).unwrap();
+    assert!(run(&["copy", "--no-progress", &src, &vol]).status.success());
+    assert_eq!(dirty_of(1), serde_json::json!([]));
+    // Member 1 is away: the mirror opens degraded, takes 2 MiB of pattern two on member 0
+    // alone, and records that member 1 missed regions 0 and 1.
+    drop(tb);
+    let two: Vec<u8> = pattern(2 << 20).iter().map(|b| b ^ 0x5a).collect();
+    let src2 = dir.file("two.bin");
+    std::fs::write(&src2, &two).unwrap();
+    let o = run(&["copy", "--no-progress", &src2, &vol]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("starts degraded"), "{log}");
+    assert_eq!(dirty_of(1), serde_json::json!([[0, 1]]));
+    // A new process that can reach only the stale member refuses to serve it.
+    drop(ta);
+    tb = file_target(pb, &fb);
+    let o = run(&["copy", "--no-progress", &vol, &dir.file("refused.bin")]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "a stale member alone must not be read: {log}"
+    );
+    assert!(
+        log.contains("no member holds every write") && log.contains("member 1"),
+        "{log}"
+    );
+    // Both back: reads come from member 0 while member 1 gets regions 0 and 1 copied.
+    ta = file_target(pa, &fa);
+    let out = dir.file("out.bin");
+    let o = run(&["copy", "--no-progress", &vol, &out]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("before this process started"), "{log}");
+    let got = std::fs::read(&out).unwrap();
+    assert!(
+        got[..2 << 20] == two[..],
+        "the first 2 MiB are the writes member 1 missed"
+    );
+    assert!(got[2 << 20..] == one[2 << 20..]);
+    // Given a moment (reads over the volume for 3 s), member 1 is in sync and the record clean.
+    let o = run(&[
+        "bench",
+        &vol,
+        "--rw",
+        "randread",
+        "--bs",
+        "64KiB",
+        "--size",
+        "1MiB",
+        "--runtime",
+        "3",
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert_eq!(dirty_of(1), serde_json::json!([]), "{log}");
+    drop((ta, tb));
+    let (a, b) = (std::fs::read(&fa).unwrap(), std::fs::read(&fb).unwrap());
+    assert!(a == b, "the members differ after the resync");
+}

@@ -508,11 +508,9 @@ async fn bench_volume(a: &Args, path: &std::path::Path) -> anyhow::Result<ExitCo
         .with_context(|| format!("opening {}", a.url))?;
     let dev = Device::Volume(v);
     let sessions = dev.sessions();
-    let result = run_jobs(a, dev, &sessions[0], bs).await;
-    for s in &sessions {
-        if let Err(e) = s.logout().await {
-            tracing::warn!(error = %e, "logout of {} failed", s.url());
-        }
+    let result = run_jobs(a, dev.clone(), &sessions[0], bs).await;
+    for (url, e) in dev.logout().await {
+        tracing::warn!(error = %e, "logout of {url} failed");
     }
     result
 }
@@ -688,14 +686,19 @@ fn volume_json(v: &Volume) -> Value {
         .iter()
         .zip(&states)
         .map(|(l, state)| {
-            let st = l.session().stats();
+            // A mirror member that never opened has no session to count.
+            let st = l.as_ref().map(|l| l.session().stats());
+            let sum = |f: fn(&mcsi_initiator::ConnectionStats) -> u64| {
+                st.as_ref()
+                    .map_or(0, |s| s.connections.iter().map(f).sum::<u64>())
+            };
             json!({
-                "url": l.session().url().to_string(),
-                "connections": st.connections.len(),
-                "tasks": st.connections.iter().map(|c| c.counters.tasks).sum::<u64>(),
-                "bytes": st.connections.iter().map(|c| c.counters.bytes).sum::<u64>(),
-                "recoveries": st.recoveries,
-                "failovers": st.failovers,
+                "url": state.url,
+                "connections": st.as_ref().map_or(0, |s| s.connections.len()),
+                "tasks": sum(|c| c.counters.tasks),
+                "bytes": sum(|c| c.counters.bytes),
+                "recoveries": st.as_ref().map_or(0, |s| s.recoveries),
+                "failovers": st.as_ref().map_or(0, |s| s.failovers),
                 "failed": state.failed,
                 "dirty_bytes": state.dirty_bytes,
             })

@@ -165,8 +165,11 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--iodepth must be between 1 and 1024, got {}", a.iodepth);
     }
     let mut sessions = Vec::new();
+    // The devices again at the end: a mirror member that came back has a new session by then.
+    let mut devices = Vec::new();
     let (src, src_size) = if let Some(d) = open_device(&a.src, &a.session, auto.is_some()).await? {
         sessions.extend(d.sessions());
+        devices.push(d.clone());
         let size = d.geometry().bytes();
         (End::Dev(d), size)
     } else {
@@ -183,6 +186,7 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
     }
     let dst = if let Some(d) = open_device(&a.dst, &a.session, false).await? {
         sessions.extend(d.sessions());
+        devices.push(d.clone());
         let size = d.geometry().bytes();
         if length > size {
             bail!("the destination holds {size} bytes, {length} are to be copied");
@@ -322,9 +326,9 @@ async fn copy(a: Args) -> anyhow::Result<ExitCode> {
             mcsi_units::Bytes(chunk as f64),
         );
     }
-    for s in &sessions {
-        if let Err(e) = s.logout().await {
-            tracing::warn!(error = %e, "logout of {} failed", s.url());
+    for d in &devices {
+        for (url, e) in d.logout().await {
+            tracing::warn!(error = %e, "logout of {url} failed");
         }
     }
     if let Some(e) = first_err {

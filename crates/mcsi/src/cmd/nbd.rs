@@ -425,18 +425,16 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     progress.abort();
     let mut failed = false;
     let mut not_logged_out = 0;
-    for (e, s) in exports.iter().zip(&sessions) {
+    for e in exports.iter() {
         if !e.info.read_only {
             if let Err(err) = e.lun.flush().await {
                 error!("{}: flushing at stop failed: {err}", e.url);
                 failed = true;
             }
         }
-        for s in s {
-            if let Err(err) = s.logout().await {
-                warn!("{}: logout of {} failed: {err}", e.url, s.url());
-                not_logged_out += 1;
-            }
+        for (url, err) in e.lun.logout().await {
+            warn!("{}: logout of {url} failed: {err}", e.url);
+            not_logged_out += 1;
         }
     }
     if let Some(p) = &args.socket {

@@ -3,6 +3,10 @@
 //! ```toml
 //! layout = "stripe"        # or "mirror"
 //! chunk = "256KiB"         # stripe only: a multiple of the members' block size
+//! bitmap = "m.bitmap"      # mirror only: what each member missed, kept in this file (relative
+//!                          # to the spec's directory), so that a restart knows a stale member
+//! resync_rate = "100mbit"  # mirror only: the most a resync copies (it also yields half the
+//!                          # time to the volume's own commands while they run)
 //!
 //! [[member]]
 //! url = "iscsi://10.0.0.1:3260/iqn.2026-01.org.example:a/0"
@@ -73,8 +77,32 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             at("member")
         ),
     };
+    let bitmap = match table.remove("bitmap") {
+        Some(toml::Value::String(s)) if !s.is_empty() => {
+            let p = Path::new(&s);
+            Some(if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                path.parent().unwrap_or(Path::new(".")).join(p)
+            })
+        }
+        Some(_) => bail!("{}: a file name such as \"m.bitmap\"", at("bitmap")),
+        None => None,
+    };
+    let resync_rate = match table.remove("resync_rate") {
+        Some(toml::Value::String(s)) => Some(
+            mcsi_units::parse_rate(&s)
+                .map(|bits| (bits / 8.0).max(1.0) as u64)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", at("resync_rate")))?,
+        ),
+        Some(_) => bail!("{}: a rate such as \"100mbit\"", at("resync_rate")),
+        None => None,
+    };
     if let Some(k) = table.keys().next() {
-        bail!("{}: unknown key (use layout, chunk, [[member]])", at(k));
+        bail!(
+            "{}: unknown key (use layout, chunk, bitmap, resync_rate, [[member]])",
+            at(k)
+        );
     }
     if members.len() < 2 {
         bail!(
@@ -107,9 +135,22 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             .map_err(|e| anyhow::anyhow!("{}: {e}", at(&field)))?;
         out.push(MemberSpec { url, options });
     }
+    if matches!(layout, Layout::Stripe { .. }) {
+        if bitmap.is_some() {
+            bail!(
+                "{}: a bitmap records what a mirror member missed; a stripe has no copies",
+                at("bitmap")
+            );
+        }
+        if resync_rate.is_some() {
+            bail!("{}: only a mirror resyncs", at("resync_rate"));
+        }
+    }
     Ok(VolumeSpec {
         layout,
         members: out,
+        bitmap,
+        resync_rate,
     })
 }
 

@@ -1,0 +1,244 @@
+//! A mirror's record of what each member missed, in a small file, so that a process that
+//! starts again after running degraded knows which members are stale and never reads from them
+//! before they are brought up to date.
+//!
+//! The file is JSON, rewritten whole (a temporary file, fsync, rename, fsync of the directory)
+//! each time a region becomes dirty, before the write that dirtied it is acknowledged, and when
+//! a resync has cleaned regions. Regions are listed as inclusive ranges:
+//!
+//! ```json
+//! {"format":"mcsi mirror bitmap","version":1,"region_bytes":1048576,
+//!  "members":[{"url":"iscsi://10.0.0.1/iqn.2026-01.org.example:a/0","dirty":[]},
+//!             {"url":"iscsi://10.0.0.2/iqn.2026-01.org.example:b/0","dirty":[[0,3],[17,17]]}]}
+//! ```
+
+use crate::error::Error;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+const FORMAT: &str = "mcsi mirror bitmap";
+const VERSION: u32 = 1;
+/// A bitmap file larger than this is not one this code wrote.
+const MAX_FILE_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileForm {
+    format: String,
+    version: u32,
+    region_bytes: u64,
+    members: Vec<MemberForm>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct MemberForm {
+    url: String,
+    /// Inclusive ranges of region numbers.
+    dirty: Vec<[u64; 2]>,
+}
+
+/// The file, and a lock that keeps its saves in order.
+#[derive(Debug)]
+pub(super) struct BitmapFile {
+    path: PathBuf,
+    urls: Vec<String>,
+    region_bytes: u64,
+    saving: tokio::sync::Mutex<()>,
+}
+
+/// What a file recorded: each member's dirty regions as ranges, checked against the volume's
+/// size by [`Recorded::bits`].
+#[derive(Debug)]
+pub(super) struct Recorded {
+    dirty: Vec<Vec<[u64; 2]>>,
+}
+
+impl BitmapFile {
+    pub(super) fn new(path: &Path, urls: Vec<String>, region_bytes: u64) -> BitmapFile {
+        BitmapFile {
+            path: path.to_path_buf(),
+            urls,
+            region_bytes,
+            saving: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the file if there is one. A file for other members or another region size is an
+    /// error that says so: trusting it, or ignoring it, could serve stale blocks.
+    pub(super) fn load(&self) -> Result<Option<Recorded>, Error> {
+        let shown = self.path.display();
+        let bad = |why: String| Error::InvalidArgument(format!("mirror bitmap {shown}: {why}"));
+        let len = match std::fs::metadata(&self.path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        if len > MAX_FILE_BYTES {
+            return Err(bad(format!(
+                "{len} bytes is too large for a bitmap this program wrote"
+            )));
+        }
+        let text = std::fs::read(&self.path).map_err(|e| bad(e.to_string()))?;
+        let f: FileForm = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        if f.format != FORMAT || f.version != VERSION {
+            return Err(bad(format!(
+                "format {:?} version {}, expected {FORMAT:?} version {VERSION}",
+                f.format, f.version
+            )));
+        }
+        if f.region_bytes != self.region_bytes {
+            return Err(bad(format!(
+                "regions of {} bytes, this program uses {}",
+                f.region_bytes, self.region_bytes
+            )));
+        }
+        let urls: Vec<&str> = f.members.iter().map(|m| m.url.as_str()).collect();
+        if urls != self.urls {
+            return Err(bad(format!(
+                "it records members {urls:?}, the spec names {:?}; remove the file only if every member holds the same blocks",
+                self.urls
+            )));
+        }
+        for m in &f.members {
+            if let Some([a, b]) = m.dirty.iter().find(|[a, b]| a > b) {
+                return Err(bad(format!(
+                    "member {}: range [{a}, {b}] runs backwards",
+                    m.url
+                )));
+            }
+        }
+        Ok(Some(Recorded {
+            dirty: f.members.into_iter().map(|m| m.dirty).collect(),
+        }))
+    }
+
+    /// Writes `bits` (one bitmap of regions per member, taken by `snapshot` once the previous
+    /// save is done) to the file: durable when this returns.
+    pub(super) async fn save(&self, snapshot: impl FnOnce() -> Vec<Vec<u64>>) -> Result<(), Error> {
+        let _order = self.saving.lock().await;
+        let form = FileForm {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            region_bytes: self.region_bytes,
+            members: self
+                .urls
+                .iter()
+                .zip(snapshot())
+                .map(|(u, bits)| MemberForm {
+                    url: u.clone(),
+                    dirty: ranges(&bits),
+                })
+                .collect(),
+        };
+        let path = self.path.clone();
+        let io = |e: std::io::Error| Error::Io {
+            context: format!("saving the mirror bitmap {}", path.display()),
+            kind: e.kind(),
+            message: e.to_string(),
+        };
+        let text = serde_json::to_vec(&form).map_err(|e| io(std::io::Error::other(e)))?;
+        let target = path.clone();
+        tokio::task::spawn_blocking(move || write_durably(&target, &text))
+            .await
+            .map_err(|e| io(std::io::Error::other(e)))?
+            .map_err(io)
+    }
+}
+
+impl Recorded {
+    /// Member `m`'s dirty regions as a bitmap of `words` words; a region at or beyond `regions`
+    /// (the volume's count) is an error, since the file then belongs to a larger volume.
+    pub(super) fn bits(&self, m: usize, regions: u64, words: usize) -> Result<Vec<u64>, String> {
+        let mut bits = vec![0u64; words];
+        for &[a, b] in self.dirty.get(m).map_or(&[][..], |d| d.as_slice()) {
+            if b >= regions {
+                return Err(format!(
+                    "region {b} lies beyond the volume's {regions} regions"
+                ));
+            }
+            for r in a..=b {
+                bits[(r / 64) as usize] |= 1 << (r % 64);
+            }
+        }
+        Ok(bits)
+    }
+}
+
+/// The set bits of `bits` as inclusive ranges.
+fn ranges(bits: &[u64]) -> Vec<[u64; 2]> {
+    let mut out: Vec<[u64; 2]> = Vec::new();
+    for (i, &w) in bits.iter().enumerate() {
+        let mut w = w;
+        while w != 0 {
+            let r = i as u64 * 64 + u64::from(w.trailing_zeros());
+            w &= w - 1;
+            match out.last_mut() {
+                Some(last) if last[1] + 1 == r => last[1] = r,
+                _ => out.push([r, r]),
+            }
+        }
+    }
+    out
+}
+
+/// Replaces `path` with `data` so that a crash leaves the old file or the new one, never a mix.
+fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(&dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_round_trip() {
+        let mut bits = vec![0u64; 3];
+        for r in [0u64, 1, 2, 63, 64, 65, 130] {
+            bits[(r / 64) as usize] |= 1 << (r % 64);
+        }
+        let rs = ranges(&bits);
+        assert_eq!(rs, vec![[0, 2], [63, 65], [130, 130]]);
+        let rec = Recorded {
+            dirty: vec![rs.clone()],
+        };
+        assert_eq!(rec.bits(0, 192, 3).unwrap(), bits);
+        assert!(rec.bits(0, 130, 3).is_err(), "region 130 of 130");
+    }
+
+    #[tokio::test]
+    async fn a_saved_file_loads_and_a_foreign_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.bitmap");
+        let urls = vec!["iscsi://a/x/0".to_string(), "iscsi://b/x/0".to_string()];
+        let f = BitmapFile::new(&p, urls.clone(), 1 << 20);
+        assert!(f.load().unwrap().is_none(), "no file yet");
+        f.save(|| vec![vec![0], vec![0b1011]]).await.unwrap();
+        let rec = f.load().unwrap().unwrap();
+        assert_eq!(rec.bits(1, 64, 1).unwrap(), vec![0b1011]);
+        assert_eq!(rec.bits(0, 64, 1).unwrap(), vec![0]);
+        let other = BitmapFile::new(&p, vec![urls[1].clone(), urls[0].clone()], 1 << 20);
+        let e = other.load().unwrap_err().to_string();
+        assert!(e.contains("the spec names"), "{e}");
+        let sized = BitmapFile::new(&p, urls, 1 << 16);
+        assert!(sized.load().unwrap_err().to_string().contains("regions of"));
+        std::fs::write(&p, b"{not json").unwrap();
+        assert!(f.load().is_err());
+    }
+}
