@@ -380,6 +380,22 @@ impl<C> SessionCore<C> {
             .collect()
     }
 
+    /// Seconds until a task of `bytes` would complete, by the tcp-aware estimate over the
+    /// connections ([`crate::sched::expected_completion`]), with the commands still waiting for
+    /// the CmdSN window shared out among the usable connections first. None until a rate has
+    /// been measured.
+    pub fn expected_completion(&self, bytes: u64) -> Option<f64> {
+        let mut loads = self.loads();
+        let usable = loads.iter().filter(|c| c.usable).count() as u64;
+        let waiting: u64 = self.pending.iter().map(|q| q.cmd.bytes()).sum();
+        if let Some(share) = waiting.checked_div(usable) {
+            for c in loads.iter_mut().filter(|c| c.usable) {
+                c.outstanding_bytes += share;
+            }
+        }
+        crate::sched::expected_completion(&loads, bytes)
+    }
+
     /// The target's latest report of each connection's sending side.
     pub fn target_tcp(&self) -> Vec<Option<TcpState>> {
         self.conns.iter().map(|c| c.target_tcp).collect()

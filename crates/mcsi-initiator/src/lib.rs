@@ -55,4 +55,4 @@ pub use sched::{ConnLoad, LeastOutstanding, RoundRobin, Scheduler, TaskInfo};
 pub use sense::{Sense, SenseKey};
 pub use session::{connect, ConnectOptions, ConnectionStats, Session, SessionStats};
 pub use url::IscsiUrl;
-pub use volume::{Device, Layout, MemberSpec, Volume, VolumeSpec};
+pub use volume::{Device, Layout, MemberSpec, MirrorReads, Volume, VolumeSpec};

@@ -86,6 +86,9 @@ pub struct ConnectOptions {
     /// When `portals` is empty: ask the URL's portal (SendTargets) for the target's portals
     /// and use those of the first one's portal group in turn.
     pub discover_portals: bool,
+    /// Measure each connection's rate and TCP state even when the policy does not look at
+    /// them, for [`Session::expected_completion`] (a mirror volume places its reads by it).
+    pub measure_rates: bool,
 }
 
 impl Default for ConnectOptions {
@@ -114,6 +117,7 @@ impl Default for ConnectOptions {
             portals: Vec::new(),
             mptcp: false,
             discover_portals: false,
+            measure_rates: false,
         }
     }
 }
@@ -528,7 +532,7 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
         let sh = Arc::clone(shared);
         tokio::spawn(async move { watchdog(sh, generation).await });
     }
-    if inner.core.scheduler_wants_tcp_info() {
+    if inner.core.scheduler_wants_tcp_info() || shared.options.measure_rates {
         let sh = Arc::clone(shared);
         tokio::spawn(async move { sample_tcp_info(sh, generation).await });
     }
@@ -1250,6 +1254,15 @@ impl Session {
 
     pub fn url(&self) -> &IscsiUrl {
         &self.shared.url
+    }
+
+    /// How long a task of `bytes` would take to complete if issued now, on the connection
+    /// expected to finish it first (queued work at each connection's measured rate, plus its
+    /// round-trip time); None until a rate has been measured (the policy is tcp-aware, or the
+    /// session was opened with [`ConnectOptions::measure_rates`]).
+    pub fn expected_completion(&self, bytes: u64) -> Option<Duration> {
+        let s = lock(&self.shared).core.expected_completion(bytes)?;
+        Duration::try_from_secs_f64(s).ok()
     }
 
     /// The target's latest report of each connection's sending side (`X-org.mcsi.TcpReport`;

@@ -27,6 +27,18 @@ pub enum Layout {
     Mirror,
 }
 
+/// Which member serves a mirror's read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MirrorReads {
+    /// The member expected to complete it first: each member session's tcp-aware estimate
+    /// ([`crate::Session::expected_completion`]: queued bytes at the measured rate plus the
+    /// round-trip time); the least busy while a member has no measurement yet.
+    #[default]
+    Soonest,
+    /// The member with the fewest of the volume's commands in flight.
+    LeastBusy,
+}
+
 /// One member: a LUN URL and how to open its session.
 #[derive(Debug, Clone)]
 pub struct MemberSpec {
@@ -46,6 +58,8 @@ pub struct VolumeSpec {
     /// The most a mirror's resync copies per second (bytes); it always yields half the time to
     /// the volume's own commands while they run.
     pub resync_rate: Option<u64>,
+    /// Which member serves a mirror's read.
+    pub reads: MirrorReads,
 }
 
 /// Where a run of volume blocks lies on a stripe's members.
@@ -292,6 +306,8 @@ struct Inner {
     regions: Regions,
     /// A task tries failed members again.
     rejoining: AtomicBool,
+    /// Which member serves a mirror's read.
+    reads: MirrorReads,
     /// A mirror's record of what each member missed, kept in a file.
     bitmap: Option<BitmapFile>,
     /// The most a resync copies per second (bytes), when the spec caps it.
@@ -334,8 +350,20 @@ impl Volume {
             Some(b) => b.load()?,
             None => None,
         };
+        // A mirror that sends each read where it completes first needs every member's rates.
+        let specs: Vec<MemberSpec> = spec
+            .members
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                if spec.layout == Layout::Mirror && spec.reads == MirrorReads::Soonest {
+                    m.options.measure_rates = true;
+                }
+                m
+            })
+            .collect();
         let mut opening = tokio::task::JoinSet::new();
-        for (i, m) in spec.members.iter().cloned().enumerate() {
+        for (i, m) in specs.iter().cloned().enumerate() {
             opening.spawn(async move {
                 let r = async {
                     let s = connect(&m.url, m.options.clone()).await?;
@@ -481,7 +509,8 @@ impl Volume {
                 stripe,
                 cap,
                 members,
-                specs: spec.members.clone(),
+                specs,
+                reads: spec.reads,
                 regions: Regions::default(),
                 rejoining: AtomicBool::new(false),
                 bitmap,
@@ -561,10 +590,10 @@ impl Volume {
         self.check(lba, u64::from(blocks))?;
         let bs = u64::from(self.block_size());
         let Some(stripe) = self.inner.stripe else {
-            // The least busy live member; one that turns out to be gone is failed and the read
-            // goes to the next.
+            // The live member expected to finish first (or the least busy); one that turns out
+            // to be gone is failed and the read goes to the next.
             loop {
-                let Some(m) = self.least_busy() else {
+                let Some(m) = self.reader(u64::from(blocks) * bs) else {
                     return Err(Error::Closed);
                 };
                 let member = &self.inner.members[m];
@@ -1097,6 +1126,29 @@ impl Volume {
                 }
             })
             .collect()
+    }
+
+    /// The live member a mirror's read of `bytes` goes to ([`MirrorReads`]).
+    fn reader(&self, bytes: u64) -> Option<usize> {
+        if self.inner.reads == MirrorReads::Soonest {
+            let mut best: Option<(usize, std::time::Duration)> = None;
+            let mut unmeasured = false;
+            for (i, m) in self.inner.members.iter().enumerate() {
+                if m.state() != ACTIVE {
+                    continue;
+                }
+                match m.lun().and_then(|l| l.session().expected_completion(bytes)) {
+                    Some(eta) if best.is_none_or(|(_, b)| eta < b) => best = Some((i, eta)),
+                    Some(_) => {}
+                    None => unmeasured = true,
+                }
+            }
+            // A member not measured yet: the least busy, so that it gets measured.
+            if let (Some((i, _)), false) = (best, unmeasured) {
+                return Some(i);
+            }
+        }
+        self.least_busy()
     }
 
     /// The live member with the fewest commands in flight.

@@ -133,6 +133,35 @@ impl TcpAware {
         });
         c.rate.or(tcp_rate).filter(|r| *r > 0.0)
     }
+
+    /// The fastest rate any usable connection is known to have.
+    fn best_rate(conns: &[ConnLoad]) -> Option<f64> {
+        conns
+            .iter()
+            .filter(|c| c.usable)
+            .filter_map(Self::rate_of)
+            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
+    }
+
+    /// Seconds until `c` would complete `bytes` more: what it has queued plus these at its rate
+    /// (or `fallback`), plus its round-trip time. None when no rate is known.
+    fn cost(c: &ConnLoad, bytes: u64, fallback: Option<f64>) -> Option<f64> {
+        let rate = Self::rate_of(c).or(fallback)?;
+        let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
+        Some((c.outstanding_bytes + bytes) as f64 / rate + rtt)
+    }
+}
+
+/// Seconds until a task of `bytes` would complete on the usable connection expected to finish
+/// it first, by [`TcpAware`]'s estimate; None while no connection's rate is known. A volume
+/// compares this across sessions to send a mirror's read where it finishes first.
+pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
+    let best = TcpAware::best_rate(conns)?;
+    conns
+        .iter()
+        .filter(|c| c.usable)
+        .filter_map(|c| TcpAware::cost(c, bytes, Some(best)))
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
 }
 
 impl Scheduler for TcpAware {
@@ -142,11 +171,7 @@ impl Scheduler for TcpAware {
 
     fn pick(&mut self, conns: &[ConnLoad], task: &TaskInfo) -> Option<usize> {
         let n = conns.len();
-        let best_rate = conns
-            .iter()
-            .filter(|c| c.usable)
-            .filter_map(Self::rate_of)
-            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+        let best_rate = Self::best_rate(conns);
         let mut best: Option<(usize, f64)> = None;
         for i in 0..n {
             let idx = (self.rotor + i) % n;
@@ -154,14 +179,8 @@ impl Scheduler for TcpAware {
             if !c.usable {
                 continue;
             }
-            let cost = match Self::rate_of(c).or(best_rate) {
-                Some(rate) => {
-                    let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
-                    (c.outstanding_bytes + task.bytes) as f64 / rate + rtt
-                }
-                // Nothing measured anywhere yet: fewest bytes queued.
-                None => c.outstanding_bytes as f64,
-            };
+            // Nothing measured anywhere yet: fewest bytes queued.
+            let cost = Self::cost(c, task.bytes, best_rate).unwrap_or(c.outstanding_bytes as f64);
             if best.is_none_or(|(_, b)| cost < b) {
                 best = Some((idx, cost));
             }
@@ -352,6 +371,21 @@ mod tests {
         let mut rr = RoundRobin::default();
         assert_eq!(rr.pick(&conns, &T), Some(0));
         assert_eq!(rr.pick(&conns, &T), Some(1));
+    }
+
+    #[test]
+    fn expected_completion_is_the_soonest_connection() {
+        let rated = |bytes: u64, rate: f64| ConnLoad {
+            rate: Some(rate),
+            ..load(true, 1, bytes)
+        };
+        assert_eq!(expected_completion(&[load(true, 0, 0)], 1000), None);
+        // 1 MB queued at 1 MB/s, or nothing queued at 0.5 MB/s: the second, 1 MB in 2 s.
+        let conns = [rated(1_000_000, 1e6), rated(0, 0.5e6), load(false, 0, 0)];
+        assert_eq!(expected_completion(&conns, 1_000_000), Some(2.0));
+        // A connection not yet measured is costed at the best known rate.
+        let conns = [rated(4_000_000, 1e6), load(true, 0, 0)];
+        assert_eq!(expected_completion(&conns, 1_000_000), Some(1.0));
     }
 
     #[test]

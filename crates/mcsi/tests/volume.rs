@@ -480,3 +480,98 @@ fn a_restarted_mirror_never_trusts_a_stale_member() {
     let (a, b) = (std::fs::read(&fa).unwrap(), std::fs::read(&fb).unwrap());
     assert!(a == b, "the members differ after the resync");
 }
+
+/// A mirror of two LUNs of one target, member 0 over a 40 Mbit/s 2 ms route and member 1 over
+/// a 4 Mbit/s 20 ms one (`mcsi link run`, routes by source address): 64 KiB random reads at
+/// depth 8 for 4 s, once with reads = "soonest" and once with "least-busy". Returns the two
+/// bench JSONs.
+fn mirror_reads_over_unequal_routes(
+    dir: &Scratch,
+) -> Option<(serde_json::Value, serde_json::Value)> {
+    if !common::runs(
+        "mirror_reads_over_unequal_routes",
+        mcsi_link::run::missing_privileges(),
+    ) {
+        return None;
+    }
+    let port = common::free_port().to_string();
+    let target = format!(
+        "{} target --listen \"$MCSI_LINK_PEER:{port}\" --iqn {IQN} --lun ram:32MiB --lun ram:32MiB",
+        mcsi()
+    );
+    let d = dir.0.to_string_lossy();
+    let mut script = "set -e; ".to_string();
+    for reads in ["soonest", "least-busy"] {
+        script.push_str(&format!(
+            "printf 'layout = \"mirror\"\\nreads = \"{reads}\"\\n[[member]]\\nurl = \"iscsi://%s:{port}/{IQN}/0\"\\nbind = [\"%s\"]\\n[[member]]\\nurl = \"iscsi://%s:{port}/{IQN}/1\"\\nbind = [\"%s\"]\\n' \
+               \"$MCSI_LINK_PEER\" \"$MCSI_LINK_ADDR_0\" \"$MCSI_LINK_PEER\" \"$MCSI_LINK_ADDR_1\" > {d}/{reads}.toml; \
+             {mcsi} bench volume:{d}/{reads}.toml --rw randread --bs 64KiB --iodepth 8 --size 8MiB --runtime 4 --json > {d}/{reads}.json; ",
+            mcsi = mcsi()
+        ));
+    }
+    let args = [
+        "link",
+        "run",
+        "--path",
+        "rate=40mbit,delay=2ms",
+        "--path",
+        "rate=4mbit,delay=20ms",
+        "--path-by",
+        "source",
+        "--host",
+        &target,
+        "--host-wait",
+        &port,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let out = Command::new(mcsi()).args(args).output().unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{out:?}");
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.file(name)).unwrap()).unwrap()
+    };
+    Some((json("soonest.json"), json("least-busy.json")))
+}
+
+#[test]
+fn a_mirror_reads_where_a_read_completes_first() {
+    let dir = Scratch::new("reads");
+    let Some((soonest, least_busy)) = mirror_reads_over_unequal_routes(&dir) else {
+        return;
+    };
+    let share = |v: &serde_json::Value| {
+        let m = &v["mcsi"]["volume"]["members"];
+        let (a, b) = (
+            m[0]["tasks"].as_f64().unwrap(),
+            m[1]["tasks"].as_f64().unwrap(),
+        );
+        a / (a + b).max(1.0)
+    };
+    let figures = |v: &serde_json::Value| {
+        let r = &v["jobs"][0]["read"];
+        format!(
+            "{:.2} MB/s, mean {:.1} ms, p99 {:.1} ms, {:.0}% of reads on the fast route",
+            r["bw_bytes"].as_f64().unwrap() / 1e6,
+            r["clat_ns"]["mean"].as_f64().unwrap() / 1e6,
+            r["clat_ns"]["percentile"]["99.000000"].as_f64().unwrap() / 1e6,
+            share(v) * 100.0
+        )
+    };
+    eprintln!("soonest:    {}", figures(&soonest));
+    eprintln!("least-busy: {}", figures(&least_busy));
+    for v in [&soonest, &least_busy] {
+        assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    }
+    // The slow route has a tenth of the rate and ten times the delay: a read waiting behind
+    // several on the fast member still finishes before one sent to the slow member, so nearly
+    // every read goes to the fast one. Counting commands in flight keeps the slow member busy.
+    assert!(
+        share(&soonest) > share(&least_busy) && share(&soonest) > 0.9,
+        "soonest {} vs least-busy {}",
+        share(&soonest),
+        share(&least_busy)
+    );
+}

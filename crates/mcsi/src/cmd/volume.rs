@@ -7,6 +7,8 @@
 //!                          # to the spec's directory), so that a restart knows a stale member
 //! resync_rate = "100mbit"  # mirror only: the most a resync copies (it also yields half the
 //!                          # time to the volume's own commands while they run)
+//! reads = "soonest"        # mirror only: each read to the member expected to finish it first
+//!                          # (default), or "least-busy": the fewest commands in flight
 //!
 //! [[member]]
 //! url = "iscsi://10.0.0.1:3260/iqn.2026-01.org.example:a/0"
@@ -19,7 +21,7 @@
 
 use crate::cmd::{SessionArgs, SessionProfile};
 use anyhow::{bail, Context};
-use mcsi_initiator::{IscsiUrl, Layout, MemberSpec, VolumeSpec};
+use mcsi_initiator::{IscsiUrl, Layout, MemberSpec, MirrorReads, VolumeSpec};
 use std::path::Path;
 
 /// The prefix that names a volume spec where a URL is expected.
@@ -98,9 +100,18 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
         Some(_) => bail!("{}: a rate such as \"100mbit\"", at("resync_rate")),
         None => None,
     };
+    let reads = match table.remove("reads") {
+        Some(toml::Value::String(s)) => match s.as_str() {
+            "soonest" => Some(MirrorReads::Soonest),
+            "least-busy" => Some(MirrorReads::LeastBusy),
+            other => bail!("{}: '{other}': use soonest or least-busy", at("reads")),
+        },
+        Some(_) => bail!("{}: a word, soonest or least-busy", at("reads")),
+        None => None,
+    };
     if let Some(k) = table.keys().next() {
         bail!(
-            "{}: unknown key (use layout, chunk, bitmap, resync_rate, [[member]])",
+            "{}: unknown key (use layout, chunk, bitmap, resync_rate, reads, [[member]])",
             at(k)
         );
     }
@@ -145,12 +156,19 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
         if resync_rate.is_some() {
             bail!("{}: only a mirror resyncs", at("resync_rate"));
         }
+        if reads.is_some() {
+            bail!(
+                "{}: a stripe reads each block from the one member that holds it",
+                at("reads")
+            );
+        }
     }
     Ok(VolumeSpec {
         layout,
         members: out,
         bitmap,
         resync_rate,
+        reads: reads.unwrap_or_default(),
     })
 }
 
