@@ -345,3 +345,56 @@ fn a_striped_volume_of_two_targets_as_one_export() {
     assert!(log.contains("flushed and logged out"), "{log}");
     drop((a, b));
 }
+
+#[test]
+fn a_degraded_mirror_export_shows_its_missing_member_in_metrics() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !tools_or_skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, pa) = target(dir.path(), 16);
+    // Member 1's target is not running: with a bitmap, the mirror opens degraded.
+    let pb = common::free_port();
+    let spec = dir.path().join("pair.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "layout = \"mirror\"\nbitmap = \"pair.bitmap\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
+        ),
+    )
+    .unwrap();
+    let metrics = {
+        let p = common::free_port();
+        format!("127.0.0.1:{p}")
+    };
+    let (n, sock) = nbd_of(
+        dir.path(),
+        &format!("volume:{}", spec.display()),
+        &["--metrics", &metrics],
+    );
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![0x5au8; 3 << 20]).unwrap();
+    run(Proc::new("nbdcopy").arg(&src).arg(uri(&sock)));
+    let text = get(&metrics, "/metrics");
+    let line = |name: &str, member: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(&format!("member=\"{member}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} for member {member} in:\n{text}"))
+    };
+    assert_eq!(line("mcsi_initiator_volume_member_failed{", "0"), 0.0);
+    assert_eq!(line("mcsi_initiator_volume_member_failed{", "1"), 1.0);
+    assert_eq!(
+        line("mcsi_initiator_volume_member_dirty_bytes{", "1"),
+        f64::from(3u32 << 20),
+        "the three 1 MiB regions written while member 1 was away"
+    );
+    let state: serde_json::Value = serde_json::from_str(&get(&metrics, "/state")).unwrap();
+    assert_eq!(state["volumes"][0]["members"][1]["failed"], true, "{state}");
+    let (st, log) = stop(n);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("starts degraded"), "{log}");
+    drop(a);
+}

@@ -409,6 +409,13 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(mcsi_initiator::session::default_initiator_name),
             },
             exports: names.iter().cloned().zip(stats.iter().cloned()).collect(),
+            volumes: exports
+                .iter()
+                .filter_map(|e| match &e.lun {
+                    Device::Volume(v) => Some((e.info.name.clone(), v.clone())),
+                    Device::Lun(_) => None,
+                })
+                .collect(),
         };
         let at = crate::cmd::http::serve(addr, Arc::new(observer)).await?;
         println!("metrics on http://{at}/metrics, connections on http://{at}/state");
@@ -497,10 +504,19 @@ async fn report_progress(names: Vec<String>, stats: Vec<Arc<ExportStats>>) {
 }
 
 /// The `--metrics` endpoint of `mcsi nbd`: the (first) session's connections, as for
-/// `mcsi bench`, and each export's NBD counters.
+/// `mcsi bench`, each export's NBD counters, and each volume's members (failed or live, and
+/// what a failed mirror member missed).
 struct NbdObserver {
     session: crate::cmd::observe::SessionObserver,
     exports: Vec<(String, Arc<ExportStats>)>,
+    volumes: Vec<(String, mcsi_initiator::Volume)>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct MemberLabels {
+    export: String,
+    member: String,
+    url: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -538,6 +554,25 @@ impl crate::cmd::http::Source for NbdObserver {
             })
             .collect();
         v["nbd"] = serde_json::Value::Array(exports);
+        let volumes: Vec<serde_json::Value> = self
+            .volumes
+            .iter()
+            .map(|(name, vol)| {
+                let members: Vec<serde_json::Value> = vol
+                    .member_states()
+                    .into_iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "url": m.url,
+                            "failed": m.failed,
+                            "dirty_bytes": m.dirty_bytes,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({"export": name, "members": members})
+            })
+            .collect();
+        v["volumes"] = serde_json::Value::Array(volumes);
         v
     }
 
@@ -601,6 +636,33 @@ impl crate::cmd::http::Source for NbdObserver {
             bytes
                 .get_or_create(&rl("write"))
                 .inc_by(s.write_bytes.load(Relaxed));
+        }
+        let vsub = r.sub_registry_with_prefix("volume");
+        let failed = Family::<MemberLabels, Gauge>::default();
+        let dirty = Family::<MemberLabels, Gauge>::default();
+        vsub.register(
+            "member_failed",
+            "1 while a volume member is failed or catching up (the volume runs degraded)",
+            failed.clone(),
+        );
+        vsub.register_with_unit(
+            "member_dirty",
+            "Bytes of regions a failed mirror member missed (what its resync copies)",
+            Unit::Bytes,
+            dirty.clone(),
+        );
+        for (name, vol) in &self.volumes {
+            for (i, m) in vol.member_states().into_iter().enumerate() {
+                let l = MemberLabels {
+                    export: name.clone(),
+                    member: i.to_string(),
+                    url: m.url,
+                };
+                failed.get_or_create(&l).set(i64::from(m.failed));
+                dirty
+                    .get_or_create(&l)
+                    .set(i64::try_from(m.dirty_bytes).unwrap_or(i64::MAX));
+            }
         }
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &r);
