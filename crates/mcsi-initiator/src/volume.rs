@@ -544,7 +544,7 @@ impl Volume {
         for m in stale {
             let state = v.member_states()[m].clone();
             if v.inner.members[m].state() == RESYNCING {
-                tracing::warn!(member = m, url = %state.url, dirty = state.dirty_bytes, "mirror member {m} missed {} of writes before this process started (bitmap); it serves no reads until they are copied to it", mcsi_units::Bytes(state.dirty_bytes as f64));
+                tracing::warn!(member = m, url = %state.url, dirty = state.dirty_bytes, "mirror member {m} missed {} of writes before this process started (bitmap); it serves no reads of them until they are copied to it", mcsi_units::Bytes(state.dirty_bytes as f64));
                 let w = v.clone();
                 tokio::spawn(async move { w.catch_up(m).await });
             }
@@ -590,10 +590,11 @@ impl Volume {
         self.check(lba, u64::from(blocks))?;
         let bs = u64::from(self.block_size());
         let Some(stripe) = self.inner.stripe else {
-            // The live member expected to finish first (or the least busy); one that turns out
-            // to be gone is failed and the read goes to the next.
+            // The member expected to finish first (or the least busy) of those that hold these
+            // blocks; one that turns out to be gone is failed and the read goes to the next.
+            let span = self.region_span(lba, u64::from(blocks));
             loop {
-                let Some(m) = self.reader(u64::from(blocks) * bs) else {
+                let Some(m) = self.reader(u64::from(blocks) * bs, span, None) else {
                     return Err(Error::Closed);
                 };
                 let member = &self.inner.members[m];
@@ -604,7 +605,13 @@ impl Volume {
                 };
                 member.busy.fetch_sub(1, Ordering::Relaxed);
                 match r {
-                    Err(e) if member_gone(&e) && self.live_members() > 1 => self.fail_member(m, &e),
+                    Err(e)
+                        if member_gone(&e)
+                            && !self.inner.closing.load(Ordering::Acquire)
+                            && self.reader(0, span, Some(m)).is_some() =>
+                    {
+                        self.fail_member(m, &e)
+                    }
                     r => return r.map_err(|e| self.member_error(m, e)),
                 }
             }
@@ -894,7 +901,7 @@ impl Volume {
 
     /// Tries the failed members again until none is left: one that opens (same block size, big
     /// enough) takes writes at once and gets the regions it missed copied from a live member,
-    /// one at a time, before it serves reads again.
+    /// one at a time; meanwhile it serves reads of the regions it did not miss.
     async fn rejoin(self) {
         loop {
             tokio::time::sleep(REJOIN_PERIOD).await;
@@ -1129,12 +1136,15 @@ impl Volume {
     }
 
     /// The live member a mirror's read of `bytes` goes to ([`MirrorReads`]).
-    fn reader(&self, bytes: u64) -> Option<usize> {
+    /// Only members that hold regions `span` are candidates ([`Volume::holds`]), and never
+    /// `besides`.
+    fn reader(&self, bytes: u64, span: (u64, u64), besides: Option<usize>) -> Option<usize> {
+        let can = |i: usize| Some(i) != besides && self.holds(i, span);
         if self.inner.reads == MirrorReads::Soonest {
             let mut best: Option<(usize, std::time::Duration)> = None;
             let mut unmeasured = false;
             for (i, m) in self.inner.members.iter().enumerate() {
-                if m.state() != ACTIVE {
+                if !can(i) {
                     continue;
                 }
                 match m.lun().and_then(|l| l.session().expected_completion(bytes)) {
@@ -1148,18 +1158,31 @@ impl Volume {
                 return Some(i);
             }
         }
-        self.least_busy()
-    }
-
-    /// The live member with the fewest commands in flight.
-    fn least_busy(&self) -> Option<usize> {
         self.inner
             .members
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.state() == ACTIVE)
+            .filter(|&(i, _)| can(i))
             .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
             .map(|(i, _)| i)
+    }
+
+    /// Whether member `m` holds every write to regions `span`: a live member does, a member
+    /// catching up does for the regions it did not miss (it has taken every write since it came
+    /// back, and a region it missed stays marked until it is copied), a failed one does not.
+    fn holds(&self, m: usize, (first, last): (u64, u64)) -> bool {
+        let member = &self.inner.members[m];
+        match member.state() {
+            ACTIVE => true,
+            RESYNCING => {
+                let bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
+                (first..=last).all(|r| {
+                    bits.get((r / 64) as usize)
+                        .is_none_or(|w| w & (1 << (r % 64)) == 0)
+                })
+            }
+            _ => false,
+        }
     }
 
     fn member_error(&self, m: usize, e: Error) -> Error {
