@@ -8,8 +8,8 @@
 //! place happen together so that concurrent logins cannot both take the last one.
 
 use crate::config::ServerLimits;
-use crate::login::status;
 use crate::session::{Shared, Target};
+use mcsi_proto::login::status;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -54,11 +54,6 @@ pub enum ConnEnd {
     },
 }
 
-/// A Reject (11.17) of `pdu`, carrying its BHS ([`Pdu::reject_of`]).
-pub fn reject_pdu(reason: u8, pdu: &Pdu) -> Pdu {
-    Pdu::reject_of(reason, pdu)
-}
-
 /// Writes every slice of every PDU, resuming after partial writes.
 pub async fn write_batch<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
@@ -490,7 +485,7 @@ impl Reader {
                 if self.session.is_discovery() && matches!(p, Pdu::TaskMgmtRequest(_)) {
                     // Discovery sessions carry Text and Logout only (RFC 7143 4.3).
                     self.conn
-                        .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                        .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
                     self.consume_cmd_sn_of(&p);
                     return Ok(());
                 }
@@ -511,13 +506,13 @@ impl Reader {
             Pdu::SnackRequest(_) => {
                 // SNACK needs ErrorRecoveryLevel > 0 (RFC 7143 7.1): a protocol error here.
                 self.conn
-                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
                 Ok(())
             }
             other => {
                 // A Login Request in full feature phase, or a target opcode from the initiator.
                 self.conn
-                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &other));
+                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &other));
                 Ok(())
             }
         }
@@ -559,7 +554,7 @@ impl Reader {
         let Some(target) = self.session.target.clone() else {
             let p = Pdu::ScsiCommand(c);
             self.conn
-                .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
             self.consume_cmd_sn_of(&p);
             return Ok(());
         };
@@ -592,7 +587,7 @@ impl Reader {
                 debug!(parent: &self.conn.span, itt = c.itt, "command rejected: {e}");
                 let p = Pdu::ScsiCommand(c);
                 self.conn
-                    .send(reject_pdu(reject_reason::PROTOCOL_ERROR, &p));
+                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
                 self.consume_cmd_sn_of(&p);
                 return Ok(());
             }

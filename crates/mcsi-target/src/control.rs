@@ -3,7 +3,6 @@
 //! (`mcsi_target_core::control`); this layer aborts, waits for the aborted tasks to end, resets
 //! devices and sends the answer.
 
-use crate::conn::reject_pdu;
 use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
 use mcsi_scsi::TaskAttribute;
@@ -122,14 +121,11 @@ pub fn run(session: &Arc<Session>, conn: Arc<Conn>, p: Pdu) {
                 .instrument(span),
             );
         }
-        other => conn.send(reject_pdu(reject_reason::PROTOCOL_ERROR, &other)),
+        other => conn.send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &other)),
     }
 }
 
-/// Task management and logout requests a session handles at once (each waits for the tasks it
-/// aborts to end). Immediate ones are not bounded by the CmdSN window: beyond this many, an
-/// immediate request is rejected (reason 0x06, too many immediate commands, RFC 7143 11.17.1).
-pub const MAX_CONTROL_TASKS: usize = 16;
+use crate::session::MAX_CONTROL_TASKS;
 
 /// A slot for one more task management or logout handler: `None`, with the request rejected,
 /// when an immediate request finds them all taken. A request in CmdSN order always gets one
@@ -145,7 +141,10 @@ fn control_slot(
         Err(_) if !immediate => Some(None),
         Err(_) => {
             debug!(parent: &conn.span, "{MAX_CONTROL_TASKS} task management or logout requests in progress: rejecting an immediate one");
-            conn.send(reject_pdu(reject_reason::IMMEDIATE_COMMAND_REJECT, &pdu()));
+            conn.send(Pdu::reject_of(
+                reject_reason::IMMEDIATE_COMMAND_REJECT,
+                &pdu(),
+            ));
             None
         }
     }
@@ -179,7 +178,7 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
         }
         Logout::Respond(code) => return conn.send(logout_pdu(l.itt, code)),
         Logout::Reject => {
-            return conn.send(reject_pdu(
+            return conn.send(Pdu::reject_of(
                 reject_reason::INVALID_PDU_FIELD,
                 &Pdu::LogoutRequest(l),
             ))
@@ -204,7 +203,7 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
 /// response goes out only after they have ended.
 async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     let Some(target) = session.target.clone() else {
-        conn.send(reject_pdu(
+        conn.send(Pdu::reject_of(
             reject_reason::PROTOCOL_ERROR,
             &Pdu::TaskMgmtRequest(t),
         ));

@@ -27,11 +27,18 @@
 //! - `conn`: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
 //!   stamping, vectored writes). `scsi`: one SCSI task from command to status. `control`: NOP, Text, Logout,
 //!   Task Management. `text`: SendTargets.
+//! - `counters`: what the hot path counts (atomics); [`stats`] shows it. `transport`: what a
+//!   connection runs over.
+//!
+//! No two modules import each other, directly or around a circle (`tests/module_graph.rs`):
+//! server > login > admission > session, conn > control > scsi > session, and so on down to
+//! leaves such as `counters`, `transport`, `config` and `name`.
 
 pub(crate) mod admission;
 pub mod config;
 pub(crate) mod conn;
 pub(crate) mod control;
+pub(crate) mod counters;
 pub(crate) mod login;
 pub mod name;
 pub(crate) mod scsi;
@@ -40,6 +47,7 @@ pub(crate) mod session;
 pub(crate) mod shard;
 pub mod stats;
 pub(crate) mod text;
+pub(crate) mod transport;
 
 pub(crate) use mcsi_target_core::datain;
 /// The session core, a crate of its own (`mcsi-target-core`) so that nothing async can creep in.

@@ -104,7 +104,7 @@ pub fn start_task(
             task_set_full(session, conn, &cmd, phase);
         }
         (Register::IttInUse, _) => {
-            conn.send(crate::conn::reject_pdu(
+            conn.send(Pdu::reject_of(
                 mcsi_proto::pdu::reject_reason::TASK_IN_PROGRESS,
                 &Pdu::ScsiCommand(cmd),
             ));
@@ -341,9 +341,9 @@ fn account(
         0
     };
     let lun = session.target.as_ref().and_then(|t| t.lun_metrics(cmd.lun));
-    crate::stats::account(
+    crate::counters::account(
         lun,
-        conn,
+        &conn.counters,
         o.data_in.len(),
         write,
         o.status == status::GOOD,

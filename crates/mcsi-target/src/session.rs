@@ -6,6 +6,7 @@
 //! connection and assigned by the connection's writer.
 
 use crate::config::{AuthSpec, Limits};
+use crate::counters::{ConnCounters, LunMetrics};
 use crate::session_core::{DataOutcome, Held, NewWrite, SessionCore};
 use crate::transfer::R2tPlan;
 use bytes::Bytes;
@@ -17,6 +18,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot, watch};
+
+/// Task management and logout requests a session handles at once (each waits for the tasks it
+/// aborts to end). Immediate ones are not bounded by the CmdSN window: beyond this many, an
+/// immediate request is rejected (reason 0x06, too many immediate commands, RFC 7143 11.17.1).
+pub const MAX_CONTROL_TASKS: usize = 16;
 
 /// One iSCSI target: a name, its portals (one portal group) and its LUNs.
 pub struct Target {
@@ -30,12 +36,12 @@ pub struct Target {
     pub auth: AuthSpec,
     pub dev: Arc<DeviceServer>,
     /// Metric handles of each LUN, by LUN number.
-    pub lun_metrics: Vec<(u16, crate::stats::LunMetrics)>,
+    pub lun_metrics: Vec<(u16, LunMetrics)>,
 }
 
 impl Target {
     /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
-    pub fn lun_metrics(&self, raw: u64) -> Option<&crate::stats::LunMetrics> {
+    pub fn lun_metrics(&self, raw: u64) -> Option<&LunMetrics> {
         let idx = mcsi_scsi::lun::decode(raw)?;
         self.lun_metrics
             .iter()
@@ -483,7 +489,7 @@ pub struct Conn {
     pub span: tracing::Span,
     /// A duplicate of the socket, to sample TCP_INFO and the congestion control.
     pub sock: Option<socket2::Socket>,
-    pub counters: crate::stats::ConnCounters,
+    pub counters: ConnCounters,
     /// What its writer still has to send, against its output budget.
     pub out: Arc<OutQueue>,
     /// The socket's TCP state as last sampled for a load-aware response policy, and when.
@@ -708,7 +714,7 @@ pub struct Session {
     read_budget: Budget,
     /// The session's write budget ([`Session::write_permits`]).
     write_budget: Budget,
-    /// Task management and logout handlers running ([`crate::control::MAX_CONTROL_TASKS`]).
+    /// Task management and logout handlers running ([`MAX_CONTROL_TASKS`]).
     pub control_slots: Arc<tokio::sync::Semaphore>,
     /// Response connections at their output budget ([`OutQueue::counted`]), so that request
     /// readers look at the response connections only when one of them is full
@@ -776,9 +782,7 @@ impl Session {
             inline_idle: tokio::sync::Notify::new(),
             read_budget,
             write_budget,
-            control_slots: Arc::new(tokio::sync::Semaphore::new(
-                crate::control::MAX_CONTROL_TASKS,
-            )),
+            control_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_TASKS)),
             full_responses: Arc::new(AtomicUsize::new(0)),
             core: Mutex::new(core),
         })

@@ -18,7 +18,7 @@
 //! The accept loop and logins run where the server was started; once a login has joined or
 //! created its session, the connection moves to the session's thread ([`Transport::detach`]).
 
-use crate::server::Transport;
+use crate::transport::Transport;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 

@@ -17,60 +17,8 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-/// Counters of one connection (SCSI commands that arrived on it).
-#[derive(Debug, Default)]
-pub struct ConnCounters {
-    pub commands: AtomicU64,
-    /// Data-In bytes the commands produced (reads).
-    pub read_bytes: AtomicU64,
-    /// Data-Out bytes the commands carried (writes).
-    pub write_bytes: AtomicU64,
-    /// Commands that ended with a status other than GOOD.
-    pub errors: AtomicU64,
-}
-
-/// The metric handles of one LUN, created when the target starts.
-#[derive(Debug, Clone, Default)]
-pub struct LunMetrics {
-    commands: Counter,
-    read_bytes: Counter,
-    write_bytes: Counter,
-    errors: Counter,
-    latency: Option<Histogram>,
-}
-
-/// Counts a finished command on its LUN and on the connection it came on. `started` is when
-/// the target took the command up (its arrival for a task of its own; its turn in CmdSN order
-/// for one run at once on the reader).
-pub fn account(
-    lun: Option<&LunMetrics>,
-    conn: &Conn,
-    read: usize,
-    write: usize,
-    good: bool,
-    started: Instant,
-) {
-    let c = &conn.counters;
-    c.commands.fetch_add(1, Ordering::Relaxed);
-    c.read_bytes.fetch_add(read as u64, Ordering::Relaxed);
-    c.write_bytes.fetch_add(write as u64, Ordering::Relaxed);
-    if !good {
-        c.errors.fetch_add(1, Ordering::Relaxed);
-    }
-    if let Some(m) = lun {
-        m.commands.inc();
-        m.read_bytes.inc_by(read as u64);
-        m.write_bytes.inc_by(write as u64);
-        if !good {
-            m.errors.inc();
-        }
-        if let Some(h) = &m.latency {
-            h.observe(started.elapsed().as_secs_f64());
-        }
-    }
-}
+pub use crate::counters::{account, ConnCounters, LunMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LunLabels {

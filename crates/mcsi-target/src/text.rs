@@ -71,7 +71,7 @@ pub fn handle(shared: &Shared, session: &Session, conn: &Conn, req: TextRequest)
         TextStep::Send(p) => conn.send(p),
         TextStep::Reject(why) => {
             debug!("Text Request refused: {why}");
-            conn.send(crate::conn::reject_pdu(
+            conn.send(Pdu::reject_of(
                 mcsi_proto::pdu::reject_reason::INVALID_PDU_FIELD,
                 &Pdu::TextRequest(req),
             ));
