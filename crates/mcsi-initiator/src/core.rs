@@ -216,14 +216,11 @@ struct Task<C> {
     assembly: Option<DataInAssembly>,
 }
 
-/// Encode a LUN number as the 8-byte SAM-5 LUN (4.6): peripheral addressing below 256, flat
-/// space addressing up to 16383.
+/// Encode a LUN number as the 8-byte SAM-5 LUN (4.6, [`mcsi_scsi::lun::encode`]): peripheral
+/// addressing below 256, flat space up to 16383, extended flat space up to 65535. The URL and
+/// [`crate::Session::open_lun`] refuse larger numbers; one would be sent as 65535.
 pub fn encode_lun(lun: u64) -> u64 {
-    if lun < 256 {
-        lun << 48
-    } else {
-        ((0x4000 | (lun & 0x3fff)) << 48) & 0xffff_0000_0000_0000
-    }
+    mcsi_scsi::lun::encode(u16::try_from(lun).unwrap_or(u16::MAX))
 }
 
 /// The session core. `C` is whatever the driver uses to deliver a result (a oneshot sender).
@@ -920,11 +917,14 @@ mod tests {
 
     fn params() -> SessionParams {
         SessionParams {
-            max_connections: 4,
-            initial_r2t: true,
-            immediate_data: true,
-            first_burst_length: 65536,
-            max_burst_length: 262144,
+            session: mcsi_proto::keys::SessionParams {
+                max_connections: 4,
+                initial_r2t: true,
+                immediate_data: true,
+                first_burst_length: 65536,
+                max_burst_length: 262144,
+                ..Default::default()
+            },
             target_max_recv_dsl: 8192,
             ..SessionParams::default()
         }
@@ -1538,6 +1538,8 @@ mod tests {
         assert_eq!(encode_lun(5), 0x0005_0000_0000_0000);
         // Flat space (SAM-5 4.6.7): 01b in the top bits, 14-bit LUN.
         assert_eq!(encode_lun(300), 0x412c_0000_0000_0000);
+        // Extended flat space (4.6.10) above 16383.
+        assert_eq!(encode_lun(0x4000), 0xD200_4000_0000_0000);
     }
 
     /// MaxRecvDataSegmentLength is a connection-only key: a connection whose login declared a
@@ -1555,10 +1557,8 @@ mod tests {
                 ..ConnStart::new(1, ConnRole::Both, 0)
             },
         ];
-        let p = SessionParams {
-            initial_r2t: false,
-            ..params()
-        };
+        let mut p = params();
+        p.initial_r2t = false;
         c.start(p, CmdWindow::new(1, 100), &conns, &mut out);
         let write = |n: usize| Command {
             lun: 0,

@@ -63,6 +63,11 @@ pub struct Lun {
 impl Session {
     /// Open a LUN: reads its capacity (clearing any pending unit attention).
     pub async fn open_lun(&self, lun: u64) -> Result<Lun, Error> {
+        if lun > u64::from(u16::MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "LUN {lun}: this initiator addresses LUNs 0 to 65535"
+            )));
+        }
         let cap = read_capacity(self, lun).await?;
         if cap.block_size == 0 || cap.block_size > 1 << 20 {
             return Err(Error::Protocol(format!(

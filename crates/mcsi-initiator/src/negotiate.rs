@@ -13,21 +13,12 @@ use mcsi_proto::vendor::{self, ConnRole};
 /// only when asked for, so a standard peer never sees it.
 pub const ASYMMETRIC_KEY: &str = mcsi_proto::vendor::ASYMMETRIC.name;
 
-/// The negotiated values a session works with: mcsi-proto's session-wide and per-connection
-/// parameters, flattened (every connection is offered the same values).
+/// The negotiated values a session works with: mcsi-proto's session-wide parameters as they
+/// are (reached through `Deref`: `p.first_burst_length`), and the per-connection ones flattened
+/// (every connection is offered the same values).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionParams {
-    pub max_connections: u16,
-    pub initial_r2t: bool,
-    pub immediate_data: bool,
-    pub max_burst_length: u32,
-    pub first_burst_length: u32,
-    pub default_time2wait: u16,
-    pub default_time2retain: u16,
-    pub max_outstanding_r2t: u16,
-    pub data_pdu_in_order: bool,
-    pub data_sequence_in_order: bool,
-    pub error_recovery_level: u8,
+    pub session: mcsi_proto::keys::SessionParams,
     pub header_digest: bool,
     pub data_digest: bool,
     /// Largest data segment we may send (the target's declared MaxRecvDataSegmentLength).
@@ -42,23 +33,25 @@ pub struct SessionParams {
     pub tcp_report: bool,
 }
 
+impl std::ops::Deref for SessionParams {
+    type Target = mcsi_proto::keys::SessionParams;
+    fn deref(&self) -> &Self::Target {
+        &self.session
+    }
+}
+
+impl std::ops::DerefMut for SessionParams {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.session
+    }
+}
+
 impl Default for SessionParams {
     /// RFC 7143 section 13 defaults.
     fn default() -> Self {
-        let s = mcsi_proto::keys::SessionParams::default();
         let c = mcsi_proto::keys::ConnectionParams::default();
         SessionParams {
-            max_connections: s.max_connections,
-            initial_r2t: s.initial_r2t,
-            immediate_data: s.immediate_data,
-            max_burst_length: s.max_burst_length,
-            first_burst_length: s.first_burst_length,
-            default_time2wait: s.default_time2wait,
-            default_time2retain: s.default_time2retain,
-            max_outstanding_r2t: s.max_outstanding_r2t,
-            data_pdu_in_order: s.data_pdu_in_order,
-            data_sequence_in_order: s.data_sequence_in_order,
-            error_recovery_level: s.error_recovery_level,
+            session: mcsi_proto::keys::SessionParams::default(),
             header_digest: false,
             data_digest: false,
             target_max_recv_dsl: c.max_send_data_segment_length,
@@ -258,17 +251,7 @@ impl Login {
                 let s = &o.session;
                 let c = &o.connection;
                 let params = SessionParams {
-                    max_connections: s.max_connections,
-                    initial_r2t: s.initial_r2t,
-                    immediate_data: s.immediate_data,
-                    max_burst_length: s.max_burst_length,
-                    first_burst_length: s.first_burst_length,
-                    default_time2wait: s.default_time2wait,
-                    default_time2retain: s.default_time2retain,
-                    max_outstanding_r2t: s.max_outstanding_r2t,
-                    data_pdu_in_order: s.data_pdu_in_order,
-                    data_sequence_in_order: s.data_sequence_in_order,
-                    error_recovery_level: s.error_recovery_level,
+                    session: s.clone(),
                     header_digest: c.header_digest == Digest::Crc32c,
                     data_digest: c.data_digest == Digest::Crc32c,
                     target_max_recv_dsl: c.max_send_data_segment_length,

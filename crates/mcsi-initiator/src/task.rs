@@ -7,37 +7,19 @@ use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{DataIn, DataOut, R2t, RESERVED_TAG};
 
 /// How a write's first bytes travel without an R2T.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WritePlan {
-    /// Bytes `[0, immediate)` ride in the SCSI Command PDU (ImmediateData=Yes).
-    pub immediate: u32,
-    /// Bytes `[immediate, unsolicited_end)` follow as unsolicited Data-Out (InitialR2T=No).
-    pub unsolicited_end: u32,
-}
+pub type WritePlan = mcsi_proto::data::Unsolicited;
 
-impl WritePlan {
-    /// Whether unsolicited Data-Out PDUs follow the command (the command's F bit is then 0).
-    pub fn has_data_out(&self) -> bool {
-        self.unsolicited_end > self.immediate
-    }
-}
-
-/// RFC 7143 13.11-13.14: unsolicited data (immediate plus unsolicited Data-Out) is at most
-/// FirstBurstLength; immediate data also fits one PDU (`max_pdu`: the target's
-/// MaxRecvDataSegmentLength on the connection that carries the command); with InitialR2T=Yes
-/// only immediate data may go unsolicited.
+/// RFC 7143 13.11-13.14 ([`mcsi_proto::data::unsolicited`]) with the session's parameters;
+/// `max_pdu` is the target's MaxRecvDataSegmentLength on the connection that carries the
+/// command.
 pub fn plan_write(len: u32, p: &SessionParams, max_pdu: u32) -> WritePlan {
-    let burst = len.min(p.first_burst_length);
-    let immediate = if p.immediate_data {
-        burst.min(max_pdu)
-    } else {
-        0
-    };
-    let unsolicited_end = if p.initial_r2t { immediate } else { burst };
-    WritePlan {
-        immediate,
-        unsolicited_end,
-    }
+    mcsi_proto::data::unsolicited(
+        len,
+        p.first_burst_length,
+        p.immediate_data,
+        p.initial_r2t,
+        max_pdu,
+    )
 }
 
 /// Data-Out PDUs carrying `data[offset..offset + len]`, each at most `max_pdu` bytes, DataSN
@@ -52,27 +34,19 @@ pub fn data_outs(
     len: u32,
     max_pdu: u32,
 ) -> Vec<DataOut> {
-    let max_pdu = max_pdu.max(512);
-    let mut v = Vec::with_capacity(len.div_ceil(max_pdu) as usize);
-    let end = offset + len;
-    let mut off = offset;
-    let mut sn = 0u32;
-    while off < end {
-        let n = (end - off).min(max_pdu);
-        v.push(DataOut {
-            final_: off + n == end,
+    mcsi_proto::data::pieces(offset, len, max_pdu.max(512), u32::MAX)
+        .enumerate()
+        .map(|(sn, p)| DataOut {
+            final_: p.final_,
             lun,
             itt,
             ttt,
             exp_stat_sn: 0,
-            data_sn: sn,
-            buffer_offset: off,
-            data: data.slice(off as usize..(off + n) as usize),
-        });
-        off += n;
-        sn += 1;
-    }
-    v
+            data_sn: sn as u32,
+            buffer_offset: p.offset,
+            data: data.slice(p.offset as usize..(p.offset + p.len) as usize),
+        })
+        .collect()
 }
 
 /// Data-Out PDUs answering an R2T for a write whose whole data is `data`, each at most
@@ -124,24 +98,7 @@ pub fn answer_r2t(
 }
 
 /// The residual a response reported (11.4.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Residual {
-    None,
-    /// The target moved this many bytes fewer than the expected length.
-    Underflow(u32),
-    /// The target had this many bytes more than the expected length (they were not sent).
-    Overflow(u32),
-}
-
-impl Residual {
-    pub fn from_flags(underflow: bool, overflow: bool, count: u32) -> Residual {
-        match (underflow, overflow) {
-            (true, _) => Residual::Underflow(count),
-            (false, true) => Residual::Overflow(count),
-            _ => Residual::None,
-        }
-    }
-}
+pub use mcsi_proto::data::Residual;
 
 /// Collects the Data-In PDUs of one read into the buffer the caller gets.
 #[derive(Debug)]
@@ -234,11 +191,14 @@ mod tests {
 
     fn params() -> SessionParams {
         SessionParams {
-            first_burst_length: 65536,
-            max_burst_length: 262144,
+            session: mcsi_proto::keys::SessionParams {
+                first_burst_length: 65536,
+                max_burst_length: 262144,
+                immediate_data: true,
+                initial_r2t: false,
+                ..Default::default()
+            },
             target_max_recv_dsl: 8192,
-            immediate_data: true,
-            initial_r2t: false,
             ..SessionParams::default()
         }
     }

@@ -65,8 +65,8 @@ impl IscsiUrl {
         let lun = lun
             .parse::<u64>()
             .ok()
-            .filter(|&l| l < 16384)
-            .ok_or_else(|| bad("the LUN must be a number from 0 to 16383"))?;
+            .filter(|&l| l <= u64::from(u16::MAX))
+            .ok_or_else(|| bad("the LUN must be a number from 0 to 65535"))?;
         Ok(IscsiUrl {
             user,
             password,

@@ -6,6 +6,8 @@
 //!   buffering, zero-copy payloads), [`pdu::pdu_len`], [`pdu::Bhs`] (a panic-free view of the
 //!   48-byte header) and `Pdu::encode` into an [`pdu::Encoded`] of header, payload and trailer
 //!   for vectored writes (AHS, padding, CRC32C header and data digests).
+//! - [`data`]: a task's data as both sides cut it: PDUs and sequences, the first-burst rule,
+//!   residuals.
 //! - [`digest`]: CRC32C as iSCSI uses it, with its wire byte order.
 //! - [`serial`]: 32-bit serial number arithmetic (RFC 1982) for CmdSN, StatSN, DataSN, R2TSN.
 //! - [`seq`]: which PDUs take a StatSN and which only carry it, which carry the command window,
@@ -27,6 +29,7 @@
 pub mod chap;
 mod codec;
 pub mod codes;
+pub mod data;
 pub mod digest;
 pub mod keys;
 pub mod login;

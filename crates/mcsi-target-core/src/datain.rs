@@ -1,70 +1,9 @@
 //! The PDUs that end a task: Data-In segmentation, phase collapse and residual counts (RFC 7143
 //! sections 11.4, 11.4.5 and 11.7).
 
+use mcsi_proto::data::{pieces, Residual};
 use mcsi_proto::pdu::{DataIn, Pdu, ScsiCommand, ScsiResponse, RESERVED_TAG};
 use mcsi_scsi::{status, DataPhase, Outcome};
-
-/// One Data-In PDU's share of the data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Piece {
-    pub offset: u32,
-    pub len: u32,
-    /// F bit: last PDU of a Data-In sequence (a sequence carries at most MaxBurstLength bytes).
-    pub final_: bool,
-}
-
-/// Splits `len` bytes into Data-In PDUs of at most `mrdsl` bytes (the initiator's
-/// MaxRecvDataSegmentLength), ending a sequence at every `max_burst` bytes.
-pub fn split(len: u32, mrdsl: u32, max_burst: u32) -> Vec<Piece> {
-    let mrdsl = mrdsl.max(1);
-    let max_burst = max_burst.max(1);
-    let mut out = Vec::with_capacity(len.div_ceil(mrdsl) as usize + 1);
-    let mut offset = 0u32;
-    let mut in_burst = 0u32;
-    while offset < len {
-        let n = (len - offset).min(mrdsl).min(max_burst - in_burst);
-        offset += n;
-        in_burst += n;
-        let end_of_burst = in_burst == max_burst || offset == len;
-        if end_of_burst {
-            in_burst = 0;
-        }
-        out.push(Piece {
-            offset: offset - n,
-            len: n,
-            final_: end_of_burst,
-        });
-    }
-    out
-}
-
-/// Residual of one direction (11.4.5): overflow when the command wanted to move more than the
-/// initiator expected, underflow when less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Residual {
-    pub overflow: bool,
-    pub underflow: bool,
-    pub count: u32,
-}
-
-/// `expected`: the initiator's expected length for the direction; `actual`: what the command
-/// moved or wanted to move.
-pub fn residual(expected: u32, actual: u32) -> Residual {
-    use std::cmp::Ordering::*;
-    match actual.cmp(&expected) {
-        Equal => Residual::default(),
-        Greater => Residual {
-            overflow: true,
-            underflow: false,
-            count: actual - expected,
-        },
-        Less => Residual {
-            overflow: false,
-            underflow: true,
-            count: expected - actual,
-        },
-    }
-}
 
 /// The data-in length the initiator expects: EDTL for a read, the Bidirectional Read Expected
 /// Data Transfer Length AHS for a bidirectional command (11.3.6), else nothing.
@@ -97,8 +36,8 @@ pub fn response_pdus(
     let produced = u32::try_from(outcome.data_in.len())
         .unwrap_or(u32::MAX)
         .saturating_add(outcome.data_in_unread);
-    let read_res = residual(read_exp, produced);
-    let write_res = residual(write_exp, phase.data_out_len);
+    let read_res = Residual::of(read_exp, produced);
+    let write_res = Residual::of(write_exp, phase.data_out_len);
     let (main, bidi) = match (cmd.read, cmd.write) {
         (true, false) => (read_res, None),
         (false, true) => (write_res, None),
@@ -115,7 +54,7 @@ pub fn response_pdus(
     };
     let collapse =
         outcome.status == status::GOOD && outcome.sense.is_none() && send_len > 0 && bidi.is_none();
-    let pieces = split(send_len, mrdsl, max_burst);
+    let pieces: Vec<_> = pieces(0, send_len, mrdsl, max_burst).collect();
     let n = pieces.len();
     let mut out = Vec::with_capacity(n + 1);
     // The pieces follow each other from offset 0, so each is split off the front. The last (for
@@ -132,8 +71,8 @@ pub fn response_pdus(
         out.push(Pdu::DataIn(DataIn {
             final_: p.final_ || last,
             ack: false,
-            overflow: with_status && main.overflow,
-            underflow: with_status && main.underflow,
+            overflow: with_status && main.overflow(),
+            underflow: with_status && main.underflow(),
             status: with_status.then_some(outcome.status),
             lun: cmd.lun,
             itt: cmd.itt,
@@ -143,17 +82,17 @@ pub fn response_pdus(
             max_cmd_sn: 0,
             data_sn: i as u32,
             buffer_offset: p.offset,
-            residual_count: if with_status { main.count } else { 0 },
+            residual_count: if with_status { main.count() } else { 0 },
             data: rest.split_to(p.len as usize),
         }));
     }
     if !collapse {
-        let b = bidi.unwrap_or(Residual::default());
+        let b = bidi.unwrap_or_default();
         out.push(Pdu::ScsiResponse(ScsiResponse {
-            bidi_overflow: b.overflow,
-            bidi_underflow: b.underflow,
-            overflow: main.overflow,
-            underflow: main.underflow,
+            bidi_overflow: b.overflow(),
+            bidi_underflow: b.underflow(),
+            overflow: main.overflow(),
+            underflow: main.underflow(),
             response: 0,
             status: outcome.status,
             itt: cmd.itt,
@@ -162,94 +101,12 @@ pub fn response_pdus(
             exp_cmd_sn: 0,
             max_cmd_sn: 0,
             exp_data_sn: n as u32,
-            bidi_residual_count: b.count,
-            residual_count: main.count,
+            bidi_residual_count: b.count(),
+            residual_count: main.count(),
             sense: outcome.sense.unwrap_or_default(),
         }));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_by_segment_and_burst() {
-        // 20000 bytes, 8192-byte segments, 16384-byte bursts: 8192 | 8192 (F) | 3616 (F).
-        assert_eq!(
-            split(20000, 8192, 16384),
-            vec![
-                Piece {
-                    offset: 0,
-                    len: 8192,
-                    final_: false
-                },
-                Piece {
-                    offset: 8192,
-                    len: 8192,
-                    final_: true
-                },
-                Piece {
-                    offset: 16384,
-                    len: 3616,
-                    final_: true
-                },
-            ]
-        );
-        // Burst boundary inside a segment: 6000-byte segments, 10000-byte bursts.
-        assert_eq!(
-            split(12000, 6000, 10000),
-            vec![
-                Piece {
-                    offset: 0,
-                    len: 6000,
-                    final_: false
-                },
-                Piece {
-                    offset: 6000,
-                    len: 4000,
-                    final_: true
-                },
-                Piece {
-                    offset: 10000,
-                    len: 2000,
-                    final_: true
-                },
-            ]
-        );
-        assert!(split(0, 8192, 8192).is_empty());
-    }
-
-    #[test]
-    fn residuals_as_libiscsi_expects() {
-        // READ10 of one 512-byte block with EDTL 0, 10000 and 200 (iSCSIResiduals.Read10Invalid).
-        assert_eq!(
-            residual(0, 512),
-            Residual {
-                overflow: true,
-                underflow: false,
-                count: 512
-            }
-        );
-        assert_eq!(
-            residual(10000, 512),
-            Residual {
-                overflow: false,
-                underflow: true,
-                count: 9488
-            }
-        );
-        assert_eq!(
-            residual(200, 512),
-            Residual {
-                overflow: true,
-                underflow: false,
-                count: 312
-            }
-        );
-        assert_eq!(residual(512, 512), Residual::default());
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,19 @@ pub struct BurstParams {
     pub max_outstanding_r2t: u32,
 }
 
+impl From<&mcsi_proto::keys::SessionParams> for BurstParams {
+    /// The negotiated session's values (MaxOutstandingR2T at least 1).
+    fn from(p: &mcsi_proto::keys::SessionParams) -> Self {
+        BurstParams {
+            initial_r2t: p.initial_r2t,
+            immediate_data: p.immediate_data,
+            first_burst_length: p.first_burst_length,
+            max_burst_length: p.max_burst_length,
+            max_outstanding_r2t: u32::from(p.max_outstanding_r2t.max(1)),
+        }
+    }
+}
+
 /// A Data-Out or command that breaks the rules of the data transfer. At ErrorRecoveryLevel 0 the
 /// caller ends the connection (RFC 7143 section 7.1.4.1: a sequence error cannot be recovered).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,7 +126,8 @@ impl WriteTransfer {
         immediate_len: u32,
         final_: bool,
     ) -> Result<Self, TransferError> {
-        let unsolicited_limit = params.first_burst_length.min(edtl);
+        let unsolicited_limit =
+            mcsi_proto::data::unsolicited_limit(edtl, params.first_burst_length);
         if immediate_len > 0 && !params.immediate_data {
             return Err(TransferError::ImmediateDataNotAllowed);
         }

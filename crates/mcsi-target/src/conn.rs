@@ -6,7 +6,7 @@ use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
-use crate::transfer::{BurstParams, WriteTransfer};
+use crate::transfer::WriteTransfer;
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, ScsiCommand};
 use mcsi_proto::vendor::ConnRole;
@@ -563,13 +563,7 @@ impl Reader {
         let edtl = c.expected_data_transfer_length;
         let transfer = if c.write {
             WriteTransfer::new(
-                BurstParams {
-                    initial_r2t: ops.initial_r2t,
-                    immediate_data: ops.immediate_data,
-                    first_burst_length: ops.first_burst_length,
-                    max_burst_length: ops.max_burst_length,
-                    max_outstanding_r2t: ops.max_outstanding_r2t.into(),
-                },
+                ops.burst,
                 edtl,
                 phase.data_out_len.min(edtl),
                 c.data.len() as u32,

@@ -65,7 +65,7 @@ pub fn start_task(
     let write = transfer.map(|transfer| crate::session_core::NewWrite {
         transfer,
         immediate: std::mem::take(&mut cmd.data),
-        first_burst_length: session.ops.first_burst_length,
+        first_burst_length: session.ops.burst.first_burst_length,
         refused,
     });
     let (reg, handles, ready) = session.register_task(
@@ -117,7 +117,7 @@ pub fn start_task(
 /// Answers `cmd` on `conn` with status TASK SET FULL.
 pub fn task_set_full(session: &Session, conn: &Conn, cmd: &ScsiCommand, phase: DataPhase) {
     let full = Outcome::status(status::TASK_SET_FULL);
-    let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.max_burst_length);
+    let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.burst.max_burst_length);
     for p in response_pdus(cmd, phase, full, mrdsl, max_burst) {
         conn.send(p);
     }
@@ -178,7 +178,7 @@ pub fn run_inline(
         phase,
         outcome,
         out.ops.send_mrdsl,
-        session.ops.max_burst_length,
+        session.ops.burst.max_burst_length,
     ) {
         out.send(p);
     }
@@ -241,7 +241,7 @@ pub async fn run(ctx: TaskCtx) {
     if let (Some(o), false) = (&outcome, refused) {
         account(&session, &conn, &cmd, o, started);
     }
-    let max_burst = session.ops.max_burst_length;
+    let max_burst = session.ops.burst.max_burst_length;
     let mut queue = None;
     let sent = session.finish_task(itt, id, &conn, |out| {
         queue = Some(out.out.clone());

@@ -309,11 +309,9 @@ impl Shared {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionOps {
     pub max_connections: u16,
-    pub initial_r2t: bool,
-    pub immediate_data: bool,
-    pub first_burst_length: u32,
-    pub max_burst_length: u32,
-    pub max_outstanding_r2t: u16,
+    /// What shapes a write's data (InitialR2T, ImmediateData, FirstBurstLength, MaxBurstLength,
+    /// MaxOutstandingR2T).
+    pub burst: crate::transfer::BurstParams,
     pub queue_depth: u32,
     /// The asymmetric mode of thesis 4.3.2 (`X-org.mcsi.Asymmetric`, [`mcsi_proto::vendor`]),
     /// agreed only with an initiator that offered it: the R2T, Data-In and SCSI Response of a
@@ -331,11 +329,7 @@ impl SessionOps {
     pub fn new(p: &mcsi_proto::keys::SessionParams, queue_depth: u32) -> Self {
         SessionOps {
             max_connections: p.max_connections.max(1),
-            initial_r2t: p.initial_r2t,
-            immediate_data: p.immediate_data,
-            first_burst_length: p.first_burst_length,
-            max_burst_length: p.max_burst_length,
-            max_outstanding_r2t: p.max_outstanding_r2t.max(1),
+            burst: p.into(),
             queue_depth: queue_depth.max(1),
             asymmetric: mcsi_proto::vendor::asymmetric_agreed(&p.extensions),
             tcp_report: mcsi_proto::vendor::tcp_report_agreed(&p.extensions),
