@@ -6,7 +6,6 @@ use crate::route::Bind;
 use bytes::BytesMut;
 use mcsi_proto::pdu::{decode, pdu_len, Encoded, Framing, Pdu};
 use mcsi_tcp::Congestion;
-use std::io::IoSlice;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -125,23 +124,21 @@ fn from(dial: &Dial<'_>) -> String {
     s
 }
 
+/// Slices per vectored write (well under the system's IOV_MAX of 1024).
+const MAX_IOV: usize = 64;
+
 /// Write PDUs with vectored writes: header, payload (not copied) and trailer of each.
 pub(crate) async fn write_encoded<W: AsyncWrite + Unpin>(
     w: &mut W,
     batch: &[Encoded],
 ) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = batch
-        .iter()
-        .flat_map(|e| e.io_slices())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let mut bufs = &mut slices[..];
-    while !bufs.is_empty() {
-        let n = w.write_vectored(bufs).await?;
+    let mut g = mcsi_proto::pdu::Gather::new(batch);
+    while !g.done() {
+        let n = w.write_vectored(&g.slices(MAX_IOV)).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        IoSlice::advance_slices(&mut bufs, n);
+        g.advance(n);
     }
     Ok(())
 }

@@ -833,6 +833,67 @@ impl Encoded {
     }
 }
 
+/// A batch of encoded PDUs as the slices of a vectored write, and how far the writes have got:
+/// both sides' writers take [`Gather::slices`], write them, and [`Gather::advance`] by what the
+/// socket took, until [`Gather::done`]. Empty pieces (no payload, no padding) are left out.
+#[derive(Debug)]
+pub struct Gather<'a> {
+    bufs: Vec<&'a [u8]>,
+    /// The first piece not wholly written, and how much of it was.
+    idx: usize,
+    off: usize,
+}
+
+impl<'a> Gather<'a> {
+    pub fn new(batch: &'a [Encoded]) -> Self {
+        let bufs = batch
+            .iter()
+            .flat_map(|e| [e.header(), &e.data()[..], e.trailer()])
+            .filter(|s| !s.is_empty())
+            .collect();
+        Gather {
+            bufs,
+            idx: 0,
+            off: 0,
+        }
+    }
+
+    /// Everything was written.
+    pub fn done(&self) -> bool {
+        self.idx >= self.bufs.len()
+    }
+
+    /// What is left, as at most `max` slices (at least one while anything is left).
+    pub fn slices(&self, max: usize) -> Vec<IoSlice<'a>> {
+        let mut out = Vec::with_capacity(max.clamp(1, self.bufs.len().saturating_sub(self.idx)));
+        if let Some(first) = self.bufs.get(self.idx) {
+            out.push(IoSlice::new(&first[self.off..]));
+            out.extend(
+                self.bufs[self.idx + 1..]
+                    .iter()
+                    .take(max.saturating_sub(1))
+                    .map(|b| IoSlice::new(b)),
+            );
+        }
+        out
+    }
+
+    /// `n` more bytes were written.
+    pub fn advance(&mut self, mut n: usize) {
+        while n > 0 && self.idx < self.bufs.len() {
+            let rem = self.bufs[self.idx].len() - self.off;
+            if n >= rem {
+                n -= rem;
+                self.idx += 1;
+                self.off = 0;
+            } else {
+                self.off += n;
+                n = 0;
+            }
+        }
+    }
+}
+
 /// A BHS under construction.
 struct BhsBuf([u8; BHS_LEN]);
 

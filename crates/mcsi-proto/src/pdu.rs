@@ -380,5 +380,6 @@ pub enum Pdu {
 
 pub use crate::codec::{
     decode, max_pdu_len, pdu_len, reject_reason, Bhs, DecodeError, EncodeError, Encoded, Framing,
-    AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, MAX_AHS_LEN, MAX_CDB_LEN, MAX_DATA_SEGMENT_FIELD,
+    Gather, AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, MAX_AHS_LEN, MAX_CDB_LEN,
+    MAX_DATA_SEGMENT_FIELD,
 };

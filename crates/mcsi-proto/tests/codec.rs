@@ -514,3 +514,43 @@ fn a_bogus_length_does_not_size_a_reservation() {
     bhs[5..8].copy_from_slice(&[0, 0x10, 0]);
     assert_eq!(pdu_len(&bhs, &f), Some(BHS_LEN + 4 + 4096 + 4));
 }
+
+/// A batch written through [`Gather`] in pieces of any size, a few slices at a time, is the
+/// batch's bytes in order.
+#[test]
+fn gather_writes_a_batch_in_pieces() {
+    let mut c = write10();
+    c.data = Bytes::from((0..1001u32).map(|i| i as u8).collect::<Vec<_>>());
+    let batch = [
+        Pdu::ScsiCommand(c.clone()).encode(&digests()),
+        Pdu::ScsiCommand(write10()).encode(&plain()),
+        Pdu::ScsiCommand(c).encode(&plain()),
+    ];
+    let want: Vec<u8> = batch.iter().flat_map(|e| e.to_vec()).collect();
+    for (max, step) in [
+        (1usize, 1usize),
+        (2, 7),
+        (64, 100),
+        (3, 4096),
+        (64, 1 << 20),
+    ] {
+        let mut g = Gather::new(&batch);
+        let mut got = Vec::new();
+        while !g.done() {
+            let slices = g.slices(max);
+            assert!(!slices.is_empty() && slices.len() <= max);
+            // The socket takes at most `step` bytes of what it is offered.
+            let mut n = 0;
+            for s in &slices {
+                let take = s.len().min(step - n);
+                got.extend_from_slice(&s[..take]);
+                n += take;
+                if n == step {
+                    break;
+                }
+            }
+            g.advance(n);
+        }
+        assert_eq!(got, want, "max {max} step {step}");
+    }
+}

@@ -34,10 +34,6 @@ pub trait CoreConn: Clone {
     fn role(&self) -> ConnRole;
     /// The same connection (not merely the same CID: a reinstated CID is another connection).
     fn same(&self, other: &Self) -> bool;
-    /// The socket's TCP state, for a load-aware response policy; `None` without a socket.
-    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
-        None
-    }
     /// Its output queue is at its budget: a response connection is picked for new replies only
     /// when every one is.
     fn full(&self) -> bool {
@@ -51,9 +47,6 @@ pub trait CoreConn: Clone {
 pub trait ConnInfo {
     fn cid(&self) -> u16;
     fn role(&self) -> ConnRole;
-    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
-        None
-    }
     fn full(&self) -> bool {
         false
     }
@@ -70,10 +63,6 @@ impl<T: ConnInfo> CoreConn for std::sync::Arc<T> {
 
     fn same(&self, other: &Self) -> bool {
         std::sync::Arc::ptr_eq(self, other)
-    }
-
-    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
-        T::tcp_state(self)
     }
 
     fn full(&self) -> bool {
@@ -364,6 +353,8 @@ struct ReplySched {
     policy: Box<dyn mcsi_tcp::sched::Scheduler>,
     loads: Vec<mcsi_tcp::sched::ConnLoad>,
     cids: Vec<u16>,
+    /// The latest TCP state of each connection ([`SessionCore::handle_tcp_sample`]).
+    samples: AHashMap<u16, mcsi_tcp::TcpState>,
 }
 
 /// One session's ordering, tasks and connections.
@@ -420,10 +411,27 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                     policy,
                     loads: Vec::new(),
                     cids: Vec::new(),
+                    samples: AHashMap::new(),
                 }),
             inline: 0,
             max_tasks: 2 * queue_depth.max(1) as usize,
             closing: false,
+        }
+    }
+
+    /// Whether the response policy looks at TCP state: the layer above then feeds each response
+    /// connection's samples ([`SessionCore::handle_tcp_sample`]) every few milliseconds.
+    pub fn wants_tcp_samples(&self) -> bool {
+        self.reply_sched
+            .as_ref()
+            .is_some_and(|rs| rs.policy.wants_tcp_info())
+    }
+
+    /// The TCP state of connection `cid`'s socket as sampled now; the response policy uses the
+    /// latest one of each connection.
+    pub fn handle_tcp_sample(&mut self, cid: u16, state: mcsi_tcp::TcpState) {
+        if let Some(rs) = self.reply_sched.as_mut() {
+            rs.samples.insert(cid, state);
         }
     }
 
@@ -453,6 +461,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// caller: connection reinstatement, RFC 7143 6.3.4). A closing session takes none: the
     /// connection is given back.
     pub fn add_conn(&mut self, conn: C) -> Result<Option<C>, C> {
+        // A sample of a connection this CID named before says nothing of the new one.
+        if let Some(rs) = self.reply_sched.as_mut() {
+            rs.samples.remove(&conn.cid());
+        }
         if self.closing {
             return Err(conn);
         }
@@ -1190,9 +1202,7 @@ fn pick_reply_by_policy<C: CoreConn, T>(
         .iter()
         .all(|cid| conns.get(cid).is_none_or(|c| c.full()));
     for cid in &rs.cids {
-        let tcp = wants_tcp
-            .then(|| conns.get(cid).and_then(|c| c.tcp_state()))
-            .flatten();
+        let tcp = wants_tcp.then(|| rs.samples.get(cid).copied()).flatten();
         let usable = all_full || conns.get(cid).is_some_and(|c| !c.full());
         let in_socket = tcp.map_or(0, |t| {
             u64::from(t.unacked) * u64::from(t.snd_mss) + u64::from(t.notsent_bytes.unwrap_or(0))
@@ -1656,6 +1666,38 @@ mod tests {
             r2.full.set(false);
             r3.full.set(false);
         }
+    }
+
+    #[test]
+    fn a_load_aware_response_policy_follows_the_samples_it_is_fed() {
+        let cmds = conn(1, ConnRole::Requests);
+        let (r2, r3) = (conn(2, ConnRole::Responses), conn(3, ConnRole::Responses));
+        let sched = mcsi_tcp::sched::policy("tcp-aware").ok();
+        let mut core = Core::new(1, 8, true, sched);
+        assert!(core.wants_tcp_samples());
+        for c in [&cmds, &r2, &r3] {
+            assert!(core.add_conn(c.clone()).is_ok());
+        }
+        // Both sockets move 1 MB/s in 10 ms round trips; connection 2 has 4 MB waiting in its
+        // socket, connection 3 nothing: replies go to 3.
+        let sample = |unsent: u32| mcsi_tcp::TcpState {
+            rtt_us: 10_000,
+            snd_mss: 1448,
+            delivery_rate: Some(1_000_000),
+            notsent_bytes: Some(unsent),
+            ..Default::default()
+        };
+        core.handle_tcp_sample(2, sample(4_000_000));
+        core.handle_tcp_sample(3, sample(0));
+        register(&mut core, &cmds, task(1, 1, Simple));
+        assert_eq!(core.task(1).map(|t| t.reply_cid), Some(3));
+        // The next samples say the opposite.
+        core.handle_tcp_sample(2, sample(0));
+        core.handle_tcp_sample(3, sample(4_000_000));
+        register(&mut core, &cmds, task(2, 2, Simple));
+        assert_eq!(core.task(2).map(|t| t.reply_cid), Some(2));
+        // Round-robin asks for none.
+        assert!(!Core::new(1, 8, true, None).wants_tcp_samples());
     }
 
     #[test]

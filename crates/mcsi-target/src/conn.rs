@@ -8,9 +8,11 @@ use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
 use crate::transfer::WriteTransfer;
 use bytes::{Bytes, BytesMut};
-use mcsi_proto::pdu::{self, reject_reason, DecodeError, Encoded, Framing, Pdu, ScsiCommand};
+use mcsi_proto::pdu::{
+    self, reject_reason, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand,
+};
 use mcsi_proto::vendor::ConnRole;
-use std::io::{self, IoSlice};
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -135,22 +137,10 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
     batch: &[Encoded],
     mut pace: Option<&mut SendPace>,
 ) -> io::Result<()> {
-    let bufs: Vec<&[u8]> = batch
-        .iter()
-        .flat_map(|e| [e.header(), &e.data()[..], e.trailer()])
-        .filter(|s| !s.is_empty())
-        .collect();
-    let (mut idx, mut off) = (0usize, 0usize);
-    while idx < bufs.len() {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
-        slices.push(IoSlice::new(&bufs[idx][off..]));
-        slices.extend(
-            bufs[idx + 1..]
-                .iter()
-                .take(MAX_IOV - 1)
-                .map(|b| IoSlice::new(b)),
-        );
-        let mut n = match pace.as_deref_mut() {
+    let mut g = Gather::new(batch);
+    while !g.done() {
+        let slices = g.slices(MAX_IOV);
+        let n = match pace.as_deref_mut() {
             None => w.write_vectored(&slices).await?,
             Some(p) => match tokio::time::timeout_at(p.deadline(), w.write_vectored(&slices)).await
             {
@@ -164,20 +154,9 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let written = n as u64;
-        while n > 0 && idx < bufs.len() {
-            let rem = bufs[idx].len() - off;
-            if n >= rem {
-                n -= rem;
-                idx += 1;
-                off = 0;
-            } else {
-                off += n;
-                n = 0;
-            }
-        }
+        g.advance(n);
         if let Some(p) = pace.as_deref_mut() {
-            p.progress(written, idx >= bufs.len()).map_err(too_slow)?;
+            p.progress(n as u64, g.done()).map_err(too_slow)?;
         }
     }
     Ok(())

@@ -547,6 +547,13 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
     if session.ops.tcp_report {
         tokio::spawn(crate::stats::report_tcp(conn.clone(), stop_rx.clone()));
     }
+    if n.role == mcsi_proto::vendor::ConnRole::Responses && session.wants_tcp_samples() {
+        tokio::spawn(
+            session
+                .clone()
+                .feed_tcp_samples(conn.clone(), stop_rx.clone()),
+        );
+    }
     let (rd, wr) = stream.split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();

@@ -24,6 +24,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// immediate request is rejected (reason 0x06, too many immediate commands, RFC 7143 11.17.1).
 pub const MAX_CONTROL_TASKS: usize = 16;
 
+/// How often a response connection's TCP state is fed to a load-aware response policy.
+pub const TCP_SAMPLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// One iSCSI target: a name, its portals (one portal group) and its LUNs.
 pub struct Target {
     pub name: String,
@@ -486,8 +489,6 @@ pub struct Conn {
     pub counters: ConnCounters,
     /// What its writer still has to send, against its output budget.
     pub out: Arc<OutQueue>,
-    /// The socket's TCP state as last sampled for a load-aware response policy, and when.
-    tcp_sample: Mutex<Option<(std::time::Instant, mcsi_tcp::TcpState)>>,
 }
 
 impl Conn {
@@ -517,27 +518,8 @@ impl Conn {
             sock,
             counters: Default::default(),
             out,
-            tcp_sample: Mutex::new(None),
         };
         (Arc::new(c), stop_rx)
-    }
-
-    /// The socket's TCP state, sampled at most every 10 ms (a response policy asks once per
-    /// task).
-    fn tcp_recent(&self) -> Option<mcsi_tcp::TcpState> {
-        let sock = self.sock.as_ref()?;
-        let mut g = self.tcp_sample.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        match *g {
-            Some((at, t)) if now.duration_since(at) < std::time::Duration::from_millis(10) => {
-                Some(t)
-            }
-            _ => {
-                let t = mcsi_tcp::tcp_state(sock).ok()?;
-                *g = Some((now, t));
-                Some(t)
-            }
-        }
     }
 
     /// Queues a PDU (dropped silently if the connection is gone), counting it against the
@@ -574,10 +556,6 @@ impl crate::session_core::ConnInfo for Conn {
 
     fn role(&self) -> ConnRole {
         self.role
-    }
-
-    fn tcp_state(&self) -> Option<mcsi_tcp::TcpState> {
-        self.tcp_recent()
     }
 
     fn full(&self) -> bool {
@@ -827,6 +805,39 @@ impl Session {
 
     fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the response policy wants each response connection's TCP state
+    /// ([`Session::feed_tcp_samples`]).
+    pub fn wants_tcp_samples(&self) -> bool {
+        self.lock().wants_tcp_samples()
+    }
+
+    /// Every [`TCP_SAMPLE_PERIOD`], the TCP state of response connection `conn` for the session's
+    /// load-aware response policy, until the connection stops.
+    pub async fn feed_tcp_samples(
+        self: Arc<Self>,
+        conn: Arc<Conn>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let Some(sock) = conn.sock.as_ref() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(TCP_SAMPLE_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = flag_set(&mut stop) => return,
+            }
+            if conn.is_closed() {
+                return;
+            }
+            let Ok(t) = mcsi_tcp::tcp_state(sock) else {
+                return;
+            };
+            self.lock().handle_tcp_sample(conn.cid, t);
+        }
     }
 
     /// (ExpCmdSN, MaxCmdSN) to put in a PDU now.
