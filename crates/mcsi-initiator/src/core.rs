@@ -214,6 +214,8 @@ struct Task<C> {
     cmd_sn: u32,
     bytes: u64,
     assembly: Option<DataInAssembly>,
+    /// When the response watchdog first saw it outstanding ([`SessionCore::handle_timeout`]).
+    seen: Option<std::time::Instant>,
 }
 
 /// Encode a LUN number as the 8-byte SAM-5 LUN (4.6, [`mcsi_scsi::lun::encode`]): peripheral
@@ -337,9 +339,26 @@ impl<C> SessionCore<C> {
         self.tasks.len() + self.pending.len()
     }
 
-    /// Tags of the tasks issued and awaiting status.
-    pub fn issued_itts(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tasks.keys().copied()
+    /// The response watchdog on passed-in time, called every so often: each issued task is
+    /// stamped with the first `now` that sees it, and the oldest one whose stamp is `limit` old
+    /// is returned: it has had no status for that long, and at ErrorRecoveryLevel 0 (a lost PDU,
+    /// a black-holed path) only a new session gets it one. A task issued again (failed over)
+    /// starts a new stamp.
+    pub fn handle_timeout(
+        &mut self,
+        now: std::time::Instant,
+        limit: std::time::Duration,
+    ) -> Option<u32> {
+        let mut oldest: Option<(std::time::Instant, u32)> = None;
+        for (itt, t) in self.tasks.iter_mut() {
+            let seen = *t.seen.get_or_insert(now);
+            if oldest.is_none_or(|(s, _)| seen < s) {
+                oldest = Some((seen, *itt));
+            }
+        }
+        oldest
+            .filter(|(seen, _)| now.saturating_duration_since(*seen) >= limit)
+            .map(|(_, itt)| itt)
     }
 
     /// Times a command had to wait because the window was closed.
@@ -662,6 +681,7 @@ impl<C> SessionCore<C> {
                 conn,
                 cmd_sn,
                 bytes,
+                seen: None,
             },
         );
     }
@@ -994,6 +1014,35 @@ mod tests {
             residual_count: 0,
             sense: Bytes::new(),
         })
+    }
+
+    /// The response watchdog on virtual time: no runtime, no clock read.
+    #[test]
+    fn the_watchdog_names_the_task_that_waited_too_long() {
+        let (mut c, _) = core(1, 1, 10);
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.submit(tur(), 1, &mut out);
+        let itts: Vec<u32> = cmd_sns(&out).iter().map(|x| x.2).collect();
+        let t0 = std::time::Instant::now();
+        let limit = std::time::Duration::from_secs(30);
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        assert_eq!(c.handle_timeout(at(0), limit), None, "stamps both");
+        // The first completes at 20 s; a third task is first seen at 25 s.
+        let mut out = Vec::new();
+        c.handle(0, good(itts[0], 1000, 3, 12), &mut out).unwrap();
+        c.submit(tur(), 2, &mut out);
+        assert_eq!(c.handle_timeout(at(25), limit), None);
+        assert_eq!(c.handle_timeout(at(29), limit), None);
+        // At 30 s the second has waited 30 s; the third only 5.
+        assert_eq!(c.handle_timeout(at(30), limit), Some(itts[1]));
+        let mut out = Vec::new();
+        c.handle(0, good(itts[1], 1001, 3, 12), &mut out).unwrap();
+        assert_eq!(c.handle_timeout(at(54), limit), None);
+        assert!(
+            c.handle_timeout(at(55), limit).is_some(),
+            "the third at 25 + 30 s"
+        );
     }
 
     #[test]

@@ -897,11 +897,9 @@ async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
 async fn watchdog(shared: Arc<Shared>, generation: u64) {
     let limit = shared.options.response_timeout;
     let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let mut first_seen: HashMap<u32, tokio::time::Instant> = HashMap::new();
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
-        let now = tokio::time::Instant::now();
         let mut inner = lock(&shared);
         if inner.generation != generation || inner.phase == Phase::Closed {
             return;
@@ -909,18 +907,11 @@ async fn watchdog(shared: Arc<Shared>, generation: u64) {
         if inner.phase != Phase::Running {
             continue;
         }
-        let live: std::collections::HashSet<u32> = inner.core.issued_itts().collect();
-        first_seen.retain(|itt, _| live.contains(itt));
-        for itt in live {
-            first_seen.entry(itt).or_insert(now);
-        }
-        if let Some((itt, since)) = first_seen.iter().min_by_key(|(_, t)| **t) {
-            if now.duration_since(*since) >= limit {
-                let e = Error::Timeout(format!("task {itt:#x} has had no status for {limit:?}"));
-                tracing::warn!(error = %e, "recovering the session");
-                begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
-                return;
-            }
+        if let Some(itt) = inner.core.handle_timeout(std::time::Instant::now(), limit) {
+            let e = Error::Timeout(format!("task {itt:#x} has had no status for {limit:?}"));
+            tracing::warn!(error = %e, "recovering the session");
+            begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
+            return;
         }
     }
 }
