@@ -75,6 +75,8 @@ pub use mcsi_proto::vendor::ConnRole;
 pub enum Action<C> {
     /// Queue this PDU on connection `conn`.
     Send { conn: usize, pdu: Pdu },
+    /// Send this immediate PDU on connection `conn` ahead of the data queued there (a ping).
+    Urgent { conn: usize, pdu: Pdu },
     /// Deliver a command's result.
     Complete {
         handle: C,
@@ -147,6 +149,11 @@ struct ConnState {
     rate: Option<f64>,
     /// The target's sending side, as it last reported it.
     target_tcp: Option<TcpState>,
+    /// When it last received something or had nothing outstanding ([`SessionCore::conn_heard`],
+    /// [`SessionCore::handle_stall_timeout`]); None until the stall watch first looks.
+    heard: Option<std::time::Instant>,
+    /// A NOP-Out ping went out since `heard`.
+    pinged: bool,
 }
 
 impl ConnState {
@@ -167,6 +174,8 @@ impl ConnState {
             tcp: None,
             rate: None,
             target_tcp: None,
+            heard: None,
+            pinged: false,
         }
     }
 }
@@ -337,6 +346,77 @@ impl<C> SessionCore<C> {
     /// Tasks issued and not completed, plus those waiting for the window or a connection.
     pub fn outstanding(&self) -> usize {
         self.tasks.len() + self.pending.len()
+    }
+
+    /// Connection `conn` received something at `now` (the stall watch hears it).
+    pub fn conn_heard(&mut self, conn: usize, now: std::time::Instant) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.heard = Some(now);
+            c.pinged = false;
+        }
+    }
+
+    /// The stall watch on passed-in time, called every so often in a symmetric session of
+    /// several connections. A live connection with work outstanding that has received nothing
+    /// for half of `limit` is pinged (an immediate NOP-Out, sent ahead of its queued data, whose
+    /// answer proves the path); one silent for all of `limit` is returned with how long it has
+    /// been silent, for the driver to take it out of the session ([`SessionCore::fail_over`]),
+    /// but only while another connection was heard within `limit`: when every path is silent
+    /// the target, not a path, is the likelier cause, and failing over would not help.
+    pub fn handle_stall_timeout(
+        &mut self,
+        now: std::time::Instant,
+        limit: std::time::Duration,
+        out: &mut Vec<Action<C>>,
+    ) -> Option<(usize, std::time::Duration)> {
+        let mut stalled = None;
+        for i in 0..self.conns.len() {
+            let Some(c) = self.conns.get_mut(i) else {
+                continue;
+            };
+            if !c.alive {
+                continue;
+            }
+            if c.outstanding_tasks == 0 {
+                c.heard = Some(now);
+                c.pinged = false;
+                continue;
+            }
+            let silent = now.saturating_duration_since(*c.heard.get_or_insert(now));
+            if silent >= limit / 2 && !c.pinged {
+                c.pinged = true;
+                tracing::debug!(
+                    conn = i,
+                    ?silent,
+                    "connection silent with work outstanding; pinging it"
+                );
+                // A ping takes an ITT of its own.
+                let ping = NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt: self.alloc_itt(),
+                    ttt: RESERVED_TAG,
+                    cmd_sn: self.immediate_cmd_sn(),
+                    exp_stat_sn: self.exp_stat_sn(i),
+                    data: Bytes::new(),
+                };
+                out.push(Action::Urgent {
+                    conn: i,
+                    pdu: Pdu::NopOut(ping),
+                });
+            }
+            if silent >= limit && stalled.is_none() {
+                stalled = Some((i, silent));
+            }
+        }
+        let (conn, silent) = stalled?;
+        let others = self.conns.iter().enumerate().any(|(j, c)| {
+            j != conn
+                && c.alive
+                && c.heard
+                    .is_some_and(|h| now.saturating_duration_since(h) < limit)
+        });
+        others.then_some((conn, silent))
     }
 
     /// The response watchdog on passed-in time, called every so often: each issued task is
@@ -1014,6 +1094,57 @@ mod tests {
             residual_count: 0,
             sense: Bytes::new(),
         })
+    }
+
+    /// The stall watch on virtual time: a silent connection is pinged at half the limit and
+    /// named at the limit, only while another connection is heard.
+    #[test]
+    fn the_stall_watch_pings_then_names_a_silent_connection() {
+        let (mut c, _) = core(2, 1, 10);
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.submit(tur(), 1, &mut out);
+        let t0 = std::time::Instant::now();
+        let limit = std::time::Duration::from_secs(4);
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let urgent = |out: &[Action<u32>]| -> Vec<usize> {
+            out.iter()
+                .filter_map(|a| match a {
+                    Action::Urgent {
+                        conn,
+                        pdu: Pdu::NopOut(n),
+                    } if n.immediate && n.ttt == RESERVED_TAG => Some(*conn),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        assert_eq!(c.handle_stall_timeout(at(0), limit, &mut out), None);
+        assert!(out.is_empty());
+        // Connection 1 keeps hearing; connection 0 is pinged once at 2 s.
+        c.conn_heard(1, at(1900));
+        let mut out = Vec::new();
+        assert_eq!(c.handle_stall_timeout(at(2000), limit, &mut out), None);
+        assert_eq!(urgent(&out), vec![0]);
+        c.conn_heard(1, at(3900));
+        let mut out = Vec::new();
+        assert_eq!(c.handle_stall_timeout(at(3000), limit, &mut out), None);
+        assert!(urgent(&out).is_empty(), "one ping per silence");
+        let mut out = Vec::new();
+        assert_eq!(
+            c.handle_stall_timeout(at(4000), limit, &mut out),
+            Some((0, std::time::Duration::from_secs(4)))
+        );
+        // When connection 1 is silent as long, neither is named (the target, not a path).
+        let mut out = Vec::new();
+        assert_eq!(c.handle_stall_timeout(at(7900), limit, &mut out), None);
+        // Connection 0 is heard again: now connection 1, silent since 3.9 s, is the one named.
+        c.conn_heard(0, at(8000));
+        let mut out = Vec::new();
+        assert_eq!(
+            c.handle_stall_timeout(at(8100), limit, &mut out),
+            Some((1, std::time::Duration::from_millis(4200)))
+        );
     }
 
     /// The response watchdog on virtual time: no runtime, no clock read.

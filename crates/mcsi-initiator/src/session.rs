@@ -15,7 +15,7 @@ use crate::window::CmdWindow;
 use bytes::BytesMut;
 use mcsi_proto::codes::{logout_reason, logout_response, tmf_function, tmf_response};
 use mcsi_proto::keys::ConnectionParams;
-use mcsi_proto::pdu::{Isid, LogoutRequest, NopOut, Pdu, TaskMgmtRequest, RESERVED_TAG};
+use mcsi_proto::pdu::{Isid, LogoutRequest, Pdu, TaskMgmtRequest};
 use mcsi_proto::serial::Sn;
 use mcsi_tcp::{tcp_state, Congestion, TcpState};
 use std::collections::HashMap;
@@ -195,10 +195,6 @@ struct ConnHandle {
     /// Which connection this is, over the session's life: its reader and writer report with
     /// it, so that reports of a connection another has replaced are ignored.
     serial: u64,
-    /// When the connection last received something, or last had nothing outstanding.
-    heard: Instant,
-    /// A NOP-Out ping went out since `heard`.
-    pinged: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -594,8 +590,6 @@ fn spawn_conn(
         urgent,
         sock,
         serial,
-        heard: Instant::now(),
-        pinged: false,
     };
     let start = ConnStart {
         cid,
@@ -617,7 +611,6 @@ async fn stall_watch(shared: Arc<Shared>, generation: u64) {
     );
     loop {
         tick.tick().await;
-        let now = Instant::now();
         let mut inner = lock(&shared);
         if inner.generation != generation || inner.phase == Phase::Closed {
             return;
@@ -625,55 +618,14 @@ async fn stall_watch(shared: Arc<Shared>, generation: u64) {
         if inner.phase != Phase::Running {
             continue;
         }
-        let inner = &mut *inner;
-        let mut stalled = None;
-        for i in 0..inner.conns.len() {
-            if !inner.core.conn_alive(i) {
-                continue;
-            }
-            let idle = inner.core.conn_idle(i);
-            let h = &mut inner.conns[i];
-            if idle {
-                h.heard = now;
-                h.pinged = false;
-                continue;
-            }
-            let silent = now.duration_since(h.heard);
-            if silent >= limit / 2 && !h.pinged {
-                h.pinged = true;
-                tracing::debug!(
-                    conn = i,
-                    ?silent,
-                    "connection silent with work outstanding; pinging it"
-                );
-                // A ping takes an ITT of its own; built only when it goes out.
-                let ping = NopOut {
-                    immediate: true,
-                    lun: 0,
-                    itt: inner.core.alloc_itt(),
-                    ttt: RESERVED_TAG,
-                    cmd_sn: inner.core.immediate_cmd_sn(),
-                    exp_stat_sn: inner.core.exp_stat_sn(i),
-                    data: bytes::Bytes::new(),
-                };
-                let _ = inner.conns[i].urgent.send(Pdu::NopOut(ping));
-            }
-            if silent >= limit && stalled.is_none() {
-                stalled = Some((i, silent));
-            }
+        let mut out = Vec::new();
+        let stalled = inner
+            .core
+            .handle_stall_timeout(Instant::now().into_std(), limit, &mut out);
+        run_actions(&shared, &mut inner, out);
+        if let Some((conn, silent)) = stalled {
+            fail_over(&shared, &mut inner, conn, silent);
         }
-        let Some((conn, silent)) = stalled else {
-            continue;
-        };
-        let others = (0..inner.conns.len()).any(|j| {
-            j != conn
-                && inner.core.conn_alive(j)
-                && now.duration_since(inner.conns[j].heard) < limit
-        });
-        if !others {
-            continue;
-        }
-        fail_over(&shared, inner, conn, silent);
     }
 }
 
@@ -907,7 +859,7 @@ async fn watchdog(shared: Arc<Shared>, generation: u64) {
         if inner.phase != Phase::Running {
             continue;
         }
-        if let Some(itt) = inner.core.handle_timeout(std::time::Instant::now(), limit) {
+        if let Some(itt) = inner.core.handle_timeout(Instant::now().into_std(), limit) {
             let e = Error::Timeout(format!("task {itt:#x} has had no status for {limit:?}"));
             tracing::warn!(error = %e, "recovering the session");
             begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
@@ -956,6 +908,11 @@ async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
 fn run_actions(shared: &Arc<Shared>, inner: &mut Inner, actions: Vec<Action<Completion>>) {
     for a in actions {
         match a {
+            Action::Urgent { conn, pdu } => {
+                if let Some(c) = inner.conns.get(conn) {
+                    let _ = c.urgent.send(pdu);
+                }
+            }
             Action::Send { conn, pdu } => {
                 if let Some(c) = inner.conns.get(conn) {
                     // A closed channel means the writer ended; its failure path recovers.
@@ -1090,10 +1047,7 @@ fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<Pdu>) -> bo
         return false;
     }
     let generation = inner.generation;
-    if let Some(h) = inner.conns.get_mut(conn) {
-        h.heard = Instant::now();
-        h.pinged = false;
-    }
+    inner.core.conn_heard(conn, Instant::now().into_std());
     let mut out = Vec::new();
     let mut failure = None;
     for p in pdus {
