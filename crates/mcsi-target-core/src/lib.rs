@@ -8,6 +8,8 @@
 //! - [`session`]: CmdSN order across a session's connections, the task registry with
 //!   connection allegiance, task sets per LUN, held commands, a write's data and R2Ts
 //!   (MaxOutstandingR2T), the response connection in the asymmetric mode.
+//! - [`command`]: what a SCSI Command PDU asks for when it arrives (task attribute, a write's
+//!   transfer, whether it may run on its reader).
 //! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
 //!   scope, with which answer).
 //! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
@@ -17,6 +19,7 @@
 //! - [`text`]: Text Request exchanges (requests in pieces, long answers fetched in pieces).
 //! - [`taskset`]: task attribute ordering (SIMPLE, ORDERED, HEAD OF QUEUE).
 
+pub mod command;
 pub mod control;
 pub mod datain;
 pub mod keepalive;

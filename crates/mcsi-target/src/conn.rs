@@ -6,7 +6,6 @@ use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
-use crate::transfer::WriteTransfer;
 use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{
     self, reject_reason, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand,
@@ -537,46 +536,23 @@ impl Reader {
             self.consume_cmd_sn_of(&p);
             return Ok(());
         };
-        let ops = self.session.ops;
         let phase = target.dev.data_phase(c.lun, &c.cdb);
-        let edtl = c.expected_data_transfer_length;
-        let transfer = if c.write {
-            WriteTransfer::new(
-                ops.burst,
-                edtl,
-                phase.data_out_len.min(edtl),
-                c.data.len() as u32,
-                c.final_,
-            )
-            .map(Some)
-        } else if !c.data.is_empty() {
-            Err(crate::transfer::TransferError::ImmediateDataNotAllowed)
-        } else {
-            Ok(None)
-        };
-        let transfer = match transfer {
-            Ok(t) => t,
+        let plan = match mcsi_target_core::command::plan(&c, phase, self.session.ops.burst, || {
+            target.dev.blocking(c.lun, &c.cdb)
+        }) {
+            Ok(p) => p,
             Err(e) => {
                 debug!(parent: &self.conn.span, itt = c.itt, "command rejected: {e}");
                 let p = Pdu::ScsiCommand(c);
-                self.conn
-                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
+                self.conn.send(Pdu::reject_of(e.reject_reason(), &p));
                 self.consume_cmd_sn_of(&p);
                 return Ok(());
             }
         };
-        let attr = match c.attr {
-            pdu::TaskAttr::Ordered => mcsi_scsi::TaskAttribute::Ordered,
-            pdu::TaskAttr::HeadOfQueue => mcsi_scsi::TaskAttribute::HeadOfQueue,
-            // Untagged is SIMPLE (RFC 7143 11.3.1); ACA is not offered, so treated as SIMPLE.
-            _ => mcsi_scsi::TaskAttribute::Simple,
-        };
-        // A SIMPLE command for a LU that does not block, with all its data at hand, needs no
-        // task of its own: it runs on a reader when its turn comes (Session::claim).
-        let (c, transfer, accounted) = if attr == mcsi_scsi::TaskAttribute::Simple
-            && transfer.as_ref().is_none_or(|t| t.done())
-            && !target.dev.blocking(c.lun, &c.cdb)
-        {
+        let (attr, transfer) = (plan.attr, plan.transfer);
+        // A command that needs no task of its own runs on a reader when its turn comes
+        // (Session::claim).
+        let (c, transfer, accounted) = if plan.inline {
             match self.session.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
                 Turn::Now(claim) => {
                     let t = transfer.as_ref();
