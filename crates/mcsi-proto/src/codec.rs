@@ -124,7 +124,9 @@ impl DecodeError {
         match self {
             DecodeError::HeaderDigest { .. } | DecodeError::DataSegmentTooLong { .. } => None,
             DecodeError::DataDigest { .. } => Some(reject_reason::DATA_DIGEST_ERROR),
-            DecodeError::UnknownOpcode { .. } => Some(reject_reason::COMMAND_NOT_SUPPORTED),
+            // An opcode RFC 7143 does not define is a protocol error (11.17.1: "Command not
+            // supported" is for a defined command the receiver does not implement).
+            DecodeError::UnknownOpcode { .. } => Some(reject_reason::PROTOCOL_ERROR),
             DecodeError::InvalidField { .. } => Some(reject_reason::INVALID_PDU_FIELD),
         }
     }

@@ -420,6 +420,7 @@ fn unknown_opcode_consumed_after_whole_pdu() {
     ));
     assert!(err.consumed() && buf.is_empty());
     assert_eq!(err.rejected_header().unwrap().len(), 48);
+    assert_eq!(err.reject_reason(), Some(reject_reason::PROTOCOL_ERROR));
 }
 
 #[test]

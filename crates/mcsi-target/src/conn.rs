@@ -337,11 +337,6 @@ impl Reader {
                         (e.consumed(), e.reject_reason(), e.rejected_header())
                     {
                         debug!("rejecting PDU: {e}");
-                        let reason = match e {
-                            // An opcode RFC 7143 does not define is a protocol error (11.17.1).
-                            DecodeError::UnknownOpcode { .. } => reject_reason::PROTOCOL_ERROR,
-                            _ => reason,
-                        };
                         self.consume_rejected_cmd_sn(h);
                         self.conn.send(Pdu::reject(reason, h.clone()));
                         continue;
