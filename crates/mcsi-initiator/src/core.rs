@@ -180,6 +180,36 @@ impl ConnState {
     }
 }
 
+/// When to try re-establishing a lost session: the first attempt after the delay asked for (at
+/// least [`Reconnect::MIN_DELAY`]; DefaultTime2Wait when the target asked for a logout), each
+/// next one twice as late, never more than [`Reconnect::MAX_DELAY`] apart, so many in all. The
+/// driver sleeps each delay, on whatever clock it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconnect {
+    delay: std::time::Duration,
+    left: u32,
+}
+
+impl Reconnect {
+    pub const MIN_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+    pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub fn new(first: std::time::Duration, attempts: u32) -> Reconnect {
+        Reconnect {
+            delay: first.max(Self::MIN_DELAY),
+            left: attempts,
+        }
+    }
+
+    /// The wait before the next attempt, or None once every attempt was made.
+    pub fn next_delay(&mut self) -> Option<std::time::Duration> {
+        self.left = self.left.checked_sub(1)?;
+        let d = self.delay;
+        self.delay = (d * 2).min(Self::MAX_DELAY);
+        Some(d)
+    }
+}
+
 /// A task of a failed-over connection, to clear at the target ([`SessionCore::fail_over`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Orphan {
@@ -1094,6 +1124,22 @@ mod tests {
             residual_count: 0,
             sense: Bytes::new(),
         })
+    }
+
+    #[test]
+    fn reconnects_back_off_to_ten_seconds_and_stop() {
+        let ms = std::time::Duration::from_millis;
+        let mut r = Reconnect::new(ms(0), 7);
+        let delays: Vec<u64> = std::iter::from_fn(|| r.next_delay())
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 6400]);
+        let mut r = Reconnect::new(ms(6000), 3);
+        assert_eq!(r.next_delay(), Some(ms(6000)));
+        assert_eq!(r.next_delay(), Some(ms(10_000)));
+        assert_eq!(r.next_delay(), Some(ms(10_000)));
+        assert_eq!(r.next_delay(), None);
+        assert_eq!(Reconnect::new(ms(500), 0).next_delay(), None);
     }
 
     /// The stall watch on virtual time: a silent connection is pinged at half the limit and

@@ -1110,11 +1110,12 @@ fn begin_recovery(
 
 async fn recover(shared: Arc<Shared>, first: Error, delay: Duration) {
     let mut last = first;
-    let mut delay = delay.max(Duration::from_millis(100));
     let attempts = shared.options.reconnect_attempts;
-    for attempt in 1..=attempts {
+    let mut plan = crate::core::Reconnect::new(delay, attempts);
+    let mut attempt = 0;
+    while let Some(delay) = plan.next_delay() {
+        attempt += 1;
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(10));
         if lock(&shared).phase != Phase::Recovering {
             return;
         }
