@@ -60,6 +60,18 @@ pub struct Lun {
     cap: Capacity,
 }
 
+/// The blocks of `bs` bytes a write of `len` bytes covers, or an error when it is not a whole
+/// number of them (a LUN's write and a volume's).
+pub(crate) fn whole_blocks(len: usize, bs: u32) -> Result<u64, Error> {
+    let bs = u64::from(bs);
+    if !(len as u64).is_multiple_of(bs) {
+        return Err(Error::InvalidArgument(format!(
+            "write of {len} bytes is not a multiple of the {bs}-byte block size"
+        )));
+    }
+    Ok(len as u64 / bs)
+}
+
 impl Session {
     /// Open a LUN: reads its capacity (clearing any pending unit attention).
     pub async fn open_lun(&self, lun: u64) -> Result<Lun, Error> {
@@ -224,13 +236,7 @@ impl Lun {
     /// command completes (the FUA bit, SBC-3 5.40).
     pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
         let bs = u64::from(self.cap.block_size);
-        if !(data.len() as u64).is_multiple_of(bs) {
-            return Err(Error::InvalidArgument(format!(
-                "write of {} bytes is not a multiple of the {bs}-byte block size",
-                data.len()
-            )));
-        }
-        let blocks = data.len() as u64 / bs;
+        let blocks = whole_blocks(data.len(), self.cap.block_size)?;
         self.check_range(lba, blocks)?;
         self.transfer_len(blocks)?;
         let mut cdb = rw16(0x8a, lba, blocks as u32);

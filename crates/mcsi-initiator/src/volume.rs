@@ -136,7 +136,7 @@ struct Member {
     /// and `dirty` records the regions written since) or [`RESYNCING`] (back: it takes writes,
     /// not reads, while the regions it missed are copied to it).
     state: AtomicU8,
-    /// One bit per region of [`REGION_BYTES`] written while the member was failed.
+    /// One bit per region ([`region_bytes`]) written while the member was failed.
     dirty: Mutex<Vec<u64>>,
 }
 
@@ -271,8 +271,26 @@ const RESYNC_SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1
 /// How often a failed mirror member is tried again.
 const REJOIN_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The unit a failed mirror member's missed writes are recorded in.
+/// The unit a failed mirror member's missed writes are recorded in, for volumes up to
+/// [`MAX_REGIONS`] of them; larger volumes take larger regions ([`region_bytes`]).
 pub const REGION_BYTES: u64 = 1 << 20;
+
+/// The most regions a mirror tracks per member: its record is at most 128 KiB in memory however
+/// large the members say they are.
+pub const MAX_REGIONS: u64 = 1 << 20;
+
+/// The region size of a mirror of `bytes`: [`REGION_BYTES`], doubled until the volume has at
+/// most [`MAX_REGIONS`] regions.
+pub fn region_bytes(bytes: u64) -> u64 {
+    let mut r = REGION_BYTES;
+    while bytes.div_ceil(r) > MAX_REGIONS {
+        r *= 2;
+    }
+    r
+}
+
+/// The most a resync reads or writes in one command.
+const COPY_BYTES: u64 = 1 << 20;
 
 /// A member's state as the volume sees it ([`Volume::member_states`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,6 +328,8 @@ struct Inner {
     reads: MirrorReads,
     /// A mirror's record of what each member missed, kept in a file.
     bitmap: Option<BitmapFile>,
+    /// The unit of that record ([`region_bytes`] of the volume's size).
+    region_bytes: u64,
     /// The most a resync copies per second (bytes), when the spec caps it.
     resync_rate: Option<u64>,
     /// Commands of the volume's users in flight (reads, writes, flushes...), which a resync
@@ -336,20 +356,11 @@ impl Volume {
             )));
         }
         let urls: Vec<String> = spec.members.iter().map(|m| m.url.to_string()).collect();
-        let bitmap = match (&spec.bitmap, spec.layout) {
-            (Some(p), Layout::Mirror) => Some(BitmapFile::new(p, urls.clone(), REGION_BYTES)),
-            (Some(_), Layout::Stripe { .. }) => {
-                return Err(Error::InvalidArgument(
-                    "a bitmap records what a mirror member missed; a stripe has no copies"
-                        .to_string(),
-                ))
-            }
-            (None, _) => None,
-        };
-        let recorded = match &bitmap {
-            Some(b) => b.load()?,
-            None => None,
-        };
+        if spec.bitmap.is_some() && spec.layout != Layout::Mirror {
+            return Err(Error::InvalidArgument(
+                "a bitmap records what a mirror member missed; a stripe has no copies".to_string(),
+            ));
+        }
         // A mirror that sends each read where it completes first needs every member's rates.
         let specs: Vec<MemberSpec> = spec
             .members
@@ -385,7 +396,7 @@ impl Volume {
             let name = urls[i].clone();
             let lun = match r {
                 Some(Ok(l)) => Some(l),
-                Some(Err(e)) if bitmap.is_some() => {
+                Some(Err(e)) if spec.bitmap.is_some() => {
                     away.push((i, e));
                     None
                 }
@@ -461,8 +472,17 @@ impl Volume {
             block_size: bs,
             blocks,
         };
-        // What the file says each member missed.
-        let region = (REGION_BYTES / u64::from(bs)).max(1);
+        // What the file says each member missed, in regions sized to the volume.
+        let region_bytes = region_bytes(cap.bytes());
+        let bitmap = spec
+            .bitmap
+            .as_ref()
+            .map(|p| BitmapFile::new(p, urls.clone(), region_bytes));
+        let recorded = match &bitmap {
+            Some(b) => b.load()?,
+            None => None,
+        };
+        let region = (region_bytes / u64::from(bs)).max(1);
         let regions = blocks.div_ceil(region);
         let words = regions.div_ceil(64) as usize;
         let mut stale = Vec::new();
@@ -514,6 +534,7 @@ impl Volume {
                 regions: Regions::default(),
                 rejoining: AtomicBool::new(false),
                 bitmap,
+                region_bytes,
                 resync_rate: spec.resync_rate,
                 user_ops: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
@@ -654,13 +675,7 @@ impl Volume {
     pub async fn write_fua(&self, lba: u64, data: Bytes, fua: bool) -> Result<(), Error> {
         let _user = self.user_op();
         let bs = u64::from(self.block_size());
-        if !(data.len() as u64).is_multiple_of(bs) {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes is not a whole number of {bs}-byte blocks",
-                data.len()
-            )));
-        }
-        let blocks = data.len() as u64 / bs;
+        let blocks = crate::lun::whole_blocks(data.len(), self.block_size())?;
         self.check(lba, blocks)?;
         let Some(stripe) = self.inner.stripe else {
             return self.mirror_write(lba, blocks, data, fua).await;
@@ -814,7 +829,7 @@ impl Volume {
     }
 
     fn region_blocks(&self) -> u64 {
-        (REGION_BYTES / u64::from(self.block_size())).max(1)
+        (self.inner.region_bytes / u64::from(self.block_size())).max(1)
     }
 
     /// What every member offers: a feature only when all have it, each limit the smallest
@@ -1021,16 +1036,20 @@ impl Volume {
                 let _copy = self.inner.regions.exclusive(r).await;
                 let lba = r * region;
                 let n = region.min(self.inner.cap.blocks.saturating_sub(lba));
-                if n > 0 {
-                    let src = (0..self.inner.members.len())
-                        .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
-                        .ok_or(Error::Closed)?;
+                let src = (0..self.inner.members.len())
+                    .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
+                    .ok_or(Error::Closed)?;
+                let step = (COPY_BYTES / bs).max(1);
+                let mut at = 0;
+                while at < n {
+                    let k = step.min(n - at);
                     let data = self.inner.members[src]
                         .open_lun()?
-                        .read(lba, n as u32)
+                        .read(lba + at, k as u32)
                         .await?;
-                    member.open_lun()?.write(lba, data).await?;
-                    copied += n * bs;
+                    member.open_lun()?.write(lba + at, data).await?;
+                    copied += k * bs;
+                    at += k;
                 }
                 let mut bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(w) = bits.get_mut((r / 64) as usize) {
@@ -1129,7 +1148,7 @@ impl Volume {
                 MemberState {
                     url: m.name.clone(),
                     failed: m.state() != ACTIVE,
-                    dirty_bytes: regions * REGION_BYTES,
+                    dirty_bytes: regions * self.inner.region_bytes,
                 }
             })
             .collect()
@@ -1393,6 +1412,20 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn regions_grow_so_that_a_record_stays_small_whatever_size_a_target_reports() {
+        assert_eq!(region_bytes(16 << 20), 1 << 20);
+        assert_eq!(region_bytes(1 << 40), 1 << 20);
+        assert_eq!(region_bytes((1 << 40) + 1), 2 << 20);
+        for bytes in [1u64 << 50, u64::MAX] {
+            let r = region_bytes(bytes);
+            assert!(
+                bytes.div_ceil(r) <= MAX_REGIONS,
+                "{bytes} bytes in regions of {r}"
+            );
         }
     }
 
