@@ -133,8 +133,10 @@ pub(crate) async fn write_encoded<W: AsyncWrite + Unpin>(
     batch: &[Encoded],
 ) -> std::io::Result<()> {
     let mut g = mcsi_proto::pdu::Gather::new(batch);
+    let mut slices = Vec::with_capacity(MAX_IOV.min(3 * batch.len()));
     while !g.done() {
-        let n = w.write_vectored(&g.slices(MAX_IOV)).await?;
+        g.fill(&mut slices, MAX_IOV);
+        let n = w.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

@@ -836,62 +836,92 @@ impl Encoded {
 }
 
 /// A batch of encoded PDUs as the slices of a vectored write, and how far the writes have got:
-/// both sides' writers take [`Gather::slices`], write them, and [`Gather::advance`] by what the
-/// socket took, until [`Gather::done`]. Empty pieces (no payload, no padding) are left out.
+/// both sides' writers [`Gather::fill`] their slices, write them, and [`Gather::advance`] by
+/// what the socket took, until [`Gather::done`]. Empty pieces (no payload, no padding) are left
+/// out. It walks the batch in place: nothing is allocated per batch.
 #[derive(Debug)]
 pub struct Gather<'a> {
-    bufs: Vec<&'a [u8]>,
-    /// The first piece not wholly written, and how much of it was.
-    idx: usize,
+    batch: &'a [Encoded],
+    /// The first piece not wholly written (PDU, and 0 header, 1 data, 2 trailer), and how much
+    /// of it was.
+    pdu: usize,
+    piece: usize,
     off: usize,
 }
 
 impl<'a> Gather<'a> {
     pub fn new(batch: &'a [Encoded]) -> Self {
-        let bufs = batch
-            .iter()
-            .flat_map(|e| [e.header(), &e.data()[..], e.trailer()])
-            .filter(|s| !s.is_empty())
-            .collect();
-        Gather {
-            bufs,
-            idx: 0,
+        let mut g = Gather {
+            batch,
+            pdu: 0,
+            piece: 0,
             off: 0,
+        };
+        g.skip_empty();
+        g
+    }
+
+    fn piece(&self, pdu: usize, piece: usize) -> &'a [u8] {
+        let batch: &'a [Encoded] = self.batch;
+        match (batch.get(pdu), piece) {
+            (Some(e), 0) => e.header(),
+            (Some(e), 1) => &e.data()[..],
+            (Some(e), _) => e.trailer(),
+            (None, _) => &[],
+        }
+    }
+
+    /// Moves past empty pieces to the next one with bytes left.
+    fn skip_empty(&mut self) {
+        while self.pdu < self.batch.len() && self.piece(self.pdu, self.piece).len() == self.off {
+            self.off = 0;
+            self.piece += 1;
+            if self.piece == 3 {
+                self.piece = 0;
+                self.pdu += 1;
+            }
         }
     }
 
     /// Everything was written.
     pub fn done(&self) -> bool {
-        self.idx >= self.bufs.len()
+        self.pdu >= self.batch.len()
     }
 
-    /// What is left, as at most `max` slices (at least one while anything is left).
-    pub fn slices(&self, max: usize) -> Vec<IoSlice<'a>> {
-        let mut out = Vec::with_capacity(max.clamp(1, self.bufs.len().saturating_sub(self.idx)));
-        if let Some(first) = self.bufs.get(self.idx) {
-            out.push(IoSlice::new(&first[self.off..]));
-            out.extend(
-                self.bufs[self.idx + 1..]
-                    .iter()
-                    .take(max.saturating_sub(1))
-                    .map(|b| IoSlice::new(b)),
-            );
+    /// Puts what is left into `out` (cleared first) as at most `max` slices, at least one while
+    /// anything is left.
+    pub fn fill(&self, out: &mut Vec<IoSlice<'a>>, max: usize) {
+        out.clear();
+        let (mut pdu, mut piece, mut off) = (self.pdu, self.piece, self.off);
+        while pdu < self.batch.len() && out.len() < max.max(1) {
+            let b = self.piece(pdu, piece);
+            if b.len() > off {
+                out.push(IoSlice::new(&b[off..]));
+            }
+            off = 0;
+            piece += 1;
+            if piece == 3 {
+                piece = 0;
+                pdu += 1;
+            }
         }
+    }
+
+    /// What is left, as at most `max` slices ([`Gather::fill`] into a new vector).
+    pub fn slices(&self, max: usize) -> Vec<IoSlice<'a>> {
+        let mut out = Vec::new();
+        self.fill(&mut out, max);
         out
     }
 
     /// `n` more bytes were written.
     pub fn advance(&mut self, mut n: usize) {
-        while n > 0 && self.idx < self.bufs.len() {
-            let rem = self.bufs[self.idx].len() - self.off;
-            if n >= rem {
-                n -= rem;
-                self.idx += 1;
-                self.off = 0;
-            } else {
-                self.off += n;
-                n = 0;
-            }
+        while n > 0 && !self.done() {
+            let rem = self.piece(self.pdu, self.piece).len() - self.off;
+            let k = n.min(rem);
+            self.off += k;
+            n -= k;
+            self.skip_empty();
         }
     }
 }

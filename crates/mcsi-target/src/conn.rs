@@ -137,8 +137,9 @@ pub async fn write_batch_within<W: tokio::io::AsyncWrite + Unpin>(
     mut pace: Option<&mut SendPace>,
 ) -> io::Result<()> {
     let mut g = Gather::new(batch);
+    let mut slices = Vec::with_capacity(MAX_IOV.min(3 * batch.len()));
     while !g.done() {
-        let slices = g.slices(MAX_IOV);
+        g.fill(&mut slices, MAX_IOV);
         let n = match pace.as_deref_mut() {
             None => w.write_vectored(&slices).await?,
             Some(p) => match tokio::time::timeout_at(p.deadline(), w.write_vectored(&slices)).await
