@@ -337,22 +337,46 @@ fn file_target(port: u16, file: &str) -> LocalTarget {
     LocalTarget::start_at(mcsi(), port, IQN, &format!("file:{file}:16MiB"))
 }
 
+/// Two file-backed targets as a mirror whose spec begins with `head`: the member files, their
+/// ports (a target restarts on its file with [`FileMirror::start`]) and the volume argument.
+struct FileMirror {
+    files: [String; 2],
+    ports: [u16; 2],
+    vol: String,
+}
+
+impl FileMirror {
+    fn new(dir: &Scratch, head: &str) -> (FileMirror, LocalTarget, LocalTarget) {
+        let files = [dir.file("a.img"), dir.file("b.img")];
+        let ports = [common::free_port(), common::free_port()];
+        let mut text = format!("{head}\n");
+        for p in ports {
+            text.push_str(&format!(
+                "[[member]]\nurl = \"iscsi://127.0.0.1:{p}/{IQN}/0\"\n"
+            ));
+        }
+        let spec_file = dir.file("m.toml");
+        std::fs::write(&spec_file, text).unwrap();
+        let m = FileMirror {
+            files,
+            ports,
+            vol: format!("volume:{spec_file}"),
+        };
+        let (a, b) = (m.start(0), m.start(1));
+        (m, a, b)
+    }
+
+    fn start(&self, i: usize) -> LocalTarget {
+        file_target(self.ports[i], &self.files[i])
+    }
+}
+
 #[test]
 fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     let dir = Scratch::new("resync");
-    let (fa, fb) = (dir.file("a.img"), dir.file("b.img"));
-    let (pa, pb) = (common::free_port(), common::free_port());
-    let ta = file_target(pa, &fa);
-    let mut tb = file_target(pb, &fb);
-    let spec_file = dir.file("m.toml");
-    std::fs::write(
-        &spec_file,
-        format!(
-            "layout = \"mirror\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
-        ),
-    )
-    .unwrap();
-    let vol = format!("volume:{spec_file}");
+    let (m, ta, mut tb) = FileMirror::new(&dir, "layout = \"mirror\"");
+    let [fa, fb] = m.files.clone();
+    let vol = m.vol.clone();
     // Both members hold the whole 16 MiB first.
     let src = dir.file("src.bin");
     std::fs::write(&src, pattern(16 << 20)).unwrap();
@@ -363,7 +387,7 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     drop(tb);
     std::thread::sleep(std::time::Duration::from_secs(6));
-    tb = file_target(pb, &fb);
+    tb = m.start(1);
     let out = bench.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     eprintln!("{log}");
@@ -398,19 +422,9 @@ fn a_failed_mirror_member_comes_back_and_gets_only_what_it_missed() {
 #[test]
 fn a_restarted_mirror_never_trusts_a_stale_member() {
     let dir = Scratch::new("restart");
-    let (fa, fb) = (dir.file("a.img"), dir.file("b.img"));
-    let (pa, pb) = (common::free_port(), common::free_port());
-    let mut ta = file_target(pa, &fa);
-    let mut tb = file_target(pb, &fb);
-    let spec_file = dir.file("m.toml");
-    std::fs::write(
-        &spec_file,
-        format!(
-            "layout = \"mirror\"\nbitmap = \"m.bitmap\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pa}/{IQN}/0\"\n[[member]]\nurl = \"iscsi://127.0.0.1:{pb}/{IQN}/0\"\n"
-        ),
-    )
-    .unwrap();
-    let vol = format!("volume:{spec_file}");
+    let (m, mut ta, mut tb) = FileMirror::new(&dir, "layout = \"mirror\"\nbitmap = \"m.bitmap\"");
+    let [fa, fb] = m.files.clone();
+    let vol = m.vol.clone();
     let bitmap = dir.file("m.bitmap");
     let dirty_of = |member: usize| -> serde_json::Value {
         let v: serde_json::Value =
@@ -436,7 +450,7 @@ fn a_restarted_mirror_never_trusts_a_stale_member() {
     assert_eq!(dirty_of(1), serde_json::json!([[0, 1]]));
     // A new process that can reach only the stale member refuses to serve it.
     drop(ta);
-    tb = file_target(pb, &fb);
+    tb = m.start(1);
     let o = run(&["copy", "--no-progress", &vol, &dir.file("refused.bin")]);
     let log = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -448,7 +462,7 @@ fn a_restarted_mirror_never_trusts_a_stale_member() {
         "{log}"
     );
     // Both back: reads come from member 0 while member 1 gets regions 0 and 1 copied.
-    ta = file_target(pa, &fa);
+    ta = m.start(0);
     let out = dir.file("out.bin");
     let o = run(&["copy", "--no-progress", &vol, &out]);
     let log = String::from_utf8_lossy(&o.stderr);
