@@ -70,6 +70,7 @@ pub async fn discover(
         chap: None,
         chap_algorithms: Vec::new(),
         role: mcsi_proto::vendor::ConnRole::Both,
+        random: crate::session::os_random,
     };
     let done = match conn::login(&mut s, cfg, timeout).await? {
         LoginOutcome::Done(d, rest) => {

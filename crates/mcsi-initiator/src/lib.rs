@@ -13,8 +13,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layout: sans-IO parts ([`window`], [`core`], [`task`], [`sched`], [`sense`]) hold the
-//! protocol logic and are unit-tested with plain values; login and negotiation are mcsi-proto's
+//! Layout: the session core, crate `mcsi-initiator-core` (re-exported here as [`core`],
+//! [`negotiate`], [`task`], [`window`], [`error`], [`sense`]), holds the protocol logic with no
+//! I/O and is unit-tested with plain values; login and negotiation are mcsi-proto's
 //! ([`negotiate`] configures them); [`session`] drives everything over tokio with a reader and a
 //! writer task per connection. Error recovery is level 0: a lost connection ends the session,
 //! which is re-established with the same ISID (session reinstatement) and the commands that had
@@ -29,19 +30,15 @@
 //! connection whichever connection carried the R2T.
 
 mod conn;
-pub mod core;
 pub mod discovery;
-pub mod error;
 pub mod iosize;
 pub mod lun;
-pub mod negotiate;
 pub mod route;
-pub mod sense;
 pub mod session;
-pub mod task;
 pub mod url;
 pub mod volume;
-pub mod window;
+
+pub use mcsi_initiator_core::{core, error, negotiate, sense, task, window};
 
 pub use crate::core::{Command, DataDir, Response};
 pub use discovery::{discover, DiscoveredTarget};

@@ -136,13 +136,19 @@ pub fn default_initiator_name() -> String {
     format!("iqn.2026-01.org.mcsi:{host}")
 }
 
+/// Random bytes from the operating system's CSPRNG (the session core's logins draw CHAP's
+/// challenges through this, [`LoginConfig::random`]).
+pub fn os_random(buf: &mut [u8]) {
+    use rand::RngCore;
+    rand::rngs::OsRng.fill_bytes(buf);
+}
+
 /// A random ISID of type "random" (RFC 7143 11.12.5: T=10b, A and B/C random), from the
 /// operating system's CSPRNG: two initiators on one host (or one restarted) must not pick the
 /// same one, or the second login reinstates the first's session.
 fn random_isid() -> Isid {
-    use rand::RngCore;
     let mut v = [0u8; 5];
-    rand::rngs::OsRng.fill_bytes(&mut v);
+    os_random(&mut v);
     Isid([0x80 | (v[0] & 0x3f), v[1], v[2], v[3], v[4], 0])
 }
 
@@ -338,6 +344,7 @@ fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
         chap_algorithms: o.chap_algorithms.clone(),
         // The leading connection carries requests (thesis 4.3.3: connections 1..n).
         role: ConnRole::Requests,
+        random: os_random,
     }
 }
 

@@ -3,7 +3,7 @@
 //! randomness: inputs are method calls (a PDU's content arriving on a connection, a task ending,
 //! a connection added or lost, the time now), outputs are return values. The same core runs
 //! under `mcsi-target`'s tokio layer on sockets or in-process pipes, and can run on virtual time.
-//! `tests/core_is_io_free.rs` checks this crate's source and its whole dependency graph.
+//! `crates/mcsi/tests/io_free_cores.rs` checks this crate's source and its whole dependency graph.
 //!
 //! - [`session`]: CmdSN order across a session's connections, the task registry with
 //!   connection allegiance, task sets per LUN, held commands, a write's data and R2Ts

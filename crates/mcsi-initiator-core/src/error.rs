@@ -59,7 +59,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(context: impl Into<String>, e: &std::io::Error) -> Error {
+    /// An I/O error of the driver, kept as data (its kind and message).
+    pub fn io(context: impl Into<String>, e: &std::io::Error) -> Error {
         Error::Io {
             context: context.into(),
             kind: e.kind(),

@@ -123,6 +123,10 @@ pub struct LoginConfig {
     /// The role this connection asks for when `offers.asymmetric` is set (the leading login
     /// offers the mode itself; every login offers its role).
     pub role: ConnRole,
+    /// Fills a buffer with random bytes, for CHAP's mutual challenge and identifier (only used
+    /// with mutual credentials): the operating system's CSPRNG under the tokio driver, a seeded
+    /// generator under a simulator. The core draws no randomness of its own.
+    pub random: fn(&mut [u8]),
 }
 
 /// The outcome of a successful login.
@@ -151,13 +155,6 @@ pub enum LoginStep {
     Done(Box<LoginDone>),
     /// Class 1: log in again at this `host:port[,tpgt]`.
     Redirect(String),
-}
-
-/// Random bytes for CHAP's mutual challenge and identifier (only used with mutual
-/// credentials), from the operating system's CSPRNG.
-fn fill_random(buf: &mut [u8]) {
-    use rand::RngCore;
-    rand::rngs::OsRng.fill_bytes(buf);
 }
 
 fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
@@ -206,7 +203,7 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
     if let Some((user, secret)) = &cfg.chap {
         let chap = ChapInitiator::new(
             ChapCredentials::new(user.clone(), secret.as_bytes().to_vec()),
-            fill_random,
+            cfg.random,
         )
         .map_err(|e| Error::InvalidArgument(format!("CHAP credentials: {e}")))?
         .with_algorithms(if cfg.chap_algorithms.is_empty() {
@@ -319,6 +316,7 @@ mod tests {
             chap: None,
             chap_algorithms: Vec::new(),
             role: ConnRole::Requests,
+            random: |b| b.fill(7),
         }
     }
 
