@@ -13,6 +13,7 @@ use mcsi_proto::pdu::{NopOut, Pdu, ScsiCommand, TaskAttr, RESERVED_TAG};
 use mcsi_proto::serial::Sn;
 use mcsi_tcp::TcpState;
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 /// Direction and size of a command's data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +102,49 @@ pub enum Event {
     Control(Pdu),
     /// A Reject that names no outstanding task.
     Rejected { reason: u8 },
+    /// Time to log the connection out, as the target asked ([`Event::LogoutRequested`]): its
+    /// tasks have ended, or the time the target gave ran out. `close_session`: no other
+    /// connection takes tasks, so the logout closes the session.
+    LogoutDue { close_session: bool },
+    /// A task has had no status for the response timeout ([`Timers::response`]): at
+    /// ErrorRecoveryLevel 0 (a lost PDU, a black-holed path) only a new session gets it one.
+    NoStatus { itt: u32, waited: Duration },
+    /// The connection has received nothing for the stall timeout ([`Timers::stall`]) with work
+    /// outstanding while another was heard: the driver takes it out of the session
+    /// ([`SessionCore::fail_over`]).
+    Stalled { silent: Duration },
+}
+
+/// The session's timers, on passed-in time ([`SessionCore::poll_timeout`],
+/// [`SessionCore::handle_timeout`]). Zero turns one off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timers {
+    /// How long a task may wait for its status ([`Event::NoStatus`]). Checked every quarter of
+    /// it (at least 10 ms, at most 1 s apart), so it fires between the limit and the limit plus
+    /// one check period after the task was first seen outstanding.
+    pub response: Duration,
+    /// How long a connection with work outstanding may stay silent in a symmetric session of
+    /// several connections ([`Event::Stalled`]); at half of it the connection is pinged.
+    /// Checked every eighth of it (10 to 250 ms apart).
+    pub stall: Duration,
+}
+
+impl Timers {
+    fn response_period(&self) -> Duration {
+        (self.response / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    fn stall_period(&self) -> Duration {
+        (self.stall / 8).clamp(Duration::from_millis(10), Duration::from_millis(250))
+    }
+}
+
+/// A logout the target asked for, waiting for the connection's tasks to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogoutWait {
+    /// Asked before the core knew the time: the deadline is set at the next look.
+    Within(Duration),
+    By(Instant),
 }
 
 /// A connection the session starts with ([`SessionCore::start`]).
@@ -154,6 +198,8 @@ struct ConnState {
     heard: Option<std::time::Instant>,
     /// A NOP-Out ping went out since `heard`.
     pinged: bool,
+    /// The target asked for this connection's logout (async event 1).
+    logout: Option<LogoutWait>,
 }
 
 impl ConnState {
@@ -176,6 +222,7 @@ impl ConnState {
             target_tcp: None,
             heard: None,
             pinged: false,
+            logout: None,
         }
     }
 }
@@ -275,6 +322,13 @@ pub struct SessionCore<C> {
     scheduler: Box<dyn Scheduler>,
     next_itt: u32,
     window_closed_events: u64,
+    timers: Timers,
+    /// The latest time an input brought ([`SessionCore::conn_heard`],
+    /// [`SessionCore::handle_timeout`]).
+    clock: Option<Instant>,
+    /// When the response watchdog and the stall watch look next.
+    next_response_check: Option<Instant>,
+    next_stall_check: Option<Instant>,
 }
 
 impl<C> SessionCore<C> {
@@ -288,7 +342,108 @@ impl<C> SessionCore<C> {
             scheduler,
             next_itt: 1,
             window_closed_events: 0,
+            timers: Timers::default(),
+            clock: None,
+            next_response_check: None,
+            next_stall_check: None,
         }
+    }
+
+    /// Set the session's timers (they start at the next [`SessionCore::handle_timeout`]).
+    pub fn set_timers(&mut self, timers: Timers) {
+        self.timers = timers;
+        self.next_response_check = None;
+        self.next_stall_check = None;
+    }
+
+    /// Whether the stall watch applies: a symmetric session of several connections (in the
+    /// asymmetric mode a connection's silence is expected, and only the session recovers).
+    fn stall_watched(&self) -> bool {
+        !self.timers.stall.is_zero() && self.conns.len() >= 2 && self.symmetric()
+    }
+
+    /// When [`SessionCore::handle_timeout`] has something to do next, if ever: the next look
+    /// of the response watchdog or the stall watch, or a logout deadline. Before the first
+    /// `handle_timeout` there is no time base, and None.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next = None;
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+            }
+        };
+        if !self.timers.response.is_zero() {
+            consider(self.next_response_check);
+        }
+        if self.stall_watched() {
+            consider(self.next_stall_check);
+        }
+        for c in &self.conns {
+            if let Some(LogoutWait::By(t)) = c.logout {
+                consider(Some(t));
+            }
+        }
+        next
+    }
+
+    /// The time is `now`: run whatever timer is due. The response watchdog gives
+    /// [`Event::NoStatus`], the stall watch pings silent connections and gives
+    /// [`Event::Stalled`], a logout whose time ran out gives [`Event::LogoutDue`].
+    pub fn handle_timeout(&mut self, now: Instant, out: &mut Vec<Action<C>>) {
+        self.clock = Some(now);
+        for i in 0..self.conns.len() {
+            let due = match self.conns[i].logout {
+                Some(LogoutWait::Within(d)) => {
+                    self.conns[i].logout = Some(LogoutWait::By(now + d));
+                    false
+                }
+                Some(LogoutWait::By(t)) => now >= t,
+                None => false,
+            };
+            if due {
+                tracing::info!(
+                    conn = i,
+                    tasks = self.conns[i].outstanding_tasks,
+                    "the time the target gave for the logout ran out"
+                );
+                self.logout_due(i, out);
+            }
+        }
+        let limit = self.timers.response;
+        if !limit.is_zero() && self.next_response_check.is_none_or(|t| now >= t) {
+            self.next_response_check = Some(now + self.timers.response_period());
+            if let Some(itt) = self.oldest_without_status(now, limit) {
+                let conn = self.tasks.get(&itt).map_or(0, |t| t.conn);
+                out.push(Action::Event {
+                    conn,
+                    event: Event::NoStatus { itt, waited: limit },
+                });
+            }
+        }
+        if self.stall_watched() && self.next_stall_check.is_none_or(|t| now >= t) {
+            self.next_stall_check = Some(now + self.timers.stall_period());
+            if let Some((conn, silent)) = self.watch_stalls(now, self.timers.stall, out) {
+                out.push(Action::Event {
+                    conn,
+                    event: Event::Stalled { silent },
+                });
+            }
+        }
+    }
+
+    /// The logout the target asked for on `conn` is due (once).
+    fn logout_due(&mut self, conn: usize, out: &mut Vec<Action<C>>) {
+        let Some(c) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if c.logout.take().is_none() {
+            return;
+        }
+        let close_session = self.usable_conns() == 0;
+        out.push(Action::Event {
+            conn,
+            event: Event::LogoutDue { close_session },
+        });
     }
 
     /// Start (or restart after session recovery) with fresh connections. `conns` gives each
@@ -380,20 +535,21 @@ impl<C> SessionCore<C> {
 
     /// Connection `conn` received something at `now` (the stall watch hears it).
     pub fn conn_heard(&mut self, conn: usize, now: std::time::Instant) {
+        self.clock = Some(now);
         if let Some(c) = self.conns.get_mut(conn) {
             c.heard = Some(now);
             c.pinged = false;
         }
     }
 
-    /// The stall watch on passed-in time, called every so often in a symmetric session of
-    /// several connections. A live connection with work outstanding that has received nothing
+    /// The stall watch on passed-in time ([`SessionCore::handle_timeout`] looks every so often
+    /// in a symmetric session of several connections). A live connection with work outstanding that has received nothing
     /// for half of `limit` is pinged (an immediate NOP-Out, sent ahead of its queued data, whose
     /// answer proves the path); one silent for all of `limit` is returned with how long it has
     /// been silent, for the driver to take it out of the session ([`SessionCore::fail_over`]),
     /// but only while another connection was heard within `limit`: when every path is silent
     /// the target, not a path, is the likelier cause, and failing over would not help.
-    pub fn handle_stall_timeout(
+    fn watch_stalls(
         &mut self,
         now: std::time::Instant,
         limit: std::time::Duration,
@@ -449,12 +605,13 @@ impl<C> SessionCore<C> {
         others.then_some((conn, silent))
     }
 
-    /// The response watchdog on passed-in time, called every so often: each issued task is
+    /// The response watchdog on passed-in time ([`SessionCore::handle_timeout`] looks every so
+    /// often): each issued task is
     /// stamped with the first `now` that sees it, and the oldest one whose stamp is `limit` old
     /// is returned: it has had no status for that long, and at ErrorRecoveryLevel 0 (a lost PDU,
     /// a black-holed path) only a new session gets it one. A task issued again (failed over)
     /// starts a new stamp.
-    pub fn handle_timeout(
+    fn oldest_without_status(
         &mut self,
         now: std::time::Instant,
         limit: std::time::Duration,
@@ -798,14 +955,19 @@ impl<C> SessionCore<C> {
 
     fn finish(&mut self, itt: u32, result: Result<Response, Error>, out: &mut Vec<Action<C>>) {
         if let Some(t) = self.tasks.remove(&itt) {
+            let mut drained = false;
             if let Some(c) = self.conns.get_mut(t.conn) {
                 c.outstanding_tasks = c.outstanding_tasks.saturating_sub(1);
                 c.outstanding_bytes = c.outstanding_bytes.saturating_sub(t.bytes);
+                drained = c.outstanding_tasks == 0 && c.logout.is_some();
             }
             out.push(Action::Complete {
                 handle: t.handle,
                 result,
             });
+            if drained {
+                self.logout_due(t.conn, out);
+            }
         }
     }
 
@@ -978,10 +1140,30 @@ impl<C> SessionCore<C> {
                         );
                         return Ok(());
                     }
-                    1 => Event::LogoutRequested {
-                        cid: self.cid(conn).unwrap_or_default(),
-                        within_secs: a.parameter3,
-                    },
+                    1 => {
+                        // Stop giving it tasks; the logout is due when its tasks have ended or
+                        // the time given runs out (at least a second).
+                        let within = Duration::from_secs(u64::from(a.parameter3.max(1)));
+                        let clock = self.clock;
+                        if let Some(c) = self.conns.get_mut(conn) {
+                            c.draining = true;
+                            c.logout = Some(match clock {
+                                Some(now) => LogoutWait::By(now + within),
+                                None => LogoutWait::Within(within),
+                            });
+                        }
+                        out.push(Action::Event {
+                            conn,
+                            event: Event::LogoutRequested {
+                                cid: self.cid(conn).unwrap_or_default(),
+                                within_secs: a.parameter3,
+                            },
+                        });
+                        if self.conn_idle(conn) {
+                            self.logout_due(conn, out);
+                        }
+                        return Ok(());
+                    }
                     2 | 3 => Event::Dropped {
                         session: a.async_event == 3,
                         time2wait: a.parameter2,
@@ -1165,30 +1347,30 @@ mod tests {
                 .collect()
         };
         let mut out = Vec::new();
-        assert_eq!(c.handle_stall_timeout(at(0), limit, &mut out), None);
+        assert_eq!(c.watch_stalls(at(0), limit, &mut out), None);
         assert!(out.is_empty());
         // Connection 1 keeps hearing; connection 0 is pinged once at 2 s.
         c.conn_heard(1, at(1900));
         let mut out = Vec::new();
-        assert_eq!(c.handle_stall_timeout(at(2000), limit, &mut out), None);
+        assert_eq!(c.watch_stalls(at(2000), limit, &mut out), None);
         assert_eq!(urgent(&out), vec![0]);
         c.conn_heard(1, at(3900));
         let mut out = Vec::new();
-        assert_eq!(c.handle_stall_timeout(at(3000), limit, &mut out), None);
+        assert_eq!(c.watch_stalls(at(3000), limit, &mut out), None);
         assert!(urgent(&out).is_empty(), "one ping per silence");
         let mut out = Vec::new();
         assert_eq!(
-            c.handle_stall_timeout(at(4000), limit, &mut out),
+            c.watch_stalls(at(4000), limit, &mut out),
             Some((0, std::time::Duration::from_secs(4)))
         );
         // When connection 1 is silent as long, neither is named (the target, not a path).
         let mut out = Vec::new();
-        assert_eq!(c.handle_stall_timeout(at(7900), limit, &mut out), None);
+        assert_eq!(c.watch_stalls(at(7900), limit, &mut out), None);
         // Connection 0 is heard again: now connection 1, silent since 3.9 s, is the one named.
         c.conn_heard(0, at(8000));
         let mut out = Vec::new();
         assert_eq!(
-            c.handle_stall_timeout(at(8100), limit, &mut out),
+            c.watch_stalls(at(8100), limit, &mut out),
             Some((1, std::time::Duration::from_millis(4200)))
         );
     }
@@ -1204,20 +1386,20 @@ mod tests {
         let t0 = std::time::Instant::now();
         let limit = std::time::Duration::from_secs(30);
         let at = |s: u64| t0 + std::time::Duration::from_secs(s);
-        assert_eq!(c.handle_timeout(at(0), limit), None, "stamps both");
+        assert_eq!(c.oldest_without_status(at(0), limit), None, "stamps both");
         // The first completes at 20 s; a third task is first seen at 25 s.
         let mut out = Vec::new();
         c.handle(0, good(itts[0], 1000, 3, 12), &mut out).unwrap();
         c.submit(tur(), 2, &mut out);
-        assert_eq!(c.handle_timeout(at(25), limit), None);
-        assert_eq!(c.handle_timeout(at(29), limit), None);
+        assert_eq!(c.oldest_without_status(at(25), limit), None);
+        assert_eq!(c.oldest_without_status(at(29), limit), None);
         // At 30 s the second has waited 30 s; the third only 5.
-        assert_eq!(c.handle_timeout(at(30), limit), Some(itts[1]));
+        assert_eq!(c.oldest_without_status(at(30), limit), Some(itts[1]));
         let mut out = Vec::new();
         c.handle(0, good(itts[1], 1001, 3, 12), &mut out).unwrap();
-        assert_eq!(c.handle_timeout(at(54), limit), None);
+        assert_eq!(c.oldest_without_status(at(54), limit), None);
         assert!(
-            c.handle_timeout(at(55), limit).is_some(),
+            c.oldest_without_status(at(55), limit).is_some(),
             "the third at 25 + 30 s"
         );
     }
@@ -1674,6 +1856,13 @@ mod tests {
                         within_secs: 5
                     }
                 ),
+                // Connection 1 has no task: its logout is due at once.
+                (
+                    1,
+                    Event::LogoutDue {
+                        close_session: false
+                    }
+                ),
                 (
                     0,
                     Event::Dropped {
@@ -1686,6 +1875,186 @@ mod tests {
         );
         // Async messages carry a StatSN and advance ExpStatSN.
         assert_eq!(c.exp_stat_sn(1), 1001);
+    }
+
+    fn events(out: &[Action<u32>]) -> Vec<(usize, Event)> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::Event { conn, event } => Some((*conn, event.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn logout_request(within_secs: u16) -> Pdu {
+        Pdu::AsyncMessage(mcsi_proto::pdu::AsyncMessage {
+            lun: 0,
+            stat_sn: 1000,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 100,
+            async_event: 1,
+            async_vcode: 0,
+            parameter1: 0,
+            parameter2: 0,
+            parameter3: within_secs,
+            data: Bytes::new(),
+        })
+    }
+
+    /// Drive the core's timers on virtual time from `from` to `until`, as a driver does: sleep
+    /// to `poll_timeout`, then `handle_timeout`. Returns each event with the time it came out.
+    fn run_timers(c: &mut Core, from: Instant, until: Instant) -> Vec<(Duration, usize, Event)> {
+        let mut seen = Vec::new();
+        let mut now = from;
+        let mut wakes = 0;
+        while now <= until {
+            let mut out = Vec::new();
+            c.handle_timeout(now, &mut out);
+            for (conn, e) in events(&out) {
+                seen.push((now - from, conn, e));
+            }
+            let Some(next) = c.poll_timeout() else { break };
+            assert!(
+                next > now,
+                "poll_timeout must move on: {next:?} after {now:?}"
+            );
+            now = next;
+            wakes += 1;
+            assert!(wakes < 100_000, "the timers never settle");
+        }
+        seen
+    }
+
+    /// The response watchdog as a timer of the core: poll_timeout says when to look, and a task
+    /// without status comes out as an event between the limit and the limit plus one period.
+    #[test]
+    fn the_response_timer_gives_a_task_without_status_as_an_event() {
+        let (mut c, _) = core(1, 1, 10);
+        assert_eq!(c.poll_timeout(), None, "no timer is set");
+        c.set_timers(Timers {
+            response: Duration::from_secs(30),
+            stall: Duration::ZERO,
+        });
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        c.handle_timeout(t0, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+        c.submit(tur(), 0, &mut out);
+        let itt = cmd_sns(&out)[0].2;
+        let fired = run_timers(&mut c, t0, t0 + Duration::from_secs(40));
+        let (at, conn, event) = fired.first().expect("the watchdog fires").clone();
+        assert_eq!(conn, 0);
+        assert_eq!(
+            event,
+            Event::NoStatus {
+                itt,
+                waited: Duration::from_secs(30)
+            }
+        );
+        assert!(
+            at >= Duration::from_secs(30) && at <= Duration::from_secs(32),
+            "fired at {at:?}"
+        );
+    }
+
+    /// A logout the target asks for (async event 1): the connection takes no new task, and the
+    /// logout is due when its last task ends, or when the time given runs out, once.
+    #[test]
+    fn a_logout_the_target_asks_for_is_due_when_its_tasks_end_or_its_time_runs_out() {
+        let t0 = Instant::now();
+        let (mut c, _) = core(2, 1, 100);
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.submit(tur(), 1, &mut out);
+        let issued = cmd_sns(&out);
+        let on0 = issued
+            .iter()
+            .find(|x| x.0 == 0)
+            .expect("a task on connection 0")
+            .2;
+        c.conn_heard(0, t0);
+        let mut out = Vec::new();
+        c.handle(0, logout_request(5), &mut out).unwrap();
+        assert_eq!(
+            events(&out),
+            vec![(
+                0,
+                Event::LogoutRequested {
+                    cid: 0,
+                    within_secs: 5
+                }
+            )],
+            "a task is still running on it"
+        );
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+        // New tasks go to the other connection.
+        let mut out = Vec::new();
+        c.submit(tur(), 2, &mut out);
+        c.submit(tur(), 3, &mut out);
+        assert!(cmd_sns(&out).iter().all(|x| x.0 == 1), "{out:?}");
+        // Its task ends: the logout is due, and once.
+        let mut out = Vec::new();
+        c.handle(0, good(on0, 1001, 1, 100), &mut out).unwrap();
+        assert_eq!(
+            events(&out),
+            vec![(
+                0,
+                Event::LogoutDue {
+                    close_session: false
+                }
+            )]
+        );
+        assert_eq!(c.poll_timeout(), None);
+        assert!(run_timers(&mut c, t0, t0 + Duration::from_secs(10)).is_empty());
+
+        // Another session: the task never ends, and the time runs out at 5 s.
+        let (mut c, _) = core(1, 1, 100);
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.conn_heard(0, t0);
+        c.handle(0, logout_request(5), &mut out).unwrap();
+        let fired = run_timers(&mut c, t0, t0 + Duration::from_secs(10));
+        assert_eq!(
+            fired,
+            vec![(
+                Duration::from_secs(5),
+                0,
+                Event::LogoutDue {
+                    close_session: true
+                }
+            )],
+            "the last connection's logout closes the session"
+        );
+    }
+
+    /// The stall watch as a timer of the core: a ping at half the limit, the connection named
+    /// at the limit, while the other connection is heard.
+    #[test]
+    fn the_stall_timer_pings_then_names_a_silent_connection() {
+        let t0 = Instant::now();
+        let (mut c, _) = core(2, 1, 100);
+        c.set_timers(Timers {
+            response: Duration::ZERO,
+            stall: Duration::from_secs(4),
+        });
+        let mut out = Vec::new();
+        c.submit(tur(), 0, &mut out);
+        c.submit(tur(), 1, &mut out);
+        // Connection 1 answers its task at once; connection 0 stays silent.
+        let on1 = cmd_sns(&out).iter().find(|x| x.0 == 1).unwrap().2;
+        let mut out = Vec::new();
+        c.handle_timeout(t0, &mut out);
+        c.conn_heard(1, t0 + Duration::from_millis(100));
+        c.handle(1, good(on1, 1001, 1, 100), &mut out).unwrap();
+        let fired = run_timers(&mut c, t0, t0 + Duration::from_secs(6));
+        let (at, conn, event) = fired.first().expect("the stall watch fires").clone();
+        assert_eq!(conn, 0);
+        assert!(matches!(event, Event::Stalled { silent } if silent >= Duration::from_secs(4)));
+        assert!(
+            at >= Duration::from_secs(4) && at <= Duration::from_millis(4250),
+            "{at:?}"
+        );
     }
 
     /// A policy outside this crate's two: picks the largest congestion window. Shows the trait

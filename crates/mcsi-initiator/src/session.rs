@@ -4,7 +4,7 @@
 
 use crate::conn::{self, LoginOutcome};
 use crate::core::{
-    Action, Command, ConnRole, ConnStart, ConnStats, Event, Orphan, Response, SessionCore,
+    Action, Command, ConnRole, ConnStart, ConnStats, Event, Orphan, Response, SessionCore, Timers,
 };
 use crate::error::Error;
 use crate::negotiate::{LoginConfig, LoginDone, Offers, SessionKind, SessionParams};
@@ -237,6 +237,8 @@ struct Shared {
     url: IscsiUrl,
     options: ConnectOptions,
     isid: Isid,
+    /// Wakes the timer task ([`run_timers`]) when an input set an earlier deadline.
+    timer_wake: tokio::sync::Notify,
 }
 
 /// An iSCSI session. Cheap to clone; all clones share the session.
@@ -433,7 +435,14 @@ pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Sess
     let est = establish(url, &options, isid).await?;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
-            core: SessionCore::new(scheduler),
+            core: {
+                let mut core = SessionCore::new(scheduler);
+                core.set_timers(Timers {
+                    response: options.response_timeout,
+                    stall: options.stall_timeout,
+                });
+                core
+            },
             conns: Vec::new(),
             generation: 0,
             phase: Phase::Running,
@@ -447,6 +456,7 @@ pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Sess
         url: url.clone(),
         options,
         isid,
+        timer_wake: tokio::sync::Notify::new(),
     });
     // Digests are per connection; the log names them once when every connection agrees.
     let digest_of = |c: &EstablishedConn| (c.params.header_digest, c.params.data_digest);
@@ -531,25 +541,49 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     let mut out = Vec::new();
     inner.core.start(params, est.window, &starts, &mut out);
     run_actions(shared, &mut inner, out);
-    if !shared.options.response_timeout.is_zero() {
-        let sh = Arc::clone(shared);
-        tokio::spawn(async move { watchdog(sh, generation).await });
-    }
+    let sh = Arc::clone(shared);
+    tokio::spawn(async move { run_timers(sh, generation).await });
     if inner.core.scheduler_wants_tcp_info() || shared.options.measure_rates {
         let sh = Arc::clone(shared);
         tokio::spawn(async move { sample_tcp_info(sh, generation).await });
     }
-    if !shared.options.stall_timeout.is_zero() && inner.conns.len() >= 2 {
-        if inner.core.symmetric() {
-            let sh = Arc::clone(shared);
-            tokio::spawn(async move { stall_watch(sh, generation).await });
-        } else {
-            tracing::info!(
-                "asymmetric session: a stalled connection is recovered with the whole session"
-            );
-        }
+    if !shared.options.stall_timeout.is_zero() && inner.conns.len() >= 2 && !inner.core.symmetric()
+    {
+        tracing::info!(
+            "asymmetric session: a stalled connection is recovered with the whole session"
+        );
     }
     Ok(())
+}
+
+/// The session core's timers (response watchdog, stall watch, logout deadlines) for one
+/// generation of connections: sleep until the core's `poll_timeout` (or until an input sets an
+/// earlier one), then hand it the time. What falls due comes out as events ([`handle_event`]).
+async fn run_timers(shared: Arc<Shared>, generation: u64) {
+    loop {
+        let deadline = {
+            let mut inner = lock(&shared);
+            if inner.generation != generation || inner.phase != Phase::Running {
+                // Recovery installs a new generation with its own timer task.
+                return;
+            }
+            let mut out = Vec::new();
+            inner
+                .core
+                .handle_timeout(Instant::now().into_std(), &mut out);
+            run_actions(&shared, &mut inner, out);
+            inner.core.poll_timeout()
+        };
+        match deadline {
+            Some(t) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(Instant::from_std(t)) => {}
+                    _ = shared.timer_wake.notified() => {}
+                }
+            }
+            None => shared.timer_wake.notified().await,
+        }
+    }
 }
 
 /// Spawn the reader and writer of logged-in connection `c`, which takes slot `index`.
@@ -605,35 +639,6 @@ fn spawn_conn(
         max_send_dsl: Some(cp.max_send_data_segment_length),
     };
     Ok((handle, start))
-}
-
-/// Take a connection that has work outstanding and has received nothing for `stall_timeout`
-/// out of the session, while another connection still works (a route that died: TCP itself
-/// would keep retrying for many minutes). A NOP-Out ping at half the time makes a live
-/// connection whose tasks are merely slow (a busy disk) answer.
-async fn stall_watch(shared: Arc<Shared>, generation: u64) {
-    let limit = shared.options.stall_timeout;
-    let mut tick = tokio::time::interval(
-        (limit / 8).clamp(Duration::from_millis(10), Duration::from_millis(250)),
-    );
-    loop {
-        tick.tick().await;
-        let mut inner = lock(&shared);
-        if inner.generation != generation || inner.phase == Phase::Closed {
-            return;
-        }
-        if inner.phase != Phase::Running {
-            continue;
-        }
-        let mut out = Vec::new();
-        let stalled = inner
-            .core
-            .handle_stall_timeout(Instant::now().into_std(), limit, &mut out);
-        run_actions(&shared, &mut inner, out);
-        if let Some((conn, silent)) = stalled {
-            fail_over(&shared, &mut inner, conn, silent);
-        }
-    }
 }
 
 /// Take connection `conn` out of the session: no new task goes to it, and [`evict`] clears
@@ -852,29 +857,6 @@ async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
     }
 }
 
-/// Recover the session when a task has waited longer than `response_timeout` for its status.
-async fn watchdog(shared: Arc<Shared>, generation: u64) {
-    let limit = shared.options.response_timeout;
-    let period = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let mut tick = tokio::time::interval(period);
-    loop {
-        tick.tick().await;
-        let mut inner = lock(&shared);
-        if inner.generation != generation || inner.phase == Phase::Closed {
-            return;
-        }
-        if inner.phase != Phase::Running {
-            continue;
-        }
-        if let Some(itt) = inner.core.handle_timeout(Instant::now().into_std(), limit) {
-            let e = Error::Timeout(format!("task {itt:#x} has had no status for {limit:?}"));
-            tracing::warn!(error = %e, "recovering the session");
-            begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
-            return;
-        }
-    }
-}
-
 /// Feed each connection's TCP_INFO, and the rate it completes data at while busy, to the
 /// scheduler while this generation of connections lives.
 async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
@@ -970,41 +952,40 @@ fn handle_event(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, event: Eve
             );
         }
         Event::LogoutRequested { cid, within_secs } => {
+            // The core stops giving the connection tasks and says when the logout is due.
             tracing::info!(
                 cid,
                 within_secs,
                 "target requests logout of connection {cid}"
             );
-            inner.core.set_draining(conn);
+            shared.timer_wake.notify_one();
+        }
+        Event::LogoutDue { close_session } => {
             let sh = Arc::clone(shared);
             let generation = inner.generation;
             tokio::spawn(async move {
-                honour_logout_request(sh, conn, generation, within_secs).await;
+                logout_on_request(sh, conn, generation, close_session).await;
             });
         }
+        Event::NoStatus { itt, waited } if inner.phase == Phase::Running => {
+            let e = Error::Timeout(format!("task {itt:#x} has had no status for {waited:?}"));
+            tracing::warn!(error = %e, "recovering the session");
+            let generation = inner.generation;
+            begin_recovery(shared, inner, generation, e, Duration::ZERO);
+        }
+        Event::NoStatus { .. } => {}
+        // Both may fall due in one look; the first to recover the session ends the other.
+        Event::Stalled { silent } if inner.phase == Phase::Running => {
+            fail_over(shared, inner, conn, silent)
+        }
+        Event::Stalled { .. } => {}
     }
 }
 
-/// Async event 1 (11.9.1): stop using the connection, let its tasks finish, then log it out (or
-/// the whole session when it is the last one) and re-establish what is needed.
-async fn honour_logout_request(shared: Arc<Shared>, conn: usize, generation: u64, within: u16) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(within.max(1)));
-    loop {
-        {
-            let inner = lock(&shared);
-            if inner.generation != generation || inner.phase != Phase::Running {
-                return;
-            }
-            if inner.core.conn_idle(conn) {
-                break;
-            }
-        }
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let last = { lock(&shared).core.usable_conns() == 0 };
+/// Async event 1 (11.9.1), once the connection's tasks have ended or the time the target gave
+/// ran out: log it out (or the whole session when it is the last one) and re-establish what is
+/// needed.
+async fn logout_on_request(shared: Arc<Shared>, conn: usize, generation: u64, last: bool) {
     let reason = if last {
         logout_reason::CLOSE_SESSION
     } else {
