@@ -220,6 +220,8 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
 pub struct Login {
     inner: InitiatorLogin,
     target: String,
+    /// The whole exchange must end by then ([`Login::start_at`]).
+    deadline: Option<(std::time::Instant, std::time::Duration)>,
 }
 
 impl std::fmt::Debug for Login {
@@ -233,11 +235,37 @@ impl Login {
         Ok(Login {
             inner: InitiatorLogin::new(proto_config(cfg)?),
             target: cfg.target_name.clone().unwrap_or_default(),
+            deadline: None,
         })
     }
 
     pub fn start(&mut self) -> LoginRequest {
         self.inner.start()
+    }
+
+    /// Start at `now`, with the whole exchange to end within `limit` (zero: no limit).
+    pub fn start_at(
+        &mut self,
+        now: std::time::Instant,
+        limit: std::time::Duration,
+    ) -> LoginRequest {
+        self.deadline = (!limit.is_zero()).then(|| (now + limit, limit));
+        self.start()
+    }
+
+    /// When the login phase runs out of time, if it has a limit.
+    pub fn poll_timeout(&self) -> Option<std::time::Instant> {
+        self.deadline.map(|(at, _)| at)
+    }
+
+    /// The time is `now`: an error once the login phase has run out of time.
+    pub fn handle_timeout(&mut self, now: std::time::Instant) -> Result<(), Error> {
+        match self.deadline {
+            Some((at, limit)) if now >= at => {
+                Err(Error::Timeout(format!("login took longer than {limit:?}")))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Take one Login Response.
@@ -297,6 +325,23 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use mcsi_proto::pdu::Stage;
+
+    #[test]
+    fn the_login_phase_runs_out_of_time_on_passed_in_time() {
+        let t0 = std::time::Instant::now();
+        let limit = std::time::Duration::from_secs(15);
+        let mut l = Login::new(&cfg(false)).unwrap();
+        assert_eq!(l.poll_timeout(), None);
+        let _ = l.start_at(t0, limit);
+        assert_eq!(l.poll_timeout(), Some(t0 + limit));
+        assert!(l.handle_timeout(t0 + limit / 2).is_ok());
+        let e = l.handle_timeout(t0 + limit).unwrap_err();
+        assert_eq!(e.to_string(), "timed out: login took longer than 15s");
+        let mut unlimited = Login::new(&cfg(false)).unwrap();
+        let _ = unlimited.start_at(t0, std::time::Duration::ZERO);
+        assert_eq!(unlimited.poll_timeout(), None);
+        assert!(unlimited.handle_timeout(t0 + limit * 100).is_ok());
+    }
 
     fn cfg(asymmetric: bool) -> LoginConfig {
         LoginConfig {

@@ -188,11 +188,14 @@ pub(crate) async fn login(
     cfg: LoginConfig,
     timeout: Duration,
 ) -> Result<LoginOutcome, Error> {
+    // The login's deadline is the core's; this layer only sleeps to it.
+    let mut login = Login::new(&cfg)?;
+    let first = login.start_at(tokio::time::Instant::now().into_std(), timeout);
+    let deadline = login.poll_timeout();
     let fut = async {
         // During login both sides accept 8192-byte data segments and no digests (12.12, 13.1).
         let framing = Framing::default();
-        let mut login = Login::new(&cfg)?;
-        let mut req = login.start();
+        let mut req = first;
         let mut buf = BytesMut::with_capacity(16384);
         loop {
             let enc = Pdu::LoginRequest(req).encode(&framing);
@@ -215,9 +218,18 @@ pub(crate) async fn login(
             }
         }
     };
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| Error::Timeout(format!("login took longer than {timeout:?}")))?
+    let Some(deadline) = deadline else {
+        return fut.await;
+    };
+    match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            login.handle_timeout(tokio::time::Instant::now().into_std())?;
+            Err(Error::Timeout(format!(
+                "login took longer than {timeout:?}"
+            )))
+        }
+    }
 }
 
 /// Sending half of a connection: takes PDUs from the channel and writes them in batches.
