@@ -26,6 +26,7 @@ use mcsi_proto::pdu::{DataOut, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_proto::window::{OrderWindow as CmdWindow, Submit};
 use mcsi_scsi::TaskAttribute;
+use std::time::{Duration, Instant};
 
 /// What the core needs to know of a connection.
 pub trait CoreConn: Clone {
@@ -218,6 +219,9 @@ struct Collect {
     received: u64,
     /// Refused ([`NewWrite::refused`]): its unsolicited data is taken and dropped.
     refused: bool,
+    /// What the Data-Out timer saw last: bytes received, and when it first saw that many
+    /// ([`SessionCore::handle_timeout`]). None while the initiator owes nothing.
+    watch: Option<(u64, Instant)>,
 }
 
 impl Collect {
@@ -282,6 +286,20 @@ pub struct Granted<C> {
     pub lun: u64,
     pub out: C,
     pub r2ts: Vec<R2tPlan>,
+}
+
+/// A write whose initiator sent none of the data it owes for the Data-Out timeout
+/// ([`SessionCore::handle_timeout`]): the initiator has stopped sending, and at
+/// ErrorRecoveryLevel 0 only the end of the connection (and with it the session) gives the
+/// write's budget back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataOutTimedOut {
+    /// The connection the write came on, to drop.
+    pub cid: u16,
+    pub itt: u32,
+    /// Bytes it received in all.
+    pub received: u64,
+    pub timeout: Duration,
 }
 
 /// A write still gathering its data ([`SessionCore::collecting`]).
@@ -382,6 +400,13 @@ pub struct SessionCore<C, T> {
     /// so they are admitted only while the session has fewer tasks than this.
     max_tasks: usize,
     closing: bool,
+    /// How long a write may receive nothing it is owed (zero: forever).
+    data_out_timeout: Duration,
+    /// When [`SessionCore::handle_timeout`] looks next; None: nothing to watch, and the timer
+    /// sleeps until [`SessionCore::take_timer_wake`] says otherwise.
+    next_data_check: Option<Instant>,
+    /// A write to watch arrived while the timer slept.
+    timer_wake: bool,
 }
 
 impl<C: CoreConn, T> SessionCore<C, T> {
@@ -416,7 +441,80 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             inline: 0,
             max_tasks: 2 * queue_depth.max(1) as usize,
             closing: false,
+            data_out_timeout: Duration::ZERO,
+            next_data_check: None,
+            timer_wake: false,
         }
+    }
+
+    /// How long a write may receive none of the data it is owed (its unsolicited burst, or
+    /// what its R2Ts asked for) before its connection is dropped; zero: no limit.
+    pub fn set_data_out_timeout(&mut self, timeout: Duration) {
+        self.data_out_timeout = timeout;
+    }
+
+    /// Whether the session is closing (or closed).
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// When [`SessionCore::handle_timeout`] has something to do next, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_data_check
+            .filter(|_| !self.data_out_timeout.is_zero() && !self.closing)
+    }
+
+    /// Whether an input since the timer last looked gave it something to watch while it had
+    /// nothing (a write that collects data): the layer above wakes its timer then, and only
+    /// then. Reading clears it.
+    pub fn take_timer_wake(&mut self) -> bool {
+        std::mem::take(&mut self.timer_wake)
+    }
+
+    /// The time is `now`: the Data-Out timer looks at every write still gathering data, each
+    /// quarter of the timeout (at least 10 ms apart). A write the initiator owes data (its
+    /// unsolicited burst is open, or its R2Ts went out) that received nothing since the timer
+    /// first saw it at its current count, a timeout ago or more, is returned: its connection is
+    /// to be dropped. So a write is given up between one and one and a half timeouts after its
+    /// last Data-Out.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<DataOutTimedOut> {
+        let timeout = self.data_out_timeout;
+        let mut out = Vec::new();
+        if timeout.is_zero() || self.closing {
+            self.next_data_check = None;
+            return out;
+        }
+        if self.next_data_check.is_some_and(|t| now < t) {
+            return out;
+        }
+        let mut watched = false;
+        for (itt, t) in self.tasks.iter_mut() {
+            let Some(c) = t.collect.as_mut().filter(|_| !t.aborted) else {
+                continue;
+            };
+            watched = true;
+            if c.grant != Grant::Granted && c.must_solicit() {
+                // It waits for its budget (or its turn): nothing is owed yet.
+                c.watch = None;
+                continue;
+            }
+            match c.watch {
+                Some((seen, since)) if seen == c.received => {
+                    if now.saturating_duration_since(since) >= timeout {
+                        out.push(DataOutTimedOut {
+                            cid: t.cid,
+                            itt: *itt,
+                            received: c.received,
+                            timeout,
+                        });
+                        c.watch = Some((c.received, now));
+                    }
+                }
+                _ => c.watch = Some((c.received, now)),
+            }
+        }
+        self.next_data_check = watched.then(|| now + (timeout / 4).max(Duration::from_millis(10)));
+        out
     }
 
     /// Whether the response policy looks at TCP state: the layer above then feeds each response
@@ -561,6 +659,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             None => (None, Bytes::new()),
             Some(w) => start_write(w),
         };
+        if collect.is_some() && self.next_data_check.is_none() && !self.data_out_timeout.is_zero() {
+            self.timer_wake = true;
+        }
         let cid = conn.cid();
         let reply_cid = if self.asymmetric {
             self.pick_reply(t.bytes).unwrap_or(cid)
@@ -1129,6 +1230,7 @@ fn start_write(w: NewWrite) -> (Option<Box<Collect>>, Bytes) {
                 grant: Grant::None,
                 received: w.immediate.len() as u64,
                 refused: true,
+                watch: None,
             })
         });
         return (collect, Bytes::new());
@@ -1148,6 +1250,7 @@ fn start_write(w: NewWrite) -> (Option<Box<Collect>>, Bytes) {
         grant: Grant::None,
         received: w.immediate.len() as u64,
         refused: false,
+        watch: None,
     };
     (Some(Box::new(collect)), Bytes::new())
 }
@@ -1840,6 +1943,71 @@ mod tests {
     /// The (offset, length) of each R2T.
     fn spans(r2ts: &[R2tPlan]) -> Vec<(u32, u32)> {
         r2ts.iter().map(|r| (r.offset, r.len)).collect()
+    }
+
+    /// The Data-Out timer on virtual time: quiet while a write waits for its budget, then a
+    /// write whose initiator sends nothing is given up between one and one and a half timeouts
+    /// after its last Data-Out; data that comes puts the timer back.
+    #[test]
+    fn a_write_that_receives_nothing_it_is_owed_times_out_on_passed_in_time() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        let timeout = Duration::from_secs(4);
+        core.set_data_out_timeout(timeout);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(core.poll_timeout(), None, "nothing to watch");
+        let (reg, _) = core.register(
+            &a,
+            task(1, 1, Simple),
+            Some(write(40, b"abcd", burst(2))),
+            Io::default(),
+        );
+        assert_eq!(reg, Register::Ok);
+        assert!(core.take_timer_wake(), "the sleeping timer is woken once");
+        assert!(!core.take_timer_wake());
+        // Drive the timer as a layer above does, to `until`: what timed out, and when.
+        let run = |core: &mut Core, from: u64, until: u64| -> Vec<(u64, DataOutTimedOut)> {
+            let mut fired = Vec::new();
+            let mut now = at(from);
+            while now <= at(until) {
+                for f in core.handle_timeout(now) {
+                    fired.push(((now - t0).as_millis() as u64, f));
+                }
+                match core.poll_timeout() {
+                    Some(next) => {
+                        assert!(next > now);
+                        now = next;
+                    }
+                    None => break,
+                }
+            }
+            fired
+        };
+        // Waiting for its budget: nothing owed, however long.
+        assert!(run(&mut core, 0, 20_000).is_empty());
+        let g = core.poll_grant().expect("a grant request");
+        let r2ts = core.grant(g.itt, g.id).expect("granted").r2ts;
+        // Granted at 20 s; one Data-Out at 22 s, then nothing.
+        assert!(run(&mut core, 20_000, 22_000).is_empty());
+        let d = data_out(1, r2ts[0].ttt, 0, 4, &[b'e'; 8], false);
+        assert!(matches!(core.data_out(1, &d), DataOutcome::Taken { .. }));
+        let fired = run(&mut core, 22_000, 40_000);
+        let (when, first) = fired.first().copied().expect("timed out");
+        assert_eq!(
+            first,
+            DataOutTimedOut {
+                cid: 1,
+                itt: 1,
+                received: 12,
+                timeout
+            }
+        );
+        assert!((26_000..=28_000).contains(&when), "given up at {when} ms");
+        // Once the task leaves, nothing is watched and the timer sleeps.
+        let _ = core.abort_where(|_| true, |_| ());
+        assert!(run(&mut core, 40_000, 50_000).is_empty());
+        assert_eq!(core.poll_timeout(), None);
     }
 
     #[test]

@@ -215,7 +215,7 @@ pub async fn run(ctx: TaskCtx) {
         let data_out = tokio::select! {
             biased;
             _ = crate::session::flag_set(&mut abort_rx) => return None,
-            r = collect(&session, &conn, itt, id, collecting, ready_rx, grant_rx) => r?,
+            r = collect(&session, itt, id, collecting, ready_rx, grant_rx) => r?,
         };
         if refused {
             return Some((Outcome::status(status::TASK_SET_FULL), None));
@@ -263,13 +263,11 @@ pub async fn run(ctx: TaskCtx) {
 }
 
 /// Waits for a task's data-out and its turn. A write that must solicit data and found no room
-/// in the write budgets waits here for it, then sends its first R2Ts ([`Session::grant`]).
-/// Once asked for its data, a write that receives none for the target's `data_out_timeout`
-/// ends its connection: the initiator has stopped sending, and at ErrorRecoveryLevel 0 only the
-/// session's end gives its budget back. `None` then, or when the session drops the task.
+/// in the write budgets waits here for it, then sends its first R2Ts ([`Session::grant`]). A
+/// write whose initiator stops sending is the session core's Data-Out timer's to give up on
+/// (it drops the connection, which aborts the task). `None` when the session drops the task.
 async fn collect(
     session: &Session,
-    conn: &Conn,
     itt: u32,
     id: u64,
     collecting: bool,
@@ -277,54 +275,21 @@ async fn collect(
     grant_rx: tokio::sync::oneshot::Receiver<u32>,
 ) -> Option<Bytes> {
     if !collecting {
-        // Nothing to ask for and nothing to watch: reads, and writes with all their data.
+        // Nothing to ask for: reads, and writes with all their data.
         return ready_rx.await.ok();
     }
-    let timeout = session
-        .target
-        .as_ref()
-        .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout);
     tokio::pin!(ready_rx);
-    tokio::pin!(grant_rx);
-    let mut grant_asked = false;
-    // Checked four times per timeout: the connection ends between 1 and 1.25 timeouts after
-    // the last Data-Out.
-    let tick = (timeout / 4).max(std::time::Duration::from_millis(10));
-    let mut progress = (0u64, tokio::time::Instant::now());
-    // One timer for the task's life, armed again at each tick.
-    let check = tokio::time::sleep(tick);
-    tokio::pin!(check);
-    loop {
-        tokio::select! {
-            r = &mut ready_rx => return r.ok(),
-            r = &mut grant_rx, if !grant_asked => {
-                grant_asked = true;
-                if let Ok(bytes) = r {
-                    debug!(bytes, "write waits for room in the write budget");
-                    let permits = session.write_permits(bytes).await?;
-                    session.grant(itt, id, permits);
-                    progress.1 = tokio::time::Instant::now();
-                }
-            }
-            _ = &mut check, if !timeout.is_zero() => {
-                let now = tokio::time::Instant::now();
-                check.as_mut().reset(now + tick);
-                let Some(c) = session.collecting(itt, id) else { continue };
-                if c.waiting_for_grant || c.received != progress.0 {
-                    progress = (c.received, now);
-                } else if now - progress.1 >= timeout {
-                    warn!(
-                        parent: &conn.span,
-                        itt,
-                        received = c.received,
-                        "no Data-Out for a write in {timeout:?} after its data was asked for; dropping the connection"
-                    );
-                    conn.stop();
-                    return None;
-                }
+    tokio::select! {
+        r = &mut ready_rx => return r.ok(),
+        r = grant_rx => {
+            if let Ok(bytes) = r {
+                debug!(bytes, "write waits for room in the write budget");
+                let permits = session.write_permits(bytes).await?;
+                session.grant(itt, id, permits);
             }
         }
     }
+    ready_rx.await.ok()
 }
 
 /// Counts a finished command on its LUN and its connection.

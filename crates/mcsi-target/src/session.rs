@@ -7,7 +7,7 @@
 
 use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
-use crate::session_core::{DataOutcome, Held, NewWrite, SessionCore};
+use crate::session_core::{DataOutTimedOut, DataOutcome, Held, NewWrite, SessionCore};
 use crate::transfer::R2tPlan;
 use bytes::Bytes;
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot, watch};
+use tracing::Instrument;
 
 /// Task management and logout requests a session handles at once (each waits for the tasks it
 /// aborts to end). Immediate ones are not bounded by the CmdSN window: beyond this many, an
@@ -693,6 +694,10 @@ pub struct Session {
     /// ([`Session::responses_full`]). A queue that closes while full stays counted, which only
     /// costs a look.
     pub full_responses: Arc<AtomicUsize>,
+    /// Wakes the session's timer task ([`Session::run_timer`]), started with the first write
+    /// the core's Data-Out timer watches.
+    timer_wake: tokio::sync::Notify,
+    timer_started: AtomicBool,
 }
 
 impl Session {
@@ -741,7 +746,12 @@ impl Session {
         let reply_policy = target
             .as_ref()
             .and_then(|t| t.limits.response_policy.scheduler());
-        let core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
+        let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
+        core.set_data_out_timeout(
+            target
+                .as_ref()
+                .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout),
+        );
         Arc::new(Session {
             tsih,
             isid,
@@ -757,7 +767,60 @@ impl Session {
             control_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_TASKS)),
             full_responses: Arc::new(AtomicUsize::new(0)),
             core: Mutex::new(core),
+            timer_wake: tokio::sync::Notify::new(),
+            timer_started: AtomicBool::new(false),
         })
+    }
+
+    /// The core has something new for its timer: start the timer task, or wake it.
+    fn wake_timer(self: &Arc<Self>) {
+        if self.timer_started.swap(true, Ordering::AcqRel) {
+            self.timer_wake.notify_one();
+        } else {
+            let s = Arc::clone(self);
+            let span = self.span.clone();
+            tokio::spawn(async move { s.run_timer().await }.instrument(span));
+        }
+    }
+
+    /// The session core's timer (the Data-Out timeout): sleep until the core's `poll_timeout`,
+    /// or until an input gives it something new, then hand it the time. A write the initiator
+    /// stopped sending data for drops its connection. Ends with the session.
+    async fn run_timer(self: Arc<Self>) {
+        loop {
+            let (next, timed_out) = {
+                let mut core = self.lock();
+                if core.is_closing() {
+                    return;
+                }
+                let fired = core.handle_timeout(tokio::time::Instant::now().into_std());
+                let timed_out: Vec<(DataOutTimedOut, Option<Arc<Conn>>)> = fired
+                    .into_iter()
+                    .map(|f| (f, core.conn(f.cid).cloned()))
+                    .collect();
+                (core.poll_timeout(), timed_out)
+            };
+            for (f, conn) in timed_out {
+                let Some(conn) = conn else { continue };
+                tracing::warn!(
+                    parent: &conn.span,
+                    itt = f.itt,
+                    received = f.received,
+                    "no Data-Out for a write in {:?} after its data was asked for; dropping the connection",
+                    f.timeout
+                );
+                conn.stop();
+            }
+            match next {
+                Some(t) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(t)) => {}
+                        _ = self.timer_wake.notified() => {}
+                    }
+                }
+                None => self.timer_wake.notified().await,
+            }
+        }
     }
 
     /// Waits for room for a write of `bytes` in the session's write budget, then in the
@@ -778,12 +841,6 @@ impl Session {
     pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
         let mut core = self.lock();
         grant(&mut core, itt, id, permits);
-    }
-
-    /// Where write `itt` (task `id`) stands while its data arrives; `None` once it has all of
-    /// it.
-    pub fn collecting(&self, itt: u32, id: u64) -> Option<crate::session_core::Collecting> {
-        self.lock().collecting(itt, id)
     }
 
     /// Wakes the tasks whose turn came and grants the writes the budgets have room for.
@@ -903,7 +960,7 @@ impl Session {
     /// future and the requests its arrival put in order.
     #[allow(clippy::too_many_arguments)]
     pub fn register_task(
-        &self,
+        self: &Arc<Self>,
         conn: &Arc<Conn>,
         itt: u32,
         lun: u64,
@@ -939,7 +996,11 @@ impl Session {
         let mut core = self.lock();
         let (reg, ctl) = core.register(conn, task, write, io);
         self.wake(&mut core);
+        let timer = core.take_timer_wake();
         drop(core);
+        if timer {
+            self.wake_timer();
+        }
         let handles = (reg == Register::Ok).then_some(TaskHandles {
             id,
             ready_rx,
@@ -1070,6 +1131,8 @@ impl Session {
     pub async fn close(self: &Arc<Self>, why: SessionEnd) {
         let mut waits = Vec::new();
         let (conns, first) = self.lock().close(|io| waits.push(io.abort()));
+        // The timer task sees the session closing and ends.
+        self.timer_wake.notify_one();
         for c in conns {
             c.stop();
         }
