@@ -5,7 +5,8 @@
 //! held in the window until the gap before them is filled, a write's data (immediate data, the
 //! unsolicited burst, Data-Out answering R2Ts, with MaxOutstandingR2T R2Ts in flight), and the
 //! choice of a task's response connection in the asymmetric mode. A task is handed out to run
-//! once its turn has come and all of its data is in.
+//! once its turn has come and all of its data is in; until then nothing runs for it, so an
+//! abort ends it in the core at once.
 //!
 //! Inputs are method calls: a command or a control request arriving on a connection, a task
 //! ending, task management, a connection added, lost or logged out. Outputs are what the calls
@@ -266,6 +267,8 @@ pub struct NewWrite {
 /// A task whose turn has come with all of its data ([`SessionCore::poll_ready`]).
 pub struct Ready<'a, T> {
     pub itt: u32,
+    /// The task's session-unique id ([`NewTask::id`]).
+    pub id: u64,
     pub io: &'a mut T,
     /// Its data-out (empty for a command without one).
     pub data: Bytes,
@@ -870,6 +873,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         t.started = true;
         Some(Ready {
             itt: k.itt,
+            id: k.id,
             data: std::mem::take(&mut t.data),
             io: &mut t.io,
         })
@@ -1007,10 +1011,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             return None;
         }
         let out = self.reply_conn(itt, command_conn);
-        let entry = self.tasks.remove(&itt)?;
-        let ready = self.in_task_set(entry.lun, |ts| ts.leave(&Key { id: entry.id, itt }));
-        self.turn_came(ready);
-        self.window.task_done();
+        let entry = self.end(Key { id, itt })?;
         Some(Finished {
             out,
             aborted: entry.aborted,
@@ -1019,15 +1020,20 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     }
 
     /// Aborts the tasks `pred` picks: a task of its own is marked aborted (its status will not
-    /// be sent, RFC 7143 4.2.3) and handed to `on_abort`, which tells it to stop; a command
-    /// held in the window without a task ([`Deferred`]) is dropped there, its CmdSN kept as
-    /// consumed-without-command. Returns how many were found (running or held).
+    /// be sent, RFC 7143 4.2.3) and handed to `on_abort`. A task that was not handed out to run
+    /// ([`SessionCore::poll_ready`]: it waits for its turn, its budget or its data) ends here
+    /// and then, as [`SessionCore::finish`] would end it: nothing runs for it that would have
+    /// to be waited for. One that was handed out stays until its end, which `on_abort` tells it
+    /// to hurry. A command held in the window without a task ([`Deferred`]) is dropped there,
+    /// its CmdSN kept as consumed-without-command. Returns how many were found (running,
+    /// waiting or held).
     pub fn abort_where(
         &mut self,
         mut pred: impl FnMut(&TaskRef) -> bool,
         mut on_abort: impl FnMut(&mut T),
     ) -> usize {
         let mut found = 0;
+        let mut idle = Vec::new();
         for (itt, t) in self.tasks.iter_mut() {
             let r = TaskRef {
                 itt: *itt,
@@ -1038,10 +1044,29 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             if pred(&r) {
                 t.aborted = true;
                 on_abort(&mut t.io);
+                if !t.started {
+                    idle.push(Key {
+                        id: t.id,
+                        itt: *itt,
+                    });
+                }
                 found += 1;
             }
         }
+        for k in idle {
+            self.end(k);
+        }
         found + self.abort_held(pred)
+    }
+
+    /// Task `k` leaves the table: its task set goes on (tasks whose turn came wait in
+    /// [`SessionCore::poll_ready`]) and its queue slot is given back.
+    fn end(&mut self, k: Key) -> Option<Task<T>> {
+        let entry = self.tasks.remove(&k.itt)?;
+        let ready = self.in_task_set(entry.lun, |ts| ts.leave(&k));
+        self.turn_came(ready);
+        self.window.task_done();
+        Some(entry)
     }
 
     /// Closes the session: nothing more is taken, held commands are dropped, every task is
@@ -1610,7 +1635,9 @@ mod tests {
         );
         assert_eq!(found, 3, "two tasks and one held command");
         assert_eq!(told, 2, "the tasks are told to stop");
+        // The running one stays until its end; the one waiting for its turn ended at once.
         assert!(core.task(10).is_some_and(|t| t.aborted));
+        assert!(core.task(31).is_none());
         assert!(core.task(32).is_some_and(|t| !t.aborted));
         // The gap fills: the aborted held command does not run, the aborted task does not start,
         // the other LUN's task does.
@@ -1619,10 +1646,9 @@ mod tests {
         assert!(runs.is_empty());
         assert_eq!(ready(&mut core), vec![32]);
         assert_eq!(core.cmd_sns().0, 6);
-        // Aborted tasks still leave the table at their end, and send nothing.
+        // An aborted running task still leaves the table at its end, and sends nothing.
         let f = finish(&mut core, 10, &a);
         assert!(f.aborted && f.io.aborted);
-        assert!(finish(&mut core, 31, &b).aborted);
         assert!(!finish(&mut core, 32, &b).aborted);
         assert_eq!(core.task_count(), 0);
         // Every queue slot is free again: MaxCmdSN = ExpCmdSN - 1 + 8.
@@ -1872,7 +1898,8 @@ mod tests {
             Register::Closing
         );
         assert!(matches!(core.claim(4, 0, 2, false), Turn::Task));
-        assert!(finish(&mut core, 1, &a).aborted);
+        // It had not been handed out to run: it ended with the close.
+        assert!(core.task(1).is_none());
     }
 
     #[test]
@@ -2292,10 +2319,12 @@ mod tests {
             })
         ));
         assert_eq!(core.abort_where(|t| t.itt == 1, |io| io.aborted = true), 1);
+        // Still gathering data, it had not been handed out to run: it ends at once.
+        assert!(core.task(1).is_none());
+        assert_eq!(core.cmd_sns(), (2, 9), "its queue slot is free again");
         let d = data_out(1, ttt, 0, 0, b"abcd", false);
         assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
         assert!(ready(&mut core).is_empty());
-        assert!(finish(&mut core, 1, &a).aborted);
     }
 
     #[test]

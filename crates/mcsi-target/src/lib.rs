@@ -23,7 +23,8 @@
 //!   asymmetric mode, NOP-In pings on passed-in time. This crate is the tokio layer over it.
 //! - `shard`: session threads (a session of several connections wholly on one thread).
 //! - `session`: targets ([`Target`]), the session registry, and sessions: the core under a lock, with the
-//!   tokio side of each task (its channels) and connection handles.
+//!   tokio side of each task (what it needs to run, kept in the core until the core hands it
+//!   out; only a running task has a future) and connection handles.
 //! - `conn`: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
 //!   stamping, vectored writes). `scsi`: one SCSI task from command to status. `control`: NOP, Text, Logout,
 //!   Task Management. `text`: SendTargets.

@@ -3,7 +3,7 @@
 //! (on tokio's blocking pool when the LU says so), then Data-In and status.
 
 use crate::datain::{read_expected, response_pdus};
-use crate::session::{Conn, Inline, Register, Session, TaskHandles};
+use crate::session::{Conn, Inline, Pending, Register, Session, Started};
 use crate::transfer::WriteTransfer;
 use bytes::Bytes;
 use mcsi_proto::pdu::{Pdu, ScsiCommand};
@@ -11,28 +11,12 @@ use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute
 use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
 
-/// Everything one task's future needs.
-pub struct TaskCtx {
-    pub session: Arc<Session>,
-    pub conn: Arc<Conn>,
-    pub dev: Arc<DeviceServer>,
-    pub attr: TaskAttribute,
-    pub cmd: ScsiCommand,
-    pub phase: DataPhase,
-    pub handles: TaskHandles,
-    /// A write whose data is still to come (watched by the Data-Out timeout).
-    pub collecting: bool,
-    /// Refused for want of room in the unsolicited budget: answered TASK SET FULL once its
-    /// unsolicited data has come (and been dropped), without running.
-    pub refused: bool,
-}
-
-/// Registers a command as a task of its own and starts it: it waits for its data, its turn in
+/// Registers a command as a task of its own: it waits in the core for its data, its turn in
 /// CmdSN order (unless `in_order`: its CmdSN was consumed already, it only enters the task set)
-/// and its task attribute. Its immediate data and unsolicited burst take room in the server's
-/// unsolicited budget, unless `accounted` (a held command's data holds its room already,
-/// [`account_unsolicited`]); a write that finds none is refused. Returns what came up in CmdSN
-/// order meanwhile, for the caller to run.
+/// and its task attribute, and runs when the core hands it out ([`run`]). Its immediate data
+/// and unsolicited burst take room in the server's unsolicited budget, unless `accounted` (a
+/// held command's data holds its room already, [`account_unsolicited`]); a write that finds
+/// none is refused. Returns what came up in CmdSN order meanwhile, for the caller to run.
 #[allow(clippy::too_many_arguments)]
 pub fn start_task(
     session: &Arc<Session>,
@@ -45,7 +29,6 @@ pub fn start_task(
     in_order: bool,
     accounted: bool,
 ) -> crate::session::InOrder {
-    let collecting = transfer.as_ref().is_some_and(|t| !t.done());
     let unsolicited = transfer.as_ref().map_or(0, |t| t.unsolicited_len());
     let (permit, refused) = if accounted || unsolicited == 0 {
         (None, false)
@@ -68,48 +51,39 @@ pub fn start_task(
         first_burst_length: session.ops.burst.first_burst_length,
         refused,
     });
-    let (reg, handles, ready) = session.register_task(
-        conn,
-        cmd.itt,
-        cmd.lun,
-        cmd.cmd_sn,
-        cmd.immediate || in_order,
+    let pending = Box::new(Pending {
+        conn: conn.clone(),
+        dev: dev.clone(),
         attr,
+        cmd: cmd.clone(),
+        phase,
+        refused,
+    });
+    let (reg, ready) = session.register_task(
+        conn,
+        cmd.lun,
+        cmd.immediate || in_order,
         write,
         u64::from(cmd.expected_data_transfer_length),
         permit,
+        pending,
     );
-    match (reg, handles) {
-        (Register::Ok, Some(h)) => {
-            let span = tracing::debug_span!(parent: &conn.span, "task", itt = cmd.itt, cmd_sn = cmd.cmd_sn);
-            let ctx = TaskCtx {
-                session: session.clone(),
-                conn: conn.clone(),
-                dev: dev.clone(),
-                attr,
-                cmd,
-                phase,
-                handles: h,
-                collecting,
-                refused,
-            };
-            tokio::spawn(run(ctx).instrument(span));
-        }
-        (Register::OutOfWindow, _) => {
+    match reg {
+        Register::Ok | Register::Closing => {}
+        Register::OutOfWindow => {
             // Silently ignored (RFC 7143 4.2.2.1).
             debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
         }
-        (Register::TaskSetFull, _) => {
+        Register::TaskSetFull => {
             debug!(parent: &conn.span, itt = cmd.itt, "immediate command beyond the session's tasks: TASK SET FULL");
             task_set_full(session, conn, &cmd, phase);
         }
-        (Register::IttInUse, _) => {
+        Register::IttInUse => {
             conn.send(Pdu::reject_of(
                 mcsi_proto::pdu::reject_reason::TASK_IN_PROGRESS,
                 &Pdu::ScsiCommand(cmd),
             ));
         }
-        _ => {}
     }
     ready
 }
@@ -187,36 +161,36 @@ pub fn run_inline(
     }
 }
 
-/// Runs the task to its end. The task always leaves the session's table at the end, so the
-/// window and task set move on; an aborted task sends nothing (RFC 7143 4.2.3).
-pub async fn run(ctx: TaskCtx) {
-    let TaskCtx {
+/// The session's [`crate::session::Runner`]: a task the core handed out runs in a future of
+/// its own.
+pub fn spawn(s: Started) {
+    let span = tracing::debug_span!(parent: &s.pending.conn.span, "task", itt = s.pending.cmd.itt, cmd_sn = s.pending.cmd.cmd_sn);
+    tokio::spawn(run(s).instrument(span));
+}
+
+/// Runs a task the core handed out (its turn came with all of its data-out) to its end. The
+/// task always leaves the session's table at the end, so the window and task set move on; an
+/// aborted task sends nothing (RFC 7143 4.2.3).
+async fn run(s: Started) {
+    let Started {
         session,
+        pending,
+        id,
+        data: data_out,
+        mut abort_rx,
+        done_tx,
+    } = s;
+    let Pending {
         conn,
         dev,
         attr,
         cmd,
         phase,
-        handles,
-        collecting,
         refused,
-    } = ctx;
-    let TaskHandles {
-        id,
-        ready_rx,
-        grant_rx,
-        mut abort_rx,
-        done_tx,
-    } = handles;
+    } = *pending;
     let itt = cmd.itt;
     let started = std::time::Instant::now();
     let outcome = async {
-        // Its turn, with all of its data (gathered by the session core as Data-Out arrives).
-        let data_out = tokio::select! {
-            biased;
-            _ = crate::session::flag_set(&mut abort_rx) => return None,
-            r = collect(&session, itt, id, collecting, ready_rx, grant_rx) => r?,
-        };
         if refused {
             return Some((Outcome::status(status::TASK_SET_FULL), None));
         }
@@ -260,36 +234,6 @@ pub async fn run(ctx: TaskCtx) {
         q.room().await;
         drop(p);
     }
-}
-
-/// Waits for a task's data-out and its turn. A write that must solicit data and found no room
-/// in the write budgets waits here for it, then sends its first R2Ts ([`Session::grant`]). A
-/// write whose initiator stops sending is the session core's Data-Out timer's to give up on
-/// (it drops the connection, which aborts the task). `None` when the session drops the task.
-async fn collect(
-    session: &Session,
-    itt: u32,
-    id: u64,
-    collecting: bool,
-    ready_rx: tokio::sync::oneshot::Receiver<Bytes>,
-    grant_rx: tokio::sync::oneshot::Receiver<u32>,
-) -> Option<Bytes> {
-    if !collecting {
-        // Nothing to ask for: reads, and writes with all their data.
-        return ready_rx.await.ok();
-    }
-    tokio::pin!(ready_rx);
-    tokio::select! {
-        r = &mut ready_rx => return r.ok(),
-        r = grant_rx => {
-            if let Ok(bytes) = r {
-                debug!(bytes, "write waits for room in the write budget");
-                let permits = session.write_permits(bytes).await?;
-                session.grant(itt, id, permits);
-            }
-        }
-    }
-    ready_rx.await.ok()
 }
 
 /// Counts a finished command on its LUN and its connection.

@@ -620,6 +620,7 @@ async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Att
             n.target.clone(),
             ops,
             n.cmd_sn,
+            crate::scsi::spawn,
         );
         let mut displaced = Vec::new();
         let slot = match &n.target {

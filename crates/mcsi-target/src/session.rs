@@ -9,7 +9,6 @@ use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
 use crate::session_core::{DataOutTimedOut, DataOutcome, Held, NewWrite, SessionCore};
 use crate::transfer::R2tPlan;
-use bytes::Bytes;
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
@@ -17,7 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 /// Task management and logout requests a session handles at once (each waits for the tasks it
@@ -581,66 +580,60 @@ pub use crate::session_core::{Register, TaskRef};
 /// The session core as the tokio layer instantiates it.
 pub type Core = SessionCore<Arc<Conn>, TaskIo>;
 
-/// What the tokio layer attaches to a task in the core: the ends of its channels that the
-/// session keeps.
+/// What a task needs to run, kept in the core with it until the core hands it out
+/// ([`SessionCore::poll_ready`]): nothing runs for a task before, so a task waiting for its
+/// turn, its budget or its data costs no future, and aborting it waits for nothing.
+pub struct Pending {
+    /// The connection its command came on.
+    pub conn: Arc<Conn>,
+    pub dev: Arc<DeviceServer>,
+    pub attr: TaskAttribute,
+    /// The command (its data went to the core).
+    pub cmd: mcsi_proto::pdu::ScsiCommand,
+    pub phase: mcsi_scsi::DataPhase,
+    /// Refused for want of room in the unsolicited budget: answered TASK SET FULL once its
+    /// unsolicited data has come (and been dropped), without running.
+    pub refused: bool,
+}
+
+/// A task the core handed out to run ([`Session::wake`]), for the session's [`Runner`].
+pub struct Started {
+    pub session: Arc<Session>,
+    pub pending: Box<Pending>,
+    /// The task's session-unique id.
+    pub id: u64,
+    /// All of its data-out.
+    pub data: bytes::Bytes,
+    /// Set when the task is aborted.
+    pub abort_rx: watch::Receiver<bool>,
+    /// Dropped when the task has ended, which wakes task management waiting for it.
+    pub done_tx: watch::Sender<()>,
+}
+
+/// What runs a task the core handed out: the SCSI layer's, given at [`Session::new`] (the
+/// session starts tasks; it does not know how they run).
+pub type Runner = fn(Started);
+
+/// What the tokio layer attaches to a task in the core.
 pub struct TaskIo {
-    /// Fired with the task's data-out when it may run (its turn came and its data is in).
-    ready: Option<oneshot::Sender<Bytes>>,
-    /// Fired with the write's length when it must wait for room in the write budgets; its
-    /// future waits, then calls [`Session::grant`].
-    wait_grant: Option<oneshot::Sender<u32>>,
+    /// Until the task runs.
+    pending: Option<Box<Pending>>,
     /// The write's share of the write budgets, held until the task ends.
     permits: Option<WritePermits>,
     /// Its unsolicited data's share of the server's unsolicited budget, held until the task
     /// ends or its grant puts the whole write under the write budgets.
     unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
-    abort_tx: watch::Sender<bool>,
-    /// Closed (sender dropped) when the task's future has ended.
-    done_rx: watch::Receiver<()>,
+    /// Once it runs: what tells its future to stop, and what resolves when it has ended.
+    running: Option<(watch::Sender<bool>, watch::Receiver<()>)>,
 }
 
 impl TaskIo {
-    /// Tells the task's future to stop; returns what resolves once it has ended.
-    fn abort(&mut self) -> watch::Receiver<()> {
-        let _ = self.abort_tx.send(true);
-        self.done_rx.clone()
-    }
-}
-
-/// What a task's future holds.
-pub struct TaskHandles {
-    pub id: u64,
-    /// The task's data-out, once it may run.
-    pub ready_rx: oneshot::Receiver<Bytes>,
-    /// The write's length, when it must wait for room in the write budgets.
-    pub grant_rx: oneshot::Receiver<u32>,
-    pub abort_rx: watch::Receiver<bool>,
-    /// Dropped when the future ends, which wakes task management waiting for the task.
-    pub done_tx: watch::Sender<()>,
-}
-
-/// Wakes the futures of the tasks whose turn came, and lets the writes whose turn came ask for
-/// their data: those the write budgets have room for at once send their first R2Ts now, the
-/// others' futures wait for room ([`Session::grant`]).
-#[inline]
-fn wake_ready(core: &mut Core, session_budget: &Budget, server_budget: &Budget) {
-    while let Some(r) = core.poll_ready() {
-        if let Some(tx) = r.io.ready.take() {
-            let _ = tx.send(r.data);
-        }
-    }
-    while let Some(g) = core.poll_grant() {
-        match WritePermits::try_take(session_budget, server_budget, g.bytes) {
-            Some(p) => grant(core, g.itt, g.id, p),
-            None => {
-                if let Some(tx) = core
-                    .task_io_mut(g.itt, g.id)
-                    .and_then(|io| io.wait_grant.take())
-                {
-                    let _ = tx.send(g.bytes);
-                }
-            }
-        }
+    /// Tells the task's future to stop; returns what resolves once it has ended (nothing when
+    /// the task was not running: the core ends it at once).
+    fn abort(&mut self) -> Option<watch::Receiver<()>> {
+        let (tx, done) = self.running.as_ref()?;
+        let _ = tx.send(true);
+        Some(done.clone())
     }
 }
 
@@ -680,6 +673,9 @@ pub struct Session {
     pub nexus: Nexus,
     pub shared: Arc<Shared>,
     pub span: tracing::Span,
+    /// This session, for the futures it starts.
+    me: std::sync::Weak<Session>,
+    runner: Runner,
     core: Mutex<Core>,
     /// Woken when the last tracked inline command ends.
     inline_idle: tokio::sync::Notify,
@@ -710,6 +706,7 @@ impl Session {
         target: Option<Arc<Target>>,
         ops: SessionOps,
         exp_cmd_sn: u32,
+        runner: Runner,
     ) -> Arc<Session> {
         let isid_hex: String = isid.0.iter().map(|b| format!("{b:02x}")).collect();
         let tpgt = target.as_ref().map(|t| t.tpgt).unwrap_or(1);
@@ -752,7 +749,9 @@ impl Session {
                 .as_ref()
                 .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout),
         );
-        Arc::new(Session {
+        Arc::new_cyclic(|me| Session {
+            me: me.clone(),
+            runner,
             tsih,
             isid,
             initiator_name,
@@ -843,9 +842,51 @@ impl Session {
         grant(&mut core, itt, id, permits);
     }
 
-    /// Wakes the tasks whose turn came and grants the writes the budgets have room for.
+    /// Starts the tasks whose turn came with all of their data, and lets the writes whose turn
+    /// came ask for their data: those the write budgets have room for at once send their first
+    /// R2Ts now, the others wait for room in a future of their own ([`Session::grant`]).
+    #[inline]
     fn wake(&self, core: &mut Core) {
-        wake_ready(core, &self.write_budget, &self.shared.write_budget);
+        while let Some(r) = core.poll_ready() {
+            let Some(p) = r.io.pending.take() else {
+                continue;
+            };
+            let Some(me) = self.me.upgrade() else {
+                return;
+            };
+            let (abort_tx, abort_rx) = watch::channel(false);
+            let (done_tx, done_rx) = watch::channel(());
+            r.io.running = Some((abort_tx, done_rx));
+            (self.runner)(Started {
+                session: me,
+                pending: p,
+                id: r.id,
+                data: r.data,
+                abort_rx,
+                done_tx,
+            });
+        }
+        while let Some(g) = core.poll_grant() {
+            match WritePermits::try_take(&self.write_budget, &self.shared.write_budget, g.bytes) {
+                Some(p) => grant(core, g.itt, g.id, p),
+                None => {
+                    let Some(me) = self.me.upgrade() else {
+                        return;
+                    };
+                    tracing::debug!(
+                        itt = g.itt,
+                        bytes = g.bytes,
+                        "write waits for room in the write budget"
+                    );
+                    tokio::spawn(async move {
+                        // An aborted or ended write gives the budget back at once.
+                        if let Some(p) = me.write_permits(g.bytes).await {
+                            me.grant(g.itt, g.id, p);
+                        }
+                    });
+                }
+            }
+        }
     }
 
     /// Waits until the session's read budget has room for a read of `bytes` (a read larger
@@ -956,42 +997,34 @@ impl Session {
         self.lock().alloc_ttt()
     }
 
-    /// Registers a SCSI task and submits it to the CmdSN window. Returns the handles for its
-    /// future and the requests its arrival put in order.
+    /// Registers a SCSI task and submits it to the CmdSN window; it runs once the core hands
+    /// it out ([`Session::wake`]). Returns whether it was registered and the requests its
+    /// arrival put in order.
     #[allow(clippy::too_many_arguments)]
     pub fn register_task(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
-        itt: u32,
         lun: u64,
-        cmd_sn: u32,
         immediate: bool,
-        attr: TaskAttribute,
         write: Option<NewWrite>,
         bytes: u64,
         unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> (Register, Option<TaskHandles>, InOrder) {
-        let id = self.shared.task_id();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let (grant_tx, grant_rx) = oneshot::channel();
-        let (abort_tx, abort_rx) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(());
+        pending: Box<Pending>,
+    ) -> (Register, InOrder) {
+        let task = crate::session_core::NewTask {
+            id: self.shared.task_id(),
+            itt: pending.cmd.itt,
+            lun,
+            cmd_sn: pending.cmd.cmd_sn,
+            immediate,
+            attr: pending.attr,
+            bytes,
+        };
         let io = TaskIo {
-            ready: Some(ready_tx),
-            wait_grant: Some(grant_tx),
+            pending: Some(pending),
             permits: None,
             unsolicited,
-            abort_tx,
-            done_rx,
-        };
-        let task = crate::session_core::NewTask {
-            id,
-            itt,
-            lun,
-            cmd_sn,
-            immediate,
-            attr,
-            bytes,
+            running: None,
         };
         let mut core = self.lock();
         let (reg, ctl) = core.register(conn, task, write, io);
@@ -1001,14 +1034,7 @@ impl Session {
         if timer {
             self.wake_timer();
         }
-        let handles = (reg == Register::Ok).then_some(TaskHandles {
-            id,
-            ready_rx,
-            grant_rx,
-            abort_rx,
-            done_tx,
-        });
-        (reg, handles, ctl)
+        (reg, ctl)
     }
 
     /// Decides when a [`Deferred`] command runs, without a task of its own
@@ -1122,7 +1148,13 @@ impl Session {
     /// consumed-without-command.
     pub fn abort_where(&self, pred: impl FnMut(&TaskRef) -> bool) -> Aborted {
         let mut waits = Vec::new();
-        let found = self.lock().abort_where(pred, |io| waits.push(io.abort()));
+        let found = {
+            let mut core = self.lock();
+            let found = core.abort_where(pred, |io| waits.extend(io.abort()));
+            // Tasks that ended with the abort may let others go on.
+            self.wake(&mut core);
+            found
+        };
         Aborted { found, waits }
     }
 
@@ -1130,7 +1162,7 @@ impl Session {
     /// tells the device server the I_T nexus is gone once the tasks have ended.
     pub async fn close(self: &Arc<Self>, why: SessionEnd) {
         let mut waits = Vec::new();
-        let (conns, first) = self.lock().close(|io| waits.push(io.abort()));
+        let (conns, first) = self.lock().close(|io| waits.extend(io.abort()));
         // The timer task sees the session closing and ends.
         self.timer_wake.notify_one();
         for c in conns {
@@ -1152,7 +1184,12 @@ impl Session {
     /// ends its own tasks. A session without connections ends. The core decides which.
     pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         let mut waits = Vec::new();
-        let lost = self.lock().conn_lost(conn, |io| waits.push(io.abort()));
+        let lost = {
+            let mut core = self.lock();
+            let lost = core.conn_lost(conn, |io| waits.extend(io.abort()));
+            self.wake(&mut core);
+            lost
+        };
         // Logged as the core decided: a clean end (logout, reinstatement, a closing session) at
         // debug, a failure at warn.
         if lost.clean {
@@ -1226,6 +1263,7 @@ mod tests {
             None,
             SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
             1,
+            |_| {},
         )
     }
 
