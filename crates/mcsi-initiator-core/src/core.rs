@@ -121,7 +121,8 @@ pub enum Event {
 pub struct Timers {
     /// How long a task may wait for its status ([`Event::NoStatus`]). Checked every quarter of
     /// it (at least 10 ms, at most 1 s apart), so it fires between the limit and the limit plus
-    /// one check period after the task was first seen outstanding.
+    /// one check period after the task was first seen outstanding, and again each limit after
+    /// that while the task still waits.
     pub response: Duration,
     /// How long a connection with work outstanding may stay silent in a symmetric session of
     /// several connections ([`Event::Stalled`]); at half of it the connection is pinged.
@@ -413,7 +414,12 @@ impl<C> SessionCore<C> {
         if !limit.is_zero() && self.next_response_check.is_none_or(|t| now >= t) {
             self.next_response_check = Some(now + self.timers.response_period());
             if let Some(itt) = self.oldest_without_status(now, limit) {
-                let conn = self.tasks.get(&itt).map_or(0, |t| t.conn);
+                // Named once per limit: a driver that lets the task wait on hears of it again
+                // only a whole limit later.
+                let conn = self.tasks.get_mut(&itt).map_or(0, |t| {
+                    t.seen = Some(now);
+                    t.conn
+                });
                 out.push(Action::Event {
                     conn,
                     event: Event::NoStatus { itt, waited: limit },
