@@ -25,23 +25,26 @@ pub enum SenseKey {
 }
 
 impl SenseKey {
+    /// The key a sense key value names (its low four bits), matched against the values the
+    /// device server reports ([`mcsi_scsi::sense::key`]), written once.
     pub fn from_u8(v: u8) -> SenseKey {
+        use mcsi_scsi::sense::key;
         match v & 0x0f {
-            0x0 => SenseKey::NoSense,
-            0x1 => SenseKey::RecoveredError,
-            0x2 => SenseKey::NotReady,
-            0x3 => SenseKey::MediumError,
-            0x4 => SenseKey::HardwareError,
-            0x5 => SenseKey::IllegalRequest,
-            0x6 => SenseKey::UnitAttention,
-            0x7 => SenseKey::DataProtect,
-            0x8 => SenseKey::BlankCheck,
-            0x9 => SenseKey::VendorSpecific,
-            0xa => SenseKey::CopyAborted,
-            0xb => SenseKey::AbortedCommand,
-            0xd => SenseKey::VolumeOverflow,
-            0xe => SenseKey::Miscompare,
-            0xf => SenseKey::Completed,
+            key::NO_SENSE => SenseKey::NoSense,
+            key::RECOVERED_ERROR => SenseKey::RecoveredError,
+            key::NOT_READY => SenseKey::NotReady,
+            key::MEDIUM_ERROR => SenseKey::MediumError,
+            key::HARDWARE_ERROR => SenseKey::HardwareError,
+            key::ILLEGAL_REQUEST => SenseKey::IllegalRequest,
+            key::UNIT_ATTENTION => SenseKey::UnitAttention,
+            key::DATA_PROTECT => SenseKey::DataProtect,
+            key::BLANK_CHECK => SenseKey::BlankCheck,
+            key::VENDOR_SPECIFIC => SenseKey::VendorSpecific,
+            key::COPY_ABORTED => SenseKey::CopyAborted,
+            key::ABORTED_COMMAND => SenseKey::AbortedCommand,
+            key::VOLUME_OVERFLOW => SenseKey::VolumeOverflow,
+            key::MISCOMPARE => SenseKey::Miscompare,
+            key::COMPLETED => SenseKey::Completed,
             other => SenseKey::Reserved(other),
         }
     }

@@ -14,10 +14,12 @@ pub mod key {
     pub const UNIT_ATTENTION: u8 = 0x6;
     pub const DATA_PROTECT: u8 = 0x7;
     pub const BLANK_CHECK: u8 = 0x8;
+    pub const VENDOR_SPECIFIC: u8 = 0x9;
     pub const COPY_ABORTED: u8 = 0xA;
     pub const ABORTED_COMMAND: u8 = 0xB;
     pub const VOLUME_OVERFLOW: u8 = 0xD;
     pub const MISCOMPARE: u8 = 0xE;
+    pub const COMPLETED: u8 = 0xF;
 }
 
 /// Additional sense code and qualifier (ASC, ASCQ) pairs (SPC-4 table 28 / annex D).
