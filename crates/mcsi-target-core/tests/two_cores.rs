@@ -8,8 +8,9 @@
 //!
 //! The target side's driver below is what the tokio layer (`mcsi-target`'s `conn`, `scsi` and
 //! `control` modules) does for one connection, written out synchronously: which core call each
-//! PDU becomes, running the device when the core hands a task out, stamping StatSN. It is the
-//! part of the target that is not yet one machine of the core; it shrinks as that moves in.
+//! PDU becomes, running the device when the core hands a task out, sending what the core made
+//! (`poll_transmit`: R2Ts, Data-In, status), stamping StatSN. It is the part of the target that
+//! is not yet one machine of the core; it shrinks as that moves in.
 
 use bytes::{Bytes, BytesMut};
 use mcsi_initiator_core::core::{
@@ -37,7 +38,7 @@ use mcsi_target_core::control::{logout_pdu, nop_out, tmf_pdu, Logout, Nop, Tmf};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
 use mcsi_target_core::session::{
-    CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
+    Answer, CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
 };
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
@@ -51,9 +52,10 @@ const BLOCK: usize = 512;
 /// The target's NOP-In interval and the time it gives an answer.
 const PING: Duration = Duration::from_secs(5);
 
-/// The target's one connection, as its session core knows it.
+/// The target's one connection, as its session core knows it: the initiator's
+/// MaxRecvDataSegmentLength on it.
 #[derive(Debug, Clone)]
-struct Tc;
+struct Tc(u32);
 
 impl CoreConn for Tc {
     fn cid(&self) -> u16 {
@@ -65,13 +67,13 @@ impl CoreConn for Tc {
     fn same(&self, _: &Self) -> bool {
         true
     }
+    fn max_data_in(&self) -> u32 {
+        self.0
+    }
 }
 
-/// What the target attaches to a task until it runs.
-struct Job {
-    cmd: ScsiCommand,
-    phase: DataPhase,
-}
+/// What the target attaches to a task (the core keeps its command for its answer).
+struct Job;
 
 /// The target's answers to the login's questions: one target, no authentication.
 struct Env {
@@ -123,6 +125,8 @@ struct World {
     ini_tx: Framing,
     ini_rx: Framing,
     tgt: SessionCore<Tc, Job>,
+    /// The target's connection, as its core knows it.
+    tc: Tc,
     tgt_tx: Framing,
     tgt_rx: Framing,
     dev: DeviceServer,
@@ -250,8 +254,11 @@ impl World {
             &mut out,
         );
         assert!(out.is_empty());
+        let tc = Tc(tconn.tx_framing().max_data_segment_length);
+        let burst: BurstParams = (&tsession).into();
         let mut tgt = SessionCore::new(done.exp_cmd_sn, 16, false, None);
-        assert!(tgt.add_conn(Tc).is_ok());
+        tgt.set_max_burst_length(burst.max_burst_length);
+        assert!(tgt.add_conn(tc.clone()).is_ok());
         let backend = mcsi_scsi::backend::open_backend("ram:4MiB").unwrap();
         let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
         let mut w = World {
@@ -260,6 +267,7 @@ impl World {
             ini_tx: done.connection.tx_framing(),
             ini_rx: done.connection.rx_framing(),
             tgt,
+            tc,
             tgt_tx: tconn.tx_framing(),
             tgt_rx: tconn.rx_framing(),
             dev: DeviceServer::new(vec![(0, lu)]),
@@ -268,7 +276,7 @@ impl World {
                 target_port: format!("{TARGET},t,0x0001").into(),
                 relative_port: 1,
             },
-            burst: (&tsession).into(),
+            burst,
             data_in_size: tconn.tx_framing().max_data_segment_length,
             stat_sn: env.stat_sn,
             keepalive: Keepalive::new(PING, PING, t0),
@@ -393,12 +401,7 @@ impl World {
             Pdu::ScsiCommand(c) => self.command(c),
             Pdu::DataOut(d) => {
                 match self.tgt.data_out(0, &d) {
-                    DataOutcome::Taken { lun, r2ts } => {
-                        for r in r2ts {
-                            self.target_sends(r.pdu(lun, d.itt));
-                        }
-                    }
-                    DataOutcome::Discarded => {}
+                    DataOutcome::Taken | DataOutcome::Discarded => {}
                     other => panic!("Data-Out refused: {other:?}"),
                 }
                 self.run_ready();
@@ -449,6 +452,7 @@ impl World {
             immediate: c.immediate,
             attr: plan.attr,
             bytes: u64::from(c.expected_data_transfer_length),
+            answer: None,
         };
         self.next_task += 1;
         let write = plan.transfer.map(|transfer| NewWrite {
@@ -457,33 +461,39 @@ impl World {
             first_burst_length: self.burst.first_burst_length,
             refused: false,
         });
-        let (reg, runs) = self.tgt.register(&Tc, task, write, Job { cmd: c, phase });
+        let task = NewTask {
+            answer: Some(Box::new(Answer { cmd: c, phase })),
+            ..task
+        };
+        let tc = self.tc.clone();
+        let (reg, runs) = self.tgt.register(&tc, task, write, Job);
         assert_eq!(reg, Register::Ok);
         assert!(runs.is_empty(), "one connection, commands in order");
         self.run_ready();
     }
 
-    /// Grants writes their R2Ts and runs the tasks the core hands out, to their end.
+    /// Grants writes their budget, runs the tasks the core hands out to their end, and sends
+    /// the PDUs the core made (R2Ts, Data-In, status).
     fn run_ready(&mut self) {
         loop {
             let mut progress = false;
             while let Some(g) = self.tgt.poll_grant() {
-                let granted = self.tgt.grant(g.itt, g.id).expect("a live write");
-                for r in &granted.r2ts {
-                    self.target_sends(r.pdu(granted.lun, g.itt));
-                }
+                assert!(self.tgt.grant(g.itt, g.id), "a live write");
                 progress = true;
             }
             let mut ready = Vec::new();
             while let Some(r) = self.tgt.poll_ready() {
-                ready.push((r.itt, r.id, r.data, r.io.cmd.clone(), r.io.phase));
+                let cmd = r.answer.expect("registered with its command").cmd.clone();
+                ready.push((r.itt, r.id, r.data, cmd));
             }
-            for (itt, id, data, cmd, phase) in ready {
+            for (itt, id, data, cmd) in ready {
                 let o = self.execute(&cmd, data);
-                let f = self.tgt.finish(itt, id, &Tc).expect("its task");
-                if !f.aborted {
-                    self.respond(&cmd, phase, o);
-                }
+                let tc = self.tc.clone();
+                self.tgt.finish(itt, id, &tc, Some(o)).expect("its task");
+                progress = true;
+            }
+            while let Some((_, p)) = self.tgt.poll_transmit() {
+                self.target_sends(p);
                 progress = true;
             }
             if !progress {

@@ -440,7 +440,7 @@ impl Reader {
         match p {
             Pdu::ScsiCommand(c) => self.on_command(c),
             Pdu::DataOut(d) => match self.session.data_out(&self.conn, &d) {
-                DataOutcome::Taken { .. } => Ok(()),
+                DataOutcome::Taken => Ok(()),
                 // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
                 DataOutcome::NotAllegiant => Err(ConnEnd::NotAllegiant { itt: d.itt }),
                 DataOutcome::Discarded => {

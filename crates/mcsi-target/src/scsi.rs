@@ -55,9 +55,11 @@ pub fn start_task(
         conn: conn.clone(),
         dev: dev.clone(),
         attr,
+        refused,
+    });
+    let answer = Box::new(crate::session_core::Answer {
         cmd: cmd.clone(),
         phase,
-        refused,
     });
     let (reg, ready) = session.register_task(
         conn,
@@ -67,6 +69,7 @@ pub fn start_task(
         u64::from(cmd.expected_data_transfer_length),
         permit,
         pending,
+        answer,
     );
     match reg {
         Register::Ok | Register::Closing => {}
@@ -164,7 +167,7 @@ pub fn run_inline(
 /// The session's [`crate::session::Runner`]: a task the core handed out runs in a future of
 /// its own.
 pub fn spawn(s: Started) {
-    let span = tracing::debug_span!(parent: &s.pending.conn.span, "task", itt = s.pending.cmd.itt, cmd_sn = s.pending.cmd.cmd_sn);
+    let span = tracing::debug_span!(parent: &s.pending.conn.span, "task", itt = s.cmd.itt, cmd_sn = s.cmd.cmd_sn);
     tokio::spawn(run(s).instrument(span));
 }
 
@@ -175,6 +178,8 @@ async fn run(s: Started) {
     let Started {
         session,
         pending,
+        cmd,
+        phase,
         id,
         data: data_out,
         mut abort_rx,
@@ -184,8 +189,6 @@ async fn run(s: Started) {
         conn,
         dev,
         attr,
-        cmd,
-        phase,
         refused,
     } = *pending;
     let itt = cmd.itt;
@@ -215,18 +218,11 @@ async fn run(s: Started) {
     if let (Some(o), false) = (&outcome, refused) {
         account(&session, &conn, &cmd, o, started);
     }
-    let max_burst = session.ops.burst.max_burst_length;
-    let mut queue = None;
-    let sent = session.finish_task(itt, id, &conn, |out| {
-        queue = Some(out.out.clone());
-        match outcome {
-            Some(o) => response_pdus(&cmd, phase, o, out.ops.send_mrdsl, max_burst),
-            None => Vec::new(),
-        }
-    });
-    if !sent {
+    let out = session.finish_task(itt, id, &conn, outcome);
+    if out.is_none() {
         debug!("task ended without status (aborted or connection gone)");
     }
+    let queue = out.map(|c| c.out.clone());
     drop(done_tx);
     // The read's budget comes back once its Data-In is on its way: queued, with the connection
     // below its output budget (or gone).

@@ -8,7 +8,6 @@
 use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
 use crate::session_core::{DataOutTimedOut, DataOutcome, Held, NewWrite, SessionCore};
-use crate::transfer::R2tPlan;
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
@@ -558,6 +557,10 @@ impl crate::session_core::ConnInfo for Conn {
         self.role
     }
 
+    fn max_data_in(&self) -> u32 {
+        self.ops.send_mrdsl
+    }
+
     fn full(&self) -> bool {
         self.out.full()
     }
@@ -588,9 +591,6 @@ pub struct Pending {
     pub conn: Arc<Conn>,
     pub dev: Arc<DeviceServer>,
     pub attr: TaskAttribute,
-    /// The command (its data went to the core).
-    pub cmd: mcsi_proto::pdu::ScsiCommand,
-    pub phase: mcsi_scsi::DataPhase,
     /// Refused for want of room in the unsolicited budget: answered TASK SET FULL once its
     /// unsolicited data has come (and been dropped), without running.
     pub refused: bool,
@@ -600,6 +600,10 @@ pub struct Pending {
 pub struct Started {
     pub session: Arc<Session>,
     pub pending: Box<Pending>,
+    /// Its command (without its data) and the data phase its CDB asks for, as the core keeps
+    /// them for its final PDUs.
+    pub cmd: mcsi_proto::pdu::ScsiCommand,
+    pub phase: mcsi_scsi::DataPhase,
     /// The task's session-unique id.
     pub id: u64,
     /// All of its data-out.
@@ -639,27 +643,12 @@ impl TaskIo {
 
 /// Write `itt` has its budget: it keeps the permits and its first R2Ts go out.
 fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
-    let Some(g) = core.grant(itt, id) else {
+    if !core.grant(itt, id) {
         return;
-    };
-    for r in &g.r2ts {
-        g.out.send(r.pdu(g.lun, itt));
     }
     if let Some(io) = core.task_io_mut(itt, id) {
         io.permits = Some(permits);
         io.unsolicited = None;
-    }
-}
-
-/// Queues a task's further R2Ts on its reply connection.
-fn send_r2ts(core: &mut Core, conn: &Arc<Conn>, itt: u32, lun: u64, r2ts: Vec<R2tPlan>) {
-    if r2ts.is_empty() {
-        return;
-    }
-    // R2Ts leave with the task's other replies (a response connection in the asymmetric mode).
-    let reply = core.reply_conn(itt, conn);
-    for r in r2ts {
-        reply.send(r.pdu(lun, itt));
     }
 }
 
@@ -744,6 +733,7 @@ impl Session {
             .as_ref()
             .and_then(|t| t.limits.response_policy.scheduler());
         let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
+        core.set_max_burst_length(ops.burst.max_burst_length);
         core.set_data_out_timeout(
             target
                 .as_ref()
@@ -840,17 +830,21 @@ impl Session {
     pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
         let mut core = self.lock();
         grant(&mut core, itt, id, permits);
+        self.wake(&mut core);
     }
 
-    /// Starts the tasks whose turn came with all of their data, and lets the writes whose turn
-    /// came ask for their data: those the write budgets have room for at once send their first
-    /// R2Ts now, the others wait for room in a future of their own ([`Session::grant`]).
+    /// Carries out what the core decided: starts the tasks whose turn came with all of their
+    /// data, lets the writes whose turn came ask for their data (those the write budgets have
+    /// room for at once send their first R2Ts now, the others wait for room in a future of
+    /// their own, [`Session::grant`]), and queues the PDUs the core made on their connections,
+    /// in its order, while the lock is held (so that nothing sent later overtakes them).
     #[inline]
     fn wake(&self, core: &mut Core) {
         while let Some(r) = core.poll_ready() {
-            let Some(p) = r.io.pending.take() else {
+            let (Some(p), Some(a)) = (r.io.pending.take(), r.answer) else {
                 continue;
             };
+            let (cmd, phase) = (a.cmd.clone(), a.phase);
             let Some(me) = self.me.upgrade() else {
                 return;
             };
@@ -860,6 +854,8 @@ impl Session {
             (self.runner)(Started {
                 session: me,
                 pending: p,
+                cmd,
+                phase,
                 id: r.id,
                 data: r.data,
                 abort_rx,
@@ -886,6 +882,9 @@ impl Session {
                     });
                 }
             }
+        }
+        while let Some((conn, pdu)) = core.poll_transmit() {
+            conn.send(pdu);
         }
     }
 
@@ -1010,15 +1009,17 @@ impl Session {
         bytes: u64,
         unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
         pending: Box<Pending>,
+        answer: Box<crate::session_core::Answer>,
     ) -> (Register, InOrder) {
         let task = crate::session_core::NewTask {
             id: self.shared.task_id(),
-            itt: pending.cmd.itt,
+            itt: answer.cmd.itt,
             lun,
-            cmd_sn: pending.cmd.cmd_sn,
+            cmd_sn: answer.cmd.cmd_sn,
             immediate,
             attr: pending.attr,
             bytes,
+            answer: Some(answer),
         };
         let io = TaskIo {
             pending: Some(pending),
@@ -1109,37 +1110,30 @@ impl Session {
     /// task whose data is complete is woken if its turn has come.
     pub fn data_out(&self, conn: &Arc<Conn>, d: &DataOut) -> DataOutcome {
         let mut core = self.lock();
-        let mut outcome = core.data_out(conn.cid, d);
-        if let DataOutcome::Taken { lun, r2ts } = &mut outcome {
-            send_r2ts(&mut core, conn, d.itt, *lun, std::mem::take(r2ts));
+        let outcome = core.data_out(conn.cid, d);
+        if outcome == DataOutcome::Taken {
             self.wake(&mut core);
         }
         outcome
     }
 
-    /// Ends a task: removes it, lets the task set go on and, unless the task was aborted, queues
-    /// its final PDUs on its reply connection ([`Session::reply_conn`]) while still holding the
-    /// lock (so a later task management response cannot overtake them). `pdus` makes them for
-    /// the connection they will leave on (its MaxRecvDataSegmentLength sizes the Data-In).
+    /// Ends a task with the device server's `outcome` (`None`: it did not run to one): the
+    /// core removes it, lets the task set go on and, unless the task was aborted, makes its
+    /// final PDUs for its reply connection, which are queued there while the lock is still
+    /// held (so a later task management response cannot overtake them). Returns that
+    /// connection when they were sent.
     pub fn finish_task(
         &self,
         itt: u32,
         id: u64,
         command_conn: &Arc<Conn>,
-        pdus: impl FnOnce(&Conn) -> Vec<Pdu>,
-    ) -> bool {
+        outcome: Option<mcsi_scsi::Outcome>,
+    ) -> Option<Arc<Conn>> {
         let mut core = self.lock();
-        let Some(done) = core.finish(itt, id, command_conn) else {
-            return false;
-        };
+        let sent = outcome.is_some();
+        let done = core.finish(itt, id, command_conn, outcome)?;
         self.wake(&mut core);
-        if done.aborted {
-            return false;
-        }
-        for p in pdus(&done.out) {
-            done.out.send(p);
-        }
-        true
+        (!done.aborted && sent).then_some(done.out)
     }
 
     /// Aborts the tasks `pred` picks: a task of its own is marked aborted (its status will not
