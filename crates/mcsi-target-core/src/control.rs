@@ -1,10 +1,11 @@
 //! What the target does with requests other than SCSI commands (RFC 7143): NOP-Out (11.18),
 //! Logout (11.14) and Task Management (11.5, with the semantics of 4.2.3). Each request becomes
-//! a plan: an answer to send at once, or tasks to abort before the answer. Aborting, waiting for
-//! the aborted tasks to end and resetting devices is the layer above's; which tasks, in what
-//! scope and with which answer is decided here.
+//! a plan: an answer to send at once, or tasks to abort before the answer. Which tasks, in what
+//! scope and with which answer is decided here; task management within one session is carried
+//! out here too ([`task_management`]: the core aborts and answers once the aborted tasks have
+//! ended). Resetting devices, and what spans the target's sessions, is the layer above's.
 
-use crate::session::TaskRef;
+use crate::session::{CoreConn, InOrder, SessionCore, TaskRef};
 use mcsi_proto::pdu::{
     LogoutResponse, NopIn, NopOut, Pdu, TaskMgmtRequest, TaskMgmtResponse, RESERVED_TAG,
 };
@@ -190,6 +191,91 @@ impl Tmf {
     pub fn is_reset(function: u8) -> bool {
         use tmf_function::*;
         matches!(function, LUN_RESET | TARGET_WARM_RESET | TARGET_COLD_RESET)
+    }
+}
+
+/// What [`task_management`] did with a request.
+pub enum TmfStep<C> {
+    /// Its answer is out, or waits in the core for the tasks it aborted to end
+    /// ([`SessionCore::answer_when_ended`]); `runs` came up in CmdSN order meanwhile (ABORT TASK
+    /// of a command never received takes its CmdSN as received), for the caller to run.
+    Answered { response: u8, runs: InOrder<C> },
+    /// ABORT TASK found no task while inline commands run (one may be the task, its status
+    /// about to go out): once none runs, the caller takes the referenced CmdSN as received
+    /// ([`SessionCore::take_as_received`]) and answers.
+    AfterInline { ref_cmd_sn: u32, cmd_sn: u32 },
+    /// It reaches the target's other sessions (and resets): the caller's.
+    OnTarget,
+    /// An immediate request while [`crate::session::MAX_PARKED_IMMEDIATE`] answers wait
+    /// already: the caller rejects it.
+    Busy,
+}
+
+/// Task management `plan` (request `itt` on `conn`, `immediate` or in CmdSN order) within one
+/// session: tasks are aborted (`on_abort` tells a running one to stop) and the answer goes out
+/// through [`SessionCore::poll_transmit`] once those that were running have ended. ABORT TASK
+/// answers "function complete" for a task found, or for one never received whose RefCmdSN
+/// lies in the window before the request (its CmdSN is taken as received), and "task does not
+/// exist" otherwise (11.5.1); ABORT TASK SET also waits for the session's inline commands.
+pub fn task_management<C: CoreConn, T>(
+    core: &mut SessionCore<C, T>,
+    conn: &C,
+    itt: u32,
+    plan: &Tmf,
+    immediate: bool,
+    on_abort: impl FnMut(&mut T),
+) -> TmfStep<C> {
+    let after_inline = match *plan {
+        Tmf::Respond(code) => {
+            core.answer_when_ended(conn, tmf_pdu(itt, code), |_| false, false, immediate);
+            return TmfStep::Answered {
+                response: code,
+                runs: Vec::new(),
+            };
+        }
+        Tmf::AbortOnTarget { .. } => return TmfStep::OnTarget,
+        Tmf::AbortTask { .. } => false,
+        Tmf::AbortTaskSet { .. } => true,
+    };
+    if !core.answer_room(immediate) {
+        return TmfStep::Busy;
+    }
+    let found = core.abort_where(|t| plan.aborts(t), on_abort);
+    let mut runs = Vec::new();
+    if let Tmf::AbortTask {
+        ref_cmd_sn, cmd_sn, ..
+    } = *plan
+    {
+        if found == 0 {
+            if core.inline_running() > 0 {
+                return TmfStep::AfterInline { ref_cmd_sn, cmd_sn };
+            }
+            let Some(r) = core.take_as_received(ref_cmd_sn, cmd_sn) else {
+                core.answer_when_ended(
+                    conn,
+                    tmf_pdu(itt, tmf_response::NO_TASK),
+                    |_| false,
+                    false,
+                    immediate,
+                );
+                return TmfStep::Answered {
+                    response: tmf_response::NO_TASK,
+                    runs,
+                };
+            };
+            runs = r;
+        }
+    }
+    core.answer_when_ended(
+        conn,
+        tmf_pdu(itt, tmf_response::COMPLETE),
+        |t| plan.aborts(t),
+        after_inline,
+        immediate,
+    );
+    TmfStep::Answered {
+        response: tmf_response::COMPLETE,
+        runs,
     }
 }
 

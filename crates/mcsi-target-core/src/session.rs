@@ -429,7 +429,24 @@ pub struct SessionCore<C, T> {
     transmit: std::collections::VecDeque<(C, Pdu)>,
     /// The session's MaxBurstLength: the longest Data-In sequence.
     max_burst: u32,
+    /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
+    parked: Vec<Parked<C>>,
 }
+
+/// An answer waiting for tasks to end.
+struct Parked<C> {
+    conn: C,
+    pdu: Pdu,
+    /// The aborted tasks still running.
+    waiting: Vec<Key>,
+    /// It also waits until no inline command of the session runs.
+    after_inline: bool,
+    immediate: bool,
+}
+
+/// Answers to immediate requests a session holds at once, waiting for aborted tasks to end
+/// ([`SessionCore::answer_when_ended`]); those in CmdSN order are bounded by the window.
+pub const MAX_PARKED_IMMEDIATE: usize = 16;
 
 impl<C: CoreConn, T> SessionCore<C, T> {
     /// A session whose first command carries `exp_cmd_sn`, taking `queue_depth` commands at a
@@ -468,6 +485,74 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             timer_wake: false,
             transmit: std::collections::VecDeque::new(),
             max_burst: mcsi_proto::keys::SessionParams::default().max_burst_length,
+            parked: Vec::new(),
+        }
+    }
+
+    /// Whether one more answer to an immediate request may wait for tasks to end
+    /// ([`MAX_PARKED_IMMEDIATE`]); one in CmdSN order always may.
+    pub fn answer_room(&self, immediate: bool) -> bool {
+        !immediate || self.parked.iter().filter(|p| p.immediate).count() < MAX_PARKED_IMMEDIATE
+    }
+
+    /// Sends `pdu` on `conn` once every task `pred` picks that was aborted while running has
+    /// ended (and, with `after_inline`, once no inline command of the session runs): at once
+    /// when none is, otherwise from the input that ends the last of them, through
+    /// [`SessionCore::poll_transmit`]. A task management answer goes out only after the tasks
+    /// it affects have ended (SAM-5 7.1, RFC 7143 4.2.3). See [`SessionCore::answer_room`].
+    pub fn answer_when_ended(
+        &mut self,
+        conn: &C,
+        pdu: Pdu,
+        mut pred: impl FnMut(&TaskRef) -> bool,
+        after_inline: bool,
+        immediate: bool,
+    ) {
+        let waiting: Vec<Key> = self
+            .tasks
+            .iter()
+            .filter(|(itt, t)| {
+                t.aborted
+                    && t.started
+                    && pred(&TaskRef {
+                        itt: **itt,
+                        cid: t.cid,
+                        lun: t.lun,
+                        cmd_sn: t.cmd_sn,
+                    })
+            })
+            .map(|(itt, t)| Key {
+                id: t.id,
+                itt: *itt,
+            })
+            .collect();
+        self.parked.push(Parked {
+            conn: conn.clone(),
+            pdu,
+            waiting,
+            after_inline,
+            immediate,
+        });
+        self.resolve_parked();
+    }
+
+    /// Sends the parked answers whose tasks have all ended, in the order they were parked.
+    fn resolve_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let (tasks, inline) = (&self.tasks, self.inline);
+        let mut i = 0;
+        while i < self.parked.len() {
+            let p = &mut self.parked[i];
+            p.waiting
+                .retain(|k| tasks.get(&k.itt).is_some_and(|t| t.id == k.id));
+            if p.waiting.is_empty() && (!p.after_inline || inline == 0) {
+                let p = self.parked.remove(i);
+                self.transmit.push_back((p.conn, p.pdu));
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -992,6 +1077,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let ready = self.in_task_set(lun, |ts| ts.leave_inline());
         self.turn_came(ready);
         self.inline = self.inline.saturating_sub(1);
+        if self.inline == 0 {
+            self.resolve_parked();
+        }
         self.inline == 0
     }
 
@@ -1128,6 +1216,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let ready = self.in_task_set(entry.lun, |ts| ts.leave(&k));
         self.turn_came(ready);
         self.window.task_done();
+        self.resolve_parked();
         Some(entry)
     }
 
@@ -1598,6 +1687,109 @@ mod tests {
         assert!(sent.iter().all(|(cid, p)| *cid == 1
             && matches!(p, Pdu::DataIn(d) if d.itt == 1 && d.data.len() == 8192)));
         assert!(matches!(&sent[1].1, Pdu::DataIn(d) if d.status.is_some()));
+    }
+
+    /// Task management within the session: the answer to ABORT TASK of a running task waits
+    /// for its end, ABORT TASK SET also for the inline commands, and immediate requests whose
+    /// answers wait are bounded.
+    #[test]
+    fn task_management_answers_once_the_aborted_tasks_have_ended() {
+        use crate::control::{task_management, tmf_response, Tmf, TmfStep};
+        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
+        let mut core = core(&[&a, &b]);
+        register(&mut core, &a, task(1, 1, Simple));
+        assert_eq!(ready(&mut core), vec![1], "it runs");
+        let answers = |core: &mut Core| -> Vec<(u32, u8)> {
+            std::iter::from_fn(|| core.poll_transmit())
+                .filter_map(|(_, p)| match p {
+                    Pdu::TaskMgmtResponse(r) => Some((r.itt, r.response)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let abort_1 = Tmf::AbortTask {
+            itt: 1,
+            lun: 0,
+            ref_cmd_sn: 1,
+            cmd_sn: 2,
+        };
+        let mut told = 0;
+        let step = task_management(&mut core, &a, 100, &abort_1, true, |io: &mut Io| {
+            io.aborted = true;
+            told += 1;
+        });
+        assert!(matches!(
+            step,
+            TmfStep::Answered {
+                response: tmf_response::COMPLETE,
+                ..
+            }
+        ));
+        assert_eq!(told, 1);
+        assert!(answers(&mut core).is_empty(), "the task still runs");
+        let id = core.task(1).expect("running").id;
+        let f = core.finish(1, id, &a, None).expect("ended");
+        assert!(f.aborted);
+        assert_eq!(answers(&mut core), vec![(100, tmf_response::COMPLETE)]);
+        // Not found, nothing inline: its CmdSN (5, never received) is taken as received.
+        let abort_5 = Tmf::AbortTask {
+            itt: 5,
+            lun: 0,
+            ref_cmd_sn: 2,
+            cmd_sn: 3,
+        };
+        let step = task_management(&mut core, &a, 101, &abort_5, true, |_| {});
+        assert!(matches!(
+            step,
+            TmfStep::Answered {
+                response: tmf_response::COMPLETE,
+                ..
+            }
+        ));
+        assert_eq!(answers(&mut core), vec![(101, tmf_response::COMPLETE)]);
+        // ABORT TASK SET while a command runs inline: its answer waits for it.
+        let Turn::Now(claim) = core.claim(7, 0, 3, false) else {
+            panic!("runs now")
+        };
+        assert!(claim.tracked);
+        let set = Tmf::AbortTaskSet { lun: 0, before: 9 };
+        let step = task_management(&mut core, &b, 102, &set, true, |_| {});
+        assert!(matches!(step, TmfStep::Answered { .. }));
+        assert!(answers(&mut core).is_empty());
+        // Meanwhile ABORT TASK of a task not found must wait for the inline command too.
+        let step = task_management(&mut core, &b, 103, &abort_5, true, |_| {});
+        assert!(matches!(
+            step,
+            TmfStep::AfterInline {
+                ref_cmd_sn: 2,
+                cmd_sn: 3
+            }
+        ));
+        core.release_inline(0);
+        assert_eq!(answers(&mut core), vec![(102, tmf_response::COMPLETE)]);
+        // Immediate answers that wait are bounded.
+        register(&mut core, &a, task(8, 4, Simple));
+        assert_eq!(ready(&mut core), vec![8]);
+        let abort_8 = Tmf::AbortTask {
+            itt: 8,
+            lun: 0,
+            ref_cmd_sn: 4,
+            cmd_sn: 5,
+        };
+        for i in 0..MAX_PARKED_IMMEDIATE as u32 {
+            let step = task_management(&mut core, &a, 200 + i, &abort_8, true, |_| {});
+            assert!(matches!(step, TmfStep::Answered { .. }));
+        }
+        let step = task_management(&mut core, &a, 300, &abort_8, true, |_| {});
+        assert!(matches!(step, TmfStep::Busy));
+        let step = task_management(&mut core, &a, 301, &abort_8, false, |_| {});
+        assert!(
+            matches!(step, TmfStep::Answered { .. }),
+            "in CmdSN order: bounded by the window"
+        );
+        let id = core.task(8).expect("running").id;
+        core.finish(8, id, &a, None);
+        assert_eq!(answers(&mut core).len(), MAX_PARKED_IMMEDIATE + 1);
     }
 
     /// The ITTs of held commands that came up to run inline, and whether each is tracked.

@@ -34,7 +34,7 @@ use mcsi_proto::pdu::{
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
 use mcsi_target_core::command;
-use mcsi_target_core::control::{logout_pdu, nop_out, tmf_pdu, Logout, Nop, Tmf};
+use mcsi_target_core::control::{logout_pdu, nop_out, task_management, Logout, Nop, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
 use mcsi_target_core::session::{
@@ -524,23 +524,11 @@ impl World {
 
     fn task_management(&mut self, t: TaskMgmtRequest) {
         let plan = Tmf::plan(&t, self.dev.lu(t.lun).is_some());
-        let response = match plan {
-            Tmf::Respond(code) => code,
-            Tmf::AbortTask {
-                ref_cmd_sn, cmd_sn, ..
-            } => {
-                // Found (and ended: nothing runs in this driver between inputs), or not found
-                // with its CmdSN then taken as received: "function complete" (11.5.1).
-                let found = self.tgt.abort_where(|e| plan.aborts(e), |_| {}) > 0;
-                if found || self.tgt.take_as_received(ref_cmd_sn, cmd_sn).is_some() {
-                    tmf_response::COMPLETE
-                } else {
-                    tmf_response::NO_TASK
-                }
-            }
-            other => panic!("not in this test: {other:?}"),
-        };
-        self.target_sends(tmf_pdu(t.itt, response));
+        let tc = self.tc.clone();
+        match task_management(&mut self.tgt, &tc, t.itt, &plan, t.immediate, |_| {}) {
+            TmfStep::Answered { runs, .. } => assert!(runs.is_empty()),
+            _ => panic!("not in this test"),
+        }
         self.run_ready();
     }
 

@@ -8,8 +8,9 @@ use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest
 use mcsi_scsi::TaskAttribute;
 use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{
-    logout_pdu, logout_response, nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf,
+    logout_pdu, logout_response, nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf, TmfStep,
 };
+use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
 use std::sync::Arc;
 use tracing::{debug, info, Instrument};
 
@@ -200,7 +201,8 @@ async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
 }
 
 /// Task management (11.5, 4.2.3). Affected tasks are aborted (their status is not sent) and the
-/// response goes out only after they have ended.
+/// response goes out only after they have ended: within the session the core sees to it
+/// ([`Session::task_management`]); what spans the target's sessions (and resets) is done here.
 async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     let Some(target) = session.target.clone() else {
         conn.send(Pdu::reject_of(
@@ -210,61 +212,61 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         return;
     };
     let plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
-    let response = match plan {
-        Tmf::Respond(code) => code,
-        Tmf::AbortTask {
-            ref_cmd_sn, cmd_sn, ..
-        } => abort_task(session, &plan, ref_cmd_sn, cmd_sn).await,
-        Tmf::AbortTaskSet { .. } => {
-            let aborted = session.abort_where(|e| plan.aborts(e));
-            wait_all(aborted.waits).await;
-            session.inline_quiesced().await;
-            tmf_response::COMPLETE
+    let response = match session.task_management(conn, t.itt, &plan, t.immediate) {
+        TmfStep::Answered { response, runs } => {
+            run_all(session, runs);
+            log_tmf(&t, response);
+            return;
         }
-        Tmf::AbortOnTarget { reset, .. } => {
-            abort_on_target(session, &target, &plan).await;
-            match reset {
-                Reset::Nothing => {}
-                Reset::Lun(lun) => {
-                    if let Some(lu) = target.dev.lu(lun) {
-                        lu.reset();
-                    }
+        TmfStep::Busy => {
+            debug!("{MAX_PARKED_IMMEDIATE} task management answers wait for aborted tasks: rejecting an immediate request");
+            conn.send(Pdu::reject_of(
+                reject_reason::IMMEDIATE_COMMAND_REJECT,
+                &Pdu::TaskMgmtRequest(t),
+            ));
+            return;
+        }
+        TmfStep::AfterInline { ref_cmd_sn, cmd_sn } => {
+            // The task may be running inline on another connection's reader: its status goes
+            // out before this answer.
+            session.inline_quiesced().await;
+            match session.take_as_received(ref_cmd_sn, cmd_sn) {
+                Some(ctl) => {
+                    run_all(session, ctl);
+                    tmf_response::COMPLETE
                 }
-                Reset::Target => target.dev.reset_all(),
+                None => tmf_response::NO_TASK,
+            }
+        }
+        TmfStep::OnTarget => {
+            abort_on_target(session, &target, &plan).await;
+            if let Tmf::AbortOnTarget { reset, .. } = plan {
+                match reset {
+                    Reset::Nothing => {}
+                    Reset::Lun(lun) => {
+                        if let Some(lu) = target.dev.lu(lun) {
+                            lu.reset();
+                        }
+                    }
+                    Reset::Target => target.dev.reset_all(),
+                }
             }
             tmf_response::COMPLETE
         }
     };
-    // Resets are rare and change what every initiator of the LU sees: the log says so. Aborts
-    // (an initiator's timeouts) stay at debug.
+    log_tmf(&t, response);
+    conn.send(tmf_pdu(t.itt, response));
+}
+
+/// Resets are rare and change what every initiator of the LU sees: the log says so. Aborts (an
+/// initiator's timeouts) stay at debug.
+fn log_tmf(t: &TaskMgmtRequest, response: u8) {
     let name = tmf_function::name(t.function);
     let lun = mcsi_scsi::lun::decode(t.lun);
     if Tmf::is_reset(t.function) {
         tracing::info!(function = name, ?lun, response, "task management");
     } else {
         debug!(function = name, ?lun, response, "task management");
-    }
-    conn.send(tmf_pdu(t.itt, response));
-}
-
-/// ABORT TASK (11.5.1): a found task is aborted. A task not found whose RefCmdSN lies in the
-/// window before this request is taken as received (its CmdSN is used up) and the answer is
-/// "function complete"; otherwise "task does not exist".
-async fn abort_task(session: &Arc<Session>, plan: &Tmf, ref_cmd_sn: u32, cmd_sn: u32) -> u8 {
-    let aborted = session.abort_where(|e| plan.aborts(e));
-    if aborted.found > 0 {
-        wait_all(aborted.waits).await;
-        return tmf_response::COMPLETE;
-    }
-    // The task may be running inline on another connection's reader: its status goes out
-    // before this answer.
-    session.inline_quiesced().await;
-    match session.take_as_received(ref_cmd_sn, cmd_sn) {
-        Some(ctl) => {
-            run_all(session, ctl);
-            tmf_response::COMPLETE
-        }
-        None => tmf_response::NO_TASK,
     }
 }
 

@@ -1136,6 +1136,31 @@ impl Session {
         (!done.aborted && sent).then_some(done.out)
     }
 
+    /// Task management within this session ([`mcsi_target_core::control::task_management`]):
+    /// the core aborts (running tasks are told to stop) and its answer goes out once they have
+    /// ended, or now.
+    pub fn task_management(
+        &self,
+        conn: &Arc<Conn>,
+        itt: u32,
+        plan: &mcsi_target_core::control::Tmf,
+        immediate: bool,
+    ) -> mcsi_target_core::control::TmfStep<Arc<Conn>> {
+        let mut core = self.lock();
+        let step = mcsi_target_core::control::task_management(
+            &mut core,
+            conn,
+            itt,
+            plan,
+            immediate,
+            |io| {
+                let _ = io.abort();
+            },
+        );
+        self.wake(&mut core);
+        step
+    }
+
     /// Aborts the tasks `pred` picks: a task of its own is marked aborted (its status will not
     /// be sent, RFC 7143 4.2.3) and its end is waited on through [`Aborted::waits`]; a command
     /// held in the window without a task ([`Deferred`]) is dropped there, its CmdSN kept as
