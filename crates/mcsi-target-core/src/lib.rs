@@ -8,6 +8,8 @@
 //! - [`session`]: CmdSN order across a session's connections, the task registry with
 //!   connection allegiance, task sets per LUN, held commands, a write's data and R2Ts
 //!   (MaxOutstandingR2T), the response connection in the asymmetric mode.
+//! - [`dispatch`]: where a PDU from the initiator goes (a command, data, a control request,
+//!   the answer to a ping, or a Reject, with the CmdSN a rejected request uses up).
 //! - [`command`]: what a SCSI Command PDU asks for when it arrives (task attribute, a write's
 //!   transfer, whether it may run on its reader).
 //! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
@@ -22,6 +24,7 @@
 pub mod command;
 pub mod control;
 pub mod datain;
+pub mod dispatch;
 pub mod keepalive;
 pub mod report;
 pub mod session;

@@ -36,6 +36,7 @@ use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, 
 use mcsi_target_core::command;
 use mcsi_target_core::control::{logout, nop_out, task_management, Logout, Nop, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
+use mcsi_target_core::dispatch::{route, Route};
 use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
 use mcsi_target_core::session::{
     Answer, Close, CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
@@ -392,22 +393,24 @@ impl World {
 
     /// What the tokio layer's reader does with one PDU from the initiator.
     fn target_handles(&mut self, p: Pdu) {
-        match p {
-            Pdu::NopOut(n) => match nop_out(n, self.data_in_size) {
-                Nop::PingAnswered { ttt } => assert!(self.keepalive.answered(ttt)),
-                Nop::Echo(p) => self.target_sends(p),
-                Nop::Nothing => {}
-            },
-            Pdu::ScsiCommand(c) => self.command(c),
-            Pdu::DataOut(d) => {
+        match route(p, false) {
+            Route::PingAnswer(ttt) => assert!(self.keepalive.answered(ttt)),
+            Route::Command(c) => self.command(c),
+            Route::DataOut(d) => {
                 match self.tgt.data_out(0, &d) {
                     DataOutcome::Taken | DataOutcome::Discarded => {}
                     other => panic!("Data-Out refused: {other:?}"),
                 }
                 self.run_ready();
             }
-            Pdu::TaskMgmtRequest(t) => self.task_management(t),
-            Pdu::LogoutRequest(l) => {
+            // The initiator core sends its control requests immediate.
+            Route::Control(Pdu::NopOut(n)) => {
+                if let Nop::Echo(p) = nop_out(n, self.data_in_size) {
+                    self.target_sends(p);
+                }
+            }
+            Route::Control(Pdu::TaskMgmtRequest(t)) => self.task_management(t),
+            Route::Control(Pdu::LogoutRequest(l)) => {
                 let tc = self.tc.clone();
                 let plan = logout(&mut self.tgt, &tc, &l, |_| {}).expect("room for the answer");
                 assert_eq!(plan, Logout::CloseSession);
@@ -419,7 +422,7 @@ impl World {
                 assert!(lost.clean && lost.session_ends);
                 self.tgt.close(|_| {});
             }
-            other => panic!("not in this test: {:?}", other.opcode()),
+            other => panic!("not in this test: {other:?}"),
         }
     }
 

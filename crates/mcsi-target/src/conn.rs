@@ -7,10 +7,9 @@ use crate::scsi;
 use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
 use crate::session_core::DataOutcome;
 use bytes::{Bytes, BytesMut};
-use mcsi_proto::pdu::{
-    self, reject_reason, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand,
-};
+use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand};
 use mcsi_proto::vendor::ConnRole;
+use mcsi_target_core::dispatch::{rejected_cmd_sn, route, Route};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -338,7 +337,7 @@ impl Reader {
                         (e.consumed(), e.reject_reason(), e.rejected_header())
                     {
                         debug!("rejecting PDU: {e}");
-                        self.consume_rejected_cmd_sn(h);
+                        self.consume(rejected_cmd_sn(h));
                         self.conn.send(Pdu::reject(reason, h.clone()));
                         continue;
                     }
@@ -410,36 +409,27 @@ impl Reader {
         }
     }
 
-    /// A rejected non-immediate command still uses up its CmdSN, so that the commands after it
-    /// are not held forever.
-    fn consume_rejected_cmd_sn(&self, header: &Bytes) {
-        let Some(bhs) = pdu::Bhs::new(header) else {
-            return;
-        };
-        let op = bhs.opcode_raw();
-        // Commands carrying a CmdSN at bytes 24..28 (11.2): NOP-Out, SCSI, TMF, Text, Logout.
-        if matches!(op, 0x00 | 0x01 | 0x02 | 0x04 | 0x06) && !bhs.immediate() {
-            let cmd_sn = bhs.be32(24);
+    /// A rejected non-immediate request still uses up its CmdSN, so that the commands after it
+    /// are not held for ever.
+    fn consume(&self, cmd_sn: Option<u32>) {
+        if let Some(cmd_sn) = cmd_sn {
             let (_, ctl) = self.session.submit_ordered(cmd_sn, Ordered::Nothing);
             control::run_all(&self.session, ctl);
         }
     }
 
-    /// Handles one PDU. An Err ends the connection.
+    /// Handles one PDU where the core's [`route`] sends it. An Err ends the connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
-        if let Some(ttt) = match &p {
-            Pdu::NopOut(n) => mcsi_target_core::control::answers_ping(n),
-            _ => None,
-        } {
-            // The answer to our ping (11.18): nothing to run, nothing to answer.
-            if !self.keepalive.answered(ttt) {
-                debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
+        match route(p, self.session.is_discovery()) {
+            Route::PingAnswer(ttt) => {
+                // The answer to our ping (11.18): nothing to run, nothing to answer.
+                if !self.keepalive.answered(ttt) {
+                    debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
+                }
+                Ok(())
             }
-            return Ok(());
-        }
-        match p {
-            Pdu::ScsiCommand(c) => self.on_command(c),
-            Pdu::DataOut(d) => match self.session.data_out(&self.conn, &d) {
+            Route::Command(c) => self.on_command(c),
+            Route::DataOut(d) => match self.session.data_out(&self.conn, &d) {
                 DataOutcome::Taken => Ok(()),
                 // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
                 DataOutcome::NotAllegiant => Err(ConnEnd::NotAllegiant { itt: d.itt }),
@@ -452,17 +442,7 @@ impl Reader {
                 // 7.1.4.1, 7.2): the connection, and with it the session, ends.
                 DataOutcome::Error(source) => Err(ConnEnd::DataOut { itt: d.itt, source }),
             },
-            Pdu::NopOut(_)
-            | Pdu::TextRequest(_)
-            | Pdu::LogoutRequest(_)
-            | Pdu::TaskMgmtRequest(_) => {
-                if self.session.is_discovery() && matches!(p, Pdu::TaskMgmtRequest(_)) {
-                    // Discovery sessions carry Text and Logout only (RFC 7143 4.3).
-                    self.conn
-                        .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
-                    self.consume_cmd_sn_of(&p);
-                    return Ok(());
-                }
+            Route::Control(p) => {
                 if p.is_immediate() {
                     control::run(&self.session, self.conn.clone(), p);
                 } else {
@@ -477,27 +457,15 @@ impl Reader {
                 }
                 Ok(())
             }
-            Pdu::SnackRequest(_) => {
-                // SNACK needs ErrorRecoveryLevel > 0 (RFC 7143 7.1): a protocol error here.
-                self.conn
-                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
+            Route::Reject {
+                reason,
+                pdu,
+                consume,
+            } => {
+                self.conn.send(Pdu::reject_of(reason, &pdu));
+                self.consume(consume);
                 Ok(())
             }
-            other => {
-                // A Login Request in full feature phase, or a target opcode from the initiator.
-                self.conn
-                    .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &other));
-                Ok(())
-            }
-        }
-    }
-
-    fn consume_cmd_sn_of(&self, p: &Pdu) {
-        if !p.is_immediate() {
-            let (_, ctl) = self
-                .session
-                .submit_ordered(p.cmd_sn().unwrap_or(0), Ordered::Nothing);
-            control::run_all(&self.session, ctl);
         }
     }
 
@@ -525,11 +493,8 @@ impl Reader {
     }
 
     fn on_command(&mut self, c: ScsiCommand) -> Result<(), ConnEnd> {
+        // A discovery session has no target; the core's route rejects its commands.
         let Some(target) = self.session.target.clone() else {
-            let p = Pdu::ScsiCommand(c);
-            self.conn
-                .send(Pdu::reject_of(reject_reason::PROTOCOL_ERROR, &p));
-            self.consume_cmd_sn_of(&p);
             return Ok(());
         };
         let phase = target.dev.data_phase(c.lun, &c.cdb);
@@ -539,9 +504,10 @@ impl Reader {
             Ok(p) => p,
             Err(e) => {
                 debug!(parent: &self.conn.span, itt = c.itt, "command rejected: {e}");
-                let p = Pdu::ScsiCommand(c);
-                self.conn.send(Pdu::reject_of(e.reject_reason(), &p));
-                self.consume_cmd_sn_of(&p);
+                let consume = (!c.immediate).then_some(c.cmd_sn);
+                self.conn
+                    .send(Pdu::reject_of(e.reject_reason(), &Pdu::ScsiCommand(c)));
+                self.consume(consume);
                 return Ok(());
             }
         };
