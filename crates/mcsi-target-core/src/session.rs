@@ -8,10 +8,15 @@
 //! once its turn has come and all of its data is in; until then nothing runs for it, so an
 //! abort ends it in the core at once.
 //!
-//! Inputs are method calls: a command or a control request arriving on a connection, a task
-//! ending, task management, a connection added, lost or logged out. Outputs are what the calls
-//! return (requests now in CmdSN order, the connection a reply leaves on) and the tasks whose
-//! turn has come, taken with [`SessionCore::poll_ready`]. The tokio layer (`mcsi-target`'s `session` module)
+//! Inputs are method calls: a SCSI command arriving on a connection ([`SessionCore::command`]:
+//! planned against the logical units, run on its reader, held, registered or answered, its
+//! unsolicited data counted against the server's budget), Data-Out, a control request, a task
+//! ending, task management, a connection added, lost or logged out, the time. Outputs are what
+//! the calls return (requests now in CmdSN order, a command to run now) and what the core
+//! queued: tasks whose turn has come ([`SessionCore::poll_ready`]), writes asking for budget
+//! ([`SessionCore::poll_grant`]), PDUs ([`SessionCore::poll_transmit`]: R2Ts, Data-In, status,
+//! Rejects), connections to close ([`SessionCore::poll_close`]) and the next deadline
+//! ([`SessionCore::poll_timeout`]). The tokio layer (`mcsi-target`'s `session` module)
 //! holds the core under one lock and carries the outputs out: it wakes task futures, runs
 //! control requests, queues PDUs on connections.
 //!
@@ -28,6 +33,9 @@ use mcsi_proto::vendor::ConnRole;
 use mcsi_proto::window::{OrderWindow as CmdWindow, Submit};
 use mcsi_scsi::TaskAttribute;
 use std::time::{Duration, Instant};
+
+mod arrive;
+pub use arrive::{Arrival, Lus, Note, RunNow};
 
 /// What the core needs to know of a connection.
 pub trait CoreConn: Clone {
@@ -126,6 +134,60 @@ pub struct Deferred<C> {
     pub phase: mcsi_scsi::DataPhase,
     /// The write's transfer state (all of its data came as immediate data).
     pub transfer: Option<crate::transfer::WriteTransfer>,
+    /// Its immediate data's room in the server's unsolicited budget, held while it waits.
+    pub room: Option<Share>,
+}
+
+impl<C> Deferred<C> {
+    /// The data-out it runs with: the immediate data its transfer takes.
+    pub fn data_out(&self) -> Bytes {
+        immediate_data_out(&self.cmd, self.transfer.as_ref())
+    }
+}
+
+/// The data-out of a command that runs with its immediate data alone.
+fn immediate_data_out(
+    cmd: &mcsi_proto::pdu::ScsiCommand,
+    transfer: Option<&crate::transfer::WriteTransfer>,
+) -> Bytes {
+    match transfer {
+        Some(t) => cmd
+            .data
+            .slice(..t.accept_immediate(cmd.data.len() as u32).len as usize),
+        None => Bytes::new(),
+    }
+}
+
+/// A budget the server shares among its sessions (the room for data initiators send unasked):
+/// the core takes from it when a command brings such data and gives back when the data is let
+/// go, through a [`Share`].
+pub trait SharedBudget: Send + Sync {
+    /// Takes room for `bytes` now, if there is.
+    fn try_take(&self, bytes: u32) -> bool;
+    /// Gives back what `try_take(bytes)` took.
+    fn give_back(&self, bytes: u32);
+}
+
+/// Room taken from a [`SharedBudget`], given back when dropped.
+pub struct Share {
+    budget: std::sync::Arc<dyn SharedBudget>,
+    bytes: u32,
+}
+
+impl Share {
+    /// Room for `bytes` in `budget` now, if there is.
+    pub fn take(budget: &std::sync::Arc<dyn SharedBudget>, bytes: u32) -> Option<Share> {
+        budget.try_take(bytes).then(|| Share {
+            budget: budget.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
 }
 
 /// What [`SessionCore::claim`] decided for a command that needs no task of its own.
@@ -214,6 +276,12 @@ pub struct Task<T> {
     data: Bytes,
     /// What its final PDUs are made from.
     answer: Option<Box<Answer>>,
+    /// Refused for want of room for its unsolicited data ([`NewWrite::refused`]): answered TASK
+    /// SET FULL by the core once that data has come, never handed out.
+    refused: bool,
+    /// Its unsolicited data's room in the server's unsolicited budget, until it ends or its
+    /// grant puts the whole write under the write budgets.
+    unsolicited: Option<Share>,
     /// What the tokio layer attached to it.
     pub io: T,
 }
@@ -267,18 +335,24 @@ pub struct NewWrite {
     /// number of such writes is bounded by the CmdSN window, and for immediate commands by the
     /// session's task limit.
     pub first_burst_length: u32,
-    /// Refused for want of room for its unsolicited data: nothing it sends is kept, and it is
-    /// handed out ([`SessionCore::poll_ready`], with no data) once its unsolicited burst has
-    /// ended, for the caller to answer without running it (RFC 7143 11.4.x: a response waits for
-    /// the last expected Data-Out). It never asks for a grant.
+    /// Refused for want of room for its unsolicited data: nothing it sends is kept, and once
+    /// its unsolicited burst has ended the core answers it TASK SET FULL without running it
+    /// (RFC 7143 11.4.x: a response waits for the last expected Data-Out); it is never handed
+    /// out and never asks for a grant.
     pub refused: bool,
+    /// Its unsolicited data's room in the server's unsolicited budget, kept until the task ends
+    /// or is granted its write budget.
+    pub room: Option<Share>,
 }
 
 /// A task whose turn has come with all of its data ([`SessionCore::poll_ready`]).
-pub struct Ready<'a, T> {
+pub struct Ready<'a, C, T> {
     pub itt: u32,
     /// The task's session-unique id ([`NewTask::id`]).
     pub id: u64,
+    /// The connection its command came on.
+    pub conn: C,
+    pub attr: TaskAttribute,
     /// Its command and data phase, when it was registered with them.
     pub answer: Option<&'a Answer>,
     pub io: &'a mut T,
@@ -429,6 +503,12 @@ pub struct SessionCore<C, T> {
     transmit: std::collections::VecDeque<(C, Pdu)>,
     /// The session's MaxBurstLength: the longest Data-In sequence.
     max_burst: u32,
+    /// The session's burst values, for the writes of new commands ([`SessionCore::command`]).
+    burst: crate::transfer::BurstParams,
+    /// The server's unsolicited data budget; without one, unsolicited data is not counted.
+    unsolicited_budget: Option<std::sync::Arc<dyn SharedBudget>>,
+    /// The id of the next task [`SessionCore::command`] registers.
+    next_id: u64,
     /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
     parked: Vec<Parked<C>>,
     /// Connections to close, for [`SessionCore::poll_close`].
@@ -498,6 +578,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             timer_wake: false,
             transmit: std::collections::VecDeque::new(),
             max_burst: mcsi_proto::keys::SessionParams::default().max_burst_length,
+            burst: (&mcsi_proto::keys::SessionParams::default()).into(),
+            unsolicited_budget: None,
+            next_id: 1,
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
         }
@@ -583,6 +666,26 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// The session's MaxBurstLength, which bounds a Data-In sequence (RFC default until set).
     pub fn set_max_burst_length(&mut self, bytes: u32) {
         self.max_burst = bytes.max(1);
+        self.burst.max_burst_length = self.max_burst;
+    }
+
+    /// The session's negotiated burst values (RFC defaults until set): the longest Data-In
+    /// sequence, and the rules new writes follow ([`SessionCore::command`]).
+    pub fn set_burst(&mut self, burst: crate::transfer::BurstParams) {
+        self.burst = burst;
+        self.max_burst = burst.max_burst_length.max(1);
+    }
+
+    /// The session's burst values.
+    pub fn burst(&self) -> crate::transfer::BurstParams {
+        self.burst
+    }
+
+    /// The server's budget for data initiators send unasked: the immediate data and
+    /// unsolicited burst of new writes take room in it, and a write that finds none is refused
+    /// (TASK SET FULL, [`SessionCore::command`]).
+    pub fn set_unsolicited_budget(&mut self, budget: std::sync::Arc<dyn SharedBudget>) {
+        self.unsolicited_budget = Some(budget);
     }
 
     /// The next PDU the core decided to send, and the connection it leaves on: R2Ts as writes
@@ -801,9 +904,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             };
             return (Register::IttInUse, ctl);
         }
-        let (collect, data) = match write {
-            None => (None, Bytes::new()),
-            Some(w) => start_write(w),
+        let refused = write.as_ref().is_some_and(|w| w.refused);
+        let (collect, data, unsolicited) = match write {
+            None => (None, Bytes::new(), None),
+            Some(mut w) => {
+                let room = w.room.take();
+                let (c, d) = start_write(w);
+                (c, d, room)
+            }
         };
         if collect.is_some() && self.next_data_check.is_none() && !self.data_out_timeout.is_zero() {
             self.timer_wake = true;
@@ -830,6 +938,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 collect,
                 data,
                 answer: t.answer,
+                refused,
+                unsolicited,
                 io,
             },
         );
@@ -890,6 +1000,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             return false;
         };
         c.grant = Grant::Granted;
+        // The whole write is under the write budgets now.
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            t.unsolicited = None;
+        }
         self.send_r2ts(itt, &command_conn);
         true
     }
@@ -1005,22 +1119,36 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// The next task whose turn has come (CmdSN order and its task set allow it), with what is
     /// attached to it; each task once.
     #[inline]
-    pub fn poll_ready(&mut self) -> Option<Ready<'_, T>> {
+    pub fn poll_ready(&mut self) -> Option<Ready<'_, C, T>> {
         if self.ready.is_empty() {
             return None;
         }
         self.next_ready()
     }
 
-    fn next_ready(&mut self) -> Option<Ready<'_, T>> {
-        let k = loop {
+    fn next_ready(&mut self) -> Option<Ready<'_, C, T>> {
+        let (k, conn) = loop {
             let k = self.ready.pop_front()?;
-            if self
+            let Some(t) = self
                 .tasks
                 .get(&k.itt)
-                .is_some_and(|t| t.id == k.id && !t.started && t.turn && t.collect.is_none())
-            {
-                break k;
+                .filter(|t| t.id == k.id && !t.started && t.turn && t.collect.is_none())
+            else {
+                continue;
+            };
+            let (refused, conn) = (t.refused, self.conns.get(&t.cid).cloned());
+            match conn {
+                // Its unsolicited data has come (and was dropped): it is answered without
+                // running.
+                Some(c) if refused => {
+                    let full = mcsi_scsi::Outcome::status(mcsi_scsi::status::TASK_SET_FULL);
+                    let _ = self.finish(k.itt, k.id, &c, Some(full));
+                }
+                Some(c) => break (k, c),
+                // Its connection has gone (its tasks are aborted with it).
+                None => {
+                    let _ = self.end(k);
+                }
             }
         };
         let t = self.tasks.get_mut(&k.itt)?;
@@ -1028,6 +1156,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         Some(Ready {
             itt: k.itt,
             id: k.id,
+            conn,
+            attr: t.attr,
             answer: t.answer.as_deref(),
             data: std::mem::take(&mut t.data),
             io: &mut t.io,
@@ -1670,6 +1800,7 @@ mod tests {
                 data_in_len: 4096,
             },
             transfer: None,
+            room: None,
         }
     }
 
@@ -2166,6 +2297,7 @@ mod tests {
             immediate: Bytes::from_static(imm),
             first_burst_length: params.first_burst_length,
             refused: false,
+            room: None,
         }
     }
 
@@ -2178,6 +2310,7 @@ mod tests {
             immediate: Bytes::from_static(imm),
             first_burst_length: 8,
             refused,
+            room: None,
         }
     }
 
@@ -2482,12 +2615,32 @@ mod tests {
         let mut core = core(&[&a]);
         // 32 bytes, 4 immediate, unsolicited up to FirstBurstLength 8, the rest by R2T were it
         // not refused.
+        // Registered with its command, so that the core can answer it.
+        let with_answer = |itt: u32| NewTask {
+            answer: Some(Box::new(Answer {
+                cmd: ScsiCommand {
+                    read: false,
+                    write: true,
+                    expected_data_transfer_length: 32,
+                    ..deferred(&a, itt, itt).cmd
+                },
+                phase: mcsi_scsi::DataPhase {
+                    data_out_len: 32,
+                    data_in_len: 0,
+                },
+            })),
+            ..task(itt, itt, Simple)
+        };
         let w = burst_write(32, b"abcd", false, true);
-        core.register(&a, task(1, 1, Simple), Some(w), Io::default());
+        core.register(&a, with_answer(1), Some(w), Io::default());
         assert_eq!(core.poll_grant(), None, "a refused write asks for nothing");
         assert!(
             ready(&mut core).is_empty(),
             "its unsolicited burst is still open"
+        );
+        assert!(
+            core.poll_transmit().is_none(),
+            "no answer before its burst ends"
         );
         let c = core.collecting(1, 1001).expect("collecting");
         assert!(
@@ -2497,16 +2650,29 @@ mod tests {
         let d = data_out(1, RESERVED_TAG, 0, 4, b"efgh", true);
         assert!(core.data_out(1, &d) == DataOutcome::Taken && queued_r2ts(&mut core).is_empty());
         assert_eq!(core.poll_grant(), None);
-        let got: Vec<(u32, Bytes)> =
-            std::iter::from_fn(|| core.poll_ready().map(|r| (r.itt, r.data))).collect();
-        assert_eq!(got, vec![(1, Bytes::new())], "handed out with no data");
-        // A refused write with no unsolicited Data-Out to come is handed out at once.
-        let w = burst_write(32, b"abcd", true, true);
-        core.register(&a, task(2, 2, Simple), Some(w), Io::default());
-        assert_eq!(core.poll_grant(), None);
+        // The core answers it TASK SET FULL without handing it out.
+        let task_set_full = |core: &mut Core| -> Vec<(u32, u8)> {
+            std::iter::from_fn(|| core.poll_transmit())
+                .filter_map(|(_, p)| match p {
+                    Pdu::ScsiResponse(r) => Some((r.itt, r.status)),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert!(core.poll_ready().is_none(), "never handed out");
         assert_eq!(
-            core.poll_ready().map(|r| (r.itt, r.data.len())),
-            Some((2, 0))
+            task_set_full(&mut core),
+            vec![(1, mcsi_scsi::status::TASK_SET_FULL)]
+        );
+        assert!(core.task(1).is_none(), "it has ended");
+        // A refused write with no unsolicited Data-Out to come is answered at once.
+        let w = burst_write(32, b"abcd", true, true);
+        core.register(&a, with_answer(2), Some(w), Io::default());
+        assert_eq!(core.poll_grant(), None);
+        assert!(core.poll_ready().is_none());
+        assert_eq!(
+            task_set_full(&mut core),
+            vec![(2, mcsi_scsi::status::TASK_SET_FULL)]
         );
     }
 

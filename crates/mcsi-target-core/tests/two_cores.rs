@@ -8,9 +8,11 @@
 //!
 //! The target side's driver below is what the tokio layer (`mcsi-target`'s `conn`, `scsi` and
 //! `control` modules) does for one connection, written out synchronously: which core call each
-//! PDU becomes, running the device when the core hands a task out, sending what the core made
-//! (`poll_transmit`: R2Ts, Data-In, status), stamping StatSN. It is the part of the target that
-//! is not yet one machine of the core; it shrinks as that moves in.
+//! PDU becomes (a command goes to `SessionCore::command`, which plans, claims, holds or
+//! registers it), running the device when the core hands a task out or a command is to run
+//! now, sending what the core made (`poll_transmit`: R2Ts, Data-In, status), stamping StatSN.
+//! It is the part of the target that is not yet one machine of the core; it shrinks as that
+//! moves in.
 
 use bytes::{Bytes, BytesMut};
 use mcsi_initiator_core::core::{
@@ -33,14 +35,11 @@ use mcsi_proto::pdu::{
 };
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
-use mcsi_target_core::command;
 use mcsi_target_core::control::{logout, nop_out, task_management, Logout, Nop, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::dispatch::{route, Route};
 use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
-use mcsi_target_core::session::{
-    Answer, Close, CoreConn, DataOutcome, NewTask, NewWrite, Register, SessionCore, Turn,
-};
+use mcsi_target_core::session::{Arrival, Close, CoreConn, DataOutcome, SessionCore};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -137,7 +136,6 @@ struct World {
     data_in_size: u32,
     stat_sn: u32,
     keepalive: Keepalive,
-    next_task: u64,
     to_target: VecDeque<Bytes>,
     to_initiator: VecDeque<Bytes>,
     /// The initiator reads nothing (its end of the wire is dead).
@@ -258,7 +256,7 @@ impl World {
         let tc = Tc(tconn.tx_framing().max_data_segment_length);
         let burst: BurstParams = (&tsession).into();
         let mut tgt = SessionCore::new(done.exp_cmd_sn, 16, false, None);
-        tgt.set_max_burst_length(burst.max_burst_length);
+        tgt.set_burst(burst);
         assert!(tgt.add_conn(tc.clone()).is_ok());
         let backend = mcsi_scsi::backend::open_backend("ram:4MiB").unwrap();
         let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
@@ -281,7 +279,6 @@ impl World {
             data_in_size: tconn.tx_framing().max_data_segment_length,
             stat_sn: env.stat_sn,
             keepalive: Keepalive::new(PING, PING, t0),
-            next_task: 1,
             to_target: VecDeque::new(),
             to_initiator: VecDeque::new(),
             deaf: false,
@@ -426,55 +423,24 @@ impl World {
         }
     }
 
-    fn command(&mut self, mut c: ScsiCommand) {
+    fn command(&mut self, c: ScsiCommand) {
         self.last_command = (c.itt, c.cmd_sn);
-        let phase = self.dev.data_phase(c.lun, &c.cdb);
-        let dev = &self.dev;
-        let plan = command::plan(&c, phase, self.burst, || dev.blocking(c.lun, &c.cdb))
-            .expect("a valid command");
-        if plan.inline {
-            if let Turn::Now(claim) = self.tgt.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
-                // Its turn has come with all of its data: it runs now, without a task.
-                let data = match &plan.transfer {
-                    Some(t) => c
-                        .data
-                        .slice(..t.accept_immediate(c.data.len() as u32).len as usize),
-                    None => Bytes::new(),
-                };
-                let o = self.execute(&c, data);
-                self.respond(&c, phase, o);
-                if claim.tracked {
-                    self.tgt.release_inline(c.lun);
+        let tc = self.tc.clone();
+        match self.tgt.command(&tc, c, &self.dev, || Job) {
+            // Its turn has come with all of its data: it runs now, without a task.
+            Arrival::Now(now) => {
+                let o = self.execute(&now.cmd, now.data);
+                self.respond(&now.cmd, now.phase, o);
+                if now.claim.tracked {
+                    self.tgt.release_inline(now.cmd.lun);
                 }
-                return;
+            }
+            Arrival::Taken { runs, note } => {
+                assert!(note.is_none(), "{note:?}");
+                assert!(runs.is_empty(), "one connection, commands in order");
+                self.run_ready();
             }
         }
-        let task = NewTask {
-            id: self.next_task,
-            itt: c.itt,
-            lun: c.lun,
-            cmd_sn: c.cmd_sn,
-            immediate: c.immediate,
-            attr: plan.attr,
-            bytes: u64::from(c.expected_data_transfer_length),
-            answer: None,
-        };
-        self.next_task += 1;
-        let write = plan.transfer.map(|transfer| NewWrite {
-            transfer,
-            immediate: std::mem::take(&mut c.data),
-            first_burst_length: self.burst.first_burst_length,
-            refused: false,
-        });
-        let task = NewTask {
-            answer: Some(Box::new(Answer { cmd: c, phase })),
-            ..task
-        };
-        let tc = self.tc.clone();
-        let (reg, runs) = self.tgt.register(&tc, task, write, Job);
-        assert_eq!(reg, Register::Ok);
-        assert!(runs.is_empty(), "one connection, commands in order");
-        self.run_ready();
     }
 
     /// Grants writes their budget, runs the tasks the core hands out to their end, and sends

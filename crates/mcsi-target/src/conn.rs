@@ -4,9 +4,10 @@
 use crate::control;
 use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
-use crate::session::{Conn, Deferred, Ordered, Out, OutQueue, Session, Turn};
+use crate::session::{Arrival, Conn, Ordered, Out, OutQueue, Session};
 use crate::session_core::DataOutcome;
-use bytes::{Bytes, BytesMut};
+use crate::session_core::RunNow;
+use bytes::BytesMut;
 use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_target_core::dispatch::{rejected_cmd_sn, route, Route};
@@ -469,93 +470,34 @@ impl Reader {
         }
     }
 
-    /// A command about to be held for its turn, made to keep its own CDB (not the reader's
-    /// buffer around it) and its immediate data's room in the unsolicited budget. Without room
-    /// it is answered TASK SET FULL now (all of its data has come, so the answer may go) and its
-    /// CmdSN is used up: `None`.
-    fn to_hold(&self, mut c: ScsiCommand, phase: mcsi_scsi::DataPhase) -> Option<ScsiCommand> {
-        c.cdb = Bytes::copy_from_slice(&c.cdb);
-        if c.data.is_empty() {
-            return Some(c);
-        }
-        if let Some(data) = scsi::account_unsolicited(&self.session, std::mem::take(&mut c.data)) {
-            c.data = data;
-            return Some(c);
-        }
-        // One outside the window is dropped silently instead (RFC 7143 4.2.2.1).
-        let (taken, ready) = self.session.submit_ordered(c.cmd_sn, Ordered::Nothing);
-        if taken {
-            debug!(parent: &self.conn.span, itt = c.itt, "no room in the unsolicited budget for a held write: TASK SET FULL");
-            scsi::task_set_full(&self.session, &self.conn, &c, phase);
-        }
-        control::run_all(&self.session, ready);
-        None
-    }
-
     fn on_command(&mut self, c: ScsiCommand) -> Result<(), ConnEnd> {
-        // A discovery session has no target; the core's route rejects its commands.
-        let Some(target) = self.session.target.clone() else {
-            return Ok(());
-        };
-        let phase = target.dev.data_phase(c.lun, &c.cdb);
-        let plan = match mcsi_target_core::command::plan(&c, phase, self.session.ops.burst, || {
-            target.dev.blocking(c.lun, &c.cdb)
-        }) {
-            Ok(p) => p,
-            Err(e) => {
-                debug!(parent: &self.conn.span, itt = c.itt, "command rejected: {e}");
-                let consume = (!c.immediate).then_some(c.cmd_sn);
-                self.conn
-                    .send(Pdu::reject_of(e.reject_reason(), &Pdu::ScsiCommand(c)));
-                self.consume(consume);
-                return Ok(());
-            }
-        };
-        let (attr, transfer) = (plan.attr, plan.transfer);
-        // A command that needs no task of its own runs on a reader when its turn comes
-        // (Session::claim).
-        let (c, transfer, accounted) = if plan.inline {
-            match self.session.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
-                Turn::Now(claim) => {
-                    let t = transfer.as_ref();
-                    scsi::run_inline(&self.session, &target.dev, &self.conn, &c, phase, t, claim);
-                    return Ok(());
-                }
-                Turn::Wait => {
-                    let Some(c) = self.to_hold(c, phase) else {
-                        return Ok(());
-                    };
-                    let d = Box::new(Deferred {
-                        conn: self.conn.clone(),
-                        cmd: c,
+        match self.session.command(&self.conn, c) {
+            Arrival::Now(now) => {
+                if let Some(target) = &self.session.target {
+                    let RunNow {
+                        cmd,
                         phase,
-                        transfer,
-                    });
-                    match self.session.hold(d) {
-                        Ok(ready) => {
-                            control::run_all(&self.session, ready);
-                            return Ok(());
-                        }
-                        Err(d) => (d.cmd, d.transfer, true),
-                    }
+                        data,
+                        claim,
+                    } = now;
+                    scsi::run_inline(
+                        &self.session,
+                        &target.dev,
+                        &self.conn,
+                        &cmd,
+                        phase,
+                        data,
+                        claim,
+                    );
                 }
-                Turn::Task => (c, transfer, false),
             }
-        } else {
-            (c, transfer, false)
-        };
-        let ready = scsi::start_task(
-            &self.session,
-            &self.conn,
-            &target.dev,
-            c,
-            phase,
-            attr,
-            transfer,
-            false,
-            accounted,
-        );
-        control::run_all(&self.session, ready);
+            Arrival::Taken { runs, note } => {
+                if let Some(note) = note {
+                    debug!(parent: &self.conn.span, "{note}");
+                }
+                control::run_all(&self.session, runs);
+            }
+        }
         Ok(())
     }
 }
@@ -572,6 +514,7 @@ async fn sleep_until(deadline: Option<std::time::Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use mcsi_proto::pdu::NopIn;
 
     /// A NOP-In carrying `data`, encoded.

@@ -5,7 +5,6 @@
 
 use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
-use mcsi_scsi::TaskAttribute;
 use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf, TmfStep};
 use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
@@ -54,30 +53,16 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
                     &d.conn,
                     &d.cmd,
                     d.phase,
-                    d.transfer.as_ref(),
+                    d.data_out(),
                     claim,
                 );
             }
         }
         Run::Task(d) => {
-            let Some(t) = &session.target else { return };
-            let crate::session::Deferred {
-                conn,
-                cmd,
-                phase,
-                transfer,
-            } = *d;
-            let more = crate::scsi::start_task(
-                session,
-                &conn,
-                &t.dev,
-                cmd,
-                phase,
-                TaskAttribute::Simple,
-                transfer,
-                true,
-                true,
-            );
+            let (more, note) = session.start_held(d);
+            if let Some(note) = note {
+                debug!("{note}");
+            }
             queue.extend(more);
         }
     }

@@ -3,124 +3,16 @@
 //! (on tokio's blocking pool when the LU says so), then Data-In and status.
 
 use crate::datain::{read_expected, response_pdus};
-use crate::session::{Conn, Inline, Pending, Register, Session, Started};
-use crate::transfer::WriteTransfer;
+use crate::session::{Conn, Inline, Session, Started};
 use bytes::Bytes;
-use mcsi_proto::pdu::{Pdu, ScsiCommand};
+use mcsi_proto::pdu::ScsiCommand;
 use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute};
 use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
 
-/// Registers a command as a task of its own: it waits in the core for its data, its turn in
-/// CmdSN order (unless `in_order`: its CmdSN was consumed already, it only enters the task set)
-/// and its task attribute, and runs when the core hands it out ([`run`]). Its immediate data
-/// and unsolicited burst take room in the server's unsolicited budget, unless `accounted` (a
-/// held command's data holds its room already, [`account_unsolicited`]); a write that finds
-/// none is refused. Returns what came up in CmdSN order meanwhile, for the caller to run.
-#[allow(clippy::too_many_arguments)]
-pub fn start_task(
-    session: &Arc<Session>,
-    conn: &Arc<Conn>,
-    dev: &Arc<DeviceServer>,
-    mut cmd: ScsiCommand,
-    phase: DataPhase,
-    attr: TaskAttribute,
-    transfer: Option<WriteTransfer>,
-    in_order: bool,
-    accounted: bool,
-) -> crate::session::InOrder {
-    let unsolicited = transfer.as_ref().map_or(0, |t| t.unsolicited_len());
-    let (permit, refused) = if accounted || unsolicited == 0 {
-        (None, false)
-    } else {
-        match session.unsolicited_permit(unsolicited) {
-            Some(p) => (Some(p), false),
-            None => {
-                debug!(parent: &conn.span, itt = cmd.itt, unsolicited, "no room in the unsolicited budget: the write is refused (TASK SET FULL) once its unsolicited data has come");
-                (None, true)
-            }
-        }
-    };
-    // The immediate data goes to the core (which keeps what the write needs) and the CDB is
-    // copied out: the command the task keeps does not pin the reader's buffer (the PDU's
-    // allocation, shared with the PDUs around it) for the task's life.
-    cmd.cdb = Bytes::copy_from_slice(&cmd.cdb);
-    let write = transfer.map(|transfer| crate::session_core::NewWrite {
-        transfer,
-        immediate: std::mem::take(&mut cmd.data),
-        first_burst_length: session.ops.burst.first_burst_length,
-        refused,
-    });
-    let pending = Box::new(Pending {
-        conn: conn.clone(),
-        dev: dev.clone(),
-        attr,
-        refused,
-    });
-    let answer = Box::new(crate::session_core::Answer {
-        cmd: cmd.clone(),
-        phase,
-    });
-    let (reg, ready) = session.register_task(
-        conn,
-        cmd.lun,
-        cmd.immediate || in_order,
-        write,
-        u64::from(cmd.expected_data_transfer_length),
-        permit,
-        pending,
-        answer,
-    );
-    match reg {
-        Register::Ok | Register::Closing => {}
-        Register::OutOfWindow => {
-            // Silently ignored (RFC 7143 4.2.2.1).
-            debug!(parent: &conn.span, cmd_sn = cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
-        }
-        Register::TaskSetFull => {
-            debug!(parent: &conn.span, itt = cmd.itt, "immediate command beyond the session's tasks: TASK SET FULL");
-            task_set_full(session, conn, &cmd, phase);
-        }
-        Register::IttInUse => {
-            conn.send(Pdu::reject_of(
-                mcsi_proto::pdu::reject_reason::TASK_IN_PROGRESS,
-                &Pdu::ScsiCommand(cmd),
-            ));
-        }
-    }
-    ready
-}
-
-/// Answers `cmd` on `conn` with status TASK SET FULL.
-pub fn task_set_full(session: &Session, conn: &Conn, cmd: &ScsiCommand, phase: DataPhase) {
-    let full = Outcome::status(status::TASK_SET_FULL);
-    let (mrdsl, max_burst) = (conn.ops.send_mrdsl, session.ops.burst.max_burst_length);
-    for p in response_pdus(cmd, phase, full, mrdsl, max_burst) {
-        conn.send(p);
-    }
-}
-
-/// The data of a command held for its turn ([`crate::session::Session::hold`]), made to hold
-/// room in the server's unsolicited budget for as long as it lives; `None` when there is none.
-pub fn account_unsolicited(session: &Session, data: Bytes) -> Option<Bytes> {
-    struct Held {
-        data: Bytes,
-        _permit: tokio::sync::OwnedSemaphorePermit,
-    }
-    impl AsRef<[u8]> for Held {
-        fn as_ref(&self) -> &[u8] {
-            &self.data
-        }
-    }
-    let permit = session.unsolicited_permit(data.len() as u32)?;
-    Some(Bytes::from_owner(Held {
-        data,
-        _permit: permit,
-    }))
-}
-
-/// Runs a command whose turn has come ([`Session::claim`], [`crate::session_core::Run::Inline`]) to its end on the
-/// calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
+/// Runs a command whose turn has come with `data_out`, all of its data
+/// ([`crate::session_core::Arrival::Now`], [`crate::session_core::Run::Inline`]), to its end on
+/// the calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
 /// connection it came on.
 pub fn run_inline(
     session: &Session,
@@ -128,16 +20,10 @@ pub fn run_inline(
     conn: &Arc<Conn>,
     cmd: &ScsiCommand,
     phase: DataPhase,
-    transfer: Option<&WriteTransfer>,
+    data_out: Bytes,
     claim: Inline,
 ) {
     let started = std::time::Instant::now();
-    let data_out = match transfer {
-        Some(t) => cmd
-            .data
-            .slice(..t.accept_immediate(cmd.data.len() as u32).len as usize),
-        None => Bytes::new(),
-    };
     let outcome = dev.execute(
         cmd.lun,
         Command {
@@ -167,7 +53,8 @@ pub fn run_inline(
 /// The session's [`crate::session::Runner`]: a task the core handed out runs in a future of
 /// its own.
 pub fn spawn(s: Started) {
-    let span = tracing::debug_span!(parent: &s.pending.conn.span, "task", itt = s.cmd.itt, cmd_sn = s.cmd.cmd_sn);
+    let span =
+        tracing::debug_span!(parent: &s.conn.span, "task", itt = s.cmd.itt, cmd_sn = s.cmd.cmd_sn);
     tokio::spawn(run(s).instrument(span));
 }
 
@@ -177,7 +64,9 @@ pub fn spawn(s: Started) {
 async fn run(s: Started) {
     let Started {
         session,
-        pending,
+        conn,
+        dev,
+        attr,
         cmd,
         phase,
         id,
@@ -185,18 +74,9 @@ async fn run(s: Started) {
         mut abort_rx,
         done_tx,
     } = s;
-    let Pending {
-        conn,
-        dev,
-        attr,
-        refused,
-    } = *pending;
     let itt = cmd.itt;
     let started = std::time::Instant::now();
     let outcome = async {
-        if refused {
-            return Some((Outcome::status(status::TASK_SET_FULL), None));
-        }
         let read_expected = read_expected(&cmd);
         // The data the backend fills waits for the session's read budget.
         let permit = tokio::select! {
@@ -214,8 +94,7 @@ async fn run(s: Started) {
         Some((o, p)) => (Some(o), p),
         None => (None, None),
     };
-    // A refused write did not run: like the other TASK SET FULL answers it moves no counter.
-    if let (Some(o), false) = (&outcome, refused) {
+    if let Some(o) = &outcome {
         account(&session, &conn, &cmd, o, started);
     }
     let out = session.finish_task(itt, id, &conn, outcome);

@@ -7,7 +7,7 @@
 
 use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
-use crate::session_core::{DataOutTimedOut, DataOutcome, Held, NewWrite, SessionCore};
+use crate::session_core::{DataOutTimedOut, DataOutcome, SessionCore};
 use mcsi_proto::pdu::{DataOut, Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
@@ -73,11 +73,11 @@ pub struct Shared {
     pub discovery_auth: AuthSpec,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: AtomicU16,
-    next_task_id: AtomicU64,
     /// The server-wide write budget in KiB ([`Session::write_permits`]).
     write_budget: Budget,
-    /// The server-wide budget of unsolicited write data ([`Session::unsolicited_permit`]).
-    unsolicited_budget: Budget,
+    /// The server-wide budget of unsolicited write data, counted by each session's core
+    /// ([`SessionCore::set_unsolicited_budget`]).
+    unsolicited_budget: Arc<Budget>,
     /// CHAP users whose logins failed lately ([`ChapThrottle`]).
     pub chap_throttle: ChapThrottle,
 }
@@ -167,6 +167,21 @@ impl Budget {
     }
 }
 
+/// The core counts unsolicited data in it: room taken is forgotten by the semaphore and added
+/// back when the core gives it back.
+impl mcsi_target_core::session::SharedBudget for Budget {
+    fn try_take(&self, bytes: u32) -> bool {
+        self.sem
+            .try_acquire_many(self.share(bytes))
+            .map(|p| p.forget())
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: u32) {
+        self.sem.add_permits(self.share(bytes) as usize);
+    }
+}
+
 /// A write's share of its session's and the server's write budgets, given back when dropped
 /// (when the task ends).
 pub struct WritePermits {
@@ -213,9 +228,8 @@ impl Shared {
             discovery_auth,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
-            next_task_id: AtomicU64::new(1),
             write_budget: Budget::new(limits.write_budget),
-            unsolicited_budget: Budget::new(limits.unsolicited_budget),
+            unsolicited_budget: Arc::new(Budget::new(limits.unsolicited_budget)),
             chap_throttle: ChapThrottle::default(),
         }
     }
@@ -300,10 +314,6 @@ impl Shared {
     /// Every live session, for target-wide task management and shutdown.
     pub fn all_sessions(&self) -> Vec<Arc<Session>> {
         self.sessions().values().cloned().collect()
-    }
-
-    pub fn task_id(&self) -> u64 {
-        self.next_task_id.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -570,36 +580,29 @@ impl crate::session_core::ConnInfo for Conn {
 pub type Ordered = crate::session_core::Ordered<Arc<Conn>>;
 /// A command held without a task of its own ([`crate::session_core::Deferred`]).
 pub type Deferred = crate::session_core::Deferred<Arc<Conn>>;
-/// When a command without a task of its own runs ([`crate::session_core::Turn`]).
-pub type Turn = crate::session_core::Turn<Arc<Conn>>;
+/// What the core did with an arriving command ([`crate::session_core::Arrival`]).
+pub type Arrival = crate::session_core::Arrival<Arc<Conn>>;
+pub use crate::session_core::Note;
 /// Something that came up in CmdSN order ([`crate::session_core::Run`]).
 pub type Run = crate::session_core::Run<Arc<Conn>>;
 /// A command claimed to run on a reader ([`crate::session_core::Inline`]).
 pub type Inline = crate::session_core::Inline<Arc<Conn>>;
 /// What came up in CmdSN order, with their connections.
 pub type InOrder = Vec<Run>;
-pub use crate::session_core::{Register, TaskRef};
+pub use crate::session_core::TaskRef;
 
 /// The session core as the tokio layer instantiates it.
 pub type Core = SessionCore<Arc<Conn>, TaskIo>;
 
-/// What a task needs to run, kept in the core with it until the core hands it out
-/// ([`SessionCore::poll_ready`]): nothing runs for a task before, so a task waiting for its
-/// turn, its budget or its data costs no future, and aborting it waits for nothing.
-pub struct Pending {
+/// A task the core handed out to run ([`Session::wake`]), for the session's [`Runner`]. Nothing
+/// runs for a task before: a task waiting for its turn, its budget or its data costs no
+/// future, and aborting it waits for nothing.
+pub struct Started {
+    pub session: Arc<Session>,
     /// The connection its command came on.
     pub conn: Arc<Conn>,
     pub dev: Arc<DeviceServer>,
     pub attr: TaskAttribute,
-    /// Refused for want of room in the unsolicited budget: answered TASK SET FULL once its
-    /// unsolicited data has come (and been dropped), without running.
-    pub refused: bool,
-}
-
-/// A task the core handed out to run ([`Session::wake`]), for the session's [`Runner`].
-pub struct Started {
-    pub session: Arc<Session>,
-    pub pending: Box<Pending>,
     /// Its command (without its data) and the data phase its CDB asks for, as the core keeps
     /// them for its final PDUs.
     pub cmd: mcsi_proto::pdu::ScsiCommand,
@@ -619,14 +622,10 @@ pub struct Started {
 pub type Runner = fn(Started);
 
 /// What the tokio layer attaches to a task in the core.
+#[derive(Default)]
 pub struct TaskIo {
-    /// Until the task runs.
-    pending: Option<Box<Pending>>,
     /// The write's share of the write budgets, held until the task ends.
     permits: Option<WritePermits>,
-    /// Its unsolicited data's share of the server's unsolicited budget, held until the task
-    /// ends or its grant puts the whole write under the write budgets.
-    unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Once it runs: what tells its future to stop, and what resolves when it has ended.
     running: Option<(watch::Sender<bool>, watch::Receiver<()>)>,
 }
@@ -648,7 +647,6 @@ fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
     }
     if let Some(io) = core.task_io_mut(itt, id) {
         io.permits = Some(permits);
-        io.unsolicited = None;
     }
 }
 
@@ -733,7 +731,8 @@ impl Session {
             .as_ref()
             .and_then(|t| t.limits.response_policy.scheduler());
         let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
-        core.set_max_burst_length(ops.burst.max_burst_length);
+        core.set_burst(ops.burst);
+        core.set_unsolicited_budget(shared.unsolicited_budget.clone());
         core.set_data_out_timeout(
             target
                 .as_ref()
@@ -819,12 +818,6 @@ impl Session {
         WritePermits::take(&self.write_budget, &self.shared.write_budget, bytes).await
     }
 
-    /// Room for `bytes` of unsolicited write data in the server's unsolicited budget now, if
-    /// there is (never waits: the data is on its way whatever the target does).
-    pub fn unsolicited_permit(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.shared.unsolicited_budget.try_take(bytes)
-    }
-
     /// Write `itt` (task `id`) waited for and got its budget: its first R2Ts go out. Nothing
     /// happens (the permits are given back) if it has ended meanwhile.
     pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
@@ -841,7 +834,7 @@ impl Session {
     #[inline]
     fn wake(&self, core: &mut Core) {
         while let Some(r) = core.poll_ready() {
-            let (Some(p), Some(a)) = (r.io.pending.take(), r.answer) else {
+            let (Some(a), Some(t)) = (r.answer, &self.target) else {
                 continue;
             };
             let (cmd, phase) = (a.cmd.clone(), a.phase);
@@ -853,7 +846,9 @@ impl Session {
             r.io.running = Some((abort_tx, done_rx));
             (self.runner)(Started {
                 session: me,
-                pending: p,
+                conn: r.conn,
+                dev: t.dev.clone(),
+                attr: r.attr,
                 cmd,
                 phase,
                 id: r.id,
@@ -1002,70 +997,44 @@ impl Session {
         self.lock().alloc_ttt()
     }
 
-    /// Registers a SCSI task and submits it to the CmdSN window; it runs once the core hands
-    /// it out ([`Session::wake`]). Returns whether it was registered and the requests its
-    /// arrival put in order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn register_task(
-        self: &Arc<Self>,
-        conn: &Arc<Conn>,
-        lun: u64,
-        immediate: bool,
-        write: Option<NewWrite>,
-        bytes: u64,
-        unsolicited: Option<tokio::sync::OwnedSemaphorePermit>,
-        pending: Box<Pending>,
-        answer: Box<crate::session_core::Answer>,
-    ) -> (Register, InOrder) {
-        let task = crate::session_core::NewTask {
-            id: self.shared.task_id(),
-            itt: answer.cmd.itt,
-            lun,
-            cmd_sn: answer.cmd.cmd_sn,
-            immediate,
-            attr: pending.attr,
-            bytes,
-            answer: Some(answer),
-        };
-        let io = TaskIo {
-            pending: Some(pending),
-            permits: None,
-            unsolicited,
-            running: None,
+    /// A SCSI command arrived on `conn` ([`SessionCore::command`]): the core plans it, and
+    /// registers, holds or answers it; one to run now on this reader is handed back
+    /// ([`Arrival::Now`]).
+    #[inline]
+    pub fn command(&self, conn: &Arc<Conn>, c: mcsi_proto::pdu::ScsiCommand) -> Arrival {
+        let Some(target) = &self.target else {
+            // A discovery session has no target; the core's route rejects its commands.
+            return Arrival::Taken {
+                runs: Vec::new(),
+                note: None,
+            };
         };
         let mut core = self.lock();
-        let (reg, ctl) = core.register(conn, task, write, io);
+        let a = core.command(conn, c, &*target.dev, TaskIo::default);
+        if let Arrival::Taken { .. } = a {
+            self.wake(&mut core);
+            self.after_input(core);
+        }
+        a
+    }
+
+    /// A held command whose turn came while an ORDERED task is pending starts as a task of its
+    /// own ([`SessionCore::start_held`]).
+    pub fn start_held(&self, d: Box<Deferred>) -> (InOrder, Option<Note>) {
+        let mut core = self.lock();
+        let r = core.start_held(*d, TaskIo::default());
         self.wake(&mut core);
+        self.after_input(core);
+        r
+    }
+
+    /// Lets the lock go, then starts or wakes the timer when the input gave it a write to watch.
+    fn after_input(&self, mut core: MutexGuard<'_, Core>) {
         let timer = core.take_timer_wake();
         drop(core);
         if timer {
-            self.wake_timer();
-        }
-        (reg, ctl)
-    }
-
-    /// Decides when a [`Deferred`] command runs, without a task of its own
-    /// ([`SessionCore::claim`]).
-    pub fn claim(&self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Turn {
-        self.lock().claim(itt, lun, cmd_sn, immediate)
-    }
-
-    /// Holds a command whose turn has not come ([`Turn::Wait`]) in the window, with a queue
-    /// slot, to run on the reader that fills the gap before it ([`Run::Inline`]). Returns what
-    /// came up in order meanwhile (possibly itself), or gives it back when it needs a task of
-    /// its own after all (the session changed since [`Session::claim`]).
-    pub fn hold(&self, d: Box<Deferred>) -> Result<InOrder, Box<Deferred>> {
-        let mut core = self.lock();
-        let held = core.hold(d);
-        self.wake(&mut core);
-        drop(core);
-        match held {
-            Held::InOrder(ready) => Ok(ready),
-            Held::NeedsTask(d) => Err(d),
-            Held::Dropped(d) => {
-                // Silently ignored (RFC 7143 4.2.2.1).
-                tracing::debug!(parent: &d.conn.span, cmd_sn = d.cmd.cmd_sn, "command outside the CmdSN window or a duplicate dropped");
-                Ok(Vec::new())
+            if let Some(me) = self.me.upgrade() {
+                me.wake_timer();
             }
         }
     }

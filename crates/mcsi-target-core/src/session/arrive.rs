@@ -1,0 +1,555 @@
+//! A SCSI Command PDU arriving in a session ([`SessionCore::command`]): planned, then run at
+//! once on the reader that received it, held for its turn, registered as a task, or answered
+//! (a Reject, TASK SET FULL). What the core sends for it waits in
+//! [`SessionCore::poll_transmit`].
+
+use super::{
+    immediate_data_out, Answer, CoreConn, Deferred, Held, InOrder, Inline, NewTask, NewWrite,
+    Ordered, Register, SessionCore, Share, Turn,
+};
+use crate::command::CommandRefused;
+use crate::transfer::WriteTransfer;
+use bytes::Bytes;
+use mcsi_proto::pdu::{reject_reason, Pdu, ScsiCommand};
+use mcsi_scsi::{status, DataPhase, Outcome, TaskAttribute};
+
+/// What the core asks of the logical units behind a session when a command arrives.
+pub trait Lus {
+    /// The data phase `cdb` asks for on `lun`: what it reads and writes, at most.
+    fn data_phase(&self, lun: u64, cdb: &[u8]) -> DataPhase;
+    /// Whether `lun` may block on `cdb` (a file or a block device): such a command runs in a
+    /// task of its own, never on the reader.
+    fn blocking(&self, lun: u64, cdb: &[u8]) -> bool;
+}
+
+impl Lus for mcsi_scsi::DeviceServer {
+    fn data_phase(&self, lun: u64, cdb: &[u8]) -> DataPhase {
+        mcsi_scsi::DeviceServer::data_phase(self, lun, cdb)
+    }
+
+    fn blocking(&self, lun: u64, cdb: &[u8]) -> bool {
+        mcsi_scsi::DeviceServer::blocking(self, lun, cdb)
+    }
+}
+
+/// A command whose turn has come with all of its data, to run now on the reader that received
+/// it, without a task ([`Arrival::Now`]).
+pub struct RunNow<C> {
+    pub cmd: ScsiCommand,
+    pub phase: DataPhase,
+    /// Its data-out (the immediate data its transfer takes).
+    pub data: Bytes,
+    /// Where its answer goes, and whether [`SessionCore::release_inline`] follows its end.
+    pub claim: Inline<C>,
+}
+
+/// What [`SessionCore::command`] did with a command.
+pub enum Arrival<C> {
+    /// Run it now: execute `cmd`, queue its final PDUs (`crate::datain::response_pdus`) on
+    /// the claim's reply connection or else the one it came on, then release a tracked claim.
+    Now(RunNow<C>),
+    /// The core took it: registered as a task, held for its turn, dropped, or answered (its
+    /// Reject or status waits in [`SessionCore::poll_transmit`]). `runs` came up in CmdSN order
+    /// meanwhile, for the caller to carry out; `note` says what happened when it is worth a
+    /// log line.
+    Taken {
+        runs: InOrder<C>,
+        note: Option<Note>,
+    },
+}
+
+/// Why a command was not taken as asked, for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum Note {
+    /// Its data breaks the negotiated rules: rejected, its CmdSN used up.
+    #[error("command rejected: {0}")]
+    Rejected(CommandRefused),
+    /// Outside the CmdSN window, or a duplicate: dropped silently (RFC 7143 4.2.2.1).
+    #[error("command outside the CmdSN window or a duplicate dropped (CmdSN {cmd_sn})")]
+    Dropped { cmd_sn: u32 },
+    /// An immediate command beyond the session's tasks: TASK SET FULL.
+    #[error("immediate command beyond the session's tasks: TASK SET FULL")]
+    TaskSetFull,
+    /// No room in the server's unsolicited budget for a write's unsolicited data: answered TASK
+    /// SET FULL once that data has come.
+    #[error("no room in the unsolicited budget for {unsolicited} bytes: the write is refused (TASK SET FULL) once its unsolicited data has come")]
+    Refused { unsolicited: u32 },
+    /// No room in the unsolicited budget for a command held for its turn: TASK SET FULL now.
+    #[error("no room in the unsolicited budget for a held write: TASK SET FULL")]
+    HeldWithoutRoom,
+    /// Its ITT belongs to a task in progress: rejected.
+    #[error("ITT in use by a task in progress: rejected")]
+    IttInUse,
+}
+
+impl<C: CoreConn, T> SessionCore<C, T> {
+    /// A SCSI command arrived on `conn`. The core plans it against the logical units (`lus`):
+    /// its task attribute, its write's transfer, whether it may run on the reader. A SIMPLE
+    /// command with all of its data, for a unit that does not block, needs no task: when its
+    /// turn has come it is the caller's to run now ([`Arrival::Now`]); otherwise it waits in the
+    /// window, its immediate data holding room in the unsolicited budget. Any other command
+    /// becomes a task (with `io`, what the caller attaches to it), handed out by
+    /// [`SessionCore::poll_ready`] once its turn has come with all of its data; its immediate
+    /// data and unsolicited burst take room in the unsolicited budget, and a write that finds
+    /// none is answered TASK SET FULL once that data has come. A command that breaks the
+    /// negotiated rules is rejected and its CmdSN used up.
+    #[inline]
+    pub fn command(
+        &mut self,
+        conn: &C,
+        mut c: ScsiCommand,
+        lus: &impl Lus,
+        io: impl FnOnce() -> T,
+    ) -> Arrival<C> {
+        let phase = lus.data_phase(c.lun, &c.cdb);
+        let plan = match crate::command::plan(&c, phase, self.burst, || lus.blocking(c.lun, &c.cdb))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let consume = (!c.immediate).then_some(c.cmd_sn);
+                let reject = Pdu::reject_of(e.reject_reason(), &Pdu::ScsiCommand(c));
+                self.transmit.push_back((conn.clone(), reject));
+                return Arrival::Taken {
+                    runs: self.consume(consume),
+                    note: Some(Note::Rejected(e)),
+                };
+            }
+        };
+        let (attr, mut transfer) = (plan.attr, plan.transfer);
+        let mut held = None;
+        if plan.inline {
+            match self.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
+                Turn::Now(claim) => {
+                    let data = immediate_data_out(&c, transfer.as_ref());
+                    return Arrival::Now(RunNow {
+                        cmd: c,
+                        phase,
+                        data,
+                        claim,
+                    });
+                }
+                Turn::Wait => {
+                    // Held, it keeps its own CDB (not the reader's buffer around it) and its
+                    // immediate data's room in the unsolicited budget.
+                    c.cdb = Bytes::copy_from_slice(&c.cdb);
+                    let room = match self.take_unsolicited(c.data.len() as u32) {
+                        Ok(room) => room,
+                        Err(()) => {
+                            // All of its data has come, so the answer may go now; one outside
+                            // the window is dropped silently instead (RFC 7143 4.2.2.1).
+                            let (taken, runs) = self.submit_ordered(c.cmd_sn, Ordered::Nothing);
+                            if taken {
+                                self.task_set_full(conn, &c, phase);
+                            }
+                            return Arrival::Taken {
+                                runs,
+                                note: Some(if taken {
+                                    Note::HeldWithoutRoom
+                                } else {
+                                    Note::Dropped { cmd_sn: c.cmd_sn }
+                                }),
+                            };
+                        }
+                    };
+                    let d = Box::new(Deferred {
+                        conn: conn.clone(),
+                        cmd: c,
+                        phase,
+                        transfer,
+                        room,
+                    });
+                    match self.hold(d) {
+                        Held::InOrder(runs) => return Arrival::Taken { runs, note: None },
+                        Held::Dropped(d) => {
+                            return Arrival::Taken {
+                                runs: Vec::new(),
+                                note: Some(Note::Dropped {
+                                    cmd_sn: d.cmd.cmd_sn,
+                                }),
+                            }
+                        }
+                        // The session changed since the claim: a task of its own after all.
+                        Held::NeedsTask(d) => {
+                            let d = *d;
+                            c = d.cmd;
+                            transfer = d.transfer;
+                            held = Some(d.room);
+                        }
+                    }
+                }
+                Turn::Task => {}
+            }
+        }
+        let (runs, note) = self.start_task(conn, c, phase, attr, transfer, false, held, io);
+        Arrival::Taken { runs, note }
+    }
+
+    /// A held command whose turn came while an ORDERED task is pending ([`super::Run::Task`])
+    /// starts as a task of its own, with `io` attached: its CmdSN is consumed already, it only
+    /// enters its task set. Returns what came up in order and what to log.
+    pub fn start_held(&mut self, d: Deferred<C>, io: T) -> (InOrder<C>, Option<Note>) {
+        let conn = d.conn;
+        self.start_task(
+            &conn,
+            d.cmd,
+            d.phase,
+            TaskAttribute::Simple,
+            d.transfer,
+            true,
+            Some(d.room),
+            || io,
+        )
+    }
+
+    /// Registers `cmd` as a task. `in_order`: its CmdSN was consumed already. `held`: the room
+    /// its data holds already (a held command's); otherwise its unsolicited data takes room now.
+    #[allow(clippy::too_many_arguments)]
+    fn start_task(
+        &mut self,
+        conn: &C,
+        mut cmd: ScsiCommand,
+        phase: DataPhase,
+        attr: TaskAttribute,
+        transfer: Option<WriteTransfer>,
+        in_order: bool,
+        held: Option<Option<Share>>,
+        io: impl FnOnce() -> T,
+    ) -> (InOrder<C>, Option<Note>) {
+        let unsolicited = transfer.as_ref().map_or(0, |t| t.unsolicited_len());
+        let (room, refused) = match held {
+            Some(room) => (room, false),
+            None => {
+                // The task keeps its own CDB, not the reader's buffer around it.
+                cmd.cdb = Bytes::copy_from_slice(&cmd.cdb);
+                match self.take_unsolicited(unsolicited) {
+                    Ok(room) => (room, false),
+                    Err(()) => (None, true),
+                }
+            }
+        };
+        // The immediate data goes to the write (which keeps what it needs); the command kept for
+        // the answer has none.
+        let write = transfer.map(|transfer| NewWrite {
+            transfer,
+            immediate: std::mem::take(&mut cmd.data),
+            first_burst_length: self.burst.first_burst_length,
+            refused,
+            room,
+        });
+        let id = self.next_id;
+        self.next_id += 1;
+        let task = NewTask {
+            id,
+            itt: cmd.itt,
+            lun: cmd.lun,
+            cmd_sn: cmd.cmd_sn,
+            immediate: cmd.immediate || in_order,
+            attr,
+            bytes: u64::from(cmd.expected_data_transfer_length),
+            answer: Some(Box::new(Answer {
+                cmd: cmd.clone(),
+                phase,
+            })),
+        };
+        let (reg, runs) = self.register(conn, task, write, io());
+        let note = match reg {
+            Register::Ok => refused.then_some(Note::Refused { unsolicited }),
+            Register::Closing => None,
+            Register::OutOfWindow => Some(Note::Dropped { cmd_sn: cmd.cmd_sn }),
+            Register::TaskSetFull => {
+                self.task_set_full(conn, &cmd, phase);
+                Some(Note::TaskSetFull)
+            }
+            Register::IttInUse => {
+                let reject =
+                    Pdu::reject_of(reject_reason::TASK_IN_PROGRESS, &Pdu::ScsiCommand(cmd));
+                self.transmit.push_back((conn.clone(), reject));
+                Some(Note::IttInUse)
+            }
+        };
+        (runs, note)
+    }
+
+    /// Room for `bytes` of unsolicited data in the server's budget: `Ok(None)` when there is
+    /// nothing to count, `Err` when there is no room.
+    fn take_unsolicited(&mut self, bytes: u32) -> Result<Option<Share>, ()> {
+        match &self.unsolicited_budget {
+            Some(b) if bytes > 0 => Share::take(b, bytes).map(Some).ok_or(()),
+            _ => Ok(None),
+        }
+    }
+
+    /// A rejected non-immediate request still uses up its CmdSN, so that the commands after it
+    /// are not held for ever: what that put in order.
+    pub fn consume(&mut self, cmd_sn: Option<u32>) -> InOrder<C> {
+        match cmd_sn {
+            Some(sn) => self.submit_ordered(sn, Ordered::Nothing).1,
+            None => Vec::new(),
+        }
+    }
+
+    /// Answers `cmd` on `conn` with status TASK SET FULL.
+    fn task_set_full(&mut self, conn: &C, cmd: &ScsiCommand, phase: DataPhase) {
+        let full = Outcome::status(status::TASK_SET_FULL);
+        let pdus =
+            crate::datain::response_pdus(cmd, phase, full, conn.max_data_in(), self.max_burst);
+        for p in pdus {
+            self.transmit.push_back((conn.clone(), p));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{CoreConn, Run};
+    use mcsi_proto::pdu::TaskAttr;
+    use mcsi_proto::vendor::ConnRole;
+    use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    #[derive(Debug, Clone)]
+    struct Tc;
+
+    impl CoreConn for Tc {
+        fn cid(&self) -> u16 {
+            1
+        }
+        fn role(&self) -> ConnRole {
+            ConnRole::Both
+        }
+        fn same(&self, _: &Self) -> bool {
+            true
+        }
+        fn max_data_in(&self) -> u32 {
+            8192
+        }
+    }
+
+    /// A shared budget of `free` bytes.
+    struct Room(AtomicU32);
+
+    impl crate::session::SharedBudget for Room {
+        fn try_take(&self, bytes: u32) -> bool {
+            self.0
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                    f.checked_sub(bytes)
+                })
+                .is_ok()
+        }
+        fn give_back(&self, bytes: u32) {
+            self.0.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
+
+    type Core = SessionCore<Tc, ()>;
+
+    /// A session whose next CmdSN is 1, with a budget of `room` bytes of unsolicited data.
+    fn session(room: u32) -> (Core, Arc<Room>) {
+        let mut core = Core::new(1, 8, false, None);
+        assert!(core.add_conn(Tc).is_ok());
+        core.set_burst(crate::transfer::BurstParams {
+            initial_r2t: false,
+            immediate_data: true,
+            first_burst_length: 4096,
+            max_burst_length: 16384,
+            max_outstanding_r2t: 1,
+        });
+        let budget = Arc::new(Room(AtomicU32::new(room)));
+        core.set_unsolicited_budget(budget.clone());
+        (core, budget)
+    }
+
+    fn dev() -> DeviceServer {
+        let backend = mcsi_scsi::backend::open_backend("ram:1MiB").expect("a RAM LUN");
+        DeviceServer::new(vec![(
+            0,
+            Arc::new(LogicalUnit::new(backend, LuConfig::default())),
+        )])
+    }
+
+    /// READ(10) or WRITE(10) of `blocks` 512-byte blocks, with `data` as immediate data.
+    fn cmd(itt: u32, cmd_sn: u32, write: bool, blocks: u8, data: &'static [u8]) -> ScsiCommand {
+        let op = if write { 0x2a } else { 0x28 };
+        ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: !write,
+            write,
+            attr: TaskAttr::Simple,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: u32::from(blocks) * 512,
+            cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Bytes::from(vec![op, 0, 0, 0, 0, 0, 0, 0, blocks, 0]),
+            bidi_read_length: None,
+            data: Bytes::from_static(data),
+        }
+    }
+
+    /// Its unsolicited burst goes on after its immediate data (the F bit clear).
+    fn unsolicited(c: ScsiCommand) -> ScsiCommand {
+        ScsiCommand { final_: false, ..c }
+    }
+
+    fn statuses(core: &mut Core) -> Vec<(u32, u8)> {
+        std::iter::from_fn(|| core.poll_transmit())
+            .filter_map(|(_, p)| match p {
+                Pdu::ScsiResponse(r) => Some((r.itt, r.status)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_read_in_turn_runs_now_and_one_ahead_of_a_gap_waits_for_it() {
+        let (mut core, _) = session(0);
+        let dev = dev();
+        let Arrival::Taken { runs, note } =
+            core.command(&Tc, cmd(2, 2, false, 1, b""), &dev, || ())
+        else {
+            panic!("CmdSN 2 before 1 must wait");
+        };
+        assert!(runs.is_empty() && note.is_none());
+        // CmdSN 1 fills the gap: both come up, in order, to run on this reader.
+        let Arrival::Taken { runs, .. } = core.command(&Tc, cmd(1, 1, false, 1, b""), &dev, || ())
+        else {
+            panic!("one is held, so 1 goes through the window");
+        };
+        let itts: Vec<u32> = runs
+            .iter()
+            .map(|r| match r {
+                Run::Inline(d, _) => d.cmd.itt,
+                _ => panic!("in order, to run inline"),
+            })
+            .collect();
+        assert_eq!(itts, vec![1, 2]);
+        // Next in order with nothing held: it runs now, without a task.
+        match core.command(&Tc, cmd(3, 3, false, 1, b""), &dev, || ()) {
+            Arrival::Now(now) => {
+                assert_eq!(now.cmd.itt, 3);
+                assert!(!now.claim.tracked, "one connection: nothing to track");
+            }
+            Arrival::Taken { .. } => panic!("3 is next"),
+        }
+        assert_eq!(core.task_count(), 0);
+    }
+
+    /// Immediate data on a read breaks the rules: a Reject, and its CmdSN is used up so that
+    /// the command after it is not held for ever.
+    #[test]
+    fn a_command_that_breaks_the_rules_is_rejected_and_uses_up_its_cmdsn() {
+        let (mut core, _) = session(0);
+        let dev = dev();
+        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(1, 1, false, 1, b"x"), &dev, || ())
+        else {
+            panic!("rejected");
+        };
+        assert!(matches!(note, Some(Note::Rejected(_))), "{note:?}");
+        assert!(matches!(core.poll_transmit(), Some((_, Pdu::Reject(_)))));
+        assert!(matches!(
+            core.command(&Tc, cmd(2, 2, false, 1, b""), &dev, || ()),
+            Arrival::Now(_)
+        ));
+    }
+
+    /// A write's unsolicited data takes room in the shared budget until the write is granted
+    /// or ends; a write that finds none is answered TASK SET FULL once its unsolicited data has
+    /// come, and never runs.
+    #[test]
+    fn unsolicited_data_holds_room_and_a_write_without_room_is_refused() {
+        static DATA: [u8; 1024] = [7; 1024];
+        let (mut core, budget) = session(1024);
+        let dev = dev();
+        // 8 blocks, 1 KiB immediate: the rest of the first burst (3 KiB) comes unsolicited.
+        let Arrival::Taken { note, .. } =
+            core.command(&Tc, unsolicited(cmd(1, 1, true, 8, &DATA)), &dev, || ())
+        else {
+            panic!("a write with data still to come is a task");
+        };
+        // 4 KiB (1 KiB immediate + 3 KiB unsolicited) does not fit in 1 KiB: refused.
+        assert!(
+            matches!(note, Some(Note::Refused { unsolicited: 4096 })),
+            "{note:?}"
+        );
+        assert_eq!(core.task_count(), 1);
+        assert_eq!(
+            budget.0.load(Ordering::Acquire),
+            1024,
+            "refused, took nothing"
+        );
+        assert_eq!(
+            statuses(&mut core),
+            Vec::new(),
+            "its unsolicited data is owed first"
+        );
+        let d = mcsi_proto::pdu::DataOut {
+            final_: true,
+            lun: 0,
+            itt: 1,
+            ttt: mcsi_proto::pdu::RESERVED_TAG,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 1024,
+            data: Bytes::from_static(&[0; 3072]),
+        };
+        assert_eq!(core.data_out(1, &d), crate::session::DataOutcome::Taken);
+        assert!(core.poll_ready().is_none(), "a refused write never runs");
+        assert_eq!(statuses(&mut core), vec![(1, status::TASK_SET_FULL)]);
+        assert_eq!(core.task_count(), 0);
+
+        // With room, the unsolicited part (4 KiB of 8) is held until the write ends.
+        let (mut core, budget) = session(8192);
+        let Arrival::Taken { note, .. } =
+            core.command(&Tc, unsolicited(cmd(1, 1, true, 16, &DATA)), &dev, || ())
+        else {
+            panic!("a task");
+        };
+        assert!(note.is_none(), "{note:?}");
+        assert_eq!(budget.0.load(Ordering::Acquire), 8192 - 4096);
+        let _ = core.abort_where(|_| true, |_| ());
+        assert_eq!(core.task_count(), 0);
+        assert_eq!(
+            budget.0.load(Ordering::Acquire),
+            8192,
+            "given back at its end"
+        );
+    }
+
+    /// A command held for its turn keeps its immediate data, which holds room; without room it
+    /// is answered TASK SET FULL at once (all of its data has come) and its CmdSN is used up.
+    #[test]
+    fn a_held_write_holds_room_for_its_data_or_is_answered_task_set_full() {
+        static DATA: [u8; 512] = [1; 512];
+        let (mut core, budget) = session(512);
+        let dev = dev();
+        // One block, all of it immediate, ahead of a gap: held with its 512 bytes.
+        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(3, 3, true, 1, &DATA), &dev, || ())
+        else {
+            panic!("held");
+        };
+        assert!(note.is_none());
+        assert_eq!(budget.0.load(Ordering::Acquire), 0);
+        // Another one finds no room: TASK SET FULL now.
+        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(2, 2, true, 1, &DATA), &dev, || ())
+        else {
+            panic!("answered");
+        };
+        assert!(matches!(note, Some(Note::HeldWithoutRoom)), "{note:?}");
+        assert_eq!(statuses(&mut core), vec![(2, status::TASK_SET_FULL)]);
+        // CmdSN 1 fills the gap; 2 was used up, so 3 comes up with it.
+        let Arrival::Taken { runs, .. } = core.command(&Tc, cmd(1, 1, false, 1, b""), &dev, || ())
+        else {
+            panic!("through the window");
+        };
+        assert_eq!(runs.len(), 2);
+        drop(runs);
+        assert_eq!(
+            budget.0.load(Ordering::Acquire),
+            512,
+            "the held data let go"
+        );
+    }
+}
