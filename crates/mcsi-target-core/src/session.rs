@@ -35,7 +35,7 @@ use mcsi_scsi::TaskAttribute;
 use std::time::{Duration, Instant};
 
 mod arrive;
-pub use arrive::{Arrival, Lus, Note, RunNow};
+pub use arrive::{Arrival, Fault, Lus, NoUnits, Note, RunNow};
 
 /// What the core needs to know of a connection.
 pub trait CoreConn: Clone {
@@ -509,6 +509,8 @@ pub struct SessionCore<C, T> {
     unsolicited_budget: Option<std::sync::Arc<dyn SharedBudget>>,
     /// The id of the next task [`SessionCore::command`] registers.
     next_id: u64,
+    /// A discovery session: Text, Logout and NOP-Out only (RFC 7143 4.3).
+    discovery: bool,
     /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
     parked: Vec<Parked<C>>,
     /// Connections to close, for [`SessionCore::poll_close`].
@@ -581,6 +583,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             burst: (&mcsi_proto::keys::SessionParams::default()).into(),
             unsolicited_budget: None,
             next_id: 1,
+            discovery: false,
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
         }
@@ -674,6 +677,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     pub fn set_burst(&mut self, burst: crate::transfer::BurstParams) {
         self.burst = burst;
         self.max_burst = burst.max_burst_length.max(1);
+    }
+
+    /// A discovery session takes Text, Logout and NOP-Out only ([`SessionCore::handle_pdu`]).
+    pub fn set_discovery(&mut self, discovery: bool) {
+        self.discovery = discovery;
     }
 
     /// The session's burst values.
@@ -1475,6 +1483,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         for it in items {
             match it {
                 Ordered::Task(id, itt) => self.admit(Key { id, itt }),
+                // A NOP-Out ping is the core's to echo; the others are the caller's.
+                Ordered::Control(c, Pdu::NopOut(n)) => self.echo(&c, n),
                 Ordered::Control(c, p) => out.push(Run::Control(c, p)),
                 Ordered::Command(d) => {
                     // Its queue slot is given back now; it runs right after the lock is let go.

@@ -4,13 +4,11 @@
 use crate::control;
 use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
-use crate::session::{Arrival, Conn, Ordered, Out, OutQueue, Session};
-use crate::session_core::DataOutcome;
+use crate::session::{Arrival, Conn, Out, OutQueue, Session};
 use crate::session_core::RunNow;
 use bytes::BytesMut;
-use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu, ScsiCommand};
+use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu};
 use mcsi_proto::vendor::ConnRole;
-use mcsi_target_core::dispatch::{rejected_cmd_sn, route, Route};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,16 +41,10 @@ pub enum ConnEnd {
     Decode(#[source] DecodeError),
     #[error("no answer to the NOP-In ping (TTT {ttt:#x}) within {timeout:?}")]
     PingUnanswered { ttt: u32, timeout: Duration },
-    /// Data-Out for a task on another connection (RFC 7143 4.2.2.3).
-    #[error("Data-Out for ITT {itt:#x} on a connection it is not allegiant to")]
-    NotAllegiant { itt: u32 },
-    /// A Data-Out that breaks its task's transfer (7.1.4.1).
-    #[error("Data-Out error for ITT {itt:#x}: {source}")]
-    DataOut {
-        itt: u32,
-        #[source]
-        source: crate::transfer::TransferError,
-    },
+    /// A protocol error ErrorRecoveryLevel 0 cannot recover (a Data-Out on the wrong
+    /// connection or breaking its transfer).
+    #[error(transparent)]
+    Fault(#[from] mcsi_target_core::session::Fault),
 }
 
 /// Writes every slice of every PDU, resuming after partial writes.
@@ -338,8 +330,10 @@ impl Reader {
                         (e.consumed(), e.reject_reason(), e.rejected_header())
                     {
                         debug!("rejecting PDU: {e}");
-                        self.consume(rejected_cmd_sn(h));
-                        self.conn.send(Pdu::reject(reason, h.clone()));
+                        let runs = self
+                            .session
+                            .handle_undecodable(&self.conn, reason, h.clone());
+                        control::run_all(&self.session, runs);
                         continue;
                     }
                     break ConnEnd::Decode(e);
@@ -410,68 +404,11 @@ impl Reader {
         }
     }
 
-    /// A rejected non-immediate request still uses up its CmdSN, so that the commands after it
-    /// are not held for ever.
-    fn consume(&self, cmd_sn: Option<u32>) {
-        if let Some(cmd_sn) = cmd_sn {
-            let (_, ctl) = self.session.submit_ordered(cmd_sn, Ordered::Nothing);
-            control::run_all(&self.session, ctl);
-        }
-    }
-
-    /// Handles one PDU where the core's [`route`] sends it. An Err ends the connection.
+    /// Handles one PDU: the session's core takes it ([`Session::handle_pdu`]); this reader
+    /// runs what is to run now and carries out what came up in CmdSN order. An Err ends the
+    /// connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
-        match route(p, self.session.is_discovery()) {
-            Route::PingAnswer(ttt) => {
-                // The answer to our ping (11.18): nothing to run, nothing to answer.
-                if !self.keepalive.answered(ttt) {
-                    debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
-                }
-                Ok(())
-            }
-            Route::Command(c) => self.on_command(c),
-            Route::DataOut(d) => match self.session.data_out(&self.conn, &d) {
-                DataOutcome::Taken => Ok(()),
-                // Data for a task on another connection breaks allegiance (RFC 7143 4.2.2.3).
-                DataOutcome::NotAllegiant => Err(ConnEnd::NotAllegiant { itt: d.itt }),
-                DataOutcome::Discarded => {
-                    // The task ended or was aborted: the data is discarded (4.2.3.1).
-                    debug!(parent: &self.conn.span, itt = d.itt, "Data-Out for no task, discarded");
-                    Ok(())
-                }
-                // A sequence error cannot be recovered at ErrorRecoveryLevel 0 (RFC 7143
-                // 7.1.4.1, 7.2): the connection, and with it the session, ends.
-                DataOutcome::Error(source) => Err(ConnEnd::DataOut { itt: d.itt, source }),
-            },
-            Route::Control(p) => {
-                if p.is_immediate() {
-                    control::run(&self.session, self.conn.clone(), p);
-                } else {
-                    let cmd_sn = p.cmd_sn().unwrap_or(0);
-                    let (accepted, ctl) = self
-                        .session
-                        .submit_ordered(cmd_sn, Ordered::Control(self.conn.clone(), p));
-                    if !accepted {
-                        debug!(parent: &self.conn.span, cmd_sn, "request outside the CmdSN window dropped");
-                    }
-                    control::run_all(&self.session, ctl);
-                }
-                Ok(())
-            }
-            Route::Reject {
-                reason,
-                pdu,
-                consume,
-            } => {
-                self.conn.send(Pdu::reject_of(reason, &pdu));
-                self.consume(consume);
-                Ok(())
-            }
-        }
-    }
-
-    fn on_command(&mut self, c: ScsiCommand) -> Result<(), ConnEnd> {
-        match self.session.command(&self.conn, c) {
+        match self.session.handle_pdu(&self.conn, p) {
             Arrival::Now(now) => {
                 if let Some(target) = &self.session.target {
                     let RunNow {
@@ -497,6 +434,15 @@ impl Reader {
                 }
                 control::run_all(&self.session, runs);
             }
+            // The answer to our ping (11.18): nothing to run, nothing to answer.
+            Arrival::PingAnswer(ttt) => {
+                if !self.keepalive.answered(ttt) {
+                    debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
+                }
+            }
+            // At ErrorRecoveryLevel 0 the connection, and with it the session, ends (RFC 7143
+            // 7.1.4.1, 7.2).
+            Arrival::End(fault) => return Err(fault.into()),
         }
         Ok(())
     }

@@ -4,9 +4,9 @@
 //! devices and sends the answer.
 
 use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
-use mcsi_proto::pdu::{reject_reason, LogoutRequest, NopOut, Pdu, TaskMgmtRequest};
+use mcsi_proto::pdu::{reject_reason, LogoutRequest, Pdu, TaskMgmtRequest};
 use mcsi_target_core::control::tmf_function;
-use mcsi_target_core::control::{nop_out, tmf_pdu, tmf_response, Logout, Nop, Reset, Tmf, TmfStep};
+use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf, TmfStep};
 use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
 use std::sync::Arc;
 use tracing::{debug, info, Instrument};
@@ -71,7 +71,6 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
 /// Runs one request on its connection.
 pub fn run(session: &Arc<Session>, conn: Arc<Conn>, p: Pdu) {
     match p {
-        Pdu::NopOut(n) => nop(&conn, n),
         Pdu::TextRequest(t) => crate::text::handle(&session.shared, session, &conn, t),
         Pdu::LogoutRequest(l) => logout(session, &conn, l),
         Pdu::TaskMgmtRequest(t) => {
@@ -116,14 +115,6 @@ fn control_slot(
             ));
             None
         }
-    }
-}
-
-/// NOP-Out: a ping (ITT set) is echoed with its data (11.19); an answer to our NOP-In (TTT set,
-/// taken by the reader) or a NOP-Out with the reserved ITT needs no reply.
-fn nop(conn: &Conn, n: NopOut) {
-    if let Nop::Echo(p) = nop_out(n, conn.ops.send_mrdsl) {
-        conn.send(p);
     }
 }
 

@@ -7,8 +7,8 @@
 
 use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
-use crate::session_core::{DataOutTimedOut, DataOutcome, SessionCore};
-use mcsi_proto::pdu::{DataOut, Isid, Pdu};
+use crate::session_core::{DataOutTimedOut, SessionCore};
+use mcsi_proto::pdu::{Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
 use std::collections::HashMap;
@@ -576,8 +576,6 @@ impl crate::session_core::ConnInfo for Conn {
     }
 }
 
-/// A command that takes its turn in CmdSN order ([`crate::session_core::Ordered`]).
-pub type Ordered = crate::session_core::Ordered<Arc<Conn>>;
 /// A command held without a task of its own ([`crate::session_core::Deferred`]).
 pub type Deferred = crate::session_core::Deferred<Arc<Conn>>;
 /// What the core did with an arriving command ([`crate::session_core::Arrival`]).
@@ -731,6 +729,7 @@ impl Session {
             .as_ref()
             .and_then(|t| t.limits.response_policy.scheduler());
         let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
+        core.set_discovery(target.is_none());
         core.set_burst(ops.burst);
         core.set_unsolicited_budget(shared.unsolicited_budget.clone());
         core.set_data_out_timeout(
@@ -997,25 +996,35 @@ impl Session {
         self.lock().alloc_ttt()
     }
 
-    /// A SCSI command arrived on `conn` ([`SessionCore::command`]): the core plans it, and
-    /// registers, holds or answers it; one to run now on this reader is handed back
-    /// ([`Arrival::Now`]).
+    /// A PDU arrived on `conn` ([`SessionCore::handle_pdu`]): the core takes it, and what it
+    /// decided is carried out (tasks started, R2Ts and answers queued); a command to run now on
+    /// this reader is handed back ([`Arrival::Now`]).
     #[inline]
-    pub fn command(&self, conn: &Arc<Conn>, c: mcsi_proto::pdu::ScsiCommand) -> Arrival {
-        let Some(target) = &self.target else {
-            // A discovery session has no target; the core's route rejects its commands.
-            return Arrival::Taken {
-                runs: Vec::new(),
-                note: None,
-            };
-        };
+    pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> Arrival {
         let mut core = self.lock();
-        let a = core.command(conn, c, &*target.dev, TaskIo::default);
+        let a = match &self.target {
+            Some(t) => core.handle_pdu(conn, p, &*t.dev, TaskIo::default),
+            None => core.handle_pdu(conn, p, &crate::session_core::NoUnits, TaskIo::default),
+        };
         if let Arrival::Taken { .. } = a {
             self.wake(&mut core);
             self.after_input(core);
         }
         a
+    }
+
+    /// A PDU arrived on `conn` that could not be decoded but can be answered
+    /// ([`SessionCore::handle_undecodable`]).
+    pub fn handle_undecodable(
+        &self,
+        conn: &Arc<Conn>,
+        reason: u8,
+        header: bytes::Bytes,
+    ) -> InOrder {
+        let mut core = self.lock();
+        let runs = core.handle_undecodable(conn, reason, header);
+        self.wake(&mut core);
+        runs
     }
 
     /// A held command whose turn came while an ORDERED task is pending starts as a task of its
@@ -1063,33 +1072,12 @@ impl Session {
         }
     }
 
-    /// Submits a non-SCSI non-immediate request (or a consumed CmdSN) to the window; returns
-    /// whether it was taken (false: outside the window or a duplicate, dropped) and the
-    /// requests now in order (possibly including this one).
-    pub fn submit_ordered(&self, cmd_sn: u32, item: Ordered) -> (bool, InOrder) {
-        let mut core = self.lock();
-        let r = core.submit_ordered(cmd_sn, item);
-        self.wake(&mut core);
-        r
-    }
-
     /// ABORT TASK for a task not found ([`SessionCore::take_as_received`]).
     pub fn take_as_received(&self, ref_cmd_sn: u32, cmd_sn: u32) -> Option<InOrder> {
         let mut core = self.lock();
         let r = core.take_as_received(ref_cmd_sn, cmd_sn);
         self.wake(&mut core);
         r
-    }
-
-    /// A Data-Out arrived on `conn` ([`SessionCore::data_out`]): its R2Ts that follow go out, a
-    /// task whose data is complete is woken if its turn has come.
-    pub fn data_out(&self, conn: &Arc<Conn>, d: &DataOut) -> DataOutcome {
-        let mut core = self.lock();
-        let outcome = core.data_out(conn.cid, d);
-        if outcome == DataOutcome::Taken {
-            self.wake(&mut core);
-        }
-        outcome
     }
 
     /// Ends a task with the device server's `outcome` (`None`: it did not run to one): the

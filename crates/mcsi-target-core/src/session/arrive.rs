@@ -1,6 +1,8 @@
-//! A SCSI Command PDU arriving in a session ([`SessionCore::command`]): planned, then run at
-//! once on the reader that received it, held for its turn, registered as a task, or answered
-//! (a Reject, TASK SET FULL). What the core sends for it waits in
+//! What arrives in a session in full feature phase ([`SessionCore::handle_pdu`]): a SCSI
+//! command ([`SessionCore::command`]: planned, then run at once on the reader that received it,
+//! held for its turn, registered as a task, or answered with a Reject or TASK SET FULL), Data-Out,
+//! a NOP-Out (echoed by the core), another control request (in CmdSN order, for the caller), the
+//! answer to the target's ping, or something to reject. What the core sends for it waits in
 //! [`SessionCore::poll_transmit`].
 
 use super::{
@@ -8,7 +10,9 @@ use super::{
     Ordered, Register, SessionCore, Share, Turn,
 };
 use crate::command::CommandRefused;
-use crate::transfer::WriteTransfer;
+use crate::control::{nop_out, Nop};
+use crate::dispatch::{rejected_cmd_sn, route, Route};
+use crate::transfer::{TransferError, WriteTransfer};
 use bytes::Bytes;
 use mcsi_proto::pdu::{reject_reason, Pdu, ScsiCommand};
 use mcsi_scsi::{status, DataPhase, Outcome, TaskAttribute};
@@ -32,6 +36,23 @@ impl Lus for mcsi_scsi::DeviceServer {
     }
 }
 
+/// No logical units: a discovery session's, which takes no SCSI command ([`route`] rejects
+/// them before any is planned).
+pub struct NoUnits;
+
+impl Lus for NoUnits {
+    fn data_phase(&self, _: u64, _: &[u8]) -> DataPhase {
+        DataPhase {
+            data_out_len: 0,
+            data_in_len: 0,
+        }
+    }
+
+    fn blocking(&self, _: u64, _: &[u8]) -> bool {
+        true
+    }
+}
+
 /// A command whose turn has come with all of its data, to run now on the reader that received
 /// it, without a task ([`Arrival::Now`]).
 pub struct RunNow<C> {
@@ -43,7 +64,7 @@ pub struct RunNow<C> {
     pub claim: Inline<C>,
 }
 
-/// What [`SessionCore::command`] did with a command.
+/// What [`SessionCore::handle_pdu`] (or [`SessionCore::command`]) did with a PDU.
 pub enum Arrival<C> {
     /// Run it now: execute `cmd`, queue its final PDUs (`crate::datain::response_pdus`) on
     /// the claim's reply connection or else the one it came on, then release a tracked claim.
@@ -55,6 +76,26 @@ pub enum Arrival<C> {
     Taken {
         runs: InOrder<C>,
         note: Option<Note>,
+    },
+    /// The answer to the target's NOP-In ping with this TTT (11.18), for the connection's
+    /// keepalive; nothing to run or answer.
+    PingAnswer(u32),
+    /// The connection must end: an error ErrorRecoveryLevel 0 cannot recover.
+    End(Fault),
+}
+
+/// An error on a connection that ends it at ErrorRecoveryLevel 0 (and with it the session).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    /// Data-Out for a task on another connection (RFC 7143 4.2.2.3).
+    #[error("Data-Out for ITT {itt:#x} on a connection it is not allegiant to")]
+    NotAllegiant { itt: u32 },
+    /// A Data-Out that breaks its task's transfer (7.1.4.1).
+    #[error("Data-Out error for ITT {itt:#x}: {source}")]
+    DataOut {
+        itt: u32,
+        #[source]
+        source: TransferError,
     },
 }
 
@@ -80,9 +121,93 @@ pub enum Note {
     /// Its ITT belongs to a task in progress: rejected.
     #[error("ITT in use by a task in progress: rejected")]
     IttInUse,
+    /// A PDU with no place here (a SNACK at ErrorRecoveryLevel 0, a Login Request or a target
+    /// opcode in full feature phase, a SCSI command in a discovery session): rejected.
+    #[error("PDU with opcode {opcode:#04x} rejected (protocol error)")]
+    Protocol { opcode: u8 },
+    /// A PDU that could not be decoded but could be answered: rejected with `reason`.
+    #[error("undecodable PDU rejected (reason {reason:#04x})")]
+    Undecodable { reason: u8 },
+    /// Data-Out for no task that takes data (ended, aborted, or never a write): discarded
+    /// (4.2.3.1).
+    #[error("Data-Out for ITT {itt:#x}, for no task that takes it: discarded")]
+    Discarded { itt: u32 },
 }
 
 impl<C: CoreConn, T> SessionCore<C, T> {
+    /// A PDU arrived on `conn` in full feature phase: the core routes it ([`route`]) and takes
+    /// it. A SCSI command goes to [`SessionCore::command`] (with `lus` and `io`); Data-Out to
+    /// its write; a NOP-Out ping is echoed, at once when immediate, else in CmdSN order; Text,
+    /// Logout and Task Management come back in `runs` for the caller to carry out (at once when
+    /// immediate, else when their turn has come); what has no place here is rejected, its CmdSN
+    /// used up.
+    #[inline]
+    pub fn handle_pdu(
+        &mut self,
+        conn: &C,
+        p: Pdu,
+        lus: &impl Lus,
+        io: impl FnOnce() -> T,
+    ) -> Arrival<C> {
+        let taken = |runs: InOrder<C>, note: Option<Note>| Arrival::Taken { runs, note };
+        match route(p, self.discovery) {
+            Route::Command(c) => self.command(conn, c, lus, io),
+            Route::DataOut(d) => match self.data_out(conn.cid(), &d) {
+                super::DataOutcome::Taken => taken(Vec::new(), None),
+                super::DataOutcome::Discarded => {
+                    taken(Vec::new(), Some(Note::Discarded { itt: d.itt }))
+                }
+                super::DataOutcome::NotAllegiant => {
+                    Arrival::End(Fault::NotAllegiant { itt: d.itt })
+                }
+                super::DataOutcome::Error(source) => {
+                    Arrival::End(Fault::DataOut { itt: d.itt, source })
+                }
+            },
+            Route::PingAnswer(ttt) => Arrival::PingAnswer(ttt),
+            Route::Control(p) if p.is_immediate() => match p {
+                Pdu::NopOut(n) => {
+                    self.echo(conn, n);
+                    taken(Vec::new(), None)
+                }
+                p => taken(vec![super::Run::Control(conn.clone(), p)], None),
+            },
+            Route::Control(p) => {
+                let cmd_sn = p.cmd_sn().unwrap_or(0);
+                let (accepted, runs) =
+                    self.submit_ordered(cmd_sn, Ordered::Control(conn.clone(), p));
+                taken(runs, (!accepted).then_some(Note::Dropped { cmd_sn }))
+            }
+            Route::Reject {
+                reason,
+                pdu,
+                consume,
+            } => {
+                let opcode = pdu.opcode() as u8;
+                self.transmit
+                    .push_back((conn.clone(), Pdu::reject_of(reason, &pdu)));
+                taken(self.consume(consume), Some(Note::Protocol { opcode }))
+            }
+        }
+    }
+
+    /// A PDU arrived on `conn` that could not be decoded but can be answered (its header came
+    /// whole): it is rejected with `reason`, and a non-immediate request's CmdSN is used up.
+    pub fn handle_undecodable(&mut self, conn: &C, reason: u8, header: Bytes) -> InOrder<C> {
+        let consume = rejected_cmd_sn(&header);
+        self.transmit
+            .push_back((conn.clone(), Pdu::reject(reason, header)));
+        self.consume(consume)
+    }
+
+    /// Echoes a NOP-Out ping (ITT set) with its data, cut to what the initiator takes (11.19);
+    /// one with the reserved ITT needs no reply.
+    pub(super) fn echo(&mut self, conn: &C, n: mcsi_proto::pdu::NopOut) {
+        if let Nop::Echo(p) = nop_out(n, conn.max_data_in()) {
+            self.transmit.push_back((conn.clone(), p));
+        }
+    }
+
     /// A SCSI command arrived on `conn`. The core plans it against the logical units (`lus`):
     /// its task attribute, its write's transfer, whether it may run on the reader. A SIMPLE
     /// command with all of its data, for a unit that does not block, needs no task: when its
@@ -432,7 +557,7 @@ mod tests {
                 assert_eq!(now.cmd.itt, 3);
                 assert!(!now.claim.tracked, "one connection: nothing to track");
             }
-            Arrival::Taken { .. } => panic!("3 is next"),
+            _ => panic!("3 is next"),
         }
         assert_eq!(core.task_count(), 0);
     }
@@ -551,5 +676,135 @@ mod tests {
             512,
             "the held data let go"
         );
+    }
+
+    fn nop(itt: u32, cmd_sn: u32, immediate: bool) -> Pdu {
+        Pdu::NopOut(mcsi_proto::pdu::NopOut {
+            immediate,
+            lun: 0,
+            itt,
+            ttt: mcsi_proto::pdu::RESERVED_TAG,
+            cmd_sn,
+            exp_stat_sn: 0,
+            data: Bytes::from_static(b"ping"),
+        })
+    }
+
+    fn echoes(core: &mut Core) -> Vec<u32> {
+        std::iter::from_fn(|| core.poll_transmit())
+            .filter_map(|(_, p)| match p {
+                Pdu::NopIn(n) => Some(n.itt),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// NOP-Out pings are the core's to echo: an immediate one at once, one in CmdSN order when
+    /// its turn comes; the answer to the target's ping goes back to the keepalive.
+    #[test]
+    fn the_core_echoes_pings_in_their_order_and_hands_back_ping_answers() {
+        let (mut core, _) = session(0);
+        let dev = dev();
+        let taken =
+            |a: Arrival<Tc>| matches!(a, Arrival::Taken { runs, note: None } if runs.is_empty());
+        assert!(taken(core.handle_pdu(&Tc, nop(7, 1, true), &dev, || ())));
+        assert_eq!(echoes(&mut core), vec![7]);
+        // CmdSN 2 waits for 1.
+        assert!(taken(core.handle_pdu(&Tc, nop(9, 2, false), &dev, || ())));
+        assert_eq!(echoes(&mut core), Vec::<u32>::new());
+        assert!(taken(core.handle_pdu(&Tc, nop(8, 1, false), &dev, || ())));
+        assert_eq!(echoes(&mut core), vec![8, 9]);
+        let answer = Pdu::NopOut(mcsi_proto::pdu::NopOut {
+            immediate: true,
+            lun: 0,
+            itt: mcsi_proto::pdu::RESERVED_TAG,
+            ttt: 42,
+            cmd_sn: 3,
+            exp_stat_sn: 0,
+            data: Bytes::new(),
+        });
+        assert!(matches!(
+            core.handle_pdu(&Tc, answer, &dev, || ()),
+            Arrival::PingAnswer(42)
+        ));
+    }
+
+    /// What has no place in a session is rejected and its CmdSN used up; Data-Out for a task
+    /// of another connection ends this one.
+    #[test]
+    fn protocol_errors_are_rejected_or_end_the_connection() {
+        let (mut core, _) = session(0);
+        let dev = dev();
+        // A SCSI command in a discovery session.
+        core.set_discovery(true);
+        let a = core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(1, 1, false, 1, b"")), &dev, || ());
+        assert!(matches!(
+            a,
+            Arrival::Taken {
+                note: Some(Note::Protocol { opcode: 0x01 }),
+                ..
+            }
+        ));
+        assert!(matches!(core.poll_transmit(), Some((_, Pdu::Reject(_)))));
+        core.set_discovery(false);
+        // CmdSN 1 was used up: 2 is next and runs now.
+        assert!(matches!(
+            core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(2, 2, false, 1, b"")), &dev, || ()),
+            Arrival::Now(_)
+        ));
+        // An undecodable request with CmdSN 3 in its header: rejected, 3 used up.
+        let mut h = vec![0u8; 48];
+        h[0] = 0x01;
+        h[24..28].copy_from_slice(&3u32.to_be_bytes());
+        assert!(core
+            .handle_undecodable(&Tc, reject_reason::PROTOCOL_ERROR, Bytes::from(h))
+            .is_empty());
+        assert!(matches!(core.poll_transmit(), Some((_, Pdu::Reject(_)))));
+        assert!(matches!(
+            core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(4, 4, false, 1, b"")), &dev, || ()),
+            Arrival::Now(_)
+        ));
+        // A write on connection 1 of a session of two; its Data-Out on connection 2 ends that
+        // one.
+        let d = mcsi_proto::pdu::DataOut {
+            final_: true,
+            lun: 0,
+            itt: 5,
+            ttt: mcsi_proto::pdu::RESERVED_TAG,
+            exp_stat_sn: 0,
+            data_sn: 0,
+            buffer_offset: 0,
+            data: Bytes::from_static(&[0; 512]),
+        };
+        let mut other: SessionCore<Tc2, ()> = SessionCore::new(1, 8, false, None);
+        assert!(other.add_conn(Tc2(1)).is_ok() && other.add_conn(Tc2(2)).is_ok());
+        let w = cmd(5, 1, true, 8, b"");
+        assert!(matches!(
+            other.handle_pdu(&Tc2(1), Pdu::ScsiCommand(w), &dev, || ()),
+            Arrival::Taken { note: None, .. }
+        ));
+        assert!(matches!(
+            other.handle_pdu(&Tc2(2), Pdu::DataOut(d), &dev, || ()),
+            Arrival::End(Fault::NotAllegiant { itt: 5 })
+        ));
+    }
+
+    /// A connection of a session of two.
+    #[derive(Debug, Clone)]
+    struct Tc2(u16);
+
+    impl CoreConn for Tc2 {
+        fn cid(&self) -> u16 {
+            self.0
+        }
+        fn role(&self) -> ConnRole {
+            ConnRole::Both
+        }
+        fn same(&self, o: &Self) -> bool {
+            self.0 == o.0
+        }
+        fn max_data_in(&self) -> u32 {
+            8192
+        }
     }
 }
