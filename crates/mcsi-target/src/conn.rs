@@ -195,8 +195,7 @@ pub async fn writer<W: AsyncWrite + Unpin>(
         let mut bytes = 0usize;
         let mut queued = 0u64;
         let mut next = Some(first);
-        // One look at the window per batch rather than per PDU (the session lock is shared by
-        // every connection and task of the session).
+        // One look at the window per batch (published by the session core, no lock taken).
         let (exp, max) = session.cmd_sns();
         while let Some(out) = next.take() {
             match out {

@@ -638,6 +638,39 @@ impl TaskIo {
     }
 }
 
+/// ExpCmdSN and MaxCmdSN in one word.
+fn pack_window((exp, max): (u32, u32)) -> u64 {
+    (u64::from(exp) << 32) | u64::from(max)
+}
+
+/// The session core under its lock. When let go, the window the core leaves is published
+/// ([`Session::cmd_sns`]); stores happen under the lock, so the published window only moves
+/// forward.
+struct CoreGuard<'a> {
+    core: MutexGuard<'a, Core>,
+    window: &'a AtomicU64,
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    fn drop(&mut self) {
+        self.window
+            .store(pack_window(self.core.cmd_sns()), Ordering::Release);
+    }
+}
+
 /// Write `itt` has its budget: it keeps the permits and its first R2Ts go out.
 fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
     if !core.grant(itt, id) {
@@ -662,6 +695,10 @@ pub struct Session {
     me: std::sync::Weak<Session>,
     runner: Runner,
     core: Mutex<Core>,
+    /// ExpCmdSN and MaxCmdSN as the core left them, published whenever its lock is let go and
+    /// before its PDUs are queued, for the writers to stamp without taking the lock
+    /// ([`Session::cmd_sns`]).
+    window: AtomicU64,
     /// Woken when the last tracked inline command ends.
     inline_idle: tokio::sync::Notify,
     /// The session's read budget ([`Session::read_permit`]).
@@ -737,8 +774,10 @@ impl Session {
                 .as_ref()
                 .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout),
         );
+        let window = AtomicU64::new(pack_window(core.cmd_sns()));
         Arc::new_cyclic(|me| Session {
             me: me.clone(),
+            window,
             runner,
             tsih,
             isid,
@@ -832,6 +871,10 @@ impl Session {
     /// in its order, while the lock is held (so that nothing sent later overtakes them).
     #[inline]
     fn wake(&self, core: &mut Core) {
+        // The window first: the writers may send what is queued below before the lock is let
+        // go.
+        self.window
+            .store(pack_window(core.cmd_sns()), Ordering::Release);
         while let Some(r) = core.poll_ready() {
             let (Some(a), Some(t)) = (r.answer, &self.target) else {
                 continue;
@@ -900,8 +943,11 @@ impl Session {
         self.read_budget.take(bytes).await
     }
 
-    fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> CoreGuard<'_> {
+        CoreGuard {
+            core: self.core.lock().unwrap_or_else(|p| p.into_inner()),
+            window: &self.window,
+        }
     }
 
     /// Whether the response policy wants each response connection's TCP state
@@ -937,9 +983,12 @@ impl Session {
         }
     }
 
-    /// (ExpCmdSN, MaxCmdSN) to put in a PDU now.
+    /// (ExpCmdSN, MaxCmdSN) to put in a PDU now, without the session's lock: as the core left
+    /// them after its last input, published before that input's PDUs were queued (so a PDU
+    /// never carries a window older than the one its own input opened).
     pub fn cmd_sns(&self) -> (u32, u32) {
-        self.lock().cmd_sns()
+        let w = self.window.load(Ordering::Acquire);
+        ((w >> 32) as u32, w as u32)
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -1038,7 +1087,7 @@ impl Session {
     }
 
     /// Lets the lock go, then starts or wakes the timer when the input gave it a write to watch.
-    fn after_input(&self, mut core: MutexGuard<'_, Core>) {
+    fn after_input(&self, mut core: CoreGuard<'_>) {
         let timer = core.take_timer_wake();
         drop(core);
         if timer {
