@@ -392,6 +392,29 @@ pub struct DataOutTimedOut {
     pub timeout: Duration,
 }
 
+/// A connection to drop, from [`SessionCore::handle_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// A write whose initiator stopped sending its data.
+    DataOut(DataOutTimedOut),
+    /// The initiator did not answer the NOP-In ping with this TTT within `timeout`.
+    PingUnanswered {
+        cid: u16,
+        ttt: u32,
+        timeout: Duration,
+    },
+}
+
+impl Expired {
+    /// The connection to drop.
+    pub fn cid(&self) -> u16 {
+        match self {
+            Expired::DataOut(d) => d.cid,
+            Expired::PingUnanswered { cid, .. } => *cid,
+        }
+    }
+}
+
 /// A write still gathering its data ([`SessionCore::collecting`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Collecting {
@@ -511,6 +534,8 @@ pub struct SessionCore<C, T> {
     next_id: u64,
     /// A discovery session: Text, Logout and NOP-Out only (RFC 7143 4.3).
     discovery: bool,
+    /// Each connection's NOP-In pings ([`SessionCore::start_keepalive`]).
+    keepalives: AHashMap<u16, crate::keepalive::Keepalive>,
     /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
     parked: Vec<Parked<C>>,
     /// Connections to close, for [`SessionCore::poll_close`].
@@ -584,6 +609,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             unsolicited_budget: None,
             next_id: 1,
             discovery: false,
+            keepalives: AHashMap::new(),
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
         }
@@ -715,10 +741,49 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.closing
     }
 
-    /// When [`SessionCore::handle_timeout`] has something to do next, if ever.
+    /// When [`SessionCore::handle_timeout`] has something to do next, if ever: the Data-Out
+    /// timer's next look, or a connection's keepalive deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_data_check
-            .filter(|_| !self.data_out_timeout.is_zero() && !self.closing)
+        if self.closing {
+            return None;
+        }
+        let data = self
+            .next_data_check
+            .filter(|_| !self.data_out_timeout.is_zero());
+        self.keepalives
+            .values()
+            .filter_map(|k| k.deadline())
+            .chain(data)
+            .min()
+    }
+
+    /// Connection `cid` pings its initiator with a NOP-In after `interval` without receiving
+    /// anything, and is given up when a ping goes unanswered for `timeout` (an `interval` of
+    /// zero: never); it last received something at `now`. Its pings go out through
+    /// [`SessionCore::poll_transmit`] from [`SessionCore::handle_timeout`], and their answers
+    /// are taken by [`SessionCore::handle_pdu`].
+    pub fn start_keepalive(
+        &mut self,
+        cid: u16,
+        interval: Duration,
+        timeout: Duration,
+        now: Instant,
+    ) {
+        self.keepalives.insert(
+            cid,
+            crate::keepalive::Keepalive::new(interval, timeout, now),
+        );
+        if !interval.is_zero() {
+            self.timer_wake = true;
+        }
+    }
+
+    /// Connection `cid` received bytes at `now`: it is not idle. The layer above may tell it
+    /// now and then rather than at every read (a ping then goes out at most that much early).
+    pub fn heard(&mut self, cid: u16, now: Instant) {
+        if let Some(k) = self.keepalives.get_mut(&cid) {
+            k.received(now);
+        }
     }
 
     /// Whether an input since the timer last looked gave it something to watch while it had
@@ -728,21 +793,59 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         std::mem::take(&mut self.timer_wake)
     }
 
-    /// The time is `now`: the Data-Out timer looks at every write still gathering data, each
-    /// quarter of the timeout (at least 10 ms apart). A write the initiator owes data (its
-    /// unsolicited burst is open, or its R2Ts went out) that received nothing since the timer
-    /// first saw it at its current count, a timeout ago or more, is returned: its connection is
-    /// to be dropped. So a write is given up between one and one and a half timeouts after its
-    /// last Data-Out.
-    pub fn handle_timeout(&mut self, now: Instant) -> Vec<DataOutTimedOut> {
-        let timeout = self.data_out_timeout;
+    /// The time is `now`. Each connection's keepalive pings an idle initiator (the NOP-In
+    /// waits in [`SessionCore::poll_transmit`]) or gives the connection up when its ping went
+    /// unanswered ([`Expired::PingUnanswered`]). The Data-Out timer looks at every write still
+    /// gathering data, each quarter of the timeout (at least 10 ms apart): a write the
+    /// initiator owes data (its unsolicited burst is open, or its R2Ts went out) that received
+    /// nothing since the timer first saw it at its current count, a timeout ago or more, is
+    /// returned ([`Expired::DataOut`]). So a write is given up between one and one and a half
+    /// timeouts after its last Data-Out. What is returned names connections to drop.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<Expired> {
         let mut out = Vec::new();
-        if timeout.is_zero() || self.closing {
+        if self.closing {
             self.next_data_check = None;
             return out;
         }
+        let mut pings = Vec::new();
+        for (cid, k) in self.keepalives.iter_mut() {
+            if k.deadline().is_none_or(|d| now < d) {
+                continue;
+            }
+            match k.on_deadline(now, || take_ttt(&mut self.next_ttt)) {
+                crate::keepalive::Due::Nothing => {}
+                crate::keepalive::Due::Ping { ttt } => pings.push((*cid, ttt)),
+                crate::keepalive::Due::Unanswered { ttt } => out.push(Expired::PingUnanswered {
+                    cid: *cid,
+                    ttt,
+                    timeout: k.timeout,
+                }),
+            }
+        }
+        for (cid, ttt) in pings {
+            if let Some(c) = self.conns.get(&cid) {
+                self.transmit
+                    .push_back((c.clone(), crate::keepalive::ping_pdu(ttt)));
+            }
+        }
+        // A connection given up pings no more.
+        for e in &out {
+            if let Expired::PingUnanswered { cid, .. } = e {
+                self.keepalives.remove(cid);
+            }
+        }
+        self.check_data_out(now, &mut out);
+        out
+    }
+
+    fn check_data_out(&mut self, now: Instant, out: &mut Vec<Expired>) {
+        let timeout = self.data_out_timeout;
+        if timeout.is_zero() {
+            self.next_data_check = None;
+            return;
+        }
         if self.next_data_check.is_some_and(|t| now < t) {
-            return out;
+            return;
         }
         let mut watched = false;
         for (itt, t) in self.tasks.iter_mut() {
@@ -758,12 +861,12 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             match c.watch {
                 Some((seen, since)) if seen == c.received => {
                     if now.saturating_duration_since(since) >= timeout {
-                        out.push(DataOutTimedOut {
+                        out.push(Expired::DataOut(DataOutTimedOut {
                             cid: t.cid,
                             itt: *itt,
                             received: c.received,
                             timeout,
-                        });
+                        }));
                         c.watch = Some((c.received, now));
                     }
                 }
@@ -771,7 +874,6 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             }
         }
         self.next_data_check = watched.then(|| now + (timeout / 4).max(Duration::from_millis(10)));
-        out
     }
 
     /// Whether the response policy looks at TCP state: the layer above then feeds each response
@@ -1391,6 +1493,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let _ = self.window.drain_held();
         let conns = self.conns.drain().map(|(_, c)| c).collect();
         self.leaving.clear();
+        self.keepalives.clear();
         self.abort_where(|_| true, on_abort);
         (conns, first)
     }
@@ -1409,6 +1512,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             Some(c) if c.same(conn) => {
                 self.conns.remove(&cid);
                 self.leaving.remove(&cid);
+                self.keepalives.remove(&cid);
             }
             Some(_) => return ConnLost::new(clean, self.conns.len()),
             None => {}
@@ -2376,6 +2480,9 @@ mod tests {
             let mut now = at(from);
             while now <= at(until) {
                 for f in core.handle_timeout(now) {
+                    let Expired::DataOut(f) = f else {
+                        panic!("no keepalive here: {f:?}")
+                    };
                     fired.push(((now - t0).as_millis() as u64, f));
                 }
                 match core.poll_timeout() {

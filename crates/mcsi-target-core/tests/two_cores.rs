@@ -37,8 +37,7 @@ use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
 use mcsi_target_core::control::{logout, task_management, Logout, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
-use mcsi_target_core::keepalive::{ping_pdu, Due, Keepalive};
-use mcsi_target_core::session::{Arrival, Close, CoreConn, Note, Run, SessionCore};
+use mcsi_target_core::session::{Arrival, Close, CoreConn, Expired, Note, Run, SessionCore};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -134,7 +133,6 @@ struct World {
     /// The initiator's MaxRecvDataSegmentLength: the size of Data-In.
     data_in_size: u32,
     stat_sn: u32,
-    keepalive: Keepalive,
     to_target: VecDeque<Bytes>,
     to_initiator: VecDeque<Bytes>,
     /// The initiator reads nothing (its end of the wire is dead).
@@ -257,6 +255,7 @@ impl World {
         let mut tgt = SessionCore::new(done.exp_cmd_sn, 16, false, None);
         tgt.set_burst(burst);
         assert!(tgt.add_conn(tc.clone()).is_ok());
+        tgt.start_keepalive(tc.cid(), PING, PING, t0);
         let backend = mcsi_scsi::backend::open_backend("ram:4MiB").unwrap();
         let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
         let mut w = World {
@@ -277,7 +276,6 @@ impl World {
             burst,
             data_in_size: tconn.tx_framing().max_data_segment_length,
             stat_sn: env.stat_sn,
-            keepalive: Keepalive::new(PING, PING, t0),
             to_target: VecDeque::new(),
             to_initiator: VecDeque::new(),
             deaf: false,
@@ -336,7 +334,7 @@ impl World {
                 if self.lose_data_out && matches!(p, Pdu::DataOut(_)) {
                     continue;
                 }
-                self.keepalive.received(self.now);
+                self.tgt.heard(self.tc.cid(), self.now);
                 self.target_handles(p);
             } else if let Some(b) = self.to_initiator.pop_front() {
                 if self.deaf {
@@ -365,21 +363,20 @@ impl World {
     fn advance(&mut self, d: Duration) {
         let until = self.now + d;
         loop {
-            let next = [self.keepalive.deadline(), self.ini.poll_timeout()]
+            let next = [self.tgt.poll_timeout(), self.ini.poll_timeout()]
                 .into_iter()
                 .flatten()
                 .filter(|t| *t <= until)
                 .min();
             let Some(t) = next else { break };
             self.now = t.max(self.now);
-            let tgt = &mut self.tgt;
-            match self.keepalive.on_deadline(self.now, || tgt.alloc_ttt()) {
-                Due::Nothing => {}
-                Due::Ping { ttt } => self.target_sends(ping_pdu(ttt)),
-                Due::Unanswered { .. } => {
-                    self.ping_unanswered = true;
-                    self.keepalive = Keepalive::new(Duration::ZERO, Duration::ZERO, self.now);
-                }
+            for e in self.tgt.handle_timeout(self.now) {
+                assert!(matches!(e, Expired::PingUnanswered { .. }), "{e:?}");
+                self.ping_unanswered = true;
+            }
+            // Its pings.
+            while let Some((_, p)) = self.tgt.poll_transmit() {
+                self.target_sends(p);
             }
             self.initiator_timers();
             self.settle();
@@ -404,6 +401,7 @@ impl World {
                 }
             }
             Arrival::Taken { runs, note } => {
+                // Data-Out for a task that ended; nothing else goes astray.
                 assert!(
                     note.is_none() || matches!(note, Some(Note::Discarded { .. })),
                     "{note:?}"
@@ -417,7 +415,6 @@ impl World {
                 }
                 self.run_ready();
             }
-            Arrival::PingAnswer(ttt) => assert!(self.keepalive.answered(ttt)),
             Arrival::End(fault) => panic!("the connection ends: {fault}"),
         }
     }

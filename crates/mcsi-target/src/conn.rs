@@ -2,7 +2,6 @@
 //! writer that stamps sequence numbers and sends queued PDUs with vectored writes.
 
 use crate::control;
-use crate::keepalive::{Due, Keepalive};
 use crate::scsi;
 use crate::session::{Arrival, Conn, Out, OutQueue, Session};
 use crate::session_core::RunNow;
@@ -39,8 +38,6 @@ pub enum ConnEnd {
     /// A PDU that cannot be decoded and cannot be answered with a Reject.
     #[error("unrecoverable PDU error: {0}")]
     Decode(#[source] DecodeError),
-    #[error("no answer to the NOP-In ping (TTT {ttt:#x}) within {timeout:?}")]
-    PingUnanswered { ttt: u32, timeout: Duration },
     /// A protocol error ErrorRecoveryLevel 0 cannot recover (a Data-Out on the wrong
     /// connection or breaking its transfer).
     #[error(transparent)]
@@ -265,9 +262,13 @@ pub struct Reader {
     pub conn: Arc<Conn>,
     pub framing: Framing,
     pub buf: BytesMut,
-    pub keepalive: Keepalive,
+    /// How often at most the session's core is told that bytes arrived (for its keepalive,
+    /// which pings at most this much early); zero: never (pings are off).
+    pub heard_every: Duration,
     /// Bytes of the last PDU taken (header and data segment), to size the next reservation.
     pub last_pdu: usize,
+    /// When the core is next told that bytes arrived ([`Reader::heard`]).
+    pub next_heard: Instant,
 }
 
 impl Reader {
@@ -280,15 +281,9 @@ impl Reader {
             // Output budget spent (a peer that does not read what it asked for): take no more
             // requests until the writer has sent some; TCP's flow control then stops the peer.
             if self.conn.out.full() {
-                let deadline = self.keepalive.deadline();
                 tokio::select! {
                     _ = self.conn.out.room() => {}
                     _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
-                    _ = sleep_until(deadline) => {
-                        if let Err(e) = self.on_keepalive_timer() {
-                            break e;
-                        }
-                    }
                 }
                 if self.conn.out.is_closed() {
                     break ConnEnd::WriterEnded;
@@ -301,15 +296,9 @@ impl Reader {
                 && self.conn.role == ConnRole::Requests
                 && self.session.responses_full()
             {
-                let deadline = self.keepalive.deadline();
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(5)) => {}
                     _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
-                    _ = sleep_until(deadline) => {
-                        if let Err(e) = self.on_keepalive_timer() {
-                            break e;
-                        }
-                    }
                 }
                 continue;
             }
@@ -362,19 +351,13 @@ impl Reader {
                     .max(self.last_pdu + 4096);
                 self.buf.reserve(room);
             }
-            let deadline = self.keepalive.deadline();
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
                     Ok(0) => break ConnEnd::ClosedByInitiator,
-                    Ok(_) => self.keepalive.received(Instant::now().into_std()),
+                    Ok(_) => self.heard(),
                     Err(e) => break ConnEnd::Read(e),
                 },
                 _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
-                _ = sleep_until(deadline) => {
-                    if let Err(e) = self.on_keepalive_timer() {
-                        break e;
-                    }
-                }
             }
         };
         self.conn.stop();
@@ -383,23 +366,15 @@ impl Reader {
             .await;
     }
 
-    /// The keepalive deadline passed: ping, or give up on an unanswered ping.
-    fn on_keepalive_timer(&mut self) -> Result<(), ConnEnd> {
-        let session = &self.session;
-        match self
-            .keepalive
-            .on_deadline(Instant::now().into_std(), || session.alloc_ttt())
-        {
-            Due::Nothing => Ok(()),
-            Due::Unanswered { ttt } => Err(ConnEnd::PingUnanswered {
-                ttt,
-                timeout: self.keepalive.timeout,
-            }),
-            Due::Ping { ttt } => {
-                debug!(parent: &self.conn.span, ttt, "idle: NOP-In ping");
-                self.conn.send(crate::keepalive::ping_pdu(ttt));
-                Ok(())
-            }
+    /// Bytes arrived: the session's core hears of it, at most once per `heard_every`.
+    fn heard(&mut self) {
+        if self.heard_every.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        if now >= self.next_heard {
+            self.session.heard(&self.conn, now.into_std());
+            self.next_heard = now + self.heard_every;
         }
     }
 
@@ -433,26 +408,11 @@ impl Reader {
                 }
                 control::run_all(&self.session, runs);
             }
-            // The answer to our ping (11.18): nothing to run, nothing to answer.
-            Arrival::PingAnswer(ttt) => {
-                if !self.keepalive.answered(ttt) {
-                    debug!(parent: &self.conn.span, ttt, "NOP-Out for no pending ping");
-                }
-            }
             // At ErrorRecoveryLevel 0 the connection, and with it the session, ends (RFC 7143
             // 7.1.4.1, 7.2).
             Arrival::End(fault) => return Err(fault.into()),
         }
         Ok(())
-    }
-}
-
-/// Sleeps until `deadline` (on tokio's clock, which the keepalive is given), or forever without
-/// one.
-async fn sleep_until(deadline: Option<std::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(Instant::from_std(d)).await,
-        None => std::future::pending().await,
     }
 }
 

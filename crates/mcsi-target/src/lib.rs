@@ -25,7 +25,7 @@
 //! - `session`: targets ([`Target`]), the session registry, and sessions: the core under a lock, with the
 //!   tokio side of each task (what it needs to run, kept in the core until the core hands it
 //!   out; only a running task has a future) and connection handles.
-//! - `conn`: per-connection reader (decode, dispatch, NOP-In keepalive) and writer (StatSN
+//! - `conn`: per-connection reader (decode, dispatch; the session core pings) and writer (StatSN
 //!   stamping, vectored writes). `scsi`: one SCSI task from command to status. `control`: NOP, Text, Logout,
 //!   Task Management. `text`: SendTargets.
 //! - `counters`: what the hot path counts (atomics); [`stats`] shows it. `transport`: what a

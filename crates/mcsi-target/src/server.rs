@@ -4,7 +4,6 @@
 use crate::admission::{Denied, Gate, Slot};
 use crate::config::{LunBackend, ServerConfig};
 use crate::conn::{self, Reader};
-use crate::keepalive::Keepalive;
 use crate::login::{self, status, Negotiated};
 use crate::session::{
     Conn, ConnOps, OutQueue, Session, SessionClosing, SessionEnd, Shared, Target,
@@ -554,6 +553,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
                 .feed_tcp_samples(conn.clone(), stop_rx.clone()),
         );
     }
+    session.start_keepalive(&conn, limits.nop_interval, limits.nop_timeout);
     let (rd, wr) = stream.split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();
@@ -575,12 +575,9 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
         conn,
         framing: recv_framing,
         buf,
-        keepalive: Keepalive::new(
-            limits.nop_interval,
-            limits.nop_timeout,
-            tokio::time::Instant::now().into_std(),
-        ),
+        heard_every: limits.nop_interval / 8,
         last_pdu: 0,
+        next_heard: tokio::time::Instant::now(),
     };
     reader.run(rd, stop_rx).instrument(cspan).await;
 }

@@ -7,7 +7,7 @@
 
 use crate::config::{AuthSpec, Limits};
 use crate::counters::{ConnCounters, LunMetrics};
-use crate::session_core::{DataOutTimedOut, SessionCore};
+use crate::session_core::{Expired, SessionCore};
 use mcsi_proto::pdu::{Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
@@ -809,7 +809,7 @@ impl Session {
         }
     }
 
-    /// The session core's timer (the Data-Out timeout): sleep until the core's `poll_timeout`,
+    /// The session core's timer (the Data-Out timeout, the connections' pings): sleep until the core's `poll_timeout`,
     /// or until an input gives it something new, then hand it the time. A write the initiator
     /// stopped sending data for drops its connection. Ends with the session.
     async fn run_timer(self: Arc<Self>) {
@@ -820,21 +820,30 @@ impl Session {
                     return;
                 }
                 let fired = core.handle_timeout(tokio::time::Instant::now().into_std());
-                let timed_out: Vec<(DataOutTimedOut, Option<Arc<Conn>>)> = fired
+                let timed_out: Vec<(Expired, Option<Arc<Conn>>)> = fired
                     .into_iter()
-                    .map(|f| (f, core.conn(f.cid).cloned()))
+                    .map(|f| (f, core.conn(f.cid()).cloned()))
                     .collect();
+                // Its pings.
+                self.wake(&mut core);
                 (core.poll_timeout(), timed_out)
             };
             for (f, conn) in timed_out {
                 let Some(conn) = conn else { continue };
-                tracing::warn!(
-                    parent: &conn.span,
-                    itt = f.itt,
-                    received = f.received,
-                    "no Data-Out for a write in {:?} after its data was asked for; dropping the connection",
-                    f.timeout
-                );
+                match f {
+                    Expired::DataOut(f) => tracing::warn!(
+                        parent: &conn.span,
+                        itt = f.itt,
+                        received = f.received,
+                        "no Data-Out for a write in {:?} after its data was asked for; dropping the connection",
+                        f.timeout
+                    ),
+                    Expired::PingUnanswered { ttt, timeout, .. } => tracing::warn!(
+                        parent: &conn.span,
+                        ttt,
+                        "no answer to the NOP-In ping within {timeout:?}; dropping the connection"
+                    ),
+                }
                 conn.stop();
             }
             match next {
@@ -1043,6 +1052,30 @@ impl Session {
     /// A Target Transfer Tag not equal to the reserved value.
     pub fn alloc_ttt(&self) -> u32 {
         self.lock().alloc_ttt()
+    }
+
+    /// `conn` pings its initiator after `interval` without receiving anything, and is dropped
+    /// when a ping goes unanswered for `timeout` ([`SessionCore::start_keepalive`]); the
+    /// session's timer sends the pings.
+    pub fn start_keepalive(
+        &self,
+        conn: &Conn,
+        interval: std::time::Duration,
+        timeout: std::time::Duration,
+    ) {
+        let mut core = self.lock();
+        core.start_keepalive(
+            conn.cid,
+            interval,
+            timeout,
+            tokio::time::Instant::now().into_std(),
+        );
+        self.after_input(core);
+    }
+
+    /// `conn` received bytes at `now` ([`SessionCore::heard`]).
+    pub fn heard(&self, conn: &Conn, now: std::time::Instant) {
+        self.lock().heard(conn.cid, now);
     }
 
     /// A PDU arrived on `conn` ([`SessionCore::handle_pdu`]): the core takes it, and what it

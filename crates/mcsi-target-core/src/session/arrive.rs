@@ -2,7 +2,7 @@
 //! command ([`SessionCore::command`]: planned, then run at once on the reader that received it,
 //! held for its turn, registered as a task, or answered with a Reject or TASK SET FULL), Data-Out,
 //! a NOP-Out (echoed by the core), another control request (in CmdSN order, for the caller), the
-//! answer to the target's ping, or something to reject. What the core sends for it waits in
+//! answer to the target's ping (for the connection's keepalive), or something to reject. What the core sends for it waits in
 //! [`SessionCore::poll_transmit`].
 
 use super::{
@@ -77,9 +77,6 @@ pub enum Arrival<C> {
         runs: InOrder<C>,
         note: Option<Note>,
     },
-    /// The answer to the target's NOP-In ping with this TTT (11.18), for the connection's
-    /// keepalive; nothing to run or answer.
-    PingAnswer(u32),
     /// The connection must end: an error ErrorRecoveryLevel 0 cannot recover.
     End(Fault),
 }
@@ -128,6 +125,9 @@ pub enum Note {
     /// A PDU that could not be decoded but could be answered: rejected with `reason`.
     #[error("undecodable PDU rejected (reason {reason:#04x})")]
     Undecodable { reason: u8 },
+    /// A NOP-Out answering no ping of the target's on its connection.
+    #[error("NOP-Out answering no pending ping (TTT {ttt:#x})")]
+    StrayPingAnswer { ttt: u32 },
     /// Data-Out for no task that takes data (ended, aborted, or never a write): discarded
     /// (4.2.3.1).
     #[error("Data-Out for ITT {itt:#x}, for no task that takes it: discarded")]
@@ -164,7 +164,17 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                     Arrival::End(Fault::DataOut { itt: d.itt, source })
                 }
             },
-            Route::PingAnswer(ttt) => Arrival::PingAnswer(ttt),
+            // The answer to the target's ping (11.18): nothing to run or answer.
+            Route::PingAnswer(ttt) => {
+                let answered = self
+                    .keepalives
+                    .get_mut(&conn.cid())
+                    .is_some_and(|k| k.answered(ttt));
+                taken(
+                    Vec::new(),
+                    (!answered).then_some(Note::StrayPingAnswer { ttt }),
+                )
+            }
             Route::Control(p) if p.is_immediate() => match p {
                 Pdu::NopOut(n) => {
                     self.echo(conn, n);
@@ -714,19 +724,53 @@ mod tests {
         assert_eq!(echoes(&mut core), Vec::<u32>::new());
         assert!(taken(core.handle_pdu(&Tc, nop(8, 1, false), &dev, || ())));
         assert_eq!(echoes(&mut core), vec![8, 9]);
-        let answer = Pdu::NopOut(mcsi_proto::pdu::NopOut {
-            immediate: true,
-            lun: 0,
-            itt: mcsi_proto::pdu::RESERVED_TAG,
-            ttt: 42,
-            cmd_sn: 3,
-            exp_stat_sn: 0,
-            data: Bytes::new(),
-        });
+        // The target's own ping, on passed-in time: sent after the interval without a byte
+        // received, answered under its tag; an answer to no ping is noted.
+        let t0 = std::time::Instant::now();
+        let s = std::time::Duration::from_secs;
+        core.start_keepalive(Tc.cid(), s(5), s(2), t0);
+        assert_eq!(core.poll_timeout(), Some(t0 + s(5)));
+        core.heard(Tc.cid(), t0 + s(1));
+        assert!(
+            core.handle_timeout(t0 + s(5)).is_empty(),
+            "heard since: not idle yet"
+        );
+        assert!(core.handle_timeout(t0 + s(6)).is_empty());
+        let ttt = match core.poll_transmit() {
+            Some((_, Pdu::NopIn(n))) if n.itt == mcsi_proto::pdu::RESERVED_TAG => n.ttt,
+            other => panic!("a ping: {other:?}"),
+        };
+        let answer = |ttt: u32| {
+            Pdu::NopOut(mcsi_proto::pdu::NopOut {
+                immediate: true,
+                lun: 0,
+                itt: mcsi_proto::pdu::RESERVED_TAG,
+                ttt,
+                cmd_sn: 3,
+                exp_stat_sn: 0,
+                data: Bytes::new(),
+            })
+        };
+        assert!(taken(core.handle_pdu(&Tc, answer(ttt), &dev, || ())));
         assert!(matches!(
-            core.handle_pdu(&Tc, answer, &dev, || ()),
-            Arrival::PingAnswer(42)
+            core.handle_pdu(&Tc, answer(ttt), &dev, || ()),
+            Arrival::Taken {
+                note: Some(Note::StrayPingAnswer { .. }),
+                ..
+            }
         ));
+        // The next ping goes unanswered: the connection is given up.
+        assert!(core.handle_timeout(t0 + s(11)).is_empty());
+        assert!(matches!(core.poll_transmit(), Some((_, Pdu::NopIn(_)))));
+        assert_eq!(
+            core.handle_timeout(t0 + s(13)),
+            vec![crate::session::Expired::PingUnanswered {
+                cid: 1,
+                ttt: ttt + 1,
+                timeout: s(2)
+            }]
+        );
+        assert_eq!(core.poll_timeout(), None, "it pings no more");
     }
 
     /// What has no place in a session is rejected and its CmdSN used up; Data-Out for a task

@@ -165,6 +165,8 @@ struct World {
     owed: Vec<Owed>,
     /// Data-In bytes sent per ITT.
     data_in: HashMap<u32, u64>,
+    /// The target's pings not answered yet: connection and TTT.
+    pings: Vec<(u16, u32)>,
     /// The last (ExpCmdSN, MaxCmdSN) seen.
     window: (u32, u32),
     ended: bool,
@@ -188,8 +190,12 @@ pub fn run(data: &[u8]) -> Stats {
     core.set_data_out_timeout(Duration::from_secs(1 + u64::from(inp.u8() % 8)));
     let budget = Arc::new(Budget(AtomicU64::new(UNSOLICITED)));
     core.set_unsolicited_budget(budget.clone());
+    // Keepalive pings now and then (their intervals pass in a few time steps).
+    let ping = Duration::from_millis(u64::from(inp.u8()) * 20);
+    let now = Instant::now();
     for cid in 0..conns {
         assert!(core.add_conn(Tc(cid)).is_ok());
+        core.start_keepalive(cid, ping, ping, now);
     }
     let window = core.cmd_sns();
     let mut w = World {
@@ -203,7 +209,8 @@ pub fn run(data: &[u8]) -> Stats {
             target_port: "iqn.2026-01.org.mcsi:fuzz,t,0x0001".into(),
             relative_port: 1,
         },
-        now: Instant::now(),
+        now,
+        pings: Vec::new(),
         cmd_sn: 1,
         next_itt: 1,
         edtl: HashMap::new(),
@@ -293,6 +300,24 @@ impl World {
                 };
                 self.deliver(cid, Pdu::DataOut(d));
             }
+            // The answer to one of the target's pings (or to none).
+            10 if !self.pings.is_empty() && inp.bool() => {
+                let (cid, ttt) = self.pings.remove(usize::from(inp.u8()) % self.pings.len());
+                let n = NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt: RESERVED_TAG,
+                    ttt: if inp.one_in(8) {
+                        ttt.wrapping_add(1)
+                    } else {
+                        ttt
+                    },
+                    cmd_sn: self.cmd_sn,
+                    exp_stat_sn: 0,
+                    data: Bytes::new(),
+                };
+                self.deliver(cid, Pdu::NopOut(n));
+            }
             10 => {
                 let cid = self.cid(inp);
                 let immediate = inp.bool();
@@ -378,7 +403,7 @@ impl World {
                 for f in self.core.handle_timeout(self.now) {
                     // A write whose data stopped coming ends its connection, and at
                     // ErrorRecoveryLevel 0 its session.
-                    self.lose(f.cid);
+                    self.lose(f.cid());
                 }
             }
             _ => {}
@@ -516,6 +541,7 @@ impl World {
         if !self.conns.contains(&cid) {
             return;
         }
+        self.core.heard(cid, self.now);
         let a = self.core.handle_pdu(&Tc(cid), p, dev(), || ());
         match a {
             Arrival::Now(now) => {
@@ -527,7 +553,6 @@ impl World {
                 }
             }
             Arrival::Taken { runs, .. } => self.carry_out(runs.into()),
-            Arrival::PingAnswer(_) => {}
             Arrival::End(_) => self.lose(cid),
         }
     }
@@ -602,7 +627,7 @@ impl World {
                 tmf_response::COMPLETE
             }
         };
-        self.check(&tmf_pdu(t.itt, response));
+        self.check(c.0, &tmf_pdu(t.itt, response));
     }
 
     /// Grants, runs what the core hands out, and checks what it sends, until it is quiet.
@@ -623,8 +648,8 @@ impl World {
                 let _ = self.core.finish(itt, id, &conn, Some(o));
                 progress = true;
             }
-            while let Some((_, p)) = self.core.poll_transmit() {
-                self.check(&p);
+            while let Some((c, p)) = self.core.poll_transmit() {
+                self.check(c.0, &p);
                 progress = true;
             }
             while let Some((c, how)) = self.core.poll_close() {
@@ -658,12 +683,12 @@ impl World {
 
     fn respond(&mut self, out: &Tc, c: &ScsiCommand, phase: mcsi_scsi::DataPhase, o: Outcome) {
         for p in response_pdus(c, phase, o, out.max_data_in(), self.burst.max_burst_length) {
-            self.check(&p);
+            self.check(out.0, &p);
         }
     }
 
     /// What the target sends must be a target PDU within the rules.
-    fn check(&mut self, p: &Pdu) {
+    fn check(&mut self, cid: u16, p: &Pdu) {
         let edtl = |itt: u32| self.edtl.get(&itt).copied();
         match p {
             Pdu::R2t(r) => {
@@ -704,6 +729,10 @@ impl World {
                 assert!(edtl(r.itt).is_some(), "a response to no command: {r:?}");
             }
             Pdu::Reject(_) => self.stats.rejects += 1,
+            Pdu::NopIn(n) if n.itt == RESERVED_TAG => {
+                assert_ne!(n.ttt, RESERVED_TAG, "a ping asks for an answer");
+                self.pings.push((cid, n.ttt));
+            }
             Pdu::NopIn(_)
             | Pdu::TaskMgmtResponse(_)
             | Pdu::LogoutResponse(_)
