@@ -524,9 +524,8 @@ pub struct SessionCore<C, T> {
     timer_wake: bool,
     /// PDUs the core decided, for [`SessionCore::poll_transmit`].
     transmit: std::collections::VecDeque<(C, Pdu)>,
-    /// The session's MaxBurstLength: the longest Data-In sequence.
-    max_burst: u32,
-    /// The session's burst values, for the writes of new commands ([`SessionCore::command`]).
+    /// The session's burst values: the rules new writes follow ([`SessionCore::command`]), and
+    /// MaxBurstLength, the longest Data-In sequence.
     burst: crate::transfer::BurstParams,
     /// The server's unsolicited data budget; without one, unsolicited data is not counted.
     unsolicited_budget: Option<std::sync::Arc<dyn SharedBudget>>,
@@ -604,7 +603,6 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             next_data_check: None,
             timer_wake: false,
             transmit: std::collections::VecDeque::new(),
-            max_burst: mcsi_proto::keys::SessionParams::default().max_burst_length,
             burst: (&mcsi_proto::keys::SessionParams::default()).into(),
             unsolicited_budget: None,
             next_id: 1,
@@ -692,27 +690,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
     }
 
-    /// The session's MaxBurstLength, which bounds a Data-In sequence (RFC default until set).
-    pub fn set_max_burst_length(&mut self, bytes: u32) {
-        self.max_burst = bytes.max(1);
-        self.burst.max_burst_length = self.max_burst;
-    }
-
     /// The session's negotiated burst values (RFC defaults until set): the longest Data-In
     /// sequence, and the rules new writes follow ([`SessionCore::command`]).
     pub fn set_burst(&mut self, burst: crate::transfer::BurstParams) {
-        self.burst = burst;
-        self.max_burst = burst.max_burst_length.max(1);
+        self.burst = crate::transfer::BurstParams {
+            max_burst_length: burst.max_burst_length.max(1),
+            ..burst
+        };
     }
 
     /// A discovery session takes Text, Logout and NOP-Out only ([`SessionCore::handle_pdu`]).
     pub fn set_discovery(&mut self, discovery: bool) {
         self.discovery = discovery;
-    }
-
-    /// The session's burst values.
-    pub fn burst(&self) -> crate::transfer::BurstParams {
-        self.burst
     }
 
     /// The server's budget for data initiators send unasked: the immediate data and
@@ -1420,8 +1409,13 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let out = self.reply_conn(itt, command_conn);
         let mut entry = self.end(Key { id, itt })?;
         if let (false, Some(o), Some(a)) = (entry.aborted, outcome, entry.answer.take()) {
-            let pdus =
-                crate::datain::response_pdus(&a.cmd, a.phase, o, out.max_data_in(), self.max_burst);
+            let pdus = crate::datain::response_pdus(
+                &a.cmd,
+                a.phase,
+                o,
+                out.max_data_in(),
+                self.burst.max_burst_length,
+            );
             for p in pdus {
                 self.transmit.push_back((out.clone(), p));
             }

@@ -880,10 +880,6 @@ impl Session {
     /// in its order, while the lock is held (so that nothing sent later overtakes them).
     #[inline]
     fn wake(&self, core: &mut Core) {
-        // The window first: the writers may send what is queued below before the lock is let
-        // go.
-        self.window
-            .store(pack_window(core.cmd_sns()), Ordering::Release);
         while let Some(r) = core.poll_ready() {
             let (Some(a), Some(t)) = (r.answer, &self.target) else {
                 continue;
@@ -929,6 +925,10 @@ impl Session {
                 }
             }
         }
+        // The window before the PDUs (tasks ended above may have opened it): the writers may
+        // send them before the lock is let go.
+        self.window
+            .store(pack_window(core.cmd_sns()), Ordering::Release);
         while let Some((conn, pdu)) = core.poll_transmit() {
             conn.send(pdu);
         }

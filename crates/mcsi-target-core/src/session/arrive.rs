@@ -416,7 +416,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// A rejected non-immediate request still uses up its CmdSN, so that the commands after it
     /// are not held for ever: what that put in order.
-    pub fn consume(&mut self, cmd_sn: Option<u32>) -> InOrder<C> {
+    fn consume(&mut self, cmd_sn: Option<u32>) -> InOrder<C> {
         match cmd_sn {
             Some(sn) => self.submit_ordered(sn, Ordered::Nothing).1,
             None => Vec::new(),
@@ -426,8 +426,13 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// Answers `cmd` on `conn` with status TASK SET FULL.
     fn task_set_full(&mut self, conn: &C, cmd: &ScsiCommand, phase: DataPhase) {
         let full = Outcome::status(status::TASK_SET_FULL);
-        let pdus =
-            crate::datain::response_pdus(cmd, phase, full, conn.max_data_in(), self.max_burst);
+        let pdus = crate::datain::response_pdus(
+            cmd,
+            phase,
+            full,
+            conn.max_data_in(),
+            self.burst.max_burst_length,
+        );
         for p in pdus {
             self.transmit.push_back((conn.clone(), p));
         }
@@ -444,23 +449,27 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
+    /// A connection, by its CID.
     #[derive(Debug, Clone)]
-    struct Tc;
+    struct Tc(u16);
 
     impl CoreConn for Tc {
         fn cid(&self) -> u16 {
-            1
+            self.0
         }
         fn role(&self) -> ConnRole {
             ConnRole::Both
         }
-        fn same(&self, _: &Self) -> bool {
-            true
+        fn same(&self, o: &Self) -> bool {
+            self.0 == o.0
         }
         fn max_data_in(&self) -> u32 {
             8192
         }
     }
+
+    /// The connection of a session of one.
+    const TC: Tc = Tc(1);
 
     /// A shared budget of `free` bytes.
     struct Room(AtomicU32);
@@ -483,7 +492,7 @@ mod tests {
     /// A session whose next CmdSN is 1, with a budget of `room` bytes of unsolicited data.
     fn session(room: u32) -> (Core, Arc<Room>) {
         let mut core = Core::new(1, 8, false, None);
-        assert!(core.add_conn(Tc).is_ok());
+        assert!(core.add_conn(TC).is_ok());
         core.set_burst(crate::transfer::BurstParams {
             initial_r2t: false,
             immediate_data: true,
@@ -529,13 +538,18 @@ mod tests {
         ScsiCommand { final_: false, ..c }
     }
 
-    fn statuses(core: &mut Core) -> Vec<(u32, u8)> {
-        std::iter::from_fn(|| core.poll_transmit())
-            .filter_map(|(_, p)| match p {
-                Pdu::ScsiResponse(r) => Some((r.itt, r.status)),
-                _ => None,
-            })
+    /// What `pick` takes of the PDUs the core queued.
+    fn sent<X>(core: &mut Core, pick: impl FnMut(Pdu) -> Option<X>) -> Vec<X> {
+        std::iter::from_fn(|| core.poll_transmit().map(|(_, p)| p))
+            .filter_map(pick)
             .collect()
+    }
+
+    fn statuses(core: &mut Core) -> Vec<(u32, u8)> {
+        sent(core, |p| match p {
+            Pdu::ScsiResponse(r) => Some((r.itt, r.status)),
+            _ => None,
+        })
     }
 
     #[test]
@@ -543,13 +557,13 @@ mod tests {
         let (mut core, _) = session(0);
         let dev = dev();
         let Arrival::Taken { runs, note } =
-            core.command(&Tc, cmd(2, 2, false, 1, b""), &dev, || ())
+            core.command(&TC, cmd(2, 2, false, 1, b""), &dev, || ())
         else {
             panic!("CmdSN 2 before 1 must wait");
         };
         assert!(runs.is_empty() && note.is_none());
         // CmdSN 1 fills the gap: both come up, in order, to run on this reader.
-        let Arrival::Taken { runs, .. } = core.command(&Tc, cmd(1, 1, false, 1, b""), &dev, || ())
+        let Arrival::Taken { runs, .. } = core.command(&TC, cmd(1, 1, false, 1, b""), &dev, || ())
         else {
             panic!("one is held, so 1 goes through the window");
         };
@@ -562,7 +576,7 @@ mod tests {
             .collect();
         assert_eq!(itts, vec![1, 2]);
         // Next in order with nothing held: it runs now, without a task.
-        match core.command(&Tc, cmd(3, 3, false, 1, b""), &dev, || ()) {
+        match core.command(&TC, cmd(3, 3, false, 1, b""), &dev, || ()) {
             Arrival::Now(now) => {
                 assert_eq!(now.cmd.itt, 3);
                 assert!(!now.claim.tracked, "one connection: nothing to track");
@@ -578,14 +592,14 @@ mod tests {
     fn a_command_that_breaks_the_rules_is_rejected_and_uses_up_its_cmdsn() {
         let (mut core, _) = session(0);
         let dev = dev();
-        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(1, 1, false, 1, b"x"), &dev, || ())
+        let Arrival::Taken { note, .. } = core.command(&TC, cmd(1, 1, false, 1, b"x"), &dev, || ())
         else {
             panic!("rejected");
         };
         assert!(matches!(note, Some(Note::Rejected(_))), "{note:?}");
         assert!(matches!(core.poll_transmit(), Some((_, Pdu::Reject(_)))));
         assert!(matches!(
-            core.command(&Tc, cmd(2, 2, false, 1, b""), &dev, || ()),
+            core.command(&TC, cmd(2, 2, false, 1, b""), &dev, || ()),
             Arrival::Now(_)
         ));
     }
@@ -600,7 +614,7 @@ mod tests {
         let dev = dev();
         // 8 blocks, 1 KiB immediate: the rest of the first burst (3 KiB) comes unsolicited.
         let Arrival::Taken { note, .. } =
-            core.command(&Tc, unsolicited(cmd(1, 1, true, 8, &DATA)), &dev, || ())
+            core.command(&TC, unsolicited(cmd(1, 1, true, 8, &DATA)), &dev, || ())
         else {
             panic!("a write with data still to come is a task");
         };
@@ -638,7 +652,7 @@ mod tests {
         // With room, the unsolicited part (4 KiB of 8) is held until the write ends.
         let (mut core, budget) = session(8192);
         let Arrival::Taken { note, .. } =
-            core.command(&Tc, unsolicited(cmd(1, 1, true, 16, &DATA)), &dev, || ())
+            core.command(&TC, unsolicited(cmd(1, 1, true, 16, &DATA)), &dev, || ())
         else {
             panic!("a task");
         };
@@ -661,21 +675,21 @@ mod tests {
         let (mut core, budget) = session(512);
         let dev = dev();
         // One block, all of it immediate, ahead of a gap: held with its 512 bytes.
-        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(3, 3, true, 1, &DATA), &dev, || ())
+        let Arrival::Taken { note, .. } = core.command(&TC, cmd(3, 3, true, 1, &DATA), &dev, || ())
         else {
             panic!("held");
         };
         assert!(note.is_none());
         assert_eq!(budget.0.load(Ordering::Acquire), 0);
         // Another one finds no room: TASK SET FULL now.
-        let Arrival::Taken { note, .. } = core.command(&Tc, cmd(2, 2, true, 1, &DATA), &dev, || ())
+        let Arrival::Taken { note, .. } = core.command(&TC, cmd(2, 2, true, 1, &DATA), &dev, || ())
         else {
             panic!("answered");
         };
         assert!(matches!(note, Some(Note::HeldWithoutRoom)), "{note:?}");
         assert_eq!(statuses(&mut core), vec![(2, status::TASK_SET_FULL)]);
         // CmdSN 1 fills the gap; 2 was used up, so 3 comes up with it.
-        let Arrival::Taken { runs, .. } = core.command(&Tc, cmd(1, 1, false, 1, b""), &dev, || ())
+        let Arrival::Taken { runs, .. } = core.command(&TC, cmd(1, 1, false, 1, b""), &dev, || ())
         else {
             panic!("through the window");
         };
@@ -701,12 +715,10 @@ mod tests {
     }
 
     fn echoes(core: &mut Core) -> Vec<u32> {
-        std::iter::from_fn(|| core.poll_transmit())
-            .filter_map(|(_, p)| match p {
-                Pdu::NopIn(n) => Some(n.itt),
-                _ => None,
-            })
-            .collect()
+        sent(core, |p| match p {
+            Pdu::NopIn(n) => Some(n.itt),
+            _ => None,
+        })
     }
 
     /// NOP-Out pings are the core's to echo: an immediate one at once, one in CmdSN order when
@@ -717,20 +729,20 @@ mod tests {
         let dev = dev();
         let taken =
             |a: Arrival<Tc>| matches!(a, Arrival::Taken { runs, note: None } if runs.is_empty());
-        assert!(taken(core.handle_pdu(&Tc, nop(7, 1, true), &dev, || ())));
+        assert!(taken(core.handle_pdu(&TC, nop(7, 1, true), &dev, || ())));
         assert_eq!(echoes(&mut core), vec![7]);
         // CmdSN 2 waits for 1.
-        assert!(taken(core.handle_pdu(&Tc, nop(9, 2, false), &dev, || ())));
+        assert!(taken(core.handle_pdu(&TC, nop(9, 2, false), &dev, || ())));
         assert_eq!(echoes(&mut core), Vec::<u32>::new());
-        assert!(taken(core.handle_pdu(&Tc, nop(8, 1, false), &dev, || ())));
+        assert!(taken(core.handle_pdu(&TC, nop(8, 1, false), &dev, || ())));
         assert_eq!(echoes(&mut core), vec![8, 9]);
         // The target's own ping, on passed-in time: sent after the interval without a byte
         // received, answered under its tag; an answer to no ping is noted.
         let t0 = std::time::Instant::now();
         let s = std::time::Duration::from_secs;
-        core.start_keepalive(Tc.cid(), s(5), s(2), t0);
+        core.start_keepalive(TC.cid(), s(5), s(2), t0);
         assert_eq!(core.poll_timeout(), Some(t0 + s(5)));
-        core.heard(Tc.cid(), t0 + s(1));
+        core.heard(TC.cid(), t0 + s(1));
         assert!(
             core.handle_timeout(t0 + s(5)).is_empty(),
             "heard since: not idle yet"
@@ -751,9 +763,9 @@ mod tests {
                 data: Bytes::new(),
             })
         };
-        assert!(taken(core.handle_pdu(&Tc, answer(ttt), &dev, || ())));
+        assert!(taken(core.handle_pdu(&TC, answer(ttt), &dev, || ())));
         assert!(matches!(
-            core.handle_pdu(&Tc, answer(ttt), &dev, || ()),
+            core.handle_pdu(&TC, answer(ttt), &dev, || ()),
             Arrival::Taken {
                 note: Some(Note::StrayPingAnswer { .. }),
                 ..
@@ -781,7 +793,7 @@ mod tests {
         let dev = dev();
         // A SCSI command in a discovery session.
         core.set_discovery(true);
-        let a = core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(1, 1, false, 1, b"")), &dev, || ());
+        let a = core.handle_pdu(&TC, Pdu::ScsiCommand(cmd(1, 1, false, 1, b"")), &dev, || ());
         assert!(matches!(
             a,
             Arrival::Taken {
@@ -793,7 +805,7 @@ mod tests {
         core.set_discovery(false);
         // CmdSN 1 was used up: 2 is next and runs now.
         assert!(matches!(
-            core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(2, 2, false, 1, b"")), &dev, || ()),
+            core.handle_pdu(&TC, Pdu::ScsiCommand(cmd(2, 2, false, 1, b"")), &dev, || ()),
             Arrival::Now(_)
         ));
         // An undecodable request with CmdSN 3 in its header: rejected, 3 used up.
@@ -801,11 +813,11 @@ mod tests {
         h[0] = 0x01;
         h[24..28].copy_from_slice(&3u32.to_be_bytes());
         assert!(core
-            .handle_undecodable(&Tc, reject_reason::PROTOCOL_ERROR, Bytes::from(h))
+            .handle_undecodable(&TC, reject_reason::PROTOCOL_ERROR, Bytes::from(h))
             .is_empty());
         assert!(matches!(core.poll_transmit(), Some((_, Pdu::Reject(_)))));
         assert!(matches!(
-            core.handle_pdu(&Tc, Pdu::ScsiCommand(cmd(4, 4, false, 1, b"")), &dev, || ()),
+            core.handle_pdu(&TC, Pdu::ScsiCommand(cmd(4, 4, false, 1, b"")), &dev, || ()),
             Arrival::Now(_)
         ));
         // A write on connection 1 of a session of two; its Data-Out on connection 2 ends that
@@ -820,35 +832,16 @@ mod tests {
             buffer_offset: 0,
             data: Bytes::from_static(&[0; 512]),
         };
-        let mut other: SessionCore<Tc2, ()> = SessionCore::new(1, 8, false, None);
-        assert!(other.add_conn(Tc2(1)).is_ok() && other.add_conn(Tc2(2)).is_ok());
+        let mut other: SessionCore<Tc, ()> = SessionCore::new(1, 8, false, None);
+        assert!(other.add_conn(Tc(1)).is_ok() && other.add_conn(Tc(2)).is_ok());
         let w = cmd(5, 1, true, 8, b"");
         assert!(matches!(
-            other.handle_pdu(&Tc2(1), Pdu::ScsiCommand(w), &dev, || ()),
+            other.handle_pdu(&Tc(1), Pdu::ScsiCommand(w), &dev, || ()),
             Arrival::Taken { note: None, .. }
         ));
         assert!(matches!(
-            other.handle_pdu(&Tc2(2), Pdu::DataOut(d), &dev, || ()),
+            other.handle_pdu(&Tc(2), Pdu::DataOut(d), &dev, || ()),
             Arrival::End(Fault::NotAllegiant { itt: 5 })
         ));
-    }
-
-    /// A connection of a session of two.
-    #[derive(Debug, Clone)]
-    struct Tc2(u16);
-
-    impl CoreConn for Tc2 {
-        fn cid(&self) -> u16 {
-            self.0
-        }
-        fn role(&self) -> ConnRole {
-            ConnRole::Both
-        }
-        fn same(&self, o: &Self) -> bool {
-            self.0 == o.0
-        }
-        fn max_data_in(&self) -> u32 {
-            8192
-        }
     }
 }
