@@ -102,6 +102,36 @@ impl Pdu {
         }
     }
 
+    /// Sends again a PDU sent before (a retransmission asked for by a SNACK, RFC 7143 11.16):
+    /// a PDU that took a StatSN keeps the one it took, an R2T carries the connection's current
+    /// one (`stat_sn`, not advanced), and ExpCmdSN/MaxCmdSN are the current window's.
+    pub fn restamp(&mut self, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        let use_ = self.stat_sn_use();
+        if let Some((s, e, m)) = self.seq_fields_mut() {
+            match use_ {
+                StatSnUse::Takes => {}
+                StatSnUse::Carries => *s = stat_sn,
+                StatSnUse::Neither => *s = 0,
+            }
+            (*e, *m) = (exp_cmd_sn, max_cmd_sn);
+        }
+    }
+
+    /// The ExpStatSN an initiator's PDU in full feature phase acknowledges statuses with
+    /// (every request and Data-Out carries one); None for other PDUs.
+    pub fn exp_stat_sn(&self) -> Option<u32> {
+        Some(match self {
+            Pdu::NopOut(x) => x.exp_stat_sn,
+            Pdu::ScsiCommand(x) => x.exp_stat_sn,
+            Pdu::TaskMgmtRequest(x) => x.exp_stat_sn,
+            Pdu::TextRequest(x) => x.exp_stat_sn,
+            Pdu::LogoutRequest(x) => x.exp_stat_sn,
+            Pdu::DataOut(x) => x.exp_stat_sn,
+            Pdu::SnackRequest(x) => x.exp_stat_sn,
+            _ => return None,
+        })
+    }
+
     /// The CmdSN of an initiator's request; None for other PDUs.
     pub fn cmd_sn(&self) -> Option<u32> {
         Some(match self {

@@ -15,6 +15,9 @@ pub enum Route {
     /// NOP-Out (a ping from the initiator), Text, Logout or Task Management: run at once when
     /// immediate, else in CmdSN order.
     Control(Pdu),
+    /// A SNACK (ErrorRecoveryLevel 1 and above, 11.16): answered from what the connection
+    /// kept ([`crate::retain::SentLog`]).
+    Snack(pdu::SnackRequest),
     /// Rejected with `reason` (the Reject carries `pdu`'s header). A non-immediate request
     /// still uses up its CmdSN (`consume`), so that the commands after it are not held for
     /// ever.
@@ -26,9 +29,9 @@ pub enum Route {
 }
 
 /// Where `p` goes in a session; a discovery session (`discovery`) carries Text, Logout and
-/// NOP-Out only (4.3). A SNACK needs ErrorRecoveryLevel > 0 (7.1), and a Login Request or a
-/// target opcode has no place in full feature phase: both are protocol errors.
-pub fn route(p: Pdu, discovery: bool) -> Route {
+/// NOP-Out only (4.3). A SNACK needs ErrorRecoveryLevel (`erl`) 1 or more (7.1), and a Login
+/// Request or a target opcode has no place in full feature phase: both are protocol errors.
+pub fn route(p: Pdu, discovery: bool, erl: u8) -> Route {
     let protocol_error = |p: Pdu| {
         let consume = consumed_cmd_sn(&p);
         Route::Reject {
@@ -44,6 +47,7 @@ pub fn route(p: Pdu, discovery: bool) -> Route {
         Pdu::ScsiCommand(_) | Pdu::TaskMgmtRequest(_) if discovery => protocol_error(p),
         Pdu::ScsiCommand(c) => Route::Command(c),
         Pdu::DataOut(d) => Route::DataOut(d),
+        Pdu::SnackRequest(s) if erl > 0 => Route::Snack(s),
         Pdu::NopOut(_) | Pdu::TextRequest(_) | Pdu::LogoutRequest(_) | Pdu::TaskMgmtRequest(_) => {
             Route::Control(p)
         }
@@ -106,18 +110,18 @@ mod tests {
     #[test]
     fn each_pdu_goes_where_the_rfc_says() {
         assert!(matches!(
-            route(nop(RESERVED_TAG, 5, true), false),
+            route(nop(RESERVED_TAG, 5, true), false, 0),
             Route::PingAnswer(5)
         ));
         assert!(matches!(
-            route(nop(4, RESERVED_TAG, false), false),
+            route(nop(4, RESERVED_TAG, false), false, 0),
             Route::Control(_)
         ));
-        assert!(matches!(route(tmf(true), false), Route::Control(_)));
+        assert!(matches!(route(tmf(true), false, 0), Route::Control(_)));
         // Task management in a discovery session: a protocol error, its CmdSN used up unless
         // immediate.
         assert!(matches!(
-            route(tmf(false), true),
+            route(tmf(false), true, 0),
             Route::Reject {
                 reason: reject_reason::PROTOCOL_ERROR,
                 consume: Some(9),
@@ -125,7 +129,7 @@ mod tests {
             }
         ));
         assert!(matches!(
-            route(tmf(true), true),
+            route(tmf(true), true, 0),
             Route::Reject { consume: None, .. }
         ));
         let snack = Pdu::SnackRequest(SnackRequest {
@@ -137,8 +141,9 @@ mod tests {
             beg_run: 0,
             run_length: 0,
         });
+        assert!(matches!(route(snack.clone(), false, 1), Route::Snack(_)));
         assert!(matches!(
-            route(snack, false),
+            route(snack, false, 0),
             Route::Reject {
                 reason: reject_reason::PROTOCOL_ERROR,
                 consume: None,

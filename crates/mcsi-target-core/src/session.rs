@@ -533,6 +533,8 @@ pub struct SessionCore<C, T> {
     next_id: u64,
     /// A discovery session: Text, Logout and NOP-Out only (RFC 7143 4.3).
     discovery: bool,
+    /// The ErrorRecoveryLevel agreed (RFC 7143 7.1): SNACKs are taken from 1 on.
+    erl: u8,
     /// Each connection's NOP-In pings ([`SessionCore::start_keepalive`]).
     keepalives: AHashMap<u16, crate::keepalive::Keepalive>,
     /// Answers that go out once the tasks they name have ended ([`SessionCore::answer_when_ended`]).
@@ -607,6 +609,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             unsolicited_budget: None,
             next_id: 1,
             discovery: false,
+            erl: 0,
             keepalives: AHashMap::new(),
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
@@ -702,6 +705,12 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// A discovery session takes Text, Logout and NOP-Out only ([`SessionCore::handle_pdu`]).
     pub fn set_discovery(&mut self, discovery: bool) {
         self.discovery = discovery;
+    }
+
+    /// The ErrorRecoveryLevel the session agreed: from 1 on, a SNACK is handed to the caller
+    /// ([`Arrival::Snack`]) instead of rejected.
+    pub fn set_error_recovery_level(&mut self, erl: u8) {
+        self.erl = erl;
     }
 
     /// The server's budget for data initiators send unasked: the immediate data and

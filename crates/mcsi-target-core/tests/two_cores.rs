@@ -415,6 +415,7 @@ impl World {
                 }
                 self.run_ready();
             }
+            Arrival::Snack(s) => panic!("a SNACK reached the core at ErrorRecoveryLevel 0: {s:?}"),
             Arrival::End(fault) => panic!("the connection ends: {fault}"),
         }
     }

@@ -343,6 +343,8 @@ pub struct FileTarget {
     /// TCP congestion control of this target's connections ("cubic", "bbr", ...; default: the
     /// system's).
     pub congestion: Option<String>,
+    /// The highest ErrorRecoveryLevel agreed (0 or 1; level 2 is not implemented yet).
+    pub max_erl: Option<u32>,
     /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
     /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
     pub response_policy: Option<String>,
@@ -508,6 +510,10 @@ pub struct Limits {
     /// this long ends its connection (at ErrorRecoveryLevel 0, the session); zero turns the
     /// check off.
     pub data_out_timeout: Duration,
+    /// The highest ErrorRecoveryLevel the target agrees to (RFC 7143 7.1; the initiator's offer
+    /// decides below it). At 1 each connection keeps what it sent until it is acknowledged
+    /// and answers SNACKs; level 2 (connection recovery) is not implemented yet.
+    pub max_erl: u8,
 }
 
 impl Default for Limits {
@@ -545,6 +551,9 @@ impl Default for Limits {
             // Longer than a NOP-In ping's interval and answer together on a healthy link, so
             // that only an initiator that has stopped sending is cut off.
             data_out_timeout: Duration::from_secs(60),
+            // Level 1 goes on by default once a Data-Out lost to a digest error is asked for
+            // again (a recovery R2T); until then only SNACKs are served, on request.
+            max_erl: 0,
         }
     }
 }
@@ -638,7 +647,7 @@ impl ServerLimits {
 
 impl Limits {
     /// What the target offers and accepts in a login (RFC 7143 section 13): the limits above,
-    /// both digests, ErrorRecoveryLevel 0, data in order, and DefaultTime2Retain 0 (no
+    /// both digests, ErrorRecoveryLevel up to `max_erl`, data in order, and DefaultTime2Retain 0 (no
     /// connection recovery at ERL 0); DefaultTime2Wait takes the initiator's value (maximum
     /// function against 0).
     pub fn local_params(&self) -> LocalParams {
@@ -656,7 +665,7 @@ impl Limits {
             max_outstanding_r2t: self.max_outstanding_r2t,
             data_pdu_in_order: true,
             data_sequence_in_order: true,
-            error_recovery_level: 0,
+            error_recovery_level: self.max_erl,
             ..LocalParams::default()
         }
     }
@@ -966,6 +975,22 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         Some(0) => return Err(cerr(at("max_target_connections"), "must be at least 1")),
         Some(n) => n,
     };
+    let max_erl = match t.max_erl {
+        None => d.max_erl,
+        Some(n @ 0..=1) => n as u8,
+        Some(2) => {
+            return Err(cerr(
+                at("max_erl"),
+                "level 2 (connection recovery) is not implemented yet; use 0 or 1",
+            ))
+        }
+        Some(n) => {
+            return Err(cerr(
+                at("max_erl"),
+                format!("{n} is out of range (RFC 7143 defines levels 0 to 2; use 0 or 1)"),
+            ))
+        }
+    };
     let queue_depth = match t.queue_depth {
         None => d.queue_depth,
         Some(n) if (1..=65536).contains(&n) => n,
@@ -1028,6 +1053,7 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
             &at("data_out_timeout"),
             d.data_out_timeout,
         )?,
+        max_erl,
         response_policy: match &t.response_policy {
             None => d.response_policy,
             Some(name) => {

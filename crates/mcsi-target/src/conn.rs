@@ -6,8 +6,9 @@ use crate::scsi;
 use crate::session::{Arrival, Conn, Out, OutQueue, Session};
 use crate::session_core::RunNow;
 use bytes::BytesMut;
-use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu};
+use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu, SnackRequest};
 use mcsi_proto::vendor::ConnRole;
+use mcsi_target_core::retain::{SentLog, SnackRefused};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,11 +173,14 @@ pub async fn writer<W: AsyncWrite + Unpin>(
     conn: std::sync::Weak<Conn>,
     session: Arc<Session>,
     out: Arc<OutQueue>,
+    log: Option<Arc<std::sync::Mutex<SentLog>>>,
     framing: Framing,
     mut stat_sn: u32,
     send_timeout: Duration,
 ) {
     let mut batch: Vec<Encoded> = Vec::new();
+    // What this batch sent for the first time, for the log (ErrorRecoveryLevel 1 and above).
+    let mut sent: Vec<Pdu> = Vec::new();
     let mut pace = SendPace::new(send_timeout);
     let mut failed = false;
     loop {
@@ -199,6 +203,16 @@ pub async fn writer<W: AsyncWrite + Unpin>(
                 Out::Pdu(mut p) => {
                     queued += OutQueue::size_of(&p);
                     p.stamp(&mut stat_sn, exp, max);
+                    if log.is_some() {
+                        sent.push(p.clone());
+                    }
+                    let e = p.encode_owned(&framing);
+                    bytes += e.len();
+                    batch.push(e);
+                }
+                Out::Again(mut p) => {
+                    queued += OutQueue::size_of(&p);
+                    p.restamp(stat_sn, exp, max);
                     let e = p.encode_owned(&framing);
                     bytes += e.len();
                     batch.push(e);
@@ -210,6 +224,12 @@ pub async fn writer<W: AsyncWrite + Unpin>(
             }
             if bytes < BATCH_BYTES {
                 next = rx.try_recv().ok();
+            }
+        }
+        if let (Some(log), false) = (&log, sent.is_empty()) {
+            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+            for p in sent.drain(..) {
+                log.record(&p);
             }
         }
         match write_batch_within(&mut w, &batch, pace.as_mut()).await {
@@ -269,6 +289,8 @@ pub struct Reader {
     pub last_pdu: usize,
     /// When the core is next told that bytes arrived ([`Reader::heard`]).
     pub next_heard: Instant,
+    /// The last ExpStatSN handed to the connection's log (ErrorRecoveryLevel 1 and above).
+    pub exp_stat_sn: Option<u32>,
 }
 
 impl Reader {
@@ -382,6 +404,12 @@ impl Reader {
     /// runs what is to run now and carries out what came up in CmdSN order. An Err ends the
     /// connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
+        if let (Some(log), Some(e)) = (&self.conn.log, p.exp_stat_sn()) {
+            if self.exp_stat_sn != Some(e) {
+                self.exp_stat_sn = Some(e);
+                log.lock().unwrap_or_else(|e| e.into_inner()).ack(e);
+            }
+        }
         match self.session.handle_pdu(&self.conn, p) {
             Arrival::Now(now) => {
                 if let Some(target) = &self.session.target {
@@ -408,11 +436,44 @@ impl Reader {
                 }
                 control::run_all(&self.session, runs);
             }
+            Arrival::Snack(s) => self.snack(s),
             // At ErrorRecoveryLevel 0 the connection, and with it the session, ends (RFC 7143
             // 7.1.4.1, 7.2).
             Arrival::End(fault) => return Err(fault.into()),
         }
         Ok(())
+    }
+
+    /// A SNACK (ErrorRecoveryLevel 1 and above): what it asks for is sent again from the
+    /// connection's log, or it is rejected (11.16, 11.17.1).
+    fn snack(&mut self, s: SnackRequest) {
+        let answer = match &self.conn.log {
+            Some(log) => log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .snack(&s, self.conn.ops.send_mrdsl),
+            None => Err(SnackRefused::UnknownType(s.snack_type)),
+        };
+        match answer {
+            Ok(pdus) => {
+                debug!(
+                    parent: &self.conn.span,
+                    snack_type = s.snack_type,
+                    itt = format_args!("{:#x}", s.itt),
+                    beg_run = s.beg_run,
+                    run_length = s.run_length,
+                    "SNACK: sending {} PDUs again",
+                    pdus.len()
+                );
+                self.conn.send_again(pdus);
+            }
+            Err(e) => {
+                warn!(parent: &self.conn.span, "SNACK rejected: {e}");
+                let reason = e.reject_reason();
+                self.conn
+                    .send(Pdu::reject_of(reason, &Pdu::SnackRequest(s)));
+            }
+        }
     }
 }
 

@@ -446,6 +446,15 @@ async fn connection<S: Transport>(
         cspan.clone(),
         sock,
         out.clone(),
+        // ErrorRecoveryLevel 1 and above: the connection keeps what it sent for SNACKs, at
+        // least for a full window of tasks.
+        (session.ops.erl > 0).then(|| {
+            let d = mcsi_target_core::retain::LogBounds::default();
+            mcsi_target_core::retain::LogBounds {
+                tasks: d.tasks.max(2 * session.ops.queue_depth as usize),
+                ..d
+            }
+        }),
     );
     // The connection joins its session before the one whose CID it takes over is stopped, so
     // the session never looks empty in between (connection reinstatement, RFC 7143 6.3.4: the
@@ -564,6 +573,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
             Arc::downgrade(&conn),
             session.clone(),
             out,
+            conn.log.clone(),
             send_framing,
             n.next_stat_sn,
             limits.send_timeout,
@@ -578,6 +588,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
         heard_every: limits.nop_interval / 8,
         last_pdu: 0,
         next_heard: tokio::time::Instant::now(),
+        exp_stat_sn: None,
     };
     reader.run(rd, stop_rx).instrument(cspan).await;
 }

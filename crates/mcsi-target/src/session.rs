@@ -11,6 +11,7 @@ use crate::session_core::{Expired, SessionCore};
 use mcsi_proto::pdu::{Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
+use mcsi_target_core::retain::{LogBounds, SentLog};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
@@ -334,6 +335,9 @@ pub struct SessionOps {
     /// `X-org.mcsi.TcpReport` agreed: each connection reports its socket's TCP state to the
     /// initiator ([`crate::stats::report_tcp`]).
     pub tcp_report: bool,
+    /// The ErrorRecoveryLevel agreed (RFC 7143 7.1): from 1 on, each connection keeps what it
+    /// sent until it is acknowledged and answers SNACKs from it ([`Conn::log`]).
+    pub erl: u8,
 }
 
 impl SessionOps {
@@ -345,6 +349,7 @@ impl SessionOps {
             queue_depth: queue_depth.max(1),
             asymmetric: mcsi_proto::vendor::asymmetric_agreed(&p.extensions),
             tcp_report: mcsi_proto::vendor::tcp_report_agreed(&p.extensions),
+            erl: p.error_recovery_level,
         }
     }
 }
@@ -377,6 +382,9 @@ impl From<&mcsi_proto::keys::ConnectionParams> for ConnOps {
 pub enum Out {
     /// Stamp StatSN / ExpCmdSN / MaxCmdSN and send.
     Pdu(Pdu),
+    /// Send again a PDU sent before, asked for by a SNACK: it keeps the StatSN it took
+    /// ([`Pdu::restamp`]) and is not recorded again.
+    Again(Pdu),
     /// Send what is queued, then close the connection.
     Close,
 }
@@ -498,6 +506,9 @@ pub struct Conn {
     pub counters: ConnCounters,
     /// What its writer still has to send, against its output budget.
     pub out: Arc<OutQueue>,
+    /// At ErrorRecoveryLevel 1 and above: what the writer sent and the initiator has not
+    /// acknowledged yet, for SNACKs (the writer records, the reader acknowledges and asks).
+    pub log: Option<Arc<Mutex<SentLog>>>,
 }
 
 impl Conn {
@@ -512,6 +523,7 @@ impl Conn {
         span: tracing::Span,
         sock: Option<socket2::Socket>,
         out: Arc<OutQueue>,
+        log: Option<LogBounds>,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
         let (stop, stop_rx) = watch::channel(false);
         let c = Conn {
@@ -527,6 +539,7 @@ impl Conn {
             sock,
             counters: Default::default(),
             out,
+            log: log.map(|b| Arc::new(Mutex::new(SentLog::new(b)))),
         };
         (Arc::new(c), stop_rx)
     }
@@ -538,6 +551,17 @@ impl Conn {
         self.out.add(n);
         if self.tx.send(Out::Pdu(pdu)).is_err() {
             self.out.sent(n);
+        }
+    }
+
+    /// Sends again PDUs sent before (the answer to a SNACK).
+    pub fn send_again(&self, pdus: Vec<Pdu>) {
+        for pdu in pdus {
+            let n = OutQueue::size_of(&pdu);
+            self.out.add(n);
+            if self.tx.send(Out::Again(pdu)).is_err() {
+                self.out.sent(n);
+            }
         }
     }
 
@@ -767,6 +791,7 @@ impl Session {
             .and_then(|t| t.limits.response_policy.scheduler());
         let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
         core.set_discovery(target.is_none());
+        core.set_error_recovery_level(ops.erl);
         core.set_burst(ops.burst);
         core.set_unsolicited_budget(shared.unsolicited_budget.clone());
         core.set_data_out_timeout(

@@ -77,6 +77,10 @@ pub enum Arrival<C> {
         runs: InOrder<C>,
         note: Option<Note>,
     },
+    /// A SNACK (ErrorRecoveryLevel 1 and above): the caller answers it from what the
+    /// connection kept of what it sent ([`crate::retain::SentLog::snack`]), beside the writer
+    /// that stamps StatSNs.
+    Snack(mcsi_proto::pdu::SnackRequest),
     /// The connection must end: an error ErrorRecoveryLevel 0 cannot recover.
     End(Fault),
 }
@@ -150,7 +154,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         io: impl FnOnce() -> T,
     ) -> Arrival<C> {
         let taken = |runs: InOrder<C>, note: Option<Note>| Arrival::Taken { runs, note };
-        match route(p, self.discovery) {
+        match route(p, self.discovery, self.erl) {
             Route::Command(c) => self.command(conn, c, lus, io),
             Route::DataOut(d) => match self.data_out(conn.cid(), &d) {
                 super::DataOutcome::Taken => taken(Vec::new(), None),
@@ -188,6 +192,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                     self.submit_ordered(cmd_sn, Ordered::Control(conn.clone(), p));
                 taken(runs, (!accepted).then_some(Note::Dropped { cmd_sn }))
             }
+            Route::Snack(s) => Arrival::Snack(s),
             Route::Reject {
                 reason,
                 pdu,

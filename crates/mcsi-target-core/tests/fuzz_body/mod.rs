@@ -553,6 +553,7 @@ impl World {
                 }
             }
             Arrival::Taken { runs, .. } => self.carry_out(runs.into()),
+            Arrival::Snack(s) => panic!("a SNACK reached the core at ErrorRecoveryLevel 0: {s:?}"),
             Arrival::End(_) => self.lose(cid),
         }
     }

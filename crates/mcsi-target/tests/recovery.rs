@@ -1,0 +1,181 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! ErrorRecoveryLevel 1 on the wire (RFC 7143 7.1, 11.16): what is negotiated, and SNACKs
+//! answered from what each connection kept of what it sent.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use mcsi_proto::pdu::*;
+
+fn snack(t: u8, itt: u32, beg_run: u32, run_length: u32, exp_stat_sn: u32) -> Pdu {
+    Pdu::SnackRequest(SnackRequest {
+        snack_type: t,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        exp_stat_sn,
+        beg_run,
+        run_length,
+    })
+}
+
+fn nop(c: &mut Client, exp_stat_sn: u32) -> Pdu {
+    Pdu::NopOut(NopOut {
+        immediate: true,
+        lun: 0,
+        itt: c.next_itt(),
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn,
+        data: Bytes::new(),
+    })
+}
+
+fn key<'a>(c: &'a Client, k: &str) -> Option<&'a str> {
+    c.login_keys
+        .iter()
+        .rev()
+        .find(|(n, _)| n == k)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn the_level_agreed_is_the_lower_of_the_offer_and_the_targets_cap() {
+    let capped = start(|l| l.max_erl = 1).await;
+    let c = Client::normal(&capped, &[("ErrorRecoveryLevel", "2")]).await;
+    assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("1"));
+    let c = Client::normal(&capped, &[("ErrorRecoveryLevel", "0")]).await;
+    assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("0"));
+    let default = start(|_| {}).await;
+    let c = Client::normal(&default, &[("ErrorRecoveryLevel", "2")]).await;
+    assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("0"));
+}
+
+#[tokio::test]
+async fn data_and_status_snacks_get_the_same_pdus_again_until_acknowledged() {
+    let server = start(|l| l.max_erl = 1).await;
+    let mut c = Client::normal(
+        &server,
+        &[
+            ("ErrorRecoveryLevel", "1"),
+            ("MaxRecvDataSegmentLength", "8192"),
+        ],
+    )
+    .await;
+    // 24 KiB of a pattern, then read back in three Data-In.
+    let data = pattern(24576, 7);
+    let w = c.command(&rw10(0x2a, 0, 48), false, true, 24576, data.clone(), true);
+    let mut w = w;
+    w.data = data.slice(..8192);
+    c.send(Pdu::ScsiCommand(w.clone())).await;
+    // InitialR2T=Yes: the rest is asked for, and the R2T can be asked for again.
+    let r2t = c.recv().await;
+    let Pdu::R2t(r) = &r2t else {
+        panic!("no R2T: {r2t:?}")
+    };
+    assert_eq!(
+        (r.r2t_sn, r.buffer_offset, r.desired_data_transfer_length),
+        (0, 8192, 16384)
+    );
+    c.send(snack(0, w.itt, 0, 1, 0)).await;
+    assert_eq!(c.recv().await, r2t);
+    for (sn, off) in [(0u32, 8192u32), (1, 16384)] {
+        c.send(Pdu::DataOut(DataOut {
+            final_: off == 16384,
+            lun: 0,
+            itt: w.itt,
+            ttt: r.ttt,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: off,
+            data: data.slice(off as usize..off as usize + 8192),
+        }))
+        .await;
+    }
+    let r = match c.recv().await {
+        Pdu::ScsiResponse(r) => r,
+        p => panic!("no response to the write: {p:?}"),
+    };
+    assert_eq!(r.status, 0);
+    let write_stat_sn = r.stat_sn;
+
+    let read = c.command(&rw10(0x28, 0, 48), true, false, 24576, Bytes::new(), true);
+    let itt = read.itt;
+    c.send(Pdu::ScsiCommand(read)).await;
+    let mut first = Vec::new();
+    loop {
+        let p = c.recv().await;
+        let Pdu::DataIn(d) = &p else {
+            panic!("unexpected {p:?}")
+        };
+        let last = d.status.is_some();
+        first.push(p);
+        if last {
+            break;
+        }
+    }
+    assert_eq!(first.len(), 3);
+    let Pdu::DataIn(last) = &first[2] else {
+        unreachable!()
+    };
+    let read_stat_sn = last.stat_sn;
+    assert_eq!(read_stat_sn, write_stat_sn + 1);
+
+    // DataSN 1 again: the same PDU.
+    c.send(snack(0, itt, 1, 1, write_stat_sn)).await;
+    assert_eq!(c.recv().await, first[1]);
+    // All from DataSN 1 (RunLength 0): the status comes again with its StatSN.
+    c.send(snack(0, itt, 1, 0, write_stat_sn)).await;
+    assert_eq!(c.recv().await, first[1]);
+    assert_eq!(c.recv().await, first[2]);
+    // The write's status again (Status SNACK), same StatSN.
+    c.send(snack(1, RESERVED_TAG, write_stat_sn, 1, write_stat_sn))
+        .await;
+    let Pdu::ScsiResponse(again) = c.recv().await else {
+        panic!("no status again")
+    };
+    assert_eq!((again.itt, again.stat_sn), (w.itt, write_stat_sn));
+
+    // A DataSN never sent: a protocol error.
+    c.send(snack(0, itt, 3, 1, write_stat_sn)).await;
+    let Pdu::Reject(rj) = c.recv().await else {
+        panic!("not rejected")
+    };
+    assert_eq!(rj.reason, reject_reason::PROTOCOL_ERROR);
+
+    // Acknowledged (ExpStatSN past the read's status), nothing of either is kept.
+    let n = nop(&mut c, read_stat_sn + 2);
+    c.send(n).await;
+    let Pdu::NopIn(_) = c.recv().await else {
+        panic!("no NOP-In")
+    };
+    c.send(snack(0, itt, 0, 0, read_stat_sn + 2)).await;
+    let Pdu::Reject(rj) = c.recv().await else {
+        panic!("not rejected")
+    };
+    assert_eq!(rj.reason, reject_reason::PROTOCOL_ERROR);
+    c.send(snack(1, RESERVED_TAG, read_stat_sn, 1, read_stat_sn + 2))
+        .await;
+    let Pdu::Reject(rj) = c.recv().await else {
+        panic!("not rejected")
+    };
+    assert_eq!(rj.reason, reject_reason::PROTOCOL_ERROR);
+    // The session goes on.
+    let read = c.command(&rw10(0x28, 0, 48), true, false, 24576, Bytes::new(), true);
+    let itt = read.itt;
+    c.send(Pdu::ScsiCommand(read)).await;
+    let (back, status, ..) = c.read_result(itt).await;
+    assert_eq!((status, &back[..]), (0, &data[..]));
+}
+
+#[tokio::test]
+async fn at_level_0_a_snack_is_a_protocol_error() {
+    let server = start(|l| l.max_erl = 1).await;
+    let mut c = Client::normal(&server, &[("ErrorRecoveryLevel", "0")]).await;
+    c.send(snack(1, RESERVED_TAG, 0, 0, 0)).await;
+    let Pdu::Reject(rj) = c.recv().await else {
+        panic!("not rejected")
+    };
+    assert_eq!(rj.reason, reject_reason::PROTOCOL_ERROR);
+}
