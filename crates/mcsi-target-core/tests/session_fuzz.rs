@@ -32,6 +32,8 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
         total.data_in_bytes += s.data_in_bytes;
         total.rejects += s.rejects;
         total.ended_early += s.ended_early;
+        total.snacks += s.snacks;
+        total.resent += s.resent;
     }
     println!("1500 inputs: {total:?}");
     // The inputs reach every part of the session, not only its errors.
@@ -39,4 +41,6 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
     assert!(total.r2ts > 500, "{total:?}");
     assert!(total.data_in_bytes > 1 << 20, "{total:?}");
     assert!(total.rejects > 100, "{total:?}");
+    // ErrorRecoveryLevel 1: SNACKs answered from the connections' logs, and refused.
+    assert!(total.snacks > 500 && total.resent > 300, "{total:?}");
 }

@@ -13,23 +13,31 @@
 //! core hands out on the device server, answers task management that spans the target, and
 //! closes what the core closes.
 //!
+//! In half the inputs the session is at ErrorRecoveryLevel 1: what the core sends is stamped and
+//! recorded in each connection's log as the tokio layer's writer does, PDUs acknowledge
+//! statuses, and SNACKs of every type (for tasks and ranges sent or not) are answered from the
+//! log, whose bounds come from the input.
+//!
 //! Checked: nothing panics; every PDU the core sends is a target PDU; R2Ts ask for at most
 //! MaxBurstLength and within the expected length; Data-In fits the connection's
 //! MaxRecvDataSegmentLength and the expected length; responses answer commands that were sent;
 //! ExpCmdSN never goes back and MaxCmdSN >= ExpCmdSN - 1. When the session closes, no task is
-//! left and the unsolicited budget is whole again.
+//! left and the unsolicited budget is whole again. What a SNACK has sent again is a PDU of the
+//! task it names, within MaxRecvDataSegmentLength, with a StatSN sent before, and the logs stay
+//! within their bounds.
 
 use bytes::Bytes;
 use mcsi_proto::codes::tmf_response;
 use mcsi_proto::pdu::{
-    reject_reason, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, TaskAttr, TaskMgmtRequest,
-    RESERVED_TAG,
+    reject_reason, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, SnackRequest, TaskAttr,
+    TaskMgmtRequest, RESERVED_TAG,
 };
 use mcsi_proto::serial::Sn;
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
 use mcsi_target_core::control::{logout, task_management, tmf_pdu, Reset, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
+use mcsi_target_core::retain::{LogBounds, SentLog};
 use mcsi_target_core::session::{Arrival, Close, CoreConn, Run, SessionCore, SharedBudget};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::{HashMap, VecDeque};
@@ -145,6 +153,9 @@ pub struct Stats {
     pub r2ts: u64,
     pub data_in_bytes: u64,
     pub rejects: u64,
+    /// SNACKs taken at ErrorRecoveryLevel 1, and the PDUs they had sent again.
+    pub snacks: u64,
+    pub resent: u64,
     /// Inputs whose session ended before the input did (a fault, a logout).
     pub ended_early: u64,
 }
@@ -170,6 +181,10 @@ struct World {
     /// The last (ExpCmdSN, MaxCmdSN) seen.
     window: (u32, u32),
     ended: bool,
+    /// ErrorRecoveryLevel 1: what each connection sent (the tokio layer's writer stamps and
+    /// records it), its next StatSN, and the bounds of its log.
+    logs: Option<HashMap<u16, (SentLog, u32)>>,
+    bounds: LogBounds,
 }
 
 /// Runs one input through a fresh session.
@@ -192,6 +207,14 @@ pub fn run(data: &[u8]) -> Stats {
     core.set_unsolicited_budget(budget.clone());
     // Keepalive pings now and then (their intervals pass in a few time steps).
     let ping = Duration::from_millis(u64::from(inp.u8()) * 20);
+    // ErrorRecoveryLevel 1 in half the inputs, with a log small enough to let things go.
+    let erl = inp.u8() & 1;
+    core.set_error_recovery_level(erl);
+    let bounds = LogBounds {
+        bytes: 1024 * (1 + u64::from(inp.u8())),
+        statuses: 1 + usize::from(inp.u8() % 32),
+        tasks: 1 + usize::from(inp.u8() % 16),
+    };
     let now = Instant::now();
     for cid in 0..conns {
         assert!(core.add_conn(Tc(cid)).is_ok());
@@ -218,6 +241,12 @@ pub fn run(data: &[u8]) -> Stats {
         data_in: HashMap::new(),
         window,
         ended: false,
+        logs: (erl > 0).then(|| {
+            (0..conns)
+                .map(|cid| (cid, (SentLog::new(bounds), 1)))
+                .collect()
+        }),
+        bounds,
     };
     let mut steps = 0;
     while !inp.done() && !w.ended && steps < MAX_STEPS {
@@ -392,6 +421,7 @@ impl World {
                 );
                 self.carry_out(runs.into());
             }
+            15 if self.logs.is_some() => self.snack(inp),
             14 => {
                 // Mostly less than the Data-Out timeout, now and then far more.
                 let ms = if inp.one_in(8) {
@@ -505,6 +535,49 @@ impl World {
         self.deliver(cid, Pdu::ScsiCommand(c));
     }
 
+    /// A SNACK (ErrorRecoveryLevel 1) of any type, for tasks sent or not, for ranges sent or
+    /// not, acknowledging statuses up to near the connection's next StatSN.
+    fn snack(&mut self, inp: &mut Input<'_>) {
+        let cid = self.cid(inp);
+        let next = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.get(&cid))
+            .map_or(1, |l| l.1);
+        // Mostly a read that got Data-In, else any command sent, now and then any ITT.
+        let pick = usize::from(inp.u8());
+        let read = self.data_in.keys().nth(pick % self.data_in.len().max(1));
+        let sent = self.edtl.keys().nth(pick % self.edtl.len().max(1));
+        let itt = match (inp.u8() % 8, read, sent) {
+            (0..=4, Some(itt), _) | (0..=6, _, Some(itt)) => *itt,
+            _ => inp.u32() % 64,
+        };
+        let s = SnackRequest {
+            snack_type: inp.u8() % 5,
+            lun: 0,
+            itt,
+            ttt: if inp.bool() {
+                RESERVED_TAG
+            } else {
+                inp.u32() % 64
+            },
+            // Half the time acknowledging nothing new, so that there is something to ask for.
+            exp_stat_sn: if inp.bool() {
+                0
+            } else {
+                next.wrapping_sub(u32::from(inp.u8() % 8))
+            },
+            beg_run: match inp.u8() % 4 {
+                0 => 0,
+                1 => next.wrapping_sub(u32::from(inp.u8() % 8)),
+                2 => inp.u32(),
+                _ => u32::from(inp.u8() % 8),
+            },
+            run_length: u32::from(inp.u8() % 4),
+        };
+        self.deliver(cid, Pdu::SnackRequest(s));
+    }
+
     /// Sends data the target is owed: mostly right, sometimes with a fault.
     fn pay(&mut self, inp: &mut Input<'_>) {
         if self.owed.is_empty() {
@@ -542,6 +615,11 @@ impl World {
             return;
         }
         self.core.heard(cid, self.now);
+        if let (Some(logs), Some(e)) = (self.logs.as_mut(), p.exp_stat_sn()) {
+            if let Some((log, _)) = logs.get_mut(&cid) {
+                log.ack(e);
+            }
+        }
         let a = self.core.handle_pdu(&Tc(cid), p, dev(), || ());
         match a {
             Arrival::Now(now) => {
@@ -553,9 +631,45 @@ impl World {
                 }
             }
             Arrival::Taken { runs, .. } => self.carry_out(runs.into()),
-            Arrival::Snack(s) => panic!("a SNACK reached the core at ErrorRecoveryLevel 0: {s:?}"),
+            Arrival::Snack(s) => self.answer_snack(cid, s),
             Arrival::End(_) => self.lose(cid),
         }
+    }
+
+    /// What the tokio layer's reader does with a SNACK: answered from the connection's log, or
+    /// rejected. What is sent again must be what was sent, within the rules.
+    fn answer_snack(&mut self, cid: u16, s: SnackRequest) {
+        let Some((log, next)) = self.logs.as_mut().and_then(|l| l.get_mut(&cid)) else {
+            panic!("a SNACK reached the core at ErrorRecoveryLevel 0: {s:?}");
+        };
+        let next = *next;
+        self.stats.snacks += 1;
+        match log.snack(&s, MRDSL) {
+            Ok(pdus) => {
+                // Data/R2T and R-Data SNACKs name their task; a Status SNACK does not.
+                let task = matches!(s.snack_type, 0 | 3).then_some(s.itt);
+                for p in &pdus {
+                    let itt = match p {
+                        Pdu::DataIn(d) => {
+                            assert!(d.data.len() as u32 <= MRDSL, "Data-In beyond MRDSL");
+                            Some(d.itt)
+                        }
+                        Pdu::R2t(r) => Some(r.itt),
+                        Pdu::ScsiResponse(r) => Some(r.itt),
+                        _ => None,
+                    };
+                    if task.is_some() {
+                        assert_eq!(itt, task, "resent for {s:?}");
+                    }
+                    if let Some((sn, true)) = p.stat_sn() {
+                        assert!(Sn::lt(Sn(sn), Sn(next)), "StatSN {sn} never sent: {p:?}");
+                    }
+                }
+                self.stats.resent += pdus.len() as u64;
+            }
+            Err(_) => self.stats.rejects += 1,
+        }
+        assert!(log.statuses() <= self.bounds.statuses && log.tasks() <= self.bounds.tasks);
     }
 
     /// A connection ended by a fault: at ErrorRecoveryLevel 0 the session ends with it.
@@ -688,8 +802,15 @@ impl World {
         }
     }
 
-    /// What the target sends must be a target PDU within the rules.
+    /// What the target sends must be a target PDU within the rules. At ErrorRecoveryLevel 1
+    /// it is stamped and recorded as the writer does.
     fn check(&mut self, cid: u16, p: &Pdu) {
+        if let Some((log, stat_sn)) = self.logs.as_mut().and_then(|l| l.get_mut(&cid)) {
+            let (exp, max) = self.core.cmd_sns();
+            let mut q = p.clone();
+            q.stamp(stat_sn, exp, max);
+            log.record(&q);
+        }
         let edtl = |itt: u32| self.edtl.get(&itt).copied();
         match p {
             Pdu::R2t(r) => {
