@@ -87,6 +87,11 @@ pub enum DecodeError {
         itt: u32,
         received: u32,
         computed: u32,
+        /// The PDU as its header describes it, with the data segment as received (not to be
+        /// trusted): at ErrorRecoveryLevel 1 and above the receiver keeps the header's part
+        /// (a Data-Out's place in its sequence, a command without its immediate data) and asks
+        /// for the data again (RFC 7143 7.8). None when the header does not parse.
+        damaged: Option<Box<Pdu>>,
     },
     /// DataSegmentLength exceeds what this side accepts (MaxRecvDataSegmentLength, 8192 during
     /// login). Nothing was consumed; this is a protocol error that ends the connection.
@@ -377,11 +382,14 @@ pub fn decode(buf: &mut BytesMut, framing: &Framing) -> Result<Option<Pdu>, Deco
         let computed = digest::crc32c(&pdu[data_start..padded_end]);
         let received = wire_digest(&pdu, padded_end);
         if computed != received {
+            let ahs = &pdu[BHS_LEN..header_len];
+            let damaged = parse(bhs, ahs, data, header.clone()).ok().map(Box::new);
             return Err(DecodeError::DataDigest {
                 itt: bhs.itt(),
                 header,
                 received,
                 computed,
+                damaged,
             });
         }
     }

@@ -186,11 +186,20 @@ fn write10_with_immediate_data() {
             header,
             itt,
             received,
+            damaged,
             ..
         } => {
             assert_eq!(itt, 7);
             assert_eq!(&header[..], &hex(WRITE10_BHS)[..]);
             assert_eq!(received, 0xb2fd_e42f);
+            // The command itself, with the damaged data as received (for ERL 1 recovery).
+            let Some(Pdu::ScsiCommand(c)) = damaged.as_deref() else {
+                panic!("no command in {damaged:?}")
+            };
+            let mut want = write10();
+            assert_ne!(c.data, want.data);
+            want.data = c.data.clone();
+            assert_eq!(c, &want);
         }
         other => panic!("unexpected {other:?}"),
     }

@@ -1165,6 +1165,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// A Data-Out arrived on connection `cid`: its bytes go to the task's buffer; a task whose
     /// data is now complete runs once its turn has come ([`SessionCore::poll_ready`]).
     pub fn data_out(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
+        self.take_data_out(cid, d, false)
+    }
+
+    /// A Data-Out arrived on connection `cid` with a data digest error (ErrorRecoveryLevel 1
+    /// and above; its header was sound): its sequence goes on as if its data had come, and the
+    /// write asks for that data again with a recovery R2T (RFC 7143 7.8 a) once no sequence that
+    /// could carry it is open.
+    pub fn data_out_lost(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
+        self.take_data_out(cid, d, true)
+    }
+
+    fn take_data_out(&mut self, cid: u16, d: &DataOut, lost: bool) -> DataOutcome {
         let Some(task) = self.tasks.get_mut(&d.itt) else {
             return DataOutcome::Discarded;
         };
@@ -1178,10 +1190,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             return DataOutcome::Discarded;
         };
         let len = d.data.len() as u32;
-        let a = match c
-            .transfer
-            .on_data_out(d.ttt, d.data_sn, d.buffer_offset, len, d.final_)
-        {
+        let a = if lost {
+            c.transfer
+                .on_lost_data_out(d.ttt, d.data_sn, d.buffer_offset, len, d.final_)
+                .map(|()| crate::transfer::Accept {
+                    offset: d.buffer_offset,
+                    len: 0,
+                })
+        } else {
+            c.transfer
+                .on_data_out(d.ttt, d.data_sn, d.buffer_offset, len, d.final_)
+        };
+        let a = match a {
             Ok(a) => a,
             Err(e) => return DataOutcome::Error(e),
         };

@@ -114,6 +114,11 @@ pub struct WriteTransfer {
     next_r2t_offset: u32,
     next_r2t_sn: u32,
     outstanding: Vec<Solicited>,
+    /// Ranges whose data was lost to a digest error (ErrorRecoveryLevel 1 and above), in
+    /// arrival order, not yet asked for again; recovery R2Ts ask for them first (7.8).
+    lost: Vec<(u32, u32)>,
+    /// Recovery R2Ts sent.
+    recovered: u32,
 }
 
 impl WriteTransfer {
@@ -157,6 +162,8 @@ impl WriteTransfer {
             next_r2t_offset: immediate_len,
             next_r2t_sn: 0,
             outstanding: Vec::new(),
+            lost: Vec::new(),
+            recovered: 0,
         })
     }
 
@@ -175,6 +182,48 @@ impl WriteTransfer {
 
     /// Checks one Data-Out and says which of its bytes to keep.
     pub fn on_data_out(
+        &mut self,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        len: u32,
+        final_: bool,
+    ) -> Result<Accept, TransferError> {
+        self.advance(ttt, data_sn, offset, len, final_)
+    }
+
+    /// A Data-Out whose data was lost to a digest error (its header was sound): its sequence
+    /// goes on as if it had come, and what the command needs of its range is asked for again
+    /// by a recovery R2T once no sequence that could still carry it is open (RFC 7143 7.8 a).
+    pub fn on_lost_data_out(
+        &mut self,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        len: u32,
+        final_: bool,
+    ) -> Result<(), TransferError> {
+        let a = self.advance(ttt, data_sn, offset, len, final_)?;
+        self.mark_lost(a.offset, a.len);
+        Ok(())
+    }
+
+    /// `len` bytes from `offset` were lost (immediate data with a digest error, or a Data-Out's
+    /// through [`WriteTransfer::on_lost_data_out`]): what the command needs of them is asked
+    /// for again.
+    pub fn mark_lost(&mut self, offset: u32, len: u32) {
+        let end = offset.saturating_add(len).min(self.want);
+        if offset < end {
+            self.lost.push((offset, end));
+        }
+    }
+
+    /// Recovery R2Ts sent so far.
+    pub fn recovered(&self) -> u32 {
+        self.recovered
+    }
+
+    fn advance(
         &mut self,
         ttt: u32,
         data_sn: u32,
@@ -258,32 +307,58 @@ impl WriteTransfer {
             return out;
         }
         let max_burst = self.params.max_burst_length.max(1);
+        // Lost data first: each range in R2Ts of at most MaxBurstLength (recovery R2Ts, new
+        // TTT and R2TSN, 11.8), once the sequence that lost it has ended (as LIO does: the rest
+        // of that sequence is still on its way).
+        while (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1) {
+            let open = |&(o, e): &(u32, u32)| {
+                self.outstanding
+                    .iter()
+                    .any(|s| s.start < e && o < s.seq.end)
+            };
+            let Some(i) = self.lost.iter().position(|r| !open(r)) else {
+                break;
+            };
+            let (offset, end) = self.lost[i];
+            let len = (end - offset).min(max_burst);
+            if offset + len == end {
+                self.lost.remove(i);
+            } else {
+                self.lost[i].0 = offset + len;
+            }
+            out.push(self.solicit(alloc_ttt(), offset, len));
+            self.recovered += 1;
+        }
         while (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1)
             && self.next_r2t_offset < self.want
         {
             let offset = self.next_r2t_offset;
             let len = (self.want - offset).min(max_burst);
-            let ttt = alloc_ttt();
-            let plan = R2tPlan {
-                ttt,
-                r2t_sn: self.next_r2t_sn,
-                offset,
-                len,
-            };
-            self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
             self.next_r2t_offset = offset + len;
-            self.outstanding.push(Solicited {
-                ttt,
-                start: offset,
-                seq: Seq {
-                    next_offset: offset,
-                    next_data_sn: 0,
-                    end: offset + len,
-                },
-            });
-            out.push(plan);
+            out.push(self.solicit(alloc_ttt(), offset, len));
         }
         out
+    }
+
+    /// An R2T for `len` bytes at `offset`, its sequence opened.
+    fn solicit(&mut self, ttt: u32, offset: u32, len: u32) -> R2tPlan {
+        let plan = R2tPlan {
+            ttt,
+            r2t_sn: self.next_r2t_sn,
+            offset,
+            len,
+        };
+        self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+        self.outstanding.push(Solicited {
+            ttt,
+            start: offset,
+            seq: Seq {
+                next_offset: offset,
+                next_data_sn: 0,
+                end: offset + len,
+            },
+        });
+        plan
     }
 
     /// Some of the data the command needs must be asked for with R2Ts (now, or once the
@@ -293,7 +368,9 @@ impl WriteTransfer {
             Some(s) => s.end,
             None => self.solicit_from,
         };
-        self.next_r2t_offset.max(unasked_end) < self.want || !self.outstanding.is_empty()
+        self.next_r2t_offset.max(unasked_end) < self.want
+            || !self.outstanding.is_empty()
+            || !self.lost.is_empty()
     }
 
     /// The unsolicited burst is still arriving (its last PDU, with the F bit, has not come).
@@ -315,6 +392,7 @@ impl WriteTransfer {
     pub fn done(&self) -> bool {
         self.unsolicited.is_none()
             && self.outstanding.is_empty()
+            && self.lost.is_empty()
             && self.next_r2t_offset.max(self.solicit_from) >= self.want
     }
 }
@@ -515,5 +593,48 @@ mod tests {
             t.on_data_out(RESERVED_TAG, 1, 8192, 512, true),
             Err(TransferError::BeyondBurst { .. })
         ));
+    }
+
+    #[test]
+    fn lost_data_is_asked_for_again_once_its_sequence_ends() {
+        // 4 KiB immediate (lost), then the unsolicited burst to FirstBurstLength (8 KiB) in two
+        // 2 KiB PDUs, the second lost; 24 KiB more by R2T.
+        let mut t = WriteTransfer::new(params(false), 32768, 32768, 4096, false).unwrap();
+        t.mark_lost(0, 4096);
+        t.on_data_out(RESERVED_TAG, 0, 4096, 2048, false).unwrap();
+        // Nothing is asked for while the unsolicited burst is open.
+        assert!(t.next_r2ts(ttts()).is_empty());
+        // A lost PDU still advances its sequence: a wrong DataSN is an error all the same.
+        assert!(t
+            .on_lost_data_out(RESERVED_TAG, 5, 6144, 2048, true)
+            .is_err());
+        t.on_lost_data_out(RESERVED_TAG, 1, 6144, 2048, true)
+            .unwrap();
+        let r = t.next_r2ts(ttts());
+        // Recovery first (the immediate data, the lost PDU), within MaxOutstandingR2T 2.
+        let spans = |r: &[R2tPlan]| {
+            r.iter()
+                .map(|p| (p.r2t_sn, p.offset, p.len))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(spans(&r), [(0, 0, 4096), (1, 6144, 2048)]);
+        assert_eq!(t.recovered(), 2);
+        assert!(!t.done());
+        t.on_data_out(r[0].ttt, 0, 0, 4096, true).unwrap();
+        t.on_data_out(r[1].ttt, 0, 6144, 2048, true).unwrap();
+        // Then the rest, in bursts of at most 16 KiB.
+        let r = t.next_r2ts(ttts());
+        assert_eq!(spans(&r), [(2, 8192, 16384), (3, 24576, 8192)]);
+        t.on_data_out(r[1].ttt, 0, 24576, 8192, true).unwrap();
+        // The first half of a burst lost: asked for again once the burst has ended.
+        t.on_lost_data_out(r[0].ttt, 0, 8192, 8192, false).unwrap();
+        assert!(t.next_r2ts(ttts()).is_empty());
+        t.on_data_out(r[0].ttt, 1, 16384, 8192, true).unwrap();
+        assert!(t.solicits() && !t.done());
+        let r = t.next_r2ts(ttts());
+        assert_eq!(spans(&r), [(4, 8192, 8192)]);
+        t.on_data_out(r[0].ttt, 0, 8192, 8192, true).unwrap();
+        assert!(t.done() && !t.solicits());
+        assert_eq!(t.recovered(), 3);
     }
 }

@@ -34,6 +34,7 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
         total.ended_early += s.ended_early;
         total.snacks += s.snacks;
         total.resent += s.resent;
+        total.damaged += s.damaged;
     }
     println!("1500 inputs: {total:?}");
     // The inputs reach every part of the session, not only its errors.
@@ -43,4 +44,5 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
     assert!(total.rejects > 100, "{total:?}");
     // ErrorRecoveryLevel 1: SNACKs answered from the connections' logs, and refused.
     assert!(total.snacks > 500 && total.resent > 300, "{total:?}");
+    assert!(total.damaged > 200, "{total:?}");
 }

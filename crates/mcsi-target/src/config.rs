@@ -551,9 +551,9 @@ impl Default for Limits {
             // Longer than a NOP-In ping's interval and answer together on a healthy link, so
             // that only an initiator that has stopped sending is cut off.
             data_out_timeout: Duration::from_secs(60),
-            // Level 1 goes on by default once a Data-Out lost to a digest error is asked for
-            // again (a recovery R2T); until then only SNACKs are served, on request.
-            max_erl: 0,
+            // Level 1 for initiators that ask for it (standard initiators offer 0 unless told
+            // otherwise); level 2 is not implemented yet.
+            max_erl: 1,
         }
     }
 }
@@ -1411,6 +1411,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.why.contains("512 to 16777215"), "{e}");
+
+        let erl = |v: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\nmax_erl = {v}\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
+            ))
+        };
+        assert_eq!(erl("0").unwrap().targets[0].limits.max_erl, 0);
+        let e = erl("2").unwrap_err();
+        assert_eq!(e.field, "targets[0].max_erl");
+        assert!(
+            e.why
+                .contains("level 2 (connection recovery) is not implemented yet"),
+            "{e}"
+        );
+        assert!(erl("3").unwrap_err().why.contains("0 to 2"));
     }
 
     #[test]

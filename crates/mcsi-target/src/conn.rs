@@ -335,6 +335,21 @@ impl Reader {
                     continue;
                 }
                 Ok(None) => {}
+                Err(DecodeError::DataDigest {
+                    header, damaged, ..
+                }) => {
+                    // Rejected; from ErrorRecoveryLevel 1 on its data is asked for again.
+                    debug!("data digest error: rejecting the PDU's data");
+                    let a = self.session.handle_data_digest_error(
+                        &self.conn,
+                        header,
+                        damaged.map(|p| *p),
+                    );
+                    if let Err(e) = self.carry_out(a) {
+                        break e;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     if let (true, Some(reason), Some(h)) =
                         (e.consumed(), e.reject_reason(), e.rejected_header())
@@ -410,7 +425,14 @@ impl Reader {
                 log.lock().unwrap_or_else(|e| e.into_inner()).ack(e);
             }
         }
-        match self.session.handle_pdu(&self.conn, p) {
+        let a = self.session.handle_pdu(&self.conn, p);
+        self.carry_out(a)
+    }
+
+    /// Carries out what the session's core decided for a PDU: runs what is to run now on this
+    /// reader, what came up in CmdSN order, or answers a SNACK. An Err ends the connection.
+    fn carry_out(&mut self, a: Arrival) -> Result<(), ConnEnd> {
+        match a {
             Arrival::Now(now) => {
                 if let Some(target) = &self.session.target {
                     let RunNow {

@@ -1120,6 +1120,35 @@ impl Session {
         a
     }
 
+    /// A PDU arrived on `conn` with a data digest error
+    /// ([`SessionCore::handle_data_digest_error`]): rejected, and from ErrorRecoveryLevel 1 on
+    /// its data asked for again.
+    pub fn handle_data_digest_error(
+        &self,
+        conn: &Arc<Conn>,
+        header: bytes::Bytes,
+        damaged: Option<mcsi_proto::pdu::Pdu>,
+    ) -> Arrival {
+        let mut core = self.lock();
+        let a = match &self.target {
+            Some(t) => {
+                core.handle_data_digest_error(conn, header, damaged, &*t.dev, TaskIo::default)
+            }
+            None => core.handle_data_digest_error(
+                conn,
+                header,
+                damaged,
+                &crate::session_core::NoUnits,
+                TaskIo::default,
+            ),
+        };
+        if let Arrival::Taken { .. } = a {
+            self.wake(&mut core);
+            self.after_input(core);
+        }
+        a
+    }
+
     /// A PDU arrived on `conn` that could not be decoded but can be answered
     /// ([`SessionCore::handle_undecodable`]).
     pub fn handle_undecodable(

@@ -15,6 +15,15 @@ use tokio::io::AsyncWriteExt;
 
 /// Logs in with `InitiatorLogin` offering the given digests and switches the client's framing.
 async fn login_with(server: &mcsi_target::Server, offer: Vec<Digest>) -> (Client, bool, bool) {
+    login_erl(server, offer, 0).await
+}
+
+/// [`login_with`], offering ErrorRecoveryLevel `erl`.
+async fn login_erl(
+    server: &mcsi_target::Server,
+    offer: Vec<Digest>,
+    erl: u8,
+) -> (Client, bool, bool) {
     let mut c = Client::connect(server).await;
     let mut cfg = InitiatorLoginConfig::normal(
         "iqn.2026-01.org.mcsi:digests",
@@ -25,6 +34,7 @@ async fn login_with(server: &mcsi_target::Server, offer: Vec<Digest>) -> (Client
     cfg.params = LocalParams {
         header_digest: offer.clone(),
         data_digest: offer,
+        error_recovery_level: erl,
         ..LocalParams::default()
     };
     let mut il = InitiatorLogin::new(cfg);
@@ -215,4 +225,91 @@ async fn corrupted_header_digest_drops_the_connection() {
     // The target serves a new login afterwards.
     let (mut c2, _, _) = login_with(&server, vec![Digest::Crc32c]).await;
     write_read(&mut c2, 32, pattern(8192, 3)).await;
+}
+
+/// Sends `p` with its data digest spoiled (the last trailer byte flipped).
+async fn send_damaged(c: &mut Client, p: Pdu) {
+    let mut raw = p.encode(&c.framing).to_vec();
+    *raw.last_mut().unwrap() ^= 0x01;
+    c.s.write_all(&raw).await.unwrap();
+}
+
+async fn expect_reject(c: &mut Client, reason: u8) {
+    match c.recv().await {
+        Pdu::Reject(r) => assert_eq!(r.reason, reason),
+        other => panic!("expected Reject {reason:#x}, got {other:?}"),
+    }
+}
+
+async fn expect_r2t(c: &mut Client, itt: u32) -> R2t {
+    match c.recv().await {
+        Pdu::R2t(r) if r.itt == itt => r,
+        other => panic!("expected an R2T for {itt:#x}, got {other:?}"),
+    }
+}
+
+fn data_out(r: &R2t, data_sn: u32, offset: u32, data: Bytes, final_: bool) -> Pdu {
+    Pdu::DataOut(DataOut {
+        final_,
+        lun: 0,
+        itt: r.itt,
+        ttt: r.ttt,
+        exp_stat_sn: 0,
+        data_sn,
+        buffer_offset: offset,
+        data,
+    })
+}
+
+/// At ErrorRecoveryLevel 1 data lost to a digest error is asked for again with a recovery R2T
+/// (RFC 7143 7.8 a): the write completes with the right data, on the same connection.
+#[tokio::test]
+async fn at_level_1_damaged_data_is_asked_for_again_and_the_write_completes() {
+    let server = start(|l| l.max_erl = 1).await;
+    let (mut c, _, d) = login_erl(&server, vec![Digest::Crc32c], 1).await;
+    assert!(d);
+    // Immediate data damaged: the command stays, its data is asked for again.
+    let good = pattern(4096, 50);
+    let cmd = c.command(&rw10(0x2a, 16, 8), false, true, 4096, good.clone(), true);
+    let itt = cmd.itt;
+    send_damaged(&mut c, Pdu::ScsiCommand(cmd)).await;
+    expect_reject(&mut c, 0x02).await;
+    let r = expect_r2t(&mut c, itt).await;
+    assert_eq!((r.buffer_offset, r.desired_data_transfer_length), (0, 4096));
+    c.send(data_out(&r, 0, 0, good.clone(), true)).await;
+    assert_eq!(c.read_result(itt).await.1, 0);
+
+    // A Data-Out damaged in the middle of an R2T's burst: asked for again after the burst.
+    let more = pattern(8192, 60);
+    let cmd = c.command(&rw10(0x2a, 24, 16), false, true, 8192, Bytes::new(), true);
+    let itt2 = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let r = expect_r2t(&mut c, itt2).await;
+    assert_eq!((r.buffer_offset, r.desired_data_transfer_length), (0, 8192));
+    send_damaged(&mut c, data_out(&r, 0, 0, more.slice(..4096), false)).await;
+    expect_reject(&mut c, 0x02).await;
+    c.send(data_out(&r, 1, 4096, more.slice(4096..), true))
+        .await;
+    let again = expect_r2t(&mut c, itt2).await;
+    assert_eq!(
+        (
+            again.buffer_offset,
+            again.desired_data_transfer_length,
+            again.r2t_sn
+        ),
+        (0, 4096, 1)
+    );
+    assert_ne!(again.ttt, r.ttt);
+    c.send(data_out(&again, 0, 0, more.slice(..4096), true))
+        .await;
+    assert_eq!(c.read_result(itt2).await.1, 0);
+
+    // Both writes reached the medium whole.
+    let cmd = c.command(&rw10(0x28, 16, 24), true, false, 12288, Bytes::new(), true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let (got, st, ..) = c.read_result(itt).await;
+    assert_eq!(st, 0);
+    assert_eq!(&got[..4096], &good[..]);
+    assert_eq!(&got[4096..], &more[..]);
 }

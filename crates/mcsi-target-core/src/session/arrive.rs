@@ -132,6 +132,10 @@ pub enum Note {
     /// A NOP-Out answering no ping of the target's on its connection.
     #[error("NOP-Out answering no pending ping (TTT {ttt:#x})")]
     StrayPingAnswer { ttt: u32 },
+    /// Data lost to a digest error (ErrorRecoveryLevel 1 and above): rejected, and asked for
+    /// again with a recovery R2T.
+    #[error("{len} bytes of data at offset {offset} for ITT {itt:#x} lost to a data digest error: asked for again")]
+    DataLost { itt: u32, offset: u32, len: u32 },
     /// Data-Out for no task that takes data (ended, aborted, or never a write): discarded
     /// (4.2.3.1).
     #[error("Data-Out for ITT {itt:#x}, for no task that takes it: discarded")]
@@ -215,6 +219,65 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.consume(consume)
     }
 
+    /// A PDU arrived on `conn` whose data digest did not match (`damaged`: the PDU as its header
+    /// describes it, with the data as received). It is rejected with reason Data-Digest-Error
+    /// and its data discarded (RFC 7143 7.8). From ErrorRecoveryLevel 1 on, a Data-Out keeps its
+    /// place in its sequence and a SCSI command is kept without its immediate data; the write
+    /// asks for what was lost with a recovery R2T. Any other PDU, and any PDU at level 0, is
+    /// treated as undecodable ([`SessionCore::handle_undecodable`]).
+    pub fn handle_data_digest_error(
+        &mut self,
+        conn: &C,
+        header: Bytes,
+        damaged: Option<Pdu>,
+        lus: &impl Lus,
+        io: impl FnOnce() -> T,
+    ) -> Arrival<C> {
+        let reason = reject_reason::DATA_DIGEST_ERROR;
+        let taken = |runs: InOrder<C>, note: Option<Note>| Arrival::Taken { runs, note };
+        match damaged {
+            Some(Pdu::DataOut(d)) if self.erl > 0 && !self.discovery => {
+                self.transmit
+                    .push_back((conn.clone(), Pdu::reject(reason, header)));
+                let note = Some(Note::DataLost {
+                    itt: d.itt,
+                    offset: d.buffer_offset,
+                    len: d.data.len() as u32,
+                });
+                match self.data_out_lost(conn.cid(), &d) {
+                    super::DataOutcome::Taken => taken(Vec::new(), note),
+                    super::DataOutcome::Discarded => {
+                        taken(Vec::new(), Some(Note::Discarded { itt: d.itt }))
+                    }
+                    super::DataOutcome::NotAllegiant => {
+                        Arrival::End(Fault::NotAllegiant { itt: d.itt })
+                    }
+                    super::DataOutcome::Error(source) => {
+                        Arrival::End(Fault::DataOut { itt: d.itt, source })
+                    }
+                }
+            }
+            Some(Pdu::ScsiCommand(c)) if self.erl > 0 && !self.discovery && !c.data.is_empty() => {
+                self.transmit
+                    .push_back((conn.clone(), Pdu::reject(reason, header)));
+                let len = c.data.len() as u32;
+                let itt = c.itt;
+                match self.command_inner(conn, c, lus, io, len) {
+                    Arrival::Taken { runs, note } => taken(
+                        runs,
+                        note.or(Some(Note::DataLost {
+                            itt,
+                            offset: 0,
+                            len,
+                        })),
+                    ),
+                    other => other,
+                }
+            }
+            _ => taken(self.handle_undecodable(conn, reason, header), None),
+        }
+    }
+
     /// Echoes a NOP-Out ping (ITT set) with its data, cut to what the initiator takes (11.19);
     /// one with the reserved ITT needs no reply.
     pub(super) fn echo(&mut self, conn: &C, n: mcsi_proto::pdu::NopOut) {
@@ -237,14 +300,35 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     pub fn command(
         &mut self,
         conn: &C,
+        c: ScsiCommand,
+        lus: &impl Lus,
+        io: impl FnOnce() -> T,
+    ) -> Arrival<C> {
+        self.command_inner(conn, c, lus, io, 0)
+    }
+
+    /// [`SessionCore::command`], for a command whose first `lost` bytes of immediate data were
+    /// lost to a digest error: a write asks for them again, so it never runs inline.
+    fn command_inner(
+        &mut self,
+        conn: &C,
         mut c: ScsiCommand,
         lus: &impl Lus,
         io: impl FnOnce() -> T,
+        lost: u32,
     ) -> Arrival<C> {
         let phase = lus.data_phase(c.lun, &c.cdb);
         let plan = match crate::command::plan(&c, phase, self.burst, || lus.blocking(c.lun, &c.cdb))
         {
-            Ok(p) => p,
+            Ok(mut p) => {
+                if lost > 0 {
+                    if let Some(t) = p.transfer.as_mut() {
+                        t.mark_lost(0, lost);
+                        p.inline = false;
+                    }
+                }
+                p
+            }
             Err(e) => {
                 let consume = (!c.immediate).then_some(c.cmd_sn);
                 let reject = Pdu::reject_of(e.reject_reason(), &Pdu::ScsiCommand(c));
@@ -448,7 +532,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 mod tests {
     use super::*;
     use crate::session::{CoreConn, Run};
-    use mcsi_proto::pdu::TaskAttr;
+    use mcsi_proto::pdu::{DataOut, TaskAttr};
     use mcsi_proto::vendor::ConnRole;
     use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -848,5 +932,168 @@ mod tests {
             other.handle_pdu(&Tc(2), Pdu::DataOut(d), &dev, || ()),
             Arrival::End(Fault::NotAllegiant { itt: 5 })
         ));
+    }
+
+    /// Grants every write that asks, and returns the R2Ts that go out: (TTT, offset, length).
+    fn r2ts(core: &mut Core) -> Vec<(u32, u32, u32)> {
+        while let Some(g) = core.poll_grant() {
+            assert!(core.grant(g.itt, g.id));
+        }
+        sent(core, |p| match p {
+            Pdu::R2t(r) => Some((r.ttt, r.buffer_offset, r.desired_data_transfer_length)),
+            _ => None,
+        })
+    }
+
+    fn data_out(
+        itt: u32,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        data: Bytes,
+        final_: bool,
+    ) -> DataOut {
+        DataOut {
+            final_,
+            lun: 0,
+            itt,
+            ttt,
+            exp_stat_sn: 0,
+            data_sn,
+            buffer_offset: offset,
+            data,
+        }
+    }
+
+    fn rejects(core: &mut Core) -> Vec<u8> {
+        sent(core, |p| match p {
+            Pdu::Reject(r) => Some(r.reason),
+            _ => None,
+        })
+    }
+
+    /// The bytes the ready task `itt` runs with.
+    fn ready_data(core: &mut Core, itt: u32) -> Bytes {
+        let r = core.poll_ready().expect("a task ready");
+        assert_eq!(r.itt, itt);
+        r.data.clone()
+    }
+
+    /// At ErrorRecoveryLevel 1 a data digest error loses only the data: a command keeps its
+    /// place and asks for its immediate data again, a Data-Out keeps its place in its sequence
+    /// and its bytes are asked for again once the sequence has ended (RFC 7143 7.8).
+    #[test]
+    fn data_lost_to_a_digest_error_is_asked_for_again_at_level_1() {
+        let good = Bytes::from(vec![0x11u8; 4096]);
+        let (mut core, budget) = session(1 << 20);
+        core.set_error_recovery_level(1);
+        let dev = dev();
+        // A whole 4 KiB write as immediate data, damaged.
+        let mut c = cmd(1, 1, true, 8, b"");
+        c.data = Bytes::from(vec![0xeeu8; 4096]);
+        let Arrival::Taken { note, .. } = core.handle_data_digest_error(
+            &TC,
+            Bytes::from(vec![0u8; 48]),
+            Some(Pdu::ScsiCommand(c)),
+            &dev,
+            || (),
+        ) else {
+            panic!("the command is kept");
+        };
+        assert!(
+            matches!(
+                note,
+                Some(Note::DataLost {
+                    itt: 1,
+                    offset: 0,
+                    len: 4096
+                })
+            ),
+            "{note:?}"
+        );
+        assert_eq!(rejects(&mut core), [reject_reason::DATA_DIGEST_ERROR]);
+        let r = r2ts(&mut core);
+        assert_eq!(
+            r.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+            [(0, 4096)]
+        );
+        let a = core.data_out(1, &data_out(1, r[0].0, 0, 0, good.clone(), true));
+        assert!(matches!(a, super::super::DataOutcome::Taken));
+        assert_eq!(ready_data(&mut core, 1), good);
+        let _ = core.finish(1, 0, &TC, None);
+
+        // 8 KiB by R2T (InitialR2T stays No, but nothing comes unasked): the first 4 KiB PDU
+        // is damaged, the second is sound.
+        let c = cmd(2, 2, true, 16, b"");
+        let Arrival::Taken { .. } = core.command(&TC, c, &dev, || ()) else {
+            panic!("a write that needs R2Ts is a task");
+        };
+        let r = r2ts(&mut core);
+        assert_eq!(
+            r.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+            [(0, 8192)]
+        );
+        let damaged = data_out(2, r[0].0, 0, 0, Bytes::from(vec![0xeeu8; 4096]), false);
+        let Arrival::Taken { note, .. } = core.handle_data_digest_error(
+            &TC,
+            Bytes::from(vec![0u8; 48]),
+            Some(Pdu::DataOut(damaged)),
+            &dev,
+            || (),
+        ) else {
+            panic!("the Data-Out keeps its place");
+        };
+        assert!(
+            matches!(
+                note,
+                Some(Note::DataLost {
+                    itt: 2,
+                    offset: 0,
+                    len: 4096
+                })
+            ),
+            "{note:?}"
+        );
+        assert_eq!(rejects(&mut core), [reject_reason::DATA_DIGEST_ERROR]);
+        // Nothing is asked for again while its sequence is open.
+        assert!(r2ts(&mut core).is_empty());
+        let second = Bytes::from(vec![0x22u8; 4096]);
+        core.data_out(1, &data_out(2, r[0].0, 1, 4096, second.clone(), true));
+        let again = r2ts(&mut core);
+        assert_eq!(
+            again.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+            [(0, 4096)]
+        );
+        assert_ne!(again[0].0, r[0].0, "a recovery R2T has a TTT of its own");
+        core.data_out(1, &data_out(2, again[0].0, 0, 0, good.clone(), true));
+        let data = ready_data(&mut core, 2);
+        assert_eq!((&data[..4096], &data[4096..]), (&good[..], &second[..]));
+        let _ = core.finish(2, 0, &TC, None);
+        core.close(|_| ());
+        assert_eq!(budget.0.load(Ordering::Acquire), 1 << 20);
+    }
+
+    /// At level 0 a damaged command is rejected and its CmdSN used up, as before.
+    #[test]
+    fn at_level_0_a_damaged_command_is_rejected_and_gone() {
+        let (mut core, _) = session(1 << 20);
+        let dev = dev();
+        let mut c = cmd(1, 1, true, 8, b"");
+        c.data = Bytes::from(vec![0xeeu8; 4096]);
+        let mut h = vec![0u8; 48];
+        h[0] = 0x01;
+        h[24..28].copy_from_slice(&1u32.to_be_bytes());
+        let Arrival::Taken { .. } = core.handle_data_digest_error(
+            &TC,
+            Bytes::from(h),
+            Some(Pdu::ScsiCommand(c)),
+            &dev,
+            || (),
+        ) else {
+            panic!("rejected");
+        };
+        assert_eq!(rejects(&mut core), [reject_reason::DATA_DIGEST_ERROR]);
+        assert_eq!(core.task_count(), 0);
+        assert_eq!(core.cmd_sns().0, 2, "its CmdSN is used up");
     }
 }

@@ -16,7 +16,9 @@
 //! In half the inputs the session is at ErrorRecoveryLevel 1: what the core sends is stamped and
 //! recorded in each connection's log as the tokio layer's writer does, PDUs acknowledge
 //! statuses, and SNACKs of every type (for tasks and ranges sent or not) are answered from the
-//! log, whose bounds come from the input.
+//! log, whose bounds come from the input. Now and then a command's immediate data or a Data-Out
+//! arrives with a data digest error: rejected, and at level 1 asked for again by recovery R2Ts
+//! that the driver pays like any other.
 //!
 //! Checked: nothing panics; every PDU the core sends is a target PDU; R2Ts ask for at most
 //! MaxBurstLength and within the expected length; Data-In fits the connection's
@@ -156,6 +158,8 @@ pub struct Stats {
     /// SNACKs taken at ErrorRecoveryLevel 1, and the PDUs they had sent again.
     pub snacks: u64,
     pub resent: u64,
+    /// PDUs that arrived with a data digest error.
+    pub damaged: u64,
     /// Inputs whose session ended before the input did (a fault, a logout).
     pub ended_early: u64,
 }
@@ -532,7 +536,29 @@ impl World {
                 });
             }
         }
-        self.deliver(cid, Pdu::ScsiCommand(c));
+        if !c.data.is_empty() && inp.one_in(12) {
+            self.deliver_damaged(cid, Pdu::ScsiCommand(c));
+        } else {
+            self.deliver(cid, Pdu::ScsiCommand(c));
+        }
+    }
+
+    /// `p` arrives with a data digest error: what the tokio layer's reader does with it.
+    fn deliver_damaged(&mut self, cid: u16, p: Pdu) {
+        if !self.conns.contains(&cid) {
+            return;
+        }
+        self.stats.damaged += 1;
+        let header = p.encode(&mcsi_proto::pdu::Framing {
+            header_digest: false,
+            data_digest: false,
+            max_data_segment_length: u32::MAX,
+        });
+        let header = Bytes::copy_from_slice(&header.header()[..48]);
+        let a = self
+            .core
+            .handle_data_digest_error(&Tc(cid), header, Some(p), dev(), || ());
+        self.arrived(cid, a);
     }
 
     /// A SNACK (ErrorRecoveryLevel 1) of any type, for tasks sent or not, for ranges sent or
@@ -601,7 +627,13 @@ impl World {
                 buffer_offset: if fault == 2 { offset + 512 } else { offset },
                 data: Bytes::from(vec![0x3c; n as usize]),
             };
-            self.deliver(cid, Pdu::DataOut(d));
+            // Now and then its data digest fails: rejected, and at ErrorRecoveryLevel 1 asked
+            // for again with a recovery R2T.
+            if fault == 3 || (fault == 4 && offset == o.offset) {
+                self.deliver_damaged(cid, Pdu::DataOut(d));
+            } else {
+                self.deliver(cid, Pdu::DataOut(d));
+            }
             if self.ended {
                 return;
             }
@@ -621,6 +653,11 @@ impl World {
             }
         }
         let a = self.core.handle_pdu(&Tc(cid), p, dev(), || ());
+        self.arrived(cid, a);
+    }
+
+    /// Carries out what the core decided for a PDU that arrived on `cid`.
+    fn arrived(&mut self, cid: u16, a: Arrival<Tc>) {
         match a {
             Arrival::Now(now) => {
                 let o = self.execute(&now.cmd, now.data, TaskAttribute::Simple);
