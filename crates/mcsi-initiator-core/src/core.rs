@@ -6,10 +6,10 @@ use crate::error::Error;
 use crate::negotiate::SessionParams;
 use crate::sched::{ConnLoad, Scheduler, TaskInfo};
 use crate::sense::Sense;
-use crate::task::{answer_r2t, data_outs, plan_write, DataInAssembly, Residual};
+use crate::task::{answer_r2t, data_outs, plan_write, DataInAssembly, Push, Residual};
 use crate::window::{CmdWindow, WindowUpdate};
 use bytes::Bytes;
-use mcsi_proto::pdu::{NopOut, Pdu, ScsiCommand, TaskAttr, RESERVED_TAG};
+use mcsi_proto::pdu::{NopOut, Pdu, ScsiCommand, SnackRequest, TaskAttr, RESERVED_TAG};
 use mcsi_proto::serial::Sn;
 use mcsi_tcp::TcpState;
 use std::collections::{HashMap, VecDeque};
@@ -201,6 +201,15 @@ struct ConnState {
     pinged: bool,
     /// The target asked for this connection's logout (async event 1).
     logout: Option<LogoutWait>,
+    /// StatSNs of statuses that arrived damaged (a data digest error) and were asked for again:
+    /// ExpStatSN stays at the first of them, so the target keeps them (ErrorRecoveryLevel 1).
+    missing: Vec<u32>,
+    /// StatSNs of statuses held while their read's Data-In asked for again is missing: not
+    /// acknowledged either, or the target would let that data go.
+    holding: Vec<u32>,
+    /// SNACKs sent, and Data-In or statuses received again after one.
+    snacks: u64,
+    recovered: u64,
 }
 
 impl ConnState {
@@ -224,6 +233,10 @@ impl ConnState {
             heard: None,
             pinged: false,
             logout: None,
+            missing: Vec::new(),
+            holding: Vec::new(),
+            snacks: 0,
+            recovered: 0,
         }
     }
 }
@@ -285,6 +298,10 @@ pub struct ConnStats {
     pub outstanding_bytes: u64,
     /// The target's sending side of the connection, as it last reported it.
     pub target_tcp: Option<TcpState>,
+    /// SNACKs sent (ErrorRecoveryLevel 1: Data-In or a status lost to a digest error).
+    pub snacks: u64,
+    /// Data-In and statuses received again after a SNACK.
+    pub recovered: u64,
 }
 
 #[derive(Debug)]
@@ -303,6 +320,24 @@ struct Task<C> {
     assembly: Option<DataInAssembly>,
     /// When the response watchdog first saw it outstanding ([`SessionCore::handle_timeout`]).
     seen: Option<std::time::Instant>,
+    /// Its status, held while Data-In asked for again is still missing (ErrorRecoveryLevel 1).
+    held: Option<Held>,
+}
+
+/// A read's status, waiting for the Data-In asked for again.
+#[derive(Debug)]
+struct Held {
+    status: u8,
+    sense: Option<Sense>,
+    residual: Residual,
+    /// The connection and StatSN it came with, not acknowledged until the read completes.
+    stat_sn: Option<(usize, u32)>,
+}
+
+/// SNACK types (RFC 7143 11.16.1).
+mod snack_type {
+    pub const DATA_R2T: u8 = 0;
+    pub const STATUS: u8 = 1;
 }
 
 /// Encode a LUN number as the 8-byte SAM-5 LUN (4.6, [`mcsi_scsi::lun::encode`]): peripheral
@@ -665,6 +700,8 @@ impl<C> SessionCore<C> {
                 outstanding_tasks: c.outstanding_tasks,
                 outstanding_bytes: c.outstanding_bytes,
                 target_tcp: c.target_tcp,
+                snacks: c.snacks,
+                recovered: c.recovered,
             })
             .collect()
     }
@@ -820,8 +857,19 @@ impl<C> SessionCore<C> {
             .map_or(self.params.target_max_recv_dsl, |c| c.max_send_dsl)
     }
 
+    /// The ExpStatSN to send on `conn`: the next StatSN expected, or the first status that
+    /// arrived damaged and was asked for again (ErrorRecoveryLevel 1).
     pub fn exp_stat_sn(&self, conn: usize) -> u32 {
-        self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
+        self.conns.get(conn).map_or(0, |c| {
+            c.missing
+                .iter()
+                .chain(&c.holding)
+                .copied()
+                .fold(
+                    c.exp_stat_sn,
+                    |a, m| if Sn::lt(Sn(m), Sn(a)) { m } else { a },
+                )
+        })
     }
 
     /// A fresh Initiator Task Tag, never the reserved value nor one in use.
@@ -948,19 +996,33 @@ impl<C> SessionCore<C> {
         self.tasks.insert(
             itt,
             Task {
-                assembly: read.then(|| DataInAssembly::new(len)),
+                assembly: read.then(|| {
+                    let a = DataInAssembly::new(len);
+                    if self.params.error_recovery_level > 0 {
+                        a.recovering()
+                    } else {
+                        a
+                    }
+                }),
                 cmd: q.cmd,
                 handle: q.handle,
                 conn,
                 cmd_sn,
                 bytes,
                 seen: None,
+                held: None,
             },
         );
     }
 
     fn finish(&mut self, itt: u32, result: Result<Response, Error>, out: &mut Vec<Action<C>>) {
         if let Some(t) = self.tasks.remove(&itt) {
+            // A status it held unacknowledged may be acknowledged now.
+            if let Some((conn, sn)) = t.held.as_ref().and_then(|h| h.stat_sn) {
+                if let Some(c) = self.conns.get_mut(conn) {
+                    c.holding.retain(|x| *x != sn);
+                }
+            }
             let mut drained = false;
             if let Some(c) = self.conns.get_mut(t.conn) {
                 c.outstanding_tasks = c.outstanding_tasks.saturating_sub(1);
@@ -977,6 +1039,39 @@ impl<C> SessionCore<C> {
         }
     }
 
+    /// The status StatSN `sn` on `conn` is held for missing Data-In: ExpStatSN stays at it.
+    fn hold_stat_sn(&mut self, conn: usize, sn: u32) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            if !c.holding.contains(&sn) && c.holding.len() < crate::task::MAX_HOLES {
+                c.holding.push(sn);
+            }
+        }
+    }
+
+    /// Completes read `itt` with its held status once no Data-In is missing.
+    fn finish_held(&mut self, itt: u32, out: &mut Vec<Action<C>>) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let Some(h) = task.held.take() else { return };
+        if let Some((conn, sn)) = h.stat_sn {
+            if let Some(c) = self.conns.get_mut(conn) {
+                c.holding.retain(|x| *x != sn);
+            }
+        }
+        let data = match task.assembly.take() {
+            Some(a) if h.status == crate::error::status::GOOD => a.finish(h.residual),
+            _ => Ok(Bytes::new()),
+        };
+        let result = data.map(|data| Response {
+            status: h.status,
+            sense: h.sense,
+            data,
+            residual: h.residual,
+        });
+        self.finish(itt, result, out);
+    }
+
     /// StatSN bookkeeping (RFC 7143 4.2.2.2, 11.19.3): PDUs that carry a status advance the
     /// connection's ExpStatSN past their StatSN; R2T and unsolicited NOP-In carry the next
     /// StatSN without consuming it ([`Pdu::stat_sn`], the same rule the target stamps by).
@@ -989,7 +1084,100 @@ impl<C> SessionCore<C> {
             if Sn::gt(Sn(next), Sn(c.exp_stat_sn)) {
                 c.exp_stat_sn = next;
             }
+            if advances {
+                if let Some(i) = c.missing.iter().position(|m| *m == sn) {
+                    c.missing.swap_remove(i);
+                    c.recovered += 1;
+                }
+            }
         }
+    }
+
+    /// A PDU arrived on `conn` with a data digest error, its header sound (ErrorRecoveryLevel 1
+    /// and above, RFC 7143 7.8): what it lost is asked for again with a SNACK on `conn` (the
+    /// connection that sent it keeps it). A Data-In is asked for by its DataSN (with any gap
+    /// before it); another PDU that took a StatSN by a Status SNACK, ExpStatSN staying at it
+    /// until it comes. An error is connection-level, as for [`SessionCore::handle`].
+    pub fn handle_damaged(
+        &mut self,
+        conn: usize,
+        pdu: Pdu,
+        out: &mut Vec<Action<C>>,
+    ) -> Result<(), Error> {
+        if self.params.error_recovery_level == 0 {
+            return Err(Error::Protocol(format!(
+                "{:?} PDU with a data digest error at ErrorRecoveryLevel 0",
+                pdu.opcode()
+            )));
+        }
+        self.note_window(&pdu);
+        let took = match pdu.stat_sn() {
+            Some((sn, true)) => Some(sn),
+            _ => None,
+        };
+        if let (Some(sn), Some(c)) = (took, self.conns.get_mut(conn)) {
+            if !c.missing.contains(&sn) && c.missing.len() < crate::task::MAX_HOLES {
+                c.missing.push(sn);
+            }
+            if Sn::ge(Sn(sn), Sn(c.exp_stat_sn)) {
+                c.exp_stat_sn = sn.wrapping_add(1);
+            }
+        }
+        let snack = match &pdu {
+            Pdu::DataIn(d) => {
+                let Some(task) = self.tasks.get_mut(&d.itt) else {
+                    tracing::debug!(itt = d.itt, "damaged Data-In for an unknown task; ignored");
+                    return Ok(());
+                };
+                let lun = encode_lun(task.cmd.lun);
+                let Some(a) = task.assembly.as_mut() else {
+                    let e = Error::Protocol(format!(
+                        "Data-In for ITT {:#x}, which is not a read",
+                        d.itt
+                    ));
+                    self.finish(d.itt, Err(e.clone()), out);
+                    return Err(e);
+                };
+                match a.lost(d.itt, d.data_sn) {
+                    Ok(Some((beg_run, run_length))) => {
+                        Some((snack_type::DATA_R2T, lun, d.itt, beg_run, run_length))
+                    }
+                    Ok(None) => None,
+                    Err(e) => {
+                        self.finish(d.itt, Err(e.clone()), out);
+                        return Err(e);
+                    }
+                }
+            }
+            _ => took.map(|sn| (snack_type::STATUS, 0, RESERVED_TAG, sn, 1)),
+        };
+        if let Some((snack_type, lun, itt, beg_run, run_length)) = snack {
+            let exp_stat_sn = self.exp_stat_sn(conn);
+            if let Some(c) = self.conns.get_mut(conn) {
+                c.snacks += 1;
+            }
+            tracing::debug!(
+                conn,
+                snack_type,
+                itt = format_args!("{itt:#x}"),
+                beg_run,
+                run_length,
+                "data digest error: asking for the PDU again"
+            );
+            out.push(Action::Send {
+                conn,
+                pdu: Pdu::SnackRequest(SnackRequest {
+                    snack_type,
+                    lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    exp_stat_sn,
+                    beg_run,
+                    run_length,
+                }),
+            });
+        }
+        Ok(())
     }
 
     fn note_window(&mut self, pdu: &Pdu) {
@@ -1038,6 +1226,20 @@ impl<C> SessionCore<C> {
                     tracing::debug!(itt = r.itt, "SCSI Response for an unknown task; ignored");
                     return Ok(());
                 };
+                let waits = r.response == 0
+                    && r.status == crate::error::status::GOOD
+                    && task.assembly.as_ref().is_some_and(|a| !a.complete());
+                if waits {
+                    // Data-In asked for again has not come yet: the status waits for it.
+                    task.held = Some(Held {
+                        status: r.status,
+                        sense: Sense::parse(&r.sense),
+                        residual: Residual::from_flags(r.underflow, r.overflow, r.residual_count),
+                        stat_sn: Some((conn, r.stat_sn)),
+                    });
+                    self.hold_stat_sn(conn, r.stat_sn);
+                    return Ok(());
+                }
                 let result = if r.response != 0 {
                     Err(Error::TargetFailure {
                         response: r.response,
@@ -1070,23 +1272,58 @@ impl<C> SessionCore<C> {
                     self.finish(d.itt, Err(e.clone()), out);
                     return Err(e);
                 };
-                if let Err(e) = a.push(&d) {
-                    self.finish(d.itt, Err(e.clone()), out);
-                    return Err(e);
-                }
+                let push = match a.push(&d) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.finish(d.itt, Err(e.clone()), out);
+                        return Err(e);
+                    }
+                };
+                let complete = a.complete();
+                let lun = encode_lun(task.cmd.lun);
                 if let Some(status) = d.status {
-                    let residual = Residual::from_flags(d.underflow, d.overflow, d.residual_count);
-                    let data = task
-                        .assembly
-                        .take()
-                        .map_or(Ok(Bytes::new()), |a| a.finish(residual));
-                    let result = data.map(|data| Response {
+                    task.held = Some(Held {
                         status,
                         sense: None,
-                        data,
-                        residual,
+                        residual: Residual::from_flags(d.underflow, d.overflow, d.residual_count),
+                        stat_sn: Some((conn, d.stat_sn)),
                     });
-                    self.finish(d.itt, result, out);
+                    if !complete {
+                        self.hold_stat_sn(conn, d.stat_sn);
+                    }
+                }
+                match push {
+                    Push::Duplicate => return Ok(()),
+                    Push::Filled => {
+                        if let Some(c) = self.conns.get_mut(conn) {
+                            c.recovered += 1;
+                        }
+                    }
+                    Push::Gap {
+                        beg_run,
+                        run_length,
+                    } => {
+                        let exp_stat_sn = self.exp_stat_sn(conn);
+                        if let Some(c) = self.conns.get_mut(conn) {
+                            c.snacks += 1;
+                        }
+                        out.push(Action::Send {
+                            conn,
+                            pdu: Pdu::SnackRequest(SnackRequest {
+                                snack_type: snack_type::DATA_R2T,
+                                lun,
+                                itt: d.itt,
+                                ttt: RESERVED_TAG,
+                                exp_stat_sn,
+                                beg_run,
+                                run_length,
+                            }),
+                        });
+                    }
+                    Push::Taken => {}
+                }
+                if complete {
+                    self.finish_held(d.itt, out);
                 }
             }
             Pdu::R2t(r) => {
@@ -1192,6 +1429,18 @@ impl<C> SessionCore<C> {
                     }
                 };
                 out.push(Action::Event { conn, event });
+            }
+            Pdu::Reject(r)
+                if r.reason == mcsi_proto::pdu::reject_reason::DATA_DIGEST_ERROR
+                    && self.params.error_recovery_level > 0
+                    && matches!(r.header.first().map(|b| b & 0x3f), Some(0x01 | 0x05)) =>
+            {
+                // Data of ours the target discarded for a digest error: at ErrorRecoveryLevel 1
+                // it asks for it again with a recovery R2T (7.8), nothing to do here.
+                tracing::debug!(
+                    conn,
+                    "target discarded data for a digest error; it will ask again"
+                );
             }
             Pdu::Reject(r) => {
                 let itt = r
@@ -1496,6 +1745,104 @@ mod tests {
         // The status-bearing Data-In advanced ExpStatSN past its StatSN.
         assert_eq!(c.exp_stat_sn(0), 1002);
         assert_eq!(c.window().exp_cmd_sn(), 11);
+    }
+
+    /// At ErrorRecoveryLevel 1 a Data-In or a status lost to a data digest error is asked for
+    /// again with a SNACK on its connection; the read completes whole once it comes, and
+    /// ExpStatSN does not pass a status still missing.
+    #[test]
+    fn at_level_1_damaged_pdus_are_asked_for_again_and_the_read_completes() {
+        let mut c = Core::new(Box::new(RoundRobin::default()));
+        let mut p = params();
+        p.session.error_recovery_level = 1;
+        let mut out = Vec::new();
+        c.start(
+            p,
+            CmdWindow::new(10, 40),
+            &[ConnStart::new(0, ConnRole::Both, 1000)],
+            &mut out,
+        );
+        let mut out = Vec::new();
+        c.submit(read(0, 12), 7, &mut out);
+        c.submit(tur(), 8, &mut out);
+        let itts: Vec<u32> = cmd_sns(&out).iter().map(|x| x.2).collect();
+        let (itt, tur_itt) = (itts[0], itts[1]);
+        let mk = |sn: u32, off: u32, data: &'static [u8], status: Option<u8>| {
+            Pdu::DataIn(DataIn {
+                final_: status.is_some(),
+                ack: false,
+                overflow: false,
+                underflow: false,
+                status,
+                lun: 0,
+                itt,
+                ttt: RESERVED_TAG,
+                stat_sn: 1001,
+                exp_cmd_sn: 11,
+                max_cmd_sn: 40,
+                data_sn: sn,
+                buffer_offset: off,
+                residual_count: 0,
+                data: Bytes::from_static(data),
+            })
+        };
+        let snacks = |out: &[Action<u32>]| -> Vec<(u8, u32, u32, u32, u32)> {
+            sends(out)
+                .into_iter()
+                .filter_map(|(_, p)| match p {
+                    Pdu::SnackRequest(s) => {
+                        Some((s.snack_type, s.itt, s.beg_run, s.run_length, s.exp_stat_sn))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        c.handle(0, mk(0, 0, b"hell", None), &mut out).unwrap();
+        // DataSN 1 damaged: a Data SNACK for it.
+        c.handle_damaged(0, mk(1, 4, b"XXXX", None), &mut out)
+            .unwrap();
+        assert_eq!(snacks(&out), [(0, itt, 1, 1, 1001)]);
+        // The last, with status, comes whole: the read waits for DataSN 1.
+        let mut out = Vec::new();
+        c.handle(0, mk(2, 8, b"rld!", Some(0)), &mut out).unwrap();
+        assert!(!out.iter().any(|a| matches!(a, Action::Complete { .. })));
+        // The TEST UNIT READY's status comes damaged (its sense data): a Status SNACK, and
+        // ExpStatSN stays at it while a later status arrives.
+        let mut damaged = good(tur_itt, 1002, 11, 40);
+        if let Pdu::ScsiResponse(r) = &mut damaged {
+            r.sense = Bytes::from_static(b"garbled");
+        }
+        c.handle_damaged(0, damaged, &mut out).unwrap();
+        // The read's status (1001) is not acknowledged while its data is missing either, or
+        // the target would let that data go.
+        assert_eq!(snacks(&out), [(1, RESERVED_TAG, 1002, 1, 1001)]);
+        c.submit(tur(), 9, &mut out);
+        let third = cmd_sns(&out).last().map(|x| x.2).unwrap();
+        c.handle(0, good(third, 1003, 12, 40), &mut out).unwrap();
+        assert_eq!(c.exp_stat_sn(0), 1001);
+        // DataSN 1 again: the read completes whole.
+        let mut out = Vec::new();
+        c.handle(0, mk(1, 4, b"o wo", None), &mut out).unwrap();
+        let Some(Action::Complete {
+            handle: 7,
+            result: Ok(r),
+        }) = out.first()
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&r.data[..], b"hello world!");
+        assert_eq!(c.exp_stat_sn(0), 1002);
+        // The status again: ExpStatSN moves past everything received.
+        c.handle(0, good(tur_itt, 1002, 12, 40), &mut out).unwrap();
+        assert_eq!(c.exp_stat_sn(0), 1004);
+        let s = &c.conn_stats()[0];
+        assert_eq!((s.snacks, s.recovered), (2, 2));
+        // At level 0 a damaged PDU ends the connection.
+        let (mut c0, _) = core(1, 10, 40);
+        assert!(c0
+            .handle_damaged(0, mk(1, 4, b"XXXX", None), &mut out)
+            .is_err());
     }
 
     #[test]

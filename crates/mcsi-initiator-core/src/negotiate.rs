@@ -78,6 +78,10 @@ pub struct Offers {
     pub asymmetric: bool,
     /// Ask an mcsi target for reports of its sending side's TCP state.
     pub tcp_report: bool,
+    /// The highest ErrorRecoveryLevel offered (RFC 7143 7.1; the target's answer decides
+    /// below it): at 1 a PDU lost to a data digest error is asked for again with a SNACK
+    /// instead of ending the connection. Level 2 is not implemented yet.
+    pub max_erl: u8,
 }
 
 impl Default for Offers {
@@ -92,6 +96,7 @@ impl Default for Offers {
             digests: false,
             asymmetric: false,
             tcp_report: false,
+            max_erl: 1,
         }
     }
 }
@@ -185,9 +190,10 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
         immediate_data: o.immediate_data,
         max_burst_length: o.max_burst_length,
         first_burst_length: o.first_burst_length.min(o.max_burst_length),
-        // ERL 0 only: nothing is retained after a connection ends (7.1.5).
+        // No connection recovery (level 2) yet: nothing is retained after a connection ends
+        // (7.1.5).
         default_time2retain: 0,
-        error_recovery_level: 0,
+        error_recovery_level: o.max_erl.min(1),
         max_outstanding_r2t: 1,
         ..LocalParams::default()
     };
@@ -286,9 +292,9 @@ impl Login {
                     asymmetric: vendor::asymmetric_agreed(&s.extensions),
                     tcp_report: vendor::tcp_report_agreed(&s.extensions),
                 };
-                if params.error_recovery_level != 0 {
+                if params.error_recovery_level > 1 {
                     return Err(Error::Negotiation(format!(
-                        "ErrorRecoveryLevel {} agreed; this initiator implements level 0",
+                        "ErrorRecoveryLevel {} agreed; this initiator implements levels 0 and 1",
                         params.error_recovery_level
                     )));
                 }

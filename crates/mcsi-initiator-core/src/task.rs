@@ -100,6 +100,23 @@ pub fn answer_r2t(
 /// The residual a response reported (11.4.5).
 pub use mcsi_proto::data::Residual;
 
+/// Most Data-In of one read lost and asked for again at once (ErrorRecoveryLevel 1).
+pub const MAX_HOLES: usize = 1024;
+
+/// What [`DataInAssembly::push`] did with a Data-In.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// The next in DataSN order.
+    Taken,
+    /// One lost before and asked for again (ErrorRecoveryLevel 1).
+    Filled,
+    /// One already taken: a retransmission that crossed another; ignored.
+    Duplicate,
+    /// Taken, after a gap in DataSN (ErrorRecoveryLevel 1): the Data-In from `beg_run`, so many,
+    /// must be asked for again (a Data SNACK, 11.16).
+    Gap { beg_run: u32, run_length: u32 },
+}
+
 /// Collects the Data-In PDUs of one read into the buffer the caller gets.
 #[derive(Debug)]
 pub struct DataInAssembly {
@@ -107,6 +124,11 @@ pub struct DataInAssembly {
     segments: Vec<(u32, Bytes)>,
     received: u64,
     next_data_sn: u32,
+    /// ErrorRecoveryLevel 1 and above: a gap or a damaged Data-In is asked for again instead of
+    /// ending the connection.
+    recover: bool,
+    /// DataSNs lost and asked for again, not yet received.
+    holes: Vec<u32>,
 }
 
 impl DataInAssembly {
@@ -116,7 +138,55 @@ impl DataInAssembly {
             segments: Vec::new(),
             received: 0,
             next_data_sn: 0,
+            recover: false,
+            holes: Vec::new(),
         }
+    }
+
+    /// Lost Data-In are asked for again (ErrorRecoveryLevel 1 and above).
+    pub fn recovering(mut self) -> Self {
+        self.recover = true;
+        self
+    }
+
+    /// No Data-In asked for again is still missing.
+    pub fn complete(&self) -> bool {
+        self.holes.is_empty()
+    }
+
+    /// A Data-In arrived with a data digest error (its header sound, ErrorRecoveryLevel 1): the
+    /// run of DataSNs to ask for again (it, and any gap before it), or None when it was asked
+    /// for already.
+    pub fn lost(&mut self, itt: u32, data_sn: u32) -> Result<Option<(u32, u32)>, Error> {
+        if !self.recover {
+            return Err(Error::Protocol(format!(
+                "Data-In (ITT {itt:#x}) DataSN {data_sn} lost to a data digest error"
+            )));
+        }
+        let d = data_sn.wrapping_sub(self.next_data_sn);
+        if d >= 1 << 31 {
+            // Before the next: one asked for already and lost again is asked for again; one
+            // taken already needs nothing.
+            return Ok(self.holes.contains(&data_sn).then_some((data_sn, 1)));
+        }
+        let run = (self.next_data_sn, d + 1);
+        self.open_holes(itt, data_sn.wrapping_add(1))?;
+        Ok(Some(run))
+    }
+
+    /// DataSNs from the next expected up to before `upto` become holes.
+    fn open_holes(&mut self, itt: u32, upto: u32) -> Result<(), Error> {
+        let n = upto.wrapping_sub(self.next_data_sn) as usize;
+        if self.holes.len() + n > MAX_HOLES {
+            return Err(Error::Protocol(format!(
+                "Data-In (ITT {itt:#x}): more than {MAX_HOLES} Data-In lost"
+            )));
+        }
+        while self.next_data_sn != upto {
+            self.holes.push(self.next_data_sn);
+            self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        }
+        Ok(())
     }
 
     pub fn received(&self) -> u64 {
@@ -126,14 +196,39 @@ impl DataInAssembly {
     /// Take one Data-In. DataSN must count up from 0 without gaps: at ErrorRecoveryLevel 0 a gap
     /// means a lost PDU, which only session recovery can repair (7.1.1). Data beyond the
     /// expected length is a protocol error (the target must report overflow instead, 11.7.5).
-    pub fn push(&mut self, d: &DataIn) -> Result<(), Error> {
+    ///
+    /// At ErrorRecoveryLevel 1 ([`DataInAssembly::recovering`]) a gap is asked for again
+    /// ([`Push::Gap`]), a Data-In asked for again fills its hole, and one taken already is
+    /// ignored.
+    pub fn push(&mut self, d: &DataIn) -> Result<Push, Error> {
+        let mut how = Push::Taken;
         if d.data_sn != self.next_data_sn {
-            return Err(Error::Protocol(format!(
-                "Data-In (ITT {:#x}) DataSN {} where {} was expected",
-                d.itt, d.data_sn, self.next_data_sn
-            )));
+            let ahead = d.data_sn.wrapping_sub(self.next_data_sn);
+            if !self.recover {
+                return Err(Error::Protocol(format!(
+                    "Data-In (ITT {:#x}) DataSN {} where {} was expected",
+                    d.itt, d.data_sn, self.next_data_sn
+                )));
+            }
+            if ahead >= 1 << 31 {
+                match self.holes.iter().position(|h| *h == d.data_sn) {
+                    Some(i) => {
+                        self.holes.swap_remove(i);
+                        how = Push::Filled;
+                    }
+                    None => return Ok(Push::Duplicate),
+                }
+            } else {
+                how = Push::Gap {
+                    beg_run: self.next_data_sn,
+                    run_length: ahead,
+                };
+                self.open_holes(d.itt, d.data_sn)?;
+            }
         }
-        self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        if how != Push::Filled {
+            self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        }
         let end = u64::from(d.buffer_offset) + d.data.len() as u64;
         if end > u64::from(self.expected) {
             return Err(Error::Protocol(format!(
@@ -145,7 +240,7 @@ impl DataInAssembly {
             self.received += d.data.len() as u64;
             self.segments.push((d.buffer_offset, d.data.clone()));
         }
-        Ok(())
+        Ok(how)
     }
 
     /// The data once the status arrived. The Data-In PDUs must cover `[0, n)` exactly once,
@@ -362,6 +457,37 @@ mod tests {
         a.push(&din(0, 0, b"abcd")).unwrap();
         a.push(&din(1, 2, b"efgh")).unwrap();
         assert!(a.finish(Residual::Underflow(0)).is_err());
+    }
+
+    #[test]
+    fn at_level_1_lost_and_missing_data_in_is_asked_for_and_fills_in() {
+        let mut a = DataInAssembly::new(16).recovering();
+        assert_eq!(a.push(&din(0, 0, b"abcd")), Ok(Push::Taken));
+        // DataSN 1 damaged: asked for alone.
+        assert_eq!(a.lost(9, 1), Ok(Some((1, 1))));
+        assert!(!a.complete());
+        // DataSN 3 arrives after 2 never came: 2 is asked for.
+        assert_eq!(
+            a.push(&din(3, 12, b"mnop")),
+            Ok(Push::Gap {
+                beg_run: 2,
+                run_length: 1
+            })
+        );
+        // Lost again when it came again: asked for again; one taken already needs nothing.
+        assert_eq!(a.lost(9, 1), Ok(Some((1, 1))));
+        assert_eq!(a.lost(9, 0), Ok(None));
+        assert_eq!(a.push(&din(1, 4, b"efgh")), Ok(Push::Filled));
+        assert_eq!(a.push(&din(1, 4, b"efgh")), Ok(Push::Duplicate));
+        assert_eq!(a.push(&din(2, 8, b"ijkl")), Ok(Push::Filled));
+        assert!(a.complete());
+        assert_eq!(&a.finish(Residual::None).unwrap()[..], b"abcdefghijklmnop");
+        // At level 0 a loss is an error.
+        let mut a = DataInAssembly::new(16);
+        assert!(a.lost(9, 0).is_err());
+        // The holes are bounded.
+        let mut a = DataInAssembly::new(16).recovering();
+        assert!(a.lost(9, MAX_HOLES as u32 + 5).is_err());
     }
 
     #[test]

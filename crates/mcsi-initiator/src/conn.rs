@@ -4,7 +4,7 @@ use crate::error::Error;
 use crate::negotiate::{Login, LoginConfig, LoginDone, LoginStep};
 use crate::route::Bind;
 use bytes::BytesMut;
-use mcsi_proto::pdu::{decode, pdu_len, Encoded, Framing, Pdu};
+use mcsi_proto::pdu::{decode, pdu_len, DecodeError, Encoded, Framing, Pdu};
 use mcsi_tcp::Congestion;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -272,16 +272,26 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     w.shutdown().await
 }
 
-/// Receiving half: decodes PDUs and hands each read's worth to `sink` in one call.
+/// A PDU from the target: whole, or with a data digest error and its header sound (handed on
+/// at ErrorRecoveryLevel 1 and above, where what it lost is asked for again).
+pub(crate) enum Incoming {
+    Whole(Pdu),
+    Damaged(Pdu),
+}
+
+/// Receiving half: decodes PDUs and hands each read's worth to `sink` in one call. With
+/// `recover` (ErrorRecoveryLevel 1 and above) a PDU with a data digest error is handed on as
+/// [`Incoming::Damaged`]; otherwise, and for any other error, the connection ends.
 pub(crate) async fn reader<R, F>(
     mut r: R,
     framing: Framing,
     leftover: BytesMut,
+    recover: bool,
     mut sink: F,
 ) -> Error
 where
     R: AsyncRead + Unpin,
-    F: FnMut(Vec<Pdu>) -> bool,
+    F: FnMut(Vec<Incoming>) -> bool,
 {
     let mut buf = BytesMut::with_capacity(256 * 1024);
     // What arrived with the final Login Response is read first, in full-feature framing.
@@ -290,8 +300,11 @@ where
         let mut pdus = Vec::new();
         loop {
             match decode(&mut buf, &framing) {
-                Ok(Some(p)) => pdus.push(p),
+                Ok(Some(p)) => pdus.push(Incoming::Whole(p)),
                 Ok(None) => break,
+                Err(DecodeError::DataDigest {
+                    damaged: Some(p), ..
+                }) if recover => pdus.push(Incoming::Damaged(*p)),
                 Err(e) => {
                     // At ERL 0 any digest or framing error ends the connection (7.1.1).
                     if !pdus.is_empty() {

@@ -89,6 +89,9 @@ pub struct ConnectOptions {
     /// Measure each connection's rate and TCP state even when the policy does not look at
     /// them, for [`Session::expected_completion`] (a mirror volume places its reads by it).
     pub measure_rates: bool,
+    /// The highest ErrorRecoveryLevel offered (0 or 1): at 1 a PDU lost to a data digest
+    /// error is asked for again with a SNACK instead of ending the connection and the session.
+    pub max_erl: u8,
 }
 
 impl Default for ConnectOptions {
@@ -118,6 +121,7 @@ impl Default for ConnectOptions {
             mptcp: false,
             discover_portals: false,
             measure_rates: false,
+            max_erl: o.max_erl,
         }
     }
 }
@@ -328,6 +332,7 @@ fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
         digests: o.digests,
         asymmetric: o.asymmetric,
         tcp_report: o.tcp_report,
+        max_erl: o.max_erl,
     };
     LoginConfig {
         initiator_name: o.initiator_name.clone(),
@@ -531,7 +536,8 @@ fn install(shared: &Arc<Shared>, est: Established) -> Result<(), Error> {
     let mut handles = Vec::new();
     let mut starts = Vec::new();
     for (i, c) in est.conns.into_iter().enumerate() {
-        let (h, start) = spawn_conn(shared, &mut inner, i, c)?;
+        let recover = params.error_recovery_level > 0;
+        let (h, start) = spawn_conn(shared, &mut inner, i, c, recover)?;
         handles.push(h);
         starts.push(start);
     }
@@ -586,12 +592,15 @@ async fn run_timers(shared: Arc<Shared>, generation: u64) {
     }
 }
 
-/// Spawn the reader and writer of logged-in connection `c`, which takes slot `index`.
+/// Spawn the reader and writer of logged-in connection `c`, which takes slot `index`;
+/// `recover`: the session is at ErrorRecoveryLevel 1 or above, so a PDU with a data digest error
+/// goes to the core instead of ending the connection.
 fn spawn_conn(
     shared: &Arc<Shared>,
     inner: &mut Inner,
     index: usize,
     c: EstablishedConn,
+    recover: bool,
 ) -> Result<(ConnHandle, ConnStart), Error> {
     let EstablishedConn {
         stream,
@@ -620,7 +629,7 @@ fn spawn_conn(
     let sh = Arc::clone(shared);
     let sink_sh = Arc::clone(shared);
     tokio::spawn(async move {
-        let err = conn::reader(r, recv_framing, rest, move |pdus| {
+        let err = conn::reader(r, recv_framing, rest, recover, move |pdus| {
             on_pdus(&sink_sh, index, serial, pdus)
         })
         .await;
@@ -824,7 +833,8 @@ async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
                     params: d.connection,
                     rest,
                 };
-                match spawn_conn(&shared, &mut inner, conn, c) {
+                let recover = inner.core.params().error_recovery_level > 0;
+                match spawn_conn(&shared, &mut inner, conn, c, recover) {
                     Ok((h, start)) => {
                         inner.conns[conn] = h;
                         inner.rejoins += 1;
@@ -1024,7 +1034,7 @@ async fn logout_on_request(shared: Arc<Shared>, conn: usize, generation: u64, la
     }
 }
 
-fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<Pdu>) -> bool {
+fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<conn::Incoming>) -> bool {
     let mut inner = lock(shared);
     // A connection taken out of the session (failed over, logged out) reads no more: a late
     // PDU of a task issued again elsewhere must not reach the core.
@@ -1039,7 +1049,11 @@ fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<Pdu>) -> bo
     let mut out = Vec::new();
     let mut failure = None;
     for p in pdus {
-        if let Err(e) = inner.core.handle(conn, p, &mut out) {
+        let r = match p {
+            conn::Incoming::Whole(p) => inner.core.handle(conn, p, &mut out),
+            conn::Incoming::Damaged(p) => inner.core.handle_damaged(conn, p, &mut out),
+        };
+        if let Err(e) = r {
             failure = Some(e);
             break;
         }

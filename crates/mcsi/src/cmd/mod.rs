@@ -103,6 +103,11 @@ pub struct SessionArgs {
     /// None).
     #[arg(long)]
     pub digests: bool,
+    /// The highest ErrorRecoveryLevel to offer: 0, or 1 (a PDU lost to a data digest error is
+    /// asked for again with a SNACK instead of ending the session; it matters with
+    /// --digests). The target's answer decides below it [default: 1].
+    #[arg(long, value_name = "N")]
+    pub max_erl: Option<u8>,
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
@@ -150,6 +155,7 @@ pub(crate) struct SessionProfile {
     asymmetric: bool,
     #[serde(default)]
     digests: bool,
+    max_erl: Option<u8>,
     initiator_name: Option<String>,
     #[serde(default)]
     bind: Vec<String>,
@@ -181,6 +187,7 @@ impl SessionArgs {
             congestion: over.congestion.or(base.congestion.clone()),
             asymmetric: over.asymmetric || base.asymmetric,
             digests: over.digests || base.digests,
+            max_erl: over.max_erl.or(base.max_erl),
             initiator_name: over.initiator_name.or(base.initiator_name.clone()),
             bind: list(over.bind, &base.bind),
             portal: list(over.portal, &base.portal),
@@ -214,6 +221,7 @@ impl SessionArgs {
             congestion: self.congestion.clone().or(f.congestion),
             asymmetric: self.asymmetric || f.asymmetric,
             digests: self.digests || f.digests,
+            max_erl: self.max_erl.or(f.max_erl),
             initiator_name: self.initiator_name.clone().or(f.initiator_name),
             bind: list(&self.bind, f.bind),
             portal: list(&self.portal, f.portal),
@@ -238,6 +246,16 @@ impl SessionArgs {
             );
         }
         mcsi_initiator::sched::policy(policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        let max_erl = match a.max_erl {
+            None => mcsi_initiator::ConnectOptions::default().max_erl,
+            Some(n @ 0..=1) => n,
+            Some(2) => anyhow::bail!(
+                "--max-erl 2: level 2 (connection recovery) is not implemented yet; use 0 or 1"
+            ),
+            Some(n) => {
+                anyhow::bail!("--max-erl {n}: RFC 7143 defines levels 0 to 2; use 0 or 1")
+            }
+        };
         let stall = a.stall_timeout.as_deref().unwrap_or("4s");
         let mut opts = mcsi_initiator::ConnectOptions {
             connections,
@@ -250,6 +268,7 @@ impl SessionArgs {
                 .map_err(|e| anyhow::anyhow!("--stall-timeout {stall}: {e}"))?,
             mptcp: a.mptcp,
             discover_portals: a.discover_portals,
+            max_erl,
             ..mcsi_initiator::ConnectOptions::default()
         };
         if let Some(n) = &a.initiator_name {
