@@ -14,7 +14,8 @@ use bytes::{Bytes, BytesMut};
 use mcsi_proto::pdu::{reject_reason, DataIn, Pdu, ScsiResponse, SnackRequest, RESERVED_TAG};
 use mcsi_proto::seq::StatSnUse;
 use mcsi_proto::serial::Sn;
-use std::collections::{BTreeMap, VecDeque};
+use smallvec::SmallVec;
+use std::collections::VecDeque;
 
 /// SNACK types (11.16.1).
 pub mod snack_type {
@@ -70,6 +71,9 @@ pub enum SnackRefused {
     /// A SNACK type 4 to 15.
     #[error("unknown SNACK type {0}")]
     UnknownType(u8),
+    /// The connection keeps nothing (no data digests: nothing it sends can arrive damaged).
+    #[error("nothing is kept on a connection without data digests")]
+    NothingKept,
 }
 
 impl SnackRefused {
@@ -80,7 +84,7 @@ impl SnackRefused {
             | SnackRefused::UnknownTask { .. }
             | SnackRefused::RDataEarly { .. }
             | SnackRefused::UnknownType(_) => reject_reason::PROTOCOL_ERROR,
-            SnackRefused::LetGo { .. } => reject_reason::SNACK_REJECT,
+            SnackRefused::LetGo { .. } | SnackRefused::NothingKept => reject_reason::SNACK_REJECT,
             SnackRefused::InvalidDataAck { .. } => reject_reason::INVALID_DATA_ACK,
         }
     }
@@ -100,7 +104,8 @@ pub struct LogStats {
 #[derive(Debug)]
 struct Status {
     sn: u32,
-    pdu: Pdu,
+    /// None: the last Data-In of the task it ended carried it (kept in that task's log).
+    pdu: Option<Pdu>,
     /// The task it ended, and which of that ITT's logs (ITTs are reused).
     ends: Option<(u32, u64)>,
 }
@@ -112,17 +117,25 @@ struct TaskLog {
     gen: u64,
     /// SN of `pdus[0]`.
     first: u32,
-    pdus: VecDeque<Pdu>,
+    /// Most reads are one Data-In: kept without an allocation of its own.
+    pdus: SmallVec<[Pdu; 1]>,
     bytes: u64,
     /// The TTT of the last Data-In sent with the A bit (a DataACK names it).
     ack_ttt: Option<u32>,
-    /// The status that ended the task, once sent: a copy for an R-Data SNACK.
-    status: Option<Pdu>,
+    /// The StatSN of the status that ended the task, once sent.
+    status_sn: Option<u32>,
 }
 
 impl TaskLog {
     fn next(&self) -> u32 {
         self.first.wrapping_add(self.pdus.len() as u32)
+    }
+
+    /// Its last Data-In, when that carried the task's status.
+    fn status_in_data(&self) -> Option<&Pdu> {
+        self.pdus
+            .last()
+            .filter(|p| matches!(p, Pdu::DataIn(d) if d.status.is_some()))
     }
 }
 
@@ -141,8 +154,9 @@ pub struct SentLog {
     /// The ExpStatSN last heard: statuses before it are acknowledged.
     exp_stat_sn: Option<u32>,
     tasks: AHashMap<u32, TaskLog>,
-    /// Task logs by age (gen), for letting the oldest go.
-    order: BTreeMap<u64, u32>,
+    /// Task logs by age (gen, ITT), for letting the oldest go; entries of logs gone already
+    /// are skipped, and dropped in bulk when they outnumber the live ones.
+    order: VecDeque<(u64, u32)>,
     next_gen: u64,
     stats: LogStats,
 }
@@ -156,7 +170,7 @@ impl SentLog {
             next_stat_sn: None,
             exp_stat_sn: None,
             tasks: AHashMap::new(),
-            order: BTreeMap::new(),
+            order: VecDeque::new(),
             next_gen: 0,
             stats: LogStats::default(),
         }
@@ -183,48 +197,62 @@ impl SentLog {
 
     /// `p` was sent, stamped ([`Pdu::stamp`]). A PDU sent again (from [`SentLog::snack`]) is
     /// not recorded twice.
-    pub fn record(&mut self, p: &Pdu) {
-        match p {
+    pub fn record(&mut self, p: Pdu) {
+        match &p {
             Pdu::DataIn(d) => {
-                self.task_pdu(d.itt, d.data_sn, p);
-                if d.ack {
-                    if let Some(t) = self.tasks.get_mut(&d.itt) {
-                        t.ack_ttt = Some(d.ttt);
+                let (itt, ack, ttt) = (d.itt, d.ack, d.ttt);
+                let status = d.status.is_some().then_some(d.stat_sn);
+                let sn = d.data_sn;
+                if let Some(sn) = status {
+                    self.status(sn, None, Some(itt));
+                }
+                self.task_pdu(itt, sn, p);
+                if let Some(t) = self.tasks.get_mut(&itt) {
+                    if ack {
+                        t.ack_ttt = Some(ttt);
+                    }
+                    if let Some(sn) = status {
+                        t.status_sn = Some(sn);
+                        if let Some(s) = self.statuses.back_mut() {
+                            s.ends = Some((itt, t.gen));
+                        }
                     }
                 }
-                if d.status.is_some() {
-                    self.status(d.stat_sn, p, Some(d.itt));
-                }
             }
-            Pdu::R2t(r) => self.task_pdu(r.itt, r.r2t_sn, p),
-            Pdu::ScsiResponse(r) => self.status(r.stat_sn, p, Some(r.itt)),
+            Pdu::R2t(r) => {
+                let (itt, sn) = (r.itt, r.r2t_sn);
+                self.task_pdu(itt, sn, p);
+            }
+            Pdu::ScsiResponse(r) => {
+                let (itt, sn) = (r.itt, r.stat_sn);
+                self.status(sn, Some(p), Some(itt));
+            }
             _ => {
                 if let (StatSnUse::Takes, Some((sn, _))) = (p.stat_sn_use(), p.stat_sn()) {
-                    self.status(sn, p, None);
+                    self.status(sn, Some(p), None);
                 }
             }
         }
         self.trim();
     }
 
-    fn task_pdu(&mut self, itt: u32, sn: u32, p: &Pdu) {
+    fn task_pdu(&mut self, itt: u32, sn: u32, p: Pdu) {
         // Every task's first Data-In or R2T has SN 0: a log of the ITT before it is an ended
         // task's whose status was never acknowledged (aborted, or its ITT reused).
-        let fresh = sn == 0 || !self.tasks.contains_key(&itt);
-        if fresh {
+        if sn == 0 || !self.tasks.contains_key(&itt) {
             self.forget_task(itt);
             let gen = self.next_gen;
             self.next_gen += 1;
-            self.order.insert(gen, itt);
+            self.order.push_back((gen, itt));
             self.tasks.insert(
                 itt,
                 TaskLog {
                     gen,
                     first: sn,
-                    pdus: VecDeque::new(),
+                    pdus: SmallVec::new(),
                     bytes: 0,
                     ack_ttt: None,
-                    status: None,
+                    status_sn: None,
                 },
             );
         }
@@ -239,39 +267,38 @@ impl SentLog {
             t.bytes = 0;
             t.first = sn;
         }
-        let n = size(p);
-        t.pdus.push_back(p.clone());
+        let n = size(&p);
+        t.pdus.push(p);
         t.bytes += n;
         self.bytes += n;
     }
 
-    fn status(&mut self, sn: u32, p: &Pdu, itt: Option<u32>) {
+    fn status(&mut self, sn: u32, pdu: Option<Pdu>, itt: Option<u32>) {
         let ends = itt.and_then(|itt| {
             let t = self.tasks.get_mut(&itt)?;
-            t.status = Some(p.clone());
+            t.status_sn = Some(sn);
             Some((itt, t.gen))
         });
-        // A Data-In with status is counted here and in its task's log: either may outlive the
-        // other, and each holds its data.
-        self.bytes += size(p);
-        self.statuses.push_back(Status {
-            sn,
-            pdu: p.clone(),
-            ends,
-        });
+        self.bytes += pdu.as_ref().map_or(0, size);
+        self.statuses.push_back(Status { sn, pdu, ends });
         self.next_stat_sn = Some(sn.wrapping_add(1));
     }
 
     fn forget_task(&mut self, itt: u32) {
         if let Some(t) = self.tasks.remove(&itt) {
-            self.order.remove(&t.gen);
             self.bytes -= t.bytes;
+        }
+        // Entries of logs gone outnumber the live ones: drop them.
+        if self.order.len() > 2 * self.tasks.len() + 64 {
+            let tasks = &self.tasks;
+            self.order
+                .retain(|(gen, itt)| tasks.get(itt).is_some_and(|t| t.gen == *gen));
         }
     }
 
     fn pop_status(&mut self) -> Option<Status> {
         let s = self.statuses.pop_front()?;
-        self.bytes -= size(&s.pdu);
+        self.bytes -= s.pdu.as_ref().map_or(0, size);
         Some(s)
     }
 
@@ -280,12 +307,14 @@ impl SentLog {
         while self.tasks.len() > self.bounds.tasks
             || (self.bytes > self.bounds.bytes && !self.tasks.is_empty())
         {
-            let Some((_, itt)) = self.order.pop_first() else {
+            let Some((gen, itt)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(t) = self.tasks.remove(&itt) {
-                self.bytes -= t.bytes;
-                self.stats.let_go += 1;
+            if self.tasks.get(&itt).is_some_and(|t| t.gen == gen) {
+                if let Some(t) = self.tasks.remove(&itt) {
+                    self.bytes -= t.bytes;
+                    self.stats.let_go += 1;
+                }
             }
         }
         while self.statuses.len() > self.bounds.statuses
@@ -383,7 +412,7 @@ impl SentLog {
         }
         let a = from.wrapping_sub(t.first) as usize;
         let b = to.wrapping_sub(t.first) as usize;
-        Ok(t.pdus.range(a..b).cloned().collect())
+        Ok(t.pdus[a..b].to_vec())
     }
 
     fn status_snack(&mut self, s: &SnackRequest) -> Result<Vec<Pdu>, SnackRefused> {
@@ -414,7 +443,27 @@ impl SentLog {
         }
         let a = from.wrapping_sub(first) as usize;
         let b = to.wrapping_sub(first) as usize;
-        Ok(self.statuses.range(a..b).map(|st| st.pdu.clone()).collect())
+        self.statuses
+            .range(a..b)
+            .map(|st| match (&st.pdu, st.ends) {
+                (Some(p), _) => Ok(p.clone()),
+                // Carried by its task's last Data-In: sent again from the task's log.
+                (None, Some((itt, gen))) => self
+                    .tasks
+                    .get(&itt)
+                    .filter(|t| t.gen == gen)
+                    .and_then(TaskLog::status_in_data)
+                    .cloned()
+                    .ok_or(SnackRefused::LetGo {
+                        what: "StatSN",
+                        sn: st.sn,
+                    }),
+                (None, None) => Err(SnackRefused::LetGo {
+                    what: "StatSN",
+                    sn: st.sn,
+                }),
+            })
+            .collect()
     }
 
     /// A DataACK (11.16.2): the initiator has every Data-In before BegRun of the task whose
@@ -430,12 +479,12 @@ impl SentLog {
         if Sn::gt(Sn(s.beg_run), Sn(t.next())) {
             return Err(bad);
         }
-        while Sn::lt(Sn(t.first), Sn(s.beg_run)) {
-            let Some(p) = t.pdus.pop_front() else { break };
-            let n = size(&p);
-            t.bytes -= n;
-            self.bytes -= n;
-            t.first = t.first.wrapping_add(1);
+        let n = s.beg_run.wrapping_sub(t.first) as usize;
+        if n < (1 << 31) && n > 0 {
+            let gone: u64 = t.pdus.drain(..n).map(|p| size(&p)).sum();
+            t.bytes -= gone;
+            self.bytes -= gone;
+            t.first = s.beg_run;
         }
         Ok(())
     }
@@ -449,10 +498,18 @@ impl SentLog {
             .tasks
             .get(&s.itt)
             .ok_or(SnackRefused::UnknownTask { itt: s.itt })?;
-        let status = t
-            .status
-            .clone()
-            .ok_or(SnackRefused::RDataEarly { itt: s.itt })?;
+        let early = SnackRefused::RDataEarly { itt: s.itt };
+        let status = match t.status_in_data() {
+            Some(p) => p.clone(),
+            None => {
+                let sn = t.status_sn.ok_or(early)?;
+                self.statuses
+                    .iter()
+                    .find(|st| st.sn == sn)
+                    .and_then(|st| st.pdu.clone())
+                    .ok_or(SnackRefused::LetGo { what: "StatSN", sn })?
+            }
+        };
         let ins: Vec<&DataIn> = t
             .pdus
             .iter()
@@ -522,7 +579,7 @@ impl SentLog {
                 residual_count: d.residual_count,
                 sense: Bytes::new(),
             },
-            _ => return Err(SnackRefused::RDataEarly { itt: s.itt }),
+            _ => return Err(early),
         };
         out.push(Pdu::ScsiResponse(response));
         Ok(out)
@@ -617,16 +674,16 @@ mod tests {
 
     /// A read of three Data-In, the last with status StatSN 7.
     fn read(log: &mut SentLog, itt: u32, stat_sn: u32) {
-        log.record(&data_in(itt, 0, 0, 1000, None));
-        log.record(&data_in(itt, 1, 1000, 1000, None));
-        log.record(&data_in(itt, 2, 2000, 500, Some((0, stat_sn))));
+        log.record(data_in(itt, 0, 0, 1000, None));
+        log.record(data_in(itt, 1, 1000, 1000, None));
+        log.record(data_in(itt, 2, 2000, 500, Some((0, stat_sn))));
     }
 
     #[test]
     fn data_and_statuses_are_sent_again_as_asked_until_acknowledged() {
         let mut log = SentLog::new(LogBounds::default());
         read(&mut log, 1, 7);
-        log.record(&response(2, 8));
+        log.record(response(2, 8));
         assert_eq!(log.statuses(), 2);
         let again = log.snack(&snack(0, 1, RESERVED_TAG, 1, 1), 8192).unwrap();
         assert_eq!(again, vec![data_in(1, 1, 1000, 1000, None)]);
@@ -685,11 +742,11 @@ mod tests {
     #[test]
     fn r2ts_are_sent_again_and_a_reused_itt_starts_a_new_log() {
         let mut log = SentLog::new(LogBounds::default());
-        log.record(&r2t(4, 0));
-        log.record(&r2t(4, 1));
+        log.record(r2t(4, 0));
+        log.record(r2t(4, 1));
         assert_eq!(sns(&log.snack(&snack(0, 4, 0, 1, 1), 8192).unwrap()), [1]);
         // The write was aborted (no status); its ITT is used again by a read.
-        log.record(&data_in(4, 0, 0, 100, None));
+        log.record(data_in(4, 0, 0, 100, None));
         assert_eq!(log.tasks(), 1);
         let again = log.snack(&snack(0, 4, 0, 0, 0), 8192).unwrap();
         assert_eq!(again, vec![data_in(4, 0, 0, 100, None)]);
@@ -704,8 +761,8 @@ mod tests {
             d.ack = true;
             d.ttt = 0x55;
         }
-        log.record(&data_in(3, 0, 0, 1000, None));
-        log.record(&asks);
+        log.record(data_in(3, 0, 0, 1000, None));
+        log.record(asks);
         let e = log
             .snack(&snack(2, RESERVED_TAG, 0x56, 2, 0), 8192)
             .unwrap_err();
@@ -715,7 +772,7 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(log.bytes(), 0);
-        log.record(&data_in(3, 2, 2000, 10, None));
+        log.record(data_in(3, 2, 2000, 10, None));
         let e = log.snack(&snack(0, 3, 0, 1, 1), 8192).unwrap_err();
         assert!(
             matches!(
@@ -735,11 +792,11 @@ mod tests {
         let mut log = SentLog::new(LogBounds::default());
         let e = log.snack(&snack(3, 1, 0x77, 0, 0), 1024).unwrap_err();
         assert_eq!(e, SnackRefused::UnknownTask { itt: 1 });
-        log.record(&data_in(1, 0, 0, 1000, None));
+        log.record(data_in(1, 0, 0, 1000, None));
         let e = log.snack(&snack(3, 1, 0x77, 0, 0), 1024).unwrap_err();
         assert_eq!(e, SnackRefused::RDataEarly { itt: 1 });
-        log.record(&data_in(1, 1, 1000, 1000, None));
-        log.record(&data_in(1, 2, 2000, 500, Some((0, 7))));
+        log.record(data_in(1, 1, 1000, 1000, None));
+        log.record(data_in(1, 2, 2000, 500, Some((0, 7))));
         let again = log.snack(&snack(3, 1, 0x77, 0, 0), 1024).unwrap();
         assert_eq!(again.len(), 4);
         let mut joined = Vec::new();
@@ -765,30 +822,55 @@ mod tests {
     #[test]
     fn the_log_stays_within_its_bounds_and_refuses_what_it_let_go() {
         let bounds = LogBounds {
-            bytes: 5000,
+            bytes: 6000,
             statuses: 3,
             tasks: 2,
         };
         let mut log = SentLog::new(bounds);
         for i in 0..5u32 {
             read(&mut log, i, 10 + i);
-            assert!(log.bytes() <= 5000 && log.statuses() <= 3 && log.tasks() <= 2);
+            assert!(log.bytes() <= 6000 && log.statuses() <= 3 && log.tasks() <= 2);
         }
         // StatSN 10 and 11 were let go, not acknowledged.
         let e = log
             .snack(&snack(1, RESERVED_TAG, 0, 10, 1), 8192)
             .unwrap_err();
         assert_eq!(e.reject_reason(), reject_reason::SNACK_REJECT);
+        // StatSN 12 is still listed, but it came in task 2's last Data-In, whose log was let
+        // go (two tasks at most): it cannot be sent again either.
+        let e = log
+            .snack(&snack(1, RESERVED_TAG, 0, 12, 0), 8192)
+            .unwrap_err();
+        assert_eq!(e.reject_reason(), reject_reason::SNACK_REJECT);
         assert_eq!(
-            stat_sns(&log.snack(&snack(1, RESERVED_TAG, 0, 12, 0), 8192).unwrap()),
-            [12, 13, 14]
+            stat_sns(&log.snack(&snack(1, RESERVED_TAG, 0, 13, 0), 8192).unwrap()),
+            [13, 14]
         );
         assert!(log.stats().let_go >= 5);
         // A peer that never acknowledges: statuses of other kinds stay bounded too.
         for sn in 15..100 {
-            log.record(&Pdu::reject(4, Bytes::from(vec![0u8; 48])).tap_stat(sn));
+            log.record(Pdu::reject(4, Bytes::from(vec![0u8; 48])).tap_stat(sn));
         }
         assert_eq!(log.statuses(), 3);
+    }
+
+    #[test]
+    fn a_long_run_of_acknowledged_reads_leaves_nothing_behind() {
+        let mut log = SentLog::new(LogBounds::default());
+        // One read stays unacknowledged (its status lost, say), ten thousand go by.
+        read(&mut log, 0, 1);
+        for i in 1..10_000u32 {
+            read(&mut log, i, 1 + i);
+            log.ack(1);
+        }
+        assert_eq!(log.tasks(), 10_000.min(LogBounds::default().tasks));
+        log.ack(10_001);
+        assert_eq!((log.tasks(), log.statuses(), log.bytes()), (0, 0, 0));
+        assert!(
+            log.order.len() <= 64 + 2 * log.tasks.len(),
+            "{}",
+            log.order.len()
+        );
     }
 
     trait TapStat {

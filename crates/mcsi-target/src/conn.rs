@@ -229,7 +229,7 @@ pub async fn writer<W: AsyncWrite + Unpin>(
         if let (Some(log), false) = (&log, sent.is_empty()) {
             let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
             for p in sent.drain(..) {
-                log.record(&p);
+                log.record(p);
             }
         }
         match write_batch_within(&mut w, &batch, pace.as_mut()).await {
@@ -474,7 +474,7 @@ impl Reader {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .snack(&s, self.conn.ops.send_mrdsl),
-            None => Err(SnackRefused::UnknownType(s.snack_type)),
+            None => Err(SnackRefused::NothingKept),
         };
         match answer {
             Ok(pdus) => {

@@ -60,9 +60,12 @@ async fn data_and_status_snacks_get_the_same_pdus_again_until_acknowledged() {
         &[
             ("ErrorRecoveryLevel", "1"),
             ("MaxRecvDataSegmentLength", "8192"),
+            ("DataDigest", "CRC32C"),
         ],
     )
     .await;
+    assert_eq!(key(&c, "DataDigest"), Some("CRC32C"));
+    assert!(c.framing.data_digest);
     // 24 KiB of a pattern, then read back in three Data-In.
     let data = pattern(24576, 7);
     let w = c.command(&rw10(0x2a, 0, 48), false, true, 24576, data.clone(), true);
@@ -167,6 +170,20 @@ async fn data_and_status_snacks_get_the_same_pdus_again_until_acknowledged() {
     c.send(Pdu::ScsiCommand(read)).await;
     let (back, status, ..) = c.read_result(itt).await;
     assert_eq!((status, &back[..]), (0, &data[..]));
+}
+
+/// Without data digests nothing a connection sends can arrive damaged, so it keeps nothing: a
+/// SNACK is refused (SNACK Reject).
+#[tokio::test]
+async fn without_data_digests_nothing_is_kept_and_a_snack_is_refused() {
+    let server = start(|_| {}).await;
+    let mut c = Client::normal(&server, &[("ErrorRecoveryLevel", "1")]).await;
+    assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("1"));
+    c.send(snack(1, RESERVED_TAG, 0, 0, 0)).await;
+    let Pdu::Reject(rj) = c.recv().await else {
+        panic!("not rejected")
+    };
+    assert_eq!(rj.reason, reject_reason::SNACK_REJECT);
 }
 
 #[tokio::test]

@@ -846,7 +846,7 @@ impl World {
             let (exp, max) = self.core.cmd_sns();
             let mut q = p.clone();
             q.stamp(stat_sn, exp, max);
-            log.record(&q);
+            log.record(q);
         }
         let edtl = |itt: u32| self.edtl.get(&itt).copied();
         match p {

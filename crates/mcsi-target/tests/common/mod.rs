@@ -269,6 +269,16 @@ impl Client {
         assert_eq!((r.status_class, r.status_detail), (0, 0));
         assert!(r.transit && r.nsg == Stage::FullFeature);
         c.cmd_sn = r.exp_cmd_sn;
+        // Digests agreed in the login frame everything after it.
+        let crc = |c: &Client, name: &str| {
+            c.login_keys
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .is_some_and(|(_, v)| v == "CRC32C")
+        };
+        c.framing.header_digest = crc(&c, "HeaderDigest");
+        c.framing.data_digest = crc(&c, "DataDigest");
         for _ in 0..3 {
             let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, Bytes::new(), true);
             let itt = tur.itt;

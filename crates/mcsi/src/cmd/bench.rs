@@ -790,6 +790,8 @@ fn fio_json(
                 "bytes": c.counters.bytes,
                 "statuses_in": c.counters.statuses_in,
                 "data_in_bytes": c.counters.data_in_bytes,
+                "snacks": c.counters.snacks,
+                "recovered": c.counters.recovered,
                 "local": c.local.map(|a| a.to_string()),
                 "peer": c.peer.map(|a| a.to_string()),
                 "bind": c.bind,
@@ -952,9 +954,18 @@ fn print_human(
             mcsi_initiator::core::ConnRole::Both => String::new(),
             r => format!(" [{}]", r.as_str()),
         };
+        // Error recovery level 1: PDUs lost to a digest error and asked for again.
+        let snacks = if c.counters.snacks > 0 {
+            format!(
+                ", {} SNACKs, {} PDUs received again",
+                c.counters.snacks, c.counters.recovered
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "  connection {} (cid {}){role}: {} tasks ({}) issued, {} statuses and {} of Data-In received{tcp}",
+            "  connection {} (cid {}){role}: {} tasks ({}) issued, {} statuses and {} of Data-In received{snacks}{tcp}",
             c.index,
             c.counters.cid,
             c.counters.tasks,
