@@ -340,6 +340,10 @@ impl Reader {
                 }) => {
                     // Rejected; from ErrorRecoveryLevel 1 on its data is asked for again.
                     debug!("data digest error: rejecting the PDU's data");
+                    self.conn
+                        .counters
+                        .digest_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let a = self.session.handle_data_digest_error(
                         &self.conn,
                         header,
@@ -469,6 +473,8 @@ impl Reader {
     /// A SNACK (ErrorRecoveryLevel 1 and above): what it asks for is sent again from the
     /// connection's log, or it is rejected (11.16, 11.17.1).
     fn snack(&mut self, s: SnackRequest) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.conn.counters.snacks.fetch_add(1, Relaxed);
         let answer = match &self.conn.log {
             Some(log) => log
                 .lock()
@@ -487,6 +493,10 @@ impl Reader {
                     "SNACK: sending {} PDUs again",
                     pdus.len()
                 );
+                self.conn
+                    .counters
+                    .resent
+                    .fetch_add(pdus.len() as u64, Relaxed);
                 self.conn.send_again(pdus);
             }
             Err(e) => {

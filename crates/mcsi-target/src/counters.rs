@@ -16,6 +16,12 @@ pub struct ConnCounters {
     pub write_bytes: AtomicU64,
     /// Commands that ended with a status other than GOOD.
     pub errors: AtomicU64,
+    /// PDUs that arrived with a data digest error (rejected; from ErrorRecoveryLevel 1 on their
+    /// data is asked for again with a recovery R2T).
+    pub digest_errors: AtomicU64,
+    /// SNACKs taken (ErrorRecoveryLevel 1), and the PDUs they had sent again.
+    pub snacks: AtomicU64,
+    pub resent: AtomicU64,
 }
 
 /// The metric handles of one LUN, created when the target starts.

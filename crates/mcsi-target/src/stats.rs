@@ -54,6 +54,9 @@ struct Live {
     read_bytes: Family<ConnLabels, Counter>,
     write_bytes: Family<ConnLabels, Counter>,
     errors: Family<ConnLabels, Counter>,
+    digest_errors: Family<ConnLabels, Counter>,
+    snacks: Family<ConnLabels, Counter>,
+    resent: Family<ConnLabels, Counter>,
     tcp: TcpFamilies<ConnLabels>,
 }
 
@@ -334,6 +337,21 @@ impl Metrics {
             "Commands of the connection that ended with a status other than GOOD",
             live.errors.clone(),
         );
+        r.register(
+            "connection_data_digest_errors",
+            "PDUs that arrived on the connection with a data digest error (from ErrorRecoveryLevel 1 on, their data is asked for again)",
+            live.digest_errors.clone(),
+        );
+        r.register(
+            "connection_snacks",
+            "SNACKs the connection took (ErrorRecoveryLevel 1)",
+            live.snacks.clone(),
+        );
+        r.register(
+            "connection_resent_pdus",
+            "PDUs the connection sent again for SNACKs",
+            live.resent.clone(),
+        );
         live.tcp.register(&mut r, "the target's");
         Metrics {
             registry: r,
@@ -367,7 +385,15 @@ impl Metrics {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         let l = &self.live;
         l.sessions.clear();
-        for f in [&l.commands, &l.read_bytes, &l.write_bytes, &l.errors] {
+        for f in [
+            &l.commands,
+            &l.read_bytes,
+            &l.write_bytes,
+            &l.errors,
+            &l.digest_errors,
+            &l.snacks,
+            &l.resent,
+        ] {
             f.clear();
         }
         l.tcp.clear();
@@ -391,6 +417,9 @@ impl Metrics {
                 l.read_bytes.get_or_create(&k).inc_by(c.read_bytes);
                 l.write_bytes.get_or_create(&k).inc_by(c.write_bytes);
                 l.errors.get_or_create(&k).inc_by(c.errors);
+                l.digest_errors.get_or_create(&k).inc_by(c.digest_errors);
+                l.snacks.get_or_create(&k).inc_by(c.snacks);
+                l.resent.get_or_create(&k).inc_by(c.resent);
                 if let Some(t) = &c.tcp {
                     l.tcp.set(&k, t);
                 }
@@ -452,6 +481,11 @@ pub struct ConnSnapshot {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
+    /// PDUs that arrived with a data digest error; SNACKs taken and the PDUs they sent again
+    /// (ErrorRecoveryLevel 1).
+    pub digest_errors: u64,
+    pub snacks: u64,
+    pub resent: u64,
     /// Bytes queued for sending and not yet taken by the socket, and the connection's output
     /// budget (at the budget its requests wait).
     pub queued_bytes: u64,
@@ -522,6 +556,9 @@ fn conn_snapshot(c: &Conn) -> ConnSnapshot {
         read_bytes: n.read_bytes.load(Ordering::Relaxed),
         write_bytes: n.write_bytes.load(Ordering::Relaxed),
         errors: n.errors.load(Ordering::Relaxed),
+        digest_errors: n.digest_errors.load(Ordering::Relaxed),
+        snacks: n.snacks.load(Ordering::Relaxed),
+        resent: n.resent.load(Ordering::Relaxed),
         queued_bytes: c.out.queued(),
         output_budget: c.out.budget(),
         tcp: c.sock.as_ref().and_then(|s| mcsi_tcp::tcp_state(s).ok()),

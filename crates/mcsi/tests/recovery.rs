@@ -21,12 +21,15 @@ const IQN: &str = "iqn.2026-01.org.mcsi:recovery-test";
 struct Target {
     child: std::process::Child,
     port: u16,
+    /// Its Prometheus endpoint.
+    metrics: String,
     _dir: tempfile::TempDir,
 }
 
 impl Target {
     fn start() -> Target {
         let port = common::free_port();
+        let metrics = format!("127.0.0.1:{}", common::free_port());
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("target.toml");
         std::fs::write(
@@ -37,7 +40,7 @@ impl Target {
         )
         .unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_mcsi"))
-            .args(["target", "--config"])
+            .args(["target", "--metrics", &metrics, "--config"])
             .arg(&cfg)
             .env("MCSI_LOG", "warn")
             .stdout(std::process::Stdio::null())
@@ -48,6 +51,7 @@ impl Target {
         Target {
             child,
             port,
+            metrics,
             _dir: dir,
         }
     }
@@ -202,6 +206,29 @@ async fn run(rounds: u64) -> (u32, u64, u64, Arc<Spoiled>) {
     let (snacks, recovered) = st.connections.iter().fold((0, 0), |a, c| {
         (a.0 + c.counters.snacks, a.1 + c.counters.recovered)
     });
+    // The target's side, from its metrics while the session is up.
+    let addr = t.metrics.clone();
+    let text = tokio::task::spawn_blocking(move || common::get(&addr, "/metrics"))
+        .await
+        .unwrap();
+    let sum = |name: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("mcsi_target_{name}_total{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let target = (
+        sum("connection_data_digest_errors"),
+        sum("connection_snacks"),
+        sum("connection_resent_pdus"),
+    );
+    println!(
+        "target: {} data digest errors, {} SNACKs, {} PDUs sent again",
+        target.0, target.1, target.2
+    );
+    assert_eq!(target.0, spoiled.data_out.load(Ordering::Relaxed), "{text}");
+    assert_eq!(target.1, snacks);
+    assert!(target.2 >= snacks);
     let _ = s.logout().await;
     (st.recoveries, snacks, recovered, spoiled)
 }
