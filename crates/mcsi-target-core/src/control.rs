@@ -197,6 +197,10 @@ pub enum Tmf {
     /// target on the LUN (`None`: on every LUN) are aborted, as the task set is shared by all
     /// initiators of the LU (SAM-5 7.5); then `reset`.
     AbortOnTarget { lun: Option<u64>, reset: Reset },
+    /// TASK REASSIGN: the task with this ITT moves to the connection the request came on
+    /// (ErrorRecoveryLevel 2, [`SessionCore::reassign`]); `exp_data_sn`: the first Data-In
+    /// the initiator still needs.
+    Reassign { itt: u32, exp_data_sn: u32 },
 }
 
 impl Tmf {
@@ -229,7 +233,10 @@ impl Tmf {
                 lun: None,
                 reset: Reset::Target,
             },
-            TASK_REASSIGN => Tmf::Respond(tmf_response::REASSIGN_NOT_SUPPORTED),
+            TASK_REASSIGN => Tmf::Reassign {
+                itt: t.referenced_task_tag,
+                exp_data_sn: t.exp_data_sn,
+            },
             _ => Tmf::Respond(tmf_response::NOT_SUPPORTED),
         }
     }
@@ -238,7 +245,7 @@ impl Tmf {
     /// [`Tmf::AbortOnTarget`], also whether a task of another session of the target is).
     pub fn aborts(&self, task: &TaskRef) -> bool {
         match *self {
-            Tmf::Respond(_) => false,
+            Tmf::Respond(_) | Tmf::Reassign { .. } => false,
             Tmf::AbortTask { itt, lun, .. } => task.itt == itt && task.lun == lun,
             Tmf::AbortTaskSet { lun, before } => {
                 task.lun == lun && Sn::lt(Sn(task.cmd_sn), Sn(before))
@@ -302,6 +309,16 @@ pub fn task_management<C: CoreConn, T>(
             };
         }
         Tmf::AbortOnTarget { .. } => return TmfStep::OnTarget,
+        Tmf::Reassign {
+            itt: task,
+            exp_data_sn,
+        } => {
+            let r = core.reassign(conn, itt, task, exp_data_sn);
+            return TmfStep::Answered {
+                response: r.response(),
+                runs: Vec::new(),
+            };
+        }
         Tmf::AbortTask { .. } => false,
         Tmf::AbortTaskSet { .. } => true,
     };
@@ -687,7 +704,10 @@ mod tests {
         }
         assert_eq!(
             Tmf::plan(&tmf(TASK_REASSIGN, 0, 0, 3), true),
-            Tmf::Respond(tmf_response::REASSIGN_NOT_SUPPORTED)
+            Tmf::Reassign {
+                itt: 0,
+                exp_data_sn: 0
+            }
         );
         for f in [CLEAR_ACA, TARGET_COLD_RESET, 0, 9, 127] {
             let p = Tmf::plan(&tmf(f, 0, 0, 3), true);

@@ -35,7 +35,9 @@ use mcsi_scsi::TaskAttribute;
 use std::time::{Duration, Instant};
 
 mod arrive;
+mod recover;
 pub use arrive::{Arrival, Fault, Lus, NoUnits, Note, RunNow};
+pub use recover::Reassigned;
 
 /// What the core needs to know of a connection.
 pub trait CoreConn: Clone {
@@ -266,6 +268,9 @@ pub struct Task<T> {
     pub attr: TaskAttribute,
     /// Aborted: it sends nothing more (RFC 7143 4.2.3) and leaves at its end.
     pub aborted: bool,
+    /// Its connection failed at ErrorRecoveryLevel 2: it waits to be reassigned to another
+    /// (TASK REASSIGN), and its final PDUs wait with it ([`SessionCore::conn_failed`]).
+    pub orphaned: bool,
     /// Its turn came: CmdSN order and its task set let it run.
     turn: bool,
     /// [`SessionCore::poll_ready`] handed it out.
@@ -541,6 +546,12 @@ pub struct SessionCore<C, T> {
     parked: Vec<Parked<C>>,
     /// Connections to close, for [`SessionCore::poll_close`].
     closes: std::collections::VecDeque<(C, Close)>,
+    /// ErrorRecoveryLevel 2: how long the tasks of a failed connection wait to be reassigned
+    /// (DefaultTime2Retain), the failed connections' CIDs with their deadline, and the final
+    /// PDUs of tasks that ended meanwhile ([`SessionCore::conn_failed`]).
+    time2retain: Duration,
+    failed: AHashMap<u16, Instant>,
+    retained: AHashMap<u32, recover::Retained>,
 }
 
 /// How a connection is closed ([`SessionCore::poll_close`]).
@@ -610,6 +621,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             next_id: 1,
             discovery: false,
             erl: 0,
+            time2retain: Duration::ZERO,
+            failed: AHashMap::new(),
+            retained: AHashMap::new(),
             keepalives: AHashMap::new(),
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
@@ -752,6 +766,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             .values()
             .filter_map(|k| k.deadline())
             .chain(data)
+            .chain(self.failed.values().copied())
             .min()
     }
 
@@ -833,6 +848,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             }
         }
         self.check_data_out(now, &mut out);
+        self.expire_failed(now);
         out
     }
 
@@ -851,6 +867,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 continue;
             };
             watched = true;
+            if t.orphaned {
+                // Its connection failed: nothing is owed until it is reassigned.
+                c.watch = None;
+                continue;
+            }
             if c.grant != Grant::Granted && c.must_solicit() {
                 // It waits for its budget (or its turn): nothing is owed yet.
                 c.watch = None;
@@ -1041,6 +1062,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 cmd_sn: t.cmd_sn,
                 attr: t.attr,
                 aborted: false,
+                orphaned: false,
                 turn: false,
                 started: false,
                 collect,
@@ -1100,8 +1122,12 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let Some(t) = self.tasks.get(&itt).filter(|t| t.id == id && !t.aborted) else {
             return false;
         };
-        // Its connection gone, it is about to be aborted: nothing is planned for it.
+        // Its connection gone, it is about to be aborted, or (orphaned, ErrorRecoveryLevel 2)
+        // it asks again once reassigned: nothing is planned for it now.
         let Some(command_conn) = self.conns.get(&t.cid).cloned() else {
+            if let Some(c) = self.tasks.get_mut(&itt).and_then(|t| t.collect.as_mut()) {
+                c.grant = Grant::None;
+            }
             return false;
         };
         let Some(c) = self.tasks.get_mut(&itt).and_then(|t| t.collect.as_mut()) else {
@@ -1264,8 +1290,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             else {
                 continue;
             };
-            let (refused, conn) = (t.refused, self.conns.get(&t.cid).cloned());
+            let (refused, orphaned, conn) =
+                (t.refused, t.orphaned, self.conns.get(&t.cid).cloned());
             match conn {
+                // Its connection failed (ErrorRecoveryLevel 2): it runs once reassigned.
+                None if orphaned => continue,
                 // Its unsolicited data has come (and was dropped): it is answered without
                 // running.
                 Some(c) if refused => {
@@ -1445,8 +1474,13 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 out.max_data_in(),
                 self.burst.max_burst_length,
             );
-            for p in pdus {
-                self.transmit.push_back((out.clone(), p));
+            if entry.orphaned {
+                // Its connection failed: its answer waits to be reassigned.
+                self.retain(itt, entry.cid, pdus);
+            } else {
+                for p in pdus {
+                    self.transmit.push_back((out.clone(), p));
+                }
             }
         }
         Some(Finished {

@@ -223,6 +223,21 @@ impl WriteTransfer {
         self.recovered
     }
 
+    /// The connection that carried the write failed (ErrorRecoveryLevel 2): no open sequence
+    /// will bring more. What the R2Ts sent asked for and did not get is asked for again, and an
+    /// unsolicited burst under way ends where it got to (R2Ts ask for the rest), once the task
+    /// has moved to another connection.
+    pub fn reopen(&mut self) {
+        for s in std::mem::take(&mut self.outstanding) {
+            let len = s.seq.end.saturating_sub(s.seq.next_offset);
+            self.mark_lost(s.seq.next_offset, len);
+        }
+        if let Some(u) = self.unsolicited.take() {
+            self.solicit_from = u.next_offset;
+            self.next_r2t_offset = self.next_r2t_offset.max(u.next_offset);
+        }
+    }
+
     fn advance(
         &mut self,
         ttt: u32,
@@ -636,5 +651,25 @@ mod tests {
         t.on_data_out(r[0].ttt, 0, 8192, 8192, true).unwrap();
         assert!(t.done() && !t.solicits());
         assert_eq!(t.recovered(), 3);
+    }
+
+    #[test]
+    fn a_write_whose_connection_failed_asks_again_for_what_it_was_owed() {
+        // 4 KiB immediate, an unsolicited burst open at 6 KiB: it ends there.
+        let mut t = WriteTransfer::new(params(false), 32768, 32768, 4096, false).unwrap();
+        t.on_data_out(RESERVED_TAG, 0, 4096, 2048, false).unwrap();
+        t.reopen();
+        assert!(!t.unsolicited_open());
+        let spans = |r: &[R2tPlan]| r.iter().map(|p| (p.offset, p.len)).collect::<Vec<_>>();
+        let r = t.next_r2ts(ttts());
+        assert_eq!(spans(&r), [(6144, 16384), (22528, 10240)]);
+        // Half of the first R2T came before the next failure.
+        t.on_data_out(r[0].ttt, 0, 6144, 8192, false).unwrap();
+        t.reopen();
+        let again = t.next_r2ts(ttts());
+        assert_eq!(spans(&again), [(14336, 8192), (22528, 10240)]);
+        t.on_data_out(again[0].ttt, 0, 14336, 8192, true).unwrap();
+        t.on_data_out(again[1].ttt, 0, 22528, 10240, true).unwrap();
+        assert!(t.done());
     }
 }

@@ -35,6 +35,8 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
         total.snacks += s.snacks;
         total.resent += s.resent;
         total.damaged += s.damaged;
+        total.joined += s.joined;
+        total.reassigned += s.reassigned;
     }
     println!("1500 inputs: {total:?}");
     // The inputs reach every part of the session, not only its errors.
@@ -45,4 +47,6 @@ fn the_session_core_survives_arbitrary_pdu_sequences() {
     // ErrorRecoveryLevel 1: SNACKs answered from the connections' logs, and refused.
     assert!(total.snacks > 500 && total.resent > 300, "{total:?}");
     assert!(total.damaged > 200, "{total:?}");
+    // ErrorRecoveryLevel 2: connections fail and others log in; tasks are reassigned.
+    assert!(total.joined > 50 && total.reassigned > 20, "{total:?}");
 }

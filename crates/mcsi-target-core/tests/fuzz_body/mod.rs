@@ -18,7 +18,9 @@
 //! statuses, and SNACKs of every type (for tasks and ranges sent or not) are answered from the
 //! log, whose bounds come from the input. Now and then a command's immediate data or a Data-Out
 //! arrives with a data digest error: rejected, and at level 1 asked for again by recovery R2Ts
-//! that the driver pays like any other.
+//! that the driver pays like any other. In a third of the inputs the session is at level 2:
+//! connections die now and then (their tasks wait to be reassigned for DefaultTime2Retain, on
+//! virtual time), others log in, and TASK REASSIGN moves tasks of failed connections.
 //!
 //! Checked: nothing panics; every PDU the core sends is a target PDU; R2Ts ask for at most
 //! MaxBurstLength and within the expected length; Data-In fits the connection's
@@ -29,6 +31,7 @@
 //! within their bounds.
 
 use bytes::Bytes;
+use mcsi_proto::codes::tmf_function::TASK_REASSIGN;
 use mcsi_proto::codes::tmf_response;
 use mcsi_proto::pdu::{
     reject_reason, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, SnackRequest, TaskAttr,
@@ -160,6 +163,9 @@ pub struct Stats {
     pub resent: u64,
     /// PDUs that arrived with a data digest error.
     pub damaged: u64,
+    /// Level 2: connections that logged in after others failed, and tasks reassigned.
+    pub joined: u64,
+    pub reassigned: u64,
     /// Inputs whose session ended before the input did (a fault, a logout).
     pub ended_early: u64,
 }
@@ -185,6 +191,7 @@ struct World {
     /// The last (ExpCmdSN, MaxCmdSN) seen.
     window: (u32, u32),
     ended: bool,
+    erl: u8,
     /// ErrorRecoveryLevel 1: what each connection sent (the tokio layer's writer stamps and
     /// records it), its next StatSN, and the bounds of its log.
     logs: Option<HashMap<u16, (SentLog, u32)>>,
@@ -212,8 +219,10 @@ pub fn run(data: &[u8]) -> Stats {
     // Keepalive pings now and then (their intervals pass in a few time steps).
     let ping = Duration::from_millis(u64::from(inp.u8()) * 20);
     // ErrorRecoveryLevel 1 in half the inputs, with a log small enough to let things go.
-    let erl = inp.u8() & 1;
+    // ErrorRecoveryLevel 0, 1 or 2 (a failed connection's tasks wait to be reassigned).
+    let erl = inp.u8() % 3;
     core.set_error_recovery_level(erl);
+    core.set_time2retain(Duration::from_secs(1 + u64::from(inp.u8() % 8)));
     let bounds = LogBounds {
         bytes: 1024 * (1 + u64::from(inp.u8())),
         statuses: 1 + usize::from(inp.u8() % 32),
@@ -245,6 +254,7 @@ pub fn run(data: &[u8]) -> Stats {
         data_in: HashMap::new(),
         window,
         ended: false,
+        erl,
         logs: (erl > 0).then(|| {
             (0..conns)
                 .map(|cid| (cid, (SentLog::new(bounds), 1)))
@@ -279,8 +289,14 @@ pub fn run(data: &[u8]) -> Stats {
 }
 
 impl World {
+    /// One of the session's connections (at level 2 there may be none for a while: then a
+    /// CID no PDU is delivered on).
     fn cid(&self, inp: &mut Input<'_>) -> u16 {
-        self.conns[usize::from(inp.u8()) % self.conns.len()]
+        let i = usize::from(inp.u8());
+        if self.conns.is_empty() {
+            return u16::MAX;
+        }
+        self.conns[i % self.conns.len()]
     }
 
     /// The CmdSN of the next request: mostly the next one, sometimes near it, now and then
@@ -379,9 +395,27 @@ impl World {
             11 => {
                 let cid = self.cid(inp);
                 let immediate = inp.bool();
-                let function = 1 + inp.u8() % 8;
-                let referenced_task_tag = match self.edtl.keys().next() {
-                    Some(itt) if inp.bool() => *itt,
+                // Level 2: TASK REASSIGN now and then.
+                let function = if self.erl == 2 && inp.one_in(3) {
+                    TASK_REASSIGN
+                } else {
+                    1 + inp.u8() % 8
+                };
+                // TASK REASSIGN mostly names a task of a failed connection (as the initiator
+                // knows them), else any command sent.
+                let pick = usize::from(inp.u8());
+                let orphans: Vec<u32> = self
+                    .edtl
+                    .keys()
+                    .copied()
+                    .filter(|i| self.core.task(*i).is_some_and(|t| t.orphaned))
+                    .collect();
+                let referenced_task_tag = match (
+                    orphans.get(pick % orphans.len().max(1)),
+                    self.edtl.keys().nth(pick % self.edtl.len().max(1)),
+                ) {
+                    (Some(itt), _) if function == TASK_REASSIGN && !inp.one_in(4) => *itt,
+                    (_, Some(itt)) if function == TASK_REASSIGN || inp.bool() => *itt,
                     _ => inp.u32() % 64,
                 };
                 let t = TaskMgmtRequest {
@@ -396,6 +430,17 @@ impl World {
                     exp_data_sn: 0,
                 };
                 self.deliver(cid, Pdu::TaskMgmtRequest(t));
+            }
+            // Level 2: a connection logs in (a new CID, or that of one that failed).
+            12 if self.erl == 2 && self.conns.len() < 3 && inp.one_in(3) => {
+                let cid = u16::from(inp.u8() % 4);
+                if !self.conns.contains(&cid) && self.core.add_conn(Tc(cid)).is_ok() {
+                    self.conns.push(cid);
+                    self.stats.joined += 1;
+                    if let Some(logs) = self.logs.as_mut() {
+                        logs.insert(cid, (SentLog::new(self.bounds), 1));
+                    }
+                }
             }
             12 if inp.one_in(4) => {
                 let cid = self.cid(inp);
@@ -413,6 +458,13 @@ impl World {
                     exp_stat_sn: 0,
                 };
                 self.deliver(cid, Pdu::LogoutRequest(l));
+            }
+            // Level 2: a connection dies (a reset, a route gone).
+            13 if self.erl == 2 && inp.one_in(3) => {
+                let cid = self.cid(inp);
+                if self.conns.contains(&cid) {
+                    self.lose(cid);
+                }
             }
             13 => {
                 let cid = self.cid(inp);
@@ -438,6 +490,11 @@ impl World {
                     // A write whose data stopped coming ends its connection, and at
                     // ErrorRecoveryLevel 0 its session.
                     self.lose(f.cid());
+                }
+                // Level 2: no connection, and nothing left to reassign: the session is over.
+                if !self.ended && self.conns.is_empty() && !self.core.retaining() {
+                    self.core.close(|_| ());
+                    self.ended = true;
                 }
             }
             _ => {}
@@ -711,9 +768,11 @@ impl World {
 
     /// A connection ended by a fault: at ErrorRecoveryLevel 0 the session ends with it.
     fn lose(&mut self, cid: u16) {
-        let lost = self.core.conn_lost(&Tc(cid), |_| ());
+        // At level 2 its tasks wait to be reassigned and the session goes on.
+        let lost = self.core.conn_failed(&Tc(cid), self.now, |_| ());
+
         self.conns.retain(|c| *c != cid);
-        if lost.session_ends {
+        if lost.session_ends || (self.conns.is_empty() && !self.core.retaining()) {
             self.core.close(|_| ());
             self.ended = true;
         }
@@ -747,8 +806,15 @@ impl World {
 
     fn tmf(&mut self, c: &Tc, t: TaskMgmtRequest, runs: &mut VecDeque<Run<Tc>>) {
         let plan = Tmf::plan(&t, dev().lu(t.lun).is_some());
+
         let response = match task_management(&mut self.core, c, t.itt, &plan, t.immediate, |_| ()) {
-            TmfStep::Answered { runs: more, .. } => {
+            TmfStep::Answered {
+                runs: more,
+                response,
+            } => {
+                if matches!(plan, Tmf::Reassign { .. }) && response == tmf_response::COMPLETE {
+                    self.stats.reassigned += 1;
+                }
                 runs.extend(more);
                 return;
             }

@@ -1,0 +1,518 @@
+//! ErrorRecoveryLevel 2 in the session core (RFC 7143 6.2, 7.1.5, 11.5.1): a connection that
+//! fails leaves its tasks behind for DefaultTime2Retain instead of taking the session with it
+//! ([`SessionCore::conn_failed`]); TASK REASSIGN on another connection of the session moves a
+//! task there ([`SessionCore::reassign`]): a task still running or gathering its data goes on
+//! there (a write asks again for what its R2Ts were owed), and one that ended meanwhile sends
+//! its Data-In from the DataSN the initiator expects, then its status. Tasks nobody reassigns
+//! in time are aborted ([`SessionCore::handle_timeout`]).
+
+use super::{ConnLost, CoreConn, Grant, Key, SessionCore};
+use mcsi_proto::codes::tmf_response;
+use mcsi_proto::pdu::Pdu;
+use std::time::{Duration, Instant};
+
+/// The final PDUs of a task that ended after its connection failed, until it is reassigned.
+pub(super) struct Retained {
+    cid: u16,
+    pdus: Vec<Pdu>,
+}
+
+/// What TASK REASSIGN did ([`SessionCore::reassign`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reassigned {
+    /// The task goes on on the new connection.
+    Moved,
+    /// The task had ended: this many of its PDUs were sent again on the new connection.
+    Resent(usize),
+    /// Its connection is still in the session (11.5.1: "task still allegiant").
+    StillAllegiant,
+    /// No such task waits to be reassigned (never received, or aborted): the initiator issues
+    /// it again as a new command.
+    NoTask,
+    /// The session is below ErrorRecoveryLevel 2.
+    NotSupported,
+    /// Its Data-In do not fit the new connection's MaxRecvDataSegmentLength.
+    Refused,
+}
+
+/// "Task still allegiant" (11.5.2).
+pub const STILL_ALLEGIANT: u8 = 3;
+/// "Function rejected" (11.5.2).
+pub const FUNCTION_REJECTED: u8 = 255;
+
+impl Reassigned {
+    /// The Task Management response code.
+    pub fn response(self) -> u8 {
+        match self {
+            Reassigned::Moved | Reassigned::Resent(_) => tmf_response::COMPLETE,
+            Reassigned::StillAllegiant => STILL_ALLEGIANT,
+            Reassigned::NoTask => tmf_response::NO_TASK,
+            Reassigned::NotSupported => tmf_response::REASSIGN_NOT_SUPPORTED,
+            Reassigned::Refused => FUNCTION_REJECTED,
+        }
+    }
+}
+
+impl<C: CoreConn, T> SessionCore<C, T> {
+    /// How long the tasks of a failed connection wait to be reassigned (the DefaultTime2Retain
+    /// agreed); zero keeps nothing.
+    pub fn set_time2retain(&mut self, d: Duration) {
+        self.time2retain = d;
+    }
+
+    /// Tasks of failed connections wait to be reassigned: the session lives on even without
+    /// connections until they have been reassigned or their time has run out.
+    pub fn retaining(&self) -> bool {
+        !self.failed.is_empty()
+    }
+
+    /// `conn` failed at `now`. From ErrorRecoveryLevel 2 on (with a DefaultTime2Retain above
+    /// zero) its tasks stay for DefaultTime2Retain, waiting to be reassigned to another
+    /// connection (those running run on, and their answers wait with them), commands it
+    /// brought that wait for their turn are dropped (their CmdSNs stay used: the initiator
+    /// issues them again), and the session goes on, even with no connection left. Below that,
+    /// or when the connection left on purpose or was replaced, as [`SessionCore::conn_lost`].
+    pub fn conn_failed(
+        &mut self,
+        conn: &C,
+        now: Instant,
+        on_abort: impl FnMut(&mut T),
+    ) -> ConnLost {
+        if self.erl < 2 || self.time2retain.is_zero() || self.closing || self.ends_cleanly(conn) {
+            return self.conn_lost(conn, on_abort);
+        }
+        let cid = conn.cid();
+        self.conns.remove(&cid);
+        self.leaving.remove(&cid);
+        self.keepalives.remove(&cid);
+        self.abort_held(|r| r.cid == cid);
+        let mut orphans = 0;
+        for t in self
+            .tasks
+            .values_mut()
+            .filter(|t| t.cid == cid && !t.aborted)
+        {
+            t.orphaned = true;
+            orphans += 1;
+            if let Some(c) = t.collect.as_mut() {
+                // The Data-Out timer waits for the task's new connection.
+                c.watch = None;
+            }
+        }
+        self.failed.insert(cid, now + self.time2retain);
+        let _ = orphans;
+        ConnLost {
+            clean: false,
+            remaining: self.conns.len(),
+            session_ends: false,
+        }
+    }
+
+    /// Keeps the final PDUs of orphaned task `itt` (its connection `cid` failed).
+    pub(super) fn retain(&mut self, itt: u32, cid: u16, pdus: Vec<Pdu>) {
+        self.retained.insert(itt, Retained { cid, pdus });
+    }
+
+    /// TASK REASSIGN of task `itt` to `conn` (RFC 7143 11.5.1), asked for by request
+    /// `request_itt`; `exp_data_sn`: the first Data-In the initiator still needs. The Task
+    /// Management response goes out first, through [`SessionCore::poll_transmit`], then what
+    /// the task sends on its new connection: for a write still gathering its data, R2Ts for
+    /// what it was owed (once it may ask); for a task that ended while orphaned, its Data-In
+    /// from `exp_data_sn` and its status.
+    pub fn reassign(
+        &mut self,
+        conn: &C,
+        request_itt: u32,
+        itt: u32,
+        exp_data_sn: u32,
+    ) -> Reassigned {
+        let r = self.reassign_inner(conn, itt, exp_data_sn);
+        let answer = crate::control::tmf_pdu(request_itt, r.0.response());
+        self.transmit.push_back((conn.clone(), answer));
+        for p in r.1 {
+            self.transmit.push_back((conn.clone(), p));
+        }
+        if r.0 == Reassigned::Moved {
+            self.after_move(conn, itt);
+        }
+        r.0
+    }
+
+    fn reassign_inner(&mut self, conn: &C, itt: u32, exp_data_sn: u32) -> (Reassigned, Vec<Pdu>) {
+        if self.erl < 2 {
+            return (Reassigned::NotSupported, Vec::new());
+        }
+        let cid = conn.cid();
+        if let Some(t) = self.tasks.get_mut(&itt) {
+            if t.aborted {
+                return (Reassigned::NoTask, Vec::new());
+            }
+            if !t.orphaned {
+                return (Reassigned::StillAllegiant, Vec::new());
+            }
+            t.orphaned = false;
+            t.cid = cid;
+            t.reply_cid = cid;
+            if let Some(c) = t.collect.as_mut() {
+                c.transfer.reopen();
+            }
+            return (Reassigned::Moved, Vec::new());
+        }
+        let Some(r) = self.retained.get(&itt) else {
+            return (Reassigned::NoTask, Vec::new());
+        };
+        let max = conn.max_data_in() as usize;
+        if r.pdus.iter().any(|p| p.data_len() > max) {
+            return (Reassigned::Refused, Vec::new());
+        }
+        let Some(r) = self.retained.remove(&itt) else {
+            return (Reassigned::NoTask, Vec::new());
+        };
+        let _ = r.cid;
+        let pdus: Vec<Pdu> = r
+            .pdus
+            .into_iter()
+            .filter(|p| match p {
+                // The Data-In the initiator has already stay behind; the status always goes.
+                Pdu::DataIn(d) => {
+                    d.status.is_some()
+                        || mcsi_proto::serial::Sn::ge(
+                            mcsi_proto::serial::Sn(d.data_sn),
+                            mcsi_proto::serial::Sn(exp_data_sn),
+                        )
+                }
+                _ => true,
+            })
+            .collect();
+        (Reassigned::Resent(pdus.len()), pdus)
+    }
+
+    /// A task moved to `conn`: a write asks for what it was owed there, at once when it may
+    /// ask already, else once granted.
+    fn after_move(&mut self, conn: &C, itt: u32) {
+        let Some(t) = self.tasks.get(&itt) else {
+            return;
+        };
+        let key = Key { id: t.id, itt };
+        let Some(grant) = t.collect.as_ref().map(|c| c.grant) else {
+            // Its turn came while it was orphaned: it runs now.
+            if t.turn && !t.started {
+                self.ready.push_back(key);
+            }
+            return;
+        };
+        if grant == Grant::Granted {
+            self.send_r2ts(itt, conn);
+        } else {
+            self.ask_grant(key);
+        }
+    }
+
+    /// Connections whose DefaultTime2Retain ran out by `now`: their tasks nobody reassigned
+    /// are aborted and their kept answers dropped.
+    pub(super) fn expire_failed(&mut self, now: Instant) {
+        let expired: Vec<u16> = self
+            .failed
+            .iter()
+            .filter(|(_, d)| **d <= now)
+            .map(|(cid, _)| *cid)
+            .collect();
+        for cid in expired {
+            self.failed.remove(&cid);
+            let itts: Vec<u32> = self
+                .tasks
+                .iter()
+                .filter(|(_, t)| t.orphaned && t.cid == cid)
+                .map(|(itt, _)| *itt)
+                .collect();
+            self.abort_where(|t| itts.contains(&t.itt), |_| ());
+            self.retained.retain(|_, r| r.cid != cid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Answer, ConnRole, NewTask, NewWrite, Register};
+    use super::*;
+    use crate::transfer::{BurstParams, WriteTransfer};
+    use bytes::Bytes;
+    use mcsi_proto::pdu::{DataOut, ScsiCommand, TaskAttr, RESERVED_TAG};
+    use mcsi_scsi::{DataPhase, Outcome, TaskAttribute};
+
+    /// A connection by CID and generation (a CID logged in again is another connection).
+    #[derive(Debug, Clone)]
+    struct Tc(u16, u8);
+
+    impl CoreConn for Tc {
+        fn cid(&self) -> u16 {
+            self.0
+        }
+        fn role(&self) -> ConnRole {
+            ConnRole::Both
+        }
+        fn same(&self, o: &Self) -> bool {
+            self.0 == o.0 && self.1 == o.1
+        }
+        fn max_data_in(&self) -> u32 {
+            4096
+        }
+    }
+
+    #[derive(Default)]
+    struct Io {
+        told_to_stop: bool,
+    }
+
+    type Core = SessionCore<Tc, Io>;
+
+    const BURST: BurstParams = BurstParams {
+        initial_r2t: true,
+        immediate_data: true,
+        first_burst_length: 4096,
+        max_burst_length: 16384,
+        max_outstanding_r2t: 1,
+    };
+
+    fn core(erl: u8) -> Core {
+        let mut c = Core::new(1, 8, false, None);
+        c.set_burst(BURST);
+        c.set_error_recovery_level(erl);
+        c.set_time2retain(Duration::from_secs(10));
+        assert!(c.add_conn(Tc(1, 1)).is_ok());
+        assert!(c.add_conn(Tc(2, 1)).is_ok());
+        c
+    }
+
+    /// A READ(10) of `len` bytes, registered as a task on `on` in CmdSN order.
+    fn read(c: &mut Core, on: &Tc, itt: u32, cmd_sn: u32, len: u32) {
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: 0,
+            itt,
+            expected_data_transfer_length: len,
+            cmd_sn,
+            exp_stat_sn: 0,
+            cdb: Bytes::from_static(&[0x28, 0, 0, 0, 0, 0, 0, 0, 24, 0]),
+            bidi_read_length: None,
+            data: Bytes::new(),
+        };
+        let t = NewTask {
+            id: u64::from(itt),
+            itt,
+            lun: 0,
+            cmd_sn,
+            immediate: false,
+            attr: TaskAttribute::Simple,
+            bytes: u64::from(len),
+            answer: Some(Box::new(Answer {
+                cmd,
+                phase: DataPhase {
+                    data_out_len: 0,
+                    data_in_len: len,
+                },
+            })),
+        };
+        let (reg, _) = c.register(on, t, None, Io::default());
+        assert_eq!(reg, Register::Ok);
+    }
+
+    /// A write of `len` bytes asked for by R2Ts, registered on `on`.
+    fn write(c: &mut Core, on: &Tc, itt: u32, cmd_sn: u32, len: u32) {
+        let t = NewTask {
+            id: u64::from(itt),
+            itt,
+            lun: 0,
+            cmd_sn,
+            immediate: false,
+            attr: TaskAttribute::Simple,
+            bytes: u64::from(len),
+            answer: None,
+        };
+        let w = NewWrite {
+            transfer: WriteTransfer::new(BURST, len, len, 0, true).expect("a valid write"),
+            immediate: Bytes::new(),
+            first_burst_length: BURST.first_burst_length,
+            refused: false,
+            room: None,
+        };
+        let (reg, _) = c.register(on, t, Some(w), Io::default());
+        assert_eq!(reg, Register::Ok);
+    }
+
+    /// What the core queued: (CID, PDU).
+    fn sent(c: &mut Core) -> Vec<(u16, Pdu)> {
+        std::iter::from_fn(|| c.poll_transmit())
+            .map(|(c, p)| (c.0, p))
+            .collect()
+    }
+
+    fn grant_all(c: &mut Core) {
+        while let Some(g) = c.poll_grant() {
+            let _ = c.grant(g.itt, g.id);
+        }
+    }
+
+    fn data_out(
+        itt: u32,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        len: usize,
+        final_: bool,
+    ) -> DataOut {
+        DataOut {
+            final_,
+            lun: 0,
+            itt,
+            ttt,
+            exp_stat_sn: 0,
+            data_sn,
+            buffer_offset: offset,
+            data: Bytes::from(vec![offset as u8; len]),
+        }
+    }
+
+    /// At level 2 a failed connection's tasks wait: a read that ends meanwhile keeps its
+    /// answer and sends it from the DataSN asked for on the connection it is reassigned to; a
+    /// write asks there for what its R2T was owed; the session never ends.
+    #[test]
+    fn a_failed_connections_tasks_move_to_another_and_complete_there() {
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let mut c = core(2);
+        read(&mut c, &a, 1, 1, 12288);
+        let r = c.poll_ready().expect("the read runs");
+        assert_eq!(r.itt, 1);
+        write(&mut c, &a, 2, 2, 16384);
+        grant_all(&mut c);
+        let r2t = match sent(&mut c).as_slice() {
+            [(1, Pdu::R2t(r))] => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            (r2t.buffer_offset, r2t.desired_data_transfer_length),
+            (0, 16384)
+        );
+        c.data_out(1, &data_out(2, r2t.ttt, 0, 0, 4096, false));
+
+        let lost = c.conn_failed(&a, t0, |io| io.told_to_stop = true);
+        assert!(!lost.session_ends && lost.remaining == 1);
+        assert!(c.retaining());
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(10)));
+        // The read ends while orphaned: nothing goes out, its answer waits.
+        let data = Bytes::from((0..12288u32).map(|i| i as u8).collect::<Vec<_>>());
+        assert!(c
+            .finish(1, 1, &a, Some(Outcome::good(data.clone())))
+            .is_some());
+        assert!(sent(&mut c).is_empty());
+
+        // Reassigned on B, the initiator having DataSN 0: the TMF response, then DataSN 1
+        // and 2 (the last with status).
+        assert_eq!(c.reassign(&b, 0x70, 1, 1), Reassigned::Resent(2));
+        let out = sent(&mut c);
+        assert!(out.iter().all(|(cid, _)| *cid == 2));
+        let Pdu::TaskMgmtResponse(r) = &out[0].1 else {
+            panic!("{out:?}")
+        };
+        assert_eq!((r.itt, r.response), (0x70, tmf_response::COMPLETE));
+        let ins: Vec<(u32, u32, bool)> = out[1..]
+            .iter()
+            .map(|(_, p)| match p {
+                Pdu::DataIn(d) => (d.data_sn, d.buffer_offset, d.status.is_some()),
+                p => panic!("{p:?}"),
+            })
+            .collect();
+        assert_eq!(ins, [(1, 4096, false), (2, 8192, true)]);
+        // Asked again: it is not there any more.
+        assert_eq!(c.reassign(&b, 0x71, 1, 0), Reassigned::NoTask);
+        assert!(matches!(&sent(&mut c)[..], [(2, Pdu::TaskMgmtResponse(r))] if r.response == 1));
+
+        // The write moves: an R2T on B for the 12 KiB its first one was still owed.
+        assert_eq!(c.reassign(&b, 0x72, 2, 0), Reassigned::Moved);
+        let out = sent(&mut c);
+        assert!(
+            matches!(&out[0], (2, Pdu::TaskMgmtResponse(r)) if r.response == 0),
+            "{out:?}"
+        );
+        let again = match &out[1..] {
+            [(2, Pdu::R2t(r))] => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            (again.buffer_offset, again.desired_data_transfer_length),
+            (4096, 12288)
+        );
+        assert_ne!(again.ttt, r2t.ttt);
+        c.data_out(2, &data_out(2, again.ttt, 0, 4096, 12288, true));
+        let r = c.poll_ready().expect("the write has all of its data");
+        assert_eq!((r.itt, r.conn.0, r.data.len()), (2, 2, 16384));
+        assert_eq!(&r.data[..4096], &[0u8; 4096][..]);
+        // A task whose connection lives is not reassigned; one never received does not exist.
+        read(&mut c, &b, 3, 3, 512);
+        assert_eq!(c.reassign(&b, 0x73, 3, 0), Reassigned::StillAllegiant);
+        assert_eq!(c.reassign(&b, 0x74, 99, 0), Reassigned::NoTask);
+        let codes: Vec<u8> = sent(&mut c)
+            .iter()
+            .filter_map(|(_, p)| match p {
+                Pdu::TaskMgmtResponse(r) => Some(r.response),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(codes, [STILL_ALLEGIANT, tmf_response::NO_TASK]);
+        let _ = RESERVED_TAG;
+    }
+
+    /// Tasks nobody reassigns within DefaultTime2Retain are aborted, and their kept answers
+    /// dropped; a read whose turn came while orphaned runs once reassigned.
+    #[test]
+    fn what_nobody_reassigns_in_time_is_aborted() {
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let mut c = core(2);
+        read(&mut c, &a, 1, 1, 4096);
+        assert_eq!(c.poll_ready().map(|r| r.itt), Some(1));
+        // A read that came on A ahead of CmdSN 2, which has not come yet.
+        read(&mut c, &a, 2, 3, 4096);
+        c.conn_failed(&a, t0, |_| ());
+        assert!(c
+            .finish(1, 1, &a, Some(Outcome::good(Bytes::from(vec![1; 4096]))))
+            .is_some());
+        // CmdSN 2 comes on B: both turns come, but the orphaned read waits for its new
+        // connection.
+        read(&mut c, &b, 5, 2, 4096);
+        assert_eq!(c.poll_ready().map(|r| r.itt), Some(5));
+        assert!(
+            c.poll_ready().is_none(),
+            "orphaned: it waits for its new connection"
+        );
+        let early = c.handle_timeout(t0 + Duration::from_secs(5));
+        assert!(early.is_empty() && c.retaining());
+        assert_eq!(c.reassign(&b, 0x80, 2, 0), Reassigned::Moved);
+        assert_eq!(c.poll_ready().map(|r| (r.itt, r.conn.0)), Some((2, 2)));
+        c.handle_timeout(t0 + Duration::from_secs(10));
+        assert!(!c.retaining());
+        assert_eq!(c.reassign(&b, 0x81, 1, 0), Reassigned::NoTask);
+        // Task 2 was reassigned in time and is not touched.
+        assert!(c.task(2).is_some_and(|t| !t.aborted));
+    }
+
+    /// Below level 2 a failed connection takes the session, and TASK REASSIGN is answered
+    /// "not supported".
+    #[test]
+    fn below_level_2_a_failed_connection_ends_the_session() {
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let mut c = core(1);
+        read(&mut c, &a, 1, 1, 4096);
+        let lost = c.conn_failed(&a, t0, |_| ());
+        assert!(lost.session_ends);
+        assert!(!c.retaining());
+        assert_eq!(c.reassign(&b, 0x90, 1, 0), Reassigned::NotSupported);
+        assert_eq!(Reassigned::NotSupported.response(), 4);
+    }
+}
