@@ -124,6 +124,8 @@ struct TaskLog {
     ack_ttt: Option<u32>,
     /// The StatSN of the status that ended the task, once sent.
     status_sn: Option<u32>,
+    /// Its status when it was queued but never sent (its connection failed first).
+    unsent_status: Option<Pdu>,
 }
 
 impl TaskLog {
@@ -253,6 +255,7 @@ impl SentLog {
                     bytes: 0,
                     ack_ttt: None,
                     status_sn: None,
+                    unsent_status: None,
                 },
             );
         }
@@ -323,6 +326,95 @@ impl SentLog {
             self.pop_status();
             self.stats.let_go += 1;
         }
+    }
+
+    /// `p` was queued but never sent: its connection failed first (ErrorRecoveryLevel 2). A
+    /// task's Data-In, R2T or status is kept for [`SentLog::take_task`]; anything else is of no
+    /// use any more.
+    pub fn record_unsent(&mut self, p: Pdu) {
+        match &p {
+            Pdu::DataIn(d) if d.status.is_none() => {
+                let (itt, sn) = (d.itt, d.data_sn);
+                self.task_pdu(itt, sn, p);
+            }
+            Pdu::DataIn(d) => {
+                let (itt, sn) = (d.itt, d.data_sn);
+                self.task_pdu(itt, sn, p);
+                if let Some(t) = self.tasks.get_mut(&itt) {
+                    t.status_sn = None;
+                }
+            }
+            Pdu::R2t(r) => {
+                let (itt, sn) = (r.itt, r.r2t_sn);
+                self.task_pdu(itt, sn, p);
+            }
+            Pdu::ScsiResponse(r) => {
+                let itt = r.itt;
+                if !self.tasks.contains_key(&itt) {
+                    let gen = self.next_gen;
+                    self.next_gen += 1;
+                    self.order.push_back((gen, itt));
+                    self.tasks.insert(
+                        itt,
+                        TaskLog {
+                            gen,
+                            first: 0,
+                            pdus: SmallVec::new(),
+                            bytes: 0,
+                            ack_ttt: None,
+                            status_sn: None,
+                            unsent_status: None,
+                        },
+                    );
+                }
+                if let Some(t) = self.tasks.get_mut(&itt) {
+                    let n = size(&p);
+                    t.bytes += n;
+                    self.bytes += n;
+                    t.unsent_status = Some(p);
+                }
+            }
+            _ => {}
+        }
+        self.trim();
+    }
+
+    /// Task `itt` of this (failed) connection is reassigned to another (ErrorRecoveryLevel 2,
+    /// RFC 7143 11.5.1): its Data-In from `exp_data_sn` and its status, to send there (each
+    /// takes the new connection's sequence numbers), or None when this connection keeps no
+    /// ended task of that ITT. What is handed out leaves the log.
+    pub fn take_task(&mut self, itt: u32, exp_data_sn: u32) -> Option<Vec<Pdu>> {
+        let from_statuses = |statuses: &VecDeque<Status>| {
+            statuses.iter().rev().find_map(|st| match &st.pdu {
+                Some(Pdu::ScsiResponse(r)) if r.itt == itt => Some(st.pdu.clone()?),
+                _ => None,
+            })
+        };
+        let Some(t) = self.tasks.get(&itt) else {
+            // A write whose data all came unasked keeps no log of its own: its status only.
+            return from_statuses(&self.statuses).map(|p| vec![p]);
+        };
+        let status = match t.status_in_data() {
+            Some(_) => None,
+            None => Some(
+                t.unsent_status
+                    .clone()
+                    .or_else(|| from_statuses(&self.statuses))?,
+            ),
+        };
+        let t = self.tasks.remove(&itt)?;
+        self.bytes -= t.bytes;
+        let mut out: Vec<Pdu> = t
+            .pdus
+            .into_iter()
+            .filter(|p| match p {
+                Pdu::DataIn(d) => d.status.is_some() || Sn::ge(Sn(d.data_sn), Sn(exp_data_sn)),
+                // A task with its status has no R2T still to answer.
+                _ => false,
+            })
+            .collect();
+        out.extend(status);
+        Some(out)
     }
 
     /// An initiator's PDU acknowledged every status before `exp_stat_sn`: they, and the logs

@@ -38,6 +38,10 @@ mod arrive;
 mod recover;
 pub use arrive::{Arrival, Fault, Lus, NoUnits, Note, RunNow};
 pub use recover::Reassigned;
+/// Task Management response codes of TASK REASSIGN beyond [`mcsi_proto::codes::tmf_response`].
+pub mod recover_codes {
+    pub use super::recover::{FUNCTION_REJECTED, STILL_ALLEGIANT};
+}
 
 /// What the core needs to know of a connection.
 pub trait CoreConn: Clone {

@@ -343,7 +343,7 @@ pub struct FileTarget {
     /// TCP congestion control of this target's connections ("cubic", "bbr", ...; default: the
     /// system's).
     pub congestion: Option<String>,
-    /// The highest ErrorRecoveryLevel agreed (0 or 1; level 2 is not implemented yet).
+    /// The highest ErrorRecoveryLevel agreed (0 to 2).
     pub max_erl: Option<u32>,
     /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
     /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
@@ -511,8 +511,9 @@ pub struct Limits {
     /// check off.
     pub data_out_timeout: Duration,
     /// The highest ErrorRecoveryLevel the target agrees to (RFC 7143 7.1; the initiator's offer
-    /// decides below it). At 1 each connection keeps what it sent until it is acknowledged
-    /// and answers SNACKs; level 2 (connection recovery) is not implemented yet.
+    /// decides below it). At 1 each connection with data digests keeps what it sent until it
+    /// is acknowledged and answers SNACKs; at 2 (offered with DefaultTime2Retain 20 s) a failed
+    /// connection's tasks wait to be reassigned to another (TASK REASSIGN).
     pub max_erl: u8,
 }
 
@@ -551,9 +552,9 @@ impl Default for Limits {
             // Longer than a NOP-In ping's interval and answer together on a healthy link, so
             // that only an initiator that has stopped sending is cut off.
             data_out_timeout: Duration::from_secs(60),
-            // Level 1 for initiators that ask for it (standard initiators offer 0 unless told
-            // otherwise); level 2 is not implemented yet.
-            max_erl: 1,
+            // What an initiator asks for, up to level 2 (standard initiators offer 0 unless told
+            // otherwise).
+            max_erl: 2,
         }
     }
 }
@@ -660,8 +661,10 @@ impl Limits {
             immediate_data: self.immediate_data,
             max_burst_length: self.max_burst_length,
             first_burst_length: self.first_burst_length,
-            default_time2wait: 0,
-            default_time2retain: 0,
+            // Level 2 keeps a failed connection's tasks this long for reassignment (the lower
+            // of both offers); below, nothing is kept.
+            default_time2wait: if self.max_erl >= 2 { 2 } else { 0 },
+            default_time2retain: if self.max_erl >= 2 { 20 } else { 0 },
             max_outstanding_r2t: self.max_outstanding_r2t,
             data_pdu_in_order: true,
             data_sequence_in_order: true,
@@ -977,17 +980,11 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
     };
     let max_erl = match t.max_erl {
         None => d.max_erl,
-        Some(n @ 0..=1) => n as u8,
-        Some(2) => {
-            return Err(cerr(
-                at("max_erl"),
-                "level 2 (connection recovery) is not implemented yet; use 0 or 1",
-            ))
-        }
+        Some(n @ 0..=2) => n as u8,
         Some(n) => {
             return Err(cerr(
                 at("max_erl"),
-                format!("{n} is out of range (RFC 7143 defines levels 0 to 2; use 0 or 1)"),
+                format!("{n} is out of range (RFC 7143 defines levels 0 to 2)"),
             ))
         }
     };
@@ -1418,14 +1415,10 @@ mod tests {
             ))
         };
         assert_eq!(erl("0").unwrap().targets[0].limits.max_erl, 0);
-        let e = erl("2").unwrap_err();
+        assert_eq!(erl("2").unwrap().targets[0].limits.max_erl, 2);
+        let e = erl("3").unwrap_err();
         assert_eq!(e.field, "targets[0].max_erl");
-        assert!(
-            e.why
-                .contains("level 2 (connection recovery) is not implemented yet"),
-            "{e}"
-        );
-        assert!(erl("3").unwrap_err().why.contains("0 to 2"));
+        assert!(e.why.contains("0 to 2"), "{e}");
     }
 
     #[test]

@@ -265,7 +265,16 @@ pub async fn writer<W: AsyncWrite + Unpin>(
             break;
         }
     }
-    // Nothing queued will be sent now: a reader waiting for room must not wait for it.
+    // Nothing queued will be sent now: a reader waiting for room must not wait for it. What
+    // was queued and not sent is kept for reassignment (ErrorRecoveryLevel 2).
+    if let Some(log) = &log {
+        let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+        while let Ok(o) = rx.try_recv() {
+            if let Out::Pdu(p) | Out::Again(p) = o {
+                log.record_unsent(p);
+            }
+        }
+    }
     out.close();
     if failed {
         if let Some(c) = conn.upgrade() {

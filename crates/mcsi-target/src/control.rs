@@ -122,6 +122,10 @@ fn control_slot(
 /// the session), 2 asks for recovery which ErrorRecoveryLevel 0 does not support (11.15.1). The
 /// session core carries it out ([`Session::logout`]); its answer waits for the tasks it aborts.
 fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
+    if l.reason == 2 && session.ops.erl >= 2 {
+        remove_for_recovery(session, conn, &l);
+        return;
+    }
     match session.logout(conn, &l) {
         Ok(Logout::CloseSession) => info!(parent: &conn.span, "logout: closing the session"),
         Ok(Logout::CloseConnection { cid }) => {
@@ -138,6 +142,33 @@ fn logout(session: &Arc<Session>, conn: &Arc<Conn>, l: LogoutRequest) {
     }
 }
 
+/// Logout reason 2 at ErrorRecoveryLevel 2 (11.14.1, 6.2): connection `l.cid` is removed for
+/// recovery. A live one is dropped as a failed one would be (its tasks wait to be reassigned);
+/// one that failed already is gone. The answer gives DefaultTime2Wait and DefaultTime2Retain.
+fn remove_for_recovery(session: &Arc<Session>, conn: &Arc<Conn>, l: &LogoutRequest) {
+    use mcsi_proto::codes::logout_response;
+    let response = match session.conn(l.cid) {
+        // The connection that asks cannot be the one removed (it would not hear the answer).
+        Some(c) if Arc::ptr_eq(&c, conn) => logout_response::CID_NOT_FOUND,
+        Some(c) => {
+            info!(parent: &conn.span, cid = l.cid, "logout: removing the connection for recovery");
+            c.stop();
+            logout_response::CLOSED
+        }
+        None if session.failed_cid(l.cid) => logout_response::CLOSED,
+        None => logout_response::CID_NOT_FOUND,
+    };
+    conn.send(Pdu::LogoutResponse(mcsi_proto::pdu::LogoutResponse {
+        response,
+        itt: l.itt,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        time2wait: 2,
+        time2retain: u16::try_from(session.ops.time2retain.as_secs()).unwrap_or(u16::MAX),
+    }));
+}
+
 /// Task management (11.5, 4.2.3). Affected tasks are aborted (their status is not sent) and the
 /// response goes out only after they have ended: within the session the core sees to it
 /// ([`Session::task_management`]); what spans the target's sessions (and resets) is done here.
@@ -150,6 +181,42 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         return;
     };
     let plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
+    // TASK REASSIGN of a task that had ended when its connection failed (ErrorRecoveryLevel
+    // 2): answered from what that connection had sent; the core has the others.
+    if let Tmf::Reassign {
+        itt: task,
+        exp_data_sn,
+    } = plan
+    {
+        if session.ops.erl >= 2 && !session.awaits_reassign(task) {
+            if let Some(pdus) = session.reassign_from_logs(task, exp_data_sn) {
+                let fits = pdus
+                    .iter()
+                    .all(|p| p.data_len() <= conn.ops.send_mrdsl as usize);
+                if fits {
+                    info!(
+                        itt = format_args!("{task:#x}"),
+                        "task reassigned: {} PDUs sent again on this connection",
+                        pdus.len()
+                    );
+                    conn.send(tmf_pdu(t.itt, tmf_response::COMPLETE));
+                    for p in pdus {
+                        conn.send(p);
+                    }
+                    return;
+                }
+                info!(
+                    itt = format_args!("{task:#x}"),
+                    "task reassignment refused: its Data-In exceed this connection's MaxRecvDataSegmentLength"
+                );
+                conn.send(tmf_pdu(
+                    t.itt,
+                    mcsi_target_core::session::recover_codes::FUNCTION_REJECTED,
+                ));
+                return;
+            }
+        }
+    }
     let response = match session.task_management(conn, t.itt, &plan, t.immediate) {
         TmfStep::Answered { response, runs } => {
             run_all(session, runs);

@@ -451,15 +451,17 @@ async fn connection<S: Transport>(
         // can arrive damaged (TCP delivers it whole or the connection ends), so nothing could
         // be asked for again and keeping it would only cost (a quarter more instructions per
         // 4 KiB read).
-        (session.ops.erl > 0 && n.connection.data_digest == mcsi_proto::keys::Digest::Crc32c).then(
-            || {
+        // At level 2 always: a task reassigned after a failure is answered from it.
+        (session.ops.erl >= 2
+            || (session.ops.erl > 0
+                && n.connection.data_digest == mcsi_proto::keys::Digest::Crc32c))
+            .then(|| {
                 let d = mcsi_target_core::retain::LogBounds::default();
                 mcsi_target_core::retain::LogBounds {
                     tasks: d.tasks.max(2 * session.ops.queue_depth as usize),
                     ..d
                 }
-            },
-        ),
+            }),
     );
     // The connection joins its session before the one whose CID it takes over is stopped, so
     // the session never looks empty in between (connection reinstatement, RFC 7143 6.3.4: the
@@ -481,9 +483,13 @@ async fn connection<S: Transport>(
     if let Some(o) = old_conn.filter(|o| !old.iter().any(|x| Arc::ptr_eq(x, o))) {
         old.push(o);
     }
-    // The old connections' CID is now the new one's: their end is a clean one.
+    // The old connections' CID is now the new one's: their end is a clean one. At
+    // ErrorRecoveryLevel 2 their tasks wait to be reassigned (TASK REASSIGN on the new one).
     for o in old {
         o.stop();
+        if session.reinstated(&o) {
+            continue;
+        }
         let aborted = session.abort_where(|t| t.cid == o.cid);
         crate::session::wait_all(aborted.waits).await;
     }

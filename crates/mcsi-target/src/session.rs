@@ -338,6 +338,9 @@ pub struct SessionOps {
     /// The ErrorRecoveryLevel agreed (RFC 7143 7.1): from 1 on, each connection keeps what it
     /// sent until it is acknowledged and answers SNACKs from it ([`Conn::log`]).
     pub erl: u8,
+    /// DefaultTime2Retain: at level 2, how long a failed connection's tasks wait to be
+    /// reassigned.
+    pub time2retain: std::time::Duration,
 }
 
 impl SessionOps {
@@ -350,6 +353,7 @@ impl SessionOps {
             asymmetric: mcsi_proto::vendor::asymmetric_agreed(&p.extensions),
             tcp_report: mcsi_proto::vendor::tcp_report_agreed(&p.extensions),
             erl: p.error_recovery_level,
+            time2retain: std::time::Duration::from_secs(u64::from(p.default_time2retain)),
         }
     }
 }
@@ -549,8 +553,15 @@ impl Conn {
     pub fn send(&self, pdu: Pdu) {
         let n = OutQueue::size_of(&pdu);
         self.out.add(n);
-        if self.tx.send(Out::Pdu(pdu)).is_err() {
+        if let Err(e) = self.tx.send(Out::Pdu(pdu)) {
             self.out.sent(n);
+            // Its writer has ended (the connection failed): a task's answer is kept for its
+            // reassignment (ErrorRecoveryLevel 2).
+            if let (Some(log), Out::Pdu(p)) = (&self.log, e.0) {
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .record_unsent(p);
+            }
         }
     }
 
@@ -740,6 +751,16 @@ pub struct Session {
     /// the core's Data-Out timer watches.
     timer_wake: tokio::sync::Notify,
     timer_started: AtomicBool,
+    /// ErrorRecoveryLevel 2: what failed connections had sent and not seen acknowledged, by
+    /// CID, until DefaultTime2Retain runs out: the tasks that had ended by the failure are
+    /// answered from here when reassigned ([`Session::reassign_from_logs`]).
+    dead_logs: std::sync::Mutex<Vec<DeadLog>>,
+}
+
+/// The log of a failed connection (ErrorRecoveryLevel 2).
+struct DeadLog {
+    log: Arc<Mutex<SentLog>>,
+    until: std::time::Instant,
 }
 
 impl Session {
@@ -792,6 +813,7 @@ impl Session {
         let mut core = SessionCore::new(exp_cmd_sn, ops.queue_depth, ops.asymmetric, reply_policy);
         core.set_discovery(target.is_none());
         core.set_error_recovery_level(ops.erl);
+        core.set_time2retain(ops.time2retain);
         core.set_burst(ops.burst);
         core.set_unsolicited_budget(shared.unsolicited_budget.clone());
         core.set_data_out_timeout(
@@ -820,7 +842,57 @@ impl Session {
             core: Mutex::new(core),
             timer_wake: tokio::sync::Notify::new(),
             timer_started: AtomicBool::new(false),
+            dead_logs: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    /// Task `itt` of a failed connection waits in the core to be reassigned (ErrorRecoveryLevel
+    /// 2): running, or ended with its answer kept.
+    pub fn awaits_reassign(&self, itt: u32) -> bool {
+        self.lock().awaits_reassign(itt)
+    }
+
+    /// Task `itt` had ended when its connection failed: its Data-In from `exp_data_sn` and its
+    /// status, from what that connection had sent (ErrorRecoveryLevel 2), to send on the
+    /// connection it is reassigned to.
+    pub fn reassign_from_logs(
+        &self,
+        itt: u32,
+        exp_data_sn: u32,
+    ) -> Option<Vec<mcsi_proto::pdu::Pdu>> {
+        let logs = self.dead_logs.lock().unwrap_or_else(|p| p.into_inner());
+        logs.iter().find_map(|d| {
+            d.log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take_task(itt, exp_data_sn)
+        })
+    }
+
+    /// A new login took over `old`'s CID (connection reinstatement): at ErrorRecoveryLevel 2
+    /// its tasks wait to be reassigned and what it had sent is kept; returns whether they do
+    /// (below, the caller aborts them).
+    pub fn reinstated(self: &Arc<Self>, old: &Conn) -> bool {
+        let now = std::time::Instant::now();
+        if !self.lock().orphan_replaced(old.cid, now) {
+            return false;
+        }
+        self.keep_log(old, now);
+        true
+    }
+
+    /// Keeps what failed connection `conn` had sent, for DefaultTime2Retain from `now`.
+    fn keep_log(self: &Arc<Self>, conn: &Conn, now: std::time::Instant) {
+        if let Some(log) = &conn.log {
+            self.dead_logs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(DeadLog {
+                    log: log.clone(),
+                    until: now + self.ops.time2retain,
+                });
+        }
+        self.wake_timer();
     }
 
     /// The core has something new for its timer: start the timer task, or wake it.
@@ -844,7 +916,23 @@ impl Session {
                 if core.is_closing() {
                     return;
                 }
-                let fired = core.handle_timeout(tokio::time::Instant::now().into_std());
+                let now = tokio::time::Instant::now().into_std();
+                let fired = core.handle_timeout(now);
+                // ErrorRecoveryLevel 2: failed connections' logs whose time ran out go; a
+                // session with no connection left and nothing to reassign ends.
+                self.dead_logs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|d| d.until > now);
+                if core.conn_count() == 0 && !core.retaining() && self.ops.erl >= 2 {
+                    drop(core);
+                    if let Some(me) = self.me.upgrade() {
+                        tokio::spawn(async move {
+                            me.close(SessionEnd::RetentionOver).await;
+                        });
+                    }
+                    return;
+                }
                 let timed_out: Vec<(Expired, Option<Arc<Conn>>)> = fired
                     .into_iter()
                     .map(|f| (f, core.conn(f.cid()).cloned()))
@@ -1061,6 +1149,11 @@ impl Session {
 
     pub fn conn(&self, cid: u16) -> Option<Arc<Conn>> {
         self.lock().conn(cid).cloned()
+    }
+
+    /// Connection `cid` failed and its tasks wait to be reassigned (ErrorRecoveryLevel 2).
+    pub fn failed_cid(&self, cid: u16) -> bool {
+        self.lock().failed_cid(cid)
     }
 
     /// Every connection of the session now.
@@ -1317,12 +1410,24 @@ impl Session {
     /// ends its own tasks. A session without connections ends. The core decides which.
     pub async fn connection_ended(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         let mut waits = Vec::new();
+        let now = std::time::Instant::now();
         let lost = {
             let mut core = self.lock();
-            let lost = core.conn_lost(conn, |io| waits.extend(io.abort()));
+            let lost = core.conn_failed(conn, now, |io| waits.extend(io.abort()));
             self.wake(&mut core);
             lost
         };
+        // ErrorRecoveryLevel 2: the connection failed and the session lives on; its tasks wait
+        // to be reassigned, with what it had sent.
+        if !lost.clean && !lost.session_ends {
+            tracing::warn!(
+                parent: &conn.span,
+                "connection failed: {why}; its tasks wait {:?} to be reassigned",
+                self.ops.time2retain
+            );
+            self.keep_log(conn, now);
+            return;
+        }
         // Logged as the core decided: a clean end (logout, reinstatement, a closing session) at
         // debug, a failure at warn.
         if lost.clean {
@@ -1365,6 +1470,10 @@ pub enum SessionEnd {
     /// The target is shutting down.
     #[error("the target is shutting down")]
     Shutdown,
+    /// ErrorRecoveryLevel 2: its last connection failed and DefaultTime2Retain ran out with
+    /// no new one.
+    #[error("no connection, and DefaultTime2Retain ran out")]
+    RetentionOver,
 }
 
 /// What [`Session::abort_where`] did.

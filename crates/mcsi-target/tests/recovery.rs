@@ -44,6 +44,9 @@ fn key<'a>(c: &'a Client, k: &str) -> Option<&'a str> {
 async fn the_level_agreed_is_the_lower_of_the_offer_and_the_targets_cap() {
     let default = start(|_| {}).await;
     let c = Client::normal(&default, &[("ErrorRecoveryLevel", "2")]).await;
+    assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("2"));
+    let capped = start(|l| l.max_erl = 1).await;
+    let c = Client::normal(&capped, &[("ErrorRecoveryLevel", "2")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("1"));
     let c = Client::normal(&default, &[("ErrorRecoveryLevel", "0")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("0"));
@@ -195,4 +198,169 @@ async fn at_level_0_a_snack_is_a_protocol_error() {
         panic!("not rejected")
     };
     assert_eq!(rj.reason, reject_reason::PROTOCOL_ERROR);
+}
+
+/// TASK REASSIGN of `itt` (immediate, so that it takes no CmdSN) with the first DataSN still
+/// needed.
+fn reassign(c: &mut Client, itt: u32, exp_data_sn: u32) -> Pdu {
+    Pdu::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function: 8,
+        lun: 0,
+        itt: c.next_itt(),
+        referenced_task_tag: itt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: 0,
+        exp_data_sn,
+    })
+}
+
+async fn tmf_response(c: &mut Client) -> u8 {
+    match c.recv().await {
+        Pdu::TaskMgmtResponse(r) => r.response,
+        p => panic!("no TMF response: {p:?}"),
+    }
+}
+
+/// ErrorRecoveryLevel 2 (RFC 7143 6.2, 11.5.1): a connection of a two-connection session dies
+/// (its socket closed, as a route that fails would leave it) with a read answered but unread and
+/// a write half sent; the session stays up, TASK REASSIGN on the other connection brings the
+/// read's data and status there, and the write asks there for the rest of its data.
+#[tokio::test]
+async fn at_level_2_tasks_of_a_dead_connection_complete_on_another() {
+    let server = start(|l| l.max_erl = 2).await;
+    let mut a = Client::normal(
+        &server,
+        &[
+            ("ErrorRecoveryLevel", "2"),
+            ("MaxRecvDataSegmentLength", "8192"),
+            ("InitialR2T", "Yes"),
+        ],
+    )
+    .await;
+    assert_eq!(key(&a, "ErrorRecoveryLevel"), Some("2"));
+    let (mut b, r) = Client::join(&server, &a, 1).await;
+    assert_eq!(r.status_class, 0);
+    b.framing.max_data_segment_length = 8192;
+
+    // A 24 KiB pattern, written and read on A; the read's answer is left unread.
+    let data = pattern(24576, 3);
+    let w = a.command(
+        &rw10(0x2a, 0, 48),
+        false,
+        true,
+        24576,
+        data.slice(..8192),
+        true,
+    );
+    let itt = w.itt;
+    a.send(Pdu::ScsiCommand(w)).await;
+    let r2t = match a.recv().await {
+        Pdu::R2t(r) => r,
+        p => panic!("{p:?}"),
+    };
+    a.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt,
+        ttt: r2t.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 8192,
+        data: data.slice(8192..),
+    }))
+    .await;
+    assert_eq!(a.read_result(itt).await.1, 0);
+    let read = a.command(&rw10(0x28, 0, 48), true, false, 24576, Bytes::new(), true);
+    let read_itt = read.itt;
+    a.send(Pdu::ScsiCommand(read)).await;
+    // A second write, 16 KiB at LBA 64, of which only the first 4 KiB come before A dies.
+    let more = pattern(16384, 9);
+    let w2 = a.command(&rw10(0x2a, 64, 32), false, true, 16384, Bytes::new(), true);
+    let w2_itt = w2.itt;
+    a.send(Pdu::ScsiCommand(w2)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Find the write's R2T among what A was sent (the read's answer comes first).
+    let r2t = loop {
+        match a.recv().await {
+            Pdu::R2t(r) if r.itt == w2_itt => break r,
+            _ => continue,
+        }
+    };
+    a.send(Pdu::DataOut(DataOut {
+        final_: false,
+        lun: 0,
+        itt: w2_itt,
+        ttt: r2t.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 0,
+        data: more.slice(..4096),
+    }))
+    .await;
+    b.cmd_sn = a.cmd_sn;
+    b.itt = a.itt + 100;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    drop(a);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    // The read: its three Data-In and status come again on B.
+    let t = reassign(&mut b, read_itt, 0);
+    b.send(t).await;
+    assert_eq!(tmf_response(&mut b).await, 0);
+    let (got, status, ..) = b.read_result(read_itt).await;
+    assert_eq!(status, 0);
+    assert!(got == data, "the read's data differs");
+
+    // The write: an R2T on B for the 12 KiB still owed.
+    let t = reassign(&mut b, w2_itt, 0);
+    b.send(t).await;
+    assert_eq!(tmf_response(&mut b).await, 0);
+    let r2t = match b.recv().await {
+        Pdu::R2t(r) => r,
+        p => panic!("{p:?}"),
+    };
+    assert_eq!(
+        (r2t.itt, r2t.buffer_offset, r2t.desired_data_transfer_length),
+        (w2_itt, 4096, 12288)
+    );
+    b.send(Pdu::DataOut(DataOut {
+        final_: true,
+        lun: 0,
+        itt: w2_itt,
+        ttt: r2t.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 4096,
+        data: more.slice(4096..),
+    }))
+    .await;
+    assert_eq!(b.read_result(w2_itt).await.1, 0);
+    let back = b.command(&rw10(0x28, 64, 32), true, false, 16384, Bytes::new(), true);
+    let back_itt = back.itt;
+    b.send(Pdu::ScsiCommand(back)).await;
+    let (got, status, ..) = b.read_result(back_itt).await;
+    assert_eq!(status, 0);
+    assert!(got == more, "the write's data differs");
+    // A task nobody knows: "task does not exist".
+    let t = reassign(&mut b, 0xdead, 0);
+    b.send(t).await;
+    assert_eq!(tmf_response(&mut b).await, 1);
+    // Logout "remove the connection for recovery" for the one that failed: done already, with
+    // the times the session keeps.
+    let itt = b.next_itt();
+    b.send(Pdu::LogoutRequest(LogoutRequest {
+        immediate: true,
+        reason: 2,
+        itt,
+        cid: 0,
+        cmd_sn: b.cmd_sn,
+        exp_stat_sn: 0,
+    }))
+    .await;
+    match b.recv().await {
+        Pdu::LogoutResponse(r) => assert_eq!((r.response, r.time2retain), (0, 20)),
+        p => panic!("{p:?}"),
+    }
 }

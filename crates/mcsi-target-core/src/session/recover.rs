@@ -85,27 +85,56 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.conns.remove(&cid);
         self.leaving.remove(&cid);
         self.keepalives.remove(&cid);
+        self.orphan(cid, now);
+        ConnLost {
+            clean: false,
+            remaining: self.conns.len(),
+            session_ends: false,
+        }
+    }
+
+    /// Connection `cid` failed and its tasks wait to be reassigned.
+    pub fn failed_cid(&self, cid: u16) -> bool {
+        self.failed.contains_key(&cid)
+    }
+
+    /// Task `itt` of a failed connection waits here to be reassigned (running, or ended with
+    /// its answer kept).
+    pub fn awaits_reassign(&self, itt: u32) -> bool {
+        self.tasks
+            .get(&itt)
+            .is_some_and(|t| t.orphaned && !t.aborted)
+            || self.retained.contains_key(&itt)
+    }
+
+    /// A new login took over CID `cid` at `now` (connection reinstatement, RFC 7143 6.3.4):
+    /// at ErrorRecoveryLevel 2 the tasks the old connection carried wait to be reassigned, as
+    /// for a failure ([`SessionCore::conn_failed`]); below, nothing changes. Returns whether
+    /// they wait.
+    pub fn orphan_replaced(&mut self, cid: u16, now: Instant) -> bool {
+        if self.erl < 2 || self.time2retain.is_zero() || self.closing {
+            return false;
+        }
+        self.orphan(cid, now);
+        true
+    }
+
+    /// The tasks and held commands of `cid` at `now`: the tasks wait to be reassigned, the
+    /// commands are dropped (their CmdSNs stay used).
+    fn orphan(&mut self, cid: u16, now: Instant) {
         self.abort_held(|r| r.cid == cid);
-        let mut orphans = 0;
         for t in self
             .tasks
             .values_mut()
             .filter(|t| t.cid == cid && !t.aborted)
         {
             t.orphaned = true;
-            orphans += 1;
             if let Some(c) = t.collect.as_mut() {
                 // The Data-Out timer waits for the task's new connection.
                 c.watch = None;
             }
         }
         self.failed.insert(cid, now + self.time2retain);
-        let _ = orphans;
-        ConnLost {
-            clean: false,
-            remaining: self.conns.len(),
-            session_ends: false,
-        }
     }
 
     /// Keeps the final PDUs of orphaned task `itt` (its connection `cid` failed).
