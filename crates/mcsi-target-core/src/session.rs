@@ -1578,7 +1578,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             Some(_) => return ConnLost::new(clean, self.conns.len()),
             None => {}
         }
-        self.abort_where(|t| t.cid == cid, on_abort);
+        // Tasks left behind for reassignment (ErrorRecoveryLevel 2) are not this end's.
+        let orphans: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.cid == cid && t.orphaned)
+            .map(|(itt, _)| *itt)
+            .collect();
+        self.abort_where(|t| t.cid == cid && !orphans.contains(&t.itt), on_abort);
         ConnLost::new(clean, self.conns.len())
     }
 

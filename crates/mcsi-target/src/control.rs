@@ -152,7 +152,7 @@ fn remove_for_recovery(session: &Arc<Session>, conn: &Arc<Conn>, l: &LogoutReque
         Some(c) if Arc::ptr_eq(&c, conn) => logout_response::CID_NOT_FOUND,
         Some(c) => {
             info!(parent: &conn.span, cid = l.cid, "logout: removing the connection for recovery");
-            c.stop();
+            session.fail_now(&c);
             logout_response::CLOSED
         }
         None if session.failed_cid(l.cid) => logout_response::CLOSED,

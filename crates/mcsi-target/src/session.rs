@@ -881,6 +881,23 @@ impl Session {
         true
     }
 
+    /// Removes `conn` for recovery now (a Logout with reason 2 names it, ErrorRecoveryLevel 2):
+    /// it fails as if its transport had, its tasks wait to be reassigned at once (so that a
+    /// TASK REASSIGN right after the logout finds them), and it is stopped.
+    pub fn fail_now(self: &Arc<Self>, conn: &Arc<Conn>) {
+        let now = std::time::Instant::now();
+        let lost = {
+            let mut core = self.lock();
+            let lost = core.conn_failed(conn, now, |_| ());
+            self.wake(&mut core);
+            lost
+        };
+        if !lost.clean && !lost.session_ends {
+            self.keep_log(conn, now);
+        }
+        conn.stop();
+    }
+
     /// Keeps what failed connection `conn` had sent, for DefaultTime2Retain from `now`.
     fn keep_log(self: &Arc<Self>, conn: &Conn, now: std::time::Instant) {
         if let Some(log) = &conn.log {

@@ -363,4 +363,36 @@ async fn at_level_2_tasks_of_a_dead_connection_complete_on_another() {
         Pdu::LogoutResponse(r) => assert_eq!((r.response, r.time2retain), (0, 20)),
         p => panic!("{p:?}"),
     }
+
+    // A live connection removed for recovery (its route gone silent, say): a read answered on
+    // it but never received is reassigned at once.
+    let (mut c, r) = Client::join(&server, &b, 2).await;
+    assert_eq!(r.status_class, 0);
+    c.itt = b.itt + 100;
+    let read = c.command(&rw10(0x28, 0, 48), true, false, 24576, Bytes::new(), true);
+    let read_itt = read.itt;
+    c.send(Pdu::ScsiCommand(read)).await;
+    b.cmd_sn = c.cmd_sn;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let itt = b.next_itt();
+    b.send(Pdu::LogoutRequest(LogoutRequest {
+        immediate: true,
+        reason: 2,
+        itt,
+        cid: 2,
+        cmd_sn: b.cmd_sn,
+        exp_stat_sn: 0,
+    }))
+    .await;
+    match b.recv().await {
+        Pdu::LogoutResponse(r) => assert_eq!(r.response, 0),
+        p => panic!("{p:?}"),
+    }
+    let t = reassign(&mut b, read_itt, 0);
+    b.send(t).await;
+    assert_eq!(tmf_response(&mut b).await, 0);
+    let (got, status, ..) = b.read_result(read_itt).await;
+    assert_eq!(status, 0);
+    assert!(got == data, "the read's data differs");
+    assert!(c.closed_within(std::time::Duration::from_secs(5)).await);
 }
