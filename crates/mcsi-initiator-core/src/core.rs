@@ -813,6 +813,36 @@ impl<C> SessionCore<C> {
     /// Issue the failed-over tasks `itts` again (new ITT and CmdSN, on the connections that
     /// remain), ahead of the queued commands and in their old CmdSN order. Tasks that completed
     /// meanwhile are skipped.
+    /// The first Data-In task `itt` still needs (0 for a task that reads nothing): TASK
+    /// REASSIGN's ExpDataSN.
+    pub fn exp_data_sn(&self, itt: u32) -> u32 {
+        self.tasks
+            .get(&itt)
+            .and_then(|t| t.assembly.as_ref())
+            .map_or(0, DataInAssembly::exp_data_sn)
+    }
+
+    /// ErrorRecoveryLevel 2: the target took task `itt` over to connection `conn` (TASK
+    /// REASSIGN answered "function complete"): it goes on there, its Data-In, R2Ts and status
+    /// arriving on it and its Data-Out leaving on it. False when the task is gone.
+    pub fn reassigned(&mut self, itt: u32, conn: usize) -> bool {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return false;
+        };
+        let (old, bytes) = (t.conn, t.bytes);
+        t.conn = conn;
+        t.seen = None;
+        if let Some(c) = self.conns.get_mut(old) {
+            c.outstanding_tasks = c.outstanding_tasks.saturating_sub(1);
+            c.outstanding_bytes = c.outstanding_bytes.saturating_sub(bytes);
+        }
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.outstanding_tasks += 1;
+            c.outstanding_bytes += bytes;
+        }
+        true
+    }
+
     pub fn reissue(&mut self, itts: &[u32], out: &mut Vec<Action<C>>) {
         for itt in itts.iter().rev() {
             let Some(t) = self.tasks.remove(itt) else {
@@ -1337,7 +1367,13 @@ impl<C> SessionCore<C> {
                     self.finish(r.itt, Err(e.clone()), out);
                     return Err(e);
                 };
-                let task_conn = task.conn;
+                // A task whose connection failed is answered where its R2T came: the target
+                // moved it there (TASK REASSIGN, ErrorRecoveryLevel 2).
+                let task_conn = if self.conn_alive(task.conn) {
+                    task.conn
+                } else {
+                    conn
+                };
                 let max_pdu = self.max_send_dsl(task_conn);
                 match answer_r2t(&r, encode_lun(task.cmd.lun), data, &self.params, max_pdu) {
                     Ok(outs) => {

@@ -80,7 +80,8 @@ pub struct Offers {
     pub tcp_report: bool,
     /// The highest ErrorRecoveryLevel offered (RFC 7143 7.1; the target's answer decides
     /// below it): at 1 a PDU lost to a data digest error is asked for again with a SNACK
-    /// instead of ending the connection. Level 2 is not implemented yet.
+    /// instead of ending the connection; at 2 (with DefaultTime2Retain 20 s) the tasks of a
+    /// connection that fails move to the others (TASK REASSIGN).
     pub max_erl: u8,
 }
 
@@ -96,7 +97,7 @@ impl Default for Offers {
             digests: false,
             asymmetric: false,
             tcp_report: false,
-            max_erl: 1,
+            max_erl: 2,
         }
     }
 }
@@ -190,10 +191,10 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
         immediate_data: o.immediate_data,
         max_burst_length: o.max_burst_length,
         first_burst_length: o.first_burst_length.min(o.max_burst_length),
-        // No connection recovery (level 2) yet: nothing is retained after a connection ends
-        // (7.1.5).
-        default_time2retain: 0,
-        error_recovery_level: o.max_erl.min(1),
+        // Level 2 asks the target to keep a failed connection's tasks for reassignment; below,
+        // nothing is retained after a connection ends (7.1.5).
+        default_time2retain: if o.max_erl >= 2 { 20 } else { 0 },
+        error_recovery_level: o.max_erl.min(2),
         max_outstanding_r2t: 1,
         ..LocalParams::default()
     };
@@ -292,9 +293,9 @@ impl Login {
                     asymmetric: vendor::asymmetric_agreed(&s.extensions),
                     tcp_report: vendor::tcp_report_agreed(&s.extensions),
                 };
-                if params.error_recovery_level > 1 {
+                if params.error_recovery_level > 2 {
                     return Err(Error::Negotiation(format!(
-                        "ErrorRecoveryLevel {} agreed; this initiator implements levels 0 and 1",
+                        "ErrorRecoveryLevel {} agreed; RFC 7143 defines 0 to 2",
                         params.error_recovery_level
                     )));
                 }

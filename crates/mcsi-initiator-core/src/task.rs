@@ -149,6 +149,18 @@ impl DataInAssembly {
         self
     }
 
+    /// The first DataSN still needed: the earliest lost, or the next to come (TASK REASSIGN's
+    /// ExpDataSN, RFC 7143 11.5.1).
+    pub fn exp_data_sn(&self) -> u32 {
+        self.holes.iter().copied().fold(self.next_data_sn, |a, h| {
+            if h.wrapping_sub(a) >= 1 << 31 {
+                h
+            } else {
+                a
+            }
+        })
+    }
+
     /// No Data-In asked for again is still missing.
     pub fn complete(&self) -> bool {
         self.holes.is_empty()

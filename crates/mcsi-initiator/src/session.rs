@@ -89,8 +89,9 @@ pub struct ConnectOptions {
     /// Measure each connection's rate and TCP state even when the policy does not look at
     /// them, for [`Session::expected_completion`] (a mirror volume places its reads by it).
     pub measure_rates: bool,
-    /// The highest ErrorRecoveryLevel offered (0 or 1): at 1 a PDU lost to a data digest
-    /// error is asked for again with a SNACK instead of ending the connection and the session.
+    /// The highest ErrorRecoveryLevel offered (0 to 2): at 1 a PDU lost to a data digest
+    /// error is asked for again with a SNACK instead of ending the connection and the session;
+    /// at 2 the tasks of a connection that fails move to the session's others (TASK REASSIGN).
     pub max_erl: u8,
 }
 
@@ -652,7 +653,152 @@ fn spawn_conn(
 
 /// Take connection `conn` out of the session: no new task goes to it, and [`evict`] clears
 /// its tasks at the target and issues them again elsewhere.
+/// ErrorRecoveryLevel 2 agreed with a DefaultTime2Retain, in a symmetric session with another
+/// connection alive besides `conn`: a failed connection's tasks can move to the others.
+fn can_reassign(inner: &Inner, conn: usize) -> bool {
+    let p = inner.core.params();
+    p.error_recovery_level >= 2
+        && p.default_time2retain > 0
+        && inner.core.symmetric()
+        && (0..inner.conns.len()).any(|i| i != conn && inner.core.conn_alive(i))
+}
+
+/// ErrorRecoveryLevel 2 (RFC 7143 6.2): connection `conn` failed (`why`); its tasks move to the
+/// session's other connections and its route is retried, the session going on.
+fn fail_over_for_recovery(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, why: &str) {
+    let orphans = inner.core.fail_over(conn);
+    inner.failovers += 1;
+    let cid = inner.core.cid(conn).unwrap_or_default();
+    tracing::warn!(
+        conn,
+        cid,
+        tasks = orphans.len(),
+        "connection {conn} {why}; taking it out of the session and moving its {} task(s) to the other connections (ErrorRecoveryLevel 2)",
+        orphans.len()
+    );
+    let (sh, generation) = (Arc::clone(shared), inner.generation);
+    tokio::spawn(async move { reassign_orphans(sh, conn, generation, cid, orphans).await });
+}
+
+/// Move the tasks of failed connection `conn` (CID `cid`) to the others (ErrorRecoveryLevel
+/// 2): Logout "remove the connection for recovery" of its CID through another connection (the
+/// target keeps its tasks for reassignment), then TASK REASSIGN of each task on another
+/// connection: one the target took over goes on there (a read gets its Data-In from the first
+/// it still needs, a write new R2Ts for what it still owes); one the target does not have (it
+/// never received the command) is issued again. Anything else recovers the session, as before.
+/// Then the route is retried ([`rejoin`]).
+async fn reassign_orphans(
+    shared: Arc<Shared>,
+    conn: usize,
+    generation: u64,
+    cid: u16,
+    orphans: Vec<Orphan>,
+) {
+    let started = Instant::now();
+    let session = Session {
+        shared: Arc::clone(&shared),
+    };
+    let result = async {
+        let r = session
+            .request_elsewhere(conn, |core, itt, via| {
+                Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason: logout_reason::RECOVERY,
+                    itt,
+                    cid,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                })
+            })
+            .await?;
+        match r {
+            Pdu::LogoutResponse(l)
+                if l.response == logout_response::CLOSED
+                    || l.response == logout_response::CID_NOT_FOUND => {}
+            Pdu::LogoutResponse(l) => {
+                return Err(Error::Protocol(format!(
+                    "the target refused to remove the failed connection for recovery (response {})",
+                    l.response
+                )))
+            }
+            other => return Err(unexpected("a Logout Response", &other)),
+        }
+        let mut again = Vec::new();
+        let mut moved = 0usize;
+        for o in &orphans {
+            let (r, via) = session
+                .request_elsewhere_via(conn, |core, itt, via| {
+                    Pdu::TaskMgmtRequest(TaskMgmtRequest {
+                        immediate: true,
+                        function: tmf_function::TASK_REASSIGN,
+                        lun: o.lun,
+                        itt,
+                        referenced_task_tag: o.itt,
+                        cmd_sn: core.immediate_cmd_sn(),
+                        exp_stat_sn: core.exp_stat_sn(via),
+                        ref_cmd_sn: o.cmd_sn,
+                        exp_data_sn: core.exp_data_sn(o.itt),
+                    })
+                })
+                .await?;
+            match r {
+                Pdu::TaskMgmtResponse(t) if t.response == tmf_response::COMPLETE => {
+                    lock(&shared).core.reassigned(o.itt, via);
+                    moved += 1;
+                }
+                Pdu::TaskMgmtResponse(t) if t.response == tmf_response::NO_TASK => {
+                    // The target never received it: ABORT TASK takes its CmdSN as received
+                    // (else it holds every later command), then it is issued again.
+                    session.abort_orphan(conn, *o).await?;
+                    again.push(o.itt)
+                }
+                Pdu::TaskMgmtResponse(t) => {
+                    return Err(Error::Protocol(format!(
+                        "the target answered TASK REASSIGN for task {:#x} with response {}",
+                        o.itt, t.response
+                    )))
+                }
+                other => return Err(unexpected("a Task Management Function Response", &other)),
+            }
+        }
+        Ok((moved, again))
+    }
+    .await;
+    let mut inner = lock(&shared);
+    if inner.generation != generation || inner.phase != Phase::Running {
+        return;
+    }
+    let (moved, again) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(conn, error = %e, "could not move the failed connection's tasks; recovering the session");
+            begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
+            return;
+        }
+    };
+    if let Some(h) = inner.conns.get(conn) {
+        let _ = h.sock.shutdown(std::net::Shutdown::Both);
+    }
+    let mut out = Vec::new();
+    inner.core.reissue(&again, &mut out);
+    run_actions(&shared, &mut inner, out);
+    tracing::info!(
+        conn,
+        moved,
+        issued_again = again.len(),
+        "the failed connection's tasks moved to the others in {:.1?}",
+        started.elapsed()
+    );
+    let sh = Arc::clone(&shared);
+    tokio::spawn(async move { rejoin(sh, conn, generation).await });
+}
+
 fn fail_over(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, silent: Duration) {
+    if can_reassign(inner, conn) {
+        let why = format!("received nothing for {silent:.1?} with work outstanding");
+        fail_over_for_recovery(shared, inner, conn, &why);
+        return;
+    }
     let orphans = inner.core.fail_over(conn);
     inner.failovers += 1;
     let cid = inner.core.cid(conn).unwrap_or_default();
@@ -1075,6 +1221,9 @@ fn connection_failed(shared: &Arc<Shared>, conn: usize, serial: u64, err: Error)
     }
     let generation = inner.generation;
     match inner.phase {
+        Phase::Running if can_reassign(&inner, conn) => {
+            fail_over_for_recovery(shared, &mut inner, conn, &format!("was lost ({err})"));
+        }
         Phase::Running => {
             tracing::warn!(conn, error = %err, "connection lost; recovering the session");
             begin_recovery(shared, &mut inner, generation, err, Duration::ZERO);
@@ -1339,6 +1488,15 @@ impl Session {
         avoid: usize,
         build: impl FnOnce(&SessionCore<Completion>, u32, usize) -> Pdu,
     ) -> Result<Pdu, Error> {
+        self.request_elsewhere_via(avoid, build).await.map(|r| r.0)
+    }
+
+    /// [`Session::request_elsewhere`], with the connection it went on.
+    async fn request_elsewhere_via(
+        &self,
+        avoid: usize,
+        build: impl FnOnce(&SessionCore<Completion>, u32, usize) -> Pdu,
+    ) -> Result<(Pdu, usize), Error> {
         let via = {
             let inner = lock(&self.shared);
             (0..inner.conns.len()).find(|&i| i != avoid && inner.core.conn_alive(i))
@@ -1346,7 +1504,7 @@ impl Session {
         let Some(via) = via else {
             return Err(Error::Protocol("no other connection left".into()));
         };
-        self.request(via, build).await
+        self.request(via, build).await.map(|r| (r, via))
     }
 
     async fn send_logout(&self, conn: usize, reason: u8) -> Result<(), Error> {

@@ -341,10 +341,13 @@ fn four_connection_session_recovers_and_reissues() {
         .build()
         .unwrap();
     rt.block_on(async {
+        // ErrorRecoveryLevel 0: the session is logged in again and every command without
+        // status issued again.
         let s = connect(
             &url,
             ConnectOptions {
                 connections: 4,
+                max_erl: 0,
                 ..ConnectOptions::default()
             },
         )
@@ -359,6 +362,29 @@ fn four_connection_session_recovers_and_reissues() {
             4,
             "recovery re-opens all four connections"
         );
+        s.logout().await.unwrap();
+
+        // ErrorRecoveryLevel 2 (the default with mcsi's target): the severed connection's
+        // tasks move to the other three with TASK REASSIGN; the session is never logged in
+        // again, and the connection's route rejoins.
+        let s = connect(
+            &url,
+            ConnectOptions {
+                connections: 4,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.params().error_recovery_level, 2);
+        write_read_while_severing(&s, 256, 2).await;
+        let st = s.stats();
+        println!(
+            "level 2: {} recoveries, {} failovers, {} rejoins",
+            st.recoveries, st.failovers, st.rejoins
+        );
+        assert_eq!(st.recoveries, 0, "the session was logged in again");
+        assert!(st.failovers >= 1, "{st:?}");
         s.logout().await.unwrap();
     });
 }

@@ -103,9 +103,11 @@ pub struct SessionArgs {
     /// None).
     #[arg(long)]
     pub digests: bool,
-    /// The highest ErrorRecoveryLevel to offer: 0, or 1 (a PDU lost to a data digest error is
+    /// The highest ErrorRecoveryLevel to offer: 0; 1 (a PDU lost to a data digest error is
     /// asked for again with a SNACK instead of ending the session; it matters with
-    /// --digests). The target's answer decides below it [default: 1].
+    /// --digests); or 2 (the tasks of a connection that fails move to the others of the session
+    /// with TASK REASSIGN instead of the whole session being logged in again). The target's
+    /// answer decides below it [default: 2].
     #[arg(long, value_name = "N")]
     pub max_erl: Option<u8>,
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
@@ -248,13 +250,8 @@ impl SessionArgs {
         mcsi_initiator::sched::policy(policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
         let max_erl = match a.max_erl {
             None => mcsi_initiator::ConnectOptions::default().max_erl,
-            Some(n @ 0..=1) => n,
-            Some(2) => anyhow::bail!(
-                "--max-erl 2: level 2 (connection recovery) is not implemented yet; use 0 or 1"
-            ),
-            Some(n) => {
-                anyhow::bail!("--max-erl {n}: RFC 7143 defines levels 0 to 2; use 0 or 1")
-            }
+            Some(n @ 0..=2) => n,
+            Some(n) => anyhow::bail!("--max-erl {n}: RFC 7143 defines levels 0 to 2"),
         };
         let stall = a.stall_timeout.as_deref().unwrap_or("4s");
         let mut opts = mcsi_initiator::ConnectOptions {
