@@ -106,8 +106,9 @@ pub struct SessionArgs {
     /// The highest ErrorRecoveryLevel to offer: 0; 1 (a PDU lost to a data digest error is
     /// asked for again with a SNACK instead of ending the session; it matters with
     /// --digests); or 2 (the tasks of a connection that fails move to the others of the session
-    /// with TASK REASSIGN instead of the whole session being logged in again). The target's
-    /// answer decides below it [default: 2].
+    /// with TASK REASSIGN instead of the whole session being logged in again; offered only
+    /// with --connections 2 or more and without --asymmetric). The target's answer decides
+    /// below it [default: 2].
     #[arg(long, value_name = "N")]
     pub max_erl: Option<u8>,
     /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
