@@ -731,3 +731,118 @@ fn asymmetric_session_write_paths_and_recovery() {
         s.logout().await.unwrap();
     });
 }
+
+/// What [`churn`] saw: I/Os done, and for each kill the longest an I/O in flight across it took.
+struct Churn {
+    ops: u64,
+    kills: Vec<Duration>,
+}
+
+/// 32 loops of 16 KiB write-then-verify, each on its own blocks, for `run`, while connection
+/// `k % 4` is severed every `every` (k = 0, 1, ...). Every I/O must succeed and read back what
+/// was written.
+async fn churn(s: &mcsi_initiator::Session, run: Duration, every: Duration) -> Churn {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let lun = s.open_lun(0).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    // (start, end) of every I/O.
+    let spans = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..32u64 {
+        let (l, stop, ops, spans) = (lun.clone(), stop.clone(), ops.clone(), spans.clone());
+        set.spawn(async move {
+            let mut r = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let d = bytes::Bytes::from(vec![((i * 7 + r) % 251) as u8; 16384]);
+                let t0 = Instant::now();
+                l.write(i * 64, d.clone()).await?;
+                let t1 = Instant::now();
+                assert_eq!(l.read(i * 64, 32).await?, d, "loop {i} round {r}");
+                let t2 = Instant::now();
+                spans.lock().unwrap().extend([(t0, t1), (t1, t2)]);
+                ops.fetch_add(2, Ordering::Relaxed);
+                r += 1;
+            }
+            Ok::<_, mcsi_initiator::Error>(())
+        });
+    }
+    let start = Instant::now();
+    let mut kills = Vec::new();
+    let mut k = 0usize;
+    while start.elapsed() < run {
+        tokio::time::sleep(every).await;
+        if s.sever_connection(k % 4) {
+            kills.push(Instant::now());
+        }
+        k += 1;
+    }
+    tokio::time::sleep(every).await;
+    stop.store(true, Ordering::Relaxed);
+    while let Some(r) = set.join_next().await {
+        r.unwrap().unwrap();
+    }
+    let spans = spans.lock().unwrap();
+    let worst = |at: Instant| {
+        spans
+            .iter()
+            .filter(|(a, b)| *a <= at && *b >= at)
+            .map(|(a, b)| *b - *a)
+            .max()
+            .unwrap_or_default()
+    };
+    Churn {
+        ops: ops.load(Ordering::Relaxed),
+        kills: kills.into_iter().map(worst).collect(),
+    }
+}
+
+/// A connection of a four-connection session killed every 1.5 s for 9 s under 32 verified
+/// write/read loops: at ErrorRecoveryLevel 2 nothing fails and the session is never logged in
+/// again; the longest I/O across each kill is printed beside level 0's, where every kill logs
+/// the whole session in again.
+#[test]
+fn killing_a_connection_every_few_seconds_costs_nothing_at_level_2() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(16);
+    let url = IscsiUrl::parse(&t.url()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
+        for erl in [2u8, 0] {
+            let s = connect(
+                &url,
+                ConnectOptions {
+                    connections: 4,
+                    max_erl: erl,
+                    ..ConnectOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+            let c = churn(&s, Duration::from_secs(9), Duration::from_millis(1500)).await;
+            let st = s.stats();
+            println!(
+                "level {erl}: {} I/Os verified, {} kills, {} session recoveries, {} failovers; longest I/O across each kill (ms): {}",
+                c.ops,
+                c.kills.len(),
+                st.recoveries,
+                st.failovers,
+                c.kills.iter().map(ms).collect::<Vec<_>>().join(" ")
+            );
+            assert!(c.kills.len() >= 5, "{} kills", c.kills.len());
+            if erl == 2 {
+                assert_eq!(st.recoveries, 0, "the session was logged in again");
+                assert!(st.failovers as usize >= c.kills.len() - 1, "{st:?}");
+            } else {
+                assert!(st.recoveries >= 1);
+            }
+            let _ = s.logout().await;
+        }
+    });
+}
