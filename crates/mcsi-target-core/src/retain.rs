@@ -502,9 +502,18 @@ impl SentLog {
                 state: "never sent",
             });
         }
+        // BegRun and RunLength are the initiator's: the range is checked above in serial
+        // arithmetic, and sliced without a panic all the same.
         let a = from.wrapping_sub(t.first) as usize;
         let b = to.wrapping_sub(t.first) as usize;
-        Ok(t.pdus[a..b].to_vec())
+        t.pdus
+            .get(a..b)
+            .map(<[Pdu]>::to_vec)
+            .ok_or(SnackRefused::NotOwed {
+                what: "DataSN/R2TSN",
+                sn: from,
+                state: "never sent",
+            })
     }
 
     fn status_snack(&mut self, s: &SnackRequest) -> Result<Vec<Pdu>, SnackRefused> {
@@ -535,6 +544,13 @@ impl SentLog {
         }
         let a = from.wrapping_sub(first) as usize;
         let b = to.wrapping_sub(first) as usize;
+        if a > b || b > self.statuses.len() {
+            return Err(SnackRefused::NotOwed {
+                what: "StatSN",
+                sn: from,
+                state: "never sent",
+            });
+        }
         self.statuses
             .range(a..b)
             .map(|st| match (&st.pdu, st.ends) {

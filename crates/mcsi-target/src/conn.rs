@@ -432,8 +432,10 @@ impl Reader {
     /// runs what is to run now and carries out what came up in CmdSN order. An Err ends the
     /// connection.
     fn dispatch(&mut self, p: Pdu) -> Result<(), ConnEnd> {
-        if let (Some(log), Some(e)) = (&self.conn.log, p.exp_stat_sn()) {
-            if self.exp_stat_sn != Some(e) {
+        // Only a connection that keeps a log looks at ExpStatSN, and takes its lock only when
+        // it moved.
+        if let Some(log) = &self.conn.log {
+            if let Some(e) = p.exp_stat_sn().filter(|e| self.exp_stat_sn != Some(*e)) {
                 self.exp_stat_sn = Some(e);
                 log.lock().unwrap_or_else(|e| e.into_inner()).ack(e);
             }

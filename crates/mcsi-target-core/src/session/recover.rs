@@ -187,17 +187,17 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             }
             return (Reassigned::Moved, Vec::new());
         }
-        let Some(r) = self.retained.get(&itt) else {
-            return (Reassigned::NoTask, Vec::new());
-        };
         let max = conn.max_data_in() as usize;
-        if r.pdus.iter().any(|p| p.data_len() > max) {
-            return (Reassigned::Refused, Vec::new());
+        match self.retained.get(&itt) {
+            None => return (Reassigned::NoTask, Vec::new()),
+            Some(r) if r.pdus.iter().any(|p| p.data_len() > max) => {
+                return (Reassigned::Refused, Vec::new())
+            }
+            Some(_) => {}
         }
         let Some(r) = self.retained.remove(&itt) else {
             return (Reassigned::NoTask, Vec::new());
         };
-        let _ = r.cid;
         let pdus: Vec<Pdu> = r
             .pdus
             .into_iter()
