@@ -708,30 +708,9 @@ async fn reassign_orphans(
         shared: Arc::clone(&shared),
     };
     let result = async {
-        let r = session
-            .request_elsewhere(conn, |core, itt, via| {
-                Pdu::LogoutRequest(LogoutRequest {
-                    immediate: true,
-                    reason: logout_reason::RECOVERY,
-                    itt,
-                    cid,
-                    cmd_sn: core.immediate_cmd_sn(),
-                    exp_stat_sn: core.exp_stat_sn(via),
-                })
-            })
+        session
+            .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
             .await?;
-        match r {
-            Pdu::LogoutResponse(l)
-                if l.response == logout_response::CLOSED
-                    || l.response == logout_response::CID_NOT_FOUND => {}
-            Pdu::LogoutResponse(l) => {
-                return Err(Error::Protocol(format!(
-                    "the target refused to remove the failed connection for recovery (response {})",
-                    l.response
-                )))
-            }
-            other => return Err(unexpected("a Logout Response", &other)),
-        }
         let mut again = Vec::new();
         let mut moved = 0usize;
         for o in &orphans {
@@ -848,30 +827,9 @@ async fn evict(
         shared: Arc::clone(&shared),
     };
     let result = async {
-        let r = session
-            .request_elsewhere(conn, |core, itt, via| {
-                Pdu::LogoutRequest(LogoutRequest {
-                    immediate: true,
-                    reason: logout_reason::CLOSE_CONNECTION,
-                    itt,
-                    cid,
-                    cmd_sn: core.immediate_cmd_sn(),
-                    exp_stat_sn: core.exp_stat_sn(via),
-                })
-            })
+        session
+            .logout_elsewhere(conn, cid, logout_reason::CLOSE_CONNECTION)
             .await?;
-        match r {
-            Pdu::LogoutResponse(l)
-                if l.response == logout_response::CLOSED
-                    || l.response == logout_response::CID_NOT_FOUND => {}
-            Pdu::LogoutResponse(l) => {
-                return Err(Error::Protocol(format!(
-                    "the target refused to log out the stalled connection (response {})",
-                    l.response
-                )))
-            }
-            other => return Err(unexpected("a Logout Response", &other)),
-        }
         // The Logout Response's ExpCmdSN says which commands the target had: those before it
         // were received (and ended by the logout). A command from it on left a hole, which
         // ABORT TASK fills; the aborts go out together, a few at a time.
@@ -1488,6 +1446,36 @@ impl Session {
                 o.itt, t.response
             ))),
             other => Err(unexpected("a Task Management Function Response", &other)),
+        }
+    }
+
+    /// Logs connection `cid` out with `reason` (close it, or remove it for recovery) through
+    /// a connection other than `avoid`: done when the target closed it or no longer has it.
+    async fn logout_elsewhere(&self, avoid: usize, cid: u16, reason: u8) -> Result<(), Error> {
+        let r = self
+            .request_elsewhere(avoid, |core, itt, via| {
+                Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason,
+                    itt,
+                    cid,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                })
+            })
+            .await?;
+        match r {
+            Pdu::LogoutResponse(l)
+                if l.response == logout_response::CLOSED
+                    || l.response == logout_response::CID_NOT_FOUND =>
+            {
+                Ok(())
+            }
+            Pdu::LogoutResponse(l) => Err(Error::Protocol(format!(
+                "the target refused to log out connection {cid} (reason {reason}, response {})",
+                l.response
+            ))),
+            other => Err(unexpected("a Logout Response", &other)),
         }
     }
 
