@@ -1432,7 +1432,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// or the task is unknown.
     pub fn reply_conn(&mut self, itt: u32, command_conn: &C) -> C {
         if !self.asymmetric {
-            return command_conn.clone();
+            // A task TASK REASSIGN moved (ErrorRecoveryLevel 2) answers on its new connection,
+            // also when it was already running on the failed one.
+            let moved = self
+                .tasks
+                .get(&itt)
+                .filter(|t| t.cid != command_conn.cid())
+                .and_then(|t| self.conns.get(&t.cid));
+            return moved.unwrap_or(command_conn).clone();
         }
         let Some((cid, bytes)) = self.tasks.get(&itt).map(|t| (t.reply_cid, t.bytes)) else {
             return command_conn.clone();

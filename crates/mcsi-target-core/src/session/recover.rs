@@ -496,6 +496,33 @@ mod tests {
         let _ = RESERVED_TAG;
     }
 
+    /// A read already running when its connection failed, moved before it ends: its Data-In
+    /// and status leave on the connection it moved to, not the failed one it was started from.
+    #[test]
+    fn a_running_task_that_moved_answers_on_its_new_connection() {
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let mut c = core(2);
+        read(&mut c, &a, 1, 1, 8192);
+        let r = c.poll_ready().expect("the read runs");
+        assert_eq!((r.itt, r.conn.0), (1, 1));
+        let lost = c.conn_failed(&a, t0, |_| ());
+        assert!(!lost.session_ends);
+        assert_eq!(c.reassign(&b, 0x70, 1, 0), Reassigned::Moved);
+        assert!(matches!(&sent(&mut c)[..], [(2, Pdu::TaskMgmtResponse(r))] if r.response == 0));
+        // The read ends on the runner that was given connection A.
+        let data = Bytes::from(vec![7u8; 8192]);
+        let f = c
+            .finish(1, 1, &a, Some(Outcome::good(data)))
+            .expect("it ends");
+        assert_eq!(f.out.0, 2);
+        let out = sent(&mut c);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(out
+            .iter()
+            .all(|(cid, p)| *cid == 2 && matches!(p, Pdu::DataIn(_))));
+    }
+
     /// Tasks nobody reassigns within DefaultTime2Retain are aborted, and their kept answers
     /// dropped; a read whose turn came while orphaned runs once reassigned.
     #[test]
