@@ -815,6 +815,27 @@ impl<C> SessionCore<C> {
     /// meanwhile are skipped.
     /// The first Data-In task `itt` still needs (0 for a task that reads nothing): TASK
     /// REASSIGN's ExpDataSN.
+    /// Task `itt` as the core sees it, for logs: connection, CmdSN, direction, Data-In state.
+    pub fn describe_task(&self, itt: u32) -> String {
+        match self.tasks.get(&itt) {
+            None => "unknown".into(),
+            Some(t) => format!(
+                "conn {} (alive {}), CmdSN {}, {}, {} bytes, exp DataSN {:?}, status held {}",
+                t.conn,
+                self.conn_alive(t.conn),
+                t.cmd_sn,
+                if matches!(t.cmd.dir, DataDir::Write(_)) {
+                    "write"
+                } else {
+                    "read or none"
+                },
+                t.bytes,
+                t.assembly.as_ref().map(DataInAssembly::exp_data_sn),
+                t.held.is_some()
+            ),
+        }
+    }
+
     pub fn exp_data_sn(&self, itt: u32) -> u32 {
         self.tasks
             .get(&itt)

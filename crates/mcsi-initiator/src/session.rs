@@ -192,6 +192,13 @@ pub struct SessionStats {
     /// over the others, and new connections that rejoined in their place.
     pub failovers: u32,
     pub rejoins: u32,
+    /// Commands issued again from the start after a failure: all those without status when
+    /// the session was logged in again, a stalled connection's when it was taken out, and at
+    /// ErrorRecoveryLevel 2 those of a failed connection that the target never received.
+    pub reissued: u64,
+    /// Tasks of a failed connection that went on at another with TASK REASSIGN
+    /// (ErrorRecoveryLevel 2), without being issued again.
+    pub reassigned: u64,
     /// Times a command waited because MaxCmdSN closed the window.
     pub window_waits: u64,
     pub exp_cmd_sn: u32,
@@ -226,6 +233,8 @@ struct Inner {
     control: HashMap<u32, oneshot::Sender<Pdu>>,
     tsih: u16,
     recoveries: u32,
+    reissued: u64,
+    reassigned: u64,
     /// Connections taken out of the session when they stalled, and new ones that rejoined.
     failovers: u32,
     rejoins: u32,
@@ -464,6 +473,8 @@ pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Sess
             control: HashMap::new(),
             tsih: 0,
             recoveries: 0,
+            reissued: 0,
+            reassigned: 0,
             failovers: 0,
             rejoins: 0,
             next_serial: 0,
@@ -711,42 +722,23 @@ async fn reassign_orphans(
         session
             .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
             .await?;
+        // The TASK REASSIGNs go out together, a few at a time, so that the tasks move within
+        // a round trip or two of the logout rather than one round trip each.
         let mut again = Vec::new();
         let mut moved = 0usize;
-        for o in &orphans {
-            let (r, via) = session
-                .request_elsewhere_via(conn, |core, itt, via| {
-                    Pdu::TaskMgmtRequest(TaskMgmtRequest {
-                        immediate: true,
-                        function: tmf_function::TASK_REASSIGN,
-                        lun: o.lun,
-                        itt,
-                        referenced_task_tag: o.itt,
-                        cmd_sn: core.immediate_cmd_sn(),
-                        exp_stat_sn: core.exp_stat_sn(via),
-                        ref_cmd_sn: o.cmd_sn,
-                        exp_data_sn: core.exp_data_sn(o.itt),
-                    })
-                })
-                .await?;
-            match r {
-                Pdu::TaskMgmtResponse(t) if t.response == tmf_response::COMPLETE => {
-                    lock(&shared).core.reassigned(o.itt, via);
-                    moved += 1;
+        for chunk in orphans.chunks(ABORTS_AT_ONCE) {
+            let mut set = tokio::task::JoinSet::new();
+            for o in chunk.iter().copied() {
+                let s = session.clone();
+                set.spawn(async move { s.reassign_orphan(conn, o).await });
+            }
+            while let Some(r) = set.join_next().await {
+                match r.map_err(|e| {
+                    Error::Protocol(format!("a TASK REASSIGN request failed: {e}"))
+                })?? {
+                    Some(itt) => again.push(itt),
+                    None => moved += 1,
                 }
-                Pdu::TaskMgmtResponse(t) if t.response == tmf_response::NO_TASK => {
-                    // The target never received it: ABORT TASK takes its CmdSN as received
-                    // (else it holds every later command), then it is issued again.
-                    session.abort_orphan(conn, *o).await?;
-                    again.push(o.itt)
-                }
-                Pdu::TaskMgmtResponse(t) => {
-                    return Err(Error::Protocol(format!(
-                        "the target answered TASK REASSIGN for task {:#x} with response {}",
-                        o.itt, t.response
-                    )))
-                }
-                other => return Err(unexpected("a Task Management Function Response", &other)),
             }
         }
         Ok((moved, again))
@@ -767,6 +759,8 @@ async fn reassign_orphans(
     if let Some(h) = inner.conns.get(conn) {
         let _ = h.sock.shutdown(std::net::Shutdown::Both);
     }
+    inner.reissued += again.len() as u64;
+    inner.reassigned += moved as u64;
     let mut out = Vec::new();
     inner.core.reissue(&again, &mut out);
     run_actions(&shared, &mut inner, out);
@@ -872,6 +866,7 @@ async fn evict(
         let _ = h.sock.shutdown(std::net::Shutdown::Both);
     }
     let itts: Vec<u32> = orphans.iter().map(|o| o.itt).collect();
+    inner.reissued += itts.len() as u64;
     let mut out = Vec::new();
     inner.core.reissue(&itts, &mut out);
     run_actions(&shared, &mut inner, out);
@@ -1092,7 +1087,7 @@ fn handle_event(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, event: Eve
         }
         Event::NoStatus { itt, waited } if inner.phase == Phase::Running => {
             let e = Error::Timeout(format!("task {itt:#x} has had no status for {waited:?}"));
-            tracing::warn!(error = %e, "recovering the session");
+            tracing::warn!(error = %e, task = inner.core.describe_task(itt), "recovering the session");
             let generation = inner.generation;
             begin_recovery(shared, inner, generation, e, Duration::ZERO);
         }
@@ -1245,7 +1240,9 @@ async fn recover(shared: Arc<Shared>, first: Error, delay: Duration) {
                         return;
                     }
                     inner.recoveries += 1;
-                    inner.core.outstanding()
+                    let waiting = inner.core.outstanding();
+                    inner.reissued += waiting as u64;
+                    waiting
                 };
                 let n = est.conns.len();
                 if let Err(e) = install(&shared, est) {
@@ -1373,6 +1370,8 @@ impl Session {
             policy: inner.core.scheduler_name(),
             connections: conns,
             recoveries: inner.recoveries,
+            reissued: inner.reissued,
+            reassigned: inner.reassigned,
             failovers: inner.failovers,
             rejoins: inner.rejoins,
             window_waits: inner.core.window_waits(),
@@ -1419,6 +1418,44 @@ impl Session {
     /// ABORT TASK for task `o` of connection `avoid`, sent on another one: done when the target
     /// answers "function complete" (aborted, or its CmdSN taken as received) or "task does not
     /// exist" (it ended before).
+    /// TASK REASSIGN of orphan `o` of failed connection `avoid` on another connection. `None`
+    /// when the target took it over there; `Some(itt)` when the target never received it (it
+    /// was then aborted to fill its CmdSN hole, and must be issued again).
+    async fn reassign_orphan(&self, avoid: usize, o: Orphan) -> Result<Option<u32>, Error> {
+        let (r, via) = self
+            .request_elsewhere_via(avoid, |core, itt, via| {
+                Pdu::TaskMgmtRequest(TaskMgmtRequest {
+                    immediate: true,
+                    function: tmf_function::TASK_REASSIGN,
+                    lun: o.lun,
+                    itt,
+                    referenced_task_tag: o.itt,
+                    cmd_sn: core.immediate_cmd_sn(),
+                    exp_stat_sn: core.exp_stat_sn(via),
+                    ref_cmd_sn: o.cmd_sn,
+                    exp_data_sn: core.exp_data_sn(o.itt),
+                })
+            })
+            .await?;
+        match r {
+            Pdu::TaskMgmtResponse(t) if t.response == tmf_response::COMPLETE => {
+                lock(&self.shared).core.reassigned(o.itt, via);
+                Ok(None)
+            }
+            Pdu::TaskMgmtResponse(t) if t.response == tmf_response::NO_TASK => {
+                // The target never received it: ABORT TASK takes its CmdSN as received (else
+                // it holds every later command), then it is issued again.
+                self.abort_orphan(avoid, o).await?;
+                Ok(Some(o.itt))
+            }
+            Pdu::TaskMgmtResponse(t) => Err(Error::Protocol(format!(
+                "the target answered TASK REASSIGN for task {:#x} with response {}",
+                o.itt, t.response
+            ))),
+            other => Err(unexpected("a Task Management Function Response", &other)),
+        }
+    }
+
     async fn abort_orphan(&self, avoid: usize, o: Orphan) -> Result<(), Error> {
         let r = self
             .request_elsewhere(avoid, |core, itt, via| {

@@ -56,6 +56,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "routes-vs-mptcp",
         include_str!("../experiments/routes-vs-mptcp.toml"),
     ),
+    ("conn-kill", include_str!("../experiments/conn-kill.toml")),
 ];
 
 /// Parses a shipped experiment.

@@ -51,7 +51,7 @@ pub struct Def {
     pub help: &'static str,
 }
 
-const RW: &[&str] = &["read", "write", "randread", "randwrite"];
+const RW: &[&str] = &["read", "write", "randread", "randwrite", "randrw"];
 const POLICY: &[&str] = &["round-robin", "least-outstanding", "tcp-aware", "failover"];
 const PROFILE: &[&str] = &["802.11b", "802.11g"];
 const TARGET: &[&str] = &["mcsi", "tgt"];
@@ -103,7 +103,7 @@ pub const DEFS: &[Def] = &[
         role: Role::Bench,
         kind: Kind::Choice(RW),
         axis: "workload",
-        help: "read, write, randread or randwrite",
+        help: "read, write, randread, randwrite or randrw (half reads, half writes)",
     },
     Def {
         name: "bs",
@@ -181,6 +181,27 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Bool,
         axis: "asymmetric mode",
         help: "true or false",
+    },
+    Def {
+        name: "verify",
+        role: Role::Bench,
+        kind: Kind::Bool,
+        axis: "verified data",
+        help: "true: every block written carries its LBA, a version and a checksum, every read is checked against the last version written, and a workload that writes reads every block it wrote back at the end (mcsi bench --verify); a mismatch fails the run",
+    },
+    Def {
+        name: "max_erl",
+        role: Role::Bench,
+        kind: Kind::Int(0, 2),
+        axis: "ErrorRecoveryLevel offered",
+        help: "the highest ErrorRecoveryLevel the initiator offers, 0 to 2 (mcsi bench --max-erl; default 2): 0 logs the whole session in again when a connection fails, 2 moves the failed connection's tasks to the others",
+    },
+    Def {
+        name: "kill_every",
+        role: Role::Bench,
+        kind: Kind::Seconds,
+        axis: "a connection killed every (s)",
+        help: "fault injection: one connection of the session is shut down every so many seconds, in turn, while the run goes on (mcsi bench --kill-every); the longest I/O across each kill is reported",
     },
     Def {
         name: "runtime",

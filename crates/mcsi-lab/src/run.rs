@@ -147,9 +147,9 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
     }
     for (d, v) in p.params.iter().filter(|(d, _)| d.role == Role::Bench) {
         match d.name {
-            "asymmetric" => {
+            "asymmetric" | "verify" => {
                 if v.text == "true" {
-                    a.push("--asymmetric".to_string());
+                    a.push(format!("--{}", d.name));
                 }
             }
             "cc" => {
@@ -166,7 +166,7 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
                 a.extend(["--bs-max".to_string(), d.arg(v)]);
             }
             name => {
-                a.push(format!("--{name}"));
+                a.push(format!("--{}", name.replace('_', "-")));
                 a.push(d.arg(v));
             }
         }
@@ -756,6 +756,30 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
     if ios > 0.0 {
         out.push((Metric::IoKib, bytes / ios / 1024.0));
     }
+    let m = &j["mcsi"];
+    if let (Some(r), Some(i)) = (m["recoveries"].as_f64(), m["reissued"].as_f64()) {
+        out.push((Metric::Recoveries, r));
+        out.push((Metric::Reissued, i));
+    }
+    if p.params.get("kill_every").is_some() {
+        let mut pauses: Vec<f64> = m["kills"]
+            .as_array()
+            .map(|k| {
+                k.iter()
+                    .filter_map(|x| x["longest_io_ms"].as_f64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if pauses.is_empty() {
+            return Err("kill_every is set but no connection was killed during the run".into());
+        }
+        pauses.sort_by(f64::total_cmp);
+        out.push((Metric::KillPauseMs, pauses[pauses.len() / 2]));
+        out.push((Metric::KillPauseMaxMs, pauses[pauses.len() - 1]));
+        if let Some(s) = m["longest_stall_ms"].as_f64() {
+            out.push((Metric::StallMs, s));
+        }
+    }
     Ok(out)
 }
 
@@ -1171,5 +1195,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.iter().find(|(x, _)| *x == Metric::BwMbs).unwrap().1, 1.0);
+    }
+
+    #[test]
+    fn kills_become_options_and_their_figures_metrics() {
+        let text = "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\nrate = \"10mbit\"\nrw = \"randrw\"\nverify = true\nmax_erl = 2\nkill_every = 5\nconnections = 4\n[sweep]\nrtt = [10]\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"rtt\"\ny = \"kill_pause_ms\"\n";
+        let p = crate::spec::parse("t", "t.toml", text)
+            .unwrap()
+            .points(false)[0]
+            .clone();
+        let a = bench_args(&p, 1).join(" ");
+        for want in ["--verify", "--max-erl 2", "--kill-every 5", "--rw randrw"] {
+            assert!(a.contains(want), "{want} not in {a}");
+        }
+        assert!(!a.contains("--verify true"), "{a}");
+        let mut j: serde_json::Value =
+            serde_json::from_str(&doc(10_000, 2000, 2_000_000, 100, 2e6, 9e6)).unwrap();
+        j["mcsi"] = serde_json::json!({
+            "recoveries": 0, "reissued": 3, "longest_stall_ms": 40.0,
+            "kills": [{"longest_io_ms": 30.0}, {"longest_io_ms": 90.0}, {"longest_io_ms": 50.0}],
+        });
+        let m = measure_one(&j, &p).unwrap();
+        let get = |k: Metric| m.iter().find(|(x, _)| *x == k).unwrap().1;
+        assert_eq!(get(Metric::Recoveries), 0.0);
+        assert_eq!(get(Metric::Reissued), 3.0);
+        assert_eq!(get(Metric::KillPauseMs), 50.0, "the median kill");
+        assert_eq!(get(Metric::KillPauseMaxMs), 90.0);
+        assert_eq!(get(Metric::StallMs), 40.0);
+        // A run meant to kill connections that killed none is not a result.
+        j["mcsi"]["kills"] = serde_json::json!([]);
+        assert!(measure_one(&j, &p)
+            .unwrap_err()
+            .contains("no connection was killed"));
     }
 }

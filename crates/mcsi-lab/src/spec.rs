@@ -31,10 +31,21 @@ pub enum Metric {
     TargetRetransmits,
     /// Mean I/O size, KiB (it varies with bs_auto).
     IoKib,
+    /// Times the session was logged in again after a failure.
+    Recoveries,
+    /// Commands issued again from the start after a failure.
+    Reissued,
+    /// With kill_every: the median over the run's kills of the longest I/O in flight across
+    /// each, ms.
+    KillPauseMs,
+    /// With kill_every: the longest I/O in flight across any kill, ms.
+    KillPauseMaxMs,
+    /// With kill_every: the longest time in the run without any I/O completing, ms.
+    StallMs,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 13] = [
         Metric::BwMbs,
         Metric::Iops,
         Metric::LatMeanMs,
@@ -43,6 +54,11 @@ impl Metric {
         Metric::Retransmits,
         Metric::TargetRetransmits,
         Metric::IoKib,
+        Metric::Recoveries,
+        Metric::Reissued,
+        Metric::KillPauseMs,
+        Metric::KillPauseMaxMs,
+        Metric::StallMs,
     ];
 
     /// The CSV column.
@@ -56,6 +72,11 @@ impl Metric {
             Metric::Retransmits => "retransmits",
             Metric::TargetRetransmits => "target_retransmits",
             Metric::IoKib => "io_kib",
+            Metric::Recoveries => "recoveries",
+            Metric::Reissued => "reissued",
+            Metric::KillPauseMs => "kill_pause_ms",
+            Metric::KillPauseMaxMs => "kill_pause_max_ms",
+            Metric::StallMs => "stall_ms",
         }
     }
 
@@ -70,6 +91,11 @@ impl Metric {
             Metric::Retransmits => "TCP segments retransmitted",
             Metric::TargetRetransmits => "TCP segments retransmitted by the target",
             Metric::IoKib => "mean I/O size (KiB)",
+            Metric::Recoveries => "session logins after a failure",
+            Metric::Reissued => "commands issued again",
+            Metric::KillPauseMs => "longest I/O across a kill, median over kills (ms)",
+            Metric::KillPauseMaxMs => "longest I/O across any kill (ms)",
+            Metric::StallMs => "longest time without an I/O completing (ms)",
         }
     }
 
@@ -81,6 +107,9 @@ impl Metric {
             Metric::LatMeanMs | Metric::LatP50Ms | Metric::LatP99Ms => "ms",
             Metric::Retransmits | Metric::TargetRetransmits => "segments",
             Metric::IoKib => "KiB",
+            Metric::Recoveries => "logins",
+            Metric::Reissued => "commands",
+            Metric::KillPauseMs | Metric::KillPauseMaxMs | Metric::StallMs => "ms",
         }
     }
 

@@ -61,10 +61,18 @@ pub struct Args {
     /// run ends after one pass over it.
     #[arg(long)]
     pub size: Option<String>,
-    /// Write blocks that carry their LBA and a checksum, and check them when read back (after
-    /// the write phase for write-only workloads).
+    /// Write blocks that carry their LBA and a checksum, and check them when read back. Workloads
+    /// that write also read back every block they wrote once the run ends, each of which must
+    /// hold the last version written (a lost or replayed write shows there).
     #[arg(long)]
     pub verify: bool,
+    /// Fault injection: shut down one TCP connection of the session every DURATION while the
+    /// run goes on (connection 0, then 1, ..., in turn), as a route that fails would, and report
+    /// for each kill the longest I/O in flight across it. Needs --runtime. What the session
+    /// does about it depends on --max-erl: level 2 moves the connection's tasks to the others,
+    /// level 0 logs the whole session in again.
+    #[arg(long, value_name = "DURATION", value_parser = parse_runtime)]
+    pub kill_every: Option<f64>,
     /// Serve the session's connections and their TCP state on this address while the run goes
     /// on (GET /state for `mcsi monitor`, GET /metrics for Prometheus), e.g. 127.0.0.1:9465.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -344,6 +352,10 @@ struct WorkerOut {
     verified: u64,
     verify_errors: u64,
     first_error: Option<(i32, String)>,
+    /// With --kill-every: (ms into the run, connection, longest I/O across it in ms).
+    kills: Vec<(f64, usize, f64)>,
+    /// With --kill-every: the longest time in the run without any I/O completing, ms.
+    longest_stall_ms: Option<f64>,
 }
 
 struct Ctx {
@@ -354,6 +366,45 @@ struct Ctx {
     gen: Mutex<Gen>,
     fill: Bytes,
     write_gen: std::sync::atomic::AtomicU64,
+    /// With --kill-every: each kill so far, the longest I/O seen across it, and the longest
+    /// time without any I/O completing.
+    kills: Option<Mutex<KillLog>>,
+}
+
+#[derive(Default)]
+struct KillLog {
+    kills: Vec<Kill>,
+    last_done: Option<Instant>,
+    longest_stall: Duration,
+}
+
+/// One connection killed on purpose (--kill-every).
+#[derive(Debug, Clone, Copy)]
+struct Kill {
+    at: Instant,
+    conn: usize,
+    /// The longest I/O in flight at `at` that has completed so far.
+    longest: Duration,
+}
+
+impl Ctx {
+    /// An I/O that ran from `t0` to `t1` completed: it counts for every kill in between.
+    fn note_span(&self, t0: Instant, t1: Instant) {
+        let Some(kills) = &self.kills else { return };
+        let mut k = kills.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = k.last_done {
+            k.longest_stall = k.longest_stall.max(t1.saturating_duration_since(last));
+        }
+        k.last_done = Some(k.last_done.map_or(t1, |l| l.max(t1)));
+        for x in k.kills.iter_mut().rev() {
+            if x.at < t0 {
+                break;
+            }
+            if x.at <= t1 {
+                x.longest = x.longest.max(t1 - t0);
+            }
+        }
+    }
 }
 
 fn lockg(c: &Ctx) -> std::sync::MutexGuard<'_, Gen> {
@@ -414,6 +465,9 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
                 (r, g)
             }
         };
+        if res.is_ok() {
+            c.note_span(t0, Instant::now());
+        }
         {
             let mut g = lockg(&c);
             if let Some(b) = g.busy.get_mut(idx as usize) {
@@ -550,6 +604,12 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         shuffle(&mut order, &mut rng);
     }
     let track = a.verify && blocks <= 1 << 28;
+    if a.kill_every.is_some() && a.runtime.is_none() {
+        bail!("--kill-every kills connections while the run goes on: give --runtime too");
+    }
+    if a.kill_every.is_some() && matches!(dev, Device::Volume(_)) {
+        bail!("--kill-every kills the connections of one session: bench a LUN, not a volume");
+    }
     let gen = Gen {
         rw: a.rw,
         mix_read: a.rwmixread,
@@ -595,14 +655,37 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         gen: Mutex::new(gen),
         fill: Bytes::from(fill),
         write_gen: std::sync::atomic::AtomicU64::new(0),
+        kills: a.kill_every.map(|_| Mutex::new(KillLog::default())),
     });
     let t0 = Instant::now();
     let cpu0 = CpuTimes::now();
+    let killer = a.kill_every.zip(a.runtime).map(|(every, runtime)| {
+        tokio::spawn(kill_connections(
+            session.clone(),
+            Arc::clone(&ctx),
+            every,
+            runtime,
+        ))
+    });
     let mut total = run_phase(&ctx, a.iodepth).await;
     let main_elapsed = t0.elapsed();
     let cpu = CpuTimes::now().since(&cpu0);
-    // Write-only workloads with --verify read everything back afterwards (fio's do_verify).
-    if a.verify && matches!(a.rw, Rw::Write | Rw::Randwrite) && total.first_error.is_none() {
+    if let Some(k) = killer {
+        k.abort();
+    }
+    if let Some(kills) = &ctx.kills {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let log = kills.lock().unwrap_or_else(|p| p.into_inner());
+        total.kills = log
+            .kills
+            .iter()
+            .map(|k| (ms(k.at - t0), k.conn, ms(k.longest)))
+            .collect();
+        total.longest_stall_ms = Some(ms(log.longest_stall));
+    }
+    // Workloads that wrote with --verify read every block back afterwards (fio's do_verify):
+    // each must hold the last version written.
+    if a.verify && a.rw != Rw::Read && a.rw != Rw::Randread && total.first_error.is_none() {
         {
             let mut g = lockg(&ctx);
             let written = g.issued.min(blocks);
@@ -649,6 +732,38 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// --kill-every: shut connection k mod n of the session down every `every` seconds until the
+/// run's end.
+async fn kill_connections(session: Session, ctx: Arc<Ctx>, every: f64, runtime: f64) {
+    let n = session.stats().connections.len().max(1);
+    let end = Instant::now() + Duration::from_secs_f64(runtime);
+    let every = Duration::from_secs_f64(every);
+    let mut k = 0usize;
+    loop {
+        tokio::time::sleep(every).await;
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        let conn = k % n;
+        k += 1;
+        if session.sever_connection(conn) {
+            tracing::info!(conn, "connection killed on purpose (--kill-every)");
+            if let Some(kills) = &ctx.kills {
+                kills
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .kills
+                    .push(Kill {
+                        at: now,
+                        conn,
+                        longest: Duration::ZERO,
+                    });
+            }
+        }
+    }
 }
 
 async fn run_phase(ctx: &Arc<Ctx>, iodepth: usize) -> WorkerOut {
@@ -846,6 +961,14 @@ fn fio_json(
             "recoveries": stats.recoveries,
             "failovers": stats.failovers,
             "rejoins": stats.rejoins,
+            "reissued": stats.reissued,
+            "reassigned": stats.reassigned,
+            "kills": t.kills.iter().map(|(at, conn, longest)| json!({
+                "at_ms": at,
+                "connection": conn,
+                "longest_io_ms": longest,
+            })).collect::<Vec<_>>(),
+            "longest_stall_ms": t.longest_stall_ms,
             "window_waits": stats.window_waits,
             "exp_cmd_sn": stats.exp_cmd_sn,
             "max_cmd_sn": stats.max_cmd_sn,
@@ -858,6 +981,8 @@ fn fio_json(
                 "target_max_recv_data_segment_length": params.target_max_recv_dsl,
                 "header_digest": params.header_digest,
                 "data_digest": params.data_digest,
+                "error_recovery_level": params.error_recovery_level,
+                "default_time2retain": params.default_time2retain,
             },
             "verify": {"enabled": a.verify, "blocks_checked": t.verified, "errors": t.verify_errors},
             "threads": a.threads,
@@ -939,6 +1064,25 @@ fn print_human(
             "  verify: {} blocks checked, {} errors",
             t.verified, t.verify_errors
         );
+    }
+    if a.kill_every.is_some() {
+        let _ = writeln!(
+            o,
+            "  kills: {} connections killed; {} session recoveries, {} failovers, {} commands issued again, {} tasks reassigned; longest time without an I/O completing {:.1} ms",
+            t.kills.len(),
+            stats.recoveries,
+            stats.failovers,
+            stats.reissued,
+            stats.reassigned,
+            t.longest_stall_ms.unwrap_or(0.0)
+        );
+        for (at, conn, longest) in &t.kills {
+            let _ = writeln!(
+                o,
+                "    at {:.1}s connection {conn}: longest I/O across it {longest:.1} ms",
+                at / 1e3
+            );
+        }
     }
     for c in &stats.connections {
         let tcp = c.tcp.map_or(String::new(), |t| {
