@@ -11,9 +11,11 @@ tcli() { targetcli "$@" >/tmp/tcli 2>&1 || { cat /tmp/tcli; fail "targetcli $*";
 tcli /backstores/ramdisk create name=r0 size=256M
 tcli /iscsi create "$IQN"
 tcli "$T/luns" create /backstores/ramdisk/r0
-tcli "$T" set attribute authentication=0 generate_node_acls=1 demo_mode_write_protect=0 cache_dynamic_acls=1
+# LIO takes a session's ErrorRecoveryLevel from its ACL's default_erl (the TPG parameter alone
+# is overridden at login); demo-mode ACLs copy the TPG's attribute. ERL: 0 (LIO's default) or 2.
+tcli "$T" set attribute authentication=0 generate_node_acls=1 demo_mode_write_protect=0 cache_dynamic_acls=1 default_erl="${ERL:-0}"
 tcli "$T" set parameter MaxConnections=4
-tcli "$T" set parameter ErrorRecoveryLevel=2
+tcli "$T" set parameter ErrorRecoveryLevel="${ERL:-0}"
 targetcli "$T" get parameter MaxConnections ErrorRecoveryLevel HeaderDigest DataDigest
 step "LIO on $(ls /sys/kernel/config/target/iscsi/ | head -n 1)"
 say ready

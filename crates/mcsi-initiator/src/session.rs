@@ -719,9 +719,23 @@ async fn reassign_orphans(
         shared: Arc::clone(&shared),
     };
     let result = async {
-        session
+        // A target that has not seen the connection fail yet answers "CID not found" (Linux's
+        // LIO keeps a connection for recovery only once it has noticed the failure itself):
+        // asked again a moment later it may have; one that still has not (a silent route: it
+        // may not notice for many seconds) has the tasks allegiant to a connection it thinks
+        // alive, and they are cleared as a stalled connection's are ([`evict`]).
+        let mut answer = session
             .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
             .await?;
+        if answer == logout_response::CID_NOT_FOUND {
+            tokio::time::sleep(RECOVERY_LOGOUT_RETRY).await;
+            answer = session
+                .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
+                .await?;
+        }
+        if answer == logout_response::CID_NOT_FOUND {
+            return Ok(None);
+        }
         // The TASK REASSIGNs go out together, a few at a time, so that the tasks move within
         // a round trip or two of the logout rather than one round trip each.
         let mut again = Vec::new();
@@ -741,7 +755,7 @@ async fn reassign_orphans(
                 }
             }
         }
-        Ok((moved, again))
+        Ok(Some((moved, again)))
     }
     .await;
     let mut inner = lock(&shared);
@@ -749,7 +763,18 @@ async fn reassign_orphans(
         return;
     }
     let (moved, again) = match result {
-        Ok(r) => r,
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            tracing::warn!(
+                conn,
+                cid,
+                "the target does not hold connection {conn} for recovery (it answered \"CID not found\" twice): closing it and issuing its {} task(s) again",
+                orphans.len()
+            );
+            let sh = Arc::clone(&shared);
+            tokio::spawn(async move { evict(sh, conn, generation, cid, orphans, started).await });
+            return;
+        }
         Err(e) => {
             tracing::warn!(conn, error = %e, "could not move the failed connection's tasks; recovering the session");
             begin_recovery(&shared, &mut inner, generation, e, Duration::ZERO);
@@ -888,6 +913,10 @@ fn unexpected(wanted: &str, got: &Pdu) -> Error {
 /// ABORT TASK requests in flight at once when clearing a stalled connection (mcsi's target
 /// takes 16 immediate control requests at a time).
 const ABORTS_AT_ONCE: usize = 8;
+
+/// How long to wait before asking again for a failed connection's removal for recovery that
+/// the target answered "CID not found" (it may not have noticed the failure yet).
+const RECOVERY_LOGOUT_RETRY: Duration = Duration::from_millis(200);
 
 /// Longest wait between two attempts to bring a failed-over connection's route back.
 const REJOIN_MAX_DELAY: Duration = Duration::from_secs(10);
@@ -1488,16 +1517,21 @@ impl Session {
 
     /// Logs connection `cid` out with `reason` (close it, or remove it for recovery) through
     /// a connection other than `avoid`: done when the target closed it or no longer has it.
-    async fn logout_elsewhere(&self, avoid: usize, cid: u16, reason: u8) -> Result<(), Error> {
+    /// Logout of connection `cid` for `reason`, sent on another connection than `avoid`:
+    /// the target's answer, "closed" or "CID not found" (anything else is an error).
+    async fn logout_elsewhere(&self, avoid: usize, cid: u16, reason: u8) -> Result<u8, Error> {
         let r = self
-            .request_elsewhere(avoid, |core, itt, via| {
+            .request_elsewhere(avoid, |core, itt, _via| {
                 Pdu::LogoutRequest(LogoutRequest {
                     immediate: true,
                     reason,
                     itt,
                     cid,
                     cmd_sn: core.immediate_cmd_sn(),
-                    exp_stat_sn: core.exp_stat_sn(via),
+                    // The last ExpStatSN of the connection logged out, not of the one that
+                    // carries the request (RFC 7143 11.14): a target that keeps the failed
+                    // connection's tasks for recovery drops those acknowledged below it.
+                    exp_stat_sn: core.exp_stat_sn(avoid),
                 })
             })
             .await?;
@@ -1506,7 +1540,7 @@ impl Session {
                 if l.response == logout_response::CLOSED
                     || l.response == logout_response::CID_NOT_FOUND =>
             {
-                Ok(())
+                Ok(l.response)
             }
             Pdu::LogoutResponse(l) => Err(Error::Protocol(format!(
                 "the target refused to log out connection {cid} (reason {reason}, response {})",
