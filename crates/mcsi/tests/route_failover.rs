@@ -134,6 +134,30 @@ fn a_bench_sees_no_failed_command_while_a_route_dies_and_returns() {
     assert!(m["verify"]["blocks_checked"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(m["recoveries"], 0, "the session was rebuilt: {v}");
     assert_eq!(m["failovers"], 1, "{v}");
+    // Level 2: the dead route's tasks moved with TASK REASSIGN (or, never received, were
+    // issued again), timed from the stall being detected; beside it a loaded round trip, the
+    // mean I/O time (a 64 KiB I/O waits behind what the other route has queued).
+    let moved = log
+        .lines()
+        .find(|l| l.contains("the failed connection's tasks moved to the others in"))
+        .unwrap_or_else(|| panic!("the tasks did not move at ErrorRecoveryLevel 2: {log}"));
+    let mean_ms = v["jobs"][0]["read"]["lat_ns"]["mean"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e6;
+    println!(
+        "route down at level 2: {}; mean read {mean_ms:.1} ms; {} reassigned, {} issued again",
+        moved
+            .split("mcsi_initiator::session: ")
+            .nth(1)
+            .unwrap_or(moved),
+        m["reassigned"],
+        m["reissued"]
+    );
+    assert!(
+        m["reassigned"].as_u64().unwrap() + m["reissued"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
     assert_eq!(
         m["rejoins"], 1,
         "the route came back but its connection did not: {v}"
