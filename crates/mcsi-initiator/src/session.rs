@@ -719,50 +719,75 @@ async fn reassign_orphans(
         shared: Arc::clone(&shared),
     };
     let result = async {
-        // A target that has not seen the connection fail yet answers "CID not found" (Linux's
-        // LIO keeps a connection for recovery only once it has noticed the failure itself):
-        // asked again a moment later it may have; one that still has not (a silent route: it
-        // may not notice for many seconds) has the tasks allegiant to a connection it thinks
-        // alive, and they are cleared as a stalled connection's are ([`evict`]).
-        let mut answer = session
-            .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
-            .await?;
+        use futures_util::future::{join, join_all};
+        // The Logout and the first TASK REASSIGNs leave together on one connection, the
+        // reassignments right behind the Logout: a target that handles a connection's
+        // immediate requests in order (mcsi's does) moves the tasks within one round trip.
+        let (first, rest) = orphans.split_at(orphans.len().min(ABORTS_AT_ONCE));
+        let (answer, early) = join(
+            session.logout_elsewhere(conn, cid, logout_reason::RECOVERY),
+            join_all(first.iter().map(|o| session.ask_reassign(conn, *o))),
+        )
+        .await;
+        let mut answer = answer?;
+        let mut moved = 0usize;
+        let mut not_found = Vec::new();
+        for (o, r) in first.iter().zip(early) {
+            if r? {
+                moved += 1;
+            } else {
+                not_found.push(*o);
+            }
+        }
+        let mut pending: Vec<Orphan> = rest.to_vec();
         if answer == logout_response::CID_NOT_FOUND {
+            // The target has not seen the connection fail (Linux's LIO keeps a connection for
+            // recovery only once it has noticed the failure itself): its "task not found"
+            // meant nothing yet. Asked again a moment later it may have; one that still has
+            // not (a silent route: it may not notice for many seconds) holds the tasks on a
+            // connection it thinks alive, and they are cleared as a stalled connection's are
+            // ([`evict`]).
+            if moved > 0 {
+                return Err(Error::Protocol(format!(
+                    "the target reassigned {moved} task(s) of connection {cid} but did not know the connection"
+                )));
+            }
             tokio::time::sleep(RECOVERY_LOGOUT_RETRY).await;
             answer = session
                 .logout_elsewhere(conn, cid, logout_reason::RECOVERY)
                 .await?;
-        }
-        if answer == logout_response::CID_NOT_FOUND {
-            return Ok(None);
-        }
-        // The TASK REASSIGNs go out together, a few at a time, so that the tasks move within
-        // a round trip or two of the logout rather than one round trip each.
-        let mut again = Vec::new();
-        let mut moved = 0usize;
-        for chunk in orphans.chunks(ABORTS_AT_ONCE) {
-            let mut set = tokio::task::JoinSet::new();
-            for o in chunk.iter().copied() {
-                let s = session.clone();
-                set.spawn(async move { s.reassign_orphan(conn, o).await });
+            if answer == logout_response::CID_NOT_FOUND {
+                return Ok(None);
             }
-            while let Some(r) = set.join_next().await {
-                match r.map_err(|e| {
-                    Error::Protocol(format!("a TASK REASSIGN request failed: {e}"))
-                })?? {
-                    Some(itt) => again.push(itt),
-                    None => moved += 1,
+            pending.splice(0..0, not_found.drain(..));
+        }
+        for chunk in pending.chunks(ABORTS_AT_ONCE) {
+            let answers = join_all(chunk.iter().map(|o| session.ask_reassign(conn, *o))).await;
+            for (o, r) in chunk.iter().zip(answers) {
+                if r? {
+                    moved += 1;
+                } else {
+                    not_found.push(*o);
                 }
             }
         }
-        Ok(Some((moved, again)))
+        let answered = started.elapsed();
+        // Never received whole: ABORT TASK takes each one's CmdSN as received (else the
+        // target holds every later command), then it is issued again.
+        for chunk in not_found.chunks(ABORTS_AT_ONCE) {
+            for r in join_all(chunk.iter().map(|o| session.abort_orphan(conn, *o))).await {
+                r?;
+            }
+        }
+        let again: Vec<u32> = not_found.iter().map(|o| o.itt).collect();
+        Ok(Some((moved, again, answered)))
     }
     .await;
     let mut inner = lock(&shared);
     if inner.generation != generation || inner.phase != Phase::Running {
         return;
     }
-    let (moved, again) = match result {
+    let (moved, again, answered) = match result {
         Ok(Some(r)) => r,
         Ok(None) => {
             tracing::warn!(
@@ -793,7 +818,7 @@ async fn reassign_orphans(
         conn,
         moved,
         issued_again = again.len(),
-        "the failed connection's tasks moved to the others in {:.1?}",
+        "the failed connection's tasks moved to the others in {:.1?} (TASK REASSIGNs answered in {answered:.1?})",
         started.elapsed()
     );
     let sh = Arc::clone(&shared);
@@ -1447,10 +1472,10 @@ impl Session {
     /// ABORT TASK for task `o` of connection `avoid`, sent on another one: done when the target
     /// answers "function complete" (aborted, or its CmdSN taken as received) or "task does not
     /// exist" (it ended before).
-    /// TASK REASSIGN of orphan `o` of failed connection `avoid` on another connection. `None`
-    /// when the target took it over there; `Some(itt)` when the target never received it (it
-    /// was then aborted to fill its CmdSN hole, and must be issued again).
-    async fn reassign_orphan(&self, avoid: usize, o: Orphan) -> Result<Option<u32>, Error> {
+    /// TASK REASSIGN of orphan `o` of failed connection `avoid` on another connection: true
+    /// when the target took it over there, false when it answered "task not found" (it never
+    /// received the command whole, or has not seen the connection fail).
+    async fn ask_reassign(&self, avoid: usize, o: Orphan) -> Result<bool, Error> {
         let (r, via) = self
             .request_elsewhere_via(avoid, |core, itt, via| {
                 Pdu::TaskMgmtRequest(TaskMgmtRequest {
@@ -1469,14 +1494,9 @@ impl Session {
         match r {
             Pdu::TaskMgmtResponse(t) if t.response == tmf_response::COMPLETE => {
                 lock(&self.shared).core.reassigned(o.itt, via);
-                Ok(None)
+                Ok(true)
             }
-            Pdu::TaskMgmtResponse(t) if t.response == tmf_response::NO_TASK => {
-                // The target never received it: ABORT TASK takes its CmdSN as received (else
-                // it holds every later command), then it is issued again.
-                self.abort_orphan(avoid, o).await?;
-                Ok(Some(o.itt))
-            }
+            Pdu::TaskMgmtResponse(t) if t.response == tmf_response::NO_TASK => Ok(false),
             Pdu::TaskMgmtResponse(t) => Err(Error::Protocol(format!(
                 "the target answered TASK REASSIGN for task {:#x} with response {}",
                 o.itt, t.response
