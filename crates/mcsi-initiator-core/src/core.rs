@@ -810,11 +810,6 @@ impl<C> SessionCore<C> {
         orphans
     }
 
-    /// Issue the failed-over tasks `itts` again (new ITT and CmdSN, on the connections that
-    /// remain), ahead of the queued commands and in their old CmdSN order. Tasks that completed
-    /// meanwhile are skipped.
-    /// The first Data-In task `itt` still needs (0 for a task that reads nothing): TASK
-    /// REASSIGN's ExpDataSN.
     /// Task `itt` as the core sees it, for logs: connection, CmdSN, direction, Data-In state.
     pub fn describe_task(&self, itt: u32) -> String {
         match self.tasks.get(&itt) {
@@ -836,6 +831,8 @@ impl<C> SessionCore<C> {
         }
     }
 
+    /// The first Data-In task `itt` still needs (0 for a task that reads nothing): TASK
+    /// REASSIGN's ExpDataSN.
     pub fn exp_data_sn(&self, itt: u32) -> u32 {
         self.tasks
             .get(&itt)
@@ -864,6 +861,9 @@ impl<C> SessionCore<C> {
         true
     }
 
+    /// Issue the failed-over tasks `itts` again (new ITT and CmdSN, on the connections that
+    /// remain), ahead of the queued commands and in their old CmdSN order. Tasks that completed
+    /// meanwhile are skipped.
     pub fn reissue(&mut self, itts: &[u32], out: &mut Vec<Action<C>>) {
         for itt in itts.iter().rev() {
             let Some(t) = self.tasks.remove(itt) else {

@@ -192,9 +192,10 @@ pub struct SessionStats {
     /// over the others, and new connections that rejoined in their place.
     pub failovers: u32,
     pub rejoins: u32,
-    /// Commands issued again from the start after a failure: all those without status when
-    /// the session was logged in again, a stalled connection's when it was taken out, and at
-    /// ErrorRecoveryLevel 2 those of a failed connection that the target never received.
+    /// Commands issued again from the start after a failure: every command without status
+    /// when the session was logged in again (with those still queued behind the CmdSN window,
+    /// which go out then for the first time), a stalled connection's when it was taken out,
+    /// and at ErrorRecoveryLevel 2 those of a failed connection that the target never received.
     pub reissued: u64,
     /// Tasks of a failed connection that went on at another with TASK REASSIGN
     /// (ErrorRecoveryLevel 2), without being issued again.
@@ -732,13 +733,7 @@ async fn reassign_orphans(
         let mut answer = answer?;
         let mut moved = 0usize;
         let mut not_found = Vec::new();
-        for (o, r) in first.iter().zip(early) {
-            if r? {
-                moved += 1;
-            } else {
-                not_found.push(*o);
-            }
-        }
+        tally(first, early, &mut moved, &mut not_found)?;
         let mut pending: Vec<Orphan> = rest.to_vec();
         if answer == logout_response::CID_NOT_FOUND {
             // The target has not seen the connection fail (Linux's LIO keeps a connection for
@@ -763,13 +758,7 @@ async fn reassign_orphans(
         }
         for chunk in pending.chunks(ABORTS_AT_ONCE) {
             let answers = join_all(chunk.iter().map(|o| session.ask_reassign(conn, *o))).await;
-            for (o, r) in chunk.iter().zip(answers) {
-                if r? {
-                    moved += 1;
-                } else {
-                    not_found.push(*o);
-                }
-            }
+            tally(chunk, answers, &mut moved, &mut not_found)?;
         }
         let answered = started.elapsed();
         // Never received whole: ABORT TASK takes each one's CmdSN as received (else the
@@ -823,6 +812,24 @@ async fn reassign_orphans(
     );
     let sh = Arc::clone(&shared);
     tokio::spawn(async move { rejoin(sh, conn, generation).await });
+}
+
+/// Sorts the answers to the TASK REASSIGNs of `asked`: taken over (counted in `moved`), or
+/// not found (kept in `not_found`); the first error stops it.
+fn tally(
+    asked: &[Orphan],
+    answers: Vec<Result<bool, Error>>,
+    moved: &mut usize,
+    not_found: &mut Vec<Orphan>,
+) -> Result<(), Error> {
+    for (o, r) in asked.iter().zip(answers) {
+        if r? {
+            *moved += 1;
+        } else {
+            not_found.push(*o);
+        }
+    }
+    Ok(())
 }
 
 fn fail_over(shared: &Arc<Shared>, inner: &mut Inner, conn: usize, silent: Duration) {
@@ -929,6 +936,32 @@ async fn evict(
     );
     let sh = Arc::clone(&shared);
     tokio::spawn(async move { rejoin(sh, conn, generation).await });
+}
+
+/// Task management `function` (ABORT TASK, TASK REASSIGN) about orphan `o`, as request `itt`
+/// on connection `via`. TASK REASSIGN gives the first Data-In the task still needs.
+fn orphan_tmf(
+    core: &SessionCore<Completion>,
+    function: u8,
+    o: Orphan,
+    itt: u32,
+    via: usize,
+) -> Pdu {
+    Pdu::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function,
+        lun: o.lun,
+        itt,
+        referenced_task_tag: o.itt,
+        cmd_sn: core.immediate_cmd_sn(),
+        exp_stat_sn: core.exp_stat_sn(via),
+        ref_cmd_sn: o.cmd_sn,
+        exp_data_sn: if function == tmf_function::TASK_REASSIGN {
+            core.exp_data_sn(o.itt)
+        } else {
+            0
+        },
+    })
 }
 
 fn unexpected(wanted: &str, got: &Pdu) -> Error {
@@ -1469,26 +1502,13 @@ impl Session {
             .map_err(|_| Error::Closed)
     }
 
-    /// ABORT TASK for task `o` of connection `avoid`, sent on another one: done when the target
-    /// answers "function complete" (aborted, or its CmdSN taken as received) or "task does not
-    /// exist" (it ended before).
     /// TASK REASSIGN of orphan `o` of failed connection `avoid` on another connection: true
     /// when the target took it over there, false when it answered "task not found" (it never
     /// received the command whole, or has not seen the connection fail).
     async fn ask_reassign(&self, avoid: usize, o: Orphan) -> Result<bool, Error> {
         let (r, via) = self
             .request_elsewhere_via(avoid, |core, itt, via| {
-                Pdu::TaskMgmtRequest(TaskMgmtRequest {
-                    immediate: true,
-                    function: tmf_function::TASK_REASSIGN,
-                    lun: o.lun,
-                    itt,
-                    referenced_task_tag: o.itt,
-                    cmd_sn: core.immediate_cmd_sn(),
-                    exp_stat_sn: core.exp_stat_sn(via),
-                    ref_cmd_sn: o.cmd_sn,
-                    exp_data_sn: core.exp_data_sn(o.itt),
-                })
+                orphan_tmf(core, tmf_function::TASK_REASSIGN, o, itt, via)
             })
             .await?;
         match r {
@@ -1505,20 +1525,13 @@ impl Session {
         }
     }
 
+    /// ABORT TASK for task `o` of connection `avoid`, sent on another one: done when the target
+    /// answers "function complete" (aborted, or its CmdSN taken as received) or "task does not
+    /// exist" (it ended before).
     async fn abort_orphan(&self, avoid: usize, o: Orphan) -> Result<(), Error> {
         let r = self
             .request_elsewhere(avoid, |core, itt, via| {
-                Pdu::TaskMgmtRequest(TaskMgmtRequest {
-                    immediate: true,
-                    function: tmf_function::ABORT_TASK,
-                    lun: o.lun,
-                    itt,
-                    referenced_task_tag: o.itt,
-                    cmd_sn: core.immediate_cmd_sn(),
-                    exp_stat_sn: core.exp_stat_sn(via),
-                    ref_cmd_sn: o.cmd_sn,
-                    exp_data_sn: 0,
-                })
+                orphan_tmf(core, tmf_function::ABORT_TASK, o, itt, via)
             })
             .await?;
         match r {
@@ -1535,10 +1548,9 @@ impl Session {
         }
     }
 
-    /// Logs connection `cid` out with `reason` (close it, or remove it for recovery) through
-    /// a connection other than `avoid`: done when the target closed it or no longer has it.
-    /// Logout of connection `cid` for `reason`, sent on another connection than `avoid`:
-    /// the target's answer, "closed" or "CID not found" (anything else is an error).
+    /// Logs connection `cid` (slot `avoid`) out with `reason` (close it, or remove it for
+    /// recovery) through another connection: the target's answer, "closed" or "CID not found"
+    /// (anything else is an error).
     async fn logout_elsewhere(&self, avoid: usize, cid: u16, reason: u8) -> Result<u8, Error> {
         let r = self
             .request_elsewhere(avoid, |core, itt, _via| {

@@ -762,7 +762,7 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
         out.push((Metric::Reissued, i));
     }
     if p.params.get("kill_every").is_some() {
-        let mut pauses: Vec<f64> = m["kills"]
+        let pauses: Vec<f64> = m["kills"]
             .as_array()
             .map(|k| {
                 k.iter()
@@ -770,12 +770,11 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
                     .collect()
             })
             .unwrap_or_default();
-        if pauses.is_empty() {
+        let Some(pause) = results::Spread::of(pauses) else {
             return Err("kill_every is set but no connection was killed during the run".into());
-        }
-        pauses.sort_by(f64::total_cmp);
-        out.push((Metric::KillPauseMs, pauses[pauses.len() / 2]));
-        out.push((Metric::KillPauseMaxMs, pauses[pauses.len() - 1]));
+        };
+        out.push((Metric::KillPauseMs, pause.median));
+        out.push((Metric::KillPauseMaxMs, pause.max));
         if let Some(s) = m["longest_stall_ms"].as_f64() {
             out.push((Metric::StallMs, s));
         }

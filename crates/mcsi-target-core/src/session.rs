@@ -1433,7 +1433,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     pub fn reply_conn(&mut self, itt: u32, command_conn: &C) -> C {
         if !self.asymmetric {
             // A task TASK REASSIGN moved (ErrorRecoveryLevel 2) answers on its new connection,
-            // also when it was already running on the failed one.
+            // also when it was already running on the failed one. Below level 2 no task moves.
+            if self.erl < 2 {
+                return command_conn.clone();
+            }
             let moved = self
                 .tasks
                 .get(&itt)

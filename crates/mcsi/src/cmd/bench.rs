@@ -32,6 +32,9 @@ impl Rw {
     fn random(self) -> bool {
         matches!(self, Rw::Randread | Rw::Randwrite | Rw::Randrw)
     }
+    fn writes(self) -> bool {
+        !matches!(self, Rw::Read | Rw::Randread)
+    }
 }
 
 #[derive(clap::Args)]
@@ -685,7 +688,7 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
     }
     // Workloads that wrote with --verify read every block back afterwards (fio's do_verify):
     // each must hold the last version written.
-    if a.verify && a.rw != Rw::Read && a.rw != Rw::Randread && total.first_error.is_none() {
+    if a.verify && a.rw.writes() && total.first_error.is_none() {
         {
             let mut g = lockg(&ctx);
             let written = g.issued.min(blocks);
