@@ -31,6 +31,8 @@ pub struct SessionParams {
     pub asymmetric: bool,
     /// The target reports its sending side's TCP state (`X-org.mcsi.TcpReport`).
     pub tcp_report: bool,
+    /// TASK REASSIGNs may go right behind their Logout (`X-org.mcsi.ReassignBehindLogout`).
+    pub reassign_behind_logout: bool,
 }
 
 impl std::ops::Deref for SessionParams {
@@ -60,6 +62,7 @@ impl Default for SessionParams {
             target_portal_group_tag: None,
             asymmetric: false,
             tcp_report: false,
+            reassign_behind_logout: false,
         }
     }
 }
@@ -207,6 +210,10 @@ fn proto_config(cfg: &LoginConfig) -> Result<InitiatorLoginConfig, Error> {
     if o.tcp_report && cfg.kind == SessionKind::Normal {
         c.extensions.push((vendor::TCP_REPORT, "Yes".into()));
     }
+    if o.max_erl >= 2 && cfg.kind == SessionKind::Normal {
+        c.extensions
+            .push((vendor::REASSIGN_BEHIND_LOGOUT, "Yes".into()));
+    }
     if let Some((user, secret)) = &cfg.chap {
         let chap = ChapInitiator::new(
             ChapCredentials::new(user.clone(), secret.as_bytes().to_vec()),
@@ -292,6 +299,7 @@ impl Login {
                     target_portal_group_tag: o.target_portal_group_tag,
                     asymmetric: vendor::asymmetric_agreed(&s.extensions),
                     tcp_report: vendor::tcp_report_agreed(&s.extensions),
+                    reassign_behind_logout: vendor::reassign_behind_logout_agreed(&s.extensions),
                 };
                 if params.error_recovery_level > 2 {
                     return Err(Error::Negotiation(format!(
@@ -503,6 +511,45 @@ mod tests {
         assert!(d.params.asymmetric);
         assert_eq!(d.role, ConnRole::Requests);
         assert_eq!(d.params.max_connections, 4);
+    }
+
+    /// Agreed only when both sides say Yes; a standard target's NotUnderstood leaves it off,
+    /// and an initiator that does not offer level 2 does not ask.
+    #[test]
+    fn reassign_behind_logout_only_with_level_2_and_a_target_that_agrees() {
+        let key = vendor::REASSIGN_BEHIND_LOGOUT.name;
+        for (target_says, agreed) in [("Yes", true), ("NotUnderstood", false)] {
+            let (mut l, offered) = operational_offers(&cfg(false));
+            assert!(offered.contains(&(key.into(), "Yes".into())), "{offered:?}");
+            let answer: String = offered
+                .iter()
+                .map(|(k, v)| {
+                    let a = if k == key {
+                        target_says
+                    } else {
+                        v.split(',').next().unwrap()
+                    };
+                    format!("{k}={a}|")
+                })
+                .collect();
+            let LoginStep::Done(d) = l
+                .handle(&resp(
+                    Stage::Operational,
+                    Stage::FullFeature,
+                    7,
+                    &answer,
+                    (0, 0),
+                ))
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert_eq!(d.params.reassign_behind_logout, agreed, "{target_says}");
+        }
+        let mut c = cfg(false);
+        c.offers.max_erl = 1;
+        let (_, offered) = operational_offers(&c);
+        assert!(!offered.iter().any(|(k, _)| k == key), "{offered:?}");
     }
 
     #[test]

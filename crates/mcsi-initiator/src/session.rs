@@ -721,10 +721,20 @@ async fn reassign_orphans(
     };
     let result = async {
         use futures_util::future::{join, join_all};
-        // The Logout and the first TASK REASSIGNs leave together on one connection, the
-        // reassignments right behind the Logout: a target that handles a connection's
-        // immediate requests in order (mcsi's does) moves the tasks within one round trip.
-        let (first, rest) = orphans.split_at(orphans.len().min(ABORTS_AT_ONCE));
+        // RFC 7143 6.2.2: the Logout "remove the connection for recovery" MUST have completed
+        // before any of the connection's tasks is reassigned; a target may act on the Logout
+        // only when it answers it (LIO does), and a TASK REASSIGN that overtakes it finds no
+        // task to move. A target that agreed to X-org.mcsi.ReassignBehindLogout (mcsi's: it
+        // handles a connection's immediate requests in order) takes the first TASK REASSIGNs
+        // right behind the Logout on the same connection, and the tasks move within one round
+        // trip instead of two.
+        let behind = lock(&shared).core.params().reassign_behind_logout;
+        let early_ones = if behind {
+            orphans.len().min(ABORTS_AT_ONCE)
+        } else {
+            0
+        };
+        let (first, rest) = orphans.split_at(early_ones);
         let (answer, early) = join(
             session.logout_elsewhere(conn, cid, logout_reason::RECOVERY),
             join_all(first.iter().map(|o| session.ask_reassign(conn, *o))),
@@ -807,6 +817,7 @@ async fn reassign_orphans(
         conn,
         moved,
         issued_again = again.len(),
+        behind_logout = inner.core.params().reassign_behind_logout,
         "the failed connection's tasks moved to the others in {:.1?} (TASK REASSIGNs answered in {answered:.1?})",
         started.elapsed()
     );

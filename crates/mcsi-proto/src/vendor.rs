@@ -65,6 +65,38 @@ pub const TCP_REPORT: KeyDef = KeyDef {
     discovery: false,
 };
 
+/// `X-org.mcsi.ReassignBehindLogout`: the target takes TASK REASSIGNs sent right behind the
+/// Logout "remove the connection for recovery" that they depend on.
+///
+/// RFC 7143 6.2.2 has the initiator wait until that Logout has completed before it reassigns a
+/// task: a target may act on the Logout only when it answers it (Linux's LIO does), and a TASK
+/// REASSIGN that overtakes it finds nothing to move. mcsi's target handles a connection's
+/// immediate requests in the order they arrive, the Logout included, so with it the wait only
+/// costs a round trip per failed connection. Session-wide, leading login only, Boolean AND,
+/// offered only by an mcsi initiator that offers ErrorRecoveryLevel 2 (a target registers it and
+/// never offers it); a standard target answers NotUnderstood and the initiator waits.
+pub const REASSIGN_BEHIND_LOGOUT: KeyDef = KeyDef {
+    name: "X-org.mcsi.ReassignBehindLogout",
+    kind: KeyKind::BooleanAnd,
+    value: ValueSpec::Boolean,
+    default: "No",
+    leading_only: true,
+    per_connection: false,
+    phase: Phase::Login,
+    senders: Senders::Both,
+    discovery: false,
+};
+
+/// Whether a login agreed that TASK REASSIGNs may follow their Logout without waiting.
+pub fn reassign_behind_logout_agreed(
+    extensions: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    extensions
+        .get(REASSIGN_BEHIND_LOGOUT.name)
+        .map(String::as_str)
+        == Some("Yes")
+}
+
 /// AsyncVCode of a TCP state report (AsyncEvent 255).
 pub const TCP_REPORT_VCODE: u8 = 1;
 

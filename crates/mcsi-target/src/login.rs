@@ -19,7 +19,9 @@ use mcsi_proto::login::{
     TargetLoginConfig,
 };
 use mcsi_proto::pdu::{self, Framing, Isid, LoginRequest, LoginResponse, Pdu};
-use mcsi_proto::vendor::{ConnRole, ASYMMETRIC, CONNECTION_ROLE, TCP_REPORT};
+use mcsi_proto::vendor::{
+    ConnRole, ASYMMETRIC, CONNECTION_ROLE, REASSIGN_BEHIND_LOGOUT, TCP_REPORT,
+};
 use rand::RngCore;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,14 +41,18 @@ const FIRST_STAT_SN: u32 = 1;
 fn vendor_keys(limits: &Limits) -> Vec<(KeyDef, String)> {
     // TCP state reports are agreed whenever an mcsi initiator asks for them.
     let report = (TCP_REPORT, "Yes".to_string());
+    // The session core handles a connection's immediate requests in order, so TASK REASSIGNs
+    // right behind their Logout find the tasks it left.
+    let reassign = (REASSIGN_BEHIND_LOGOUT, "Yes".to_string());
     if limits.asymmetric {
         vec![
             (ASYMMETRIC, "Yes".into()),
             (CONNECTION_ROLE, "requests,responses,both".into()),
             report,
+            reassign,
         ]
     } else {
-        vec![(ASYMMETRIC, "No".into()), report]
+        vec![(ASYMMETRIC, "No".into()), report, reassign]
     }
 }
 
