@@ -6,8 +6,10 @@ pub mod tmf_response {
     pub const COMPLETE: u8 = 0;
     pub const NO_TASK: u8 = 1;
     pub const NO_LUN: u8 = 2;
+    pub const STILL_ALLEGIANT: u8 = 3;
     pub const REASSIGN_NOT_SUPPORTED: u8 = 4;
     pub const NOT_SUPPORTED: u8 = 5;
+    pub const AUTH_FAILED: u8 = 6;
 }
 
 /// TMF function codes (11.5.1).

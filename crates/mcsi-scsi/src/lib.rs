@@ -101,6 +101,9 @@ pub struct DataPhase {
 #[derive(Debug, Clone)]
 pub struct LuConfig {
     pub block_size: u32,
+    /// Logical blocks per physical block, as a power of two (READ CAPACITY(16)'s LOGICAL
+    /// BLOCKS PER PHYSICAL BLOCK EXPONENT, 0 to 15): 3 for 512-byte blocks on 4 KiB sectors.
+    pub lbppb_exponent: u8,
     /// T10 vendor identification (8 ASCII chars, padded).
     pub vendor: String,
     /// Product identification (16 chars, padded).
@@ -123,6 +126,7 @@ impl Default for LuConfig {
     fn default() -> Self {
         LuConfig {
             block_size: 512,
+            lbppb_exponent: 0,
             vendor: "MCSI".into(),
             product: "VIRTUAL-DISK".into(),
             revision: "0001".into(),

@@ -70,6 +70,8 @@ const MAX_UNMAP_LBA_COUNT: u32 = 1 << 20;
 const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 // Below 65536 so that a WRITE SAME(16) the size of a 16-bit length never needs a larger
 // data transfer than MAX_TRANSFER_BYTES to set up or check.
+/// MAXIMUM WRITE SAME LENGTH, in blocks: one command stays bounded. NUMBER OF LOGICAL BLOCKS
+/// zero ("to the end of the medium") is served when the end is within it.
 const MAX_WRITE_SAME_BLOCKS: u64 = 0xFFFF;
 const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 255;
 
@@ -345,6 +347,16 @@ impl LogicalUnit {
 
     fn max_transfer_blocks(&self) -> u64 {
         MAX_TRANSFER_BYTES / self.block_size
+    }
+
+    /// Whether the CDB's data-out is a structure of fixed size rather than a range of blocks
+    /// (WRITE SAME's one block, COMPARE AND WRITE's two halves): more data than that is an
+    /// error, not a residual.
+    pub fn data_out_fixed(&self, cdb: &[u8]) -> bool {
+        matches!(
+            Cdb::new(cdb).op(),
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 | op::COMPARE_AND_WRITE
+        )
     }
 
     /// Data-out and data-in sizes the CDB asks for. Invalid CDBs give zeros; the command then
@@ -734,9 +746,11 @@ impl LogicalUnit {
             0xB0 => {
                 // Block Limits (SBC-3 6.5.3), page length 3Ch.
                 let mut p = [0u8; 0x3C];
-                p[0] = 0x01; // WSNZ: WRITE SAME with zero blocks is rejected
+                // WSNZ clear: WRITE SAME with zero blocks writes to the end of the medium.
                 p[1] = MAX_COMPARE_AND_WRITE_BLOCKS;
-                p[2..4].copy_from_slice(&1u16.to_be_bytes());
+                // OPTIMAL TRANSFER LENGTH GRANULARITY: a physical block.
+                let per_physical = 1u16 << (self.cfg.lbppb_exponent & 0x0F);
+                p[2..4].copy_from_slice(&per_physical.to_be_bytes());
                 p[4..8].copy_from_slice(&(self.max_transfer_blocks() as u32).to_be_bytes());
                 p[8..12].copy_from_slice(&((1u32 << 20) / self.block_size as u32).to_be_bytes());
                 if self.cfg.thin_provisioning {
@@ -1405,6 +1419,8 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.blocks.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT; the lowest aligned LBA is 0.
+        d[13] = self.cfg.lbppb_exponent & 0x0F;
         if self.cfg.thin_provisioning {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ (SBC-3 5.16.2)
         }
@@ -1580,13 +1596,21 @@ impl LogicalUnit {
             )));
         }
         self.check_range(r.lba, r.nlb)?;
-        // WSNZ is set in the Block Limits page: zero blocks is an invalid field (SBC-3 5.42).
-        if r.nlb == 0 {
+        // WSNZ is clear in the Block Limits page: zero blocks means from the LBA to the end of
+        // the medium (SBC-4 5.49), within MAXIMUM WRITE SAME LENGTH like any other count.
+        let nlb = if r.nlb == 0 {
+            self.blocks - r.lba
+        } else {
+            r.nlb
+        };
+        if nlb > MAX_WRITE_SAME_BLOCKS {
             return Err(bad_cdb(if sixteen { 10 } else { 7 }, None));
         }
-        if r.nlb > MAX_WRITE_SAME_BLOCKS {
-            return Err(bad_cdb(if sixteen { 10 } else { 7 }, None));
+        if nlb == 0 {
+            // Zero blocks at the end of the medium: nothing to write.
+            return Ok(Outcome::good(Bytes::new()));
         }
+        let r = Rw { nlb, ..r };
         let bs = self.block_size as usize;
         let block: Vec<u8> = if ndob {
             vec![0u8; bs]

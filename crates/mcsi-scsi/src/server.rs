@@ -125,6 +125,18 @@ impl DeviceServer {
         }
     }
 
+    /// A command whose data-out has a fixed size (WRITE SAME, COMPARE AND WRITE) that arrives
+    /// with more data than that (iSCSI ExpectedDataTransferLength `edtl` beyond what its CDB
+    /// asks for) is refused instead of run on the first part: CHECK CONDITION, ILLEGAL REQUEST,
+    /// INVALID FIELD IN CDB. None for anything else (a read or write that overflows runs and
+    /// reports the residual).
+    pub fn overflow_refused(&self, raw: u64, cdb: &[u8], edtl: u32) -> Option<Outcome> {
+        let lu = self.lu(raw)?;
+        let need = lu.data_phase(cdb).data_out_len;
+        (lu.data_out_fixed(cdb) && edtl > need)
+            .then(|| Outcome::check(&Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB)))
+    }
+
     /// Whether the command may block on backend I/O (run it on a blocking pool).
     pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
         self.lu(raw).is_some_and(|lu| lu.blocking(cdb))

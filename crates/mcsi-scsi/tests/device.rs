@@ -219,6 +219,11 @@ fn vpd_pages() {
     assert_ne!(u32::from_be_bytes([d[24], d[25], d[26], d[27]]), 0); // max unmap descriptors
                                                                      // MAXIMUM WRITE SAME LENGTH (bytes 36..44), atomic fields zero (no WRITE ATOMIC).
     assert_eq!(&d[36..44], &0xFFFFu64.to_be_bytes());
+    assert_eq!(
+        d[4] & 0x01,
+        0,
+        "WSNZ clear: WRITE SAME of zero blocks is served"
+    );
     assert!(d[44..64].iter().all(|&b| b == 0));
     let o = vpd(0xB1);
     let d = good(&o);
@@ -821,12 +826,27 @@ fn write_same() {
         key::ILLEGAL_REQUEST,
         asc::LBA_OUT_OF_RANGE,
     );
-    // Zero blocks with WSNZ set.
-    expect(
-        &run(&lu, &n, &[0x41, 0, 0, 0, 0, 20, 0, 0, 0, 0], &[0x11; BS]),
-        key::ILLEGAL_REQUEST,
-        asc::INVALID_FIELD_IN_CDB,
+    // Zero blocks (WSNZ clear): from the LBA to the end of the medium; at the end, nothing.
+    let blocks = 2048u32;
+    good(&run(
+        &lu,
+        &n,
+        &[0x41, 0, 0, 0, 0x07, 0xF0, 0, 0, 0, 0],
+        &[0x22; BS],
+    ));
+    let o = run(&lu, &n, &read10(blocks - 17, 17), &[]);
+    let d = good(&o);
+    assert!(
+        d[..BS].iter().all(|&b| b == 0),
+        "the block before is untouched"
     );
+    assert!(d[BS..].iter().all(|&b| b == 0x22), "to the last block");
+    good(&run(
+        &lu,
+        &n,
+        &[0x41, 0, 0, 0, 0x08, 0x00, 0, 0, 0, 0],
+        &[0x22; BS],
+    ));
     // WRITE SAME(16) with UNMAP deallocates whatever the data (LBPRZ: reads zeros).
     // One whole allocation chunk, starting at LBA CH.
     good(&run(
@@ -1401,4 +1421,49 @@ fn orwrite_ors_into_the_medium() {
         key::ILLEGAL_REQUEST,
         asc::LBA_OUT_OF_RANGE,
     );
+}
+
+#[test]
+fn a_512e_unit_reports_its_physical_block() {
+    let lu = ram_lu(
+        64,
+        LuConfig {
+            lbppb_exponent: 3,
+            ..LuConfig::default()
+        },
+    );
+    let n = nexus(1);
+    ready(&lu, &n);
+    // READ CAPACITY(16): LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT 3, lowest aligned LBA 0.
+    let mut c = [0u8; 16];
+    c[0] = 0x9E;
+    c[1] = 0x10;
+    c[13] = 32;
+    let d = good(&run(&lu, &n, &c, &[])).to_vec();
+    assert_eq!(d[13] & 0x0F, 3);
+    assert_eq!((d[14] & 0x3F, d[15]), (0, 0));
+    // Block Limits: OPTIMAL TRANSFER LENGTH GRANULARITY is a physical block.
+    let d = good(&run(&lu, &n, &[0x12, 1, 0xB0, 0, 0x40, 0], &[])).to_vec();
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 8);
+}
+
+#[test]
+fn fixed_size_data_out_with_more_data_than_the_cdb_asks_is_refused() {
+    let lu0 = Arc::new(ram_lu(16, LuConfig::default()));
+    let ds = DeviceServer::new(vec![(0, lu0)]);
+    let mut ws = [0u8; 16];
+    ws[..10].copy_from_slice(&[0x41, 0, 0, 0, 0, 2, 0, 0, 1, 0]);
+    // WRITE SAME(10) of one block needs one block: two are an error, one is not.
+    let o = ds.overflow_refused(0, &ws, 2 * BS as u32).expect("refused");
+    expect(&o, key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    assert!(ds.overflow_refused(0, &ws, BS as u32).is_none());
+    // COMPARE AND WRITE of one block: two blocks of data-out, not four.
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[13] = 1;
+    assert!(ds.overflow_refused(0, &caw, 4 * BS as u32).is_some());
+    assert!(ds.overflow_refused(0, &caw, 2 * BS as u32).is_none());
+    // A WRITE(10) that overflows runs and reports the residual.
+    let w = [0x2A, 0, 0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+    assert!(ds.overflow_refused(0, &w, 8 * BS as u32).is_none());
 }

@@ -174,6 +174,9 @@ pub enum Reset {
     Lun(u64),
     /// Every LU of the target.
     Target,
+    /// Every LU of the target, then every session of the target is closed once the answer is
+    /// out (TARGET COLD RESET, RFC 7143 11.5.1).
+    TargetCold,
 }
 
 /// What a Task Management request does.
@@ -193,9 +196,9 @@ pub enum Tmf {
     /// ABORT TASK SET: this session's tasks on the LUN that came before the request in CmdSN
     /// order (4.2.3.2).
     AbortTaskSet { lun: u64, before: u32 },
-    /// CLEAR TASK SET, LOGICAL UNIT RESET, TARGET WARM RESET: the tasks of every session of the
-    /// target on the LUN (`None`: on every LUN) are aborted, as the task set is shared by all
-    /// initiators of the LU (SAM-5 7.5); then `reset`.
+    /// CLEAR TASK SET, LOGICAL UNIT RESET, TARGET WARM RESET, TARGET COLD RESET: the tasks of
+    /// every session of the target on the LUN (`None`: on every LUN) are aborted, as the task
+    /// set is shared by all initiators of the LU (SAM-5 7.5); then `reset`.
     AbortOnTarget { lun: Option<u64>, reset: Reset },
     /// TASK REASSIGN: the task with this ITT moves to the connection the request came on
     /// (ErrorRecoveryLevel 2, [`SessionCore::reassign`]); `exp_data_sn`: the first Data-In
@@ -232,6 +235,10 @@ impl Tmf {
             TARGET_WARM_RESET => Tmf::AbortOnTarget {
                 lun: None,
                 reset: Reset::Target,
+            },
+            TARGET_COLD_RESET => Tmf::AbortOnTarget {
+                lun: None,
+                reset: Reset::TargetCold,
             },
             TASK_REASSIGN => Tmf::Reassign {
                 itt: t.referenced_task_tag,
@@ -709,7 +716,14 @@ mod tests {
                 exp_data_sn: 0
             }
         );
-        for f in [CLEAR_ACA, TARGET_COLD_RESET, 0, 9, 127] {
+        assert_eq!(
+            Tmf::plan(&tmf(TARGET_COLD_RESET, 0, 0, 3), false),
+            Tmf::AbortOnTarget {
+                lun: None,
+                reset: Reset::TargetCold
+            }
+        );
+        for f in [CLEAR_ACA, 0, 9, 127] {
             let p = Tmf::plan(&tmf(f, 0, 0, 3), true);
             assert_eq!(p, Tmf::Respond(tmf_response::NOT_SUPPORTED), "function {f}");
             assert!(!p.aborts(&task(1, 1, 0, 1)));

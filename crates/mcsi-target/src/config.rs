@@ -345,6 +345,9 @@ pub struct FileTarget {
     pub congestion: Option<String>,
     /// The highest ErrorRecoveryLevel agreed (0 to 2).
     pub max_erl: Option<u32>,
+    /// Honour TARGET COLD RESET from any initiator: every session of the target ends
+    /// (default false: answered "function authorization failed").
+    pub allow_cold_reset: Option<bool>,
     /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
     /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
     pub response_policy: Option<String>,
@@ -368,6 +371,9 @@ pub struct FileLun {
     /// `ram:SIZE`, `file:PATH`, `file:PATH:SIZE` or `block:PATH`.
     pub backend: String,
     pub block_size: Option<u32>,
+    /// The physical block the LUN reports (a power-of-two multiple of `block_size`, at most
+    /// 2^15 blocks): 4096 on a 512-byte LUN stands for a 512e disk.
+    pub physical_block_size: Option<u32>,
     #[serde(default)]
     pub read_only: bool,
     pub serial: Option<String>,
@@ -515,6 +521,9 @@ pub struct Limits {
     /// is acknowledged and answers SNACKs; at 2 (offered with DefaultTime2Retain 20 s) a failed
     /// connection's tasks wait to be reassigned to another (TASK REASSIGN).
     pub max_erl: u8,
+    /// TARGET COLD RESET is honoured (it ends every session of the target, other initiators'
+    /// too); otherwise it is answered "function authorization failed" (RFC 7143 11.6.1).
+    pub allow_cold_reset: bool,
 }
 
 impl Default for Limits {
@@ -555,6 +564,8 @@ impl Default for Limits {
             // What an initiator asks for, up to level 2 (standard initiators offer 0 unless told
             // otherwise).
             max_erl: 2,
+            // One initiator must not end every other's sessions unless the operator says so.
+            allow_cold_reset: false,
         }
     }
 }
@@ -730,6 +741,8 @@ impl From<Arc<dyn Backend>> for LunBackend {
 pub struct LunSpec {
     pub backend: LunBackend,
     pub block_size: u32,
+    /// The physical block reported, a power-of-two multiple of `block_size` (None: the same).
+    pub physical_block_size: Option<u32>,
     pub read_only: bool,
     pub serial: Option<String>,
 }
@@ -740,6 +753,7 @@ impl LunSpec {
         LunSpec {
             backend: backend.into(),
             block_size: 512,
+            physical_block_size: None,
             read_only: false,
             serial: None,
         }
@@ -875,9 +889,14 @@ impl ServerConfig {
                         ));
                     }
                 }
+                if let Some(p) = l.physical_block_size {
+                    check_physical_block_size(p, block_size)
+                        .map_err(|e| cerr(f("physical_block_size"), e))?;
+                }
                 luns.push(LunSpec {
                     backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
+                    physical_block_size: l.physical_block_size,
                     read_only: l.read_only,
                     serial: l.serial.clone(),
                 });
@@ -1051,6 +1070,7 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
             d.data_out_timeout,
         )?,
         max_erl,
+        allow_cold_reset: t.allow_cold_reset.unwrap_or(d.allow_cold_reset),
         response_policy: match &t.response_policy {
             None => d.response_policy,
             Some(name) => {
@@ -1158,8 +1178,24 @@ pub fn parse_portal(s: &str) -> Result<SocketAddr, String> {
     ))
 }
 
-/// Parses a `--lun` value: a backend spec optionally followed by `,block_size=N`, `,read_only`,
-/// `,serial=S`.
+/// A physical block size must be a power-of-two multiple of the logical one, at most 2^15 of
+/// them (the exponent READ CAPACITY(16) has room for).
+fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), String> {
+    let ok = physical >= block_size
+        && physical.is_multiple_of(block_size)
+        && (physical / block_size).is_power_of_two()
+        && (physical / block_size) <= 1 << 15;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{physical} is not a power-of-two multiple of the block size {block_size} (use e.g. 4096 on 512-byte blocks)"
+        ))
+    }
+}
+
+/// Parses a `--lun` value: a backend spec optionally followed by `,block_size=N`,
+/// `,physical_block_size=N`, `,read_only`, `,serial=S`.
 pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
     let mut parts = arg.split(',');
     let backend = parts.next().unwrap_or("").to_string();
@@ -1180,15 +1216,28 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                     }
                 }
             }
+            Some(("physical_block_size" | "pbs", v)) => {
+                lun.physical_block_size = Some(v.parse().map_err(|_| {
+                    cerr(
+                        field,
+                        format!("physical_block_size '{v}' is not a number of bytes"),
+                    )
+                })?)
+            }
             Some(("serial", v)) if !v.is_empty() && v.len() <= 32 => lun.serial = Some(v.into()),
             None if p == "read_only" || p == "ro" => lun.read_only = true,
             _ => {
                 return Err(cerr(
                     field,
-                    format!("unknown option '{p}' (use block_size=N, read_only, serial=S)"),
+                    format!(
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S)"
+                    ),
                 ))
             }
         }
+    }
+    if let Some(p) = lun.physical_block_size {
+        check_physical_block_size(p, lun.block_size).map_err(|e| cerr(field, e))?;
     }
     Ok(lun)
 }
@@ -1550,11 +1599,35 @@ mod tests {
             LunSpec {
                 backend: "ram:1GiB".into(),
                 block_size: 4096,
+                physical_block_size: None,
                 read_only: true,
                 serial: Some("abc".into())
             }
         );
         assert!(parse_lun_arg("--lun", "ram:1GiB,bs=333").is_err());
+        // A physical block: a power-of-two multiple of the block, checked whatever the order.
+        let l = parse_lun_arg("--lun", "ram:1GiB,physical_block_size=4096").unwrap();
+        assert_eq!(l.physical_block_size, Some(4096));
+        let l = parse_lun_arg("--lun", "ram:1GiB,pbs=32768,bs=4096").unwrap();
+        assert_eq!((l.block_size, l.physical_block_size), (4096, Some(32768)));
+        for bad in [
+            "ram:1GiB,physical_block_size=256",
+            "ram:1GiB,physical_block_size=1536",
+            "ram:1GiB,physical_block_size=x",
+            "ram:1GiB,bs=4096,pbs=2048",
+        ] {
+            let e = parse_lun_arg("--lun", bad).unwrap_err().to_string();
+            assert!(
+                e.contains("physical_block_size") || e.contains("block size"),
+                "{bad}: {e}"
+            );
+        }
+        let e = ServerConfig::from_toml(
+            "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[[targets.luns]]\nbackend=\"ram:1M\"\nphysical_block_size = 3000\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("physical_block_size"), "{e}");
         assert!(parse_lun_arg("--lun", "disk:1").is_err());
         assert_eq!(
             parse_portal("10.0.0.1").unwrap(),

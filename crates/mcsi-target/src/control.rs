@@ -3,7 +3,7 @@
 //! (`mcsi_target_core::control`); this layer aborts, waits for the aborted tasks to end, resets
 //! devices and sends the answer.
 
-use crate::session::{wait_all, Conn, InOrder, Run, Session, Target};
+use crate::session::{wait_all, Conn, InOrder, Run, Session, SessionEnd, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, Pdu, TaskMgmtRequest};
 use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf, TmfStep};
@@ -180,7 +180,18 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         ));
         return;
     };
-    let plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
+    let mut plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
+    if matches!(
+        plan,
+        Tmf::AbortOnTarget {
+            reset: Reset::TargetCold,
+            ..
+        }
+    ) && !target.limits.allow_cold_reset
+    {
+        // It would end every initiator's sessions: only where the operator allows it.
+        plan = Tmf::Respond(tmf_response::AUTH_FAILED);
+    }
     // TASK REASSIGN of a task that had ended when its connection failed (ErrorRecoveryLevel
     // 2): answered from what that connection had sent; the core has the others.
     if let Tmf::Reassign {
@@ -254,6 +265,15 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
                         }
                     }
                     Reset::Target => target.dev.reset_all(),
+                    Reset::TargetCold => {
+                        target.dev.reset_all();
+                        log_tmf(&t, tmf_response::COMPLETE);
+                        // The answer goes out first; closing a session stops its connections'
+                        // readers and queues the close behind what their writers hold.
+                        conn.send(tmf_pdu(t.itt, tmf_response::COMPLETE));
+                        close_target_sessions(session, &target).await;
+                        return;
+                    }
                 }
             }
             tmf_response::COMPLETE
@@ -272,6 +292,24 @@ fn log_tmf(t: &TaskMgmtRequest, response: u8) {
         tracing::info!(function = name, ?lun, response, "task management");
     } else {
         debug!(function = name, ?lun, response, "task management");
+    }
+}
+
+/// TARGET COLD RESET: every session of this target ends, the requester's too (RFC 7143
+/// 11.5.1); the initiators log in again.
+async fn close_target_sessions(session: &Arc<Session>, target: &Arc<Target>) {
+    let mut closing = Vec::new();
+    for s in session.shared.all_sessions() {
+        if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
+            closing.push(s);
+        }
+    }
+    tracing::info!(
+        sessions = closing.len(),
+        "target cold reset: closing every session of the target"
+    );
+    for s in closing {
+        s.close(SessionEnd::ColdReset).await;
     }
 }
 

@@ -24,16 +24,18 @@ pub fn run_inline(
     claim: Inline,
 ) {
     let started = std::time::Instant::now();
-    let outcome = dev.execute(
-        cmd.lun,
-        Command {
-            nexus: &session.nexus,
-            cdb: &cmd.cdb,
-            data_out,
-            data_in_limit: read_expected(cmd),
-            attr: TaskAttribute::Simple,
-        },
-    );
+    let outcome = refused_overflow(dev, cmd).unwrap_or_else(|| {
+        dev.execute(
+            cmd.lun,
+            Command {
+                nexus: &session.nexus,
+                cdb: &cmd.cdb,
+                data_out,
+                data_in_limit: read_expected(cmd),
+                attr: TaskAttribute::Simple,
+            },
+        )
+    });
     account(session, conn, cmd, &outcome, started);
     let out = claim.reply.as_ref().unwrap_or(conn);
     for p in response_pdus(
@@ -111,6 +113,14 @@ async fn run(s: Started) {
     }
 }
 
+/// A write whose data-out has a fixed size (WRITE SAME, COMPARE AND WRITE) sent with more
+/// than that: refused rather than run on the first part of its data.
+fn refused_overflow(dev: &DeviceServer, cmd: &ScsiCommand) -> Option<Outcome> {
+    cmd.write
+        .then(|| dev.overflow_refused(cmd.lun, &cmd.cdb, cmd.expected_data_transfer_length))
+        .flatten()
+}
+
 /// Counts a finished command on its LUN and its connection.
 fn account(
     session: &Session,
@@ -143,6 +153,9 @@ async fn execute(
     data_out: Bytes,
     data_in_limit: u32,
 ) -> Outcome {
+    if let Some(o) = refused_overflow(dev, cmd) {
+        return o;
+    }
     let lun = cmd.lun;
     if dev.blocking(lun, &cmd.cdb) {
         let dev = dev.clone();

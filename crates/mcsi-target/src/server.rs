@@ -101,8 +101,10 @@ pub fn build_targets(
             naa[0] = 0x60 | ((h >> 60) as u8 & 0x0f);
             naa[1..9].copy_from_slice(&h.to_be_bytes());
             naa[9..11].copy_from_slice(&(li as u16).to_be_bytes());
+            let lbppb = l.physical_block_size.map_or(1, |p| p / l.block_size);
             let lu_cfg = LuConfig {
                 block_size: l.block_size,
+                lbppb_exponent: lbppb.trailing_zeros() as u8,
                 read_only: l.read_only,
                 serial: l
                     .serial

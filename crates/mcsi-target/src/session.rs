@@ -1487,6 +1487,9 @@ pub enum SessionEnd {
     /// The target is shutting down.
     #[error("the target is shutting down")]
     Shutdown,
+    /// An initiator asked for a TARGET COLD RESET.
+    #[error("target cold reset")]
+    ColdReset,
     /// ErrorRecoveryLevel 2: its last connection failed and DefaultTime2Retain ran out with
     /// no new one.
     #[error("no connection, and DefaultTime2Retain ran out")]

@@ -399,11 +399,63 @@ async fn abort_of_unknown_task_and_lun_reset() {
         panic!()
     };
     assert_eq!(r.response, 2, "LUN does not exist");
+    c.send(tmf(3, 0, RESERVED_TAG, c.cmd_sn)).await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 5, "CLEAR ACA: function not supported");
+    // TARGET COLD RESET would end every initiator's sessions: not unless the operator allows.
     c.send(tmf(7, 0, RESERVED_TAG, c.cmd_sn)).await;
     let Pdu::TaskMgmtResponse(r) = c.recv().await else {
         panic!()
     };
-    assert_eq!(r.response, 5, "function not supported");
+    assert_eq!(r.response, 6, "function authorization failed");
+    c.send(tmf(5, 0, RESERVED_TAG, c.cmd_sn)).await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!(r.response, 0, "the session goes on");
+}
+
+#[tokio::test]
+async fn an_allowed_cold_reset_answers_then_ends_every_session_of_the_target() {
+    let server = start(|l| l.allow_cold_reset = true).await;
+    // Another initiator port (its own ISID), so that it is a session of its own.
+    let mut other = Client::normal_isid(&server, [0x80, 9, 9, 9, 9, 9], &[]).await;
+    let mut c = Client::normal(&server, &[]).await;
+    let itt = other.next_itt();
+    other
+        .send(Pdu::NopOut(NopOut {
+            immediate: true,
+            lun: 0,
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: other.cmd_sn,
+            exp_stat_sn: 0,
+            data: Bytes::new(),
+        }))
+        .await;
+    let Pdu::NopIn(_) = other.recv().await else {
+        panic!("the other session is alive before the reset")
+    };
+    c.send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function: 7,
+        lun: 0,
+        itt: 0x77,
+        referenced_task_tag: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    }))
+    .await;
+    let Pdu::TaskMgmtResponse(r) = c.recv().await else {
+        panic!()
+    };
+    assert_eq!((r.itt, r.response), (0x77, 0), "cold reset done");
+    assert!(c.closed_by_target().await, "the requester's session ends");
+    assert!(other.closed_by_target().await, "and every other one");
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ pub enum Reassigned {
 }
 
 /// "Task still allegiant" (11.5.2).
-pub const STILL_ALLEGIANT: u8 = 3;
+pub use mcsi_proto::codes::tmf_response::STILL_ALLEGIANT;
 /// "Function rejected" (11.5.2).
 pub const FUNCTION_REJECTED: u8 = 255;
 

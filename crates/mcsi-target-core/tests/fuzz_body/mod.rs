@@ -839,7 +839,7 @@ impl World {
                                 lu.reset();
                             }
                         }
-                        Reset::Target => dev().reset_all(),
+                        Reset::Target | Reset::TargetCold => dev().reset_all(),
                     }
                 }
                 tmf_response::COMPLETE

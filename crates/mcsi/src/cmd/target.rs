@@ -15,7 +15,8 @@ pub struct Args {
     #[arg(long, value_name = "IQN")]
     iqn: Option<String>,
     /// A LUN, numbered from 0 in the order given: ram:SIZE, file:PATH[:SIZE] or block:PATH,
-    /// optionally followed by ,block_size=N ,read_only ,serial=S. Default ram:1GiB.
+    /// optionally followed by ,block_size=N ,physical_block_size=N ,read_only ,serial=S. Default
+    /// ram:1GiB.
     #[arg(long = "lun", value_name = "SPEC")]
     lun: Vec<String>,
     /// TOML file describing targets, portals, LUNs and negotiation limits.
@@ -79,6 +80,11 @@ pub struct Args {
     /// Any initiator may log in (the default unless the config file restricts it).
     #[arg(long)]
     allow_any: bool,
+    /// Honour TARGET COLD RESET (as `allow_cold_reset = true` in the file): it ends every
+    /// session of the target, other initiators' too. Without it the request is answered
+    /// "function authorization failed".
+    #[arg(long)]
+    allow_cold_reset: bool,
 }
 
 /// A `--chap` value: USER:SECRET or USER:env:VARIABLE.
@@ -216,6 +222,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
     }
     for t in cfg.targets.iter_mut() {
+        t.limits.allow_cold_reset |= args.allow_cold_reset;
         if let Some(d) = nop_interval {
             t.limits.nop_interval = d;
         }
