@@ -9,6 +9,7 @@ use bytes::Bytes;
 // times cheaper on the nexus's two port names).
 use ahash::{AHashMap, AHashSet};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Operation codes handled here.
@@ -50,6 +51,7 @@ pub(crate) mod op {
     pub const PRE_FETCH_16: u8 = 0x90;
     pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
     pub const WRITE_SAME_16: u8 = 0x93;
+    pub const WRITE_ATOMIC_16: u8 = 0x9C;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
     pub const REPORT_LUNS: u8 = 0xA0;
     pub const MAINTENANCE_IN: u8 = 0xA3;
@@ -202,6 +204,12 @@ fn rw_fields(c: &Cdb) -> Option<Rw> {
             nlb: c.b(13) as u64,
             flags: c.b(1),
         },
+        // SBC-4 5.48: ATOMIC BOUNDARY in bytes 10-11, a two-byte TRANSFER LENGTH in 12-13.
+        op::WRITE_ATOMIC_16 => Rw {
+            lba: c.u64(2),
+            nlb: c.u16(12) as u64,
+            flags: c.b(1),
+        },
         _ => return None,
     };
     Some(r)
@@ -272,6 +280,24 @@ impl Drop for RangeGuard<'_> {
     }
 }
 
+/// A WRITE ATOMIC(16) under way, counted from before it takes its range lock until after it
+/// lets it go.
+struct AtomicWrite<'a>(&'a LogicalUnit);
+
+impl<'a> AtomicWrite<'a> {
+    fn begin(lu: &'a LogicalUnit) -> Self {
+        lu.atomic_active.fetch_add(1, Ordering::SeqCst);
+        lu.atomic_started.fetch_add(1, Ordering::SeqCst);
+        AtomicWrite(lu)
+    }
+}
+
+impl Drop for AtomicWrite<'_> {
+    fn drop(&mut self) {
+        self.0.atomic_active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A SCSI block device (peripheral device type 0). Send + Sync: commands may run concurrently
 /// from many threads; the state lock is never held across backend I/O.
 pub struct LogicalUnit {
@@ -281,6 +307,11 @@ pub struct LogicalUnit {
     blocks: u64,
     state: Mutex<State>,
     ranges: RangeLocks,
+    /// WRITE ATOMIC(16)s under way, and how many have started: a read that saw none of them
+    /// overlap it in time needs no lock; otherwise it reads again under the range lock, which
+    /// an atomic write holds for all of its blocks (a read never sees one half written).
+    atomic_active: AtomicUsize,
+    atomic_started: AtomicU64,
 }
 
 impl LogicalUnit {
@@ -315,6 +346,8 @@ impl LogicalUnit {
                 prevent: AHashSet::new(),
             }),
             ranges: RangeLocks::default(),
+            atomic_active: AtomicUsize::new(0),
+            atomic_started: AtomicU64::new(0),
         }
     }
 
@@ -378,6 +411,7 @@ impl LogicalUnit {
             | op::WRITE_10
             | op::WRITE_12
             | op::WRITE_16
+            | op::WRITE_ATOMIC_16
             | op::WRITE_VERIFY_10
             | op::WRITE_VERIFY_12
             | op::WRITE_VERIFY_16 => {
@@ -634,9 +668,12 @@ impl LogicalUnit {
             op::REQUEST_SENSE => self.request_sense(cmd, c),
             op::INQUIRY => self.inquiry(cmd, c),
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cmd, c),
-            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::ORWRITE_16 => {
-                self.write(cmd, c)
-            }
+            op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::ORWRITE_16
+            | op::WRITE_ATOMIC_16 => self.write(cmd, c),
             op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => self.write(cmd, c),
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cmd, c),
             op::READ_CAPACITY_10 => self.read_capacity10(c),
@@ -760,6 +797,10 @@ impl LogicalUnit {
                 }
                 // MAXIMUM WRITE SAME LENGTH, page bytes 36..44.
                 p[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
+                // MAXIMUM ATOMIC TRANSFER LENGTH (page bytes 44..48): any write up to the
+                // maximum transfer is atomic; no alignment or granularity (48..56), no atomic
+                // boundaries (56..64).
+                p[40..44].copy_from_slice(&(self.max_transfer_blocks() as u32).to_be_bytes());
                 d.extend_from_slice(&p);
             }
             0xB1 => {
@@ -1274,16 +1315,37 @@ impl LogicalUnit {
             .div_ceil(self.block_size)
             .saturating_mul(self.block_size)
             .min(total);
+        let off = r.lba * self.block_size;
         let buf = if wanted == 0 {
             Bytes::new()
         } else {
-            self.backend
-                .read_bytes(r.lba * self.block_size, wanted as usize)
-                .map_err(|e| self.medium_error(e, false))?
+            let (active, started) = self.atomic_snapshot();
+            let buf = self
+                .backend
+                .read_bytes(off, wanted as usize)
+                .map_err(|e| self.medium_error(e, false))?;
+            if active == 0 && self.atomic_snapshot() == (0, started) {
+                buf
+            } else {
+                // A WRITE ATOMIC ran meanwhile and may have been half done when read: again,
+                // with its blocks held.
+                let _g = self.ranges.lock(off, off + wanted);
+                self.backend
+                    .read_bytes(off, wanted as usize)
+                    .map_err(|e| self.medium_error(e, false))?
+            }
         };
         let mut o = Outcome::good(buf);
         o.data_in_unread = (total - wanted) as u32;
         Ok(o)
+    }
+
+    /// WRITE ATOMICs under way and started so far.
+    fn atomic_snapshot(&self) -> (usize, u64) {
+        (
+            self.atomic_active.load(Ordering::SeqCst),
+            self.atomic_started.load(Ordering::SeqCst),
+        )
     }
 
     /// Durability of a write: FUA, or the write cache disabled, means fdatasync before GOOD.
@@ -1299,8 +1361,14 @@ impl LogicalUnit {
             c.op(),
             op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16
         );
+        let atomic = c.op() == op::WRITE_ATOMIC_16;
         if r.flags & 0xE0 != 0 {
             return Err(bad_cdb(1, Some(7)));
+        }
+        // No atomic boundaries are offered (MAXIMUM ATOMIC BOUNDARY SIZE 0): ATOMIC BOUNDARY
+        // must be zero (SBC-4 5.48).
+        if atomic && c.u16(10) != 0 {
+            return Err(bad_cdb(10, None));
         }
         if self.write_protected() {
             return Err(Fail::Sense(Sense::new(
@@ -1315,6 +1383,10 @@ impl LogicalUnit {
         // Only whole blocks the initiator actually sent are written; the transport reports the
         // residual (RFC 7143 11.4.5.2).
         let have = (cmd.data_out.len() as u64 / self.block_size).min(r.nlb);
+        if atomic && have < r.nlb {
+            // All or nothing: part of an atomic write is not written.
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
         if have == 0 {
             return Ok(Outcome::good(Bytes::new()));
         }
@@ -1322,6 +1394,8 @@ impl LogicalUnit {
         let off = r.lba * self.block_size;
         let fua = verify || r.flags & 0x08 != 0;
         {
+            // Reads that overlap an atomic write in time read again under the range lock.
+            let _atomic = atomic.then(|| AtomicWrite::begin(self));
             let _g = self.ranges.lock(off, off + len as u64);
             if c.op() == op::ORWRITE_16 {
                 // ORWRITE (SBC-3 5.12): OR the data into the medium, atomic with respect to

@@ -217,14 +217,17 @@ fn vpd_pages() {
     assert_eq!(d[3], 0x3C);
     assert_ne!(u32::from_be_bytes([d[20], d[21], d[22], d[23]]), 0); // max unmap LBA count
     assert_ne!(u32::from_be_bytes([d[24], d[25], d[26], d[27]]), 0); // max unmap descriptors
-                                                                     // MAXIMUM WRITE SAME LENGTH (bytes 36..44), atomic fields zero (no WRITE ATOMIC).
+                                                                     // MAXIMUM WRITE SAME LENGTH (bytes 36..44).
     assert_eq!(&d[36..44], &0xFFFFu64.to_be_bytes());
     assert_eq!(
         d[4] & 0x01,
         0,
         "WSNZ clear: WRITE SAME of zero blocks is served"
     );
-    assert!(d[44..64].iter().all(|&b| b == 0));
+    // MAXIMUM ATOMIC TRANSFER LENGTH (bytes 44..48): the maximum transfer (8 MiB); no atomic
+    // alignment, granularity or boundaries.
+    assert_eq!(&d[44..48], &((8u32 << 20) / BS as u32).to_be_bytes());
+    assert!(d[48..64].iter().all(|&b| b == 0));
     let o = vpd(0xB1);
     let d = good(&o);
     assert_eq!((d[3], d[4], d[5]), (0x3C, 0, 1)); // non-rotating medium
