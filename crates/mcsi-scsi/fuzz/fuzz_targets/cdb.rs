@@ -64,7 +64,7 @@ use input::Input;
 const OPS: &[u8] = &[
     0x00, 0x03, 0x08, 0x0A, 0x12, 0x15, 0x16, 0x17, 0x1A, 0x1B, 0x1E, 0x25, 0x28, 0x2A, 0x2E, 0x2F,
     0x34, 0x35, 0x37, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5A, 0x5E, 0x5F, 0x88, 0x89, 0x8A, 0x8B, 0x8E,
-    0x8F, 0x90, 0x91, 0x93, 0x9E, 0xA0, 0xA3, 0xA8, 0xAA, 0xAE, 0xAF, 0xB7, 0x04, 0x1D, 0x3B, 0x3C,
+    0x8F, 0x90, 0x91, 0x93, 0x9C, 0x9E, 0xA0, 0xA3, 0xA8, 0xAA, 0xAE, 0xAF, 0xB7, 0x04, 0x1D, 0x3B, 0x3C,
     0x4D, 0x7F, 0x83, 0x84, 0x9F, 0xA4,
 ];
 
@@ -88,7 +88,7 @@ enum Effect {
 fn effect(op: u8) -> Effect {
     match op {
         0x08 | 0x28 | 0xA8 | 0x88 => Effect::Read,
-        0x0A | 0x2A | 0xAA | 0x8A | 0x2E | 0xAE | 0x8E => Effect::Write,
+        0x0A | 0x2A | 0xAA | 0x8A | 0x2E | 0xAE | 0x8E | 0x9C => Effect::Write,
         0x8B => Effect::OrWrite,
         0x89 => Effect::CompareAndWrite,
         0x41 | 0x93 => Effect::WriteSame,
@@ -118,6 +118,8 @@ fn rw_fields(c: &[u8; 32]) -> Option<(u64, u64, u8)> {
             (be(&c[2..10]), be(&c[10..14]), c[1])
         }
         0x89 => (be(&c[2..10]), u64::from(c[13]), c[1]),
+        // WRITE ATOMIC(16): a two-byte TRANSFER LENGTH in bytes 12-13.
+        0x9C => (be(&c[2..10]), be(&c[12..14]), c[1]),
         _ => return None,
     })
 }
@@ -253,6 +255,11 @@ fn shape(c: &mut [u8; 32], inp: &mut Input<'_>, blocks: u64, bs: usize) -> Optio
             let (lba, nlb) = lba_nlb(inp, blocks, bs);
             put(c, 2, lba, 8);
             c[13] = nlb.min(255) as u8;
+        }
+        0x9C => {
+            let (lba, nlb) = lba_nlb(inp, blocks, bs);
+            put(c, 2, lba, 8);
+            put(c, 12, nlb.min(0xFFFF), 2);
         }
         0x9E => {
             c[1] = if inp.u8() & 1 == 0 { 0x10 } else { 0x12 };
@@ -739,6 +746,12 @@ fuzz_target!(|data: &[u8]| {
                     vec![0u8; bsz]
                 } else {
                     data_out[..bsz].to_vec()
+                };
+                // Zero blocks: from the LBA to the end of the medium (WSNZ is clear).
+                let nlb = if nlb == 0 {
+                    sh.blocks().saturating_sub(lba)
+                } else {
+                    nlb
                 };
                 for b in sh.range(lba, nlb) {
                     sh.set(b, &block);
