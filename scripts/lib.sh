@@ -59,3 +59,58 @@ require() {
     fi
   done
 }
+
+# --- tgt (the Linux user-space target), the calibration peer ---------------------------------
+
+TGT_PID=
+TGT_CTL=
+TGT_PORT=
+TGT_FILE=
+
+# tgt_start LOG IQN FILE SIZE: installs tgt when missing, starts tgtd on a free loopback port
+# with FILE (created sparse, SIZE for truncate) as LUN 1 of target IQN (LUN 0 is tgt's
+# controller). Sets TGT_PORT, TGT_PID, TGT_CTL, TGT_FILE; returns non-zero if tgt cannot start.
+tgt_start() {
+  local log=$1 iqn=$2 file=$3 size=$4
+  if ! command -v tgtd >/dev/null 2>&1; then
+    echo "installing tgt" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y tgt >&2 ||
+      { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y tgt >&2; } || true
+  fi
+  require tgtd tgtadm
+  TGT_PORT=$(free_port)
+  # tgtd's control "port" names a local socket (/run/tgtd/socket.N, N at most 32767): an unused one.
+  TGT_CTL=$((TGT_PORT % 30000 + 1000))
+  while [ -e "/run/tgtd/socket.$TGT_CTL" ] || [ -e "/var/run/tgtd/socket.$TGT_CTL" ]; do
+    TGT_CTL=$(((TGT_CTL + 1) % 30000 + 1000))
+  done
+  TGT_FILE=$file
+  truncate -s "$size" "$TGT_FILE"
+  tgtd -f -C "$TGT_CTL" --iscsi "portal=127.0.0.1:$TGT_PORT" >"$log" 2>&1 &
+  TGT_PID=$!
+  if ! wait_port "$TGT_PORT" 10 ||
+    ! tgtadm -C "$TGT_CTL" --lld iscsi --mode target --op new --tid 1 -T "$iqn" ||
+    ! tgtadm -C "$TGT_CTL" --lld iscsi --mode logicalunit --op new --tid 1 --lun 1 -b "$TGT_FILE" ||
+    ! tgtadm -C "$TGT_CTL" --lld iscsi --mode target --op bind --tid 1 -I ALL; then
+    echo "tgt could not be started (see $log)" >&2
+    return 1
+  fi
+}
+
+# tgt_stop: takes tgtd down (offline, delete, TERM, KILL) and removes its backing file.
+tgt_stop() {
+  if [ -n "$TGT_PID" ]; then
+    tgtadm -C "$TGT_CTL" --op update --mode sys --name State -v offline >/dev/null 2>&1 || true
+    tgtadm -C "$TGT_CTL" --op delete --mode system >/dev/null 2>&1 || true
+    sleep 0.2
+    kill -TERM "$TGT_PID" 2>/dev/null || true
+    sleep 0.2
+    kill -KILL "$TGT_PID" 2>/dev/null || true
+    wait "$TGT_PID" 2>/dev/null || true
+    TGT_PID=
+    # A tgtd that crashed leaves its control socket behind.
+    rm -f "/run/tgtd/socket.$TGT_CTL" "/run/tgtd/socket.$TGT_CTL.lock" 2>/dev/null || true
+  fi
+  [ -z "$TGT_FILE" ] || rm -f "$TGT_FILE"
+  TGT_FILE=
+}
