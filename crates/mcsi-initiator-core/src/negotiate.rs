@@ -487,27 +487,41 @@ mod tests {
         (l, offered)
     }
 
+    /// The target's last Login Response: each offer answered with its first value, or with
+    /// what `answer` says for its key; the login's outcome.
+    fn agree_to<'a>(
+        l: &mut Login,
+        offered: &[(String, String)],
+        answer: impl Fn(&str) -> Option<&'a str>,
+    ) -> LoginDone {
+        let text: String = offered
+            .iter()
+            .map(|(k, v)| {
+                let a = answer(k).unwrap_or_else(|| v.split(',').next().unwrap());
+                format!("{k}={a}|")
+            })
+            .collect();
+        match l
+            .handle(&resp(
+                Stage::Operational,
+                Stage::FullFeature,
+                7,
+                &text,
+                (0, 0),
+            ))
+            .unwrap()
+        {
+            LoginStep::Done(d) => *d,
+            step => panic!("{step:?}"),
+        }
+    }
+
     #[test]
     fn asymmetric_key_only_when_asked_and_agreed() {
         let (mut l, offered) = operational_offers(&cfg(true));
         assert!(offered.contains(&(ASYMMETRIC_KEY.into(), "Yes".into())));
         assert!(offered.contains(&(vendor::CONNECTION_ROLE.name.into(), "requests".into())));
-        let answer: String = offered
-            .iter()
-            .map(|(k, v)| format!("{k}={}|", v.split(',').next().unwrap()))
-            .collect();
-        let LoginStep::Done(d) = l
-            .handle(&resp(
-                Stage::Operational,
-                Stage::FullFeature,
-                7,
-                &answer,
-                (0, 0),
-            ))
-            .unwrap()
-        else {
-            panic!()
-        };
+        let d = agree_to(&mut l, &offered, |_| None);
         assert!(d.params.asymmetric);
         assert_eq!(d.role, ConnRole::Requests);
         assert_eq!(d.params.max_connections, 4);
@@ -521,29 +535,7 @@ mod tests {
         for (target_says, agreed) in [("Yes", true), ("NotUnderstood", false)] {
             let (mut l, offered) = operational_offers(&cfg(false));
             assert!(offered.contains(&(key.into(), "Yes".into())), "{offered:?}");
-            let answer: String = offered
-                .iter()
-                .map(|(k, v)| {
-                    let a = if k == key {
-                        target_says
-                    } else {
-                        v.split(',').next().unwrap()
-                    };
-                    format!("{k}={a}|")
-                })
-                .collect();
-            let LoginStep::Done(d) = l
-                .handle(&resp(
-                    Stage::Operational,
-                    Stage::FullFeature,
-                    7,
-                    &answer,
-                    (0, 0),
-                ))
-                .unwrap()
-            else {
-                panic!()
-            };
+            let d = agree_to(&mut l, &offered, |k| (k == key).then_some(target_says));
             assert_eq!(d.params.reassign_behind_logout, agreed, "{target_says}");
         }
         let mut c = cfg(false);

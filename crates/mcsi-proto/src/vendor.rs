@@ -91,10 +91,7 @@ pub const REASSIGN_BEHIND_LOGOUT: KeyDef = KeyDef {
 pub fn reassign_behind_logout_agreed(
     extensions: &std::collections::BTreeMap<String, String>,
 ) -> bool {
-    extensions
-        .get(REASSIGN_BEHIND_LOGOUT.name)
-        .map(String::as_str)
-        == Some("Yes")
+    agreed(extensions, &REASSIGN_BEHIND_LOGOUT)
 }
 
 /// AsyncVCode of a TCP state report (AsyncEvent 255).
@@ -105,7 +102,12 @@ pub const TCP_REPORT_INTERVAL_MS: u64 = 50;
 
 /// Whether a login agreed on TCP state reports.
 pub fn tcp_report_agreed(extensions: &std::collections::BTreeMap<String, String>) -> bool {
-    extensions.get(TCP_REPORT.name).map(String::as_str) == Some("Yes")
+    agreed(extensions, &TCP_REPORT)
+}
+
+/// Whether the login's agreed `extensions` hold Boolean key `def` at Yes.
+fn agreed(extensions: &std::collections::BTreeMap<String, String>, def: &KeyDef) -> bool {
+    extensions.get(def.name).map(String::as_str) == Some("Yes")
 }
 
 /// The data segment of a report Async Message: SenseLength 0, then `key=value\0` pairs.
@@ -190,7 +192,7 @@ impl ConnRole {
 
 /// Whether a login agreed on the asymmetric mode (`extensions` are its agreed vendor keys).
 pub fn asymmetric_agreed(extensions: &std::collections::BTreeMap<String, String>) -> bool {
-    extensions.get(ASYMMETRIC.name).map(String::as_str) == Some("Yes")
+    agreed(extensions, &ASYMMETRIC)
 }
 
 #[cfg(test)]

@@ -131,9 +131,9 @@ impl DeviceServer {
     /// INVALID FIELD IN CDB. None for anything else (a read or write that overflows runs and
     /// reports the residual).
     pub fn overflow_refused(&self, raw: u64, cdb: &[u8], edtl: u32) -> Option<Outcome> {
-        let lu = self.lu(raw)?;
-        let need = lu.data_phase(cdb).data_out_len;
-        (lu.data_out_fixed(cdb) && edtl > need)
+        // Every write passes here: the opcode first, the CDB's data phase only for the few.
+        let lu = self.lu(raw).filter(|lu| lu.data_out_fixed(cdb))?;
+        (edtl > lu.data_phase(cdb).data_out_len)
             .then(|| Outcome::check(&Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB)))
     }
 
