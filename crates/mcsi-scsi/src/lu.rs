@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+mod xcopy;
+
 /// Operation codes handled here.
 pub(crate) mod op {
     pub const TEST_UNIT_READY: u8 = 0x00;
@@ -42,6 +44,8 @@ pub(crate) mod op {
     pub const MODE_SENSE_10: u8 = 0x5A;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const ORWRITE_16: u8 = 0x8B;
@@ -232,6 +236,8 @@ struct State {
     spc2: Option<Nexus>,
     mode: ModeState,
     prevent: AHashSet<Nexus>,
+    /// EXTENDED COPY results held for RECEIVE COPY RESULTS, bounded.
+    copies: VecDeque<xcopy::CopyRecord>,
 }
 
 /// Byte ranges held by writers, so that COMPARE AND WRITE is atomic w.r.t. other writes.
@@ -344,6 +350,7 @@ impl LogicalUnit {
                 spc2: None,
                 mode,
                 prevent: AHashSet::new(),
+                copies: VecDeque::new(),
             }),
             ranges: RangeLocks::default(),
             atomic_active: AtomicUsize::new(0),
@@ -445,6 +452,8 @@ impl LogicalUnit {
             op::MODE_SELECT_6 => out = c.b(4) as u64,
             op::MODE_SELECT_10 => out = c.u16(7) as u64,
             op::PERSISTENT_RESERVE_OUT => out = c.u32(5) as u64,
+            op::EXTENDED_COPY if c.u32(10) <= xcopy::MAX_PARAMETER_LIST => out = c.u32(10) as u64,
+            op::RECEIVE_COPY_RESULTS => inl = c.u32(10) as u64,
             op::INQUIRY => inl = c.u16(3) as u64,
             op::REQUEST_SENSE | op::MODE_SENSE_6 => inl = c.b(4) as u64,
             op::MODE_SENSE_10 | op::PERSISTENT_RESERVE_IN => inl = c.u16(7) as u64,
@@ -481,10 +490,14 @@ impl LogicalUnit {
 
     /// Whether this CDB may block on backend I/O.
     pub fn blocking(&self, cdb: &[u8]) -> bool {
+        let c = Cdb::new(cdb);
+        // A copy may move up to a segment list's worth of data, between units of any kind.
+        if c.op() == op::EXTENDED_COPY {
+            return true;
+        }
         if !self.backend.blocking() {
             return false;
         }
-        let c = Cdb::new(cdb);
         if c.op() == op::SERVICE_ACTION_IN_16 && c.sa() == op::SA_READ_CAPACITY_16 {
             return false;
         }
@@ -509,6 +522,7 @@ impl LogicalUnit {
                 | op::PREVENT_ALLOW
                 | op::READ_DEFECT_DATA_10
                 | op::READ_DEFECT_DATA_12
+                | op::RECEIVE_COPY_RESULTS
         )
     }
 
@@ -536,6 +550,7 @@ impl LogicalUnit {
         st.prevent.remove(nexus);
         st.ua.remove(nexus);
         st.seen.remove(nexus);
+        st.copies.retain(|r| !r.belongs_to(nexus));
     }
 
     /// Makes every completed write durable (used at shutdown).
@@ -557,8 +572,14 @@ impl LogicalUnit {
         }
     }
 
-    /// Runs one command. May block on backend I/O.
+    /// Runs one command. May block on backend I/O. EXTENDED COPY reaches only this unit; through
+    /// [`crate::DeviceServer::execute`] it reaches every unit of the target.
     pub fn execute(&self, cmd: Command<'_>) -> Outcome {
+        self.execute_in(cmd, &[])
+    }
+
+    /// Runs one command with the target's other units at hand (for EXTENDED COPY).
+    pub(crate) fn execute_in(&self, cmd: Command<'_>, units: &[&LogicalUnit]) -> Outcome {
         let c = Cdb::new(cmd.cdb);
         let opc = c.op();
         // Unit attention and reservation checks (SAM-5 5.14, SPC-4 5.9.1, SPC-2 5.5.1).
@@ -593,7 +614,11 @@ impl LogicalUnit {
         if c.control() & 0x04 != 0 {
             return self.check(&Sense::invalid_cdb_field(c.len() as u16 - 1, Some(2)));
         }
-        match self.dispatch(&cmd, &c) {
+        let res = match opc {
+            op::EXTENDED_COPY => self.extended_copy(&cmd, &c, units),
+            _ => self.dispatch(&cmd, &c),
+        };
+        match res {
             Ok(o) => o,
             Err(Fail::Sense(s)) => self.check(&s),
             Err(Fail::Status(s)) => Outcome::status(s),
@@ -625,6 +650,7 @@ impl LogicalUnit {
             | op::MODE_SENSE_10
             | op::READ_DEFECT_DATA_10
             | op::READ_DEFECT_DATA_12
+            | op::RECEIVE_COPY_RESULTS
             | op::SERVICE_ACTION_IN_16 => Access::Read,
             _ => Access::Write,
         }
@@ -696,6 +722,7 @@ impl LogicalUnit {
             op::PERSISTENT_RESERVE_OUT => self.pr_out(cmd, c),
             op::RESERVE_6 | op::RESERVE_10 => self.reserve(cmd, c),
             op::RELEASE_6 | op::RELEASE_10 => self.release(cmd),
+            op::RECEIVE_COPY_RESULTS => self.receive_copy_results(cmd, c),
             op::REPORT_LUNS => crate::server::report_luns(c, &[0]),
             op::MAINTENANCE_IN => match c.sa() {
                 op::SA_REPORT_SUPPORTED_OPCODES => self.report_opcodes(c),
@@ -764,7 +791,7 @@ impl LogicalUnit {
     }
 
     fn supported_vpd(&self) -> Vec<u8> {
-        let mut v = vec![0x00, 0x80, 0x83, 0xB0, 0xB1];
+        let mut v = vec![0x00, 0x80, 0x83, 0x8F, 0xB0, 0xB1];
         if self.cfg.thin_provisioning {
             v.push(0xB2);
         }
@@ -780,6 +807,7 @@ impl LogicalUnit {
                 d.extend_from_slice(&s[..s.len().min(250)]);
             }
             0x83 => self.device_identification(nexus, &mut d),
+            0x8F => d.extend_from_slice(&self.third_party_copy_vpd()),
             0xB0 => {
                 // Block Limits (SBC-3 6.5.3), page length 3Ch.
                 let mut p = [0u8; 0x3C];
@@ -1319,25 +1347,29 @@ impl LogicalUnit {
         let buf = if wanted == 0 {
             Bytes::new()
         } else {
-            let (active, started) = self.atomic_snapshot();
-            let buf = self
-                .backend
-                .read_bytes(off, wanted as usize)
-                .map_err(|e| self.medium_error(e, false))?;
-            if active == 0 && self.atomic_snapshot() == (0, started) {
-                buf
-            } else {
-                // A WRITE ATOMIC ran meanwhile and may have been half done when read: again,
-                // with its blocks held.
-                let _g = self.ranges.lock(off, off + wanted);
-                self.backend
-                    .read_bytes(off, wanted as usize)
-                    .map_err(|e| self.medium_error(e, false))?
-            }
+            self.read_stable(off, wanted as usize)?
         };
         let mut o = Outcome::good(buf);
         o.data_in_unread = (total - wanted) as u32;
         Ok(o)
+    }
+
+    /// Reads `len` bytes at byte offset `off`, never showing a WRITE ATOMIC half done.
+    fn read_stable(&self, off: u64, len: usize) -> Result<Bytes, Fail> {
+        let (active, started) = self.atomic_snapshot();
+        let buf = self
+            .backend
+            .read_bytes(off, len)
+            .map_err(|e| self.medium_error(e, false))?;
+        if active == 0 && self.atomic_snapshot() == (0, started) {
+            return Ok(buf);
+        }
+        // A WRITE ATOMIC ran meanwhile and may have been half done when read: again, with its
+        // blocks held.
+        let _g = self.ranges.lock(off, off + len as u64);
+        self.backend
+            .read_bytes(off, len)
+            .map_err(|e| self.medium_error(e, false))
     }
 
     /// WRITE ATOMICs under way and started so far.

@@ -136,6 +136,28 @@ static ALWAYS: &[Entry] = &[
             0x04,
         ],
     ),
+    // EXTENDED COPY (LID1) and RECEIVE COPY RESULTS (COPY STATUS, OPERATING PARAMETERS).
+    e(
+        0x83,
+        Some(0x00),
+        &[
+            0x83, 0x1F, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04,
+        ],
+    ),
+    e(
+        0x84,
+        Some(0x00),
+        &[
+            0x84, 0x1F, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04,
+        ],
+    ),
+    e(
+        0x84,
+        Some(0x03),
+        &[
+            0x84, 0x1F, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04,
+        ],
+    ),
     e(
         0x89,
         None,

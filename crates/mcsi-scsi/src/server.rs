@@ -76,6 +76,10 @@ impl DeviceServer {
             };
         }
         if let Some(lu) = self.lu(raw) {
+            if c.op() == crate::lu::op::EXTENDED_COPY {
+                let units: Vec<&LogicalUnit> = self.luns.iter().map(|(_, u)| &**u).collect();
+                return lu.execute_in(cmd, &units);
+            }
             return lu.execute(cmd);
         }
         let not_supported = Sense::new(key::ILLEGAL_REQUEST, asc::LUN_NOT_SUPPORTED);

@@ -176,7 +176,7 @@ fn vpd_pages() {
     let o = vpd(0x00);
     assert_eq!(
         &good(&o)[..],
-        &[0, 0, 0, 6, 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]
+        &[0, 0, 0, 7, 0x00, 0x80, 0x83, 0x8F, 0xB0, 0xB1, 0xB2]
     );
     let o = vpd(0x80);
     assert_eq!(&good(&o)[..], b"\x00\x80\x00\x06SN1234");

@@ -343,6 +343,47 @@ fn shape(c: &mut [u8; 32], inp: &mut Input<'_>, blocks: u64, bs: usize) -> Optio
             }
             return Some(p);
         }
+        0x83 => {
+            // EXTENDED COPY (LID1): one or two identification CSCDs naming LU 0 or 1 (sometimes
+            // a unit that does not exist), and up to three block-to-block segments.
+            c[1] = 0;
+            let ncscd = 1 + usize::from(inp.u8() % 2);
+            let nseg = usize::from(inp.u8() % 4);
+            let mut p = vec![0u8; 16];
+            p[0] = inp.u8();
+            p[1] = (inp.u8() % 4) << 3;
+            put(&mut p, 2, 32 * ncscd as u64, 2);
+            put(&mut p, 8, 28 * nseg as u64, 4);
+            for _ in 0..ncscd {
+                let mut d = [0u8; 32];
+                d[0] = 0xE4;
+                d[4] = 0x01;
+                d[5] = 0x03;
+                d[7] = 16;
+                d[8..24].copy_from_slice(&LuConfig::default().naa_id);
+                d[23] = 1 + inp.u8() % 3;
+                p.extend_from_slice(&d);
+            }
+            for _ in 0..nseg {
+                let (src, n1) = lba_nlb(inp, blocks, bs);
+                let (dst, n2) = lba_nlb(inp, blocks, bs);
+                let mut d = [0u8; 28];
+                d[0] = 0x02;
+                put(&mut d, 2, 0x18, 2);
+                put(&mut d, 4, u64::from(inp.u8() % 3), 2);
+                put(&mut d, 6, u64::from(inp.u8() % 3), 2);
+                put(&mut d, 10, n1.min(n2), 2);
+                put(&mut d, 12, src, 8);
+                put(&mut d, 20, dst, 8);
+                p.extend_from_slice(&d);
+            }
+            put(c, 10, p.len() as u64, 4);
+            return Some(p);
+        }
+        0x84 => {
+            c[1] = [0x00, 0x03][usize::from(inp.u8() & 1)];
+            put(c, 10, 1024, 4);
+        }
         0x42 => {
             c[1] &= 0xFE;
             let n = usize::from(inp.u8() % 5);
@@ -418,6 +459,36 @@ struct Lu {
     last_write: Option<(u64, u64)>,
 }
 
+/// What a GOOD EXTENDED COPY did: each segment's source blocks, as known before the segment,
+/// now sit at its destination (LU `naa[15] - 1` per CSCD descriptor).
+fn copy_in_shadows(lus: &mut [Lu], p: &[u8]) {
+    if p.len() < 16 {
+        return;
+    }
+    let cl = be(&p[2..4]) as usize;
+    let sl = be(&p[8..12]) as usize;
+    let units: Vec<usize> = p[16..16 + cl]
+        .chunks(32)
+        .map(|d| usize::from(d[23]) - 1)
+        .collect();
+    for d in p[16 + cl..16 + cl + sl].chunks(28) {
+        let (si, di) = (units[be(&d[4..6]) as usize], units[be(&d[6..8]) as usize]);
+        let (n, src, dst) = (be(&d[10..12]), be(&d[12..20]), be(&d[20..28]));
+        let blocks: Vec<Option<Vec<u8>>> = lus[si]
+            .shadow
+            .range(src, n)
+            .map(|b| lus[si].shadow.block(b).map(<[u8]>::to_vec))
+            .collect();
+        let sh = &mut lus[di].shadow;
+        for (k, b) in sh.range(dst, n).enumerate() {
+            match &blocks[k] {
+                Some(v) => sh.set(b, v),
+                None => sh.forget(dst + k as u64, 1),
+            }
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut inp = Input::new(data);
     let mut lus: Vec<Lu> = LUS
@@ -425,9 +496,12 @@ fuzz_target!(|data: &[u8]| {
         .enumerate()
         .map(|(i, &(bs, bytes))| {
             let backend = Arc::new(RamBackend::new(bytes as u64).expect("RAM backend"));
+            let mut naa_id = LuConfig::default().naa_id;
+            naa_id[15] = i as u8 + 1;
             let cfg = LuConfig {
                 block_size: bs,
                 serial: format!("fuzz{i}"),
+                naa_id,
                 ..LuConfig::default()
             };
             Lu {
@@ -686,6 +760,11 @@ fuzz_target!(|data: &[u8]| {
         let eff = effect(op);
         if o.status != status::GOOD {
             // Not performed: nothing changed (checked by later reads).
+            continue;
+        }
+        if op == 0x83 {
+            let list = (be(&c[10..14]) as usize).min(data_out.len());
+            copy_in_shadows(&mut lus, &data_out[..list]);
             continue;
         }
         let fields = rw_fields(&c);

@@ -1,0 +1,357 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! EXTENDED COPY (LID1) and RECEIVE COPY RESULTS: copies within a unit and between the units of
+//! one target, and the errors SPC-4 names for malformed parameter lists.
+
+use bytes::Bytes;
+use mcsi_scsi::sense::{asc, key};
+use mcsi_scsi::{
+    lun, status, Command, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, RamBackend, Sense,
+    TaskAttribute,
+};
+use std::sync::Arc;
+
+const BS: u64 = 512;
+
+fn nexus(i: u8) -> Nexus {
+    Nexus {
+        initiator_port: Arc::from(format!("iqn.2026-01.test:init{i},i,0x00023d000001")),
+        target_port: Arc::from("iqn.2026-01.test:disk,t,0x0001"),
+        relative_port: 1,
+    }
+}
+
+fn naa(i: u8) -> [u8; 16] {
+    let mut n = [0u8; 16];
+    n[0] = 0x60;
+    n[15] = i;
+    n
+}
+
+fn unit(blocks: u64, id: u8, read_only: bool) -> Arc<LogicalUnit> {
+    let cfg = LuConfig {
+        naa_id: naa(id),
+        read_only,
+        ..LuConfig::default()
+    };
+    Arc::new(LogicalUnit::new(
+        Arc::new(RamBackend::new(blocks * BS).unwrap()),
+        cfg,
+    ))
+}
+
+struct Target {
+    ds: DeviceServer,
+    n: Nexus,
+}
+
+impl Target {
+    /// LUN 0 and 1 read-write (1000 and 600 blocks), LUN 2 read-only.
+    fn new() -> Self {
+        let ds = DeviceServer::new(vec![
+            (0, unit(1000, 1, false)),
+            (1, unit(600, 2, false)),
+            (2, unit(600, 3, true)),
+        ]);
+        let t = Target { ds, n: nexus(1) };
+        for l in 0..3 {
+            // The power-on unit attention.
+            t.run(l, &[0x00, 0, 0, 0, 0, 0], &[]);
+        }
+        t
+    }
+
+    fn run(&self, l: u16, cdb: &[u8], data: &[u8]) -> Outcome {
+        let mut c = cdb.to_vec();
+        c.resize(16, 0);
+        self.ds.execute(
+            lun::encode(l),
+            Command {
+                nexus: &self.n,
+                cdb: &c,
+                data_out: Bytes::copy_from_slice(data),
+                data_in_limit: u32::MAX,
+                attr: TaskAttribute::Simple,
+            },
+        )
+    }
+
+    fn write(&self, l: u16, lba: u64, data: &[u8]) {
+        let mut c = vec![0x8A, 0];
+        c.extend_from_slice(&lba.to_be_bytes());
+        c.extend_from_slice(&((data.len() as u64 / BS) as u32).to_be_bytes());
+        assert_eq!(self.run(l, &c, data).status, status::GOOD);
+    }
+
+    fn read(&self, l: u16, lba: u64, blocks: u32) -> Bytes {
+        let mut c = vec![0x88, 0];
+        c.extend_from_slice(&lba.to_be_bytes());
+        c.extend_from_slice(&blocks.to_be_bytes());
+        let o = self.run(l, &c, &[]);
+        assert_eq!(o.status, status::GOOD);
+        o.data_in
+    }
+
+    fn xcopy(&self, l: u16, params: &[u8]) -> Outcome {
+        let mut c = vec![0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        c.extend_from_slice(&(params.len() as u32).to_be_bytes());
+        self.run(l, &c, params)
+    }
+
+    fn results(&self, l: u16, sa: u8, list_id: u8) -> Outcome {
+        let mut c = vec![0x84, sa, list_id, 0, 0, 0, 0, 0, 0, 0];
+        c.extend_from_slice(&1024u32.to_be_bytes());
+        self.run(l, &c, &[])
+    }
+}
+
+/// An identification CSCD descriptor naming the unit with NAA `id`.
+fn cscd(id: u8) -> Vec<u8> {
+    let mut d = vec![0u8; 32];
+    d[0] = 0xE4;
+    d[4] = 0x01; // binary
+    d[5] = 0x03; // association: logical unit, type NAA
+    d[7] = 16;
+    d[8..24].copy_from_slice(&naa(id));
+    d[29..32].copy_from_slice(&[0, 2, 0]); // disk block length 512
+    d
+}
+
+fn segment(src: u16, dst: u16, blocks: u16, src_lba: u64, dst_lba: u64) -> Vec<u8> {
+    let mut d = vec![0u8; 28];
+    d[0] = 0x02;
+    d[2..4].copy_from_slice(&0x18u16.to_be_bytes());
+    d[4..6].copy_from_slice(&src.to_be_bytes());
+    d[6..8].copy_from_slice(&dst.to_be_bytes());
+    d[10..12].copy_from_slice(&blocks.to_be_bytes());
+    d[12..20].copy_from_slice(&src_lba.to_be_bytes());
+    d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+    d
+}
+
+/// A parameter list: header (list id, LIST ID USAGE), CSCD and segment descriptors.
+fn params(list_id: u8, usage: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Vec<u8> {
+    let c: Vec<u8> = cscds.concat();
+    let s: Vec<u8> = segs.concat();
+    let mut d = vec![0u8; 16];
+    d[0] = list_id;
+    d[1] = usage << 3;
+    d[2..4].copy_from_slice(&(c.len() as u16).to_be_bytes());
+    d[8..12].copy_from_slice(&(s.len() as u32).to_be_bytes());
+    d.extend_from_slice(&c);
+    d.extend_from_slice(&s);
+    d
+}
+
+fn sense(o: &Outcome) -> Sense {
+    assert_eq!(o.status, status::CHECK_CONDITION, "{o:?}");
+    Sense::parse(o.sense.as_ref().unwrap()).unwrap()
+}
+
+fn expect(o: &Outcome, k: u8, code: (u8, u8)) {
+    let s = sense(o);
+    assert_eq!((s.key, s.asc, s.ascq), (k, code.0, code.1), "{o:?}");
+}
+
+fn pattern(blocks: u64, seed: u8) -> Vec<u8> {
+    (0..blocks * BS)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn copies_within_a_unit_and_between_units() {
+    let t = Target::new();
+    let a = pattern(100, 7);
+    t.write(0, 10, &a);
+    // Within LUN 0: blocks 10..110 to 800..900.
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 100, 10, 800)]);
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    assert_eq!(&t.read(0, 800, 100)[..], &a[..]);
+    // From LUN 0 to LUN 1, asked through LUN 1, in two segments.
+    let p = params(
+        0,
+        3,
+        &[cscd(1), cscd(2)],
+        &[segment(0, 1, 60, 10, 0), segment(0, 1, 40, 70, 60)],
+    );
+    assert_eq!(t.xcopy(1, &p).status, status::GOOD);
+    assert_eq!(&t.read(1, 0, 100)[..], &a[..]);
+}
+
+#[test]
+fn overlapping_ranges_copy_as_if_read_first() {
+    let t = Target::new();
+    let a = pattern(200, 3);
+    t.write(0, 0, &a);
+    // Destination after the source, overlapping: the copy must not read what it wrote.
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 200, 0, 50)]);
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    assert_eq!(&t.read(0, 50, 200)[..], &a[..]);
+    // And before it.
+    t.write(0, 300, &a);
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 200, 300, 250)]);
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    assert_eq!(&t.read(0, 250, 200)[..], &a[..]);
+}
+
+#[test]
+fn malformed_parameter_lists_are_refused_with_the_standard_codes() {
+    let t = Target::new();
+    let good = params(0, 3, &[cscd(1)], &[segment(0, 0, 8, 0, 100)]);
+    // Zero-length parameter list: nothing to do.
+    assert_eq!(t.xcopy(0, &[]).status, status::GOOD);
+    // Truncated inside the CSCD descriptor and inside the segment descriptor.
+    expect(
+        &t.xcopy(0, &good[..16 + 31]),
+        key::ILLEGAL_REQUEST,
+        asc::PARAMETER_LIST_LENGTH_ERROR,
+    );
+    expect(
+        &t.xcopy(0, &good[..good.len() - 1]),
+        key::ILLEGAL_REQUEST,
+        asc::PARAMETER_LIST_LENGTH_ERROR,
+    );
+    // Nine CSCD descriptors, 65 segment descriptors.
+    let p = params(0, 3, &vec![cscd(1); 9], &[segment(0, 0, 8, 0, 100)]);
+    expect(&t.xcopy(0, &p), key::ILLEGAL_REQUEST, (0x26, 0x06));
+    let p = params(0, 3, &[cscd(1)], &vec![segment(0, 0, 8, 0, 100); 65]);
+    expect(&t.xcopy(0, &p), key::ILLEGAL_REQUEST, (0x26, 0x08));
+    // Lists longer than MAXIMUM DESCRIPTOR LIST LENGTH, whatever their counts.
+    let p = params(0, 3, &vec![cscd(1); 9], &vec![segment(0, 0, 8, 0, 100); 70]);
+    expect(
+        &t.xcopy(0, &p),
+        key::ILLEGAL_REQUEST,
+        asc::PARAMETER_LIST_LENGTH_ERROR,
+    );
+    // A Fibre Channel CSCD descriptor and a stream-to-stream segment.
+    let mut fc = cscd(1);
+    fc[0] = 0xE0;
+    let p = params(0, 3, &[fc], &[segment(0, 0, 8, 0, 100)]);
+    expect(&t.xcopy(0, &p), key::ILLEGAL_REQUEST, (0x26, 0x07));
+    let mut stream = segment(0, 0, 8, 0, 100);
+    stream[0] = 0x03;
+    let p = params(0, 3, &[cscd(1)], &[stream]);
+    expect(&t.xcopy(0, &p), key::ILLEGAL_REQUEST, (0x26, 0x09));
+    // Reserved LIST ID USAGE.
+    let p = params(0, 1, &[cscd(1)], &[segment(0, 0, 8, 0, 100)]);
+    expect(
+        &t.xcopy(0, &p),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+}
+
+#[test]
+fn unreachable_units_and_ranges_abort_the_copy_before_any_block_moves() {
+    let t = Target::new();
+    let a = pattern(8, 1);
+    t.write(0, 0, &a);
+    // A destination index past the CSCD list.
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 1, 8, 0, 100)]);
+    expect(&t.xcopy(0, &p), key::COPY_ABORTED, (0x08, 0x04));
+    // A unit this target does not have.
+    let p = params(0, 3, &[cscd(1), cscd(9)], &[segment(0, 1, 8, 0, 100)]);
+    expect(&t.xcopy(0, &p), key::COPY_ABORTED, (0x08, 0x04));
+    // Past the destination's end: the first segment must not have been copied either.
+    let p = params(
+        0,
+        3,
+        &[cscd(1), cscd(2)],
+        &[segment(0, 1, 8, 0, 0), segment(0, 1, 8, 0, 595)],
+    );
+    let s = sense(&t.xcopy(0, &p));
+    assert_eq!(s.key, key::COPY_ABORTED);
+    assert_eq!(s.information, Some(1), "the failing segment's number");
+    assert!(t.read(1, 0, 8).iter().all(|&b| b == 0));
+    // A read-only destination.
+    let p = params(0, 3, &[cscd(1), cscd(3)], &[segment(0, 1, 8, 0, 0)]);
+    expect(&t.xcopy(0, &p), key::DATA_PROTECT, asc::WRITE_PROTECTED);
+}
+
+#[test]
+fn receive_copy_results_reports_status_and_operating_parameters() {
+    let t = Target::new();
+    // Nothing copied under list id 5 yet.
+    expect(
+        &t.results(0, 0x00, 5),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
+    let p = params(5, 0, &[cscd(1)], &[segment(0, 0, 16, 0, 100)]);
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    let o = t.results(0, 0x00, 5);
+    assert_eq!(o.status, status::GOOD);
+    let d = &o.data_in;
+    assert_eq!(&d[0..4], &8u32.to_be_bytes());
+    assert_eq!(d[4], 0x01, "completed without errors");
+    assert_eq!(u16::from_be_bytes([d[5], d[6]]), 1);
+    assert_eq!(d[7], 0, "bytes");
+    assert_eq!(&d[8..12], &(16 * 512u32).to_be_bytes());
+    // Another nexus does not see it; LIST ID USAGE 10b keeps nothing.
+    let other = nexus(2);
+    let c: &'static [u8] = &[0x84, 0x00, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+    let cmd = |c: &'static [u8]| Command {
+        nexus: &other,
+        cdb: c,
+        data_out: Bytes::new(),
+        data_in_limit: u32::MAX,
+        attr: TaskAttribute::Simple,
+    };
+    t.ds.execute(lun::encode(0), cmd(c)); // unit attention
+    expect(
+        &t.ds.execute(lun::encode(0), cmd(c)),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
+    let p = params(6, 2, &[cscd(1)], &[segment(0, 0, 16, 0, 100)]);
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    expect(
+        &t.results(0, 0x00, 6),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_CDB,
+    );
+    // Operating parameters (SPC-4 6.18.4).
+    let o = t.results(0, 0x03, 0);
+    assert_eq!(o.status, status::GOOD);
+    let d = &o.data_in;
+    assert_eq!(
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize,
+        d.len() - 4
+    );
+    assert_eq!(u16::from_be_bytes([d[8], d[9]]), 8);
+    assert_eq!(u16::from_be_bytes([d[10], d[11]]), 64);
+    assert_eq!(
+        u32::from_be_bytes([d[12], d[13], d[14], d[15]]),
+        8 * 32 + 64 * 28
+    );
+    assert_eq!(d[43], 2);
+    assert_eq!(&d[44..46], &[0x02, 0xE4]);
+}
+
+#[test]
+fn third_party_copy_vpd_lists_the_commands() {
+    let t = Target::new();
+    let o = t.run(0, &[0x12, 0x01, 0x8F, 0x04, 0x00, 0], &[]);
+    assert_eq!(o.status, status::GOOD);
+    let d = &o.data_in;
+    assert_eq!(d[1], 0x8F);
+    assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize, d.len() - 4);
+    // Walk the descriptors; each length is a multiple of four.
+    let mut at = 4;
+    let mut types = Vec::new();
+    while at < d.len() {
+        let ty = u16::from_be_bytes([d[at], d[at + 1]]);
+        let len = u16::from_be_bytes([d[at + 2], d[at + 3]]) as usize;
+        assert_eq!(len % 4, 0);
+        if ty == 0x0001 {
+            assert_eq!(
+                &d[at + 4..at + 12],
+                &[7, 0x83, 1, 0x00, 0x84, 2, 0x00, 0x03]
+            );
+        }
+        types.push(ty);
+        at += 4 + len;
+    }
+    assert_eq!(at, d.len());
+    assert_eq!(types, vec![0x0001, 0x0004, 0x0008, 0x000C, 0x8001]);
+}
