@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator lio nbd nbdvol)
+VM_TESTS=(initiator lio nbd nbdvol xcopy)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -56,6 +56,38 @@ TOML
   vm_send restarted
   vm_finish 240 || return
   stop_target || die "the restarted target did not stop cleanly after the logout"
+}
+
+# test_xcopy: clone offload. open-iscsi attaches two file LUNs of one mcsi target and sg_xcopy
+# copies 64 MiB from the first to the second with EXTENDED COPY; the bytes on the VM's link
+# during the copy must be a small fraction of that, and the files must match afterwards.
+test_xcopy() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-xcopy port=3260
+  local src=$RUN/src.img dst=$RUN/dst.img mib=64
+  head -c ${mib}M /dev/urandom >"$src"
+  truncate -s 96M "$src"
+  truncate -s 96M "$dst"
+  ns_target "$RUN/target.log" --listen "$HOST_IP:$port" --iqn "$iqn" --lun "file:$src" --lun "file:$dst"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/xcopy.sh PORT=$port IQN=$iqn BLOCKS=$((mib * 2048))
+  vm_expect ready 240
+  link_bytes() {
+    echo $(($(in_ns cat /sys/class/net/vmtap0/statistics/rx_bytes) + $(in_ns cat /sys/class/net/vmtap0/statistics/tx_bytes)))
+  }
+  local before after moved
+  before=$(link_bytes)
+  vm_send go
+  vm_expect copied 600
+  after=$(link_bytes)
+  moved=$((after - before))
+  log "sg_xcopy of $mib MiB: $moved bytes crossed the VM's link (both ways, all traffic)"
+  [ "$moved" -lt $((mib * 1048576 / 16)) ] ||
+    die "$moved bytes crossed the link during a $mib MiB copy: the data went through the initiator"
+  vm_send go
+  vm_finish 240 || return
+  stop_target || die "the target did not stop cleanly"
+  cmp -n $((mib * 1048576)) "$src" "$dst" || die "the destination LUN differs from the source"
+  log "$mib MiB copied inside the target, byte-exact"
 }
 
 # test_lio: LIO in the VM (MaxConnections=4; ErrorRecoveryLevel 0, LIO's default) against mcsi's

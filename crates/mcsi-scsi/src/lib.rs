@@ -119,6 +119,9 @@ pub struct LuConfig {
     pub thin_provisioning: bool,
     /// Write cache enabled bit of the caching mode page.
     pub write_cache: bool,
+    /// The most a SANITIZE OVERWRITE writes per second, in bytes (0: as fast as the backend
+    /// goes), so that wiping one unit leaves room for the others' I/O.
+    pub sanitize_rate: u64,
 }
 
 impl Default for LuConfig {
@@ -135,6 +138,7 @@ impl Default for LuConfig {
             read_only: false,
             thin_provisioning: true,
             write_cache: true,
+            sanitize_rate: 0,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+mod sanitize;
 mod xcopy;
 
 /// Operation codes handled here.
@@ -42,6 +43,7 @@ pub(crate) mod op {
     pub const RESERVE_10: u8 = 0x56;
     pub const RELEASE_10: u8 = 0x57;
     pub const MODE_SENSE_10: u8 = 0x5A;
+    pub const SANITIZE: u8 = 0x48;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
     pub const EXTENDED_COPY: u8 = 0x83;
@@ -240,6 +242,16 @@ struct State {
     copies: VecDeque<xcopy::CopyRecord>,
 }
 
+impl Drop for LogicalUnit {
+    fn drop(&mut self) {
+        // A sanitize still running stops with the unit rather than outlive it.
+        match self.sanitize.lock() {
+            Ok(g) => g.cancel(),
+            Err(p) => p.into_inner().cancel(),
+        }
+    }
+}
+
 /// Byte ranges held by writers, so that COMPARE AND WRITE is atomic w.r.t. other writes.
 #[derive(Default)]
 struct RangeLocks {
@@ -318,6 +330,8 @@ pub struct LogicalUnit {
     /// an atomic write holds for all of its blocks (a read never sees one half written).
     atomic_active: AtomicUsize,
     atomic_started: AtomicU64,
+    /// A SANITIZE under way, or the failure mode one left.
+    sanitize: Mutex<sanitize::SanitizeState>,
 }
 
 impl LogicalUnit {
@@ -355,6 +369,7 @@ impl LogicalUnit {
             ranges: RangeLocks::default(),
             atomic_active: AtomicUsize::new(0),
             atomic_started: AtomicU64::new(0),
+            sanitize: Mutex::default(),
         }
     }
 
@@ -452,6 +467,7 @@ impl LogicalUnit {
             op::MODE_SELECT_6 => out = c.b(4) as u64,
             op::MODE_SELECT_10 => out = c.u16(7) as u64,
             op::PERSISTENT_RESERVE_OUT => out = c.u32(5) as u64,
+            op::SANITIZE => out = c.u16(7) as u64,
             op::EXTENDED_COPY if c.u32(10) <= xcopy::MAX_PARAMETER_LIST => out = c.u32(10) as u64,
             op::RECEIVE_COPY_RESULTS => inl = c.u32(10) as u64,
             op::INQUIRY => inl = c.u16(3) as u64,
@@ -488,11 +504,20 @@ impl LogicalUnit {
         }
     }
 
+    /// Whether the command only waits for work the unit goes on with anyway (a SANITIZE
+    /// without IMMED: the sanitize runs to its end whatever happens to the command), so that
+    /// aborting it may end it at once.
+    pub fn abort_ends_wait(&self, cdb: &[u8]) -> bool {
+        let c = Cdb::new(cdb);
+        c.op() == op::SANITIZE && c.b(1) & 0x80 == 0
+    }
+
     /// Whether this CDB may block on backend I/O.
     pub fn blocking(&self, cdb: &[u8]) -> bool {
         let c = Cdb::new(cdb);
-        // A copy may move up to a segment list's worth of data, between units of any kind.
-        if c.op() == op::EXTENDED_COPY {
+        // A copy may move up to a segment list's worth of data, between units of any kind; a
+        // SANITIZE without IMMED waits for the whole sanitize.
+        if matches!(c.op(), op::EXTENDED_COPY | op::SANITIZE) {
             return true;
         }
         if !self.backend.blocking() {
@@ -610,6 +635,10 @@ impl LogicalUnit {
                 return Outcome::status(status::RESERVATION_CONFLICT);
             }
         }
+        // While a sanitize runs, or after one failed (SBC-4 4.33.3).
+        if let Some(s) = self.sanitize_blocks(opc) {
+            return self.check(&s);
+        }
         // NACA is not supported (SAM-5 5.10, SPC-4 4.2.5.5).
         if c.control() & 0x04 != 0 {
             return self.check(&Sense::invalid_cdb_field(c.len() as u16 - 1, Some(2)));
@@ -723,6 +752,7 @@ impl LogicalUnit {
             op::RESERVE_6 | op::RESERVE_10 => self.reserve(cmd, c),
             op::RELEASE_6 | op::RELEASE_10 => self.release(cmd),
             op::RECEIVE_COPY_RESULTS => self.receive_copy_results(cmd, c),
+            op::SANITIZE => self.sanitize(cmd, c),
             op::REPORT_LUNS => crate::server::report_luns(c, &[0]),
             op::MAINTENANCE_IN => match c.sa() {
                 op::SA_REPORT_SUPPORTED_OPCODES => self.report_opcodes(c),
@@ -742,8 +772,11 @@ impl LogicalUnit {
             let mut st = self.st();
             pop_ua(&mut st, cmd.nexus)
         };
-        // SPC-4 6.29: REQUEST SENSE returns (and clears) a pending unit attention, else NO SENSE.
-        let s = pending.unwrap_or(Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL_SENSE));
+        // SPC-4 6.29: REQUEST SENSE returns (and clears) a pending unit attention, else the
+        // progress of a sanitize under way (SBC-4 4.33.3), else NO SENSE.
+        let s = pending
+            .or_else(|| self.sanitize_sense())
+            .unwrap_or(Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL_SENSE));
         let mut b = s.encode(desc).to_vec();
         b.truncate(alloc);
         Ok(Outcome::good(Bytes::from(b)))
@@ -777,6 +810,7 @@ impl LogicalUnit {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HISUP, response data format 2
         d[4] = (d.len() - 5) as u8;
+        d[5] = 0x08; // 3PC: EXTENDED COPY
         d[6] = 0x00;
         d[7] = 0x02; // CMDQUE
         pad_into(&mut d[8..16], &self.cfg.vendor);
@@ -832,9 +866,11 @@ impl LogicalUnit {
                 d.extend_from_slice(&p);
             }
             0xB1 => {
-                // Block Device Characteristics (SBC-3 6.5.2): non-rotating medium.
+                // Block Device Characteristics (SBC-4 6.6.2): non-rotating medium; WABEREQ and
+                // WACEREQ 01b: a read after BLOCK ERASE or CRYPTOGRAPHIC ERASE succeeds (zeros).
                 let mut p = [0u8; 0x3C];
                 p[0..2].copy_from_slice(&1u16.to_be_bytes());
+                p[3] = 0x40 | 0x10;
                 d.extend_from_slice(&p);
             }
             0xB2 if self.cfg.thin_provisioning => {

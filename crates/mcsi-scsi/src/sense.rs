@@ -53,6 +53,8 @@ pub mod asc {
     pub const MEDIUM_NOT_PRESENT: (u8, u8) = (0x3A, 0x00);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: (u8, u8) = (0x55, 0x04);
     pub const MEDIUM_REMOVAL_PREVENTED: (u8, u8) = (0x53, 0x02);
+    pub const SANITIZE_IN_PROGRESS: (u8, u8) = (0x04, 0x1B);
+    pub const SANITIZE_COMMAND_FAILED: (u8, u8) = (0x31, 0x03);
 }
 
 /// Length of fixed-format sense data as built here (additional sense length 10).
@@ -97,6 +99,14 @@ impl Sense {
     /// Sets the INFORMATION field.
     pub const fn with_info(mut self, info: u64) -> Self {
         self.information = Some(info);
+        self
+    }
+
+    /// Progress indication sense-key-specific data (SPC-4 4.5.2.4.4): SKSV=1 and the fraction
+    /// done, of 65536.
+    pub const fn with_progress(mut self, progress: u16) -> Self {
+        let be = progress.to_be_bytes();
+        self.sks = Some([0x80, be[0], be[1]]);
         self
     }
 

@@ -141,6 +141,12 @@ impl DeviceServer {
             .then(|| Outcome::check(&Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB)))
     }
 
+    /// Whether aborting the command may end it without waiting for it (see
+    /// [`LogicalUnit::abort_ends_wait`]).
+    pub fn abort_ends_wait(&self, raw: u64, cdb: &[u8]) -> bool {
+        self.lu(raw).is_some_and(|lu| lu.abort_ends_wait(cdb))
+    }
+
     /// Whether the command may block on backend I/O (run it on a blocking pool).
     pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
         self.lu(raw).is_some_and(|lu| lu.blocking(cdb))

@@ -377,6 +377,9 @@ pub struct FileLun {
     #[serde(default)]
     pub read_only: bool,
     pub serial: Option<String>,
+    /// The most a SANITIZE OVERWRITE writes per second ("64MiB"; unset: as fast as the
+    /// backend goes).
+    pub sanitize_rate: Option<SizeValue>,
 }
 
 /// How the target chooses each task's response connection in the asymmetric mode: the
@@ -745,6 +748,8 @@ pub struct LunSpec {
     pub physical_block_size: Option<u32>,
     pub read_only: bool,
     pub serial: Option<String>,
+    /// Bytes per second a SANITIZE OVERWRITE may write (0: no limit).
+    pub sanitize_rate: u64,
 }
 
 impl LunSpec {
@@ -756,6 +761,7 @@ impl LunSpec {
             physical_block_size: None,
             read_only: false,
             serial: None,
+            sanitize_rate: 0,
         }
     }
 }
@@ -893,12 +899,17 @@ impl ServerConfig {
                     check_physical_block_size(p, block_size)
                         .map_err(|e| cerr(f("physical_block_size"), e))?;
                 }
+                let sanitize_rate = match &l.sanitize_rate {
+                    Some(v) => v.bytes(&f("sanitize_rate"))?,
+                    None => 0,
+                };
                 luns.push(LunSpec {
                     backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
                     physical_block_size: l.physical_block_size,
                     read_only: l.read_only,
                     serial: l.serial.clone(),
+                    sanitize_rate,
                 });
             }
             if luns.len() > 16384 {
@@ -1195,7 +1206,7 @@ fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), Strin
 }
 
 /// Parses a `--lun` value: a backend spec optionally followed by `,block_size=N`,
-/// `,physical_block_size=N`, `,read_only`, `,serial=S`.
+/// `,physical_block_size=N`, `,read_only`, `,serial=S`, `,sanitize_rate=SIZE` (per second).
 pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
     let mut parts = arg.split(',');
     let backend = parts.next().unwrap_or("").to_string();
@@ -1225,12 +1236,20 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 })?)
             }
             Some(("serial", v)) if !v.is_empty() && v.len() <= 32 => lun.serial = Some(v.into()),
+            Some(("sanitize_rate", v)) => {
+                lun.sanitize_rate = mcsi_units::parse_size(v).map_err(|e| {
+                    cerr(
+                        field,
+                        format!("sanitize_rate '{v}': {e} (bytes per second, e.g. 64MiB)"),
+                    )
+                })?
+            }
             None if p == "read_only" || p == "ro" => lun.read_only = true,
             _ => {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE)"
                     ),
                 ))
             }
@@ -1601,10 +1620,15 @@ mod tests {
                 block_size: 4096,
                 physical_block_size: None,
                 read_only: true,
-                serial: Some("abc".into())
+                serial: Some("abc".into()),
+                sanitize_rate: 0,
             }
         );
         assert!(parse_lun_arg("--lun", "ram:1GiB,bs=333").is_err());
+        let l = parse_lun_arg("--lun", "ram:1GiB,sanitize_rate=16MiB").unwrap();
+        assert_eq!(l.sanitize_rate, 16 << 20);
+        let e = parse_lun_arg("--lun", "ram:1GiB,sanitize_rate=fast").unwrap_err();
+        assert!(e.to_string().contains("bytes per second"), "{e}");
         // A physical block: a power-of-two multiple of the block, checked whatever the order.
         let l = parse_lun_arg("--lun", "ram:1GiB,physical_block_size=4096").unwrap();
         assert_eq!(l.physical_block_size, Some(4096));

@@ -88,7 +88,18 @@ async fn run(s: Started) {
             // peer may set far above it.
             p = session.read_permit(read_expected.min(phase.data_in_len)) => p,
         };
-        let o = execute(&session, &dev, &cmd, attr, data_out, read_expected).await;
+        let run = execute(&session, &dev, &cmd, attr, data_out, read_expected);
+        let o = if dev.abort_ends_wait(cmd.lun, &cmd.cdb) {
+            // It only waits for work the unit does anyway (a SANITIZE without IMMED): an abort
+            // ends the wait, and the work goes on.
+            tokio::select! {
+                biased;
+                _ = crate::session::flag_set(&mut abort_rx) => return None,
+                o = run => o,
+            }
+        } else {
+            run.await
+        };
         Some((o, permit))
     }
     .await;

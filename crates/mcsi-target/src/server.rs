@@ -111,6 +111,7 @@ pub fn build_targets(
                     .clone()
                     .unwrap_or_else(|| format!("{:012x}{li:04x}", h & 0xffff_ffff_ffff)),
                 naa_id: naa,
+                sanitize_rate: l.sanitize_rate,
                 ..LuConfig::default()
             };
             luns.push((li as u16, Arc::new(LogicalUnit::new(backend, lu_cfg))));

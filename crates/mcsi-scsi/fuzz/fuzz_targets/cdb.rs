@@ -65,7 +65,7 @@ const OPS: &[u8] = &[
     0x00, 0x03, 0x08, 0x0A, 0x12, 0x15, 0x16, 0x17, 0x1A, 0x1B, 0x1E, 0x25, 0x28, 0x2A, 0x2E, 0x2F,
     0x34, 0x35, 0x37, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5A, 0x5E, 0x5F, 0x88, 0x89, 0x8A, 0x8B, 0x8E,
     0x8F, 0x90, 0x91, 0x93, 0x9C, 0x9E, 0xA0, 0xA3, 0xA8, 0xAA, 0xAE, 0xAF, 0xB7, 0x04, 0x1D, 0x3B, 0x3C,
-    0x4D, 0x7F, 0x83, 0x84, 0x9F, 0xA4,
+    0x48, 0x4D, 0x7F, 0x83, 0x84, 0x9F, 0xA4,
 ];
 
 /// Reads and writes the shadow copy checks most closely.
@@ -383,6 +383,22 @@ fn shape(c: &mut [u8; 32], inp: &mut Input<'_>, blocks: u64, bs: usize) -> Optio
         0x84 => {
             c[1] = [0x00, 0x03][usize::from(inp.u8() & 1)];
             put(c, 10, 1024, 4);
+        }
+        0x48 => {
+            // SANITIZE: a service action, sometimes IMMED or AUSE; OVERWRITE with a pattern.
+            let sa = [0x01, 0x02, 0x03, 0x1F][usize::from(inp.u8() % 4)];
+            c[1] = sa | (inp.u8() & 0xA0);
+            c[2..7].fill(0);
+            if sa == 0x01 {
+                let ilen = 1 + usize::from(inp.u8()) % bs;
+                // One or two passes: the whole LU is written each time.
+                let mut p = vec![(inp.u8() & 0x80) | (1 + inp.u8() % 2), 0, 0, 0];
+                put(&mut p, 2, ilen as u64, 2);
+                p.extend((0..ilen).map(|i| i as u8 ^ 0x5A));
+                put(c, 7, p.len() as u64, 2);
+                return Some(p);
+            }
+            put(c, 7, 0, 2);
         }
         0x42 => {
             c[1] &= 0xFE;
