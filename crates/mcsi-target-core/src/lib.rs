@@ -15,6 +15,7 @@
 //! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
 //!   scope, with which answer).
 //! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
+//! - [`qos`]: a session's bandwidth per direction (seed 004), token buckets on passed-in time.
 //! - [`retain`]: what a connection keeps of what it sent for ErrorRecoveryLevel 1 (statuses,
 //!   Data-In, R2Ts) and the SNACKs that ask for it again.
 //! - [`report`]: when to send an mcsi initiator the target's TCP state (an Async Message).
@@ -28,6 +29,7 @@ pub mod control;
 pub mod datain;
 pub mod dispatch;
 pub mod keepalive;
+pub mod qos;
 pub mod report;
 pub mod retain;
 pub mod session;

@@ -53,6 +53,238 @@ impl SizeValue {
     }
 }
 
+/// `[targets.qos]`: either a storage QoS requirement (seed 004: `read_ratio`, `iops`, `size`,
+/// `rt`, `alpha`), from which each session's bandwidth per direction is computed, or the rates
+/// themselves (`to_client`, `to_storage`, bytes per second on the wire), with an optional
+/// `burst`.
+#[derive(Debug, Clone, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileQos {
+    pub read_ratio: Option<f64>,
+    pub iops: Option<f64>,
+    pub size: Option<SizeValue>,
+    pub rt: Option<String>,
+    pub alpha: Option<f64>,
+    pub to_client: Option<SizeValue>,
+    pub to_storage: Option<SizeValue>,
+    pub burst: Option<SizeValue>,
+}
+
+/// A target's per-session bandwidth, validated.
+#[derive(Debug, Clone, Copy)]
+pub enum QosSpec {
+    /// Seed 004's requirement; the rates follow from it and the connection's MSS at login.
+    Requirement(mcsi_model::qos::Requirement),
+    /// Rates per direction in bytes per second (None: that direction is not limited) and the
+    /// burst (None: the larger of 64 KiB and 10 ms of the rate).
+    Rates {
+        to_client: Option<u64>,
+        to_storage: Option<u64>,
+        burst: Option<u64>,
+    },
+}
+
+impl PartialEq for QosSpec {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (QosSpec::Requirement(a), QosSpec::Requirement(b)) => {
+                a.read_ratio.to_bits() == b.read_ratio.to_bits()
+                    && a.iops.to_bits() == b.iops.to_bits()
+                    && a.size_bytes == b.size_bytes
+                    && a.rt_s.to_bits() == b.rt_s.to_bits()
+                    && a.alpha.to_bits() == b.alpha.to_bits()
+            }
+            (
+                QosSpec::Rates {
+                    to_client: a,
+                    to_storage: b,
+                    burst: c,
+                },
+                QosSpec::Rates {
+                    to_client: x,
+                    to_storage: y,
+                    burst: z,
+                },
+            ) => (a, b, c) == (x, y, z),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for QosSpec {}
+
+/// What a session's buckets are, from a target's [`QosSpec`]: bytes per second and burst per
+/// direction, and the figures behind them for the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QosPlan {
+    pub rates: mcsi_target_core::qos::Rates,
+    /// The model's report, for a requirement.
+    pub report: Option<mcsi_model::qos::Report>,
+    /// The Ethernet frame the model assumed (the connection's MSS plus TCP/IP and Ethernet
+    /// headers).
+    pub frame: u64,
+}
+
+impl QosSpec {
+    /// The rates for a session whose leading connection sends segments of `mss` bytes, and
+    /// whose FirstBurstLength is `first_burst`.
+    pub fn plan(&self, mss: u32, first_burst: u32) -> Result<QosPlan, String> {
+        let frame = u64::from(mss) + mcsi_target_core::qos::FRAME_HEADERS;
+        let default_burst = |rate: u64| (rate / 100).max(64 << 10);
+        match *self {
+            QosSpec::Rates {
+                to_client,
+                to_storage,
+                burst,
+            } => {
+                let r = |rate: Option<u64>| rate.map(|r| (r, burst.unwrap_or(default_burst(r))));
+                Ok(QosPlan {
+                    rates: mcsi_target_core::qos::Rates {
+                        to_client: r(to_client),
+                        to_storage: r(to_storage),
+                    },
+                    report: None,
+                    frame,
+                })
+            }
+            QosSpec::Requirement(q) => {
+                let framing = mcsi_model::qos::Framing {
+                    frame_bytes: frame,
+                    first_burst_bytes: u64::from(first_burst),
+                    ..mcsi_model::qos::Framing::default()
+                };
+                let rep = mcsi_model::qos::bandwidth(&q, &framing).map_err(|e| e.to_string())?;
+                let p = rep.per_request;
+                // A burst of the largest request each way, of the kinds that occur: what the
+                // response-time floor (eq. 7-8) moves at once, and no more.
+                let (reads, writes) = (q.read_ratio > 0.0, q.read_ratio < 1.0);
+                let largest =
+                    |r: u64, w: u64| (if reads { r } else { 0 }).max(if writes { w } else { 0 });
+                let rates = mcsi_target_core::qos::Rates {
+                    to_client: Some((
+                        rep.s_to_c.bandwidth.ceil() as u64,
+                        largest(p.read_s_to_c, p.write_s_to_c),
+                    )),
+                    to_storage: Some((
+                        rep.c_to_s.bandwidth.ceil() as u64,
+                        largest(p.read_c_to_s, p.write_c_to_s),
+                    )),
+                };
+                Ok(QosPlan {
+                    rates,
+                    report: Some(rep),
+                    frame,
+                })
+            }
+        }
+    }
+}
+
+/// Validates a `[targets.qos]` table (or `--qos`'s pairs) at `field`.
+pub fn qos_from(q: &FileQos, field: &str) -> Result<QosSpec, ConfigError> {
+    let at = |f: &str| format!("{field}.{f}");
+    let req_keys = [
+        q.read_ratio.is_some(),
+        q.iops.is_some(),
+        q.size.is_some(),
+        q.rt.is_some(),
+        q.alpha.is_some(),
+    ];
+    let rate_keys = q.to_client.is_some() || q.to_storage.is_some();
+    if req_keys.iter().any(|&k| k) {
+        if rate_keys {
+            return Err(cerr(
+                field,
+                "give either a requirement (read_ratio, iops, size, rt, alpha) or rates (to_client, to_storage), not both",
+            ));
+        }
+        let (Some(f), Some(iops), Some(size), Some(rt)) = (q.read_ratio, q.iops, &q.size, &q.rt)
+        else {
+            return Err(cerr(
+                field,
+                "a requirement needs read_ratio, iops, size and rt (alpha defaults to 0.2)",
+            ));
+        };
+        let size_bytes = size.bytes(&at("size"))?;
+        let rt_s = mcsi_units::parse_duration(rt, mcsi_units::BareUnit::Millis)
+            .map_err(|e| cerr(at("rt"), format!("{e} (e.g. \"10ms\")")))?
+            .as_secs_f64();
+        let req = mcsi_model::qos::Requirement {
+            read_ratio: f,
+            iops,
+            size_bytes,
+            rt_s,
+            alpha: q.alpha.unwrap_or(0.2),
+        };
+        // The model checks its ranges; a frame of 1500 stands in for the MSS here.
+        mcsi_model::qos::bandwidth(&req, &mcsi_model::qos::Framing::default())
+            .map_err(|e| cerr(field, e.to_string()))?;
+        if q.burst.is_some() {
+            return Err(cerr(
+                at("burst"),
+                "a requirement sets its own burst (its largest request); burst goes with rates",
+            ));
+        }
+        return Ok(QosSpec::Requirement(req));
+    }
+    if !rate_keys {
+        return Err(cerr(
+            field,
+            "give a requirement (read_ratio, iops, size, rt, alpha) or rates (to_client, to_storage)",
+        ));
+    }
+    let rate = |v: &Option<SizeValue>, f: &str| -> Result<Option<u64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(v) => match v.bytes(&at(f))? {
+                0 => Err(cerr(
+                    at(f),
+                    "must be above zero (leave it out for no limit)",
+                )),
+                b => Ok(Some(b)),
+            },
+        }
+    };
+    Ok(QosSpec::Rates {
+        to_client: rate(&q.to_client, "to_client")?,
+        to_storage: rate(&q.to_storage, "to_storage")?,
+        burst: rate(&q.burst, "burst")?,
+    })
+}
+
+/// Parses `--qos`: `key=value` pairs separated by commas, the keys of `[targets.qos]`
+/// (`to_client=10MiB,to_storage=2MiB` or `read_ratio=1,iops=82,size=1KiB,rt=10ms,alpha=0.2`).
+pub fn parse_qos_arg(field: &str, arg: &str) -> Result<QosSpec, ConfigError> {
+    let mut q = FileQos::default();
+    for pair in arg.split(',').filter(|p| !p.is_empty()) {
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(cerr(field, format!("'{pair}' is not key=value")));
+        };
+        let num = |v: &str| {
+            v.parse::<f64>()
+                .map_err(|_| cerr(field, format!("{k} '{v}' is not a number")))
+        };
+        let size = || SizeValue::Text(v.to_string());
+        match k {
+            "read_ratio" => q.read_ratio = Some(num(v)?),
+            "iops" => q.iops = Some(num(v)?),
+            "alpha" => q.alpha = Some(num(v)?),
+            "size" => q.size = Some(size()),
+            "rt" => q.rt = Some(v.to_string()),
+            "to_client" => q.to_client = Some(size()),
+            "to_storage" => q.to_storage = Some(size()),
+            "burst" => q.burst = Some(size()),
+            _ => {
+                return Err(cerr(
+                    field,
+                    format!("unknown key '{k}' (use read_ratio, iops, size, rt, alpha, or to_client, to_storage, burst)"),
+                ))
+            }
+        }
+    }
+    qos_from(&q, field)
+}
+
 /// The TOML file.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -348,6 +580,8 @@ pub struct FileTarget {
     /// Honour TARGET COLD RESET from any initiator: every session of the target ends
     /// (default false: answered "function authorization failed").
     pub allow_cold_reset: Option<bool>,
+    /// Bandwidth per session (seed 004): a storage QoS requirement, or rates per direction.
+    pub qos: Option<FileQos>,
     /// How each task's response connection is chosen in the asymmetric mode ("round-robin",
     /// "least-outstanding", "tcp-aware", "weighted:3,1", "failover").
     pub response_policy: Option<String>,
@@ -527,6 +761,8 @@ pub struct Limits {
     /// TARGET COLD RESET is honoured (it ends every session of the target, other initiators'
     /// too); otherwise it is answered "function authorization failed" (RFC 7143 11.6.1).
     pub allow_cold_reset: bool,
+    /// Each session's bandwidth per direction (seed 004); None: not limited.
+    pub qos: Option<QosSpec>,
 }
 
 impl Default for Limits {
@@ -569,6 +805,7 @@ impl Default for Limits {
             max_erl: 2,
             // One initiator must not end every other's sessions unless the operator says so.
             allow_cold_reset: false,
+            qos: None,
         }
     }
 }
@@ -1082,6 +1319,10 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         )?,
         max_erl,
         allow_cold_reset: t.allow_cold_reset.unwrap_or(d.allow_cold_reset),
+        qos: match &t.qos {
+            None => d.qos,
+            Some(q) => Some(qos_from(q, &at("qos"))?),
+        },
         response_policy: match &t.response_policy {
             None => d.response_policy,
             Some(name) => {
@@ -1581,6 +1822,84 @@ mod tests {
             (t.max_sessions, t.max_target_connections),
             (d.max_sessions, d.max_target_connections)
         );
+    }
+
+    #[test]
+    fn qos_from_a_table_or_an_argument() {
+        let file = |qos: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n[targets.qos]\n{qos}"
+            ))
+        };
+        let c = file("to_client = \"10MiB\"\n").unwrap();
+        assert_eq!(
+            c.targets[0].limits.qos,
+            Some(QosSpec::Rates {
+                to_client: Some(10 << 20),
+                to_storage: None,
+                burst: None
+            })
+        );
+        let c = file("read_ratio = 1.0\niops = 82\nsize = \"1KiB\"\nrt = \"10ms\"\n").unwrap();
+        let Some(QosSpec::Requirement(q)) = c.targets[0].limits.qos else {
+            panic!("{:?}", c.targets[0].limits.qos)
+        };
+        assert_eq!((q.size_bytes, q.alpha), (1024, 0.2));
+        assert!((q.rt_s - 0.010).abs() < 1e-12);
+        let e = file("read_ratio = 1.0\nto_storage = 5\n").unwrap_err();
+        assert_eq!(e.field, "targets[0].qos");
+        let e = file("to_client = 0\n").unwrap_err();
+        assert_eq!(e.field, "targets[0].qos.to_client");
+        assert!(file("speed = 3\n").is_err());
+        // The same through --qos.
+        assert_eq!(
+            parse_qos_arg("--qos", "to_client=10MiB").unwrap(),
+            c_rates(Some(10 << 20), None)
+        );
+        let e =
+            parse_qos_arg("--qos", "iops=3,size=1KiB,rt=1ms,read_ratio=0.5,alpha=1.5").unwrap_err();
+        assert!(e.to_string().contains("alpha"), "{e}");
+        assert!(parse_qos_arg("--qos", "to_client").is_err());
+    }
+
+    fn c_rates(to_client: Option<u64>, to_storage: Option<u64>) -> QosSpec {
+        QosSpec::Rates {
+            to_client,
+            to_storage,
+            burst: None,
+        }
+    }
+
+    #[test]
+    fn a_requirement_plans_seed_004s_bandwidth_for_the_connections_frame() {
+        // Q1 of seed 004's Table 1 on 1500-byte frames (MSS 1442): the model's figures, with
+        // a burst of one request each way.
+        let q = parse_qos_arg(
+            "--qos",
+            "read_ratio=1,iops=82,size=1KiB,rt=10ms,alpha=0.1954",
+        )
+        .unwrap();
+        let plan = q.plan(1442, 65536).unwrap();
+        assert_eq!(plan.frame, 1500);
+        let rep = mcsi_model::qos::bandwidth(
+            &match q {
+                QosSpec::Requirement(r) => r,
+                _ => unreachable!(),
+            },
+            &mcsi_model::qos::Framing::default(),
+        )
+        .unwrap();
+        let (rate, burst) = plan.rates.to_client.unwrap();
+        assert_eq!(rate, rep.s_to_c.bandwidth.ceil() as u64);
+        assert_eq!(burst, 2 * 106 + 1024);
+        let (_, burst) = plan.rates.to_storage.unwrap();
+        assert_eq!(burst, 106);
+        // Rates: the burst defaults to 10 ms of the rate, 64 KiB at least.
+        let plan = c_rates(Some(100 << 20), Some(1 << 20))
+            .plan(1448, 65536)
+            .unwrap();
+        assert_eq!(plan.rates.to_client, Some((100 << 20, (100 << 20) / 100)));
+        assert_eq!(plan.rates.to_storage, Some((1 << 20, 64 << 10)));
     }
 
     #[test]

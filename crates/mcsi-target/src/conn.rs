@@ -183,6 +183,12 @@ pub async fn writer<W: AsyncWrite + Unpin>(
     let mut sent: Vec<Pdu> = Vec::new();
     let mut pace = SendPace::new(send_timeout);
     let mut failed = false;
+    // With a bandwidth toward the client, a batch is no larger than the bucket's burst (one
+    // PDU at least): what goes out at once stays what the rate allows.
+    let qos = session.qos().filter(|q| q.to_client.is_some());
+    let batch_limit = qos
+        .and_then(|q| q.to_client)
+        .map_or(BATCH_BYTES, |(_, burst)| (burst as usize).min(BATCH_BYTES));
     loop {
         // A period of the pace starts with the first batch after the writer had nothing to do.
         let idle = out.queued() == 0;
@@ -222,7 +228,7 @@ pub async fn writer<W: AsyncWrite + Unpin>(
                     break;
                 }
             }
-            if bytes < BATCH_BYTES {
+            if bytes < batch_limit {
                 next = rx.try_recv().ok();
             }
         }
@@ -230,6 +236,13 @@ pub async fn writer<W: AsyncWrite + Unpin>(
             let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
             for p in sent.drain(..) {
                 log.record(p);
+            }
+        }
+        if let Some(q) = qos {
+            q.send(bytes as u64).await;
+            // The wait was the target's own, not the peer's: the pace starts over.
+            if let Some(p) = pace.as_mut() {
+                p.restart();
             }
         }
         match write_batch_within(&mut w, &batch, pace.as_mut()).await {
@@ -401,10 +414,23 @@ impl Reader {
                     .max(self.last_pdu + 4096);
                 self.buf.reserve(room);
             }
+            // With a bandwidth toward storage, the next read waits while the session's bucket
+            // is in deficit: the initiator's sends then wait in TCP's flow control.
+            if let Some(q) = self.session.qos().filter(|q| q.to_storage.is_some()) {
+                tokio::select! {
+                    _ = q.before_read() => {}
+                    _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
+                }
+            }
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
                     Ok(0) => break ConnEnd::ClosedByInitiator,
-                    Ok(_) => self.heard(),
+                    Ok(n) => {
+                        if let Some(q) = self.session.qos() {
+                            q.read(n as u64);
+                        }
+                        self.heard()
+                    }
                     Err(e) => break ConnEnd::Read(e),
                 },
                 _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,

@@ -411,7 +411,15 @@ async fn connection<S: Transport>(
         }
     };
     drop(in_login);
-    let (session, old_conn, target_slot) = match attach(&shared, &gate, &n).await {
+    // The segment size of the leading connection sets the frame seed 004's model assumes.
+    let mss = stream
+        .socket()
+        .and_then(|s| s.try_clone().ok())
+        .and_then(|s| mcsi_tcp::tcp_state(&s).ok())
+        .map(|t| t.snd_mss)
+        .filter(|&m| m > 0)
+        .unwrap_or(1448);
+    let (session, old_conn, target_slot) = match attach(&shared, &gate, &n, mss).await {
         Ok(x) => x,
         Err(d) => {
             warn!(
@@ -611,9 +619,54 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
 /// reused CID replaces, and its place among its target's connections.
 type Attached = (Arc<Session>, Option<Arc<Conn>>, Option<Slot>);
 
+/// Gives a new session its bandwidth per direction and logs how it was reckoned.
+fn set_qos(s: &Session, q: &crate::config::QosSpec, mss: u32, first_burst: u32) {
+    let plan = match q.plan(mss, first_burst) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(parent: &s.span, "qos: cannot compute the session's bandwidth ({e}); not limited");
+            return;
+        }
+    };
+    let show = |r: Option<(u64, u64)>| match r {
+        Some((rate, burst)) => format!("{rate} B/s (burst {burst} B)"),
+        None => "not limited".into(),
+    };
+    match (&plan.report, q) {
+        (Some(rep), crate::config::QosSpec::Requirement(req)) => info!(
+            parent: &s.span,
+            "qos: requirement read_ratio={} iops={} size={} B rt={} ms alpha={} with {} B frames (MSS {mss}): to client {} (protocol {:.0}, response-time floor {:.0}), to storage {} (protocol {:.0}, floor {:.0})",
+            req.read_ratio,
+            req.iops,
+            req.size_bytes,
+            req.rt_s * 1e3,
+            req.alpha,
+            plan.frame,
+            show(plan.rates.to_client),
+            rep.s_to_c.protocol,
+            rep.s_to_c.min_for_rt,
+            show(plan.rates.to_storage),
+            rep.c_to_s.protocol,
+            rep.c_to_s.min_for_rt,
+        ),
+        _ => info!(
+            parent: &s.span,
+            "qos: to client {}, to storage {} (wire bytes, MSS {mss})",
+            show(plan.rates.to_client),
+            show(plan.rates.to_storage),
+        ),
+    }
+    s.set_qos(&plan, mss);
+}
+
 /// Creates the session of a leading login (closing the one it reinstates) or finds the session
 /// a non-leading login joins, within the target's limits.
-async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Attached, Denied> {
+async fn attach(
+    shared: &Arc<Shared>,
+    gate: &Gate,
+    n: &Negotiated,
+    mss: u32,
+) -> Result<Attached, Denied> {
     let target_name = n.target.as_ref().map(|t| t.name.as_str());
     let gone = |why: String| Denied {
         status: status::SESSION_DOES_NOT_EXIST,
@@ -664,6 +717,9 @@ async fn attach(shared: &Arc<Shared>, gate: &Gate, n: &Negotiated) -> Result<Att
             d.close(SessionEnd::Reinstated).await;
         }
         info!(parent: &s.span, "session created");
+        if let Some(q) = n.target.as_ref().and_then(|t| t.limits.qos) {
+            set_qos(&s, &q, mss, ops.burst.first_burst_length);
+        }
         return Ok((s, None, slot));
     }
     let Some(s) = shared.session(n.tsih) else {

@@ -751,10 +751,90 @@ pub struct Session {
     /// the core's Data-Out timer watches.
     timer_wake: tokio::sync::Notify,
     timer_started: AtomicBool,
+    /// The session's bandwidth per direction (seed 004), set at its leading login.
+    qos: std::sync::OnceLock<Qos>,
     /// ErrorRecoveryLevel 2: what failed connections had sent and not seen acknowledged, by
     /// CID, until DefaultTime2Retain runs out: the tasks that had ended by the failure are
     /// answered from here when reassigned ([`Session::reassign_from_logs`]).
     dead_logs: std::sync::Mutex<Vec<DeadLog>>,
+}
+
+/// A session's token buckets (seed 004), shared by its connections: writers wait on the one
+/// toward the client before each batch, readers on the one toward storage before each read.
+pub struct Qos {
+    buckets: Mutex<mcsi_target_core::qos::SessionQos>,
+    /// Segment size the wire bytes are reckoned with.
+    mss: u32,
+    /// (rate, burst) per direction, as set.
+    pub to_client: Option<(u64, u64)>,
+    pub to_storage: Option<(u64, u64)>,
+}
+
+impl Qos {
+    fn buckets(&self) -> std::sync::MutexGuard<'_, mcsi_target_core::qos::SessionQos> {
+        self.buckets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the bucket toward the client lets a batch go, then charges its `bytes`.
+    pub async fn send(&self, bytes: u64) {
+        if self.to_client.is_none() {
+            return;
+        }
+        loop {
+            let wait = {
+                let now = std::time::Instant::now();
+                let mut b = self.buckets();
+                match b.to_client.as_mut() {
+                    None => None,
+                    Some(bucket) => {
+                        let t = bucket.ready_at(now);
+                        if t.is_none() {
+                            bucket.spend(mcsi_target_core::qos::wire_bytes(bytes, self.mss), now);
+                        }
+                        t
+                    }
+                }
+            };
+            match wait {
+                None => return,
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+            }
+        }
+    }
+
+    /// Waits until the bucket toward storage has no deficit (the next read may go).
+    pub async fn before_read(&self) {
+        if self.to_storage.is_none() {
+            return;
+        }
+        loop {
+            let t = {
+                let mut b = self.buckets();
+                match b.to_storage.as_mut() {
+                    Some(bucket) => bucket.ready_at(std::time::Instant::now()),
+                    None => None,
+                }
+            };
+            match t {
+                None => return,
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+            }
+        }
+    }
+
+    /// Charges `bytes` read from a socket toward storage.
+    pub fn read(&self, bytes: u64) {
+        if self.to_storage.is_none() {
+            return;
+        }
+        let mut b = self.buckets();
+        if let Some(bucket) = b.to_storage.as_mut() {
+            bucket.spend(
+                mcsi_target_core::qos::wire_bytes(bytes, self.mss),
+                std::time::Instant::now(),
+            );
+        }
+    }
 }
 
 /// The log of a failed connection (ErrorRecoveryLevel 2).
@@ -843,7 +923,29 @@ impl Session {
             timer_wake: tokio::sync::Notify::new(),
             timer_started: AtomicBool::new(false),
             dead_logs: std::sync::Mutex::new(Vec::new()),
+            qos: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the session's bandwidth (once, at its leading login).
+    pub fn set_qos(&self, plan: &crate::config::QosPlan, mss: u32) {
+        if plan.rates.to_client.is_none() && plan.rates.to_storage.is_none() {
+            return;
+        }
+        let _ = self.qos.set(Qos {
+            buckets: Mutex::new(mcsi_target_core::qos::SessionQos::new(
+                plan.rates,
+                std::time::Instant::now(),
+            )),
+            mss,
+            to_client: plan.rates.to_client,
+            to_storage: plan.rates.to_storage,
+        });
+    }
+
+    /// The session's bandwidth, when it has one.
+    pub fn qos(&self) -> Option<&Qos> {
+        self.qos.get()
     }
 
     /// Task `itt` of a failed connection waits in the core to be reassigned (ErrorRecoveryLevel

@@ -85,6 +85,12 @@ pub struct Args {
     /// "function authorization failed".
     #[arg(long)]
     allow_cold_reset: bool,
+    /// Bandwidth of every session, per direction (seed 004; as `[targets.qos]` in the file):
+    /// rates on the wire, `to_client=10MiB,to_storage=2MiB[,burst=64KiB]`, or a storage QoS
+    /// requirement they are computed from at each login,
+    /// `read_ratio=1,iops=82,size=1KiB,rt=10ms[,alpha=0.2]`.
+    #[arg(long, value_name = "SPEC")]
+    qos: Option<String>,
 }
 
 /// A `--chap` value: USER:SECRET or USER:env:VARIABLE.
@@ -221,8 +227,15 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             a.allow_networks.clear();
         }
     }
+    let qos = match &args.qos {
+        Some(q) => Some(config::parse_qos_arg("--qos", q)?),
+        None => None,
+    };
     for t in cfg.targets.iter_mut() {
         t.limits.allow_cold_reset |= args.allow_cold_reset;
+        if qos.is_some() {
+            t.limits.qos = qos;
+        }
         if let Some(d) = nop_interval {
             t.limits.nop_interval = d;
         }

@@ -1,0 +1,199 @@
+//! Per-session bandwidth for a storage QoS requirement (seed 004): a token bucket per direction,
+//! on passed-in time, shared by every connection of a session.
+//!
+//! The buckets meter bytes on the wire as seed 004's equations count them: a PDU of `n` bytes
+//! costs `n` plus the TCP/IP and Ethernet headers of the frames it fills ([`wire_bytes`]). A
+//! bucket lets a send go while its balance is not negative and then charges it in full, so the
+//! balance may go below zero by one send (a deficit, paid back at the rate before the next
+//! send): the long-run rate is exactly the bucket's, whatever the sizes of the sends, and a
+//! send larger than the burst is never stuck. The balance starts full and never exceeds the
+//! burst, so no more than a burst (and one send) goes out at line rate after an idle spell.
+
+use std::time::{Duration, Instant};
+
+/// TCP/IP (40) and Ethernet (18) header bytes per frame, as seed 004 counts them beside the
+/// 48-byte iSCSI header (its `ov_prot` of 106 bytes is the three together).
+pub const FRAME_HEADERS: u64 = 58;
+
+/// Bytes on the wire for `n` bytes of iSCSI PDUs sent in segments of `mss`: the PDUs and one
+/// frame's TCP/IP and Ethernet headers per segment.
+pub fn wire_bytes(n: u64, mss: u32) -> u64 {
+    n + n.div_ceil(u64::from(mss.max(1))) * FRAME_HEADERS
+}
+
+/// A token bucket of `rate` bytes per second holding at most `burst` bytes.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    /// Bytes that may go now; below zero after a send larger than what was there.
+    balance: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket. A zero rate is taken as one byte per second (never zero: nothing would
+    /// ever go); a zero burst as one byte.
+    pub fn new(rate: u64, burst: u64, now: Instant) -> TokenBucket {
+        let burst = burst.max(1) as f64;
+        TokenBucket {
+            rate: rate.max(1) as f64,
+            burst,
+            balance: burst,
+            last: now,
+        }
+    }
+
+    /// Bytes per second.
+    pub fn rate(&self) -> u64 {
+        self.rate as u64
+    }
+
+    /// Most bytes held.
+    pub fn burst(&self) -> u64 {
+        self.burst as u64
+    }
+
+    fn refill(&mut self, now: Instant) {
+        // Time never runs backwards here: an earlier `now` adds nothing.
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        if dt > 0.0 {
+            self.balance = (self.balance + dt * self.rate).min(self.burst);
+            self.last = now;
+        }
+    }
+
+    /// When the next send may go: `None` for now, else the moment the deficit is paid back.
+    pub fn ready_at(&mut self, now: Instant) -> Option<Instant> {
+        self.refill(now);
+        if self.balance >= 0.0 {
+            return None;
+        }
+        Some(now + Duration::from_secs_f64(-self.balance / self.rate))
+    }
+
+    /// Charges a send of `bytes`.
+    pub fn spend(&mut self, bytes: u64, now: Instant) {
+        self.refill(now);
+        self.balance -= bytes as f64;
+    }
+
+    /// The balance now (negative: a deficit), for logs and tests.
+    pub fn balance(&mut self, now: Instant) -> f64 {
+        self.refill(now);
+        self.balance
+    }
+}
+
+/// The rates and bursts of one session, per direction (`None`: not limited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rates {
+    /// Target to initiator: Data-In, responses, R2Ts, NOP-Ins.
+    pub to_client: Option<(u64, u64)>,
+    /// Initiator to target: commands, immediate, unsolicited and solicited data.
+    pub to_storage: Option<(u64, u64)>,
+}
+
+/// A session's buckets, one per limited direction.
+#[derive(Debug, Clone)]
+pub struct SessionQos {
+    pub to_client: Option<TokenBucket>,
+    pub to_storage: Option<TokenBucket>,
+}
+
+impl SessionQos {
+    pub fn new(rates: Rates, now: Instant) -> SessionQos {
+        let b = |r: Option<(u64, u64)>| r.map(|(rate, burst)| TokenBucket::new(rate, burst, now));
+        SessionQos {
+            to_client: b(rates.to_client),
+            to_storage: b(rates.to_storage),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    /// Sends `size`-byte messages as fast as the bucket lets them go for `secs` of virtual
+    /// time; returns the bytes sent.
+    fn run(rate: u64, burst: u64, size: u64, secs: u64) -> u64 {
+        let base = Instant::now();
+        let mut b = TokenBucket::new(rate, burst, base);
+        let end = base + Duration::from_secs(secs);
+        let mut now = base;
+        let mut sent = 0;
+        while now < end {
+            if let Some(t) = b.ready_at(now) {
+                now = t;
+                continue;
+            }
+            b.spend(size, now);
+            sent += size;
+        }
+        sent
+    }
+
+    #[test]
+    fn the_long_run_rate_is_the_buckets_whatever_the_send_size() {
+        for size in [512u64, 8192, 65536, 1 << 20, 8 << 20] {
+            let rate = 10_000_000;
+            let sent = run(rate, 65536, size, 10);
+            let got = sent as f64 / 10.0;
+            // One burst and one send beyond the rate at most.
+            let slack = (65536 + size) as f64 / 10.0;
+            assert!(
+                (got - rate as f64).abs() <= slack,
+                "size {size}: {got} B/s against {rate}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_lets_a_burst_go_then_paces() {
+        let base = Instant::now();
+        let mut b = TokenBucket::new(1000, 4000, base);
+        for _ in 0..4 {
+            assert_eq!(b.ready_at(base), None);
+            b.spend(1000, base);
+        }
+        // Empty: the next may go (balance 0), then 1 s for each 1000 bytes.
+        assert_eq!(b.ready_at(base), None);
+        b.spend(1000, base);
+        assert_eq!(b.ready_at(base), Some(at(base, 1000)));
+        assert_eq!(b.ready_at(at(base, 1000)), None);
+        // Idle for an hour: no more than a burst has built up.
+        let later = base + Duration::from_secs(3600);
+        assert!((b.balance(later) - 4000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_send_larger_than_the_burst_goes_and_leaves_a_deficit() {
+        let base = Instant::now();
+        let mut b = TokenBucket::new(1_000_000, 10_000, base);
+        b.spend(1_000_000, base);
+        let t = b.ready_at(base).unwrap();
+        assert_eq!(t.duration_since(base).as_millis(), 990);
+        assert_eq!(b.ready_at(t), None);
+    }
+
+    #[test]
+    fn time_running_backwards_adds_nothing() {
+        let base = Instant::now() + Duration::from_secs(10);
+        let mut b = TokenBucket::new(1000, 1000, base);
+        b.spend(1000, base);
+        assert_eq!(b.balance(base - Duration::from_secs(5)), 0.0);
+    }
+
+    #[test]
+    fn wire_bytes_adds_headers_per_segment() {
+        assert_eq!(wire_bytes(0, 1448), 0);
+        assert_eq!(wire_bytes(1448, 1448), 1448 + 58);
+        assert_eq!(wire_bytes(1449, 1448), 1449 + 2 * 58);
+        assert_eq!(wire_bytes(100, 0), 100 + 100 * 58);
+    }
+}
