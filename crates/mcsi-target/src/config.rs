@@ -68,6 +68,9 @@ pub struct FileQos {
     pub to_client: Option<SizeValue>,
     pub to_storage: Option<SizeValue>,
     pub burst: Option<SizeValue>,
+    /// The link's capacity each way, bytes per second: a session is admitted only if its
+    /// rates fit beside those of the sessions already in.
+    pub capacity: Option<SizeValue>,
 }
 
 /// A target's per-session bandwidth, validated.
@@ -253,8 +256,9 @@ pub fn qos_from(q: &FileQos, field: &str) -> Result<QosSpec, ConfigError> {
 }
 
 /// Parses `--qos`: `key=value` pairs separated by commas, the keys of `[targets.qos]`
-/// (`to_client=10MiB,to_storage=2MiB` or `read_ratio=1,iops=82,size=1KiB,rt=10ms,alpha=0.2`).
-pub fn parse_qos_arg(field: &str, arg: &str) -> Result<QosSpec, ConfigError> {
+/// (`to_client=10MiB,to_storage=2MiB` or `read_ratio=1,iops=82,size=1KiB,rt=10ms,alpha=0.2`,
+/// either with `capacity=SIZE`). Returns the spec and the capacity.
+pub fn parse_qos_arg(field: &str, arg: &str) -> Result<(QosSpec, Option<u64>), ConfigError> {
     let mut q = FileQos::default();
     for pair in arg.split(',').filter(|p| !p.is_empty()) {
         let Some((k, v)) = pair.split_once('=') else {
@@ -274,15 +278,20 @@ pub fn parse_qos_arg(field: &str, arg: &str) -> Result<QosSpec, ConfigError> {
             "to_client" => q.to_client = Some(size()),
             "to_storage" => q.to_storage = Some(size()),
             "burst" => q.burst = Some(size()),
+            "capacity" => q.capacity = Some(size()),
             _ => {
                 return Err(cerr(
                     field,
-                    format!("unknown key '{k}' (use read_ratio, iops, size, rt, alpha, or to_client, to_storage, burst)"),
+                    format!("unknown key '{k}' (use read_ratio, iops, size, rt, alpha, or to_client, to_storage, burst; and capacity)"),
                 ))
             }
         }
     }
-    qos_from(&q, field)
+    let capacity = match &q.capacity {
+        Some(v) => Some(v.bytes(&format!("{field}.capacity"))?).filter(|&c| c > 0),
+        None => None,
+    };
+    Ok((qos_from(&q, field)?, capacity))
 }
 
 /// The TOML file.
@@ -763,6 +772,9 @@ pub struct Limits {
     pub allow_cold_reset: bool,
     /// Each session's bandwidth per direction (seed 004); None: not limited.
     pub qos: Option<QosSpec>,
+    /// The capacity each way (bytes per second) the sessions' QoS rates are admitted against;
+    /// a leading login whose rates do not fit is refused 3/02. None: no admission control.
+    pub qos_capacity: Option<u64>,
 }
 
 impl Default for Limits {
@@ -806,6 +818,7 @@ impl Default for Limits {
             // One initiator must not end every other's sessions unless the operator says so.
             allow_cold_reset: false,
             qos: None,
+            qos_capacity: None,
         }
     }
 }
@@ -1322,6 +1335,10 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         qos: match &t.qos {
             None => d.qos,
             Some(q) => Some(qos_from(q, &at("qos"))?),
+        },
+        qos_capacity: match t.qos.as_ref().and_then(|q| q.capacity.as_ref()) {
+            None => d.qos_capacity,
+            Some(v) => Some(v.bytes(&at("qos.capacity"))?).filter(|&c| c > 0),
         },
         response_policy: match &t.response_policy {
             None => d.response_policy,
@@ -1854,8 +1871,14 @@ mod tests {
         // The same through --qos.
         assert_eq!(
             parse_qos_arg("--qos", "to_client=10MiB").unwrap(),
-            c_rates(Some(10 << 20), None)
+            (c_rates(Some(10 << 20), None), None)
         );
+        assert_eq!(
+            parse_qos_arg("--qos", "to_client=1MiB,capacity=4MiB").unwrap(),
+            (c_rates(Some(1 << 20), None), Some(4 << 20))
+        );
+        let c = file("to_client = \"1MiB\"\ncapacity = \"3MiB\"\n").unwrap();
+        assert_eq!(c.targets[0].limits.qos_capacity, Some(3 << 20));
         let e =
             parse_qos_arg("--qos", "iops=3,size=1KiB,rt=1ms,read_ratio=0.5,alpha=1.5").unwrap_err();
         assert!(e.to_string().contains("alpha"), "{e}");
@@ -1874,7 +1897,7 @@ mod tests {
     fn a_requirement_plans_seed_004s_bandwidth_for_the_connections_frame() {
         // Q1 of seed 004's Table 1 on 1500-byte frames (MSS 1442): the model's figures, with
         // a burst of one request each way.
-        let q = parse_qos_arg(
+        let (q, _) = parse_qos_arg(
             "--qos",
             "read_ratio=1,iops=82,size=1KiB,rt=10ms,alpha=0.1954",
         )

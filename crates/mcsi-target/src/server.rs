@@ -129,6 +129,7 @@ pub fn build_targets(
             limits: t.limits,
             auth: t.auth.clone(),
             dev: Arc::new(DeviceServer::new(luns)),
+            qos_admitted: Arc::default(),
         }));
     }
     Ok(out)
@@ -619,15 +620,23 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
 /// reused CID replaces, and its place among its target's connections.
 type Attached = (Arc<Session>, Option<Arc<Conn>>, Option<Slot>);
 
+/// A QoS spec in words, for log lines.
+fn describe_qos(q: &crate::config::QosSpec) -> String {
+    match q {
+        crate::config::QosSpec::Requirement(r) => format!(
+            "requirement read_ratio={} iops={} size={} B rt={} ms alpha={}",
+            r.read_ratio,
+            r.iops,
+            r.size_bytes,
+            r.rt_s * 1e3,
+            r.alpha
+        ),
+        crate::config::QosSpec::Rates { .. } => "the configured rates".into(),
+    }
+}
+
 /// Gives a new session its bandwidth per direction and logs how it was reckoned.
-fn set_qos(s: &Session, q: &crate::config::QosSpec, mss: u32, first_burst: u32) {
-    let plan = match q.plan(mss, first_burst) {
-        Ok(p) => p,
-        Err(e) => {
-            warn!(parent: &s.span, "qos: cannot compute the session's bandwidth ({e}); not limited");
-            return;
-        }
-    };
+fn set_qos(s: &Session, q: &crate::config::QosSpec, plan: &crate::config::QosPlan, mss: u32) {
     let show = |r: Option<(u64, u64)>| match r {
         Some((rate, burst)) => format!("{rate} B/s (burst {burst} B)"),
         None => "not limited".into(),
@@ -656,7 +665,7 @@ fn set_qos(s: &Session, q: &crate::config::QosSpec, mss: u32, first_burst: u32) 
             show(plan.rates.to_storage),
         ),
     }
-    s.set_qos(&plan, mss);
+    s.set_qos(plan, mss);
 }
 
 /// Creates the session of a leading login (closing the one it reinstates) or finds the session
@@ -682,6 +691,41 @@ async fn attach(
             );
             old.close(SessionEnd::Reinstated).await;
         }
+        // Admission control (seed 004): the session's rates must fit beside the others'.
+        let plan = n.target.as_ref().and_then(|t| {
+            let q = t.limits.qos?;
+            match q.plan(mss, n.session.burst.first_burst_length) {
+                Ok(p) => Some((t, q, p)),
+                Err(e) => {
+                    warn!("qos: cannot compute the session's bandwidth ({e}); not limited");
+                    None
+                }
+            }
+        });
+        let reservation = match plan.as_ref() {
+            Some((t, q, p)) => match t.limits.qos_capacity {
+                Some(cap) => match t.reserve_qos(&p.rates, cap) {
+                    Ok(r) => Some(r),
+                    Err(left) => {
+                        let need = |r: Option<(u64, u64)>| r.map_or(0, |r| r.0);
+                        return Err(Denied {
+                            status: status::OUT_OF_RESOURCES,
+                            why: format!(
+                                "qos: a session needs {} B/s to the client and {} B/s to storage ({}); target {} has {} and {} B/s left of its capacity of {cap} B/s each way",
+                                need(p.rates.to_client),
+                                need(p.rates.to_storage),
+                                describe_qos(q),
+                                t.name,
+                                left.to_client,
+                                left.to_storage,
+                            ),
+                        });
+                    }
+                },
+                None => None,
+            },
+            None => None,
+        };
         let mut ops = n.session;
         if n.target.is_none() {
             // A discovery session has one connection (RFC 7143 13.21).
@@ -717,8 +761,9 @@ async fn attach(
             d.close(SessionEnd::Reinstated).await;
         }
         info!(parent: &s.span, "session created");
-        if let Some(q) = n.target.as_ref().and_then(|t| t.limits.qos) {
-            set_qos(&s, &q, mss, ops.burst.first_burst_length);
+        if let Some((_, q, p)) = &plan {
+            set_qos(&s, q, p, mss);
+            *s.qos_reservation.lock().unwrap_or_else(|e| e.into_inner()) = reservation;
         }
         return Ok((s, None, slot));
     }

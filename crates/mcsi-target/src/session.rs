@@ -40,6 +40,58 @@ pub struct Target {
     pub dev: Arc<DeviceServer>,
     /// Metric handles of each LUN, by LUN number.
     pub lun_metrics: Vec<(u16, LunMetrics)>,
+    /// QoS rates of the sessions admitted so far (admission control against `qos_capacity`).
+    pub qos_admitted: Arc<Mutex<QosLedger>>,
+}
+
+/// Bytes per second reserved by the sessions in, each way.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct QosLedger {
+    pub to_client: u64,
+    pub to_storage: u64,
+}
+
+/// A session's share of its target's QoS capacity, given back when dropped.
+#[derive(Debug)]
+pub struct QosReservation {
+    ledger: Arc<Mutex<QosLedger>>,
+    to_client: u64,
+    to_storage: u64,
+}
+
+impl Drop for QosReservation {
+    fn drop(&mut self) {
+        let mut l = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        l.to_client = l.to_client.saturating_sub(self.to_client);
+        l.to_storage = l.to_storage.saturating_sub(self.to_storage);
+    }
+}
+
+impl Target {
+    /// Reserves `rates` against `capacity` (each way), or says what is left.
+    pub fn reserve_qos(
+        &self,
+        rates: &mcsi_target_core::qos::Rates,
+        capacity: u64,
+    ) -> Result<QosReservation, QosLedger> {
+        let need_c = rates.to_client.map_or(0, |r| r.0);
+        let need_s = rates.to_storage.map_or(0, |r| r.0);
+        let mut l = self.qos_admitted.lock().unwrap_or_else(|e| e.into_inner());
+        let left = QosLedger {
+            to_client: capacity.saturating_sub(l.to_client),
+            to_storage: capacity.saturating_sub(l.to_storage),
+        };
+        if need_c > left.to_client || need_s > left.to_storage {
+            return Err(left);
+        }
+        l.to_client += need_c;
+        l.to_storage += need_s;
+        Ok(QosReservation {
+            ledger: self.qos_admitted.clone(),
+            to_client: need_c,
+            to_storage: need_s,
+        })
+    }
 }
 
 impl Target {
@@ -753,6 +805,8 @@ pub struct Session {
     timer_started: AtomicBool,
     /// The session's bandwidth per direction (seed 004), set at its leading login.
     qos: std::sync::OnceLock<Qos>,
+    /// Its share of the target's QoS capacity, given back when it closes.
+    pub qos_reservation: Mutex<Option<QosReservation>>,
     /// ErrorRecoveryLevel 2: what failed connections had sent and not seen acknowledged, by
     /// CID, until DefaultTime2Retain runs out: the tasks that had ended by the failure are
     /// answered from here when reassigned ([`Session::reassign_from_logs`]).
@@ -924,6 +978,7 @@ impl Session {
             timer_started: AtomicBool::new(false),
             dead_logs: std::sync::Mutex::new(Vec::new()),
             qos: std::sync::OnceLock::new(),
+            qos_reservation: Mutex::new(None),
         })
     }
 
@@ -1514,6 +1569,13 @@ impl Session {
             c.stop();
         }
         self.shared.remove(self);
+        // Its bandwidth goes back to the target at once, for the next login.
+        drop(
+            self.qos_reservation
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         wait_all(waits).await;
         if !first {
             return;

@@ -193,6 +193,35 @@ async fn connections_refused_for_the_rate_do_not_pile_up() {
 }
 
 #[tokio::test]
+async fn sessions_whose_qos_rates_do_not_fit_the_capacity_are_refused() {
+    // Room for two sessions of 4 MiB/s each way in 10 MiB/s.
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.targets[0].limits.qos = Some(mcsi_target::config::QosSpec::Rates {
+            to_client: Some(4 << 20),
+            to_storage: Some(4 << 20),
+            burst: None,
+        });
+        c.targets[0].limits.qos_capacity = Some(10 << 20);
+    })
+    .await;
+    let (mut a, st) = new_session(&server, 1).await;
+    assert_eq!(st, Some((0, 0)));
+    let (mut b, st) = new_session(&server, 2).await;
+    assert_eq!(st, Some((0, 0)));
+    let (_, st) = new_session(&server, 3).await;
+    assert_eq!(st, Some(OUT_OF_RESOURCES), "a third session");
+    assert!(serves(&mut a).await && serves(&mut b).await);
+    // A session that ends gives its rates back.
+    drop(b);
+    let mut c = eventually("a session after one ended", Some((0, 0)), || {
+        new_session(&server, 3)
+    })
+    .await;
+    assert!(serves(&mut c).await);
+}
+
+#[tokio::test]
 async fn sessions_beyond_max_sessions_are_refused_out_of_resources() {
     let server = start_with(|c| {
         c.limits.login_rate = 0;

@@ -88,7 +88,8 @@ pub struct Args {
     /// Bandwidth of every session, per direction (seed 004; as `[targets.qos]` in the file):
     /// rates on the wire, `to_client=10MiB,to_storage=2MiB[,burst=64KiB]`, or a storage QoS
     /// requirement they are computed from at each login,
-    /// `read_ratio=1,iops=82,size=1KiB,rt=10ms[,alpha=0.2]`.
+    /// `read_ratio=1,iops=82,size=1KiB,rt=10ms[,alpha=0.2]`; `,capacity=SIZE` admits a new
+    /// session only if its rates fit beside the others' (else the login gets 3/02).
     #[arg(long, value_name = "SPEC")]
     qos: Option<String>,
 }
@@ -233,8 +234,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     };
     for t in cfg.targets.iter_mut() {
         t.limits.allow_cold_reset |= args.allow_cold_reset;
-        if qos.is_some() {
-            t.limits.qos = qos;
+        if let Some((q, capacity)) = qos {
+            t.limits.qos = Some(q);
+            t.limits.qos_capacity = capacity;
         }
         if let Some(d) = nop_interval {
             t.limits.nop_interval = d;
