@@ -21,6 +21,20 @@ pub fn wire_bytes(n: u64, mss: u32) -> u64 {
     n + n.div_ceil(u64::from(mss.max(1))) * FRAME_HEADERS
 }
 
+/// Admission against a link's capacity: whether a session needing `need` bytes per second
+/// (to the client, to storage) fits beside `used` within `capacity` each way. When it does not,
+/// what is left each way.
+pub fn admit(need: (u64, u64), used: (u64, u64), capacity: u64) -> Result<(), (u64, u64)> {
+    let left = (
+        capacity.saturating_sub(used.0),
+        capacity.saturating_sub(used.1),
+    );
+    if need.0 > left.0 || need.1 > left.1 {
+        return Err(left);
+    }
+    Ok(())
+}
+
 /// A token bucket of `rate` bytes per second holding at most `burst` bytes.
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
@@ -187,6 +201,14 @@ mod tests {
         let mut b = TokenBucket::new(1000, 1000, base);
         b.spend(1000, base);
         assert_eq!(b.balance(base - Duration::from_secs(5)), 0.0);
+    }
+
+    #[test]
+    fn admission_fits_each_way() {
+        assert_eq!(admit((4, 4), (4, 4), 10), Ok(()));
+        assert_eq!(admit((4, 4), (8, 0), 10), Err((2, 10)));
+        assert_eq!(admit((0, 11), (0, 0), 10), Err((10, 10)));
+        assert_eq!(admit((1, 1), (12, 0), 10), Err((0, 10)));
     }
 
     #[test]

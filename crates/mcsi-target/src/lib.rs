@@ -52,7 +52,7 @@ pub(crate) mod transport;
 
 pub(crate) use mcsi_target_core::datain;
 /// The session core, a crate of its own (`mcsi-target-core`) so that nothing async can creep in.
-pub use mcsi_target_core::{keepalive, session as session_core, transfer};
+pub use mcsi_target_core::{keepalive, qos, session as session_core, transfer};
 
 pub use config::ServerConfig;
 pub use server::{Server, StartError};

@@ -77,13 +77,11 @@ impl Target {
         let need_c = rates.to_client.map_or(0, |r| r.0);
         let need_s = rates.to_storage.map_or(0, |r| r.0);
         let mut l = self.qos_admitted.lock().unwrap_or_else(|e| e.into_inner());
-        let left = QosLedger {
-            to_client: capacity.saturating_sub(l.to_client),
-            to_storage: capacity.saturating_sub(l.to_storage),
-        };
-        if need_c > left.to_client || need_s > left.to_storage {
-            return Err(left);
-        }
+        mcsi_target_core::qos::admit((need_c, need_s), (l.to_client, l.to_storage), capacity)
+            .map_err(|(c, s)| QosLedger {
+                to_client: c,
+                to_storage: s,
+            })?;
         l.to_client += need_c;
         l.to_storage += need_s;
         Ok(QosReservation {

@@ -184,6 +184,14 @@ pub struct QosArgs {
     /// Protocol overhead per frame: Ethernet 18 + TCP/IP 40 + iSCSI 48 bytes.
     #[arg(long, value_name = "BYTES", default_value = "106", value_parser = parse_size)]
     overhead: u64,
+    /// Admission: a link of this capacity each way (a bare number is Mbit/s): does one more
+    /// session of this requirement fit beside `--sessions` already in, and how many fit in all?
+    /// The same test `mcsi target --qos ...,capacity=` makes at each login.
+    #[arg(long, value_name = "RATE", value_parser = parse_mbit)]
+    admit: Option<f64>,
+    /// Sessions of this requirement already admitted (with `--admit`).
+    #[arg(long, value_name = "N", default_value = "0", requires = "admit")]
+    sessions: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -541,14 +549,44 @@ fn run_qos(a: QosArgs) -> anyhow::Result<()> {
         first_burst_bytes: a.first_burst,
     };
     let r = qos::bandwidth(&req, &framing).context("qos model")?;
+    // Admission as the target reckons it: whole bytes per second each way, capacity in bytes.
+    let admission = a.admit.map(|bits| {
+        let capacity = (bits / 8.0) as u64;
+        let need = (
+            r.s_to_c.bandwidth.ceil() as u64,
+            r.c_to_s.bandwidth.ceil() as u64,
+        );
+        let used = (need.0 * a.sessions, need.1 * a.sessions);
+        let fits = mcsi_target::qos::admit(need, used, capacity);
+        let most = [need.0, need.1]
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| capacity / n)
+            .min()
+            .unwrap_or(u64::MAX);
+        (capacity, need, used, fits, most)
+    });
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "c_to_s": r.c_to_s,
             "s_to_c": r.s_to_c,
             "per_request": r.per_request,
             "requirement": req,
             "framing": framing,
         });
+        if let Some((capacity, need, used, fits, most)) = admission {
+            let left = fits
+                .err()
+                .unwrap_or((capacity - used.0 - need.0, capacity - used.1 - need.1));
+            v["admission"] = serde_json::json!({
+                "capacity_bytes_per_s": capacity,
+                "sessions_in": a.sessions,
+                "fits": fits.is_ok(),
+                "left_to_client": left.0,
+                "left_to_storage": left.1,
+                "sessions_that_fit": most,
+            });
+        }
         return print_json(&v);
     }
     let mut out = String::new();
@@ -597,6 +635,29 @@ fn run_qos(a: QosArgs) -> anyhow::Result<()> {
         pr.write_c_to_s,
         pr.write_s_to_c
     );
+    if let Some((capacity, need, used, fits, most)) = admission {
+        let mib = |b: u64| format!("{:.4} MiB/s", b as f64 / 1048576.0);
+        match fits {
+            Ok(()) => outln!(
+                out,
+                "admission: with {} session(s) in, one more fits in {} each way; {} to the client and {} to storage left after it ({most} fit in all)",
+                a.sessions,
+                mib(capacity),
+                mib(capacity - used.0 - need.0),
+                mib(capacity - used.1 - need.1)
+            ),
+            Err((c, s)) => outln!(
+                out,
+                "admission: with {} session(s) in, one more does not fit in {} each way: it needs {} to the client and {} to storage, {} and {} are left ({most} fit in all); the target refuses its login with 3/02",
+                a.sessions,
+                mib(capacity),
+                mib(need.0),
+                mib(need.1),
+                mib(c),
+                mib(s)
+            ),
+        }
+    }
     emit(&out)
 }
 
