@@ -83,6 +83,11 @@ pub struct Args {
     /// Threads that run the initiator (1: everything on one thread, like one fio job).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Issue at most this many I/Os per second, as fio's rate_iops (its linear rate process: I/O
+    /// number k starts no earlier than k/N seconds into the run, and a run that fell behind
+    /// catches up). Latencies count from each I/O's start, not from its slot.
+    #[arg(long, value_name = "N")]
+    pub rate_iops: Option<f64>,
     /// Print fio-style JSON.
     #[arg(long)]
     pub json: bool,
@@ -372,6 +377,39 @@ struct Ctx {
     /// With --kill-every: each kill so far, the longest I/O seen across it, and the longest
     /// time without any I/O completing.
     kills: Option<Mutex<KillLog>>,
+    /// With --rate-iops: the schedule the workers take their starts from.
+    pacer: Option<Pacer>,
+}
+
+/// `--rate-iops`: I/O number k may start at `start + k x interval` at the earliest.
+struct Pacer {
+    start: Instant,
+    interval: f64,
+    issued: std::sync::atomic::AtomicU64,
+    /// Off for the read-back after a verified write run (not part of the rated workload).
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl Pacer {
+    fn new(rate: f64) -> Pacer {
+        Pacer {
+            start: Instant::now(),
+            interval: 1.0 / rate,
+            issued: std::sync::atomic::AtomicU64::new(0),
+            on: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// When the next I/O may start (None: now).
+    fn slot(&self) -> Option<Instant> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.on.load(Relaxed) {
+            return None;
+        }
+        let k = self.issued.fetch_add(1, Relaxed);
+        let at = self.start + Duration::from_secs_f64(k as f64 * self.interval);
+        (at > Instant::now()).then_some(at)
+    }
 }
 
 #[derive(Default)]
@@ -417,6 +455,9 @@ fn lockg(c: &Ctx) -> std::sync::MutexGuard<'_, Gen> {
 async fn worker(c: Arc<Ctx>) -> WorkerOut {
     let mut out = WorkerOut::default();
     loop {
+        if let Some(at) = c.pacer.as_ref().and_then(Pacer::slot) {
+            tokio::time::sleep_until(at.into()).await;
+        }
         let Some((op, idx)) = lockg(&c).next() else {
             break;
         };
@@ -510,6 +551,14 @@ async fn bench(a: Args) -> anyhow::Result<ExitCode> {
     };
     if a.iodepth == 0 || a.iodepth > 4096 {
         bail!("--iodepth must be between 1 and 4096, got {}", a.iodepth);
+    }
+    if let Some(r) = a.rate_iops {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--rate-iops must be a positive number of I/Os per second, got {r}");
+        }
+        if auto.is_some() {
+            bail!("--rate-iops paces fixed-size I/Os: give --bs a size, not auto");
+        }
     }
     if a.rwmixread > 100 {
         bail!("--rwmixread is a percentage (0-100), got {}", a.rwmixread);
@@ -659,6 +708,7 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         fill: Bytes::from(fill),
         write_gen: std::sync::atomic::AtomicU64::new(0),
         kills: a.kill_every.map(|_| Mutex::new(KillLog::default())),
+        pacer: a.rate_iops.map(Pacer::new),
     });
     let t0 = Instant::now();
     let cpu0 = CpuTimes::now();
@@ -690,6 +740,9 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
     // each must hold the last version written.
     if a.verify && a.rw.writes() && total.first_error.is_none() {
         {
+            if let Some(p) = &ctx.pacer {
+                p.on.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
             let mut g = lockg(&ctx);
             let written = g.issued.min(blocks);
             g.verify_phase = true;
@@ -923,7 +976,7 @@ fn fio_json(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    json!({
+    let mut v = json!({
         "fio version": concat!("mcsi-", env!("CARGO_PKG_VERSION")),
         "timestamp": now.as_secs(),
         "timestamp_ms": now.as_millis() as u64,
@@ -995,7 +1048,12 @@ fn fio_json(
                 "us_per_io": cpu.us_per_io(ios),
             },
         },
-    })
+    });
+    // fio lists rate_iops among a job's options only when it is set.
+    if let Some(r) = a.rate_iops {
+        v["jobs"][0]["job options"]["rate_iops"] = Value::from(r.to_string());
+    }
+    v
 }
 
 fn print_human(
