@@ -2,11 +2,14 @@
 //! Device server behaviour, command by command. Expected bytes come from the SPC-4/SBC-3
 //! layouts, written out by hand.
 
+mod common;
+
 use bytes::Bytes;
+use common::{expect, nexus, run};
 use mcsi_scsi::sense::{asc, key};
 use mcsi_scsi::{
     status, Backend, BackendError, Command, DeviceServer, FailingBackend, LogicalUnit, LuConfig,
-    Nexus, Outcome, RamBackend, Sense, TaskAttribute,
+    Nexus, Outcome, RamBackend, TaskAttribute,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,28 +18,8 @@ const BS: usize = 512;
 /// Blocks per allocation chunk of the RAM backend (what an UNMAP must cover to deallocate).
 const CH: usize = mcsi_scsi::backend::RAM_CHUNK as usize / BS;
 
-fn nexus(i: u8) -> Nexus {
-    Nexus {
-        initiator_port: Arc::from(format!("iqn.2026-01.test:init{i},i,0x00023d000001")),
-        target_port: Arc::from("iqn.2026-01.test:disk,t,0x0001"),
-        relative_port: 1,
-    }
-}
-
 fn ram_lu(blocks: u64, cfg: LuConfig) -> LogicalUnit {
     LogicalUnit::new(Arc::new(RamBackend::new(blocks * BS as u64).unwrap()), cfg)
-}
-
-fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data: &[u8]) -> Outcome {
-    let mut c = cdb.to_vec();
-    c.resize(16.max(cdb.len()), 0);
-    lu.execute(Command {
-        nexus: n,
-        cdb: &c,
-        data_out: Bytes::copy_from_slice(data),
-        data_in_limit: u32::MAX,
-        attr: TaskAttribute::Simple,
-    })
 }
 
 /// Consumes the power-on unit attention of a new nexus.
@@ -46,21 +29,6 @@ fn ready(lu: &LogicalUnit, n: &Nexus) {
         let o = run(lu, n, &[0x00, 0, 0, 0, 0, 0], &[]);
         assert_eq!(o.status, status::GOOD);
     }
-}
-
-fn sense_of(o: &Outcome) -> Sense {
-    assert_eq!(
-        o.status,
-        status::CHECK_CONDITION,
-        "expected CHECK CONDITION: {o:?}"
-    );
-    Sense::parse(o.sense.as_ref().unwrap()).unwrap()
-}
-
-fn expect(o: &Outcome, k: u8, code: (u8, u8)) -> Sense {
-    let s = sense_of(o);
-    assert_eq!((s.key, s.asc, s.ascq), (k, code.0, code.1), "{o:?}");
-    s
 }
 
 fn good(o: &Outcome) -> &Bytes {

@@ -2,37 +2,19 @@
 //! SANITIZE: what each service action leaves on the medium, the NOT READY state while one runs
 //! (with its progress), that it outlives resets and nexus loss, and sanitize failure mode.
 
+mod common;
+
 use bytes::Bytes;
+use common::{expect, nexus, run, sense_of};
 use mcsi_scsi::sense::{asc, key};
 use mcsi_scsi::{
-    status, Backend, Command, FailingBackend, LogicalUnit, LuConfig, Nexus, Outcome, RamBackend,
-    Sense, TaskAttribute,
+    status, Backend, FailingBackend, LogicalUnit, LuConfig, Nexus, Outcome, RamBackend, Sense,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BS: usize = 512;
 const BLOCKS: u64 = 2048;
-
-fn nexus(i: u8) -> Nexus {
-    Nexus {
-        initiator_port: Arc::from(format!("iqn.2026-01.test:init{i},i,0x00023d000001")),
-        target_port: Arc::from("iqn.2026-01.test:disk,t,0x0001"),
-        relative_port: 1,
-    }
-}
-
-fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data: &[u8]) -> Outcome {
-    let mut c = cdb.to_vec();
-    c.resize(16.max(cdb.len()), 0);
-    lu.execute(Command {
-        nexus: n,
-        cdb: &c,
-        data_out: Bytes::copy_from_slice(data),
-        data_in_limit: u32::MAX,
-        attr: TaskAttribute::Simple,
-    })
-}
 
 fn unit(backend: Arc<dyn Backend>, cfg: LuConfig) -> (LogicalUnit, Nexus) {
     let lu = LogicalUnit::new(backend, cfg);
@@ -43,16 +25,6 @@ fn unit(backend: Arc<dyn Backend>, cfg: LuConfig) -> (LogicalUnit, Nexus) {
 
 fn ram() -> Arc<dyn Backend> {
     Arc::new(RamBackend::new(BLOCKS * BS as u64).unwrap())
-}
-
-fn sense(o: &Outcome) -> Sense {
-    assert_eq!(o.status, status::CHECK_CONDITION, "{o:?}");
-    Sense::parse(o.sense.as_ref().unwrap()).unwrap()
-}
-
-fn expect(o: &Outcome, k: u8, code: (u8, u8)) {
-    let s = sense(o);
-    assert_eq!((s.key, s.asc, s.ascq), (k, code.0, code.1), "{o:?}");
 }
 
 fn good(o: &Outcome) {
@@ -278,7 +250,7 @@ fn a_running_sanitize_makes_the_unit_not_ready_and_outlives_resets() {
         if o.status == status::GOOD {
             break;
         }
-        let s = sense(&o);
+        let s = sense_of(&o);
         if (s.key, s.asc, s.ascq) == (key::NOT_READY, 0x04, 0x1B) {
             saw_running = true;
         }

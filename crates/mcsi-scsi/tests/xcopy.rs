@@ -2,23 +2,18 @@
 //! EXTENDED COPY (LID1) and RECEIVE COPY RESULTS: copies within a unit and between the units of
 //! one target, and the errors SPC-4 names for malformed parameter lists.
 
+mod common;
+
 use bytes::Bytes;
+use common::{expect, nexus, sense_of};
 use mcsi_scsi::sense::{asc, key};
 use mcsi_scsi::{
-    lun, status, Command, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, RamBackend, Sense,
+    lun, status, Command, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, RamBackend,
     TaskAttribute,
 };
 use std::sync::Arc;
 
 const BS: u64 = 512;
-
-fn nexus(i: u8) -> Nexus {
-    Nexus {
-        initiator_port: Arc::from(format!("iqn.2026-01.test:init{i},i,0x00023d000001")),
-        target_port: Arc::from("iqn.2026-01.test:disk,t,0x0001"),
-        relative_port: 1,
-    }
-}
 
 fn naa(i: u8) -> [u8; 16] {
     let mut n = [0u8; 16];
@@ -142,16 +137,6 @@ fn params(list_id: u8, usage: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Vec<u8
     d
 }
 
-fn sense(o: &Outcome) -> Sense {
-    assert_eq!(o.status, status::CHECK_CONDITION, "{o:?}");
-    Sense::parse(o.sense.as_ref().unwrap()).unwrap()
-}
-
-fn expect(o: &Outcome, k: u8, code: (u8, u8)) {
-    let s = sense(o);
-    assert_eq!((s.key, s.asc, s.ascq), (k, code.0, code.1), "{o:?}");
-}
-
 fn pattern(blocks: u64, seed: u8) -> Vec<u8> {
     (0..blocks * BS)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -259,7 +244,7 @@ fn unreachable_units_and_ranges_abort_the_copy_before_any_block_moves() {
         &[cscd(1), cscd(2)],
         &[segment(0, 1, 8, 0, 0), segment(0, 1, 8, 0, 595)],
     );
-    let s = sense(&t.xcopy(0, &p));
+    let s = sense_of(&t.xcopy(0, &p));
     assert_eq!(s.key, key::COPY_ABORTED);
     assert_eq!(s.information, Some(1), "the failing segment's number");
     assert!(t.read(1, 0, 8).iter().all(|&b| b == 0));
