@@ -76,14 +76,14 @@ test_xcopy() {
   }
   local before after moved
   before=$(link_bytes)
-  vm_send go
+  vm_send copy
   vm_expect copied 600
   after=$(link_bytes)
   moved=$((after - before))
   log "sg_xcopy of $mib MiB: $moved bytes crossed the VM's link (both ways, all traffic)"
   [ "$moved" -lt $((mib * 1048576 / 16)) ] ||
     die "$moved bytes crossed the link during a $mib MiB copy: the data went through the initiator"
-  vm_send go
+  vm_send logout
   vm_finish 240 || return
   stop_target || die "the target did not stop cleanly"
   cmp -n $((mib * 1048576)) "$src" "$dst" || die "the destination LUN differs from the source"

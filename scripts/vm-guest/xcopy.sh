@@ -43,8 +43,19 @@ echo "source $SRC ($SRC_SG), destination $DST ($DST_SG)"
 sg_vpd -p tpc "$SRC" || fail "no Third-party Copy VPD page on $SRC"
 sg_copy_results --params "$SRC" || fail "RECEIVE COPY RESULTS (operating parameters) on $SRC"
 
+# wait_for WORD: the host's next line that is WORD; a few other lines (shown) are passed over.
+wait_for() {
+  local line i
+  for i in 1 2 3 4 5; do
+    line=$(wait_host) || true
+    [ "$line" = "$1" ] && return 0
+    echo "from the host: $(printf %q "$line"), waiting for $1"
+  done
+  fail "the host did not say $1"
+}
+
 say ready
-[ "$(wait_host)" = go ] || fail "the host did not say go"
+wait_for copy
 step "sg_xcopy: $BLOCKS blocks from $SRC_SG to $DST_SG"
 t0=$(date +%s.%N)
 sg_xcopy --on_dst if="$SRC_SG" of="$DST_SG" bs=512 count="$BLOCKS" bpt=8192 list_id=7 id_usage=hold ||
@@ -53,6 +64,6 @@ t1=$(date +%s.%N)
 echo "sg_xcopy took $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
 sg_copy_results --status --list_id=7 "$DST" || fail "RECEIVE COPY RESULTS (copy status) on $DST"
 say copied
-[ "$(wait_host)" = go ] || fail "the host did not say go"
+wait_for logout
 iscsiadm -m node -T "$IQN" -p "$P" --logout
 [ -z "$(kernel_errors)" ] || fail "kernel I/O errors: $(kernel_errors)"
