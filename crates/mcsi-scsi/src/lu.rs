@@ -245,10 +245,7 @@ struct State {
 impl Drop for LogicalUnit {
     fn drop(&mut self) {
         // A sanitize still running stops with the unit rather than outlive it.
-        match self.sanitize.lock() {
-            Ok(g) => g.cancel(),
-            Err(p) => p.into_inner().cancel(),
-        }
+        let _ = self.stop_background();
     }
 }
 
@@ -576,6 +573,16 @@ impl LogicalUnit {
         st.ua.remove(nexus);
         st.seen.remove(nexus);
         st.copies.retain(|r| !r.belongs_to(nexus));
+    }
+
+    /// Stops background work (a SANITIZE under way stops at its next piece, and a command
+    /// waiting for it ends); true if there was some.
+    pub fn stop_background(&self) -> bool {
+        let st = match self.sanitize.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        st.cancel()
     }
 
     /// Makes every completed write durable (used at shutdown).

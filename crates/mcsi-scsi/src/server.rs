@@ -166,6 +166,15 @@ impl DeviceServer {
         }
     }
 
+    /// Stops the units' background work (a SANITIZE under way) before a shutdown; returns how
+    /// many units had some.
+    pub fn stop_background(&self) -> usize {
+        self.luns
+            .iter()
+            .filter(|(_, lu)| lu.stop_background())
+            .count()
+    }
+
     /// Flushes every unit; returns the last error, after trying all.
     pub fn flush_all(&self) -> Result<(), BackendError> {
         let mut res = Ok(());

@@ -300,3 +300,29 @@ fn a_failed_sanitize_leaves_failure_mode_until_exit_or_success() {
         }
     }
 }
+
+#[test]
+fn stopping_the_unit_ends_a_sanitize_and_the_command_waiting_for_it() {
+    // 4 MiB at 64 KiB/s: a minute if left alone.
+    let cfg = LuConfig {
+        sanitize_rate: 64 << 10,
+        ..LuConfig::default()
+    };
+    let (lu, n) = unit(Arc::new(RamBackend::new(4 << 20).unwrap()), cfg);
+    let lu = Arc::new(lu);
+    let p = overwrite(false, 1, &[0x77]);
+    let (l2, n2) = (lu.clone(), n.clone());
+    let started = Instant::now();
+    let waiter =
+        std::thread::spawn(move || run(&l2, &n2, &sanitize(false, false, 1, p.len() as u16), &p));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(lu.stop_background(), "a sanitize was running");
+    let o = waiter.join().unwrap();
+    expect(&o, key::MEDIUM_ERROR, asc::SANITIZE_COMMAND_FAILED);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the wait ended with the stop: {:?}",
+        started.elapsed()
+    );
+    assert!(!lu.stop_background(), "nothing runs any more");
+}

@@ -269,6 +269,11 @@ impl Server {
         }
         let mut res = Ok(());
         for t in &self.shared.targets {
+            // A sanitize still running stops here (a command waiting for it then ends); it is
+            // not resumed by the next start, and the LU is left partly sanitized.
+            if t.dev.stop_background() > 0 {
+                warn!(target = %t.name, "shutdown interrupted a SANITIZE; its LUN is partly sanitized");
+            }
             let dev = t.dev.clone();
             let r = tokio::task::spawn_blocking(move || dev.flush_all()).await;
             if let Ok(Err(e)) = r {

@@ -102,11 +102,15 @@ impl Job {
 }
 
 impl SanitizeState {
-    /// The unit goes away: a sanitize under way stops at its next piece.
-    pub(super) fn cancel(&self) {
-        if let Some(job) = &self.running {
-            job.cancelled
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+    /// The unit goes away: a sanitize under way stops at its next piece. True if one ran.
+    pub(super) fn cancel(&self) -> bool {
+        match &self.running {
+            Some(job) if job.lock().result.is_none() => {
+                job.cancelled
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -305,13 +309,17 @@ fn run(
 ) -> Result<(), crate::backend::BackendError> {
     let start = Instant::now();
     let mut written = 0u64;
+    // Waits until `written` bytes are due at the rate, in short naps that look for a stop.
     let pace = |written: u64| {
         if rate == 0 {
             return;
         }
         let due = Duration::from_secs_f64(written as f64 / rate as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
+        while let Some(wait) = due.checked_sub(start.elapsed()) {
+            if job.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(wait.min(Duration::from_millis(50)));
         }
     };
     match work {
