@@ -329,6 +329,8 @@ pub struct LogicalUnit {
     atomic_started: AtomicU64,
     /// A SANITIZE under way, or the failure mode one left.
     sanitize: Mutex<sanitize::SanitizeState>,
+    /// Whether `sanitize` holds either, so that commands take its lock only then.
+    sanitize_pending: std::sync::atomic::AtomicBool,
 }
 
 impl LogicalUnit {
@@ -367,6 +369,7 @@ impl LogicalUnit {
             atomic_active: AtomicUsize::new(0),
             atomic_started: AtomicU64::new(0),
             sanitize: Mutex::default(),
+            sanitize_pending: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -647,14 +647,10 @@ fn set_qos(s: &Session, q: &crate::config::QosSpec, plan: &crate::config::QosPla
         None => "not limited".into(),
     };
     match (&plan.report, q) {
-        (Some(rep), crate::config::QosSpec::Requirement(req)) => info!(
+        (Some(rep), crate::config::QosSpec::Requirement(_)) => info!(
             parent: &s.span,
-            "qos: requirement read_ratio={} iops={} size={} B rt={} ms alpha={} with {} B frames (MSS {mss}): to client {} (protocol {:.0}, response-time floor {:.0}), to storage {} (protocol {:.0}, floor {:.0})",
-            req.read_ratio,
-            req.iops,
-            req.size_bytes,
-            req.rt_s * 1e3,
-            req.alpha,
+            "qos: {} with {} B frames (MSS {mss}): to client {} (protocol {:.0}, response-time floor {:.0}), to storage {} (protocol {:.0}, floor {:.0})",
+            describe_qos(q),
             plan.frame,
             show(plan.rates.to_client),
             rep.s_to_c.protocol,

@@ -829,45 +829,38 @@ impl Qos {
 
     /// Waits until the bucket toward the client lets a batch go, then charges its `bytes`.
     pub async fn send(&self, bytes: u64) {
-        if self.to_client.is_none() {
-            return;
-        }
-        loop {
-            let wait = {
-                let now = std::time::Instant::now();
-                let mut b = self.buckets();
-                match b.to_client.as_mut() {
-                    None => None,
-                    Some(bucket) => {
-                        let t = bucket.ready_at(now);
-                        if t.is_none() {
-                            bucket.spend(mcsi_target_core::qos::wire_bytes(bytes, self.mss), now);
-                        }
-                        t
-                    }
-                }
-            };
-            match wait {
-                None => return,
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-            }
+        if self.to_client.is_some() {
+            self.wait(|q| q.to_client.as_mut(), Some(bytes)).await;
         }
     }
 
     /// Waits until the bucket toward storage has no deficit (the next read may go).
     pub async fn before_read(&self) {
-        if self.to_storage.is_none() {
-            return;
+        if self.to_storage.is_some() {
+            self.wait(|q| q.to_storage.as_mut(), None).await;
         }
+    }
+
+    /// Waits until the bucket `pick` chooses lets a send go; charges `charge` bytes then.
+    async fn wait(
+        &self,
+        pick: impl Fn(
+            &mut mcsi_target_core::qos::SessionQos,
+        ) -> Option<&mut mcsi_target_core::qos::TokenBucket>,
+        charge: Option<u64>,
+    ) {
         loop {
-            let t = {
+            let wait = {
+                let now = std::time::Instant::now();
                 let mut b = self.buckets();
-                match b.to_storage.as_mut() {
-                    Some(bucket) => bucket.ready_at(std::time::Instant::now()),
-                    None => None,
+                let Some(bucket) = pick(&mut b) else { return };
+                let t = bucket.ready_at(now);
+                if let (None, Some(n)) = (t, charge) {
+                    bucket.spend(mcsi_target_core::qos::wire_bytes(n, self.mss), now);
                 }
+                t
             };
-            match t {
+            match wait {
                 None => return,
                 Some(t) => tokio::time::sleep_until(t.into()).await,
             }

@@ -17,6 +17,7 @@ use crate::backend::Backend;
 use crate::sense::{asc, key, Sense};
 use crate::{Command, Outcome};
 use bytes::Bytes;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,15 @@ impl SanitizeState {
         }
     }
 
+    /// NOT READY, SANITIZE IN PROGRESS with the progress, while one runs.
+    fn in_progress(&mut self) -> Option<Sense> {
+        if !self.settle() {
+            return None;
+        }
+        let progress = self.running.as_ref().map_or(0, |j| j.progress());
+        Some(Sense::new(key::NOT_READY, SANITIZE_IN_PROGRESS).with_progress(progress))
+    }
+
     /// Takes note of a sanitize that has ended: failure mode after a failure, none after a
     /// success. True while one still runs.
     fn settle(&mut self) -> bool {
@@ -147,25 +157,35 @@ impl LogicalUnit {
         if matches!(opc, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
             return None;
         }
-        let mut st = self.sanitize_state();
-        if st.settle() {
-            let progress = st.running.as_ref().map_or(0, |j| j.progress());
-            return Some(Sense::new(key::NOT_READY, SANITIZE_IN_PROGRESS).with_progress(progress));
+        // Every command passes here: no lock unless a sanitize ran or failed.
+        if !self.sanitize_pending.load(Ordering::Acquire) {
+            return None;
         }
-        // In failure mode only SANITIZE itself may run, to try again or to exit it.
-        (st.failed.is_some() && opc != op::SANITIZE)
-            .then(|| Sense::new(key::MEDIUM_ERROR, SANITIZE_COMMAND_FAILED))
+        let mut st = self.sanitize_state();
+        let refused = st.in_progress().or_else(|| {
+            // In failure mode only SANITIZE itself may run, to try again or to exit it.
+            (st.failed.is_some() && opc != op::SANITIZE)
+                .then(|| Sense::new(key::MEDIUM_ERROR, SANITIZE_COMMAND_FAILED))
+        });
+        self.publish(&st);
+        refused
     }
 
     /// REQUEST SENSE's answer while a sanitize runs: NOT READY, SANITIZE IN PROGRESS, with the
     /// progress indication.
     pub(super) fn sanitize_sense(&self) -> Option<Sense> {
-        let mut st = self.sanitize_state();
-        if !st.settle() {
+        if !self.sanitize_pending.load(Ordering::Acquire) {
             return None;
         }
-        let progress = st.running.as_ref().map_or(0, |j| j.progress());
-        Some(Sense::new(key::NOT_READY, SANITIZE_IN_PROGRESS).with_progress(progress))
+        self.sanitize_state().in_progress()
+    }
+
+    /// Records, under the state's lock, whether commands must look at it.
+    fn publish(&self, st: &SanitizeState) {
+        self.sanitize_pending.store(
+            st.running.is_some() || st.failed.is_some(),
+            Ordering::Release,
+        );
     }
 
     pub(super) fn sanitize(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
@@ -227,6 +247,7 @@ impl LogicalUnit {
                     Some(false) => Err(bad_cdb(1, Some(4))),
                     _ => {
                         st.failed = None;
+                        self.publish(&st);
                         Ok(Outcome::good(Bytes::new()))
                     }
                 };
@@ -252,6 +273,7 @@ impl LogicalUnit {
                 )));
             }
             st.running = Some(job.clone());
+            self.publish(&st);
         }
         let total = match &work {
             Work::Overwrite { passes, .. } => self.blocks * self.block_size * u64::from(*passes),

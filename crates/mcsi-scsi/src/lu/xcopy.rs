@@ -74,11 +74,6 @@ impl CopyRecord {
     }
 }
 
-/// A unit a CSCD descriptor resolved to.
-struct Cscd<'a> {
-    lu: &'a LogicalUnit,
-}
-
 /// One block-to-block segment.
 struct Segment {
     src: usize,
@@ -170,29 +165,30 @@ impl LogicalUnit {
         )?;
         // Every segment checked before any data moves: a copy that cannot finish does not start.
         for (i, s) in segs.iter().enumerate() {
-            let (Some(src), Some(dst)) = (cscds.get(s.src), cscds.get(s.dst)) else {
+            let (Some(src), Some(dst)) = (cscds.get(s.src).copied(), cscds.get(s.dst).copied())
+            else {
                 return Err(aborted(i, UNREACHABLE_COPY_TARGET));
             };
             let ok = |lu: &LogicalUnit, lba: u64| {
                 lba.checked_add(s.blocks).is_some_and(|e| e <= lu.blocks)
             };
-            if !ok(src.lu, s.src_lba) || !ok(dst.lu, s.dst_lba) {
+            if !ok(src, s.src_lba) || !ok(dst, s.dst_lba) {
                 return Err(aborted(i, asc::NO_ADDITIONAL_SENSE));
             }
-            if src.lu.block_size != dst.lu.block_size
-                || s.blocks * dst.lu.block_size > MAX_SEGMENT_BYTES as u64
+            if src.block_size != dst.block_size
+                || s.blocks * dst.block_size > MAX_SEGMENT_BYTES as u64
             {
                 return Err(aborted(i, asc::NO_ADDITIONAL_SENSE));
             }
-            if dst.lu.write_protected() {
+            if dst.write_protected() {
                 return Err(Fail::Sense(Sense::new(
                     key::DATA_PROTECT,
                     asc::WRITE_PROTECTED,
                 )));
             }
             // The copy acts for the initiator: its reservations apply on every unit it touches.
-            if !std::ptr::eq(src.lu, self) && src.lu.st().pr.conflicts(cmd.nexus, Access::Read)
-                || !std::ptr::eq(dst.lu, self) && dst.lu.st().pr.conflicts(cmd.nexus, Access::Write)
+            if !std::ptr::eq(src, self) && src.st().pr.conflicts(cmd.nexus, Access::Read)
+                || !std::ptr::eq(dst, self) && dst.st().pr.conflicts(cmd.nexus, Access::Write)
             {
                 return Err(Fail::Status(crate::status::RESERVATION_CONFLICT));
             }
@@ -205,7 +201,7 @@ impl LogicalUnit {
         let mut done = 0u16;
         let mut result = Ok(());
         for (i, s) in segs.iter().enumerate() {
-            match copy_segment(cscds[s.src].lu, cscds[s.dst].lu, s) {
+            match copy_segment(cscds[s.src], cscds[s.dst], s) {
                 Ok(n) => {
                     bytes += n;
                     done += 1;
@@ -216,14 +212,18 @@ impl LogicalUnit {
                 }
             }
         }
+        // Each destination written through (its write cache off) is flushed once.
         let mut flushed = Ok(());
+        let mut done_units: Vec<&LogicalUnit> = Vec::new();
         for (i, s) in segs.iter().enumerate() {
-            let dst = cscds[s.dst].lu;
-            if dst.write_through(false) {
-                if let Err(e) = dst.backend.flush() {
-                    flushed = Err((i, dst.medium_error(e, true)));
-                    break;
-                }
+            let dst = cscds[s.dst];
+            if done_units.iter().any(|u| std::ptr::eq(*u, dst)) || !dst.write_through(false) {
+                continue;
+            }
+            done_units.push(dst);
+            if let Err(e) = dst.backend.flush() {
+                flushed = Err((i, dst.medium_error(e, true)));
+                break;
             }
         }
         let result = result.and(flushed);
@@ -248,7 +248,7 @@ impl LogicalUnit {
         &'a self,
         d: &[u8],
         units: &[&'a LogicalUnit],
-    ) -> Result<Vec<Cscd<'a>>, Fail> {
+    ) -> Result<Vec<&'a LogicalUnit>, Fail> {
         let mut out = Vec::new();
         let mut at = 0;
         let mut raw = Vec::new();
@@ -292,7 +292,7 @@ impl LogicalUnit {
             else {
                 return Err(aborted(0, UNREACHABLE_COPY_TARGET));
             };
-            out.push(Cscd { lu });
+            out.push(lu);
         }
         Ok(out)
     }
