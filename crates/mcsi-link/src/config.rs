@@ -122,6 +122,72 @@ pub struct DirConfig {
     pub reorder: bool,
     pub loss: LossModel,
     pub queue: QueueLimit,
+    /// A share of the bottleneck reserved for one TCP port's packets (a storage session's).
+    pub reserve: Option<Reserve>,
+}
+
+/// A reserved class at the bottleneck, as a token bucket per class with priority: TCP packets
+/// from or to `port` wait in a queue of their own and go before all other packets while the
+/// class's bucket holds their length; beyond `rate` they wait for tokens, so the class gets
+/// at most `rate` and, whatever the other traffic does, at least `rate` (when the direction
+/// is faster). The other packets use what is left. This is the reservation of seed 004's
+/// testbed (Linux TBF at the storage session's allocation) with the rest of the link shared.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Reserve {
+    pub port: u16,
+    /// Bits per second.
+    pub rate: f64,
+    /// Bucket depth in bytes: a packet longer than it goes once the bucket is full.
+    pub burst: u64,
+}
+
+impl Reserve {
+    /// Default bucket depth: two full Ethernet frames, the smallest a TBF at this rate
+    /// passes full-sized packets with.
+    pub const DEFAULT_BURST: u64 = 3028;
+
+    /// `PORT:RATE[:BURST]`, e.g. `3260:1.84mbit` or `3260:15mbit:16KiB`.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let mut it = s.split(':');
+        let port = it
+            .next()
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .filter(|p| *p != 0)
+            .ok_or_else(|| {
+                invalid(
+                    "reserve",
+                    s,
+                    "expected PORT:RATE[:BURST], a TCP port 1..=65535 first (e.g. 3260:2mbit)",
+                )
+            })?;
+        let rate = match it.next() {
+            Some(r) => parse_rate(r.trim())?,
+            None => {
+                return Err(invalid(
+                    "reserve",
+                    s,
+                    "expected PORT:RATE[:BURST] (e.g. 3260:2mbit)",
+                ))
+            }
+        };
+        if rate < 1e3 {
+            return Err(invalid("reserve", s, "the rate must be at least 1kbit"));
+        }
+        let burst = match it.next() {
+            Some(b) => {
+                let b = parse_size(b.trim())?;
+                if b == 0 {
+                    return Err(invalid("reserve", s, "the burst must be at least one byte"));
+                }
+                b
+            }
+            None => Self::DEFAULT_BURST,
+        };
+        if it.next().is_some() {
+            return Err(invalid("reserve", s, "expected PORT:RATE[:BURST]"));
+        }
+        Ok(Reserve { port, rate, burst })
+    }
 }
 
 impl Default for DirConfig {
@@ -135,6 +201,7 @@ impl Default for DirConfig {
             reorder: false,
             loss: LossModel::None,
             queue: QueueLimit::default(),
+            reserve: None,
         }
     }
 }
@@ -162,13 +229,29 @@ impl PathConfig {
         }
         for d in [&self.up, &self.down] {
             d.loss.validate()?;
+            if d.reserve.is_some() && self.wifi.is_some() {
+                return Err(invalid(
+                    "path",
+                    "reserve with profile",
+                    "a reservation needs a wired path (rate=...): an 802.11 medium has no per-class queues here",
+                ));
+            }
+            if let (Some(r), Some(rate)) = (d.reserve, d.rate) {
+                if r.rate > rate {
+                    return Err(invalid(
+                        "reserve",
+                        &format!("{}:{}", r.port, r.rate),
+                        format!("reserves more than the direction's rate ({rate} bit/s); lower it or raise rate"),
+                    ));
+                }
+            }
         }
         Ok(())
     }
 
     /// Applies one `key=value` of a `--path` specification (or of a command-line option with
     /// the same name). Keys: rate, delay, jitter, jitter-dist, loss, loss-ge, queue, overhead,
-    /// reorder, profile, per, retry-limit; each of the per-direction keys also with `-up` or
+    /// reorder, reserve, profile, per, retry-limit; each of the per-direction keys also with `-up` or
     /// `-down`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         let (base, dirs): (&str, &[bool]) = if let Some(b) = key.strip_suffix("-up") {
@@ -257,6 +340,12 @@ impl PathConfig {
                 }
                 "loss-ge" => d.loss = LossModel::parse_ge(value)?,
                 "queue" => d.queue = QueueLimit::parse(value)?,
+                "reserve" => {
+                    d.reserve = match value.trim() {
+                        "" | "none" | "off" => None,
+                        v => Some(Reserve::parse(v)?),
+                    }
+                }
                 "overhead" => {
                     d.overhead = value.trim().parse().map_err(|_| {
                         invalid("overhead", value, "expected bytes per packet, e.g. 14")
@@ -274,7 +363,7 @@ impl PathConfig {
                         "path key",
                         key,
                         "known keys: rate, delay, jitter, jitter-dist, loss, loss-ge, queue, overhead, \
-                         reorder (each also with -up/-down), profile, per, retry-limit",
+                         reorder, reserve (each also with -up/-down), profile, per, retry-limit",
                     ))
                 }
             }

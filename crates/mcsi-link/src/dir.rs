@@ -2,6 +2,7 @@
 //! and a delay line with jitter. Time is virtual (nanoseconds) and passed in.
 
 use crate::config::{DirConfig, JitterDist, QueueLimit};
+use crate::link::{Dir, FlowKey};
 use crate::loss::Loss;
 use crate::stats::DirStats;
 use crate::Nanos;
@@ -154,7 +155,7 @@ pub const DELAY_LINE_MAX_BYTES: u64 = 64 << 20;
 pub(crate) struct DirState {
     pub cfg: DirConfig,
     pub queue: Queue,
-    loss: Loss,
+    pub(crate) loss: Loss,
     line: BinaryHeap<Delayed>,
     line_bytes: u64,
     last_release: Nanos,
@@ -240,19 +241,76 @@ impl DirState {
     }
 }
 
-/// A wired direction: a serializer at a fixed rate between the queue and the delay line.
+/// A wired direction: a serializer at a fixed rate between the queue and the delay line,
+/// with, when the direction has a reservation, a second queue for the reserved class served
+/// first while its token bucket allows (see [`crate::config::Reserve`]).
 #[derive(Debug)]
 pub(crate) struct Pipe {
     pub st: DirState,
     /// The packet being serialized and when its last bit leaves.
     busy: Option<(Pending, Nanos)>,
+    /// When the serializer last went idle.
+    free_at: Nanos,
+    class: Option<Class>,
+}
+
+/// The reserved class of a direction: its queue and token bucket.
+#[derive(Debug)]
+struct Class {
+    port: u16,
+    /// Bytes per nanosecond.
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    /// When `tokens` was last brought up to date.
+    at: Nanos,
+    queue: Queue,
+}
+
+impl Class {
+    fn tokens_at(&self, t: Nanos) -> f64 {
+        (self.tokens + t.saturating_sub(self.at) as f64 * self.rate).min(self.burst)
+    }
+
+    /// The earliest time from `from` on at which the bucket holds `len` bytes (or is full,
+    /// for a packet longer than the bucket).
+    fn eligible(&self, len: usize, from: Nanos) -> Nanos {
+        let t = from.max(self.at);
+        let need = (len as f64).min(self.burst);
+        let have = self.tokens_at(t);
+        if have >= need {
+            t
+        } else {
+            t.saturating_add(((need - have) / self.rate).ceil() as Nanos)
+        }
+    }
+
+    fn take(&mut self, len: usize, t: Nanos) {
+        self.tokens = self.tokens_at(t) - len as f64;
+        self.at = self.at.max(t);
+    }
+
+    fn matches(&self, pkt: &[u8]) -> bool {
+        FlowKey::of(Dir::Up, pkt)
+            .is_some_and(|k| k.proto == 6 && (k.cmd_port == self.port || k.host_port == self.port))
+    }
 }
 
 impl Pipe {
     pub fn new(cfg: DirConfig, rng: ChaCha8Rng) -> Self {
+        let class = cfg.reserve.map(|r| Class {
+            port: r.port,
+            rate: r.rate / 8e9,
+            burst: r.burst as f64,
+            tokens: r.burst as f64,
+            at: 0,
+            queue: Queue::new(cfg.queue),
+        });
         Pipe {
             st: DirState::new(cfg, rng),
             busy: None,
+            free_at: 0,
+            class,
         }
     }
 
@@ -268,9 +326,42 @@ impl Pipe {
 
     pub fn enqueue(&mut self, pkt: Vec<u8>, now: Nanos) -> Result<(), DropCause> {
         self.advance(now);
-        self.st.admit(pkt, now)?;
+        match &mut self.class {
+            Some(c) if c.matches(&pkt) => {
+                let st = &mut self.st;
+                st.stats.packets_in += 1;
+                st.stats.bytes_in += pkt.len() as u64;
+                if st.loss.lose(&mut st.rng) {
+                    st.stats.drop_loss += 1;
+                    return Err(DropCause::Loss);
+                }
+                if !c.queue.admits(pkt.len()) {
+                    st.stats.drop_queue += 1;
+                    return Err(DropCause::Queue);
+                }
+                st.stats.reserved_bytes_in += pkt.len() as u64;
+                c.queue.push(Pending { pkt, arrival: now }, &mut st.stats);
+            }
+            _ => self.st.admit(pkt, now)?,
+        }
         self.advance(now);
         Ok(())
+    }
+
+    /// When the next packet could start and whether it is the reserved class's: the class
+    /// goes first whenever its head is in the queue and its bucket holds it.
+    fn next_start(&self) -> Option<(Nanos, bool)> {
+        let plain = self.st.queue.front().map(|p| p.arrival.max(self.free_at));
+        let reserved = self.class.as_ref().and_then(|c| {
+            let p = c.queue.front()?;
+            Some(c.eligible(p.pkt.len(), p.arrival.max(self.free_at)))
+        });
+        match (reserved, plain) {
+            (Some(r), Some(p)) if r <= p => Some((r, true)),
+            (_, Some(p)) => Some((p, false)),
+            (Some(r), None) => Some((r, true)),
+            (None, None) => None,
+        }
     }
 
     /// Runs the serializer up to `now`, with the event times it would have had.
@@ -282,36 +373,47 @@ impl Pipe {
                 }
                 if let Some((p, done)) = self.busy.take() {
                     self.st.served(p, done);
-                    self.start_next(done);
+                    self.free_at = done;
                 }
-            } else {
-                let Some(arrival) = self.st.queue.front().map(|p| p.arrival) else {
-                    return;
-                };
-                self.start_next(arrival);
-                if self.busy.is_none() {
-                    return;
-                }
+                continue;
             }
-        }
-    }
-
-    /// Starts serializing the head of the queue at `at` (when the serializer went idle or the
-    /// packet arrived, whichever is later).
-    fn start_next(&mut self, at: Nanos) {
-        if let Some(p) = self.st.queue.pop() {
-            let start = at.max(p.arrival);
+            let Some((start, reserved)) = self.next_start() else {
+                return;
+            };
+            if start > now {
+                // A packet of the other queue may still arrive before then.
+                return;
+            }
+            let p = if reserved {
+                let Some(c) = self.class.as_mut() else { return };
+                let Some(p) = c.queue.pop() else { return };
+                c.take(p.pkt.len(), start);
+                self.st.stats.reserved_bytes_out += p.pkt.len() as u64;
+                p
+            } else {
+                let Some(p) = self.st.queue.pop() else { return };
+                p
+            };
             let done = start.saturating_add(self.service(p.pkt.len()));
             self.busy = Some((p, done));
         }
     }
 
     pub fn next_event(&self) -> Option<Nanos> {
-        let b = self.busy.as_ref().map(|(_, d)| *d);
+        let b = match &self.busy {
+            Some((_, d)) => Some(*d),
+            None => self.next_start().map(|(t, _)| t),
+        };
         match (b, self.st.next_release()) {
             (Some(a), Some(c)) => Some(a.min(c)),
             (a, c) => a.or(c),
         }
+    }
+
+    /// Packets waiting in the reserved class's queue.
+    #[cfg(test)]
+    fn reserved_queued(&self) -> usize {
+        self.class.as_ref().map_or(0, |c| c.queue.len())
     }
 }
 
@@ -531,5 +633,114 @@ mod tests {
         assert_eq!(r, 0);
         // Holding packets behind later-released ones only adds delay.
         assert!(m > 50.0, "{m}");
+    }
+
+    /// A 1000-byte TCP packet between port `port` on the command's side and 3260 or 5201.
+    fn tcp(port: u16, storage: bool) -> Vec<u8> {
+        let mut p = vec![0u8; 1000];
+        p[0] = 0x45;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[100, 64, 0, 2]);
+        p[16..20].copy_from_slice(&[100, 64, 0, 1]);
+        p[20..22].copy_from_slice(&port.to_be_bytes());
+        let host: u16 = if storage { 3260 } else { 5201 };
+        p[22..24].copy_from_slice(&host.to_be_bytes());
+        p
+    }
+
+    fn reserved_pipe(spec: &str) -> Pipe {
+        let mut path = crate::PathConfig::default();
+        path.apply_spec(spec).unwrap();
+        Pipe::new(path.up, rng())
+    }
+
+    #[test]
+    fn reserved_class_keeps_its_rate_beside_a_flood() {
+        // 10 Mbit/s with 2 Mbit/s reserved for port 3260; both queues always full for 10 s.
+        let mut p = reserved_pipe("rate=10mbit,reserve=3260:2mbit,queue=100p");
+        let (mut storage, mut bulk) = (0u64, 0u64);
+        let mut now = 0;
+        while now < 10_000 * MS {
+            while p.enqueue(tcp(40000, true), now).is_ok() {}
+            while p.enqueue(tcp(40001, false), now).is_ok() {}
+            now += MS;
+            p.advance(now);
+            while let Some((_, _, pkt)) = p.st.pop_due(now) {
+                if pkt[22..24] == 3260u16.to_be_bytes() {
+                    storage += pkt.len() as u64;
+                } else {
+                    bulk += pkt.len() as u64;
+                }
+            }
+        }
+        // 2 Mbit/s over 10 s is 2.5 MB, the rest 10 MB: within one bucket and one packet.
+        assert!(
+            (storage as i64 - 2_500_000).abs() <= 5_000,
+            "storage {storage}"
+        );
+        assert!((bulk as i64 - 10_000_000).abs() <= 5_000, "bulk {bulk}");
+        assert!(p.reserved_queued() > 0);
+        assert!(p.st.stats.reserved_bytes_out >= storage);
+    }
+
+    #[test]
+    fn reserved_class_never_exceeds_its_rate_alone() {
+        let mut p = reserved_pipe("rate=100mbit,reserve=3260:1mbit:1000");
+        for _ in 0..100 {
+            p.enqueue(tcp(40000, true), 0).unwrap();
+        }
+        let out = drain(&mut p, 10_000 * MS);
+        assert_eq!(out.len(), 100);
+        // The first goes at once (full bucket), each next 8 ms later: 1000 B at 1 Mbit/s,
+        // plus 80 us of serialization at 100 Mbit/s for the first.
+        assert_eq!(out[0].0, 80_000);
+        assert_eq!(out[99].0, 99 * 8 * MS + 80_000);
+    }
+
+    #[test]
+    fn reserved_packet_waits_at_most_one_packet_behind_the_flood() {
+        // 1000 bulk packets queued (800 ms at 10 Mbit/s); a storage packet arriving at 5 ms
+        // leaves when the bulk packet then on the wire is done, plus its own 0.8 ms.
+        let mut p = reserved_pipe("rate=10mbit,reserve=3260:1mbit,queue=2000p");
+        for _ in 0..1000 {
+            p.enqueue(tcp(40001, false), 0).unwrap();
+        }
+        p.enqueue(tcp(40000, true), 5 * MS).unwrap();
+        let out = drain(&mut p, 2_000 * MS);
+        let at = out
+            .iter()
+            .find(|(_, pkt)| pkt[22..24] == 3260u16.to_be_bytes())
+            .unwrap()
+            .0;
+        assert_eq!(at, 5_600_000 + 800_000);
+        assert_eq!(out.len(), 1001);
+    }
+
+    #[test]
+    fn reserve_spec_errors_say_what_to_write() {
+        let mut path = crate::PathConfig::default();
+        for (spec, want) in [
+            ("reserve=iscsi:1mbit", "TCP port"),
+            ("reserve=3260", "PORT:RATE"),
+            ("reserve=3260:10bit", "at least 1kbit"),
+            ("reserve=3260:1mbit:0", "at least one byte"),
+            ("reserve=3260:1mbit:1KiB:x", "PORT:RATE[:BURST]"),
+            ("profile=802.11b,reserve=3260:1mbit", "wired path"),
+            (
+                "rate=1mbit,reserve=3260:2mbit",
+                "more than the direction's rate",
+            ),
+        ] {
+            let e = path.clone().apply_spec(spec).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec}: {e}");
+        }
+        path.apply_spec("reserve-up=3260:1mbit,reserve-down=3260:2mbit:8KiB")
+            .unwrap();
+        assert_eq!(path.up.reserve.unwrap().rate, 1e6);
+        assert_eq!(path.down.reserve.unwrap().burst, 8192);
+        assert_eq!(
+            path.up.reserve.unwrap().burst,
+            crate::config::Reserve::DEFAULT_BURST
+        );
     }
 }

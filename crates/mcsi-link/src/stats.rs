@@ -23,6 +23,10 @@ pub struct DirStats {
     pub attempts: u64,
     pub retries: u64,
     pub collisions: u64,
+    /// Bytes of the reserved class (`reserve=`) taken in and served; both also count in
+    /// `bytes_in`.
+    pub reserved_bytes_in: u64,
+    pub reserved_bytes_out: u64,
 }
 
 impl DirStats {
@@ -81,6 +85,20 @@ impl fmt::Display for Summary {
                 )?;
                 if d.drop_down > 0 {
                     write!(f, " path-down {}", d.drop_down)?;
+                }
+                if d.reserved_bytes_in > 0 {
+                    let r = if secs > 0.0 {
+                        d.reserved_bytes_out as f64 * 8.0 / secs
+                    } else {
+                        0.0
+                    };
+                    write!(
+                        f,
+                        "; reserved class {} in, {} ({}) out",
+                        Bytes(d.reserved_bytes_in as f64),
+                        Bytes(d.reserved_bytes_out as f64),
+                        mcsi_units::Rate(r)
+                    )?;
                 }
                 if d.attempts > 0 {
                     write!(

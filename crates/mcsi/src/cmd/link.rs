@@ -88,6 +88,18 @@ pub struct RunArgs {
     queue_up: Option<String>,
     #[arg(long)]
     queue_down: Option<String>,
+    /// A share of the bottleneck reserved for one TCP port's packets, as PORT:RATE[:BURST]
+    /// (e.g. 3260:2mbit): they queue apart and go first while a token bucket at RATE (depth
+    /// BURST, default 3028 bytes) holds them, so they get RATE whatever else crosses the link,
+    /// and never more. Other traffic uses the rest (without --rate, all it wants).
+    #[arg(long, value_name = "PORT:RATE[:BURST]")]
+    reserve: Option<String>,
+    /// The reservation toward the host (what COMMAND sends).
+    #[arg(long, value_name = "PORT:RATE[:BURST]")]
+    reserve_up: Option<String>,
+    /// The reservation toward COMMAND.
+    #[arg(long, value_name = "PORT:RATE[:BURST]")]
+    reserve_down: Option<String>,
     /// 802.11 airtime model for both directions on one medium: 802.11b or 802.11g.
     #[arg(long)]
     profile: Option<String>,
@@ -97,8 +109,8 @@ pub struct RunArgs {
     /// 802.11 attempts per frame before it is dropped (default 7).
     #[arg(long)]
     retry_limit: Option<String>,
-    /// A path: comma-separated key=value (rate, delay, jitter, loss, loss-ge, queue, profile,
-    /// per, ... and their -up/-down forms) applied on top of the options above. Repeat for
+    /// A path: comma-separated key=value (rate, delay, jitter, loss, loss-ge, queue, reserve,
+    /// profile, per, ... and their -up/-down forms) applied on top of the options above. Repeat for
     /// several paths; each flow stays on one path.
     #[arg(long = "path", value_name = "SPEC")]
     paths: Vec<String>,
@@ -167,7 +179,7 @@ impl RunArgs {
         let mut p = PathConfig::default();
         // The profile first: --per and --retry-limit refine it. Then both-direction values,
         // then the per-direction ones, which override.
-        let items: [(&str, &Option<String>); 23] = [
+        let items: [(&str, &Option<String>); 26] = [
             ("profile", &self.profile),
             ("per", &self.per),
             ("retry-limit", &self.retry_limit),
@@ -179,6 +191,7 @@ impl RunArgs {
             ("loss", &self.loss),
             ("loss-ge", &self.loss_ge),
             ("queue", &self.queue),
+            ("reserve", &self.reserve),
             ("rate-up", &self.rate_up),
             ("rate-down", &self.rate_down),
             ("delay-up", &self.delay_up),
@@ -191,6 +204,8 @@ impl RunArgs {
             ("loss-ge-down", &self.loss_ge_down),
             ("queue-up", &self.queue_up),
             ("queue-down", &self.queue_down),
+            ("reserve-up", &self.reserve_up),
+            ("reserve-down", &self.reserve_down),
         ];
         for (k, v) in items {
             if let Some(v) = v {
