@@ -512,6 +512,14 @@ struct Forwarder {
     write_errors: u64,
     /// Running average of how late a timed sleep wakes up.
     wake_late_ewma: u64,
+    /// The current window of [`BUSY_WINDOW_NS`]: when it began and how long the thread was
+    /// blocked in it; and whether polling before deadlines is allowed in this window.
+    window_start: Nanos,
+    window_blocked: Nanos,
+    spin: bool,
+    /// The thread's CPU time when the window began, and whether it runs under SCHED_FIFO.
+    window_cpu: u64,
+    realtime: bool,
     /// Commands from the control socket, and the paths' state shown to it.
     control: std::sync::mpsc::Receiver<crate::control::Command>,
     down_shared: Arc<std::sync::Mutex<Vec<bool>>>,
@@ -527,6 +535,22 @@ const SPIN_NS: u64 = 10_000;
 /// Upper bound of the busy-polling margin before a deadline.
 const MAX_SPIN_NS: u64 = 100_000;
 const MAX_SLEEP_NS: u64 = 100_000_000;
+/// The window over which the thread's busy share is measured.
+const BUSY_WINDOW_NS: u64 = 100_000_000;
+/// Blocked for less than this share of a window, the next window sleeps right up to each
+/// deadline instead of polling before it. A SCHED_FIFO thread that runs more than
+/// sched_rt_runtime_us of each sched_rt_period_us (95 % by default) is stopped for the rest
+/// of the period: 50 ms without forwarding, which polling at tens of thousands of packets per
+/// second brought about (timer lateness up to 50 ms). Sleeping costs tens of microseconds of
+/// lateness instead.
+const MIN_BLOCKED_SHARE: f64 = 0.25;
+/// Above this share of a CPU over a window (the forwarding itself: TUN reads and writes, and
+/// the receiving TCP stacks' work the writes do on this thread), the thread leaves SCHED_FIFO
+/// until its share falls below [`RT_RESUME_SHARE`]: the kernel would otherwise stop it for
+/// 50 ms of each second (RT throttling). Under the normal scheduler it is only delayed now and
+/// then by other threads.
+const RT_LEAVE_SHARE: f64 = 0.85;
+const RT_RESUME_SHARE: f64 = 0.7;
 
 impl Forwarder {
     fn now(&self) -> Nanos {
@@ -535,9 +559,12 @@ impl Forwarder {
 
     fn run(mut self) -> Summary {
         sys::precise_timers();
-        if !sys::realtime_priority(10) {
+        self.realtime = sys::realtime_priority(10);
+        if !self.realtime {
             tracing::debug!("SCHED_FIFO refused; timers may be late on a busy machine");
         }
+        let may_realtime = self.realtime;
+        self.window_cpu = sys::thread_cpu_ns();
         let mut buf = vec![0u8; 65536];
         let fds = [
             self.ns_tun.as_raw_fd(),
@@ -569,10 +596,30 @@ impl Forwarder {
             };
             // Sleep until a little before the deadline, by how late wake-ups have been running,
             // then poll without sleeping.
-            let margin = (self.wake_late_ewma + self.wake_late_ewma / 2 + SPIN_NS).min(MAX_SPIN_NS);
+            let margin = if self.spin {
+                (self.wake_late_ewma + self.wake_late_ewma / 2 + SPIN_NS).min(MAX_SPIN_NS)
+            } else {
+                0
+            };
             let sleep = wait.saturating_sub(margin);
             let t_sleep = self.now();
             let ready = sys::wait_readable(fds, Some(sleep));
+            let t_woke = self.now();
+            self.window_blocked += t_woke.saturating_sub(t_sleep);
+            if t_woke.saturating_sub(self.window_start) >= BUSY_WINDOW_NS {
+                let span = (t_woke - self.window_start) as f64;
+                self.spin = self.window_blocked as f64 >= MIN_BLOCKED_SHARE * span;
+                let cpu = sys::thread_cpu_ns();
+                let share = cpu.saturating_sub(self.window_cpu) as f64 / span;
+                if self.realtime && share > RT_LEAVE_SHARE {
+                    self.realtime = !sys::normal_priority();
+                } else if may_realtime && !self.realtime && share < RT_RESUME_SHARE {
+                    self.realtime = sys::realtime_priority(10);
+                }
+                self.window_cpu = cpu;
+                self.window_start = t_woke;
+                self.window_blocked = 0;
+            }
             if sleep > 0 && !ready.iter().any(|&r| r) {
                 // Capped: a stalled virtual CPU says nothing about the timer.
                 let over = self.now().saturating_sub(t_sleep + sleep).min(MAX_SPIN_NS);
@@ -838,6 +885,11 @@ fn run_blocked(
         delivered: 0,
         write_errors: 0,
         wake_late_ewma: 0,
+        window_start: 0,
+        window_blocked: 0,
+        spin: true,
+        window_cpu: 0,
+        realtime: false,
         control: control_rx,
         down_shared: down_shared.clone(),
         down_refreshed: 0,

@@ -396,6 +396,28 @@ pub(crate) fn realtime_priority(prio: libc::c_int) -> bool {
     unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &p) == 0 }
 }
 
+/// Puts the calling thread back under the normal scheduler (SCHED_OTHER). Best effort.
+pub(crate) fn normal_priority() -> bool {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: changes the calling thread's scheduling; p is valid.
+    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_OTHER, &p) == 0 }
+}
+
+/// CPU time the calling thread has used, in nanoseconds (user and system, softirq work done
+/// on its behalf included).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The signals the emulator handles itself; blocked in every thread and taken with `sigwait`.
 pub(crate) fn handled_signals() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a local value.
