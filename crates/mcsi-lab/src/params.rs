@@ -60,6 +60,9 @@ const CC: &[&str] = &["reno", "cubic", "bbr"];
 const BS_RULE: &[&str] = &["cwnd", "bdp"];
 const VOLUME: &[&str] = &["stripe", "mirror"];
 const PATH_BY: &[&str] = &["port", "source"];
+const QOS_ALLOC: &[&str] = &["naive", "prot", "prot-rt", "prot-rt-ack", "full"];
+const QOS_AT: &[&str] = &["both", "link", "target"];
+const BULK: &[&str] = &["none", "up", "down", "both"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -202,6 +205,48 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Seconds,
         axis: "a connection killed every (s)",
         help: "fault injection: one connection of the session is shut down every so many seconds, in turn, while the run goes on (mcsi bench --kill-every); the longest I/O across each kill is reported",
+    },
+    Def {
+        name: "rate_iops",
+        role: Role::Bench,
+        kind: Kind::Int(1, 10_000_000),
+        axis: "target rate (IOPS)",
+        help: "I/Os started per second at most, as fio's rate_iops (mcsi bench --rate-iops)",
+    },
+    Def {
+        name: "qos_q",
+        role: Role::Bench,
+        kind: Kind::Int(1, 4),
+        axis: "seed 004's requirement Q_i",
+        help: "seed 004's requirement Q1 to Q4 (1 KiB reads at 82 IOPS within 10 ms, 1 KiB writes at 266 within 3 ms, 64 KiB reads at 76 within 18 ms, 64 KiB writes at 208 within 22 ms): sets rw, bs and rate_iops (over any values given), and the bandwidths qos_alloc allocates",
+    },
+    Def {
+        name: "qos_alloc",
+        role: Role::Target,
+        kind: Kind::Choice(QOS_ALLOC),
+        axis: "bandwidth allocation",
+        help: "naive (iops x size both ways), prot (seed 004's eq. 5-6), prot-rt (eq. 9-10) or prot-rt-ack (eq. 9-10 with TCP's acknowledgements counted against the direction opposite to the data, mcsi's extension) for qos_q's requirement, given to the target (--qos) and the link (--reserve) as qos_at says; full: none, the whole link",
+    },
+    Def {
+        name: "qos_at",
+        role: Role::Target,
+        kind: Kind::Choice(QOS_AT),
+        axis: "where the allocation is enforced",
+        help: "both (default), link (a reservation at the bottleneck only, seed 004's TBF) or target (mcsi target --qos only, no reservation)",
+    },
+    Def {
+        name: "storage_share",
+        role: Role::Target,
+        kind: Kind::Percent,
+        axis: "storage's share of the response time (%)",
+        help: "with qos_q: every read and write of the LUN takes this share of the requirement's response time (the LUN's service_time), standing in for the seed's disk",
+    },
+    Def {
+        name: "bulk",
+        role: Role::Client,
+        kind: Kind::Choice(BULK),
+        axis: "competing bulk TCP flow",
+        help: "none, up (toward the target's side), down or both (iperf3 --bidir): an iperf3 flow with CUBIC across the link from 2 s before the load to its end",
     },
     Def {
         name: "runtime",

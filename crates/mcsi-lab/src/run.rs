@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 /// The target's name in every run.
 pub const IQN: &str = "iqn.2026-01.org.mcsi:target";
 const PORT: u16 = 3260;
+/// The competing bulk flow's iperf3 port.
+const BULK_PORT: u16 = 5201;
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -89,6 +91,11 @@ pub fn link_args(p: &Point) -> Result<Vec<String>, String> {
             name => set(name, d.arg(v))?,
         }
     }
+    if let (Some((c2s, s2c)), (true, _)) = (qos_rates(p)?, qos_at(p)) {
+        // The storage session's share at the bottleneck: up is toward the target.
+        set("reserve-up", format!("{PORT}:{}bit", (c2s * 8.0).ceil()))?;
+        set("reserve-down", format!("{PORT}:{}bit", (s2c * 8.0).ceil()))?;
+    }
     path.validate().map_err(|e| e.to_string())?;
     if let Some(ps) = p.params.get("paths") {
         // Each path is the link's options with its own on top; connections take them in turn.
@@ -139,6 +146,45 @@ fn mptcpize(p: &Point) -> &'static str {
     }
 }
 
+/// Seed 004's requirement the point runs (parameter `qos_q`).
+fn qos_requirement(p: &Point) -> Option<&'static mcsi_model::qos::Requirement> {
+    let q = p.num("qos_q")? as usize;
+    mcsi_model::qos::SEED_004.get(q.checked_sub(1)?)
+}
+
+/// The bandwidths allocated to the point's requirement, bytes per second (client to storage,
+/// storage to client), with seed 004's framing; `None` for `full` or no allocation.
+fn qos_rates(p: &Point) -> Result<Option<(f64, f64)>, String> {
+    let alloc = p.text("qos_alloc");
+    if alloc.is_empty() || alloc == "full" {
+        return Ok(None);
+    }
+    let q = qos_requirement(p).ok_or("qos_alloc needs qos_q, the requirement it allocates for")?;
+    // prot-rt-ack: eq. 9-10 with TCP's acknowledgements counted (mcsi's extension).
+    let (name, acks) = match alloc.strip_suffix("-ack") {
+        Some(base) => (base, mcsi_model::qos::ACK_FRAME),
+        None => (alloc, 0),
+    };
+    let a = mcsi_model::qos::Allocation::parse(name).ok_or_else(|| {
+        format!("qos_alloc '{alloc}': use naive, prot, prot-rt, prot-rt-ack or full")
+    })?;
+    let framing = mcsi_model::qos::Framing {
+        ack_bytes: acks,
+        ..mcsi_model::qos::Framing::default()
+    };
+    let r = mcsi_model::qos::bandwidth(q, &framing).map_err(|e| e.to_string())?;
+    Ok(Some(a.rates(&r)))
+}
+
+/// Where the allocation is enforced: (at the link, at the target).
+fn qos_at(p: &Point) -> (bool, bool) {
+    match p.text("qos_at") {
+        "link" => (true, false),
+        "target" => (false, true),
+        _ => (true, true),
+    }
+}
+
 /// The `mcsi bench` options for point `p`, after the URL.
 pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
     let mut a = Vec::new();
@@ -165,6 +211,8 @@ pub fn bench_args(p: &Point, seed: u64) -> Vec<String> {
             "bs_max" => {
                 a.extend(["--bs-max".to_string(), d.arg(v)]);
             }
+            // Its workload is in rw, bs and rate_iops already.
+            "qos_q" => {}
             name => {
                 a.push(format!("--{}", name.replace('_', "-")));
                 a.push(d.arg(v));
@@ -200,13 +248,25 @@ pub fn host_congestion() -> String {
 pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Command, String> {
     check_point(p)?;
     let bin = sh_quote(&mcsi.to_string_lossy());
-    let lun = p.text("lun");
+    let mut lun = p.text("lun").to_string();
+    if let (Some(share), Some(q)) = (p.num("storage_share"), qos_requirement(p)) {
+        let us = (share / 100.0 * q.rt_s * 1e6).round() as u64;
+        lun.push_str(&format!(",service_time={us}us"));
+    }
+    let qos = match (qos_rates(p)?, qos_at(p)) {
+        (Some((c2s, s2c)), (_, true)) => format!(
+            " --qos to_client={},to_storage={}",
+            s2c.ceil() as u64,
+            c2s.ceil() as u64
+        ),
+        _ => String::new(),
+    };
     let (target, lun_no) = match p.text("target") {
         "tgt" => (tgt_script(p)?, 1),
         _ => (
             format!(
-                "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}{}",
-                vec![sh_quote(lun); sessions(p).max(members(p))].join(" --lun "),
+                "exec {bin} target --listen $MCSI_LINK_PEER:{PORT} --iqn {IQN} --lun {}{}{qos}",
+                vec![sh_quote(&lun); sessions(p).max(members(p))].join(" --lun "),
                 p.params
                     .get("cc")
                     .map_or(String::new(), |cc| format!(" --congestion {}", cc.text)),
@@ -270,6 +330,22 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         ),
         None => client,
     };
+    // A competing bulk flow: iperf3 with CUBIC from 2 s before the load until it ends.
+    let bulk = match p.text("bulk") {
+        "up" => Some(""),
+        "down" => Some(" -R"),
+        "both" => Some(" --bidir"),
+        _ => None,
+    };
+    let client = match bulk {
+        Some(dir) => format!(
+            "iperf3 -c $MCSI_LINK_PEER -p {BULK_PORT} -C cubic -t {}{dir} >/dev/null 2>&1 & bulk=$!; sleep 2; \
+             ( {} ); rc=$?; kill $bulk 2>/dev/null; wait $bulk 2>/dev/null; exit $rc",
+            p.runtime().ceil() as u64 + 60,
+            client.strip_prefix("exec ").unwrap_or(&client)
+        ),
+        None => client,
+    };
     let mut c = Command::new(mcsi);
     c.arg("link").arg("run").args(link_args(p)?);
     c.arg("--seed").arg(seed.to_string());
@@ -278,6 +354,14 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
         .arg(target)
         .arg("--host-wait")
         .arg(PORT.to_string());
+    if bulk.is_some() {
+        c.arg("--host")
+            .arg(format!(
+                "exec iperf3 -s -B $MCSI_LINK_PEER -p {BULK_PORT} >/dev/null"
+            ))
+            .arg("--host-wait")
+            .arg(BULK_PORT.to_string());
+    }
     c.arg("--").arg("sh").arg("-c").arg(client);
     c.env("MCSI_LOG", "warn");
     Ok(c)
@@ -403,6 +487,24 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         }
         if p.text("client") == "nbd-fio" {
             return Err("mptcp is for mcsi bench and iscsi-perf clients".into());
+        }
+    }
+    if p.params.get("qos_at").is_some() && qos_rates(p)?.is_none() {
+        return Err("qos_at says where an allocation is enforced: set qos_alloc to naive, prot or prot-rt (and qos_q)".into());
+    }
+    if p.params.get("storage_share").is_some() && qos_requirement(p).is_none() {
+        return Err("storage_share is a share of a requirement's response time: set qos_q".into());
+    }
+    if qos_rates(p)?.is_some() {
+        let (link, target) = qos_at(p);
+        if target && p.text("target") != "mcsi" {
+            return Err(
+                "only mcsi's target enforces an allocation (--qos): use qos_at = \"link\" with tgt"
+                    .into(),
+            );
+        }
+        if link && p.params.get("rate").is_none() {
+            return Err("a reservation is a share of the bottleneck: set rate".into());
         }
     }
     if p.params.get("path_by").is_some() && p.params.get("paths").is_none() {
@@ -755,6 +857,12 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
         + job["write"]["io_bytes"].as_f64().unwrap_or(0.0);
     if ios > 0.0 {
         out.push((Metric::IoKib, bytes / ios / 1024.0));
+    }
+    if let Some(q) = qos_requirement(p) {
+        let iops = f("read", "iops") + f("write", "iops");
+        out.push((Metric::IopsPct, iops / q.iops * 100.0));
+        let mean_ms = lat["mean"].as_f64().unwrap_or(0.0) / 1e6;
+        out.push((Metric::RtPct, mean_ms / (q.rt_s * 1e3) * 100.0));
     }
     let m = &j["mcsi"];
     if let (Some(r), Some(i)) = (m["recoveries"].as_f64(), m["reissued"].as_f64()) {

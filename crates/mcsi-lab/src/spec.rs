@@ -42,10 +42,14 @@ pub enum Metric {
     KillPauseMaxMs,
     /// With kill_every: the longest time in the run without any I/O completing, ms.
     StallMs,
+    /// With qos_q: IOPS as a percentage of the requirement's.
+    IopsPct,
+    /// With qos_q: mean response time as a percentage of the requirement's.
+    RtPct,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 13] = [
+    pub const ALL: [Metric; 15] = [
         Metric::BwMbs,
         Metric::Iops,
         Metric::LatMeanMs,
@@ -59,6 +63,8 @@ impl Metric {
         Metric::KillPauseMs,
         Metric::KillPauseMaxMs,
         Metric::StallMs,
+        Metric::IopsPct,
+        Metric::RtPct,
     ];
 
     /// The CSV column.
@@ -77,6 +83,8 @@ impl Metric {
             Metric::KillPauseMs => "kill_pause_ms",
             Metric::KillPauseMaxMs => "kill_pause_max_ms",
             Metric::StallMs => "stall_ms",
+            Metric::IopsPct => "iops_pct",
+            Metric::RtPct => "rt_pct",
         }
     }
 
@@ -96,6 +104,8 @@ impl Metric {
             Metric::KillPauseMs => "longest I/O across a kill, median over kills (ms)",
             Metric::KillPauseMaxMs => "longest I/O across any kill (ms)",
             Metric::StallMs => "longest time without an I/O completing (ms)",
+            Metric::IopsPct => "IOPS (% of the requirement)",
+            Metric::RtPct => "mean response time (% of the requirement)",
         }
     }
 
@@ -110,6 +120,7 @@ impl Metric {
             Metric::Recoveries => "logins",
             Metric::Reissued => "commands",
             Metric::KillPauseMs | Metric::KillPauseMaxMs | Metric::StallMs => "ms",
+            Metric::IopsPct | Metric::RtPct => "%",
         }
     }
 
@@ -1199,6 +1210,34 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
     Ok(exp)
 }
 
+/// With `qos_q`, the requirement's workload: rw, bs and rate_iops.
+fn qos_workload(params: &mut Params) {
+    let Some(q) = params.get("qos_q").and_then(|v| v.num) else {
+        return;
+    };
+    let Some(r) = mcsi_model::qos::SEED_004.get((q as usize).saturating_sub(1)) else {
+        return;
+    };
+    let rw = if r.read_ratio >= 1.0 {
+        "randread"
+    } else if r.read_ratio <= 0.0 {
+        "randwrite"
+    } else {
+        "randrw"
+    };
+    for (k, v) in [
+        ("rw", rw.to_string()),
+        ("bs", r.size_bytes.to_string()),
+        ("rate_iops", format!("{}", r.iops.ceil() as u64)),
+    ] {
+        if let Some(d) = params::def(k) {
+            if let Ok(val) = d.parse_str(&v) {
+                params.0.insert(d.name, val);
+            }
+        }
+    }
+}
+
 impl Experiment {
     /// The points of the full run or of the quick one, series by series, the sweep's first
     /// parameter varying slowest.
@@ -1249,9 +1288,12 @@ impl Experiment {
                     .iter()
                     .all(|(k, v)| c.get(k).is_some_and(|x| x.text == v.text))
             });
-            out.extend(combos.into_iter().map(|params| Point {
-                series: s.name.clone(),
-                params,
+            out.extend(combos.into_iter().map(|mut params| {
+                qos_workload(&mut params);
+                Point {
+                    series: s.name.clone(),
+                    params,
+                }
             }));
         }
         out

@@ -60,6 +60,49 @@ pub const DEFAULT_FIRST_BURST: u64 = 65536;
 /// The alpha that reproduces seed 004's Table 1; see the module documentation for how.
 pub const PAPER_ALPHA: f64 = 0.1954;
 
+/// Seed 004's requirements Q1-Q4 (§4): 1 KiB random reads at 82 IOPS within 10 ms, 1 KiB
+/// random writes at 266 within 3 ms, 64 KiB reads at 76 within 18 ms, 64 KiB writes at 208
+/// within 22 ms, with [`PAPER_ALPHA`].
+pub const SEED_004: [Requirement; 4] = [
+    Requirement::paper(1.0, 82.0, 1024, 0.010),
+    Requirement::paper(0.0, 266.0, 1024, 0.003),
+    Requirement::paper(1.0, 76.0, 65536, 0.018),
+    Requirement::paper(0.0, 208.0, 65536, 0.022),
+];
+
+/// How a requirement's bandwidth is allocated: the paper's three techniques.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Allocation {
+    /// `iops x sz`, the same both ways (Table 2, "naive").
+    Naive,
+    /// Eq. 5-6: the protocol's bytes (Table 2, "prot").
+    Prot,
+    /// Eq. 9-10: protocol bytes, at least the response-time floor (Table 1, "prot-rt").
+    ProtRt,
+}
+
+impl Allocation {
+    /// `naive`, `prot` or `prot-rt`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "naive" => Some(Allocation::Naive),
+            "prot" => Some(Allocation::Prot),
+            "prot-rt" => Some(Allocation::ProtRt),
+            _ => None,
+        }
+    }
+
+    /// Bytes per second (client to storage, storage to client).
+    pub fn rates(self, r: &Report) -> (f64, f64) {
+        let pick = |d: &Direction| match self {
+            Allocation::Naive => d.naive,
+            Allocation::Prot => d.protocol,
+            Allocation::ProtRt => d.bandwidth,
+        };
+        (pick(&r.c_to_s), pick(&r.s_to_c))
+    }
+}
+
 /// A storage QoS requirement `Q = {f, iops, sz, rt}` and the share `alpha` of `rt` the network
 /// transfer may take.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -76,6 +119,19 @@ pub struct Requirement {
     pub alpha: f64,
 }
 
+impl Requirement {
+    /// A requirement with the paper's alpha.
+    pub const fn paper(read_ratio: f64, iops: f64, size_bytes: u64, rt_s: f64) -> Self {
+        Requirement {
+            read_ratio,
+            iops,
+            size_bytes,
+            rt_s,
+            alpha: PAPER_ALPHA,
+        }
+    }
+}
+
 /// The framing the per-request byte counts assume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Framing {
@@ -85,7 +141,16 @@ pub struct Framing {
     pub overhead_bytes: u64,
     /// iSCSI FirstBurstLength in bytes.
     pub first_burst_bytes: u64,
+    /// Bytes of one TCP acknowledgement frame counted against the direction opposite to a
+    /// request's data, one per two data frames (delayed ACK); 0, the paper's model, counts
+    /// none. Not in seed 004: mcsi's extension, [`ACK_FRAME`] with Ethernet and TCP/IP
+    /// headers as the paper counts them. A lone data frame's acknowledgement rides on the
+    /// request's other PDUs and is not counted.
+    pub ack_bytes: u64,
 }
+
+/// An acknowledgement without data: Ethernet (18) and TCP/IP (40) headers, as `ov` counts them.
+pub const ACK_FRAME: u64 = 58;
 
 impl Default for Framing {
     fn default() -> Self {
@@ -93,6 +158,7 @@ impl Default for Framing {
             frame_bytes: DEFAULT_FRAME,
             overhead_bytes: DEFAULT_OVERHEAD,
             first_burst_bytes: DEFAULT_FIRST_BURST,
+            ack_bytes: 0,
         }
     }
 }
@@ -121,9 +187,17 @@ impl Framing {
         (sz / data) * self.frame_bytes + sz % data
     }
 
-    /// Eq. 1: client to server bytes of one read.
-    pub fn read_c2s(&self, _sz: u64) -> u64 {
-        self.overhead_bytes
+    /// Acknowledgement bytes the other direction sends for `bytes` of data: one ACK frame per
+    /// two full frames (`ack_bytes`; 0 in the paper's model).
+    fn acks_for(&self, bytes: u64) -> u64 {
+        let frames = bytes.div_ceil(self.frame_bytes.max(1));
+        (frames / 2) * self.ack_bytes
+    }
+
+    /// Eq. 1: client to server bytes of one read (with `ack_bytes`, plus the client's
+    /// acknowledgements of the data).
+    pub fn read_c2s(&self, sz: u64) -> u64 {
+        self.overhead_bytes + self.acks_for(self.read_s2c(sz))
     }
 
     /// Eq. 2: server to client bytes of one read.
@@ -140,13 +214,15 @@ impl Framing {
         }
     }
 
-    /// Eq. 4: server to client bytes of one write.
+    /// Eq. 4: server to client bytes of one write (with `ack_bytes`, plus the server's
+    /// acknowledgements of the data).
     pub fn write_s2c(&self, sz: u64) -> u64 {
-        if sz <= self.first_burst_bytes {
+        let pdus = if sz <= self.first_burst_bytes {
             self.overhead_bytes
         } else {
             2 * self.overhead_bytes
-        }
+        };
+        pdus + self.acks_for(self.write_c2s(sz))
     }
 }
 
@@ -242,14 +318,16 @@ mod tests {
         }
     }
 
-    /// Seed 004's Q1-Q4 (§4).
+    /// Seed 004's Q1-Q4 (§4), written out again against [`SEED_004`].
     fn paper() -> [Requirement; 4] {
-        [
+        let p = [
             q(1.0, 82.0, 1024, 10.0),
             q(0.0, 266.0, 1024, 3.0),
             q(1.0, 76.0, 65536, 18.0),
             q(0.0, 208.0, 65536, 22.0),
-        ]
+        ];
+        assert_eq!(p, SEED_004);
+        p
     }
 
     /// `model` matches a figure printed with two decimals: within 5 %, or (for figures so small
@@ -257,6 +335,24 @@ mod tests {
     fn matches(model_mib: f64, printed: f64) -> bool {
         (model_mib - printed).abs() <= 0.05 * printed
             || (model_mib * 100.0).round() / 100.0 == printed
+    }
+
+    #[test]
+    fn acknowledgements_count_in_the_reverse_direction() {
+        let fr = Framing {
+            ack_bytes: ACK_FRAME,
+            ..Framing::default()
+        };
+        // 1 KiB: one data frame, whose ACK rides on the other PDUs.
+        assert_eq!(fr.read_c2s(1024), 106);
+        assert_eq!(fr.write_s2c(1024), 106);
+        // 64 KiB: 212 + 47 x 1500 + 18 = 70730 bytes, 48 frames, 24 ACKs.
+        assert_eq!(fr.read_c2s(65536), 106 + 24 * 58);
+        assert_eq!(fr.write_s2c(65536), 106 + 24 * 58);
+        assert_eq!(fr.read_s2c(65536), Framing::default().read_s2c(65536));
+        // Q3 toward IP storage grows from 106 to 1498 bytes per read.
+        let r = bandwidth(&SEED_004[2], &fr).unwrap();
+        assert!((r.c_to_s.min_for_rt - 1498.0 / (PAPER_ALPHA * 0.018)).abs() < 1e-6);
     }
 
     #[test]

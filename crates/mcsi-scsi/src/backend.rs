@@ -689,6 +689,61 @@ impl Backend for BlockBackend {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Service time
+
+/// Wraps a backend so that each read and write takes at least `service` (it sleeps first): a
+/// stand-in for a disk's service time in experiments on RAM (seed 004's response times
+/// include the storage's). Calls block, so the transport runs them on its blocking pool, one
+/// thread per I/O in flight.
+pub struct ServiceTimeBackend {
+    inner: Arc<dyn Backend>,
+    service: std::time::Duration,
+}
+
+impl ServiceTimeBackend {
+    pub fn new(inner: Arc<dyn Backend>, service: std::time::Duration) -> Self {
+        ServiceTimeBackend { inner, service }
+    }
+}
+
+impl Backend for ServiceTimeBackend {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        std::thread::sleep(self.service);
+        self.inner.read_at(offset, buf)
+    }
+    fn read_bytes(&self, offset: u64, len: usize) -> Result<Bytes, BackendError> {
+        std::thread::sleep(self.service);
+        self.inner.read_bytes(offset, len)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        std::thread::sleep(self.service);
+        self.inner.write_at(offset, data)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        self.inner.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.inner.unmap(offset, len)
+    }
+    fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
+        self.inner.mapped(offset, len)
+    }
+    fn blocking(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} with a service time of {:?}",
+            self.inner.describe(),
+            self.service
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Failure injection
 
 /// Wraps a backend and makes every read, write and flush fail once `ok_ops` of them succeeded.

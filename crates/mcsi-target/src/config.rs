@@ -623,6 +623,9 @@ pub struct FileLun {
     /// The most a SANITIZE OVERWRITE writes per second ("64MiB"; unset: as fast as the
     /// backend goes).
     pub sanitize_rate: Option<SizeValue>,
+    /// Each read and write takes at least this long ("8ms"): a stand-in for a disk's
+    /// service time in experiments.
+    pub service_time: Option<String>,
 }
 
 /// How the target chooses each task's response connection in the asymmetric mode: the
@@ -1000,6 +1003,8 @@ pub struct LunSpec {
     pub serial: Option<String>,
     /// Bytes per second a SANITIZE OVERWRITE may write (0: no limit).
     pub sanitize_rate: u64,
+    /// Each read and write takes at least this long (zero: as fast as the backend).
+    pub service_time: Duration,
 }
 
 impl LunSpec {
@@ -1012,6 +1017,7 @@ impl LunSpec {
             read_only: false,
             serial: None,
             sanitize_rate: 0,
+            service_time: Duration::ZERO,
         }
     }
 }
@@ -1153,6 +1159,10 @@ impl ServerConfig {
                     Some(v) => v.bytes(&f("sanitize_rate"))?,
                     None => 0,
                 };
+                let service_time = match &l.service_time {
+                    Some(v) => parse_service_time(&f("service_time"), v)?,
+                    None => Duration::ZERO,
+                };
                 luns.push(LunSpec {
                     backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
@@ -1160,6 +1170,7 @@ impl ServerConfig {
                     read_only: l.read_only,
                     serial: l.serial.clone(),
                     sanitize_rate,
+                    service_time,
                 });
             }
             if luns.len() > 16384 {
@@ -1463,8 +1474,21 @@ fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), Strin
     }
 }
 
+/// A LUN's `service_time`: a duration of at most 10 s (a bare number is milliseconds).
+fn parse_service_time(field: &str, v: &str) -> Result<Duration, ConfigError> {
+    match mcsi_units::parse_duration(v, mcsi_units::BareUnit::Millis) {
+        Ok(d) if d <= Duration::from_secs(10) => Ok(d),
+        Ok(_) => Err(cerr(field, format!("service_time '{v}' is above 10s"))),
+        Err(e) => Err(cerr(
+            field,
+            format!("service_time '{v}': {e} (a duration, e.g. 8ms)"),
+        )),
+    }
+}
+
 /// Parses a `--lun` value: a backend spec optionally followed by `,block_size=N`,
-/// `,physical_block_size=N`, `,read_only`, `,serial=S`, `,sanitize_rate=SIZE` (per second).
+/// `,physical_block_size=N`, `,read_only`, `,serial=S`, `,sanitize_rate=SIZE` (per second),
+/// `,service_time=DURATION`.
 pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
     let mut parts = arg.split(',');
     let backend = parts.next().unwrap_or("").to_string();
@@ -1502,12 +1526,13 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                     )
                 })?
             }
+            Some(("service_time", v)) => lun.service_time = parse_service_time(field, v)?,
             None if p == "read_only" || p == "ro" => lun.read_only = true,
             _ => {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION)"
                     ),
                 ))
             }
@@ -1533,6 +1558,22 @@ mod tests {
         assert_eq!(l.nop_interval, Duration::ZERO);
         assert_eq!(l.data_out_timeout, Duration::ZERO);
         assert_ne!(Limits::default().nop_interval, Duration::ZERO);
+    }
+
+    #[test]
+    fn service_time_parses_and_is_bounded() {
+        let l = parse_lun_arg("--lun", "ram:1MiB,service_time=8ms").unwrap();
+        assert_eq!(l.service_time, Duration::from_millis(8));
+        assert_eq!(
+            parse_lun_arg("--lun", "ram:1MiB,service_time=2.5")
+                .unwrap()
+                .service_time,
+            Duration::from_micros(2500)
+        );
+        let e = parse_lun_arg("--lun", "ram:1MiB,service_time=11s").unwrap_err();
+        assert!(e.to_string().contains("above 10s"), "{e}");
+        let e = parse_lun_arg("--lun", "ram:1MiB,service_time=fast").unwrap_err();
+        assert!(e.to_string().contains("e.g. 8ms"), "{e}");
     }
 
     #[test]
@@ -1964,6 +2005,7 @@ mod tests {
                 read_only: true,
                 serial: Some("abc".into()),
                 sanitize_rate: 0,
+                service_time: Duration::ZERO,
             }
         );
         assert!(parse_lun_arg("--lun", "ram:1GiB,bs=333").is_err());

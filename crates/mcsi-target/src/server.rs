@@ -95,6 +95,14 @@ pub fn build_targets(
                 }
                 LunBackend::Opened(b) => b.clone(),
             };
+            let backend: Arc<dyn mcsi_scsi::backend::Backend> = if l.service_time.is_zero() {
+                backend
+            } else {
+                Arc::new(mcsi_scsi::backend::ServiceTimeBackend::new(
+                    backend,
+                    l.service_time,
+                ))
+            };
             // A stable identity per target and LUN: serial and NAA from a hash of the names.
             let h = fnv1a(format!("{}/{}", t.iqn, li).as_bytes());
             let mut naa = [0u8; 16];

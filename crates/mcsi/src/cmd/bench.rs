@@ -456,6 +456,11 @@ async fn worker(c: Arc<Ctx>) -> WorkerOut {
     let mut out = WorkerOut::default();
     loop {
         if let Some(at) = c.pacer.as_ref().and_then(Pacer::slot) {
+            // A slot past the run's end is not waited for: the run ends on time, rather than
+            // up to iodepth - 1 intervals late with no I/O in that tail.
+            if lockg(&c).deadline.is_some_and(|d| at >= d) {
+                break;
+            }
             tokio::time::sleep_until(at.into()).await;
         }
         let Some((op, idx)) = lockg(&c).next() else {
