@@ -57,6 +57,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../experiments/routes-vs-mptcp.toml"),
     ),
     ("conn-kill", include_str!("../experiments/conn-kill.toml")),
+    ("nam-tables", include_str!("../experiments/nam-tables.toml")),
 ];
 
 /// Parses a shipped experiment.

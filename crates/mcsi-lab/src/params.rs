@@ -63,6 +63,7 @@ const PATH_BY: &[&str] = &["port", "source"];
 const QOS_ALLOC: &[&str] = &["naive", "prot", "prot-rt", "prot-rt-ack", "full"];
 const QOS_AT: &[&str] = &["both", "link", "target"];
 const BULK: &[&str] = &["none", "up", "down", "both"];
+const RATE_PROCESS: &[&str] = &["linear", "poisson"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -212,6 +213,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Int(1, 10_000_000),
         axis: "target rate (IOPS)",
         help: "I/Os started per second at most, as fio's rate_iops (mcsi bench --rate-iops)",
+    },
+    Def {
+        name: "rate_process",
+        role: Role::Bench,
+        kind: Kind::Choice(RATE_PROCESS),
+        axis: "arrivals",
+        help: "how rate_iops spaces the I/Os, as fio's rate_process: linear (evenly) or poisson (exponential gaps, as independent requests arrive)",
     },
     Def {
         name: "qos_q",

@@ -65,14 +65,14 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-/// Whether two series lie on top of each other in a figure whose y axis spans `0..span`: the
-/// same x values, medians within 1.5 % of the axis.
-fn coincide(a: &Line, b: &Line, span: f64) -> bool {
+/// Whether two series lie on top of each other in a figure whose y axis spans `span` once
+/// drawn (`ty`: a value's place on the axis): the same x values, medians within 1.5 % of it.
+fn coincide(a: &Line, b: &Line, span: f64, ty: impl Fn(f64) -> f64) -> bool {
     a.points.len() == b.points.len()
         && a.points
             .iter()
             .zip(&b.points)
-            .all(|(p, q)| p.0 == q.0 && (p.1 - q.1).abs() <= 0.015 * span)
+            .all(|(p, q)| p.0 == q.0 && (ty(p.1) - ty(q.1)).abs() <= 0.015 * span)
 }
 
 /// `note` as one line, or as two split at the "; " nearest `max` characters from the start.
@@ -102,6 +102,8 @@ pub fn draw(
 ) -> Result<bool, String> {
     fonts()?;
     let tx = |x: f64| if fig.x_log { x.log2() } else { x };
+    // On a log y axis a value is drawn at its log10; zero and below at the axis's foot.
+    let ty = |y: f64| if fig.y_log { y.max(1e-9).log10() } else { y };
     let mut lines = Vec::new();
     for s in &fig.series {
         let mut pts: Vec<(f64, f64, f64, f64)> = aggs
@@ -208,7 +210,22 @@ pub fn draw(
     } else {
         1.15
     };
-    let y1 = if ymax > 0.0 { ymax * head } else { 1.0 };
+    let (y0, y1) = if fig.y_log {
+        let ymin = lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(|p| p.2))
+            .filter(|y| *y > 0.0)
+            .fold(f64::MAX, f64::min);
+        let lo = if ymin < f64::MAX {
+            ymin.log10().floor()
+        } else {
+            0.0
+        };
+        let hi = ty(ymax.max(1e-9)) + if head > 1.5 { 1.0 } else { 0.2 };
+        (lo, hi.max(lo + 1.0))
+    } else {
+        (0.0, if ymax > 0.0 { ymax * head } else { 1.0 })
+    };
 
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| format!("{}: {e}", path.display());
@@ -232,7 +249,7 @@ pub fn draw(
         .margin(16)
         .x_label_area_size(52)
         .y_label_area_size(74)
-        .build_cartesian_2d(x0..x1, 0.0..y1)
+        .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(err)?;
     let x_ticks: Vec<f64> = if fig.x_log {
         let mut v: Vec<f64> = all_x.iter().map(|x| tx(*x)).collect();
@@ -244,8 +261,23 @@ pub fn draw(
     };
     let log = fig.x_log;
     // On a log axis, a label at every power of two the axis spans.
+    let mut distinct: Vec<f64> = all_x.clone();
+    distinct.sort_by(f64::total_cmp);
+    distinct.dedup();
     let n_ticks = if log {
         ((x1 - x0).floor() as usize + 1).max(x_ticks.len()).max(2)
+    } else if distinct.len() <= 12
+        && distinct.iter().all(|x| x.fract() == 0.0)
+        && distinct.windows(2).all(|w| w[1] - w[0] == 1.0)
+    {
+        // Consecutive whole numbers (a requirement's number): a label at each.
+        distinct.len().max(2)
+    } else {
+        10
+    };
+    // On a log y axis, a label at each power of ten.
+    let n_y_ticks = if fig.y_log {
+        ((y1 - y0).floor() as usize + 1).max(2)
     } else {
         10
     };
@@ -256,10 +288,15 @@ pub fn draw(
         } else {
             fig.x.axis.to_string()
         })
-        .y_desc(fig.y.axis())
+        .y_desc(if fig.y_log {
+            format!("{} (log scale)", fig.y.axis())
+        } else {
+            fig.y.axis().to_string()
+        })
         .axis_desc_style(("sans-serif", 18))
         .label_style(("sans-serif", 15))
         .x_labels(n_ticks)
+        .y_labels(n_y_ticks)
         .x_label_formatter(&|v| {
             if log {
                 fmt_tick(2f64.powf(*v))
@@ -267,7 +304,13 @@ pub fn draw(
                 fmt_tick(*v)
             }
         })
-        .y_label_formatter(&|v| fmt_tick(*v))
+        .y_label_formatter(&|v| {
+            if fig.y_log {
+                fmt_tick(10f64.powf(*v))
+            } else {
+                fmt_tick(*v)
+            }
+        })
         .light_line_style(WHITE.mix(0.0))
         .bold_line_style(BLACK.mix(0.08))
         .draw()
@@ -275,9 +318,12 @@ pub fn draw(
 
     for (i, l) in lines.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
-        let pts: Vec<(f64, f64)> = l.points.iter().map(|p| (tx(p.0), p.1)).collect();
+        let pts: Vec<(f64, f64)> = l.points.iter().map(|p| (tx(p.0), ty(p.1))).collect();
         // A series that later ones cover is drawn wider, so that it shows around them.
-        let under = lines[i + 1..].iter().filter(|o| coincide(l, o, y1)).count() as u32;
+        let under = lines[i + 1..]
+            .iter()
+            .filter(|o| coincide(l, o, y1 - y0, ty))
+            .count() as u32;
         let (width, radius) = (2 + 3 * under, 4 + 3 * under);
         chart
             .draw_series(LineSeries::new(pts.clone(), c.stroke_width(width)))
@@ -291,16 +337,13 @@ pub fn draw(
             )
             .map_err(err)?;
         chart
-            .draw_series(
-                l.points
-                    .iter()
-                    .filter(|p| p.3 > p.2)
-                    .map(|p| ErrorBar::new_vertical(tx(p.0), p.2, p.1, p.3, c.stroke_width(1), 8)),
-            )
+            .draw_series(l.points.iter().filter(|p| p.3 > p.2).map(|p| {
+                ErrorBar::new_vertical(tx(p.0), ty(p.2), ty(p.1), ty(p.3), c.stroke_width(1), 8)
+            }))
             .map_err(err)?;
     }
     for (label, pts, colour, (dash, gap)) in &curves {
-        let pts: Vec<(f64, f64)> = pts.iter().map(|p| (tx(p.0), p.1)).collect();
+        let pts: Vec<(f64, f64)> = pts.iter().map(|p| (tx(p.0), ty(p.1))).collect();
         let style = colour.stroke_width(2);
         let (dash, gap) = (*dash, *gap);
         chart
@@ -316,7 +359,7 @@ pub fn draw(
             .points
             .iter()
             .filter(|q| !log || q[0] > 0.0)
-            .map(|q| (tx(q[0]), q[1]))
+            .map(|q| (tx(q[0]), ty(q[1])))
             .collect();
         if i % 2 == 0 {
             chart

@@ -859,8 +859,15 @@ fn measure_one(j: &serde_json::Value, p: &Point) -> Result<Vec<(Metric, f64)>, S
         out.push((Metric::IoKib, bytes / ios / 1024.0));
     }
     if let Some(q) = qos_requirement(p) {
-        let iops = f("read", "iops") + f("write", "iops");
-        out.push((Metric::IopsPct, iops / q.iops * 100.0));
+        // Of the I/Os the rate's schedule asked for in the run (a Poisson schedule asks for
+        // more or fewer than IOPS x runtime), else of IOPS x runtime.
+        let done = job["read"]["total_ios"].as_f64().unwrap_or(0.0)
+            + job["write"]["total_ios"].as_f64().unwrap_or(0.0);
+        let pct = match j["mcsi"]["offered_ios"].as_f64() {
+            Some(offered) if offered > 0.0 => done / offered * 100.0,
+            _ => (f("read", "iops") + f("write", "iops")) / q.iops * 100.0,
+        };
+        out.push((Metric::IopsPct, pct));
         let mean_ms = lat["mean"].as_f64().unwrap_or(0.0) / 1e6;
         out.push((Metric::RtPct, mean_ms / (q.rt_s * 1e3) * 100.0));
     }

@@ -42,7 +42,7 @@ pub enum Metric {
     KillPauseMaxMs,
     /// With kill_every: the longest time in the run without any I/O completing, ms.
     StallMs,
-    /// With qos_q: IOPS as a percentage of the requirement's.
+    /// With qos_q: I/Os completed as a percentage of those the rate's schedule asked for.
     IopsPct,
     /// With qos_q: mean response time as a percentage of the requirement's.
     RtPct,
@@ -104,7 +104,7 @@ impl Metric {
             Metric::KillPauseMs => "longest I/O across a kill, median over kills (ms)",
             Metric::KillPauseMaxMs => "longest I/O across any kill (ms)",
             Metric::StallMs => "longest time without an I/O completing (ms)",
-            Metric::IopsPct => "IOPS (% of the requirement)",
+            Metric::IopsPct => "I/Os done (% of those the requirement's rate asked for)",
             Metric::RtPct => "mean response time (% of the requirement)",
         }
     }
@@ -241,6 +241,8 @@ pub struct Figure {
     /// The series drawn (all when the spec names none).
     pub series: Vec<String>,
     pub x_log: bool,
+    /// A logarithmic y axis (base 10), for a metric spanning orders of magnitude.
+    pub y_log: bool,
     /// Where the legend goes: upper-left, upper-right, middle-right, lower-left or lower-right.
     pub legend: String,
     pub published: Vec<Published>,
@@ -523,6 +525,8 @@ struct RawFigure {
     series: Option<Vec<String>>,
     #[serde(default)]
     x_log: bool,
+    #[serde(default)]
+    y_log: bool,
     legend: Option<String>,
     #[serde(default)]
     published: Vec<Published>,
@@ -1007,6 +1011,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             filter,
             series: names,
             x_log: f.x_log,
+            y_log: f.y_log,
             legend,
             published: f.published.clone(),
             models: f.model.clone(),

@@ -88,6 +88,11 @@ pub struct Args {
     /// catches up). Latencies count from each I/O's start, not from its slot.
     #[arg(long, value_name = "N")]
     pub rate_iops: Option<f64>,
+    /// How --rate-iops spaces the I/Os, as fio's rate_process: linear (every 1/N s) or
+    /// poisson (exponential gaps of mean 1/N s drawn from --seed, as independent requests
+    /// arrive).
+    #[arg(long, value_name = "PROCESS", default_value = "linear", value_parser = ["linear", "poisson"])]
+    pub rate_process: String,
     /// Print fio-style JSON.
     #[arg(long)]
     pub json: bool,
@@ -381,23 +386,56 @@ struct Ctx {
     pacer: Option<Pacer>,
 }
 
-/// `--rate-iops`: I/O number k may start at `start + k x interval` at the earliest.
+/// `--rate-iops`: I/O number k may start at `start + k x interval` at the earliest
+/// (linear), or at the k-th point of a Poisson process of that rate (poisson).
 struct Pacer {
     start: Instant,
     interval: f64,
-    issued: std::sync::atomic::AtomicU64,
+    /// Seconds from `start` of the next slot, and the draws of a Poisson process (None: linear).
+    next: Mutex<(f64, Option<Rng>)>,
+    /// The Poisson process's seed, to count its slots again afterwards.
+    seed: Option<u64>,
     /// Off for the read-back after a verified write run (not part of the rated workload).
     on: std::sync::atomic::AtomicBool,
 }
 
 impl Pacer {
-    fn new(rate: f64) -> Pacer {
+    fn new(rate: f64, poisson: Option<u64>) -> Pacer {
         Pacer {
             start: Instant::now(),
             interval: 1.0 / rate,
-            issued: std::sync::atomic::AtomicU64::new(0),
+            next: Mutex::new((0.0, poisson.map(Pacer::rng))),
+            seed: poisson,
             on: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    fn rng(seed: u64) -> Rng {
+        Rng::new(seed ^ 0x7261_7465)
+    }
+
+    /// The gap after a slot: the interval, or an exponential draw of that mean.
+    fn gap(&self, rng: Option<&mut Rng>) -> f64 {
+        match rng {
+            // Inverse transform: -ln(U) x mean, U in (0, 1].
+            Some(r) => {
+                let u = ((r.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+                -u.ln() * self.interval
+            }
+            None => self.interval,
+        }
+    }
+
+    /// Slots the schedule holds in the first `secs` seconds: the I/Os the rate asked for,
+    /// whether or not the device kept up with them.
+    fn offered(&self, secs: f64) -> u64 {
+        let mut rng = self.seed.map(Pacer::rng);
+        let (mut t, mut n) = (0.0, 0u64);
+        while t < secs {
+            n += 1;
+            t += self.gap(rng.as_mut());
+        }
+        n
     }
 
     /// When the next I/O may start (None: now).
@@ -406,8 +444,13 @@ impl Pacer {
         if !self.on.load(Relaxed) {
             return None;
         }
-        let k = self.issued.fetch_add(1, Relaxed);
-        let at = self.start + Duration::from_secs_f64(k as f64 * self.interval);
+        let at = {
+            let mut n = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let at = n.0;
+            n.0 += self.gap(n.1.as_mut());
+            at
+        };
+        let at = self.start + Duration::from_secs_f64(at);
         (at > Instant::now()).then_some(at)
     }
 }
@@ -713,7 +756,9 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         fill: Bytes::from(fill),
         write_gen: std::sync::atomic::AtomicU64::new(0),
         kills: a.kill_every.map(|_| Mutex::new(KillLog::default())),
-        pacer: a.rate_iops.map(Pacer::new),
+        pacer: a
+            .rate_iops
+            .map(|r| Pacer::new(r, (a.rate_process == "poisson").then_some(a.seed))),
     });
     let t0 = Instant::now();
     let cpu0 = CpuTimes::now();
@@ -783,6 +828,10 @@ async fn run_jobs(a: &Args, dev: Device, session: &Session, bs: u64) -> anyhow::
         );
         if let (Device::Volume(v), Some(m)) = (&ctx.dev, out.get_mut("mcsi")) {
             m["volume"] = volume_json(v);
+        }
+        // With --rate-iops and --runtime: the I/Os the schedule asked for in the run.
+        if let (Some(p), Some(rt), Some(m)) = (&ctx.pacer, a.runtime, out.get_mut("mcsi")) {
+            m["offered_ios"] = Value::from(p.offered(rt));
         }
         emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
@@ -1057,6 +1106,7 @@ fn fio_json(
     // fio lists rate_iops among a job's options only when it is set.
     if let Some(r) = a.rate_iops {
         v["jobs"][0]["job options"]["rate_iops"] = Value::from(r.to_string());
+        v["jobs"][0]["job options"]["rate_process"] = Value::from(a.rate_process.clone());
     }
     v
 }
