@@ -232,14 +232,55 @@ pub(crate) async fn login(
     }
 }
 
-/// Sending half of a connection: takes PDUs from the channel and writes them in batches.
+/// A session's sending limit as one connection's writer sees it: the bucket the session's
+/// writers share, and this connection's segment size for the wire bytes of a send.
+pub(crate) struct Pace {
+    pub bucket: std::sync::Arc<std::sync::Mutex<mcsi_tcp::pace::TokenBucket>>,
+    pub mss: u32,
+}
+
+impl Pace {
+    /// Waits until the bucket lets a send go.
+    async fn ready(&self) {
+        loop {
+            let at = {
+                let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+                b.ready_at(std::time::Instant::now())
+            };
+            match at {
+                Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+                None => return,
+            }
+        }
+    }
+
+    fn burst(&self) -> usize {
+        let b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        usize::try_from(b.burst()).unwrap_or(usize::MAX).max(1)
+    }
+
+    fn spend(&self, bytes: usize) {
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        b.spend(
+            mcsi_tcp::pace::wire_bytes(bytes as u64, self.mss),
+            std::time::Instant::now(),
+        );
+    }
+}
+
+/// Sending half of a connection: takes PDUs from the channel and writes them in batches. With
+/// `pace`, each batch (no larger than the bucket's burst) waits for the session's bucket.
 pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::UnboundedReceiver<Pdu>,
     mut urgent: mpsc::UnboundedReceiver<Pdu>,
     framing: Framing,
+    pace: Option<Pace>,
 ) -> std::io::Result<()> {
     let mut batch: Vec<Encoded> = Vec::with_capacity(WRITE_BATCH);
+    let max_bytes = pace
+        .as_ref()
+        .map_or(WRITE_BATCH_BYTES, |p| p.burst().min(WRITE_BATCH_BYTES));
     loop {
         // Immediate control PDUs first; they carry no CmdSN order with the queued data.
         let first = tokio::select! {
@@ -255,7 +296,7 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
             batch.push(p.encode_owned(&framing));
         }
         let mut bytes: usize = batch.iter().map(Encoded::len).sum();
-        while batch.len() < WRITE_BATCH && bytes < WRITE_BATCH_BYTES {
+        while batch.len() < WRITE_BATCH && bytes < max_bytes {
             match rx.try_recv() {
                 Ok(p) => {
                     let e = p.encode_owned(&framing);
@@ -264,6 +305,10 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
                 }
                 Err(_) => break,
             }
+        }
+        if let Some(p) = &pace {
+            p.ready().await;
+            p.spend(bytes);
         }
         write_encoded(&mut w, &batch).await?;
         batch.clear();

@@ -95,6 +95,10 @@ pub struct ConnectOptions {
     /// Level 2 is offered only by a symmetric session of two or more connections (the only
     /// one it helps); others offer at most 1.
     pub max_erl: u8,
+    /// The most the session sends, over all its connections: (bytes per second, burst bytes),
+    /// counted on the wire (PDUs plus TCP/IP and Ethernet headers per segment). Commands and
+    /// their data wait in the session until the bucket allows them; None: as fast as TCP goes.
+    pub send_limit: Option<(u64, u64)>,
 }
 
 impl Default for ConnectOptions {
@@ -125,6 +129,7 @@ impl Default for ConnectOptions {
             discover_portals: false,
             measure_rates: false,
             max_erl: o.max_erl,
+            send_limit: None,
         }
     }
 }
@@ -256,6 +261,8 @@ struct Shared {
     isid: Isid,
     /// Wakes the timer task ([`run_timers`]) when an input set an earlier deadline.
     timer_wake: tokio::sync::Notify,
+    /// The bucket of [`ConnectOptions::send_limit`], shared by the session's writers.
+    send_bucket: Option<Arc<Mutex<mcsi_tcp::pace::TokenBucket>>>,
 }
 
 /// An iSCSI session. Cheap to clone; all clones share the session.
@@ -481,6 +488,13 @@ pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Sess
             next_serial: 0,
         }),
         url: url.clone(),
+        send_bucket: options.send_limit.map(|(rate, burst)| {
+            Arc::new(Mutex::new(mcsi_tcp::pace::TokenBucket::new(
+                rate,
+                burst,
+                std::time::Instant::now(),
+            )))
+        }),
         options,
         isid,
         timer_wake: tokio::sync::Notify::new(),
@@ -639,12 +653,16 @@ fn spawn_conn(
         .map_err(|e| Error::io("duplicating the socket", &e))?;
     inner.next_serial += 1;
     let serial = inner.next_serial;
+    let pace = shared.send_bucket.as_ref().map(|b| conn::Pace {
+        bucket: Arc::clone(b),
+        mss: tcp_state(&sock).map_or(1448, |t| t.snd_mss).max(536),
+    });
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     let (urgent, urgent_rx) = mpsc::unbounded_channel();
     let sh = Arc::clone(shared);
     tokio::spawn(async move {
-        if let Err(e) = conn::writer(w, rx, urgent_rx, send_framing).await {
+        if let Err(e) = conn::writer(w, rx, urgent_rx, send_framing, pace).await {
             connection_failed(&sh, index, serial, Error::io("writing to the target", &e));
         }
     });

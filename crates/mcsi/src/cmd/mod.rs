@@ -138,11 +138,95 @@ pub struct SessionArgs {
     /// over those of its portal group, connection i on portal i mod n (instead of --portal).
     #[arg(long, conflicts_with = "portal")]
     pub discover_portals: bool,
+    /// Shape what the session sends, over all its connections, as `mcsi target --qos` does
+    /// toward storage: `to_storage=RATE[,burst=SIZE]` (bytes per second on the wire, PDUs
+    /// plus TCP/IP and Ethernet headers per segment; burst default: 10 ms at the rate, at
+    /// least 64 KiB), or a requirement `read_ratio=F,iops=N,size=SIZE,rt=DURATION[,alpha=A]`
+    /// whose bandwidth toward storage seed 004's eq. 9 gives (1500-byte frames, FirstBurstLength
+    /// 64 KiB), the burst its largest request. Commands and data wait in the session until the
+    /// bucket allows them. What the target sends is the target's to shape.
+    #[arg(long, value_name = "SPEC")]
+    pub qos: Option<String>,
     /// A TOML file with any of the options above under their own names, with `_` for `-`
     /// (connections = 2, policy = "tcp-aware", bind = ["wlan0", "wwan0"], stall_timeout =
     /// "2s", mptcp = false, ...): the session's shape kept in one place.
     #[arg(long, value_name = "FILE")]
     pub session_profile: Option<std::path::PathBuf>,
+}
+
+/// `--qos SPEC` of an initiator: (bytes per second, burst bytes) of what the session sends.
+pub(crate) fn send_limit(spec: &str) -> anyhow::Result<(u64, u64)> {
+    let bad = |why: String| anyhow::anyhow!("--qos {spec}: {why}");
+    let (mut rate, mut burst) = (None, None);
+    let mut req = mcsi_model::qos::Requirement::paper(-1.0, -1.0, 0, -1.0);
+    let mut is_req = false;
+    for pair in spec.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| bad(format!("'{pair}' is not key=value")))?;
+        let num = |v: &str| {
+            v.parse::<f64>()
+                .map_err(|_| bad(format!("{k} '{v}' is not a number")))
+        };
+        let size = |v: &str| mcsi_units::parse_size(v).map_err(|e| bad(format!("{k}: {e}")));
+        match k {
+            "to_storage" => rate = Some(size(v)?),
+            "burst" => burst = Some(size(v)?),
+            "read_ratio" => (req.read_ratio, is_req) = (num(v)?, true),
+            "iops" => (req.iops, is_req) = (num(v)?, true),
+            "size" => (req.size_bytes, is_req) = (size(v)?, true),
+            "alpha" => req.alpha = num(v)?,
+            "rt" => {
+                let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Millis)
+                    .map_err(|e| bad(format!("rt: {e}")))?;
+                (req.rt_s, is_req) = (d.as_secs_f64(), true);
+            }
+            "to_client" => {
+                return Err(bad(
+                    "the initiator shapes what it sends (to_storage); what the target sends is shaped by mcsi target --qos".into(),
+                ))
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown key '{k}' (use to_storage and burst, or read_ratio, iops, size, rt and alpha)"
+                )))
+            }
+        }
+    }
+    if is_req {
+        if rate.is_some() {
+            return Err(bad("give to_storage or a requirement, not both".into()));
+        }
+        if req.read_ratio < 0.0 || req.iops < 0.0 || req.size_bytes == 0 || req.rt_s < 0.0 {
+            return Err(bad(
+                "a requirement needs read_ratio, iops, size and rt (alpha optional)".into(),
+            ));
+        }
+        let framing = mcsi_model::qos::Framing::default();
+        let r = mcsi_model::qos::bandwidth(&req, &framing).map_err(|e| bad(e.to_string()))?;
+        // The largest request toward storage of the kinds that occur.
+        let reads = if req.read_ratio > 0.0 {
+            framing.read_c2s(req.size_bytes)
+        } else {
+            0
+        };
+        let writes = if req.read_ratio < 1.0 {
+            framing.write_c2s(req.size_bytes)
+        } else {
+            0
+        };
+        let largest = reads.max(writes);
+        return Ok((
+            r.c_to_s.bandwidth.ceil() as u64,
+            burst.unwrap_or(largest).max(1),
+        ));
+    }
+    let rate = rate
+        .ok_or_else(|| bad("give to_storage=RATE (bytes per second), or a requirement".into()))?;
+    if rate == 0 {
+        return Err(bad("to_storage must be above 0".into()));
+    }
+    Ok((rate, burst.unwrap_or((rate / 100).max(64 << 10)).max(1)))
 }
 
 /// A session profile (`--session-profile`): the same options as the command line.
@@ -169,6 +253,7 @@ pub(crate) struct SessionProfile {
     mptcp: bool,
     #[serde(default)]
     discover_portals: bool,
+    qos: Option<String>,
 }
 
 impl SessionArgs {
@@ -197,6 +282,7 @@ impl SessionArgs {
             stall_timeout: over.stall_timeout.or(base.stall_timeout.clone()),
             mptcp: over.mptcp || base.mptcp,
             discover_portals: over.discover_portals || base.discover_portals,
+            qos: over.qos.or(base.qos.clone()),
             session_profile: None,
         })
     }
@@ -231,6 +317,7 @@ impl SessionArgs {
             stall_timeout: self.stall_timeout.clone().or(f.stall_timeout),
             mptcp: self.mptcp || f.mptcp,
             discover_portals: self.discover_portals || f.discover_portals,
+            qos: self.qos.clone().or(f.qos),
             session_profile: None,
         })
     }
@@ -267,6 +354,7 @@ impl SessionArgs {
             mptcp: a.mptcp,
             discover_portals: a.discover_portals,
             max_erl,
+            send_limit: a.qos.as_deref().map(send_limit).transpose()?,
             ..mcsi_initiator::ConnectOptions::default()
         };
         if let Some(n) = &a.initiator_name {
@@ -283,5 +371,45 @@ impl SessionArgs {
             );
         }
         Ok(opts)
+    }
+}
+
+#[cfg(test)]
+mod send_limit_tests {
+    use super::send_limit;
+
+    #[test]
+    fn rates_and_requirements() {
+        assert_eq!(send_limit("to_storage=1MiB").unwrap(), (1 << 20, 64 << 10));
+        assert_eq!(
+            send_limit("to_storage=100MiB,burst=4KiB").unwrap(),
+            (100 << 20, 4096)
+        );
+        // Seed 004's Q4: 64 KiB writes at 208 IOPS within 22 ms need eq. 7's 15.67 MiB/s,
+        // in bursts of one write (70,624 bytes on the wire).
+        let (rate, burst) = send_limit("read_ratio=0,iops=208,size=64KiB,rt=22ms").unwrap();
+        assert!((rate as f64 / 1048576.0 - 15.668).abs() < 0.001, "{rate}");
+        assert_eq!(burst, 70624);
+        // Reads send commands only.
+        assert_eq!(
+            send_limit("read_ratio=1,iops=82,size=1KiB,rt=10ms")
+                .unwrap()
+                .1,
+            106
+        );
+        for (spec, want) in [
+            ("to_client=1MiB", "mcsi target --qos"),
+            ("to_storage=0", "above 0"),
+            ("iops=5", "needs read_ratio"),
+            (
+                "to_storage=1MiB,iops=5,read_ratio=1,size=4KiB,rt=5ms",
+                "not both",
+            ),
+            ("speed=5", "unknown key"),
+            ("burst=4KiB", "give to_storage"),
+        ] {
+            let e = send_limit(spec).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec}: {e}");
+        }
     }
 }
