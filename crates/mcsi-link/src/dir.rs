@@ -147,6 +147,30 @@ fn std_pareto<R: Rng>(rng: &mut R) -> f64 {
     (x - 1.5) / 0.75f64.sqrt()
 }
 
+/// Counts a packet in, then loss, then `queue`'s limit (as netem: a lost packet costs no queue
+/// space or airtime).
+fn admit_to(
+    queue: &mut Queue,
+    loss: &mut Loss,
+    stats: &mut DirStats,
+    rng: &mut ChaCha8Rng,
+    pkt: Vec<u8>,
+    now: Nanos,
+) -> Result<(), DropCause> {
+    stats.packets_in += 1;
+    stats.bytes_in += pkt.len() as u64;
+    if loss.lose(rng) {
+        stats.drop_loss += 1;
+        return Err(DropCause::Loss);
+    }
+    if !queue.admits(pkt.len()) {
+        stats.drop_queue += 1;
+        return Err(DropCause::Queue);
+    }
+    queue.push(Pending { pkt, arrival: now }, stats);
+    Ok(())
+}
+
 /// Memory cap of one direction's delay line (64 MiB: 1 Gbit/s for half a second).
 pub const DELAY_LINE_MAX_BYTES: u64 = 64 << 20;
 
@@ -155,7 +179,7 @@ pub const DELAY_LINE_MAX_BYTES: u64 = 64 << 20;
 pub(crate) struct DirState {
     pub cfg: DirConfig,
     pub queue: Queue,
-    pub(crate) loss: Loss,
+    loss: Loss,
     line: BinaryHeap<Delayed>,
     line_bytes: u64,
     last_release: Nanos,
@@ -181,19 +205,14 @@ impl DirState {
 
     /// Loss, then the queue limit (as netem: a lost packet costs no queue space or airtime).
     pub fn admit(&mut self, pkt: Vec<u8>, now: Nanos) -> Result<(), DropCause> {
-        self.stats.packets_in += 1;
-        self.stats.bytes_in += pkt.len() as u64;
-        if self.loss.lose(&mut self.rng) {
-            self.stats.drop_loss += 1;
-            return Err(DropCause::Loss);
-        }
-        if !self.queue.admits(pkt.len()) {
-            self.stats.drop_queue += 1;
-            return Err(DropCause::Queue);
-        }
-        self.queue
-            .push(Pending { pkt, arrival: now }, &mut self.stats);
-        Ok(())
+        let DirState {
+            queue,
+            loss,
+            stats,
+            rng,
+            ..
+        } = self;
+        admit_to(queue, loss, stats, rng, pkt, now)
     }
 
     /// A packet finished service at `done`: it enters the delay line. The line is a wire,
@@ -329,18 +348,16 @@ impl Pipe {
         match &mut self.class {
             Some(c) if c.matches(&pkt) => {
                 let st = &mut self.st;
-                st.stats.packets_in += 1;
-                st.stats.bytes_in += pkt.len() as u64;
-                if st.loss.lose(&mut st.rng) {
-                    st.stats.drop_loss += 1;
-                    return Err(DropCause::Loss);
-                }
-                if !c.queue.admits(pkt.len()) {
-                    st.stats.drop_queue += 1;
-                    return Err(DropCause::Queue);
-                }
-                st.stats.reserved_bytes_in += pkt.len() as u64;
-                c.queue.push(Pending { pkt, arrival: now }, &mut st.stats);
+                let len = pkt.len() as u64;
+                admit_to(
+                    &mut c.queue,
+                    &mut st.loss,
+                    &mut st.stats,
+                    &mut st.rng,
+                    pkt,
+                    now,
+                )?;
+                st.stats.reserved_bytes_in += len;
             }
             _ => self.st.admit(pkt, now)?,
         }

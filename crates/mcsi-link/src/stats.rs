@@ -61,17 +61,21 @@ pub struct Summary {
     pub write_errors: u64,
 }
 
+/// Bits per second of `bytes` over `secs` (0 over no time).
+fn bit_rate(bytes: u64, secs: f64) -> mcsi_units::Rate {
+    mcsi_units::Rate(if secs > 0.0 {
+        bytes as f64 * 8.0 / secs
+    } else {
+        0.0
+    })
+}
+
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let secs = self.elapsed_ns as f64 / 1e9;
         writeln!(f, "mcsi link: {:.2} s", secs)?;
         for (i, p) in self.paths.iter().enumerate() {
             for (name, d) in [("up", &p.up), ("down", &p.down)] {
-                let rate = if secs > 0.0 {
-                    d.bytes_out as f64 * 8.0 / secs
-                } else {
-                    0.0
-                };
                 write!(
                     f,
                     "  path {i} {name:>4}: {} pkts ({}) in, {} pkts ({}, {}) out, drops loss {} queue {}",
@@ -79,7 +83,7 @@ impl fmt::Display for Summary {
                     Bytes(d.bytes_in as f64),
                     d.packets_out,
                     Bytes(d.bytes_out as f64),
-                    mcsi_units::Rate(rate),
+                    bit_rate(d.bytes_out, secs),
                     d.drop_loss,
                     d.drop_queue,
                 )?;
@@ -87,17 +91,12 @@ impl fmt::Display for Summary {
                     write!(f, " path-down {}", d.drop_down)?;
                 }
                 if d.reserved_bytes_in > 0 {
-                    let r = if secs > 0.0 {
-                        d.reserved_bytes_out as f64 * 8.0 / secs
-                    } else {
-                        0.0
-                    };
                     write!(
                         f,
                         "; reserved class {} in, {} ({}) out",
                         Bytes(d.reserved_bytes_in as f64),
                         Bytes(d.reserved_bytes_out as f64),
-                        mcsi_units::Rate(r)
+                        bit_rate(d.reserved_bytes_out, secs)
                     )?;
                 }
                 if d.attempts > 0 {
