@@ -489,13 +489,14 @@ pub fn check_point(p: &Point) -> Result<(), String> {
             return Err("mptcp is for mcsi bench and iscsi-perf clients".into());
         }
     }
-    if p.params.get("qos_at").is_some() && qos_rates(p)?.is_none() {
+    let rates = qos_rates(p)?;
+    if p.params.get("qos_at").is_some() && rates.is_none() {
         return Err("qos_at says where an allocation is enforced: set qos_alloc to naive, prot or prot-rt (and qos_q)".into());
     }
     if p.params.get("storage_share").is_some() && qos_requirement(p).is_none() {
         return Err("storage_share is a share of a requirement's response time: set qos_q".into());
     }
-    if qos_rates(p)?.is_some() {
+    if rates.is_some() {
         let (link, target) = qos_at(p);
         if target && p.text("target") != "mcsi" {
             return Err(

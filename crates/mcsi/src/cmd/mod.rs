@@ -142,7 +142,8 @@ pub struct SessionArgs {
     /// toward storage: `to_storage=RATE[,burst=SIZE]` (bytes per second on the wire, PDUs
     /// plus TCP/IP and Ethernet headers per segment; burst default: 10 ms at the rate, at
     /// least 64 KiB), or a requirement `read_ratio=F,iops=N,size=SIZE,rt=DURATION[,alpha=A]`
-    /// whose bandwidth toward storage seed 004's eq. 9 gives (1500-byte frames, FirstBurstLength
+    /// (alpha 0.2 unless given, as on the target) whose bandwidth toward storage seed 004's
+    /// eq. 9 gives (1500-byte frames, FirstBurstLength
     /// 64 KiB), the burst its largest request. Commands and data wait in the session until the
     /// bucket allows them. What the target sends is the target's to shape.
     #[arg(long, value_name = "SPEC")]
@@ -155,78 +156,51 @@ pub struct SessionArgs {
 }
 
 /// `--qos SPEC` of an initiator: (bytes per second, burst bytes) of what the session sends.
+/// The spec is the target's (`mcsi target --qos`, [`mcsi_target::config::parse_qos_arg`]),
+/// of which an initiator takes what concerns its own sending.
 pub(crate) fn send_limit(spec: &str) -> anyhow::Result<(u64, u64)> {
-    let bad = |why: String| anyhow::anyhow!("--qos {spec}: {why}");
-    let (mut rate, mut burst) = (None, None);
-    let mut req = mcsi_model::qos::Requirement::paper(-1.0, -1.0, 0, -1.0);
-    let mut is_req = false;
-    for pair in spec.split(',').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| bad(format!("'{pair}' is not key=value")))?;
-        let num = |v: &str| {
-            v.parse::<f64>()
-                .map_err(|_| bad(format!("{k} '{v}' is not a number")))
-        };
-        let size = |v: &str| mcsi_units::parse_size(v).map_err(|e| bad(format!("{k}: {e}")));
-        match k {
-            "to_storage" => rate = Some(size(v)?),
-            "burst" => burst = Some(size(v)?),
-            "read_ratio" => (req.read_ratio, is_req) = (num(v)?, true),
-            "iops" => (req.iops, is_req) = (num(v)?, true),
-            "size" => (req.size_bytes, is_req) = (size(v)?, true),
-            "alpha" => req.alpha = num(v)?,
-            "rt" => {
-                let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Millis)
-                    .map_err(|e| bad(format!("rt: {e}")))?;
-                (req.rt_s, is_req) = (d.as_secs_f64(), true);
-            }
-            "to_client" => {
-                return Err(bad(
-                    "the initiator shapes what it sends (to_storage); what the target sends is shaped by mcsi target --qos".into(),
-                ))
-            }
-            _ => {
-                return Err(bad(format!(
-                    "unknown key '{k}' (use to_storage and burst, or read_ratio, iops, size, rt and alpha)"
-                )))
-            }
-        }
-    }
-    if is_req {
-        if rate.is_some() {
-            return Err(bad("give to_storage or a requirement, not both".into()));
-        }
-        if req.read_ratio < 0.0 || req.iops < 0.0 || req.size_bytes == 0 || req.rt_s < 0.0 {
-            return Err(bad(
-                "a requirement needs read_ratio, iops, size and rt (alpha optional)".into(),
-            ));
-        }
-        let framing = mcsi_model::qos::Framing::default();
-        let r = mcsi_model::qos::bandwidth(&req, &framing).map_err(|e| bad(e.to_string()))?;
-        // The largest request toward storage of the kinds that occur.
-        let reads = if req.read_ratio > 0.0 {
-            framing.read_c2s(req.size_bytes)
-        } else {
-            0
-        };
-        let writes = if req.read_ratio < 1.0 {
-            framing.write_c2s(req.size_bytes)
-        } else {
-            0
-        };
-        let largest = reads.max(writes);
-        return Ok((
-            r.c_to_s.bandwidth.ceil() as u64,
-            burst.unwrap_or(largest).max(1),
+    use mcsi_target::config::QosSpec;
+    let bad = |why: &str| anyhow::anyhow!("--qos {spec}: {why}");
+    let (q, capacity) = mcsi_target::config::parse_qos_arg("--qos", spec).map_err(|e| {
+        anyhow::anyhow!("{e} (on an initiator: give to_storage=RATE, a rate above 0, with an optional burst=SIZE, or a requirement)")
+    })?;
+    if capacity.is_some() {
+        return Err(bad(
+            "capacity is a target's (admission); mcsi target --qos takes it",
         ));
     }
-    let rate = rate
-        .ok_or_else(|| bad("give to_storage=RATE (bytes per second), or a requirement".into()))?;
-    if rate == 0 {
-        return Err(bad("to_storage must be above 0".into()));
+    match q {
+        QosSpec::Rates {
+            to_client: Some(_), ..
+        } => Err(bad(
+            "the initiator shapes what it sends (to_storage); what the target sends is shaped by mcsi target --qos",
+        )),
+        QosSpec::Rates {
+            to_storage: Some(rate),
+            burst,
+            ..
+        } => Ok((rate, burst.unwrap_or((rate / 100).max(64 << 10)).max(1))),
+        QosSpec::Rates { .. } => Err(bad(
+            "give to_storage=RATE (bytes per second), or a requirement",
+        )),
+        QosSpec::Requirement(req) => {
+            // Eq. 9 toward storage with the paper's framing; bursts of the largest request
+            // toward storage of the kinds that occur.
+            let framing = mcsi_model::qos::Framing::default();
+            let r = mcsi_model::qos::bandwidth(&req, &framing).map_err(|e| bad(&e.to_string()))?;
+            let reads = if req.read_ratio > 0.0 {
+                framing.read_c2s(req.size_bytes)
+            } else {
+                0
+            };
+            let writes = if req.read_ratio < 1.0 {
+                framing.write_c2s(req.size_bytes)
+            } else {
+                0
+            };
+            Ok((r.c_to_s.bandwidth.ceil() as u64, reads.max(writes).max(1)))
+        }
     }
-    Ok((rate, burst.unwrap_or((rate / 100).max(64 << 10)).max(1)))
 }
 
 /// A session profile (`--session-profile`): the same options as the command line.
@@ -387,7 +361,8 @@ mod send_limit_tests {
         );
         // Seed 004's Q4: 64 KiB writes at 208 IOPS within 22 ms need eq. 7's 15.67 MiB/s,
         // in bursts of one write (70,624 bytes on the wire).
-        let (rate, burst) = send_limit("read_ratio=0,iops=208,size=64KiB,rt=22ms").unwrap();
+        let (rate, burst) =
+            send_limit("read_ratio=0,iops=208,size=64KiB,rt=22ms,alpha=0.1954").unwrap();
         assert!((rate as f64 / 1048576.0 - 15.668).abs() < 0.001, "{rate}");
         assert_eq!(burst, 70624);
         // Reads send commands only.
