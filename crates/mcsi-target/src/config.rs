@@ -71,6 +71,11 @@ pub struct FileQos {
     /// The link's capacity each way, bytes per second: a session is admitted only if its
     /// rates fit beside those of the sessions already in.
     pub capacity: Option<SizeValue>,
+    /// `[targets.qos.initiators."NAME"]`: a requirement or rates for the sessions of one
+    /// initiator, in place of the target's (whose keys then apply to the other initiators,
+    /// and may be left out: those are not limited).
+    #[serde(default)]
+    pub initiators: std::collections::BTreeMap<String, FileQos>,
 }
 
 /// A target's per-session bandwidth, validated.
@@ -253,6 +258,46 @@ pub fn qos_from(q: &FileQos, field: &str) -> Result<QosSpec, ConfigError> {
         to_storage: rate(&q.to_storage, "to_storage")?,
         burst: rate(&q.burst, "burst")?,
     })
+}
+
+/// QoS specs of named initiators, in the order of the file.
+pub type NamedQos = Vec<(String, QosSpec)>;
+
+/// Validates a target's `[targets.qos]` table at `field`: what applies to initiators not named
+/// (None: they are not limited) and the specs of those named in `initiators`.
+pub fn target_qos(
+    q: &FileQos,
+    field: &str,
+) -> Result<(Option<QosSpec>, NamedQos), ConfigError> {
+    let mut named = Vec::new();
+    for (name, e) in &q.initiators {
+        let f = format!("{field}.initiators.\"{name}\"");
+        name::validate(name).map_err(|e| cerr(&f, e.to_string()))?;
+        if e.capacity.is_some() {
+            return Err(cerr(
+                format!("{f}.capacity"),
+                "the capacity is the target's: set it in the target's [targets.qos]",
+            ));
+        }
+        if !e.initiators.is_empty() {
+            return Err(cerr(
+                format!("{f}.initiators"),
+                "initiators are named once, in the target's [targets.qos.initiators]",
+            ));
+        }
+        named.push((name.clone(), qos_from(e, &f)?));
+    }
+    let own_keys = FileQos {
+        capacity: None,
+        initiators: Default::default(),
+        ..q.clone()
+    } != FileQos::default();
+    let default = if own_keys || named.is_empty() {
+        Some(qos_from(q, field)?)
+    } else {
+        None
+    };
+    Ok((default, named))
 }
 
 /// Parses `--qos`: `key=value` pairs separated by commas, the keys of `[targets.qos]`
@@ -1031,6 +1076,28 @@ pub struct TargetSpec {
     pub luns: Vec<LunSpec>,
     pub limits: Limits,
     pub auth: AuthSpec,
+    /// QoS of the sessions of the initiators named here, in place of `limits.qos`.
+    pub qos_initiators: Vec<(String, QosSpec)>,
+}
+
+impl TargetSpec {
+    /// The QoS of a session of `initiator`: its own if named, else the target's.
+    pub fn qos_for(&self, initiator: &str) -> Option<QosSpec> {
+        qos_for(&self.qos_initiators, self.limits.qos, initiator)
+    }
+}
+
+/// The spec named for `initiator` in `named`, else `default`.
+pub fn qos_for(
+    named: &[(String, QosSpec)],
+    default: Option<QosSpec>,
+    initiator: &str,
+) -> Option<QosSpec> {
+    named
+        .iter()
+        .find(|(n, _)| n == initiator)
+        .map(|(_, q)| *q)
+        .or(default)
 }
 
 /// The whole server, validated.
@@ -1181,6 +1248,10 @@ impl ServerConfig {
                 Some(a) => AuthSpec::from_file(a, &at("auth"))?,
                 None => AuthSpec::default(),
             };
+            let qos_initiators = match &t.qos {
+                Some(q) => target_qos(q, &at("qos"))?.1,
+                None => Vec::new(),
+            };
             targets.push(TargetSpec {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
@@ -1188,6 +1259,7 @@ impl ServerConfig {
                 luns,
                 limits,
                 auth,
+                qos_initiators,
             });
         }
         let discovery_auth = match file.discovery.as_ref().and_then(|d| d.auth.as_ref()) {
@@ -1345,7 +1417,7 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
         allow_cold_reset: t.allow_cold_reset.unwrap_or(d.allow_cold_reset),
         qos: match &t.qos {
             None => d.qos,
-            Some(q) => Some(qos_from(q, &at("qos"))?),
+            Some(q) => target_qos(q, &at("qos"))?.0,
         },
         qos_capacity: match t.qos.as_ref().and_then(|q| q.capacity.as_ref()) {
             None => d.qos_capacity,
@@ -1924,6 +1996,55 @@ mod tests {
             parse_qos_arg("--qos", "iops=3,size=1KiB,rt=1ms,read_ratio=0.5,alpha=1.5").unwrap_err();
         assert!(e.to_string().contains("alpha"), "{e}");
         assert!(parse_qos_arg("--qos", "to_client").is_err());
+    }
+
+    #[test]
+    fn qos_per_initiator() {
+        let file = |qos: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\n[[targets.luns]]\nbackend=\"ram:1M\"\n[targets.qos]\n{qos}"
+            ))
+        };
+        let db = "iqn.2026-01.org.x:db";
+        let q4 = "read_ratio = 0.0\niops = 208\nsize = \"64KiB\"\nrt = \"22ms\"\n";
+        // Named initiators alone: the others are not limited.
+        let c = file(&format!(
+            "capacity = \"20MiB\"\n[targets.qos.initiators.\"{db}\"]\n{q4}"
+        ))
+        .unwrap();
+        let t = &c.targets[0];
+        assert_eq!(t.limits.qos, None);
+        assert_eq!(t.limits.qos_capacity, Some(20 << 20));
+        assert!(matches!(t.qos_for(db), Some(QosSpec::Requirement(r)) if r.iops == 208.0));
+        assert_eq!(t.qos_for("iqn.2026-01.org.x:other"), None);
+        // With the target's own keys, they apply to the initiators not named.
+        let c = file(&format!(
+            "to_client = \"1MiB\"\n[targets.qos.initiators.\"{db}\"]\nto_storage = \"2MiB\"\n"
+        ))
+        .unwrap();
+        let t = &c.targets[0];
+        assert_eq!(t.qos_for(db), Some(c_rates(None, Some(2 << 20))));
+        assert_eq!(
+            t.qos_for("iqn.2026-01.org.x:other"),
+            Some(c_rates(Some(1 << 20), None))
+        );
+        // Errors name the field.
+        let e = file(&format!(
+            "[targets.qos.initiators.\"{db}\"]\nto_client = \"1MiB\"\ncapacity = \"5MiB\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.field,
+            format!("targets[0].qos.initiators.\"{db}\".capacity")
+        );
+        let e =
+            file("[targets.qos.initiators.\"not a name\"]\nto_client = \"1MiB\"\n").unwrap_err();
+        assert_eq!(e.field, "targets[0].qos.initiators.\"not a name\"");
+        let e = file(&format!("[targets.qos.initiators.\"{db}\"]\niops = 3\n")).unwrap_err();
+        assert_eq!(e.field, format!("targets[0].qos.initiators.\"{db}\""));
+        assert!(e.why.contains("read_ratio"), "{}", e.why);
+        // An empty table is still an error.
+        assert!(file("").is_err());
     }
 
     fn c_rates(to_client: Option<u64>, to_storage: Option<u64>) -> QosSpec {

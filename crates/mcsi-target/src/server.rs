@@ -138,6 +138,7 @@ pub fn build_targets(
             auth: t.auth.clone(),
             dev: Arc::new(DeviceServer::new(luns)),
             qos_admitted: Arc::default(),
+            qos_initiators: t.qos_initiators.clone(),
         }));
     }
     Ok(out)
@@ -702,7 +703,7 @@ async fn attach(
         }
         // Admission control (seed 004): the session's rates must fit beside the others'.
         let plan = n.target.as_ref().and_then(|t| {
-            let q = t.limits.qos?;
+            let q = t.qos_for(&n.initiator_name)?;
             match q.plan(mss, n.session.burst.first_burst_length) {
                 Ok(p) => Some((t, q, p)),
                 Err(e) => {

@@ -42,6 +42,8 @@ pub struct Target {
     pub lun_metrics: Vec<(u16, LunMetrics)>,
     /// QoS rates of the sessions admitted so far (admission control against `qos_capacity`).
     pub qos_admitted: Arc<Mutex<QosLedger>>,
+    /// QoS of the sessions of the initiators named here, in place of `limits.qos`.
+    pub qos_initiators: Vec<(String, crate::config::QosSpec)>,
 }
 
 /// Bytes per second reserved by the sessions in, each way.
@@ -68,6 +70,11 @@ impl Drop for QosReservation {
 }
 
 impl Target {
+    /// The QoS of a session of `initiator`: its own if named, else the target's.
+    pub fn qos_for(&self, initiator: &str) -> Option<crate::config::QosSpec> {
+        crate::config::qos_for(&self.qos_initiators, self.limits.qos, initiator)
+    }
+
     /// Reserves `rates` against `capacity` (each way), or says what is left.
     pub fn reserve_qos(
         &self,

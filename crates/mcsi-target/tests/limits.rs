@@ -222,6 +222,54 @@ async fn sessions_whose_qos_rates_do_not_fit_the_capacity_are_refused() {
 }
 
 #[tokio::test]
+async fn an_initiator_named_in_the_qos_table_gets_its_own_rates() {
+    // Only "db" is limited (4 MiB/s each way, room for two of its sessions in 10 MiB/s); the
+    // other initiators are not limited and take nothing of the capacity.
+    const DB: &str = "iqn.2026-01.org.mcsi:db";
+    let server = start_with(|c| {
+        c.limits.login_rate = 0;
+        c.targets[0].limits.qos = None;
+        c.targets[0].limits.qos_capacity = Some(10 << 20);
+        c.targets[0].qos_initiators = vec![(
+            DB.to_string(),
+            mcsi_target::config::QosSpec::Rates {
+                to_client: Some(4 << 20),
+                to_storage: Some(4 << 20),
+                burst: None,
+            },
+        )];
+    })
+    .await;
+    let db = |n: u16| {
+        let server = &server;
+        async move {
+            let mut c = Client::connect(server).await;
+            let mut keys = NORMAL.to_vec();
+            keys.push(("InitiatorName", DB));
+            let st = c.try_login(isid(n), 0, 0, &keys).await.map(|r| status(&r));
+            (c, st)
+        }
+    };
+    let (mut a, st) = db(1).await;
+    assert_eq!(st, Some((0, 0)));
+    let (mut b, st) = db(2).await;
+    assert_eq!(st, Some((0, 0)));
+    let (_, st) = db(3).await;
+    assert_eq!(st, Some(OUT_OF_RESOURCES), "db's third session");
+    // Another initiator is let in: it has no QoS and reserves nothing.
+    let mut others = Vec::new();
+    for n in 10..13 {
+        let (c, st) = new_session(&server, n).await;
+        assert_eq!(st, Some((0, 0)), "session {n} of an initiator not named");
+        others.push(c);
+    }
+    assert!(serves(&mut a).await && serves(&mut b).await);
+    for c in &mut others {
+        assert!(serves(c).await);
+    }
+}
+
+#[tokio::test]
 async fn sessions_beyond_max_sessions_are_refused_out_of_resources() {
     let server = start_with(|c| {
         c.limits.login_rate = 0;

@@ -97,6 +97,7 @@ fn config() -> ServerConfig {
             ],
             limits,
             auth: AuthSpec::default(),
+            qos_initiators: Vec::new(),
         }],
         discovery_auth: AuthSpec::default(),
         limits: ServerLimits {

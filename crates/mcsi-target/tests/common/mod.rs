@@ -35,6 +35,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             luns: vec![LunSpec::new("ram:16MiB")],
             limits: l,
             auth: Default::default(),
+            qos_initiators: Vec::new(),
         }],
         discovery_auth: Default::default(),
         limits: Default::default(),
@@ -190,7 +191,10 @@ impl Client {
         cid: u16,
         keys: &[(&str, &str)],
     ) -> Option<LoginResponse> {
-        let mut all = vec![("InitiatorName", "iqn.2026-01.org.mcsi:client")];
+        let mut all = Vec::new();
+        if !keys.iter().any(|(k, _)| *k == "InitiatorName") {
+            all.push(("InitiatorName", "iqn.2026-01.org.mcsi:client"));
+        }
         all.extend_from_slice(keys);
         let mut data = text(&all);
         for _ in 0..4 {

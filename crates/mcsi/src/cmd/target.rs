@@ -147,6 +147,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 luns,
                 limits: Limits::default(),
                 auth: Default::default(),
+                qos_initiators: Vec::new(),
             }],
             discovery_auth: Default::default(),
             limits: Default::default(),
