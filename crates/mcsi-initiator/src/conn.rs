@@ -244,7 +244,7 @@ impl Pace {
     async fn ready(&self) {
         loop {
             let at = {
-                let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+                let b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
                 b.ready_at(std::time::Instant::now())
             };
             match at {

@@ -53,6 +53,75 @@ impl SessionQos {
     }
 }
 
+/// The bucket toward storage, kept by a session's core on passed-in time. Every PDU the
+/// initiator sends costs its wire bytes when it is read ([`StoragePacer::charge`]), except the
+/// Data-Out an R2T asked for: an R2T charges the bytes it asks for when it goes out, and goes
+/// out only while the bucket has no deficit. So solicited data arrives at the bucket's rate
+/// rather than piling up in TCP's buffers ahead of the session's commands, and what comes
+/// unasked (commands, immediate and unsolicited data) waits in TCP's flow control: the reader
+/// takes no more while [`StoragePacer::ready_at`] says to wait.
+#[derive(Debug, Clone)]
+pub struct StoragePacer {
+    bucket: TokenBucket,
+    mss: u32,
+    /// The longest Data-Out data segment (the target's MaxRecvDataSegmentLength): an R2T's
+    /// data comes in PDUs of at most this, each with its 48-byte header.
+    segment: u32,
+    now: Instant,
+}
+
+impl StoragePacer {
+    /// `rate` bytes per second on the wire, bursts of `burst`, for TCP segments of `mss` and
+    /// Data-Out data segments of at most `segment`.
+    pub fn new(rate: u64, burst: u64, mss: u32, segment: u32, now: Instant) -> StoragePacer {
+        StoragePacer {
+            bucket: TokenBucket::new(rate, burst, now),
+            mss,
+            segment: segment.max(512),
+            now,
+        }
+    }
+
+    /// The time is `now` (an earlier time is ignored).
+    pub fn advance(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
+    /// The time it was last told.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// When the next R2T or read may go: `None` for now.
+    pub fn ready_at(&self) -> Option<Instant> {
+        self.bucket.ready_at(self.now)
+    }
+
+    /// Charges `bytes` of PDUs (their wire bytes) at the current time.
+    pub fn charge(&mut self, bytes: u64) {
+        self.bucket.spend(wire_bytes(bytes, self.mss), self.now);
+    }
+
+    /// Charges the Data-Out an R2T for `len` bytes asks for: the data and a header per PDU.
+    pub fn charge_solicited(&mut self, len: u32) {
+        let pdus = u64::from(len.div_ceil(self.segment).max(1));
+        self.charge(u64::from(len) + pdus * mcsi_proto::pdu::BHS_LEN as u64);
+    }
+
+    /// The most one R2T asks for: the bucket's burst (at least 4 KiB), so that no more than
+    /// what the rate allows at once is on its way.
+    pub fn r2t_len(&self) -> u32 {
+        u32::try_from(self.bucket.burst())
+            .unwrap_or(u32::MAX)
+            .max(4096)
+    }
+
+    /// The bucket's rate, bytes per second.
+    pub fn rate(&self) -> u64 {
+        self.bucket.rate()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -531,6 +531,11 @@ pub struct SessionCore<C, T> {
     next_data_check: Option<Instant>,
     /// A write to watch arrived while the timer slept.
     timer_wake: bool,
+    /// The session's bandwidth toward storage (seed 004): R2Ts wait for it.
+    pacer: Option<crate::qos::StoragePacer>,
+    /// Granted writes that want an R2T the pacer holds back, in the order they asked; each
+    /// gets one R2T when the bucket allows, then goes to the back if it wants more.
+    paced: std::collections::VecDeque<Key>,
     /// PDUs the core decided, for [`SessionCore::poll_transmit`].
     transmit: std::collections::VecDeque<(C, Pdu)>,
     /// The session's burst values: the rules new writes follow ([`SessionCore::command`]), and
@@ -619,6 +624,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             data_out_timeout: Duration::ZERO,
             next_data_check: None,
             timer_wake: false,
+            pacer: None,
+            paced: std::collections::VecDeque::new(),
             transmit: std::collections::VecDeque::new(),
             burst: (&mcsi_proto::keys::SessionParams::default()).into(),
             unsolicited_budget: None,
@@ -752,6 +759,41 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.data_out_timeout = timeout;
     }
 
+    /// Holds what the initiator sends to `pacer`'s rate (seed 004): R2Ts go out one at a time
+    /// while its bucket has no deficit, each charging the data it asks for; the layer above
+    /// charges every other PDU it reads ([`SessionCore::charge_storage`]) and reads no more
+    /// while [`SessionCore::storage_ready_at`] says to wait. The time is passed in with
+    /// [`SessionCore::advance`] and [`SessionCore::handle_timeout`].
+    pub fn set_storage_pacer(&mut self, pacer: crate::qos::StoragePacer) {
+        self.pacer = Some(pacer);
+    }
+
+    /// Whether R2Ts are paced ([`SessionCore::set_storage_pacer`]).
+    pub fn storage_paced(&self) -> bool {
+        self.pacer.is_some()
+    }
+
+    /// The time is `now`, for the pacer toward storage (the layer above tells it before each
+    /// input when R2Ts are paced).
+    pub fn advance(&mut self, now: Instant) {
+        if let Some(p) = self.pacer.as_mut() {
+            p.advance(now);
+        }
+    }
+
+    /// A PDU of `bytes` (header and data) arrived that no R2T asked for: it costs the bucket
+    /// toward storage.
+    pub fn charge_storage(&mut self, bytes: u64) {
+        if let Some(p) = self.pacer.as_mut() {
+            p.charge(bytes);
+        }
+    }
+
+    /// When the next read toward storage may go (`None`: now, or not paced).
+    pub fn storage_ready_at(&self) -> Option<Instant> {
+        self.pacer.as_ref().and_then(|p| p.ready_at())
+    }
+
     /// Whether the session is closing (or closed).
     pub fn is_closing(&self) -> bool {
         self.closing
@@ -766,11 +808,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let data = self
             .next_data_check
             .filter(|_| !self.data_out_timeout.is_zero());
+        // R2Ts held back: when the bucket next allows one.
+        let paced = self
+            .pacer
+            .as_ref()
+            .filter(|_| !self.paced.is_empty())
+            .map(|p| p.ready_at().unwrap_or(p.now()));
         self.keepalives
             .values()
             .filter_map(|k| k.deadline())
             .chain(data)
             .chain(self.failed.values().copied())
+            .chain(paced)
             .min()
     }
 
@@ -853,7 +902,28 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
         self.check_data_out(now, &mut out);
         self.expire_failed(now);
+        self.advance(now);
+        self.release_paced();
         out
+    }
+
+    /// R2Ts the pacer held back go out while its bucket allows, one per write in turn.
+    fn release_paced(&mut self) {
+        while self.pacer.as_ref().is_some_and(|p| p.ready_at().is_none()) {
+            let Some(k) = self.paced.pop_front() else {
+                return;
+            };
+            let Some(conn) = self
+                .tasks
+                .get(&k.itt)
+                .filter(|t| t.id == k.id && !t.aborted)
+                .and_then(|t| self.conns.get(&t.cid))
+                .cloned()
+            else {
+                continue;
+            };
+            self.issue_r2ts(k.itt, &conn, true);
+        }
     }
 
     fn check_data_out(&mut self, now: Instant, out: &mut Vec<Expired>) {
@@ -878,6 +948,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             }
             if c.grant != Grant::Granted && c.must_solicit() {
                 // It waits for its budget (or its turn): nothing is owed yet.
+                c.watch = None;
+                continue;
+            }
+            if !c.transfer.owed() {
+                // Its next R2T waits for the bandwidth toward storage.
                 c.watch = None;
                 continue;
             }
@@ -1146,14 +1221,45 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         true
     }
 
-    /// Queues the R2Ts write `itt`'s transfer lets go out now, on its reply connection.
+    /// Queues the R2Ts write `itt`'s transfer lets go out now, on its reply connection. When
+    /// R2Ts are paced, one goes out if the bucket allows and no other write waits before it;
+    /// otherwise the write waits its turn ([`SessionCore::release_paced`]).
     fn send_r2ts(&mut self, itt: u32, command_conn: &C) {
+        self.issue_r2ts(itt, command_conn, false);
+    }
+
+    /// [`SessionCore::send_r2ts`]; `turn`: the write's turn among paced writes has come.
+    fn issue_r2ts(&mut self, itt: u32, command_conn: &C, turn: bool) {
         let Some(t) = self.tasks.get_mut(&itt) else {
             return;
         };
-        let lun = t.lun;
+        let (lun, key) = (t.lun, Key { id: t.id, itt });
         let Some(c) = t.collect.as_mut() else { return };
-        let r2ts = c.transfer.next_r2ts(|| take_ttt(&mut self.next_ttt));
+        let r2ts = match self.pacer.as_mut() {
+            None => c.transfer.next_r2ts(|| take_ttt(&mut self.next_ttt)),
+            Some(p) => {
+                let queued = self.paced.contains(&key);
+                if queued || (!turn && (!self.paced.is_empty() || p.ready_at().is_some())) {
+                    // Behind the writes already waiting, or the bucket is in deficit.
+                    if !queued && c.transfer.can_solicit() {
+                        self.paced.push_back(key);
+                        self.timer_wake = true;
+                    }
+                    return;
+                }
+                let r2ts = c
+                    .transfer
+                    .next_r2ts_upto(1, p.r2t_len(), || take_ttt(&mut self.next_ttt));
+                for r in &r2ts {
+                    p.charge_solicited(r.len);
+                }
+                if !r2ts.is_empty() && c.transfer.can_solicit() {
+                    self.paced.push_back(key);
+                    self.timer_wake = true;
+                }
+                r2ts
+            }
+        };
         if r2ts.is_empty() {
             return;
         }
@@ -1195,7 +1301,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// A Data-Out arrived on connection `cid`: its bytes go to the task's buffer; a task whose
     /// data is now complete runs once its turn has come ([`SessionCore::poll_ready`]).
     pub fn data_out(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
-        self.take_data_out(cid, d, false)
+        let out = self.take_data_out(cid, d, false);
+        self.charge_unasked(d, &out);
+        out
+    }
+
+    /// With a bandwidth toward storage, a Data-Out that names an R2T but was not taken as part
+    /// of one (an unknown task or TTT, data beyond the R2T) was paid for by no R2T: it costs
+    /// the bucket now. The layer above charges the unsolicited ones as it reads them.
+    fn charge_unasked(&mut self, d: &DataOut, out: &DataOutcome) {
+        if d.ttt != mcsi_proto::pdu::RESERVED_TAG && !matches!(out, DataOutcome::Taken) {
+            self.charge_storage((mcsi_proto::pdu::BHS_LEN + d.data.len()) as u64);
+        }
     }
 
     /// A Data-Out arrived on connection `cid` with a data digest error (ErrorRecoveryLevel 1
@@ -1203,7 +1320,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// write asks for that data again with a recovery R2T (RFC 7143 7.8 a) once no sequence that
     /// could carry it is open.
     pub fn data_out_lost(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
-        self.take_data_out(cid, d, true)
+        let out = self.take_data_out(cid, d, true);
+        self.charge_unasked(d, &out);
+        out
     }
 
     fn take_data_out(&mut self, cid: u16, d: &DataOut, lost: bool) -> DataOutcome {
@@ -2529,6 +2648,130 @@ mod tests {
     /// The (offset, length) of each R2T.
     fn spans(r2ts: &[R2tPlan]) -> Vec<(u32, u32)> {
         r2ts.iter().map(|r| (r.offset, r.len)).collect()
+    }
+
+    /// A session paced toward storage, on virtual time: an initiator that answers every R2T
+    /// at once gets its data asked for at the bucket's rate, one R2T at a time, the waiting
+    /// writes in turn; a write whose R2T waits for the bucket is owed nothing, so the Data-Out
+    /// timer leaves it alone; a PDU no R2T asked for costs the bucket too.
+    #[test]
+    fn r2ts_are_paced_by_the_bandwidth_toward_storage_on_passed_in_time() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        let t0 = Instant::now();
+        let (rate, burst_bytes, mss) = (10_000u64, 1000u64, 1448u32);
+        core.set_storage_pacer(crate::qos::StoragePacer::new(
+            rate,
+            burst_bytes,
+            mss,
+            8192,
+            t0,
+        ));
+        core.set_data_out_timeout(Duration::from_secs(1));
+        let params = crate::transfer::BurstParams {
+            initial_r2t: true,
+            immediate_data: false,
+            first_burst_length: 8,
+            max_burst_length: 1000,
+            max_outstanding_r2t: 4,
+        };
+        for itt in 1..=3 {
+            let (reg, _) = core.register(
+                &a,
+                task(itt, itt, Simple),
+                Some(write(10_000, b"", params)),
+                Io::default(),
+            );
+            assert_eq!(reg, Register::Ok);
+        }
+        // The initiator answers each R2T at once; the time moves to the core's next timeout.
+        let mut now = t0;
+        let mut r2ts = grant_all(&mut core);
+        let mut issued: Vec<(Duration, u32)> = Vec::new();
+        let mut counts = [0u32; 4];
+        let mut done = Vec::new();
+        loop {
+            for r in r2ts.drain(..) {
+                // One R2T's worth of wire bytes (1000 data + 48 header + 58 per frame) each.
+                assert_eq!(r.len, 1000);
+                let itt = (1..=3)
+                    .find(|&i| owns(&core, i, r.ttt))
+                    .expect("an R2T of a live write");
+                issued.push((now - t0, itt));
+                counts[itt as usize] += 1;
+                let d = data_out(itt, r.ttt, 0, r.offset, &[7; 1000], true);
+                assert_eq!(core.data_out(1, &d), DataOutcome::Taken);
+            }
+            let spread = counts[1..].iter().max().unwrap() - counts[1..].iter().min().unwrap();
+            assert!(spread <= 2, "the writes take turns: {counts:?}");
+            done.extend(ready(&mut core));
+            r2ts = queued_r2ts(&mut core);
+            if !r2ts.is_empty() {
+                continue;
+            }
+            let Some(t) = core.poll_timeout() else { break };
+            assert!(t >= now, "time runs forward");
+            now = t;
+            core.advance(now);
+            let expired = core.handle_timeout(now);
+            assert!(expired.is_empty(), "nothing owed times out: {expired:?}");
+            r2ts = queued_r2ts(&mut core);
+            if core.poll_timeout().is_none() && r2ts.is_empty() {
+                break;
+            }
+        }
+        done.sort();
+        assert_eq!(done, vec![1, 2, 3], "every write got all of its data");
+        assert_eq!(issued.len(), 30);
+        // 30 R2Ts of 1106 wire bytes, the first 1000 bytes free: the last goes out when the
+        // other 32,180 bytes have been paid for at 10,000 B/s, less one R2T's deficit.
+        let last = issued.last().unwrap().0.as_secs_f64();
+        let want = (30.0 * 1106.0 - 1000.0 - 1106.0) / rate as f64;
+        assert!(
+            (last - want).abs() < 0.01,
+            "last R2T at {last} s, want {want}"
+        );
+        // Never faster than the rate: by each R2T, at most a burst more than the rate allows.
+        for (k, (t, _)) in issued.iter().enumerate() {
+            let allowed = burst_bytes as f64 + rate as f64 * t.as_secs_f64();
+            assert!(k as f64 * 1106.0 <= allowed + 1e-6, "R2T {k} at {t:?}");
+        }
+
+        // A PDU no R2T asked for (a 50,000-byte command with its immediate data): the bucket
+        // waits 5 s and more before the next R2T or read.
+        core.charge_storage(50_000);
+        let wait = core.storage_ready_at().expect("a deficit") - now;
+        assert!(wait >= Duration::from_secs(5), "{wait:?}");
+        // R2Ts ask for no more than the bucket's burst (4 KiB at least), below MaxBurstLength.
+        let wide = crate::transfer::BurstParams {
+            max_burst_length: 8192,
+            ..params
+        };
+        let (reg, _) = core.register(
+            &a,
+            task(4, 4, Simple),
+            Some(write(10_000, b"", wide)),
+            Io::default(),
+        );
+        assert_eq!(reg, Register::Ok);
+        assert!(
+            grant_all(&mut core).is_empty(),
+            "the R2T waits for the bucket"
+        );
+        let t = core.poll_timeout().expect("a timeout for the paced R2T");
+        assert_eq!(t, now + wait);
+        core.handle_timeout(t - Duration::from_millis(1));
+        assert!(queued_r2ts(&mut core).is_empty(), "not before its time");
+        core.handle_timeout(t);
+        assert_eq!(spans(&queued_r2ts(&mut core)), vec![(0, 4096)]);
+    }
+
+    /// Whether R2T `ttt` is one of write `itt`'s open sequences.
+    fn owns(core: &Core, itt: u32, ttt: u32) -> bool {
+        core.tasks
+            .get(&itt)
+            .and_then(|t| t.collect.as_ref())
+            .is_some_and(|c| c.transfer.open_ttts().any(|x| x == ttt))
     }
 
     /// The Data-Out timer on virtual time: quiet while a write waits for its budget, then a

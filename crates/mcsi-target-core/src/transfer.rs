@@ -316,16 +316,29 @@ impl WriteTransfer {
 
     /// R2Ts to send now: once the unsolicited burst is over, as many as MaxOutstandingR2T allows
     /// for the bytes not yet asked for, each at most MaxBurstLength (4.2.5.2, 11.8).
-    pub fn next_r2ts(&mut self, mut alloc_ttt: impl FnMut() -> u32) -> Vec<R2tPlan> {
+    pub fn next_r2ts(&mut self, alloc_ttt: impl FnMut() -> u32) -> Vec<R2tPlan> {
+        self.next_r2ts_upto(usize::MAX, u32::MAX, alloc_ttt)
+    }
+
+    /// Like [`WriteTransfer::next_r2ts`], at most `limit` of them, each for at most `max_len`
+    /// bytes (a paced session asks one at a time, no more than its bucket's burst).
+    pub fn next_r2ts_upto(
+        &mut self,
+        limit: usize,
+        max_len: u32,
+        mut alloc_ttt: impl FnMut() -> u32,
+    ) -> Vec<R2tPlan> {
         let mut out = Vec::new();
         if self.unsolicited.is_some() {
             return out;
         }
-        let max_burst = self.params.max_burst_length.max(1);
+        let max_burst = self.params.max_burst_length.min(max_len).max(1);
         // Lost data first: each range in R2Ts of at most MaxBurstLength (recovery R2Ts, new
         // TTT and R2TSN, 11.8), once the sequence that lost it has ended (as LIO does: the rest
         // of that sequence is still on its way).
-        while (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1) {
+        while out.len() < limit
+            && (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1)
+        {
             let open = |&(o, e): &(u32, u32)| {
                 self.outstanding
                     .iter()
@@ -344,7 +357,8 @@ impl WriteTransfer {
             out.push(self.solicit(alloc_ttt(), offset, len));
             self.recovered += 1;
         }
-        while (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1)
+        while out.len() < limit
+            && (self.outstanding.len() as u32) < self.params.max_outstanding_r2t.max(1)
             && self.next_r2t_offset < self.want
         {
             let offset = self.next_r2t_offset;
@@ -353,6 +367,32 @@ impl WriteTransfer {
             out.push(self.solicit(alloc_ttt(), offset, len));
         }
         out
+    }
+
+    /// Whether the initiator owes data now: its unsolicited burst is open, or an R2T asked
+    /// for data that has not all come.
+    pub fn owed(&self) -> bool {
+        self.unsolicited.is_some() || !self.outstanding.is_empty()
+    }
+
+    /// The target transfer tags of the R2Ts whose data has not all come.
+    pub fn open_ttts(&self) -> impl Iterator<Item = u32> + '_ {
+        self.outstanding.iter().map(|s| s.ttt)
+    }
+
+    /// Whether [`WriteTransfer::next_r2ts`] would give an R2T now.
+    pub fn can_solicit(&self) -> bool {
+        if self.unsolicited.is_some()
+            || self.outstanding.len() as u32 >= self.params.max_outstanding_r2t.max(1)
+        {
+            return false;
+        }
+        let open = |&(o, e): &(u32, u32)| {
+            self.outstanding
+                .iter()
+                .any(|s| s.start < e && o < s.seq.end)
+        };
+        self.next_r2t_offset < self.want || self.lost.iter().any(|r| !open(r))
     }
 
     /// An R2T for `len` bytes at `offset`, its sequence opened.

@@ -260,15 +260,12 @@ pub fn qos_from(q: &FileQos, field: &str) -> Result<QosSpec, ConfigError> {
     })
 }
 
-/// QoS specs of named initiators, in the order of the file.
+/// QoS specs of named initiators, sorted by name.
 pub type NamedQos = Vec<(String, QosSpec)>;
 
 /// Validates a target's `[targets.qos]` table at `field`: what applies to initiators not named
 /// (None: they are not limited) and the specs of those named in `initiators`.
-pub fn target_qos(
-    q: &FileQos,
-    field: &str,
-) -> Result<(Option<QosSpec>, NamedQos), ConfigError> {
+pub fn target_qos(q: &FileQos, field: &str) -> Result<(Option<QosSpec>, NamedQos), ConfigError> {
     let mut named = Vec::new();
     for (name, e) in &q.initiators {
         let f = format!("{field}.initiators.\"{name}\"");

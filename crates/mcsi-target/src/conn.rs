@@ -298,6 +298,14 @@ pub async fn writer<W: AsyncWrite + Unpin>(
     let _ = w.shutdown().await;
 }
 
+/// The bytes of a PDU by its header: the header and the data segment it announces.
+fn pdu_bytes(header: &[u8]) -> u64 {
+    let data = header
+        .get(5..8)
+        .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+    (pdu::BHS_LEN as u64) + u64::from(data)
+}
+
 /// The reader side of one connection in full feature phase.
 pub struct Reader {
     pub session: Arc<Session>,
@@ -350,6 +358,13 @@ impl Reader {
             match pdu::decode(&mut self.buf, &self.framing) {
                 Ok(Some(p)) => {
                     self.last_pdu = pdu::BHS_LEN + p.data_len();
+                    // With a bandwidth toward storage, what no R2T asked for costs it now
+                    // (solicited data was charged when its R2T went out).
+                    if self.session.storage_paced()
+                        && !matches!(&p, Pdu::DataOut(d) if d.ttt != pdu::RESERVED_TAG)
+                    {
+                        self.session.charge_storage(self.last_pdu as u64);
+                    }
                     if let Err(e) = self.dispatch(p) {
                         break e;
                     }
@@ -362,6 +377,13 @@ impl Reader {
                 }) => {
                     // Rejected; from ErrorRecoveryLevel 1 on its data is asked for again.
                     debug!("data digest error: rejecting the PDU's data");
+                    // Its bytes cost the bandwidth toward storage, unless it names an R2T (the
+                    // core charges those it does not take as part of one).
+                    if self.session.storage_paced()
+                        && !matches!(damaged.as_deref(), Some(Pdu::DataOut(d)) if d.ttt != pdu::RESERVED_TAG)
+                    {
+                        self.session.charge_storage(pdu_bytes(&header));
+                    }
                     self.conn
                         .counters
                         .digest_errors
@@ -381,6 +403,9 @@ impl Reader {
                         (e.consumed(), e.reject_reason(), e.rejected_header())
                     {
                         debug!("rejecting PDU: {e}");
+                        if self.session.storage_paced() {
+                            self.session.charge_storage(pdu_bytes(h));
+                        }
                         let runs = self
                             .session
                             .handle_undecodable(&self.conn, reason, h.clone());
@@ -416,21 +441,16 @@ impl Reader {
             }
             // With a bandwidth toward storage, the next read waits while the session's bucket
             // is in deficit: the initiator's sends then wait in TCP's flow control.
-            if let Some(q) = self.session.qos().filter(|q| q.to_storage.is_some()) {
+            if self.session.storage_paced() {
                 tokio::select! {
-                    _ = q.before_read() => {}
+                    _ = self.session.before_read() => {}
                     _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,
                 }
             }
             tokio::select! {
                 r = rd.read_buf(&mut self.buf) => match r {
                     Ok(0) => break ConnEnd::ClosedByInitiator,
-                    Ok(n) => {
-                        if let Some(q) = self.session.qos() {
-                            q.read(n as u64);
-                        }
-                        self.heard()
-                    }
+                    Ok(_) => self.heard(),
                     Err(e) => break ConnEnd::Read(e),
                 },
                 _ = crate::session::flag_set(&mut stop) => break ConnEnd::Dropped,

@@ -818,8 +818,10 @@ pub struct Session {
     dead_logs: std::sync::Mutex<Vec<DeadLog>>,
 }
 
-/// A session's token buckets (seed 004), shared by its connections: writers wait on the one
-/// toward the client before each batch, readers on the one toward storage before each read.
+/// A session's bandwidth (seed 004), shared by its connections: writers wait on the bucket
+/// toward the client before each batch. The bucket toward storage is the core's
+/// ([`mcsi_target_core::qos::StoragePacer`]): its R2Ts wait for it, and readers wait on it
+/// before each read ([`Session::before_read`]).
 pub struct Qos {
     buckets: Mutex<mcsi_target_core::qos::SessionQos>,
     /// Segment size the wire bytes are reckoned with.
@@ -838,13 +840,6 @@ impl Qos {
     pub async fn send(&self, bytes: u64) {
         if self.to_client.is_some() {
             self.wait(|q| q.to_client.as_mut(), Some(bytes)).await;
-        }
-    }
-
-    /// Waits until the bucket toward storage has no deficit (the next read may go).
-    pub async fn before_read(&self) {
-        if self.to_storage.is_some() {
-            self.wait(|q| q.to_storage.as_mut(), None).await;
         }
     }
 
@@ -871,20 +866,6 @@ impl Qos {
                 None => return,
                 Some(t) => tokio::time::sleep_until(t.into()).await,
             }
-        }
-    }
-
-    /// Charges `bytes` read from a socket toward storage.
-    pub fn read(&self, bytes: u64) {
-        if self.to_storage.is_none() {
-            return;
-        }
-        let mut b = self.buckets();
-        if let Some(bucket) = b.to_storage.as_mut() {
-            bucket.spend(
-                mcsi_target_core::qos::wire_bytes(bytes, self.mss),
-                std::time::Instant::now(),
-            );
         }
     }
 }
@@ -985,10 +966,26 @@ impl Session {
         if plan.rates.to_client.is_none() && plan.rates.to_storage.is_none() {
             return;
         }
+        let now = std::time::Instant::now();
+        if let Some((rate, burst)) = plan.rates.to_storage {
+            let segment = self
+                .target
+                .as_ref()
+                .map_or(Limits::default().max_recv_data_segment_length, |t| {
+                    t.limits.max_recv_data_segment_length
+                });
+            self.lock()
+                .set_storage_pacer(mcsi_target_core::qos::StoragePacer::new(
+                    rate, burst, mss, segment, now,
+                ));
+        }
         let _ = self.qos.set(Qos {
             buckets: Mutex::new(mcsi_target_core::qos::SessionQos::new(
-                plan.rates,
-                std::time::Instant::now(),
+                mcsi_target_core::qos::Rates {
+                    to_storage: None,
+                    ..plan.rates
+                },
+                now,
             )),
             mss,
             to_client: plan.rates.to_client,
@@ -999,6 +996,26 @@ impl Session {
     /// The session's bandwidth, when it has one.
     pub fn qos(&self) -> Option<&Qos> {
         self.qos.get()
+    }
+
+    /// Whether what the initiator sends is paced (a bandwidth toward storage).
+    pub fn storage_paced(&self) -> bool {
+        self.qos.get().is_some_and(|q| q.to_storage.is_some())
+    }
+
+    /// Waits until the bandwidth toward storage lets the next read go.
+    pub async fn before_read(&self) {
+        loop {
+            let Some(t) = self.lock().storage_ready_at() else {
+                return;
+            };
+            tokio::time::sleep_until(t.into()).await;
+        }
+    }
+
+    /// A PDU of `bytes` that no R2T asked for was read: it costs the bandwidth toward storage.
+    pub fn charge_storage(&self, bytes: u64) {
+        self.lock().charge_storage(bytes);
     }
 
     /// Task `itt` of a failed connection waits in the core to be reassigned (ErrorRecoveryLevel
@@ -1223,6 +1240,13 @@ impl Session {
                 crate::session_core::Close::Now => conn.stop(),
             }
         }
+        // An R2T waits for the bandwidth toward storage (granted out of band): the timer
+        // lets it go.
+        if core.storage_paced() && core.take_timer_wake() {
+            if let Some(me) = self.me.upgrade() {
+                me.wake_timer();
+            }
+        }
     }
 
     /// Waits until the session's read budget has room for a read of `bytes` (a read larger
@@ -1238,10 +1262,15 @@ impl Session {
     }
 
     fn lock(&self) -> CoreGuard<'_> {
-        CoreGuard {
+        let mut g = CoreGuard {
             core: self.core.lock().unwrap_or_else(|p| p.into_inner()),
             window: &self.window,
+        };
+        // The pacer toward storage is told the time before each input.
+        if g.core.storage_paced() {
+            g.core.advance(std::time::Instant::now());
         }
+        g
     }
 
     /// Whether the response policy wants each response connection's TCP state

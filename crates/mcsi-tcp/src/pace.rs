@@ -63,12 +63,13 @@ impl TokenBucket {
     }
 
     /// When the next send may go: `None` for now, else the moment the deficit is paid back.
-    pub fn ready_at(&mut self, now: Instant) -> Option<Instant> {
-        self.refill(now);
-        if self.balance >= 0.0 {
+    pub fn ready_at(&self, now: Instant) -> Option<Instant> {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        let balance = (self.balance + dt * self.rate).min(self.burst);
+        if balance >= 0.0 {
             return None;
         }
-        Some(now + Duration::from_secs_f64(-self.balance / self.rate))
+        Some(now + Duration::from_secs_f64(-balance / self.rate))
     }
 
     /// Charges a send of `bytes`.
