@@ -2766,6 +2766,29 @@ mod tests {
         assert_eq!(spans(&queued_r2ts(&mut core)), vec![(0, 4096)]);
     }
 
+    /// A peer that sends Data-Out naming R2Ts it was never sent (an unknown task, a TTT no R2T
+    /// carried) pays for it: the core charges what it does not take as part of an R2T.
+    #[test]
+    fn data_out_no_r2t_asked_for_costs_the_bucket_toward_storage() {
+        let a = conn(1, ConnRole::Both);
+        let mut core = core(&[&a]);
+        let t0 = Instant::now();
+        core.set_storage_pacer(crate::qos::StoragePacer::new(10_000, 1000, 1448, 8192, t0));
+        assert_eq!(core.storage_ready_at(), None);
+        // 20 Data-Out of 952 bytes (1000 with the header, 1058 on the wire) for no task.
+        for n in 0..20 {
+            let d = data_out(77, 0x1234, n, n * 952, &[0; 952], false);
+            assert_eq!(core.data_out(1, &d), DataOutcome::Discarded);
+        }
+        let wait = core.storage_ready_at().expect("in deficit") - t0;
+        let want = (20.0 * 1058.0 - 1000.0) / 10_000.0;
+        assert!((wait.as_secs_f64() - want).abs() < 1e-3, "{wait:?}");
+        // Unsolicited ones (TTT 0xffffffff) are the reader's to charge, not the core's.
+        let d = data_out(77, RESERVED_TAG, 0, 0, &[0; 952], false);
+        core.data_out(1, &d);
+        assert_eq!(core.storage_ready_at().map(|t| t - t0), Some(wait));
+    }
+
     /// Whether R2T `ttt` is one of write `itt`'s open sequences.
     fn owns(core: &Core, itt: u32, ttt: u32) -> bool {
         core.tasks
