@@ -916,7 +916,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             let Some(conn) = self
                 .tasks
                 .get(&k.itt)
-                .filter(|t| t.id == k.id && !t.aborted)
+                // An orphan (ErrorRecoveryLevel 2) asks again once reassigned.
+                .filter(|t| t.id == k.id && !t.aborted && !t.orphaned)
                 .and_then(|t| self.conns.get(&t.cid))
                 .cloned()
             else {
@@ -1201,9 +1202,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let Some(t) = self.tasks.get(&itt).filter(|t| t.id == id && !t.aborted) else {
             return false;
         };
-        // Its connection gone, it is about to be aborted, or (orphaned, ErrorRecoveryLevel 2)
-        // it asks again once reassigned: nothing is planned for it now.
-        let Some(command_conn) = self.conns.get(&t.cid).cloned() else {
+        // Its connection gone, it is about to be aborted, or (orphaned, ErrorRecoveryLevel 2,
+        // its CID perhaps taken by a new connection already) it asks again once reassigned:
+        // nothing is planned for it now.
+        let Some(command_conn) = self.conns.get(&t.cid).filter(|_| !t.orphaned).cloned() else {
             if let Some(c) = self.tasks.get_mut(&itt).and_then(|t| t.collect.as_mut()) {
                 c.grant = Grant::None;
             }
@@ -1301,16 +1303,29 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// A Data-Out arrived on connection `cid`: its bytes go to the task's buffer; a task whose
     /// data is now complete runs once its turn has come ([`SessionCore::poll_ready`]).
     pub fn data_out(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
+        let asked = self.asked(d);
         let out = self.take_data_out(cid, d, false);
-        self.charge_unasked(d, &out);
+        self.charge_unasked(d, asked, &out);
         out
+    }
+
+    /// Whether Data-Out `d` answers an R2T its task sent (and paid for) that is still open.
+    fn asked(&self, d: &DataOut) -> bool {
+        self.pacer.is_some()
+            && self
+                .tasks
+                .get(&d.itt)
+                .and_then(|t| t.collect.as_ref())
+                .is_some_and(|c| c.transfer.open_ttts().any(|x| x == d.ttt))
     }
 
     /// With a bandwidth toward storage, a Data-Out that names an R2T but was not taken as part
     /// of one (an unknown task or TTT, data beyond the R2T) was paid for by no R2T: it costs
     /// the bucket now. The layer above charges the unsolicited ones as it reads them.
-    fn charge_unasked(&mut self, d: &DataOut, out: &DataOutcome) {
-        if d.ttt != mcsi_proto::pdu::RESERVED_TAG && !matches!(out, DataOutcome::Taken) {
+    /// `asked`: it answered an open R2T before it was taken or refused (an aborted task's
+    /// data, already paid for by its R2T).
+    fn charge_unasked(&mut self, d: &DataOut, asked: bool, out: &DataOutcome) {
+        if d.ttt != mcsi_proto::pdu::RESERVED_TAG && !asked && !matches!(out, DataOutcome::Taken) {
             self.charge_storage((mcsi_proto::pdu::BHS_LEN + d.data.len()) as u64);
         }
     }
@@ -1320,8 +1335,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// write asks for that data again with a recovery R2T (RFC 7143 7.8 a) once no sequence that
     /// could carry it is open.
     pub fn data_out_lost(&mut self, cid: u16, d: &DataOut) -> DataOutcome {
+        let asked = self.asked(d);
         let out = self.take_data_out(cid, d, true);
-        self.charge_unasked(d, &out);
+        self.charge_unasked(d, asked, &out);
         out
     }
 

@@ -1078,7 +1078,8 @@ pub struct TargetSpec {
 }
 
 impl TargetSpec {
-    /// The QoS of a session of `initiator`: its own if named, else the target's.
+    /// The QoS of a session of `initiator`: its own if named (in any case), else the
+    /// target's.
     pub fn qos_for(&self, initiator: &str) -> Option<QosSpec> {
         qos_for(&self.qos_initiators, self.limits.qos, initiator)
     }
@@ -1090,9 +1091,10 @@ pub fn qos_for(
     default: Option<QosSpec>,
     initiator: &str,
 ) -> Option<QosSpec> {
+    // eui. and naa. names may come in either case of hex digits.
     named
         .iter()
-        .find(|(n, _)| n == initiator)
+        .find(|(n, _)| n.eq_ignore_ascii_case(initiator))
         .map(|(_, q)| *q)
         .or(default)
 }
@@ -2014,6 +2016,10 @@ mod tests {
         assert_eq!(t.limits.qos_capacity, Some(20 << 20));
         assert!(matches!(t.qos_for(db), Some(QosSpec::Requirement(r)) if r.iops == 208.0));
         assert_eq!(t.qos_for("iqn.2026-01.org.x:other"), None);
+        assert!(
+            t.qos_for(&db.to_uppercase()).is_some(),
+            "names match in any case"
+        );
         // With the target's own keys, they apply to the initiators not named.
         let c = file(&format!(
             "to_client = \"1MiB\"\n[targets.qos.initiators.\"{db}\"]\nto_storage = \"2MiB\"\n"
