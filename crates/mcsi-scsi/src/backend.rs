@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The backend spec string could not be understood.
-    #[error("invalid backend spec '{spec}': {why} (use ram:SIZE, file:PATH, file:PATH:SIZE or block:PATH)")]
+    #[error("invalid backend spec '{spec}': {why} (use ram:SIZE, file:PATH, file:PATH:SIZE, block:PATH or rbd:POOL/IMAGE)")]
     Spec { spec: String, why: String },
     /// Opening or creating the backing store failed.
     #[error("cannot open {path}: {why}")]
@@ -93,7 +93,8 @@ fn check_range(op: &'static str, offset: u64, len: u64, size: u64) -> Result<(),
     }
 }
 
-/// Opens a backend from a spec: `ram:SIZE`, `file:PATH`, `file:PATH:SIZE` or `block:PATH`.
+/// Opens a backend from a spec: `ram:SIZE`, `file:PATH`, `file:PATH:SIZE`, `block:PATH` or
+/// (with the `rbd` feature) `rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`.
 pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
     let bad = |why: &str| BackendError::Spec {
         spec: spec.to_string(),
@@ -129,6 +130,15 @@ pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
             }
             Ok(Arc::new(BlockBackend::open(Path::new(rest))?))
         }
+        #[cfg(feature = "rbd")]
+        "rbd" => {
+            let r = crate::rbd::RbdSpec::parse(rest).map_err(|e| bad(&e))?;
+            Ok(Arc::new(crate::rbd::RbdBackend::open(r, false)?))
+        }
+        #[cfg(not(feature = "rbd"))]
+        "rbd" => Err(bad(
+            "this build has no rbd backend (build with --features rbd, which needs librbd-dev)",
+        )),
         other => Err(bad(&format!("unknown backend kind '{other}'"))),
     }
 }

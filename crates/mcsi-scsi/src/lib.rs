@@ -6,6 +6,8 @@
 
 pub mod backend;
 pub mod lun;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 pub mod sense;
 
 mod lu;

@@ -988,7 +988,7 @@ impl Limits {
 /// `FailingBackend` in tests).
 #[derive(Clone)]
 pub enum LunBackend {
-    /// `ram:SIZE`, `file:PATH[:SIZE]` or `block:PATH`.
+    /// `ram:SIZE`, `file:PATH[:SIZE]`, `block:PATH` or `rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`.
     Spec(String),
     Opened(Arc<dyn Backend>),
 }
@@ -1482,7 +1482,7 @@ pub fn duration(v: &Option<String>, field: &str, def: Duration) -> Result<Durati
 
 /// Checks the form of a backend spec without opening it.
 pub fn check_backend_spec(field: &str, spec: &str) -> Result<(), ConfigError> {
-    let allowed = "(use ram:SIZE, file:PATH[:SIZE], block:PATH)";
+    let allowed = "(use ram:SIZE, file:PATH[:SIZE], block:PATH, rbd:POOL/IMAGE)";
     let bad = |why: String| cerr(field, format!("{why} {allowed}"));
     let Some((kind, rest)) = spec.split_once(':') else {
         return Err(bad(format!("unknown backend '{spec}'")));
@@ -1496,6 +1496,11 @@ pub fn check_backend_spec(field: &str, spec: &str) -> Result<(), ConfigError> {
             Ok(())
         }
         "file" | "block" if !rest.is_empty() => Ok(()),
+        // Checked in full when opened (librbd's pool and image names).
+        "rbd" => match rest.split(',').next().and_then(|n| n.split_once('/')) {
+            Some((p, i)) if !p.is_empty() && !i.is_empty() => Ok(()),
+            _ => Err(bad(format!("'{spec}': give rbd:POOL/IMAGE;"))),
+        },
         "file" | "block" => Err(bad(format!("'{spec}': missing path;"))),
         _ => Err(bad(format!("unknown backend '{spec}'"))),
     }
@@ -1598,12 +1603,21 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 })?
             }
             Some(("service_time", v)) => lun.service_time = parse_service_time(field, v)?,
+            // How an rbd: image's cluster is reached: part of the backend's spec.
+            Some(("conf" | "id", _))
+                if matches!(&lun.backend, LunBackend::Spec(b) if b.starts_with("rbd:")) =>
+            {
+                if let LunBackend::Spec(b) = &mut lun.backend {
+                    b.push(',');
+                    b.push_str(p);
+                }
+            }
             None if p == "read_only" || p == "ro" => lun.read_only = true,
             _ => {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION; for rbd: conf=PATH, id=NAME)"
                     ),
                 ))
             }
@@ -1645,6 +1659,21 @@ mod tests {
         assert!(e.to_string().contains("above 10s"), "{e}");
         let e = parse_lun_arg("--lun", "ram:1MiB,service_time=fast").unwrap_err();
         assert!(e.to_string().contains("e.g. 8ms"), "{e}");
+    }
+
+    #[test]
+    fn rbd_lun_args_keep_the_cluster_options_in_the_backend_spec() {
+        let l = parse_lun_arg("--lun", "rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,read_only")
+            .unwrap();
+        assert_eq!(
+            l.backend,
+            LunBackend::Spec("rbd:mcsi/disk,conf=/c/ceph.conf,id=admin".into())
+        );
+        assert!(l.read_only);
+        // Only an rbd: LUN takes them; an rbd: spec needs POOL/IMAGE.
+        assert!(parse_lun_arg("--lun", "ram:1MiB,conf=/c").is_err());
+        let e = parse_lun_arg("--lun", "rbd:disk").unwrap_err();
+        assert!(e.to_string().contains("rbd:POOL/IMAGE"), "{e}");
     }
 
     #[test]

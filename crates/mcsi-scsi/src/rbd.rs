@@ -1,0 +1,435 @@
+//! A Ceph RBD image as a backend (`rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`), through librbd and
+//! librados (Debian's librbd-dev and librados-dev), over a small extern block of the functions
+//! used. The calls are librbd's synchronous ones, run on the transport's blocking pool like a
+//! file's; the image is opened once and shared by every I/O (librbd's handles are thread-safe).
+
+use crate::backend::{Backend, BackendError};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::io;
+use std::path::PathBuf;
+
+#[allow(non_camel_case_types)]
+type rados_t = *mut c_void;
+#[allow(non_camel_case_types)]
+type rados_ioctx_t = *mut c_void;
+#[allow(non_camel_case_types)]
+type rbd_image_t = *mut c_void;
+
+#[link(name = "rados")]
+extern "C" {
+    fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
+    fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
+    fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    fn rados_connect(cluster: rados_t) -> c_int;
+    fn rados_shutdown(cluster: rados_t);
+    fn rados_ioctx_create(
+        cluster: rados_t,
+        pool_name: *const c_char,
+        ioctx: *mut rados_ioctx_t,
+    ) -> c_int;
+    fn rados_ioctx_destroy(io: rados_ioctx_t);
+}
+
+type DiffCb = extern "C" fn(offset: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int;
+
+#[link(name = "rbd")]
+extern "C" {
+    fn rbd_open(
+        io: rados_ioctx_t,
+        name: *const c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const c_char,
+    ) -> c_int;
+    fn rbd_open_read_only(
+        io: rados_ioctx_t,
+        name: *const c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const c_char,
+    ) -> c_int;
+    fn rbd_close(image: rbd_image_t) -> c_int;
+    fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
+    fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;
+    fn rbd_discard(image: rbd_image_t, ofs: u64, len: u64) -> c_int;
+    fn rbd_flush(image: rbd_image_t) -> c_int;
+    fn rbd_diff_iterate2(
+        image: rbd_image_t,
+        fromsnapname: *const c_char,
+        ofs: u64,
+        len: u64,
+        include_parent: u8,
+        whole_object: u8,
+        cb: DiffCb,
+        arg: *mut c_void,
+    ) -> c_int;
+}
+
+/// What `rbd:` names: a pool, an image, and how to reach the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdSpec {
+    pub pool: String,
+    pub image: String,
+    /// ceph.conf to read (None: librados's default search, /etc/ceph/ceph.conf first).
+    pub conf: Option<String>,
+    /// The client's id ("admin" for client.admin; None: librados's default).
+    pub id: Option<String>,
+}
+
+impl RbdSpec {
+    /// Parses what follows `rbd:`: `POOL/IMAGE[,conf=PATH][,id=NAME]`.
+    pub fn parse(rest: &str) -> Result<RbdSpec, String> {
+        let mut parts = rest.split(',');
+        let name = parts.next().unwrap_or("");
+        let Some((pool, image)) = name.split_once('/') else {
+            return Err(format!("'{name}' is not POOL/IMAGE"));
+        };
+        if pool.is_empty() || image.is_empty() || image.contains('/') {
+            return Err(format!("'{name}' is not POOL/IMAGE"));
+        }
+        let mut spec = RbdSpec {
+            pool: pool.into(),
+            image: image.into(),
+            conf: None,
+            id: None,
+        };
+        for p in parts {
+            match p.split_once('=') {
+                Some(("conf", v)) if !v.is_empty() => spec.conf = Some(v.into()),
+                Some(("id", v)) if !v.is_empty() => spec.id = Some(v.into()),
+                _ => return Err(format!("unknown rbd option '{p}' (use conf=PATH, id=NAME)")),
+            }
+        }
+        Ok(spec)
+    }
+
+    fn describe(&self) -> String {
+        format!("rbd:{}/{}", self.pool, self.image)
+    }
+}
+
+/// An open RBD image: the cluster connection, the pool's I/O context and the image handle.
+pub struct RbdBackend {
+    spec: RbdSpec,
+    cluster: rados_t,
+    ioctx: rados_ioctx_t,
+    image: rbd_image_t,
+    size: u64,
+}
+
+// librados and librbd handles may be used from any thread at once (librbd serialises what it
+// must itself); they are closed only on drop, when no call can be in progress.
+unsafe impl Send for RbdBackend {}
+unsafe impl Sync for RbdBackend {}
+
+fn cstr(what: &str, s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("{what} '{s}' contains a NUL byte"))
+}
+
+/// librados and librbd return a negated errno.
+fn errno(rc: i64) -> io::Error {
+    io::Error::from_raw_os_error(i32::try_from(-rc).unwrap_or(libc::EIO))
+}
+
+impl RbdBackend {
+    /// Connects to the cluster and opens the image (read-only when `read_only`).
+    pub fn open(spec: RbdSpec, read_only: bool) -> Result<RbdBackend, BackendError> {
+        let name = spec.describe();
+        let fail = |step: &str, why: String| BackendError::Open {
+            path: PathBuf::from(&name),
+            why: format!("{step}: {why}"),
+        };
+        let bad = |why: String| fail("invalid name", why);
+        let id = spec
+            .id
+            .as_deref()
+            .map(|i| cstr("id", i))
+            .transpose()
+            .map_err(bad)?;
+        let conf = spec
+            .conf
+            .as_deref()
+            .map(|c| cstr("conf", c))
+            .transpose()
+            .map_err(bad)?;
+        let pool = cstr("pool", &spec.pool).map_err(bad)?;
+        let image_name = cstr("image", &spec.image).map_err(bad)?;
+        let mut b = RbdBackend {
+            spec,
+            cluster: std::ptr::null_mut(),
+            ioctx: std::ptr::null_mut(),
+            image: std::ptr::null_mut(),
+            size: 0,
+        };
+        // SAFETY: each call gets valid NUL-terminated strings and out-pointers to this
+        // struct's fields; a handle is used only after the call that sets it succeeded, and
+        // Drop releases whatever was set (in reverse order) when a later step fails.
+        unsafe {
+            let rc = rados_create(
+                &mut b.cluster,
+                id.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            );
+            if rc < 0 {
+                b.cluster = std::ptr::null_mut();
+                return Err(fail("rados_create", errno(rc.into()).to_string()));
+            }
+            let rc = rados_conf_read_file(
+                b.cluster,
+                conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            );
+            if rc < 0 {
+                let which = b.spec.conf.as_deref().unwrap_or("the default ceph.conf");
+                return Err(fail(
+                    &format!("reading {which}"),
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            // A cluster that does not answer fails the open in 10 s rather than hanging.
+            for (k, v) in [
+                ("client_mount_timeout", "10"),
+                ("rados_mon_op_timeout", "10"),
+            ] {
+                let (k, v) = (
+                    cstr("option", k).map_err(bad)?,
+                    cstr("value", v).map_err(bad)?,
+                );
+                rados_conf_set(b.cluster, k.as_ptr(), v.as_ptr());
+            }
+            let rc = rados_connect(b.cluster);
+            if rc < 0 {
+                return Err(fail(
+                    "connecting to the cluster",
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            let rc = rados_ioctx_create(b.cluster, pool.as_ptr(), &mut b.ioctx);
+            if rc < 0 {
+                b.ioctx = std::ptr::null_mut();
+                return Err(fail(
+                    &format!("opening pool '{}'", b.spec.pool),
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            let open = if read_only {
+                rbd_open_read_only
+            } else {
+                rbd_open
+            };
+            let rc = open(b.ioctx, image_name.as_ptr(), &mut b.image, std::ptr::null());
+            if rc < 0 {
+                b.image = std::ptr::null_mut();
+                return Err(fail(
+                    &format!("opening image '{}'", b.spec.image),
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            let rc = rbd_get_size(b.image, &mut b.size);
+            if rc < 0 {
+                return Err(fail(
+                    "reading the image's size",
+                    errno(rc.into()).to_string(),
+                ));
+            }
+        }
+        if b.size == 0 {
+            return Err(fail("the image", "is empty (0 bytes)".into()));
+        }
+        Ok(b)
+    }
+
+    fn io_err(op: &'static str, offset: u64, rc: i64) -> BackendError {
+        BackendError::Io {
+            op,
+            offset,
+            cause: errno(rc),
+        }
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: u64) -> Result<(), BackendError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(BackendError::OutOfRange {
+                op,
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+}
+
+impl Drop for RbdBackend {
+    fn drop(&mut self) {
+        // SAFETY: each handle is non-null only if its open succeeded, and is released once.
+        unsafe {
+            if !self.image.is_null() {
+                rbd_close(self.image);
+            }
+            if !self.ioctx.is_null() {
+                rados_ioctx_destroy(self.ioctx);
+            }
+            if !self.cluster.is_null() {
+                rados_shutdown(self.cluster);
+            }
+        }
+    }
+}
+
+/// Extents rbd_diff_iterate2 reports, gathered by [`diff_cb`].
+struct Extents {
+    found: Vec<(u64, u64)>,
+}
+
+extern "C" fn diff_cb(offset: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Extents` that `mapped` passes and keeps alive for the call.
+    let ext = unsafe { &mut *(arg as *mut Extents) };
+    if exists != 0 {
+        ext.found.push((offset, len as u64));
+    }
+    0
+}
+
+impl Backend for RbdBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.check("read", offset, buf.len() as u64)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let rest = &mut buf[done..];
+            // SAFETY: `rest` is valid for writes of its length for the whole call.
+            let n = unsafe { rbd_read(self.image, at, rest.len(), rest.as_mut_ptr().cast()) };
+            if n < 0 {
+                return Err(Self::io_err("read", at, n as i64));
+            }
+            if n == 0 {
+                // Within the image's size librbd reads holes as zeros; nothing more is coming.
+                rest.fill(0);
+                break;
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.check("write", offset, data.len() as u64)?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let rest = &data[done..];
+            // SAFETY: `rest` is valid for reads of its length for the whole call.
+            let n = unsafe { rbd_write(self.image, at, rest.len(), rest.as_ptr().cast()) };
+            if n <= 0 {
+                return Err(Self::io_err(
+                    "write",
+                    at,
+                    if n == 0 {
+                        -(libc::EIO as i64)
+                    } else {
+                        n as i64
+                    },
+                ));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        // SAFETY: the image handle is open.
+        let rc = unsafe { rbd_flush(self.image) };
+        if rc < 0 {
+            return Err(Self::io_err("flush", 0, rc.into()));
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.check("unmap", offset, len)?;
+        // SAFETY: the image handle is open.
+        let rc = unsafe { rbd_discard(self.image, offset, len) };
+        if rc < 0 {
+            return Err(Self::io_err("unmap", offset, rc.into()));
+        }
+        Ok(())
+    }
+
+    fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
+        self.check("mapped", offset, len)?;
+        let mut ext = Extents { found: Vec::new() };
+        // SAFETY: `ext` outlives the call, which invokes `diff_cb` with it synchronously.
+        let rc = unsafe {
+            rbd_diff_iterate2(
+                self.image,
+                std::ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                diff_cb,
+                (&mut ext as *mut Extents).cast(),
+            )
+        };
+        if rc < 0 {
+            return Err(Self::io_err("mapped", offset, rc.into()));
+        }
+        ext.found.sort_unstable();
+        let end = offset + len;
+        let mut out = Vec::new();
+        let mut at = offset;
+        for (o, l) in ext.found {
+            let (o, e) = (o.max(at), (o + l).min(end));
+            if e <= o {
+                continue;
+            }
+            if o > at {
+                out.push((at, o - at, false));
+            }
+            out.push((o, e - o, true));
+            at = e;
+        }
+        if at < end {
+            out.push((at, end - at, false));
+        }
+        Ok(out)
+    }
+
+    fn blocking(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> String {
+        format!("{} ({} bytes)", self.spec.describe(), self.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_names_pool_image_conf_and_id() {
+        assert_eq!(
+            RbdSpec::parse("mcsi/disk,conf=/tmp/c/ceph.conf,id=admin"),
+            Ok(RbdSpec {
+                pool: "mcsi".into(),
+                image: "disk".into(),
+                conf: Some("/tmp/c/ceph.conf".into()),
+                id: Some("admin".into()),
+            })
+        );
+        for bad in [
+            "disk",
+            "/disk",
+            "mcsi/",
+            "a/b/c",
+            "mcsi/disk,colour=red",
+            "mcsi/disk,conf=",
+        ] {
+            assert!(RbdSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
