@@ -1663,8 +1663,11 @@ mod tests {
 
     #[test]
     fn rbd_lun_args_keep_the_cluster_options_in_the_backend_spec() {
-        let l = parse_lun_arg("--lun", "rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,read_only")
-            .unwrap();
+        let l = parse_lun_arg(
+            "--lun",
+            "rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,read_only",
+        )
+        .unwrap();
         assert_eq!(
             l.backend,
             LunBackend::Spec("rbd:mcsi/disk,conf=/c/ceph.conf,id=admin".into())
