@@ -133,7 +133,7 @@ pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
         #[cfg(feature = "rbd")]
         "rbd" => {
             let r = crate::rbd::RbdSpec::parse(rest).map_err(|e| bad(&e))?;
-            Ok(Arc::new(crate::rbd::RbdBackend::open(r, false)?))
+            Ok(Arc::new(crate::rbd::RbdBackend::open(r)?))
         }
         #[cfg(not(feature = "rbd"))]
         "rbd" => Err(bad(

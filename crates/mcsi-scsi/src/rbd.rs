@@ -40,12 +40,6 @@ extern "C" {
         image: *mut rbd_image_t,
         snap_name: *const c_char,
     ) -> c_int;
-    fn rbd_open_read_only(
-        io: rados_ioctx_t,
-        name: *const c_char,
-        image: *mut rbd_image_t,
-        snap_name: *const c_char,
-    ) -> c_int;
     fn rbd_close(image: rbd_image_t) -> c_int;
     fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
@@ -131,8 +125,8 @@ fn errno(rc: i64) -> io::Error {
 }
 
 impl RbdBackend {
-    /// Connects to the cluster and opens the image (read-only when `read_only`).
-    pub fn open(spec: RbdSpec, read_only: bool) -> Result<RbdBackend, BackendError> {
+    /// Connects to the cluster and opens the image (a read-only LUN refuses writes itself).
+    pub fn open(spec: RbdSpec) -> Result<RbdBackend, BackendError> {
         let name = spec.describe();
         let fail = |step: &str, why: String| BackendError::Open {
             path: PathBuf::from(&name),
@@ -209,12 +203,7 @@ impl RbdBackend {
                     errno(rc.into()).to_string(),
                 ));
             }
-            let open = if read_only {
-                rbd_open_read_only
-            } else {
-                rbd_open
-            };
-            let rc = open(b.ioctx, image_name.as_ptr(), &mut b.image, std::ptr::null());
+            let rc = rbd_open(b.ioctx, image_name.as_ptr(), &mut b.image, std::ptr::null());
             if rc < 0 {
                 b.image = std::ptr::null_mut();
                 return Err(fail(
@@ -309,7 +298,7 @@ impl Backend for RbdBackend {
                 rest.fill(0);
                 break;
             }
-            done += n as usize;
+            done += (n as usize).min(rest.len());
         }
         Ok(())
     }
@@ -333,7 +322,7 @@ impl Backend for RbdBackend {
                     },
                 ));
             }
-            done += n as usize;
+            done += (n as usize).min(rest.len());
         }
         Ok(())
     }

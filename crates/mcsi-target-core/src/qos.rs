@@ -36,23 +36,6 @@ pub struct Rates {
     pub to_storage: Option<(u64, u64)>,
 }
 
-/// A session's buckets, one per limited direction.
-#[derive(Debug, Clone)]
-pub struct SessionQos {
-    pub to_client: Option<TokenBucket>,
-    pub to_storage: Option<TokenBucket>,
-}
-
-impl SessionQos {
-    pub fn new(rates: Rates, now: Instant) -> SessionQos {
-        let b = |r: Option<(u64, u64)>| r.map(|(rate, burst)| TokenBucket::new(rate, burst, now));
-        SessionQos {
-            to_client: b(rates.to_client),
-            to_storage: b(rates.to_storage),
-        }
-    }
-}
-
 /// The bucket toward storage, kept by a session's core on passed-in time. Every PDU the
 /// initiator sends costs its wire bytes when it is read ([`StoragePacer::charge`]), except the
 /// Data-Out an R2T asked for: an R2T charges the bytes it asks for when it goes out, and goes
@@ -114,11 +97,6 @@ impl StoragePacer {
         u32::try_from(self.bucket.burst())
             .unwrap_or(u32::MAX)
             .max(4096)
-    }
-
-    /// The bucket's rate, bytes per second.
-    pub fn rate(&self) -> u64 {
-        self.bucket.rate()
     }
 }
 

@@ -823,7 +823,8 @@ pub struct Session {
 /// ([`mcsi_target_core::qos::StoragePacer`]): its R2Ts wait for it, and readers wait on it
 /// before each read ([`Session::before_read`]).
 pub struct Qos {
-    buckets: Mutex<mcsi_target_core::qos::SessionQos>,
+    /// The bucket toward the client (None: not limited).
+    to_client_bucket: Option<Mutex<mcsi_target_core::qos::TokenBucket>>,
     /// Segment size the wire bytes are reckoned with.
     mss: u32,
     /// (rate, burst) per direction, as set.
@@ -832,33 +833,18 @@ pub struct Qos {
 }
 
 impl Qos {
-    fn buckets(&self) -> std::sync::MutexGuard<'_, mcsi_target_core::qos::SessionQos> {
-        self.buckets.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Waits until the bucket toward the client lets a batch go, then charges its `bytes`.
     pub async fn send(&self, bytes: u64) {
-        if self.to_client.is_some() {
-            self.wait(|q| q.to_client.as_mut(), Some(bytes)).await;
-        }
-    }
-
-    /// Waits until the bucket `pick` chooses lets a send go; charges `charge` bytes then.
-    async fn wait(
-        &self,
-        pick: impl Fn(
-            &mut mcsi_target_core::qos::SessionQos,
-        ) -> Option<&mut mcsi_target_core::qos::TokenBucket>,
-        charge: Option<u64>,
-    ) {
+        let Some(bucket) = &self.to_client_bucket else {
+            return;
+        };
         loop {
             let wait = {
                 let now = std::time::Instant::now();
-                let mut b = self.buckets();
-                let Some(bucket) = pick(&mut b) else { return };
-                let t = bucket.ready_at(now);
-                if let (None, Some(n)) = (t, charge) {
-                    bucket.spend(mcsi_target_core::qos::wire_bytes(n, self.mss), now);
+                let mut b = bucket.lock().unwrap_or_else(|e| e.into_inner());
+                let t = b.ready_at(now);
+                if t.is_none() {
+                    b.spend(mcsi_target_core::qos::wire_bytes(bytes, self.mss), now);
                 }
                 t
             };
@@ -980,13 +966,9 @@ impl Session {
                 ));
         }
         let _ = self.qos.set(Qos {
-            buckets: Mutex::new(mcsi_target_core::qos::SessionQos::new(
-                mcsi_target_core::qos::Rates {
-                    to_storage: None,
-                    ..plan.rates
-                },
-                now,
-            )),
+            to_client_bucket: plan.rates.to_client.map(|(rate, burst)| {
+                Mutex::new(mcsi_target_core::qos::TokenBucket::new(rate, burst, now))
+            }),
             mss,
             to_client: plan.rates.to_client,
             to_storage: plan.rates.to_storage,
