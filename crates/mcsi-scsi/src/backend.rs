@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +79,56 @@ pub trait Backend: Send + Sync + 'static {
     fn blocking(&self) -> bool;
     /// One line for logs: kind, path, size.
     fn describe(&self) -> String;
+    /// The backend's asynchronous interface, when it has one: reads, writes, flushes and
+    /// COMPARE AND WRITE then complete through a callback, and no thread waits for them.
+    fn aio(&self) -> Option<&dyn AsyncBackend> {
+        None
+    }
+}
+
+/// One operation of the asynchronous path.
+#[derive(Debug, Clone)]
+pub enum AioOp {
+    /// `len` bytes from `offset`; unwritten areas read as zeros.
+    Read { offset: u64, len: usize },
+    /// `data` at `offset`.
+    Write { offset: u64, data: Bytes },
+    /// Every completed write made durable.
+    Flush,
+    /// `data` written at `offset` only if the store holds `compare` there, atomically with
+    /// respect to every other writer of the store (other gateways included, for a shared one).
+    /// `compare` and `data` have the same length.
+    CompareAndWrite {
+        offset: u64,
+        compare: Bytes,
+        data: Bytes,
+    },
+}
+
+/// How an [`AioOp`] ended, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AioDone {
+    /// The data a read returned, of the length asked for.
+    Read(Bytes),
+    /// A write, flush or COMPARE AND WRITE done.
+    Done,
+    /// COMPARE AND WRITE found other data: the first differing byte, counted from the start of
+    /// the compared range. Nothing was written.
+    Miscompare { at: u64 },
+}
+
+/// Called once when an [`AioOp`] ends, from whichever thread the backend completes on.
+pub type AioCompletion = Box<dyn FnOnce(Result<AioDone, BackendError>) + Send + 'static>;
+
+/// A backend whose I/O completes through callbacks (librbd's `rbd_aio_*`, a queue of its own).
+pub trait AsyncBackend: Send + Sync {
+    /// Starts `op`. `done` is called exactly once, possibly before `submit` returns, and
+    /// must be quick: it runs on the backend's completion thread.
+    fn submit(&self, op: AioOp, done: AioCompletion);
+    /// Whether [`AioOp::CompareAndWrite`] is offered for `len` bytes at `offset` (a store may
+    /// do it atomically only within one of its objects). Where it is not, the logical unit
+    /// compares and writes under its own range lock, which holds for this gateway only.
+    fn compare_and_write_ok(&self, offset: u64, len: u64) -> bool;
 }
 
 fn check_range(op: &'static str, offset: u64, len: u64, size: u64) -> Result<(), BackendError> {
@@ -789,7 +839,7 @@ impl FailingBackend {
         self.failures.load(Ordering::SeqCst)
     }
 
-    fn take(&self, op: &'static str, offset: u64) -> Result<(), BackendError> {
+    pub(crate) fn take(&self, op: &'static str, offset: u64) -> Result<(), BackendError> {
         let ok = self
             .remaining
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| match r {
@@ -835,5 +885,157 @@ impl Backend for FailingBackend {
     }
     fn describe(&self) -> String {
         format!("failing({})", self.inner.describe())
+    }
+    fn aio(&self) -> Option<&dyn AsyncBackend> {
+        self.inner.aio().map(|_| self as &dyn AsyncBackend)
+    }
+}
+
+/// Failures are injected on the asynchronous path too, when the inner backend has one.
+impl AsyncBackend for FailingBackend {
+    fn submit(&self, op: AioOp, done: AioCompletion) {
+        let (name, offset) = match &op {
+            AioOp::Read { offset, .. } => ("read", *offset),
+            AioOp::Write { offset, .. } => ("write", *offset),
+            AioOp::Flush => ("flush", 0),
+            AioOp::CompareAndWrite { offset, .. } => ("write", *offset),
+        };
+        if let Err(e) = self.take(name, offset) {
+            return done(Err(e));
+        }
+        match self.inner.aio() {
+            Some(a) => a.submit(op, done),
+            None => done(Err(BackendError::Io {
+                op: name,
+                offset,
+                cause: io::Error::other("the inner backend has no asynchronous path"),
+            })),
+        }
+    }
+    fn compare_and_write_ok(&self, offset: u64, len: u64) -> bool {
+        self.inner
+            .aio()
+            .is_some_and(|a| a.compare_and_write_ok(offset, len))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RAM behind a completion thread
+
+/// A RAM store shaped like a network backend: every operation goes through one queue to one
+/// worker thread, which runs it after an optional latency and calls its completion there.
+/// Synchronous calls go straight to the RAM. It exercises the asynchronous device path without a
+/// cluster (tests, and latency experiments without a thread per I/O).
+pub struct AioRamBackend {
+    ram: Arc<RamBackend>,
+    queue: Mutex<std::sync::mpsc::Sender<(AioOp, AioCompletion)>>,
+    submitted: AtomicU64,
+}
+
+impl AioRamBackend {
+    /// `size` bytes of RAM; each operation completes `latency` after the worker takes it (the
+    /// worker runs them one at a time, in order, so operations are atomic among themselves).
+    pub fn new(size: u64, latency: std::time::Duration) -> Result<Self, BackendError> {
+        let ram = Arc::new(RamBackend::new(size)?);
+        let (tx, rx) = std::sync::mpsc::channel::<(AioOp, AioCompletion)>();
+        let worker = ram.clone();
+        std::thread::Builder::new()
+            .name("aio-ram".into())
+            .spawn(move || {
+                // Ends when the backend is dropped (the sender with it).
+                while let Ok((op, done)) = rx.recv() {
+                    if !latency.is_zero() {
+                        std::thread::sleep(latency);
+                    }
+                    done(run_on(&*worker, op));
+                }
+            })
+            .map_err(|e| BackendError::Open {
+                path: PathBuf::from("aio-ram"),
+                why: format!("cannot start its completion thread: {e}"),
+            })?;
+        Ok(AioRamBackend {
+            ram,
+            queue: Mutex::new(tx),
+            submitted: AtomicU64::new(0),
+        })
+    }
+
+    /// Operations submitted on the asynchronous path so far.
+    pub fn submitted(&self) -> u64 {
+        self.submitted.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs an [`AioOp`] with a backend's synchronous calls.
+fn run_on(b: &dyn Backend, op: AioOp) -> Result<AioDone, BackendError> {
+    match op {
+        AioOp::Read { offset, len } => b.read_bytes(offset, len).map(AioDone::Read),
+        AioOp::Write { offset, data } => b.write_at(offset, &data).map(|_| AioDone::Done),
+        AioOp::Flush => b.flush().map(|_| AioDone::Done),
+        AioOp::CompareAndWrite {
+            offset,
+            compare,
+            data,
+        } => {
+            let cur = b.read_bytes(offset, compare.len())?;
+            if let Some(at) = cur.iter().zip(compare.iter()).position(|(a, c)| a != c) {
+                return Ok(AioDone::Miscompare { at: at as u64 });
+            }
+            b.write_at(offset, &data).map(|_| AioDone::Done)
+        }
+    }
+}
+
+impl Backend for AioRamBackend {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.ram.read_at(offset, buf)
+    }
+    fn read_bytes(&self, offset: u64, len: usize) -> Result<Bytes, BackendError> {
+        self.ram.read_bytes(offset, len)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.ram.write_at(offset, data)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        self.ram.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.ram.unmap(offset, len)
+    }
+    fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
+        self.ram.mapped(offset, len)
+    }
+    fn blocking(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        format!("aio-{}", self.ram.describe())
+    }
+    fn aio(&self) -> Option<&dyn AsyncBackend> {
+        Some(self)
+    }
+}
+
+impl AsyncBackend for AioRamBackend {
+    fn submit(&self, op: AioOp, done: AioCompletion) {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        let q = match self.queue.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        if let Err(std::sync::mpsc::SendError((_, done))) = q.send((op, done)) {
+            done(Err(BackendError::Io {
+                op: "aio",
+                offset: 0,
+                cause: io::Error::other("the completion thread has stopped"),
+            }));
+        }
+    }
+    fn compare_and_write_ok(&self, _offset: u64, _len: u64) -> bool {
+        true
     }
 }

@@ -16,9 +16,10 @@ mod pr;
 mod server;
 
 pub use backend::{
-    open_backend, Backend, BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend,
+    open_backend, AioCompletion, AioDone, AioOp, AioRamBackend, AsyncBackend, Backend,
+    BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend,
 };
-pub use lu::LogicalUnit;
+pub use lu::{LogicalUnit, Pending, Prepared, Step};
 pub use sense::Sense;
 pub use server::DeviceServer;
 

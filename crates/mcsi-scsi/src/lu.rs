@@ -12,8 +12,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+mod aio;
 mod sanitize;
 mod xcopy;
+
+pub use aio::{Pending, Prepared, Step};
 
 /// Operation codes handled here.
 pub(crate) mod op {
@@ -262,6 +265,33 @@ struct RangeGuard<'a> {
 }
 
 impl RangeLocks {
+    fn held(&self) -> MutexGuard<'_, Vec<(u64, u64)>> {
+        match self.held.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Takes `[start, end)` when no holder overlaps it; false (and nothing taken) otherwise.
+    /// The caller lets it go with [`RangeLocks::unlock`].
+    fn try_lock(&self, start: u64, end: u64) -> bool {
+        let mut held = self.held();
+        if held.iter().any(|&(s, e)| s < end && start < e) {
+            return false;
+        }
+        held.push((start, end));
+        true
+    }
+
+    fn unlock(&self, range: (u64, u64)) {
+        let mut held = self.held();
+        if let Some(i) = held.iter().position(|r| *r == range) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        self.cv.notify_all();
+    }
+
     fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
         let mut held = match self.held.lock() {
             Ok(g) => g,
@@ -283,15 +313,7 @@ impl RangeLocks {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut held = match self.locks.held.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(i) = held.iter().position(|r| *r == self.range) {
-            held.swap_remove(i);
-        }
-        drop(held);
-        self.locks.cv.notify_all();
+        self.locks.unlock(self.range);
     }
 }
 
@@ -512,8 +534,15 @@ impl LogicalUnit {
         c.op() == op::SANITIZE && c.b(1) & 0x80 == 0
     }
 
-    /// Whether this CDB may block on backend I/O.
+    /// Whether this CDB may wait for backend I/O, on the asynchronous path or a thread (so it
+    /// is not run inline on the connection's reader).
     pub fn blocking(&self, cdb: &[u8]) -> bool {
+        self.is_async(cdb) || self.needs_thread(cdb)
+    }
+
+    /// Whether [`LogicalUnit::execute`] of this CDB may block its thread on backend I/O (run it
+    /// on a blocking pool).
+    pub fn needs_thread(&self, cdb: &[u8]) -> bool {
         let c = Cdb::new(cdb);
         // A copy may move up to a segment list's worth of data, between units of any kind; a
         // SANITIZE without IMMED waits for the whole sanitize.
@@ -616,6 +645,27 @@ impl LogicalUnit {
     /// Runs one command with the target's other units at hand (for EXTENDED COPY).
     pub(crate) fn execute_in(&self, cmd: Command<'_>, units: &[&LogicalUnit]) -> Outcome {
         let c = Cdb::new(cmd.cdb);
+        if let Some(o) = self.admit(&cmd, &c) {
+            return o;
+        }
+        let res = match c.op() {
+            op::EXTENDED_COPY => self.extended_copy(&cmd, &c, units),
+            _ => self.dispatch(&cmd, &c),
+        };
+        self.outcome(res)
+    }
+
+    fn outcome(&self, res: Res) -> Outcome {
+        match res {
+            Ok(o) => o,
+            Err(Fail::Sense(s)) => self.check(&s),
+            Err(Fail::Status(s)) => Outcome::status(s),
+        }
+    }
+
+    /// What every command passes before its own handling: unit attentions, reservations, a
+    /// sanitize under way, NACA. Some outcome when the command ends here.
+    fn admit(&self, cmd: &Command<'_>, c: &Cdb) -> Option<Outcome> {
         let opc = c.op();
         // Unit attention and reservation checks (SAM-5 5.14, SPC-4 5.9.1, SPC-2 5.5.1).
         {
@@ -633,35 +683,27 @@ impl LogicalUnit {
             if !matches!(opc, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
                 if let Some(s) = pop_ua(&mut st, cmd.nexus) {
                     let d = st.mode.d_sense;
-                    return Outcome {
+                    return Some(Outcome {
                         status: status::CHECK_CONDITION,
                         sense: Some(s.encode(d)),
                         data_in: Bytes::new(),
                         data_in_unread: 0,
-                    };
+                    });
                 }
             }
-            if self.conflicts(&st, cmd.nexus, &c) {
-                return Outcome::status(status::RESERVATION_CONFLICT);
+            if self.conflicts(&st, cmd.nexus, c) {
+                return Some(Outcome::status(status::RESERVATION_CONFLICT));
             }
         }
         // While a sanitize runs, or after one failed (SBC-4 4.33.3).
         if let Some(s) = self.sanitize_blocks(opc) {
-            return self.check(&s);
+            return Some(self.check(&s));
         }
         // NACA is not supported (SAM-5 5.10, SPC-4 4.2.5.5).
         if c.control() & 0x04 != 0 {
-            return self.check(&Sense::invalid_cdb_field(c.len() as u16 - 1, Some(2)));
+            return Some(self.check(&Sense::invalid_cdb_field(c.len() as u16 - 1, Some(2))));
         }
-        let res = match opc {
-            op::EXTENDED_COPY => self.extended_copy(&cmd, &c, units),
-            _ => self.dispatch(&cmd, &c),
-        };
-        match res {
-            Ok(o) => o,
-            Err(Fail::Sense(s)) => self.check(&s),
-            Err(Fail::Status(s)) => Outcome::status(s),
-        }
+        None
     }
 
     fn access_of(c: &Cdb) -> Access {
@@ -1365,6 +1407,18 @@ impl LogicalUnit {
     }
 
     fn read(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        match self.read_plan(cmd, c)? {
+            Planned::Done(o) => Ok(o),
+            Planned::Read { off, len, unread } => {
+                let mut o = Outcome::good(self.read_stable(off, len)?);
+                o.data_in_unread = unread;
+                Ok(o)
+            }
+        }
+    }
+
+    /// A READ checked: ended (an error, nothing to read) or the bytes to read.
+    fn read_plan(&self, cmd: &Command<'_>, c: &Cdb) -> Result<Planned, Fail> {
         let Some(r) = rw_fields(c) else {
             return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
@@ -1377,7 +1431,7 @@ impl LogicalUnit {
             return Err(bad_cdb(if c.len() == 16 { 10 } else { 7 }, None));
         }
         if r.nlb == 0 {
-            return Ok(Outcome::good(Bytes::new()));
+            return Ok(Planned::Done(Outcome::good(Bytes::new())));
         }
         // Only the blocks the initiator will receive are read: a READ whose expected length is
         // smaller than the CDB asks for would otherwise cost a backend read of up to the maximum
@@ -1389,15 +1443,17 @@ impl LogicalUnit {
             .div_ceil(self.block_size)
             .saturating_mul(self.block_size)
             .min(total);
-        let off = r.lba * self.block_size;
-        let buf = if wanted == 0 {
-            Bytes::new()
-        } else {
-            self.read_stable(off, wanted as usize)?
-        };
-        let mut o = Outcome::good(buf);
-        o.data_in_unread = (total - wanted) as u32;
-        Ok(o)
+        let unread = (total - wanted) as u32;
+        if wanted == 0 {
+            let mut o = Outcome::good(Bytes::new());
+            o.data_in_unread = unread;
+            return Ok(Planned::Done(o));
+        }
+        Ok(Planned::Read {
+            off: r.lba * self.block_size,
+            len: wanted as usize,
+            unread,
+        })
     }
 
     /// Reads `len` bytes at byte offset `off`, never showing a WRITE ATOMIC half done.
@@ -1412,6 +1468,11 @@ impl LogicalUnit {
         }
         // A WRITE ATOMIC ran meanwhile and may have been half done when read: again, with its
         // blocks held.
+        self.read_locked(off, len)
+    }
+
+    /// Reads with the blocks held in the range locks (no write of them in progress).
+    fn read_locked(&self, off: u64, len: usize) -> Result<Bytes, Fail> {
         let _g = self.ranges.lock(off, off + len as u64);
         self.backend
             .read_bytes(off, len)
@@ -1432,6 +1493,48 @@ impl LogicalUnit {
     }
 
     fn write(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some(WritePlan {
+            off,
+            len,
+            flush,
+            atomic,
+        }) = self.write_plan(cmd, c)?
+        else {
+            return Ok(Outcome::good(Bytes::new()));
+        };
+        {
+            // Reads that overlap an atomic write in time read again under the range lock.
+            let _atomic = atomic.then(|| AtomicWrite::begin(self));
+            let _g = self.ranges.lock(off, off + len as u64);
+            if c.op() == op::ORWRITE_16 {
+                // ORWRITE (SBC-3 5.12): OR the data into the medium, atomic with respect to
+                // other writes of the range through the range lock.
+                let mut cur = vec![0u8; len];
+                self.backend
+                    .read_at(off, &mut cur)
+                    .map_err(|e| self.medium_error(e, false))?;
+                for (m, d) in cur.iter_mut().zip(&cmd.data_out[..len]) {
+                    *m |= d;
+                }
+                self.backend
+                    .write_at(off, &cur)
+                    .map_err(|e| self.medium_error(e, true))?;
+            } else {
+                self.backend
+                    .write_at(off, &cmd.data_out[..len])
+                    .map_err(|e| self.medium_error(e, true))?;
+            }
+        }
+        if flush {
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    /// A write checked: None when there is nothing to write (GOOD), else what to write.
+    fn write_plan(&self, cmd: &Command<'_>, c: &Cdb) -> Result<Option<WritePlan>, Fail> {
         let Some(r) = rw_fields(c) else {
             return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
@@ -1466,40 +1569,15 @@ impl LogicalUnit {
             return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
         }
         if have == 0 {
-            return Ok(Outcome::good(Bytes::new()));
+            return Ok(None);
         }
-        let len = (have * self.block_size) as usize;
-        let off = r.lba * self.block_size;
         let fua = verify || r.flags & 0x08 != 0;
-        {
-            // Reads that overlap an atomic write in time read again under the range lock.
-            let _atomic = atomic.then(|| AtomicWrite::begin(self));
-            let _g = self.ranges.lock(off, off + len as u64);
-            if c.op() == op::ORWRITE_16 {
-                // ORWRITE (SBC-3 5.12): OR the data into the medium, atomic with respect to
-                // other writes of the range through the range lock.
-                let mut cur = vec![0u8; len];
-                self.backend
-                    .read_at(off, &mut cur)
-                    .map_err(|e| self.medium_error(e, false))?;
-                for (m, d) in cur.iter_mut().zip(&cmd.data_out[..len]) {
-                    *m |= d;
-                }
-                self.backend
-                    .write_at(off, &cur)
-                    .map_err(|e| self.medium_error(e, true))?;
-            } else {
-                self.backend
-                    .write_at(off, &cmd.data_out[..len])
-                    .map_err(|e| self.medium_error(e, true))?;
-            }
-        }
-        if self.write_through(fua) {
-            self.backend
-                .flush()
-                .map_err(|e| self.medium_error(e, true))?;
-        }
-        Ok(Outcome::good(Bytes::new()))
+        Ok(Some(WritePlan {
+            off: r.lba * self.block_size,
+            len: (have * self.block_size) as usize,
+            flush: self.write_through(fua),
+            atomic,
+        }))
     }
 
     fn verify(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
@@ -1630,14 +1708,18 @@ impl LogicalUnit {
     }
 
     fn sync_cache(&self, c: &Cdb) -> Res {
-        let Some(r) = rw_fields(c) else {
-            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
-        };
-        self.check_range(r.lba, r.nlb)?;
+        self.sync_cache_plan(c)?;
         self.backend
             .flush()
             .map_err(|e| self.medium_error(e, true))?;
         Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn sync_cache_plan(&self, c: &Cdb) -> Result<(), Fail> {
+        let Some(r) = rw_fields(c) else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        self.check_range(r.lba, r.nlb)
     }
 
     fn prefetch(&self, c: &Cdb) -> Res {
@@ -1805,6 +1887,32 @@ impl LogicalUnit {
     }
 
     fn compare_and_write(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let Some((off, n, flush)) = self.caw_plan(cmd, c)? else {
+            return Ok(Outcome::good(Bytes::new()));
+        };
+        let _g = self.ranges.lock(off, off + n as u64);
+        let mut cur = vec![0u8; n];
+        self.backend
+            .read_at(off, &mut cur)
+            .map_err(|e| self.medium_error(e, false))?;
+        if let Some(o) = first_diff(&cur, &cmd.data_out[..n]) {
+            return Err(miscompare(o as u64));
+        }
+        self.backend
+            .write_at(off, &cmd.data_out[n..2 * n])
+            .map_err(|e| self.medium_error(e, true))?;
+        drop(_g);
+        if flush {
+            self.backend
+                .flush()
+                .map_err(|e| self.medium_error(e, true))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    /// A COMPARE AND WRITE checked: None when it has no blocks (GOOD), else its byte offset,
+    /// its length (of each half of the data-out) and whether a flush follows.
+    fn caw_plan(&self, cmd: &Command<'_>, c: &Cdb) -> Result<Option<(u64, usize, bool)>, Fail> {
         let Some(r) = rw_fields(c) else {
             return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
@@ -1830,30 +1938,35 @@ impl LogicalUnit {
             return Err(bad_cdb(13, None));
         }
         if r.nlb == 0 {
-            return Ok(Outcome::good(Bytes::new()));
+            return Ok(None);
         }
-        let off = r.lba * self.block_size;
-        let _g = self.ranges.lock(off, off + n as u64);
-        let mut cur = vec![0u8; n];
-        self.backend
-            .read_at(off, &mut cur)
-            .map_err(|e| self.medium_error(e, false))?;
-        if let Some(o) = first_diff(&cur, &cmd.data_out[..n]) {
-            return Err(Fail::Sense(
-                Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(o as u64),
-            ));
-        }
-        self.backend
-            .write_at(off, &cmd.data_out[n..2 * n])
-            .map_err(|e| self.medium_error(e, true))?;
-        drop(_g);
-        if self.write_through(r.flags & 0x08 != 0) {
-            self.backend
-                .flush()
-                .map_err(|e| self.medium_error(e, true))?;
-        }
-        Ok(Outcome::good(Bytes::new()))
+        Ok(Some((
+            r.lba * self.block_size,
+            n,
+            self.write_through(r.flags & 0x08 != 0),
+        )))
     }
+}
+
+/// SBC-3 5.2: MISCOMPARE DURING VERIFY OPERATION, the offset of the first differing byte in
+/// INFORMATION.
+fn miscompare(at: u64) -> Fail {
+    Fail::Sense(Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(at))
+}
+
+/// A READ after its checks.
+enum Planned {
+    Done(Outcome),
+    Read { off: u64, len: usize, unread: u32 },
+}
+
+/// A write after its checks: `len` bytes of its data-out at byte `off`.
+struct WritePlan {
+    off: u64,
+    len: usize,
+    /// FUA, WRITE AND VERIFY, or the write cache disabled: flushed before GOOD.
+    flush: bool,
+    atomic: bool,
 }
 
 /// Most unit attentions kept per nexus; older ones beyond this are dropped (SAM-5 5.14 lets

@@ -1,9 +1,13 @@
 //! A Ceph RBD image as a backend (`rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`), through librbd and
 //! librados (Debian's librbd-dev and librados-dev), over a small extern block of the functions
-//! used. The calls are librbd's synchronous ones, run on the transport's blocking pool like a
-//! file's; the image is opened once and shared by every I/O (librbd's handles are thread-safe).
+//! used. READ, WRITE, flushes and COMPARE AND WRITE go through librbd's asynchronous calls
+//! (`rbd_aio_*`): a completion callback ends them, and no thread waits. The rest (UNMAP, GET LBA
+//! STATUS, WRITE SAME, the other commands) uses the synchronous calls on the transport's
+//! blocking pool. The image is opened once and shared by every I/O (librbd's handles are
+//! thread-safe).
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{AioCompletion, AioDone, AioOp, AsyncBackend, Backend, BackendError};
+use bytes::Bytes;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::path::PathBuf;
@@ -14,6 +18,9 @@ type rados_t = *mut c_void;
 type rados_ioctx_t = *mut c_void;
 #[allow(non_camel_case_types)]
 type rbd_image_t = *mut c_void;
+#[allow(non_camel_case_types)]
+type rbd_completion_t = *mut c_void;
+type RbdCallback = extern "C" fn(c: rbd_completion_t, arg: *mut c_void);
 
 #[link(name = "rados")]
 extern "C" {
@@ -42,6 +49,39 @@ extern "C" {
     ) -> c_int;
     fn rbd_close(image: rbd_image_t) -> c_int;
     fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    fn rbd_get_stripe_unit(image: rbd_image_t, stripe_unit: *mut u64) -> c_int;
+    fn rbd_aio_create_completion(
+        cb_arg: *mut c_void,
+        complete_cb: RbdCallback,
+        c: *mut rbd_completion_t,
+    ) -> c_int;
+    fn rbd_aio_get_return_value(c: rbd_completion_t) -> isize;
+    fn rbd_aio_release(c: rbd_completion_t);
+    fn rbd_aio_read(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        buf: *mut c_char,
+        c: rbd_completion_t,
+    ) -> c_int;
+    fn rbd_aio_write(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        buf: *const c_char,
+        c: rbd_completion_t,
+    ) -> c_int;
+    fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
+    fn rbd_aio_compare_and_write(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        cmp_buf: *const c_char,
+        buf: *const c_char,
+        c: rbd_completion_t,
+        mismatch_off: *mut u64,
+        op_flags: c_int,
+    ) -> isize;
     fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
     fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;
     fn rbd_discard(image: rbd_image_t, ofs: u64, len: u64) -> c_int;
@@ -108,6 +148,9 @@ pub struct RbdBackend {
     ioctx: rados_ioctx_t,
     image: rbd_image_t,
     size: u64,
+    /// The image's stripe unit (its object size unless striped): librbd does COMPARE AND
+    /// WRITE atomically only within one.
+    stripe_unit: u64,
 }
 
 // librados and librbd handles may be used from any thread at once (librbd serialises what it
@@ -153,6 +196,7 @@ impl RbdBackend {
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
             size: 0,
+            stripe_unit: 0,
         };
         // SAFETY: each call gets valid NUL-terminated strings and out-pointers to this
         // struct's fields; a handle is used only after the call that sets it succeeded, and
@@ -215,6 +259,13 @@ impl RbdBackend {
             if rc < 0 {
                 return Err(fail(
                     "reading the image's size",
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            let rc = rbd_get_stripe_unit(b.image, &mut b.stripe_unit);
+            if rc < 0 {
+                return Err(fail(
+                    "reading the image's stripe unit",
                     errno(rc.into()).to_string(),
                 ));
             }
@@ -392,6 +443,144 @@ impl Backend for RbdBackend {
 
     fn describe(&self) -> String {
         format!("{} ({} bytes)", self.spec.describe(), self.size)
+    }
+
+    fn aio(&self) -> Option<&dyn AsyncBackend> {
+        Some(self)
+    }
+}
+
+/// One asynchronous operation in flight: its buffers, which librbd uses until the completion,
+/// and where its result goes. Owned by the completion's argument from submit to callback.
+struct AioCtx {
+    op: &'static str,
+    offset: u64,
+    /// A read's buffer (zero-filled, so a short read leaves zeros: holes).
+    buf: Vec<u8>,
+    /// Data librbd reads from until the completion.
+    _keep: [Bytes; 2],
+    /// Where librbd puts the image offset of COMPARE AND WRITE's first differing byte.
+    mismatch: u64,
+    caw: bool,
+    done: AioCompletion,
+}
+
+impl AioCtx {
+    fn complete(self, rc: i64) {
+        let ctx = self;
+        let r = if ctx.caw && rc == -(libc::EILSEQ as i64) {
+            Ok(AioDone::Miscompare {
+                at: ctx.mismatch.saturating_sub(ctx.offset),
+            })
+        } else if rc < 0 {
+            Err(RbdBackend::io_err(ctx.op, ctx.offset, rc))
+        } else if ctx.op == "read" {
+            Ok(AioDone::Read(Bytes::from(ctx.buf)))
+        } else {
+            Ok(AioDone::Done)
+        };
+        (ctx.done)(r);
+    }
+}
+
+extern "C" fn aio_done(c: rbd_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is the `AioCtx` that `submit` leaked for this completion, taken back once
+    // here; `c` is that completion, released after its return value is read.
+    let (ctx, rc) = unsafe {
+        let rc = rbd_aio_get_return_value(c);
+        rbd_aio_release(c);
+        (*Box::from_raw(arg as *mut AioCtx), rc)
+    };
+    ctx.complete(rc as i64);
+}
+
+impl AsyncBackend for RbdBackend {
+    fn submit(&self, op: AioOp, done: AioCompletion) {
+        let (name, offset, len) = match &op {
+            AioOp::Read { offset, len } => ("read", *offset, *len as u64),
+            AioOp::Write { offset, data } => ("write", *offset, data.len() as u64),
+            AioOp::Flush => ("flush", 0, 0),
+            AioOp::CompareAndWrite { offset, data, .. } => ("write", *offset, data.len() as u64),
+        };
+        if let Err(e) = self.check(name, offset, len) {
+            return done(Err(e));
+        }
+        let (buf, keep, caw) = match &op {
+            AioOp::Read { len, .. } => (vec![0u8; *len], [Bytes::new(), Bytes::new()], false),
+            AioOp::Write { data, .. } => (Vec::new(), [data.clone(), Bytes::new()], false),
+            AioOp::Flush => (Vec::new(), [Bytes::new(), Bytes::new()], false),
+            AioOp::CompareAndWrite { compare, data, .. } => {
+                if compare.len() != data.len() {
+                    return done(Err(Self::io_err(
+                        "compare and write",
+                        offset,
+                        -(libc::EINVAL as i64),
+                    )));
+                }
+                (Vec::new(), [compare.clone(), data.clone()], true)
+            }
+        };
+        let ctx = Box::into_raw(Box::new(AioCtx {
+            op: name,
+            offset,
+            buf,
+            _keep: keep,
+            mismatch: 0,
+            caw,
+            done,
+        }));
+        let mut c: rbd_completion_t = std::ptr::null_mut();
+        // SAFETY: `ctx` stays valid (leaked) until `aio_done` takes it back, or until it is
+        // taken back below when no completion was started. The buffers handed to librbd live
+        // in `ctx` (a Vec's heap and Bytes that are not moved), so they outlive the operation.
+        unsafe {
+            let rc = rbd_aio_create_completion(ctx.cast(), aio_done, &mut c);
+            if rc < 0 {
+                let ctx = Box::from_raw(ctx);
+                return (ctx.done)(Err(Self::io_err(name, offset, rc.into())));
+            }
+            let x = &mut *ctx;
+            let rc: i64 = match &op {
+                AioOp::Read { len, .. } => {
+                    rbd_aio_read(self.image, offset, *len, x.buf.as_mut_ptr().cast(), c).into()
+                }
+                AioOp::Write { .. } => rbd_aio_write(
+                    self.image,
+                    offset,
+                    len as usize,
+                    x._keep[0].as_ptr().cast(),
+                    c,
+                )
+                .into(),
+                AioOp::Flush => rbd_aio_flush(self.image, c).into(),
+                AioOp::CompareAndWrite { .. } => rbd_aio_compare_and_write(
+                    self.image,
+                    offset,
+                    len as usize,
+                    x._keep[0].as_ptr().cast(),
+                    x._keep[1].as_ptr().cast(),
+                    c,
+                    &mut x.mismatch,
+                    0,
+                ) as i64,
+            };
+            if rc < 0 {
+                // Not started: the callback will not come.
+                rbd_aio_release(c);
+                let ctx = Box::from_raw(ctx);
+                (ctx.done)(Err(Self::io_err(name, offset, rc)));
+            }
+        }
+    }
+
+    fn compare_and_write_ok(&self, offset: u64, len: u64) -> bool {
+        // librbd sends COMPARE AND WRITE as one compare-extent-and-write operation on one
+        // object, which the OSD runs atomically; a range across two objects is refused.
+        let su = self.stripe_unit.max(1);
+        len > 0
+            && offset.is_multiple_of(512)
+            && len.is_multiple_of(512)
+            && offset / su == (offset + len - 1) / su
     }
 }
 

@@ -1,7 +1,7 @@
 //! The LUN inventory of one SCSI target: REPORT LUNS and commands to absent LUNs.
 
 use crate::backend::BackendError;
-use crate::lu::{bad_cdb, Cdb, Fail, LogicalUnit, Res};
+use crate::lu::{bad_cdb, Cdb, Fail, LogicalUnit, Prepared, Res};
 use crate::sense::{asc, key, Sense};
 use crate::{lun, Command, DataPhase, Nexus, Outcome};
 use bytes::Bytes;
@@ -147,9 +147,25 @@ impl DeviceServer {
         self.lu(raw).is_some_and(|lu| lu.abort_ends_wait(cdb))
     }
 
-    /// Whether the command may block on backend I/O (run it on a blocking pool).
+    /// Whether the command may wait for backend I/O, on the asynchronous path or a thread
+    /// (so it is not run inline).
     pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
         self.lu(raw).is_some_and(|lu| lu.blocking(cdb))
+    }
+
+    /// Whether [`DeviceServer::execute`] of the command may block its thread on backend I/O
+    /// (run it on a blocking pool).
+    pub fn needs_thread(&self, raw: u64, cdb: &[u8]) -> bool {
+        self.lu(raw).is_some_and(|lu| lu.needs_thread(cdb))
+    }
+
+    /// The first half of a command on the asynchronous path ([`LogicalUnit::prepare`]);
+    /// [`Prepared::Sync`] for an absent LUN and REPORT LUNS.
+    pub fn prepare(&self, raw: u64, cmd: Command<'_>) -> Prepared {
+        match self.lu(raw) {
+            Some(lu) if Cdb::new(cmd.cdb).op() != REPORT_LUNS => lu.prepare(cmd),
+            _ => Prepared::Sync,
+        }
     }
 
     /// Target reset: every unit gets a logical unit reset.

@@ -6,7 +6,10 @@ use crate::datain::{read_expected, response_pdus};
 use crate::session::{Conn, Inline, Session, Started};
 use bytes::Bytes;
 use mcsi_proto::pdu::ScsiCommand;
-use mcsi_scsi::{status, Command, DataPhase, DeviceServer, Outcome, TaskAttribute};
+use mcsi_scsi::{
+    status, BackendError, Command, DataPhase, DeviceServer, Outcome, Pending, Prepared, Step,
+    TaskAttribute,
+};
 use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
 
@@ -168,7 +171,20 @@ async fn execute(
         return o;
     }
     let lun = cmd.lun;
-    if dev.blocking(lun, &cmd.cdb) {
+    let command = |data_out| Command {
+        nexus: &session.nexus,
+        cdb: &cmd.cdb,
+        data_out,
+        data_in_limit,
+        attr,
+    };
+    // The asynchronous path first: no thread waits for its I/O.
+    match dev.prepare(lun, command(data_out.clone())) {
+        Prepared::Done(o) => return o,
+        Prepared::Io(p) => return run_async(p).await,
+        Prepared::Sync => {}
+    }
+    if dev.needs_thread(lun, &cmd.cdb) {
         let dev = dev.clone();
         let nexus = session.nexus.clone();
         let cdb = cmd.cdb.clone();
@@ -193,15 +209,34 @@ async fn execute(
             }
         }
     } else {
-        dev.execute(
-            lun,
-            Command {
-                nexus: &session.nexus,
-                cdb: &cmd.cdb,
-                data_out,
-                data_in_limit,
-                attr,
-            },
-        )
+        dev.execute(lun, command(data_out))
+    }
+}
+
+/// Runs a command's backend operations on the asynchronous path: each completes through a
+/// callback into a oneshot, so the task waits without a thread.
+async fn run_async(mut p: Pending) -> Outcome {
+    loop {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        p.submit(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        let r = rx.await.unwrap_or_else(|_| {
+            Err(BackendError::Io {
+                op: "complete",
+                offset: 0,
+                cause: std::io::Error::other("the backend dropped a completion"),
+            })
+        });
+        match p.finish(r) {
+            Step::Done(o) => return o,
+            Step::Next(next) => p = next,
+            Step::Blocking(f) => {
+                return tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+                    warn!("device server failed: {e}");
+                    Outcome::status(status::BUSY)
+                })
+            }
+        }
     }
 }

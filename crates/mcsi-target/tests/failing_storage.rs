@@ -7,14 +7,15 @@
 //! acknowledged GOOD that was not written, a FUA write whose flush failed included, and the
 //! other LUN and other sessions keep serving verified I/O meanwhile. Writes take both of the
 //! target's paths: all-immediate data (run on the connection's reader) and R2T-solicited data
-//! (a task of its own).
+//! (a task of its own). Each test runs twice: on the synchronous device path and on the
+//! asynchronous one.
 
 mod common;
 
 use bytes::Bytes;
 use common::*;
 use mcsi_proto::pdu::*;
-use mcsi_scsi::backend::{open_backend, Backend, FailingBackend};
+use mcsi_scsi::backend::{open_backend, AioRamBackend, Backend, FailingBackend};
 use mcsi_target::config::LunSpec;
 use mcsi_target::Server;
 use std::collections::HashMap;
@@ -27,17 +28,28 @@ const MEDIUM_ERROR: u8 = 0x03;
 struct Rig {
     server: Server,
     failing: Arc<FailingBackend>,
+    /// LUN 0's store when it is on the asynchronous path.
+    aio: Option<Arc<AioRamBackend>>,
 }
 
-/// LUN 0 on a failing RAM backend (healthy until told otherwise), LUN 1 on a plain one.
-async fn rig() -> Rig {
-    let failing = Arc::new(FailingBackend::new(
-        open_backend("ram:4MiB").unwrap(),
-        u64::MAX,
-    ));
+/// LUN 0 on a failing RAM backend (healthy until told otherwise), LUN 1 on a plain one. With
+/// `aio`, LUN 0's RAM sits behind a completion thread, so its reads, writes and flushes take the
+/// asynchronous device path.
+async fn rig(aio: bool) -> Rig {
+    let aio =
+        aio.then(|| Arc::new(AioRamBackend::new(4 << 20, std::time::Duration::ZERO).unwrap()));
+    let inner: Arc<dyn Backend> = match &aio {
+        Some(a) => a.clone(),
+        None => open_backend("ram:4MiB").unwrap(),
+    };
+    let failing = Arc::new(FailingBackend::new(inner, u64::MAX));
     let lun0 = LunSpec::new(failing.clone() as Arc<dyn Backend>);
     let server = start_with(|c| c.targets[0].luns = vec![lun0, LunSpec::new("ram:4MiB")]).await;
-    Rig { server, failing }
+    Rig {
+        server,
+        failing,
+        aio,
+    }
 }
 
 /// A session with immediate data allowed and unsolicited data possible, unit attentions of
@@ -189,7 +201,16 @@ async fn verified_io(c: &mut Client, lba: u32, seed: u8) {
 
 #[tokio::test]
 async fn failed_writes_are_medium_errors_and_only_good_writes_persist() {
-    let r = rig().await;
+    failed_writes_are_medium_errors_and_only_good_writes_persist_on(false).await;
+}
+
+#[tokio::test]
+async fn failed_writes_are_medium_errors_and_only_good_writes_persist_on_the_asynchronous_path() {
+    failed_writes_are_medium_errors_and_only_good_writes_persist_on(true).await;
+}
+
+async fn failed_writes_are_medium_errors_and_only_good_writes_persist_on(aio: bool) {
+    let r = rig(aio).await;
     let mut a = session(&r.server, [0x80, 0, 0, 0, 0, 1]).await;
     let mut b = session(&r.server, [0x80, 0, 0, 0, 0, 2]).await;
     // What LUN 0 should hold at the end: LBA -> data.
@@ -284,11 +305,25 @@ async fn failed_writes_are_medium_errors_and_only_good_writes_persist() {
     }
     // The failing session is still up.
     verified_io(&mut a, 3000, 9).await;
+    // On the asynchronous path the writes and reads went through its queue (one operation
+    // each at least), not through the synchronous calls.
+    if let Some(q) = &r.aio {
+        assert!(q.submitted() >= 16 + 5, "{} operations", q.submitted());
+    }
 }
 
 #[tokio::test]
 async fn failed_read_is_an_unrecovered_read_error_with_the_lba() {
-    let r = rig().await;
+    failed_read_is_an_unrecovered_read_error_with_the_lba_on(false).await;
+}
+
+#[tokio::test]
+async fn failed_read_is_an_unrecovered_read_error_with_the_lba_on_the_asynchronous_path() {
+    failed_read_is_an_unrecovered_read_error_with_the_lba_on(true).await;
+}
+
+async fn failed_read_is_an_unrecovered_read_error_with_the_lba_on(aio: bool) {
+    let r = rig(aio).await;
     let mut a = session(&r.server, [0x80, 0, 0, 0, 0, 1]).await;
     let mut b = session(&r.server, [0x80, 0, 0, 0, 0, 2]).await;
     let data = pattern(8192, 33);
@@ -316,7 +351,16 @@ async fn failed_read_is_an_unrecovered_read_error_with_the_lba() {
 
 #[tokio::test]
 async fn fua_write_whose_flush_fails_is_not_acknowledged() {
-    let r = rig().await;
+    fua_write_whose_flush_fails_is_not_acknowledged_on(false).await;
+}
+
+#[tokio::test]
+async fn fua_write_whose_flush_fails_is_not_acknowledged_on_the_asynchronous_path() {
+    fua_write_whose_flush_fails_is_not_acknowledged_on(true).await;
+}
+
+async fn fua_write_whose_flush_fails_is_not_acknowledged_on(aio: bool) {
+    let r = rig(aio).await;
     let mut a = session(&r.server, [0x80, 0, 0, 0, 0, 1]).await;
     // WRITE (10) with FUA (SBC-4 5.40): GOOD promises the data is on the medium, so when the
     // data write succeeds but the flush behind it fails, the command must not report GOOD.
@@ -340,7 +384,16 @@ async fn fua_write_whose_flush_fails_is_not_acknowledged() {
 
 #[tokio::test]
 async fn failed_synchronize_cache_is_reported() {
-    let r = rig().await;
+    failed_synchronize_cache_is_reported_on(false).await;
+}
+
+#[tokio::test]
+async fn failed_synchronize_cache_is_reported_on_the_asynchronous_path() {
+    failed_synchronize_cache_is_reported_on(true).await;
+}
+
+async fn failed_synchronize_cache_is_reported_on(aio: bool) {
+    let r = rig(aio).await;
     let mut a = session(&r.server, [0x80, 0, 0, 0, 0, 1]).await;
     let sync = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     r.failing.fail_after(0);
