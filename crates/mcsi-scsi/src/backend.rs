@@ -79,6 +79,12 @@ pub trait Backend: Send + Sync + 'static {
     fn blocking(&self) -> bool;
     /// One line for logs: kind, path, size.
     fn describe(&self) -> String;
+    /// A name of the stored data itself, the same wherever it is opened (an RBD image through
+    /// any gateway): the LUN's identity (VPD 80h and 83h) then follows the data rather than
+    /// the target's name and LUN number. None for storage local to one machine.
+    fn identity(&self) -> Option<String> {
+        None
+    }
     /// The backend's asynchronous interface, when it has one: reads, writes, flushes and
     /// COMPARE AND WRITE then complete through a callback, and no thread waits for them.
     fn aio(&self) -> Option<&dyn AsyncBackend> {
@@ -794,6 +800,9 @@ impl Backend for ServiceTimeBackend {
     fn blocking(&self) -> bool {
         true
     }
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
+    }
     fn describe(&self) -> String {
         format!(
             "{} with a service time of {:?}",
@@ -885,6 +894,9 @@ impl Backend for FailingBackend {
     }
     fn describe(&self) -> String {
         format!("failing({})", self.inner.describe())
+    }
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
     }
     fn aio(&self) -> Option<&dyn AsyncBackend> {
         self.inner.aio().map(|_| self as &dyn AsyncBackend)

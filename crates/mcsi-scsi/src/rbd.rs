@@ -35,6 +35,8 @@ extern "C" {
         ioctx: *mut rados_ioctx_t,
     ) -> c_int;
     fn rados_ioctx_destroy(io: rados_ioctx_t);
+    fn rados_cluster_fsid(cluster: rados_t, buf: *mut c_char, len: usize) -> c_int;
+    fn rados_ioctx_get_id(io: rados_ioctx_t) -> i64;
 }
 
 type DiffCb = extern "C" fn(offset: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int;
@@ -50,6 +52,7 @@ extern "C" {
     fn rbd_close(image: rbd_image_t) -> c_int;
     fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     fn rbd_get_stripe_unit(image: rbd_image_t, stripe_unit: *mut u64) -> c_int;
+    fn rbd_get_id(image: rbd_image_t, id: *mut c_char, id_len: usize) -> c_int;
     fn rbd_aio_create_completion(
         cb_arg: *mut c_void,
         complete_cb: RbdCallback,
@@ -151,6 +154,9 @@ pub struct RbdBackend {
     /// The image's stripe unit (its object size unless striped): librbd does COMPARE AND
     /// WRITE atomically only within one.
     stripe_unit: u64,
+    /// The cluster's fsid, the pool's id and the image's id: the same through every gateway,
+    /// and a new image of the same name gets another.
+    identity: String,
 }
 
 // librados and librbd handles may be used from any thread at once (librbd serialises what it
@@ -197,6 +203,7 @@ impl RbdBackend {
             image: std::ptr::null_mut(),
             size: 0,
             stripe_unit: 0,
+            identity: String::new(),
         };
         // SAFETY: each call gets valid NUL-terminated strings and out-pointers to this
         // struct's fields; a handle is used only after the call that sets it succeeded, and
@@ -222,9 +229,12 @@ impl RbdBackend {
                 ));
             }
             // A cluster that does not answer fails the open in 10 s rather than hanging.
+            // UNMAP's promise that unmapped blocks read as zeros (LBPRZ) holds only if librbd
+            // zeroes the parts of objects it cannot discard whole, rather than skip them.
             for (k, v) in [
                 ("client_mount_timeout", "10"),
                 ("rados_mon_op_timeout", "10"),
+                ("rbd_skip_partial_discard", "false"),
             ] {
                 let (k, v) = (
                     cstr("option", k).map_err(bad)?,
@@ -269,6 +279,29 @@ impl RbdBackend {
                     errno(rc.into()).to_string(),
                 ));
             }
+            let mut fsid = [0u8; 64];
+            let mut image_id = [0u8; 64];
+            let rc = rados_cluster_fsid(b.cluster, fsid.as_mut_ptr().cast(), fsid.len());
+            if rc < 0 {
+                return Err(fail(
+                    "reading the cluster's fsid",
+                    errno(rc.into()).to_string(),
+                ));
+            }
+            let rc = rbd_get_id(b.image, image_id.as_mut_ptr().cast(), image_id.len());
+            if rc < 0 {
+                return Err(fail("reading the image's id", errno(rc.into()).to_string()));
+            }
+            let text = |buf: &[u8]| {
+                let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+                String::from_utf8_lossy(&buf[..end]).into_owned()
+            };
+            b.identity = format!(
+                "ceph:{}/pool:{}/image:{}",
+                text(&fsid),
+                rados_ioctx_get_id(b.ioctx),
+                text(&image_id)
+            );
         }
         if b.size == 0 {
             return Err(fail("the image", "is empty (0 bytes)".into()));
@@ -448,6 +481,10 @@ impl Backend for RbdBackend {
     fn aio(&self) -> Option<&dyn AsyncBackend> {
         Some(self)
     }
+
+    fn identity(&self) -> Option<String> {
+        Some(self.identity.clone())
+    }
 }
 
 /// One asynchronous operation in flight: its buffers, which librbd uses until the completion,
@@ -575,12 +612,11 @@ impl AsyncBackend for RbdBackend {
 
     fn compare_and_write_ok(&self, offset: u64, len: u64) -> bool {
         // librbd sends COMPARE AND WRITE as one compare-extent-and-write operation on one
-        // object, which the OSD runs atomically; a range across two objects is refused.
+        // object, which the OSD runs atomically; librbd 16 refuses (EINVAL) any that is not
+        // within one 512-byte sector (and one stripe unit). A single block of a 512-byte-block
+        // LUN, as VMware's ATS uses, is within that.
         let su = self.stripe_unit.max(1);
-        len > 0
-            && offset.is_multiple_of(512)
-            && len.is_multiple_of(512)
-            && offset / su == (offset + len - 1) / su
+        len > 0 && offset % 512 + len <= 512 && offset / su == (offset + len - 1) / su
     }
 }
 

@@ -103,12 +103,20 @@ pub fn build_targets(
                     l.service_time,
                 ))
             };
-            // A stable identity per target and LUN: serial and NAA from a hash of the names.
-            let h = fnv1a(format!("{}/{}", t.iqn, li).as_bytes());
+            // A stable identity: serial and NAA from a hash of the stored data's own name where
+            // it has one (an RBD image, the same through every gateway), else of the target's
+            // name and the LUN number.
+            let (h, tail) = match backend.identity() {
+                Some(id) => {
+                    let h2 = fnv1a(format!("{id}#2").as_bytes());
+                    (fnv1a(id.as_bytes()), h2 as u16)
+                }
+                None => (fnv1a(format!("{}/{}", t.iqn, li).as_bytes()), li as u16),
+            };
             let mut naa = [0u8; 16];
             naa[0] = 0x60 | ((h >> 60) as u8 & 0x0f);
             naa[1..9].copy_from_slice(&h.to_be_bytes());
-            naa[9..11].copy_from_slice(&(li as u16).to_be_bytes());
+            naa[9..11].copy_from_slice(&tail.to_be_bytes());
             let lbppb = l.physical_block_size.map_or(1, |p| p / l.block_size);
             let lu_cfg = LuConfig {
                 block_size: l.block_size,
@@ -117,7 +125,7 @@ pub fn build_targets(
                 serial: l
                     .serial
                     .clone()
-                    .unwrap_or_else(|| format!("{:012x}{li:04x}", h & 0xffff_ffff_ffff)),
+                    .unwrap_or_else(|| format!("{:012x}{tail:04x}", h & 0xffff_ffff_ffff)),
                 naa_id: naa,
                 sanitize_rate: l.sanitize_rate,
                 ..LuConfig::default()

@@ -1,0 +1,149 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Two targets (two gateways, each its own librados client) on one RBD image, over real
+//! sockets: a write through one is read back through the other, and COMPARE AND WRITEs racing
+//! through both, each taking the same counter from v to v+1, let exactly one win every round
+//! (the other gets MISCOMPARE), because librbd runs COMPARE AND WRITE as one compare-and-write
+//! operation at the OSD.
+//!
+//! It needs a Ceph cluster and a build with the rbd feature: `scripts/interop-rbd` runs it with
+//! `MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH` set (the image of at least 1 MiB, its first blocks
+//! free to overwrite).
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use mcsi_proto::pdu::*;
+use mcsi_target::config::LunSpec;
+use mcsi_target::Server;
+
+const GOOD: u8 = 0x00;
+const CHECK_CONDITION: u8 = 0x02;
+const BS: usize = 512;
+
+/// A target serving the image as LUN 0.
+async fn gateway(spec: &str) -> Server {
+    start_with(|c| c.targets[0].luns = vec![LunSpec::new(spec)]).await
+}
+
+/// A session with all of a command's data sent with it (ImmediateData, a first burst of
+/// 64 KiB), the LUN's unit attention cleared.
+async fn session(server: &Server, isid: u8) -> Client {
+    let keys = [
+        ("ImmediateData", "Yes"),
+        ("InitialR2T", "No"),
+        ("FirstBurstLength", "65536"),
+    ];
+    let mut c = Client::normal_isid(server, [0x80, 0, 0, 0, 0, isid], &keys).await;
+    for _ in 0..3 {
+        if exec(&mut c, &[0; 6], Bytes::new(), 0).await.0 == GOOD {
+            break;
+        }
+    }
+    c
+}
+
+/// Runs one command whose data-out all goes with it: (status, sense, data-in).
+async fn exec(c: &mut Client, cdb: &[u8], data: Bytes, read_len: u32) -> (u8, Bytes, Vec<u8>) {
+    let write = !data.is_empty();
+    let edtl = if write { data.len() as u32 } else { read_len };
+    let cmd = c.command(cdb, read_len > 0, write, edtl, data, true);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let mut got = Vec::new();
+    loop {
+        match c.recv().await {
+            Pdu::DataIn(d) if d.itt == itt => {
+                got.extend_from_slice(&d.data);
+                if let Some(s) = d.status {
+                    return (s, Bytes::new(), got);
+                }
+            }
+            Pdu::ScsiResponse(r) if r.itt == itt => return (r.status, r.sense, got),
+            other => panic!("unexpected {other:?} while waiting for ITT {itt:#x}"),
+        }
+    }
+}
+
+fn caw(lba: u64, blocks: u8) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = blocks;
+    c
+}
+
+/// Block 0 as each round writes it: the counter, then which gateway won it.
+fn block(counter: u64, gateway: u8) -> Vec<u8> {
+    let mut b = vec![0u8; BS];
+    b[..8].copy_from_slice(&counter.to_be_bytes());
+    b[8] = gateway;
+    b
+}
+
+async fn read0(c: &mut Client) -> Vec<u8> {
+    let (s, sense, d) = exec(c, &rw10(0x28, 0, 1), Bytes::new(), BS as u32).await;
+    assert_eq!(s, GOOD, "read: {sense:02x?}");
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster and the rbd feature: scripts/interop-rbd runs it"]
+async fn compare_and_write_racing_through_two_gateways_lets_exactly_one_win() {
+    let spec = std::env::var("MCSI_TEST_RBD")
+        .expect("MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH names the image to test on");
+    let (ga, gb) = (gateway(&spec).await, gateway(&spec).await);
+    let mut a = session(&ga, 1).await;
+    let mut b = session(&gb, 2).await;
+
+    // A write through one gateway is read back through the other.
+    let (s, sense, _) = exec(&mut a, &rw10(0x2A, 0, 1), Bytes::from(block(0, 0)), 0).await;
+    assert_eq!(s, GOOD, "write: {sense:02x?}");
+    assert_eq!(
+        read0(&mut b).await,
+        block(0, 0),
+        "gateway B reads what A wrote"
+    );
+
+    const ROUNDS: u64 = 24;
+    let mut wins = [0u32; 2];
+    for round in 0..ROUNDS {
+        let (cur, cb) = (read0(&mut a).await, read0(&mut b).await);
+        assert_eq!(cur, cb, "round {round}: the gateways read different blocks");
+        assert_eq!(cur[..8], round.to_be_bytes(), "round {round}: the counter");
+        let with = |g: u8| {
+            let mut d = cur.clone();
+            d.extend(block(round + 1, g));
+            Bytes::from(d)
+        };
+        let cdb = caw(0, 1);
+        let (ra, rb) = tokio::join!(
+            exec(&mut a, &cdb, with(1), 0),
+            exec(&mut b, &cdb, with(2), 0)
+        );
+        let won: Vec<u8> = [(1u8, &ra), (2u8, &rb)]
+            .iter()
+            .filter(|(_, r)| r.0 == GOOD)
+            .map(|(g, _)| *g)
+            .collect();
+        assert_eq!(won.len(), 1, "round {round}: {ra:02x?} / {rb:02x?}");
+        let winner = won[0];
+        wins[winner as usize - 1] += 1;
+        let lost = if winner == 1 { &rb } else { &ra };
+        // MISCOMPARE (0Eh), MISCOMPARE DURING VERIFY OPERATION (1Dh/00h), the first differing
+        // byte in INFORMATION: within the counter (bytes 0-7) or the gateway byte (8).
+        assert_eq!(lost.0, CHECK_CONDITION, "round {round}");
+        let sense = &lost.1;
+        assert!(sense.len() >= 18, "round {round}: sense {sense:02x?}");
+        assert_eq!((sense[2] & 0x0F, sense[12], sense[13]), (0x0E, 0x1D, 0x00));
+        let info = u32::from_be_bytes(sense[3..7].try_into().unwrap());
+        assert!(info <= 8, "round {round}: INFORMATION {info}");
+        let want = block(round + 1, winner);
+        assert_eq!(read0(&mut a).await, want, "round {round}: gateway A");
+        assert_eq!(read0(&mut b).await, want, "round {round}: gateway B");
+    }
+    println!(
+        "{ROUNDS} rounds of COMPARE AND WRITE racing through two gateways: gateway A won {}, gateway B {}",
+        wins[0], wins[1]
+    );
+}
