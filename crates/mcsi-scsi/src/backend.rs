@@ -71,6 +71,20 @@ pub trait Backend: Send + Sync + 'static {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError>;
     /// Makes every completed write durable (fdatasync for files and block devices).
     fn flush(&self) -> Result<(), BackendError>;
+    /// Writes zeros over the range, which stays allocated (WRITE SAME of a zero block without
+    /// UNMAP). The default writes zero buffers of up to 1 MiB; a store with an operation of its
+    /// own (librbd's write-zeroes) sends no data.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut pos = offset;
+        let end = offset.saturating_add(len);
+        while pos < end {
+            let n = ((end - pos) as usize).min(zeros.len());
+            self.write_at(pos, &zeros[..n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
     /// Deallocates the range; it reads as zeros afterwards.
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError>;
     /// Extents `(offset, len, mapped)` covering `[offset, offset+len)` in order.

@@ -1864,6 +1864,11 @@ impl LogicalUnit {
             self.backend
                 .unmap(off, end - off)
                 .map_err(|e| self.medium_error(e, true))?;
+        } else if block.iter().all(|&b| b == 0) {
+            // Zeros: the store's own write-zeroes where it has one (no data sent).
+            self.backend
+                .write_zeroes(off, end - off)
+                .map_err(|e| self.medium_error(e, true))?;
         } else {
             // Write in pieces of up to 1 MiB built from the pattern, no larger than the range.
             let per = ((1usize << 20) / bs).max(1).min(r.nlb as usize);

@@ -2,8 +2,8 @@
 //! librados (Debian's librbd-dev and librados-dev), over a small extern block of the functions
 //! used. READ, WRITE, flushes and COMPARE AND WRITE go through librbd's asynchronous calls
 //! (`rbd_aio_*`): a completion callback ends them, and no thread waits. The rest (UNMAP, GET LBA
-//! STATUS, WRITE SAME, the other commands) uses the synchronous calls on the transport's
-//! blocking pool. The image is opened once and shared by every I/O (librbd's handles are
+//! STATUS, WRITE SAME, whose zeros go as `rbd_write_zeroes`, the other commands) uses the
+//! synchronous calls on the transport's blocking pool. The image is opened once and shared by every I/O (librbd's handles are
 //! thread-safe).
 
 use crate::backend::{AioCompletion, AioDone, AioOp, AsyncBackend, Backend, BackendError};
@@ -88,6 +88,13 @@ extern "C" {
     fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
     fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;
     fn rbd_discard(image: rbd_image_t, ofs: u64, len: u64) -> c_int;
+    fn rbd_write_zeroes(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        zero_flags: c_int,
+        op_flags: c_int,
+    ) -> isize;
     fn rbd_flush(image: rbd_image_t) -> c_int;
     fn rbd_diff_iterate2(
         image: rbd_image_t,
@@ -416,6 +423,26 @@ impl Backend for RbdBackend {
         let rc = unsafe { rbd_flush(self.image) };
         if rc < 0 {
             return Err(Self::io_err("flush", 0, rc.into()));
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.check("write zeroes", offset, len)?;
+        // Thick: the blocks stay allocated, as WRITE SAME without UNMAP leaves them.
+        const RBD_WRITE_ZEROES_FLAG_THICK_PROVISION: c_int = 1;
+        // SAFETY: the image handle is open; no buffer is passed.
+        let rc = unsafe {
+            rbd_write_zeroes(
+                self.image,
+                offset,
+                len as usize,
+                RBD_WRITE_ZEROES_FLAG_THICK_PROVISION,
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(Self::io_err("write zeroes", offset, rc as i64));
         }
         Ok(())
     }
