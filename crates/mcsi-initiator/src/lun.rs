@@ -369,6 +369,31 @@ impl Lun {
         Ok(c)
     }
 
+    /// The logical unit's own designators from the Device Identification VPD page (SPC-4
+    /// 7.8.6, association 00b: NAA, T10 vendor ID...), as (designator type, bytes): the same
+    /// through every target port that reaches the same logical unit. Empty when the LUN
+    /// reports none.
+    pub async fn identity(&self) -> Result<Vec<(u8, Bytes)>, Error> {
+        let d = self.vpd(0x83).await?;
+        let mut out = Vec::new();
+        let end = d
+            .get(2..4)
+            .map_or(0, |b| 4 + u16::from_be_bytes([b[0], b[1]]) as usize)
+            .min(d.len());
+        let mut at = 4;
+        while at + 4 <= end {
+            let len = d[at + 3] as usize;
+            if at + 4 + len > end {
+                break;
+            }
+            if (d[at + 1] >> 4) & 0x03 == 0 {
+                out.push((d[at + 1] & 0x0F, d.slice(at + 4..at + 4 + len)));
+            }
+            at += 4 + len;
+        }
+        Ok(out)
+    }
+
     /// One VPD page (INQUIRY with EVPD).
     async fn vpd(&self, page: u8) -> Result<Bytes, Error> {
         let mut cdb = vec![0u8; 6];

@@ -25,6 +25,15 @@ pub enum Layout {
     Stripe { chunk: u64 },
     /// RAID-1: every member holds every block.
     Mirror,
+    /// One logical unit through several targets (gateways onto shared storage, such as an RBD
+    /// image exported by two mcsi targets): each command goes to one member. Reads go to the
+    /// member expected to finish first, as a mirror's do; writes, UNMAP and WRITE SAME go to
+    /// the first live member (the preferred path), so that storage with a single writer lock,
+    /// like RBD's exclusive lock, does not pass it back and forth; SYNCHRONIZE CACHE goes to
+    /// every member, each gateway having a cache of its own. A member that is gone is failed
+    /// and the command goes to the next; a failed member comes back without a copy, the storage
+    /// being shared. The members must report the same logical-unit designators (VPD 83h).
+    Paths,
 }
 
 /// Which member serves a mirror's read.
@@ -367,7 +376,9 @@ impl Volume {
             .iter()
             .cloned()
             .map(|mut m| {
-                if spec.layout == Layout::Mirror && spec.reads == MirrorReads::Soonest {
+                if !matches!(spec.layout, Layout::Stripe { .. })
+                    && spec.reads == MirrorReads::Soonest
+                {
                     m.options.measure_rates = true;
                 }
                 m
@@ -467,6 +478,27 @@ impl Volume {
                 (Some(s), per_member * members.len() as u64)
             }
             Layout::Mirror => (None, smallest),
+            Layout::Paths => {
+                // One logical unit through every member, or this is a misconfiguration that
+                // would scatter the volume's blocks over several disks.
+                let (_, first_lun) = &open[0];
+                let want = first_lun.identity().await?;
+                if want.is_empty() {
+                    return Err(Error::InvalidArgument(format!(
+                        "member 0 ({}) reports no logical-unit designator (VPD 83h), so it cannot be told to be the same LUN as the others",
+                        urls[open[0].0]
+                    )));
+                }
+                for (i, l) in open.iter().skip(1) {
+                    if l.identity().await? != want {
+                        return Err(Error::InvalidArgument(format!(
+                            "member {i} ({}) is another logical unit than member {} ({}): their VPD 83h designators differ; the members of a paths volume are one LUN through several targets",
+                            urls[*i], open[0].0, urls[open[0].0]
+                        )));
+                    }
+                }
+                (None, smallest)
+            }
         };
         let cap = Capacity {
             block_size: bs,
@@ -677,6 +709,14 @@ impl Volume {
         let bs = u64::from(self.block_size());
         let blocks = crate::lun::whole_blocks(data.len(), self.block_size())?;
         self.check(lba, blocks)?;
+        if self.inner.layout == Layout::Paths {
+            return self
+                .path_op(move |lun| {
+                    let d = data.clone();
+                    async move { lun.write_fua(lba, d, fua).await }
+                })
+                .await;
+        }
         let Some(stripe) = self.inner.stripe else {
             return self.mirror_write(lba, blocks, data, fua).await;
         };
@@ -707,6 +747,11 @@ impl Volume {
     pub async fn unmap(&self, lba: u64, blocks: u64) -> Result<(), Error> {
         let _user = self.user_op();
         self.check(lba, blocks)?;
+        if self.inner.layout == Layout::Paths {
+            return self
+                .path_op(move |lun| async move { lun.unmap(lba, blocks).await })
+                .await;
+        }
         let runs = self.runs(lba, blocks);
         self.on_runs(runs, true, |lun, l, n| async move { lun.unmap(l, n).await })
             .await
@@ -723,6 +768,13 @@ impl Volume {
     ) -> Result<(), Error> {
         let _user = self.user_op();
         self.check(lba, blocks)?;
+        if self.inner.layout == Layout::Paths {
+            return self
+                .path_op(move |lun| async move {
+                    lun.write_zeroes(lba, blocks, unmap, max_per_command).await
+                })
+                .await;
+        }
         let runs = self.runs(lba, blocks);
         self.on_runs(runs, true, move |lun, l, n| async move {
             lun.write_zeroes(l, n, unmap, max_per_command).await
@@ -890,6 +942,44 @@ impl Volume {
             async move { lun.write_fua(l, d, fua).await }
         })
         .await
+    }
+
+    /// A paths volume's change (write, UNMAP, WRITE SAME): to the first live member; one that
+    /// turns out to be gone is failed and the change goes to the next. A change that reached
+    /// a gateway before it died may be done or not, as with any command whose connection
+    /// failed; sending it again through another is what a multipath initiator does.
+    async fn path_op<F, Fut>(&self, op: F) -> Result<(), Error>
+    where
+        F: Fn(Lun) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Error>>,
+    {
+        loop {
+            let Some(m) =
+                (0..self.inner.members.len()).find(|&m| self.inner.members[m].state() == ACTIVE)
+            else {
+                return Err(Error::Closed);
+            };
+            let member = &self.inner.members[m];
+            member.busy.fetch_add(1, Ordering::Relaxed);
+            let r = match member.open_lun() {
+                Ok(l) => op(l).await,
+                Err(e) => Err(e),
+            };
+            member.busy.fetch_sub(1, Ordering::Relaxed);
+            match r {
+                // Another command may have failed this member meanwhile: what counts is
+                // whether a live one other than it is left.
+                Err(e)
+                    if member_gone(&e)
+                        && !self.inner.closing.load(Ordering::Acquire)
+                        && (0..self.inner.members.len())
+                            .any(|i| i != m && self.inner.members[i].state() == ACTIVE) =>
+                {
+                    self.fail_member(m, &e)
+                }
+                r => return r.map_err(|e| self.member_error(m, e)),
+            }
+        }
     }
 
     /// Member `m` is gone: no more commands go to it, logged once, and a task tries it again

@@ -205,7 +205,7 @@ fn bad_volume_specs_say_what_is_wrong() {
         ),
         (
             spec(&dir, "layout.toml", "layout = \"raid5\"", &[&a, &a]),
-            "'raid5': use stripe or mirror",
+            "'raid5': use stripe, mirror or paths",
         ),
         (
             {
@@ -588,4 +588,68 @@ fn a_mirror_reads_where_a_read_completes_first() {
         share(&soonest),
         share(&least_busy)
     );
+}
+
+/// A paths volume: one file served by two targets (two gateways onto shared storage). Verified
+/// random writes and reads run through the volume while the preferred target (member 0) is
+/// killed: the commands go on through the other, and nothing read back differs from what was
+/// written.
+#[test]
+fn a_paths_volume_is_one_lun_through_two_targets_and_outlives_one() {
+    let dir = Scratch::new("paths");
+    let shared = dir.file("shared.img");
+    let lun = format!("file:{shared}:16MiB");
+    let ta = LocalTarget::start(mcsi(), IQN, &lun);
+    let tb = LocalTarget::start(mcsi(), IQN, &lun);
+    let vol = spec(&dir, "p.toml", "layout = \"paths\"", &[&ta, &tb]);
+    // Written through the volume, read through member 1's target directly: one LUN.
+    let src = dir.file("src.bin");
+    let data = pattern(4 << 20);
+    std::fs::write(&src, &data).unwrap();
+    assert!(run(&["copy", "--no-progress", &src, &vol]).status.success());
+    assert!(read_member(&tb, &dir, "b.bin", "4MiB") == data);
+    let bench = verified_writes(&vol, "4", "4MiB", "8");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    drop(ta);
+    let out = bench.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    drop(tb);
+    assert!(out.status.success(), "{log}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{v}");
+    assert_eq!(v["mcsi"]["volume"]["layout"], "paths", "{v}");
+    assert_eq!(v["mcsi"]["volume"]["members"][0]["failed"], true, "{v}");
+    assert!(log.contains("goes on degraded"), "{log}");
+    // Every write the bench made after the kill went through member 1.
+    assert!(
+        v["mcsi"]["volume"]["members"][1]["bytes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{v}"
+    );
+}
+
+/// Two different LUNs are not one LUN through two paths: refused at open, with why.
+#[test]
+fn a_paths_volume_of_two_different_luns_is_refused() {
+    let dir = Scratch::new("paths-refused");
+    let ta = LocalTarget::start(mcsi(), IQN, "ram:8MiB");
+    let tb = LocalTarget::start(mcsi(), "iqn.2026-01.org.mcsi:another", "ram:8MiB");
+    let p = dir.file("p.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "layout = \"paths\"\n[[member]]\nurl = \"{}\"\n[[member]]\nurl = \"{}\"\n",
+            ta.url(IQN),
+            tb.url("iqn.2026-01.org.mcsi:another")
+        ),
+    )
+    .unwrap();
+    let o = run(&["bench", &format!("volume:{p}"), "--runtime", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("is another logical unit"), "{err}");
 }

@@ -932,6 +932,7 @@ fn volume_json(v: &Volume) -> Value {
     let (layout, chunk) = match v.layout() {
         mcsi_initiator::Layout::Stripe { chunk } => ("stripe", Some(chunk)),
         mcsi_initiator::Layout::Mirror => ("mirror", None),
+        mcsi_initiator::Layout::Paths => ("paths", None),
     };
     json!({"layout": layout, "chunk": chunk, "bytes": v.geometry().bytes(), "members": members})
 }

@@ -232,6 +232,7 @@ async fn open_device(url: &str, args: &Args) -> anyhow::Result<(Device, String, 
             match v.layout() {
                 mcsi_initiator::Layout::Stripe { .. } => "striped",
                 mcsi_initiator::Layout::Mirror => "mirrored",
+                mcsi_initiator::Layout::Paths => "multipath",
             },
             v.members().len()
         );

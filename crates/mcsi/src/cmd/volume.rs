@@ -1,13 +1,13 @@
 //! Volume specs: several LUNs as one volume (`volume:FILE.toml` wherever a tool takes a URL).
 //!
 //! ```toml
-//! layout = "stripe"        # or "mirror"
+//! layout = "stripe"        # or "mirror", or "paths" (one LUN through several targets)
 //! chunk = "256KiB"         # stripe only: a multiple of the members' block size
 //! bitmap = "m.bitmap"      # mirror only: what each member missed, kept in this file (relative
 //!                          # to the spec's directory), so that a restart knows a stale member
 //! resync_rate = "100mbit"  # mirror only: the most a resync copies (it also yields half the
 //!                          # time to the volume's own commands while they run)
-//! reads = "soonest"        # mirror only: each read to the member expected to finish it first
+//! reads = "soonest"        # mirror and paths: each read to the member expected to finish it first
 //!                          # (default), or "least-busy": the fewest commands in flight
 //!
 //! [[member]]
@@ -45,9 +45,9 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
     let at = |field: &str| format!("volume spec {shown}: {field}");
     let layout_word = match table.remove("layout") {
         Some(toml::Value::String(s)) => s,
-        Some(_) => bail!("{}: a word, stripe or mirror", at("layout")),
+        Some(_) => bail!("{}: a word, stripe, mirror or paths", at("layout")),
         None => bail!(
-            "{}: missing (layout = \"stripe\" or \"mirror\")",
+            "{}: missing (layout = \"stripe\", \"mirror\" or \"paths\")",
             at("layout")
         ),
     };
@@ -69,7 +69,16 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             }
             Layout::Mirror
         }
-        other => bail!("{}: '{other}': use stripe or mirror", at("layout")),
+        "paths" => {
+            if chunk.is_some() {
+                bail!(
+                    "{}: the members of a paths volume are one LUN; it has no chunks",
+                    at("chunk")
+                );
+            }
+            Layout::Paths
+        }
+        other => bail!("{}: '{other}': use stripe, mirror or paths", at("layout")),
     };
     let members = match table.remove("member") {
         Some(toml::Value::Array(a)) => a,
@@ -145,6 +154,17 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             .options(tcp_report)
             .map_err(|e| anyhow::anyhow!("{}: {e}", at(&field)))?;
         out.push(MemberSpec { url, options });
+    }
+    if layout == Layout::Paths {
+        if bitmap.is_some() {
+            bail!(
+                "{}: a bitmap records what a mirror member missed; the members of a paths volume share their storage",
+                at("bitmap")
+            );
+        }
+        if resync_rate.is_some() {
+            bail!("{}: only a mirror resyncs", at("resync_rate"));
+        }
     }
     if matches!(layout, Layout::Stripe { .. }) {
         if bitmap.is_some() {
