@@ -1048,6 +1048,29 @@ impl Volume {
             }
         };
         let (bs, blocks) = (lun.block_size(), lun.geometry().blocks);
+        if self.inner.layout == Layout::Paths {
+            // Still the same logical unit as the live members (a paths member is not copied
+            // to, so another LUN behind the same address would go unnoticed).
+            let live = (0..self.inner.members.len())
+                .filter(|&i| i != m)
+                .find_map(|i| {
+                    self.inner.members[i]
+                        .lun()
+                        .filter(|_| self.inner.members[i].state() == ACTIVE)
+                });
+            let same = match live {
+                Some(other) => match (lun.identity().await, other.identity().await) {
+                    (Ok(a), Ok(b)) => a == b && !a.is_empty(),
+                    _ => false,
+                },
+                None => true,
+            };
+            if !same {
+                tracing::error!(member = m, url = %member.name, "paths member {m} came back as another logical unit (VPD 83h); it stays failed");
+                let _ = lun.session().logout().await;
+                return;
+            }
+        }
         if bs != self.block_size() || blocks < self.inner.cap.blocks {
             tracing::error!(member = m, url = %member.name, block_size = bs, blocks, "mirror member {m} came back with another geometry; it stays failed");
             let _ = lun.session().logout().await;

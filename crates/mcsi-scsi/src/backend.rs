@@ -164,7 +164,7 @@ fn check_range(op: &'static str, offset: u64, len: u64, size: u64) -> Result<(),
 }
 
 /// Opens a backend from a spec: `ram:SIZE`, `file:PATH`, `file:PATH:SIZE`, `block:PATH` or
-/// (with the `rbd` feature) `rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`.
+/// (with the `rbd` feature) `rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,cache=on|off]`.
 pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
     let bad = |why: &str| BackendError::Spec {
         spec: spec.to_string(),
@@ -1035,8 +1035,11 @@ impl Backend for AioRamBackend {
     fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
         self.ram.mapped(offset, len)
     }
+    /// True, as for a network store: a command off the asynchronous path (WRITE SAME, a write
+    /// waiting for blocks that another holds) may wait for an operation in flight, which must
+    /// not happen on the transport's own threads.
     fn blocking(&self) -> bool {
-        false
+        true
     }
     fn describe(&self) -> String {
         format!("aio-{}", self.ram.describe())

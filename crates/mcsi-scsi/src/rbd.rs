@@ -1,4 +1,4 @@
-//! A Ceph RBD image as a backend (`rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`), through librbd and
+//! A Ceph RBD image as a backend (`rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,cache=on|off]`), through librbd and
 //! librados (Debian's librbd-dev and librados-dev), over a small extern block of the functions
 //! used. READ, WRITE, flushes and COMPARE AND WRITE go through librbd's asynchronous calls
 //! (`rbd_aio_*`): a completion callback ends them, and no thread waits. The rest (UNMAP, GET LBA
@@ -53,6 +53,11 @@ extern "C" {
     fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     fn rbd_get_stripe_unit(image: rbd_image_t, stripe_unit: *mut u64) -> c_int;
     fn rbd_get_id(image: rbd_image_t, id: *mut c_char, id_len: usize) -> c_int;
+    fn rbd_get_block_name_prefix(
+        image: rbd_image_t,
+        prefix: *mut c_char,
+        prefix_len: usize,
+    ) -> c_int;
     fn rbd_aio_create_completion(
         cb_arg: *mut c_void,
         complete_cb: RbdCallback,
@@ -117,10 +122,13 @@ pub struct RbdSpec {
     pub conf: Option<String>,
     /// The client's id ("admin" for client.admin; None: librados's default).
     pub id: Option<String>,
+    /// librbd's cache (`cache=on`). Off by default: with it a write is acknowledged before the
+    /// OSDs have it, and another gateway on the image would read older data meanwhile.
+    pub cache: bool,
 }
 
 impl RbdSpec {
-    /// Parses what follows `rbd:`: `POOL/IMAGE[,conf=PATH][,id=NAME]`.
+    /// Parses what follows `rbd:`: `POOL/IMAGE[,conf=PATH][,id=NAME][,cache=on|off]`.
     pub fn parse(rest: &str) -> Result<RbdSpec, String> {
         let mut parts = rest.split(',');
         let name = parts.next().unwrap_or("");
@@ -135,12 +143,19 @@ impl RbdSpec {
             image: image.into(),
             conf: None,
             id: None,
+            cache: false,
         };
         for p in parts {
             match p.split_once('=') {
                 Some(("conf", v)) if !v.is_empty() => spec.conf = Some(v.into()),
                 Some(("id", v)) if !v.is_empty() => spec.id = Some(v.into()),
-                _ => return Err(format!("unknown rbd option '{p}' (use conf=PATH, id=NAME)")),
+                Some(("cache", "on")) => spec.cache = true,
+                Some(("cache", "off")) => spec.cache = false,
+                _ => {
+                    return Err(format!(
+                        "unknown rbd option '{p}' (use conf=PATH, id=NAME, cache=on|off)"
+                    ))
+                }
             }
         }
         Ok(spec)
@@ -238,10 +253,14 @@ impl RbdBackend {
             // A cluster that does not answer fails the open in 10 s rather than hanging.
             // UNMAP's promise that unmapped blocks read as zeros (LBPRZ) holds only if librbd
             // zeroes the parts of objects it cannot discard whole, rather than skip them.
+            // librbd's cache acknowledges writes before the OSDs have them: a gateway beside
+            // this one would read older data meanwhile, so it is off unless asked for.
+            let cache = if b.spec.cache { "true" } else { "false" };
             for (k, v) in [
                 ("client_mount_timeout", "10"),
                 ("rados_mon_op_timeout", "10"),
                 ("rbd_skip_partial_discard", "false"),
+                ("rbd_cache", cache),
             ] {
                 let (k, v) = (
                     cstr("option", k).map_err(bad)?,
@@ -295,7 +314,16 @@ impl RbdBackend {
                     errno(rc.into()).to_string(),
                 ));
             }
-            let rc = rbd_get_id(b.image, image_id.as_mut_ptr().cast(), image_id.len());
+            let mut rc = rbd_get_id(b.image, image_id.as_mut_ptr().cast(), image_id.len());
+            if rc < 0 {
+                // An old (format 1) image has no id; its objects' name prefix is as unique.
+                image_id = [0u8; 64];
+                rc = rbd_get_block_name_prefix(
+                    b.image,
+                    image_id.as_mut_ptr().cast(),
+                    image_id.len(),
+                );
+            }
             if rc < 0 {
                 return Err(fail("reading the image's id", errno(rc.into()).to_string()));
             }
@@ -525,6 +553,8 @@ struct AioCtx {
     _keep: [Bytes; 2],
     /// Where librbd puts the image offset of COMPARE AND WRITE's first differing byte.
     mismatch: u64,
+    /// The image's stripe unit, to read a mismatch offset given from an object's start.
+    object_size: u64,
     caw: bool,
     done: AioCompletion,
 }
@@ -533,9 +563,14 @@ impl AioCtx {
     fn complete(self, rc: i64) {
         let ctx = self;
         let r = if ctx.caw && rc == -(libc::EILSEQ as i64) {
-            Ok(AioDone::Miscompare {
-                at: ctx.mismatch.saturating_sub(ctx.offset),
-            })
+            // librbd gives the image offset of the first differing byte; some versions give
+            // the object's start plus the index within the compared bytes instead.
+            let at = if ctx.mismatch >= ctx.offset {
+                ctx.mismatch - ctx.offset
+            } else {
+                ctx.mismatch - (ctx.offset - ctx.offset % ctx.object_size.max(1))
+            };
+            Ok(AioDone::Miscompare { at })
         } else if rc < 0 {
             Err(RbdBackend::io_err(ctx.op, ctx.offset, rc))
         } else if ctx.op == "read" {
@@ -590,6 +625,7 @@ impl AsyncBackend for RbdBackend {
             buf,
             _keep: keep,
             mismatch: 0,
+            object_size: self.stripe_unit,
             caw,
             done,
         }));
@@ -660,6 +696,7 @@ mod tests {
                 image: "disk".into(),
                 conf: Some("/tmp/c/ceph.conf".into()),
                 id: Some("admin".into()),
+                cache: false,
             })
         );
         for bad in [

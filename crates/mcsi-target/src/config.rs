@@ -988,7 +988,8 @@ impl Limits {
 /// `FailingBackend` in tests).
 #[derive(Clone)]
 pub enum LunBackend {
-    /// `ram:SIZE`, `file:PATH[:SIZE]`, `block:PATH` or `rbd:POOL/IMAGE[,conf=PATH][,id=NAME]`.
+    /// `ram:SIZE`, `file:PATH[:SIZE]`, `block:PATH` or
+    /// `rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,cache=on|off]`.
     Spec(String),
     Opened(Arc<dyn Backend>),
 }
@@ -1604,7 +1605,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
             }
             Some(("service_time", v)) => lun.service_time = parse_service_time(field, v)?,
             // How an rbd: image's cluster is reached: part of the backend's spec.
-            Some(("conf" | "id", _))
+            Some(("conf" | "id" | "cache", _))
                 if matches!(&lun.backend, LunBackend::Spec(b) if b.starts_with("rbd:")) =>
             {
                 if let LunBackend::Spec(b) = &mut lun.backend {
@@ -1617,7 +1618,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION; for rbd: conf=PATH, id=NAME)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION; for rbd: conf=PATH, id=NAME, cache=on|off)"
                     ),
                 ))
             }
@@ -1665,12 +1666,12 @@ mod tests {
     fn rbd_lun_args_keep_the_cluster_options_in_the_backend_spec() {
         let l = parse_lun_arg(
             "--lun",
-            "rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,read_only",
+            "rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,cache=on,read_only",
         )
         .unwrap();
         assert_eq!(
             l.backend,
-            LunBackend::Spec("rbd:mcsi/disk,conf=/c/ceph.conf,id=admin".into())
+            LunBackend::Spec("rbd:mcsi/disk,conf=/c/ceph.conf,id=admin,cache=on".into())
         );
         assert!(l.read_only);
         // Only an rbd: LUN takes them; an rbd: spec needs POOL/IMAGE.

@@ -6,8 +6,8 @@
 //! operation at the OSD.
 //!
 //! It needs a Ceph cluster and a build with the rbd feature: `scripts/interop-rbd` runs it with
-//! `MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH` set (the image of at least 1 MiB, its first blocks
-//! free to overwrite).
+//! `MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH` set (the image of at least 4 MiB, its blocks 0-8191
+//! free to overwrite). A miscompare's INFORMATION is checked away from the image's start too.
 
 mod common;
 
@@ -146,4 +146,23 @@ async fn compare_and_write_racing_through_two_gateways_lets_exactly_one_win() {
         "{ROUNDS} rounds of COMPARE AND WRITE racing through two gateways: gateway A won {}, gateway B {}",
         wins[0], wins[1]
     );
+
+    // A miscompare away from the image's start reports the first differing byte counted from
+    // the compared block (SBC-3 5.2), whatever offset the store reports it at.
+    for (lba, at) in [(9u32, 100usize), (8191, 511), (8201, 7)] {
+        let mut d = vec![0x11u8; BS];
+        let (s, _, _) = exec(&mut a, &rw10(0x2A, lba, 1), Bytes::from(d.clone()), 0).await;
+        assert_eq!(s, GOOD);
+        d[at] ^= 0xFF;
+        d.extend(vec![0x22u8; BS]);
+        let (s, sense, _) = exec(&mut b, &caw(u64::from(lba), 1), Bytes::from(d), 0).await;
+        assert_eq!(s, CHECK_CONDITION, "LBA {lba}");
+        assert_eq!(
+            (sense[2] & 0x0F, sense[12]),
+            (0x0E, 0x1D),
+            "LBA {lba}: {sense:02x?}"
+        );
+        let info = u32::from_be_bytes(sense[3..7].try_into().unwrap());
+        assert_eq!(info as usize, at, "LBA {lba}: INFORMATION");
+    }
 }
