@@ -344,3 +344,26 @@ fn an_asynchronous_read_never_shows_a_write_atomic_half_done() {
     }
     assert_eq!(reader.join().unwrap(), 0, "torn reads");
 }
+
+#[test]
+fn a_submitted_write_holds_its_blocks_until_it_completes_even_when_given_up() {
+    let (lu, _) = aio_lu(Duration::from_millis(300));
+    let n = nexus(1);
+    run(&lu, &n, &[0u8; 6], Bytes::new());
+    let d = Bytes::from(vec![3u8; 8 * BS]);
+    let cdb = rw10(WRITE_10, 40, 8, 0);
+    let Prepared::Io(mut p) = lu.prepare(cmd(&n, &cdb, d.clone())) else {
+        panic!("not on the asynchronous path");
+    };
+    let (tx, rx) = mpsc::channel();
+    p.submit(Box::new(move |r| tx.send(r).unwrap()));
+    // The task is given up while the write is in flight: its blocks stay held.
+    drop(p);
+    assert!(matches!(
+        lu.prepare(cmd(&n, &cdb, d.clone())),
+        Prepared::Sync
+    ));
+    // Once it completes they are free.
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert!(matches!(lu.prepare(cmd(&n, &cdb, d)), Prepared::Io(_)));
+}

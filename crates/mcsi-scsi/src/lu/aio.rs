@@ -58,27 +58,40 @@ enum Then {
     },
 }
 
-/// A command's backend operation in flight. Dropping it (a task given up) lets its blocks go.
+/// A command's backend operation, prepared or in flight. A write's blocks stay held until its
+/// operation completes: dropping a `Pending` not yet submitted lets them go at once; once
+/// submitted, the completion does, even if the `Pending` is dropped meanwhile.
 pub struct Pending {
     lu: Arc<LogicalUnit>,
     op: AioOp,
     then: Then,
-    /// The bytes this write holds in the unit's range locks.
-    held: Option<(u64, u64)>,
+    /// The bytes this write holds in the unit's range locks, until it is submitted.
+    held: Option<Held>,
 }
 
-impl Drop for Pending {
+/// Bytes held in a unit's range locks, let go when dropped.
+struct Held {
+    lu: Arc<LogicalUnit>,
+    range: (u64, u64),
+}
+
+impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(r) = self.held.take() {
-            self.lu.ranges.unlock(r);
-        }
+        self.lu.ranges.unlock(self.range);
     }
 }
 
 impl Pending {
     /// Starts the operation; `done` gets its result, possibly on another thread, possibly
-    /// before this returns.
-    pub fn submit(&self, done: AioCompletion) {
+    /// before this returns. The write's blocks are let go when it completes, before `done`.
+    pub fn submit(&mut self, done: AioCompletion) {
+        let done: AioCompletion = match self.held.take() {
+            Some(held) => Box::new(move |r| {
+                drop(held);
+                done(r)
+            }),
+            None => done,
+        };
         match self.lu.backend.aio() {
             Some(a) => a.submit(self.op.clone(), done),
             None => done(Err(BackendError::Io {
@@ -97,10 +110,8 @@ impl Pending {
     /// Ends the command with the operation's result, or goes on to the next one.
     pub fn finish(mut self, r: Result<AioDone, BackendError>) -> Step {
         let lu = self.lu.clone();
-        // The blocks are let go once the data is written, before any flush.
-        if let Some(range) = self.held.take() {
-            lu.ranges.unlock(range);
-        }
+        // Submitted, the blocks went with the completion; never submitted, they go now.
+        self.held = None;
         let write = !matches!(self.then, Then::Read { .. });
         let r = match r {
             Ok(d) => d,
@@ -220,7 +231,10 @@ impl LogicalUnit {
                 if !self.ranges.try_lock(start, end) {
                     return Prepared::Sync;
                 }
-                held = Some((start, end));
+                held = Some(Held {
+                    lu: self.clone(),
+                    range: (start, end),
+                });
             }
         }
         // From here on the blocks (if any) are let go whenever `p` is dropped.
