@@ -374,7 +374,8 @@ impl Lun {
     /// through every target port that reaches the same logical unit. Empty when the LUN
     /// reports none.
     pub async fn identity(&self) -> Result<Vec<(u8, Bytes)>, Error> {
-        let d = self.vpd(0x83).await?;
+        // The whole page (its length is two bytes), so that no designator is cut off.
+        let d = self.vpd_up_to(0x83, u16::MAX).await?;
         let mut out = Vec::new();
         let end = d
             .get(2..4)
@@ -394,16 +395,26 @@ impl Lun {
         Ok(out)
     }
 
-    /// One VPD page (INQUIRY with EVPD).
+    /// One VPD page (INQUIRY with EVPD), its first 255 bytes.
     async fn vpd(&self, page: u8) -> Result<Bytes, Error> {
+        self.vpd_up_to(page, 255).await
+    }
+
+    /// One VPD page, at most `alloc` bytes of it.
+    async fn vpd_up_to(&self, page: u8, alloc: u16) -> Result<Bytes, Error> {
         let mut cdb = vec![0u8; 6];
         cdb[0] = 0x12;
         cdb[1] = 0x01;
         cdb[2] = page;
-        cdb[3..5].copy_from_slice(&255u16.to_be_bytes());
-        Ok(run(&self.session, self.lun, cdb, DataDir::Read(255))
-            .await?
-            .data)
+        cdb[3..5].copy_from_slice(&alloc.to_be_bytes());
+        Ok(run(
+            &self.session,
+            self.lun,
+            cdb,
+            DataDir::Read(u32::from(alloc)),
+        )
+        .await?
+        .data)
     }
 
     /// Standard INQUIRY.

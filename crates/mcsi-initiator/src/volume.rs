@@ -346,6 +346,9 @@ struct Inner {
     user_ops: AtomicUsize,
     /// Set by [`Volume::logout`]: members going away now are not failures.
     closing: AtomicBool,
+    /// A paths volume's logical unit (its VPD 83h designators), which a member that comes
+    /// back must still be.
+    identity: Option<Vec<(u8, Bytes)>>,
 }
 
 impl Volume {
@@ -367,7 +370,7 @@ impl Volume {
         let urls: Vec<String> = spec.members.iter().map(|m| m.url.to_string()).collect();
         if spec.bitmap.is_some() && spec.layout != Layout::Mirror {
             return Err(Error::InvalidArgument(
-                "a bitmap records what a mirror member missed; a stripe has no copies".to_string(),
+                "a bitmap records what a mirror member missed; only a mirror keeps one".to_string(),
             ));
         }
         // A mirror that sends each read where it completes first needs every member's rates.
@@ -457,6 +460,7 @@ impl Volume {
             .map(|(_, l)| l.geometry().blocks)
             .min()
             .unwrap_or(0);
+        let mut identity = None;
         let (stripe, blocks) = match spec.layout {
             Layout::Stripe { chunk } => {
                 if chunk == 0 || !chunk.is_multiple_of(u64::from(bs)) {
@@ -497,6 +501,7 @@ impl Volume {
                         )));
                     }
                 }
+                identity = Some(want);
                 (None, smallest)
             }
         };
@@ -570,6 +575,7 @@ impl Volume {
                 resync_rate: spec.resync_rate,
                 user_ops: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
+                identity,
             }),
         };
         tracing::info!(
@@ -650,20 +656,11 @@ impl Volume {
                 let Some(m) = self.reader(u64::from(blocks) * bs, span, None) else {
                     return Err(Error::Closed);
                 };
-                let member = &self.inner.members[m];
-                member.busy.fetch_add(1, Ordering::Relaxed);
-                let r = match member.open_lun() {
-                    Ok(l) => l.read(lba, blocks).await,
-                    Err(e) => Err(e),
-                };
-                member.busy.fetch_sub(1, Ordering::Relaxed);
-                match r {
-                    Err(e)
-                        if member_gone(&e)
-                            && !self.inner.closing.load(Ordering::Acquire)
-                            && self.reader(0, span, Some(m)).is_some() =>
-                    {
-                        self.fail_member(m, &e)
+                match self
+                    .on_member(m, |l| async move { l.read(lba, blocks).await })
+                    .await
+                {
+                    Err(e) if self.fail_over(m, &e, || self.reader(0, span, Some(m)).is_some()) => {
                     }
                     r => return r.map_err(|e| self.member_error(m, e)),
                 }
@@ -953,33 +950,48 @@ impl Volume {
         F: Fn(Lun) -> Fut,
         Fut: std::future::Future<Output = Result<(), Error>>,
     {
+        let live = |besides: Option<usize>| {
+            (0..self.inner.members.len())
+                .find(|&i| Some(i) != besides && self.inner.members[i].state() == ACTIVE)
+        };
         loop {
-            let Some(m) =
-                (0..self.inner.members.len()).find(|&m| self.inner.members[m].state() == ACTIVE)
-            else {
+            let Some(m) = live(None) else {
                 return Err(Error::Closed);
             };
-            let member = &self.inner.members[m];
-            member.busy.fetch_add(1, Ordering::Relaxed);
-            let r = match member.open_lun() {
-                Ok(l) => op(l).await,
-                Err(e) => Err(e),
-            };
-            member.busy.fetch_sub(1, Ordering::Relaxed);
-            match r {
+            match self.on_member(m, &op).await {
                 // Another command may have failed this member meanwhile: what counts is
                 // whether a live one other than it is left.
-                Err(e)
-                    if member_gone(&e)
-                        && !self.inner.closing.load(Ordering::Acquire)
-                        && (0..self.inner.members.len())
-                            .any(|i| i != m && self.inner.members[i].state() == ACTIVE) =>
-                {
-                    self.fail_member(m, &e)
-                }
+                Err(e) if self.fail_over(m, &e, || live(Some(m)).is_some()) => {}
                 r => return r.map_err(|e| self.member_error(m, e)),
             }
         }
+    }
+
+    /// Runs `op` on member `m`'s LUN, counted among the member's commands in flight.
+    async fn on_member<T, F, Fut>(&self, m: usize, op: F) -> Result<T, Error>
+    where
+        F: FnOnce(Lun) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let member = &self.inner.members[m];
+        member.busy.fetch_add(1, Ordering::Relaxed);
+        let r = match member.open_lun() {
+            Ok(l) => op(l).await,
+            Err(e) => Err(e),
+        };
+        member.busy.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Whether a command that failed on member `m` with `e` goes to another member: `m` is
+    /// gone, the volume is not closing and `other` says another can take it. `m` is failed
+    /// then.
+    fn fail_over(&self, m: usize, e: &Error, other: impl FnOnce() -> bool) -> bool {
+        let go = member_gone(e) && !self.inner.closing.load(Ordering::Acquire) && other();
+        if go {
+            self.fail_member(m, e);
+        }
+        go
     }
 
     /// Member `m` is gone: no more commands go to it, logged once, and a task tries it again
@@ -1048,24 +1060,10 @@ impl Volume {
             }
         };
         let (bs, blocks) = (lun.block_size(), lun.geometry().blocks);
-        if self.inner.layout == Layout::Paths {
-            // Still the same logical unit as the live members (a paths member is not copied
-            // to, so another LUN behind the same address would go unnoticed).
-            let live = (0..self.inner.members.len())
-                .filter(|&i| i != m)
-                .find_map(|i| {
-                    self.inner.members[i]
-                        .lun()
-                        .filter(|_| self.inner.members[i].state() == ACTIVE)
-                });
-            let same = match live {
-                Some(other) => match (lun.identity().await, other.identity().await) {
-                    (Ok(a), Ok(b)) => a == b && !a.is_empty(),
-                    _ => false,
-                },
-                None => true,
-            };
-            if !same {
+        if let Some(want) = &self.inner.identity {
+            // Still the logical unit the volume opened (a paths member is not copied to, so
+            // another LUN behind the same address would go unnoticed).
+            if !matches!(lun.identity().await, Ok(id) if id == *want) {
                 tracing::error!(member = m, url = %member.name, "paths member {m} came back as another logical unit (VPD 83h); it stays failed");
                 let _ = lun.session().logout().await;
                 return;

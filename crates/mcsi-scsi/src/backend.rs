@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -954,7 +954,7 @@ impl AsyncBackend for FailingBackend {
 /// cluster (tests, and latency experiments without a thread per I/O).
 pub struct AioRamBackend {
     ram: Arc<RamBackend>,
-    queue: Mutex<std::sync::mpsc::Sender<(AioOp, AioCompletion)>>,
+    queue: std::sync::mpsc::Sender<(AioOp, AioCompletion)>,
     submitted: AtomicU64,
 }
 
@@ -982,7 +982,7 @@ impl AioRamBackend {
             })?;
         Ok(AioRamBackend {
             ram,
-            queue: Mutex::new(tx),
+            queue: tx,
             submitted: AtomicU64::new(0),
         })
     }
@@ -1005,7 +1005,7 @@ fn run_on(b: &dyn Backend, op: AioOp) -> Result<AioDone, BackendError> {
             data,
         } => {
             let cur = b.read_bytes(offset, compare.len())?;
-            if let Some(at) = cur.iter().zip(compare.iter()).position(|(a, c)| a != c) {
+            if let Some(at) = crate::lu::first_diff(&cur, &compare) {
                 return Ok(AioDone::Miscompare { at: at as u64 });
             }
             b.write_at(offset, &data).map(|_| AioDone::Done)
@@ -1052,11 +1052,7 @@ impl Backend for AioRamBackend {
 impl AsyncBackend for AioRamBackend {
     fn submit(&self, op: AioOp, done: AioCompletion) {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        let q = match self.queue.lock() {
-            Ok(q) => q,
-            Err(p) => p.into_inner(),
-        };
-        if let Err(std::sync::mpsc::SendError((_, done))) = q.send((op, done)) {
+        if let Err(std::sync::mpsc::SendError((_, done))) = self.queue.send((op, done)) {
             done(Err(BackendError::Io {
                 op: "aio",
                 offset: 0,

@@ -293,10 +293,7 @@ impl RangeLocks {
     }
 
     fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
-        let mut held = match self.held.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut held = self.held();
         while held.iter().any(|&(s, e)| s < end && start < e) {
             held = match self.cv.wait(held) {
                 Ok(g) => g,
@@ -537,13 +534,17 @@ impl LogicalUnit {
     /// Whether this CDB may wait for backend I/O, on the asynchronous path or a thread (so it
     /// is not run inline on the connection's reader).
     pub fn blocking(&self, cdb: &[u8]) -> bool {
-        self.is_async(cdb) || self.needs_thread(cdb)
+        let c = Cdb::new(cdb);
+        self.aio_kind(&c).is_some() || self.needs_thread_for(&c)
     }
 
     /// Whether [`LogicalUnit::execute`] of this CDB may block its thread on backend I/O (run it
     /// on a blocking pool).
     pub fn needs_thread(&self, cdb: &[u8]) -> bool {
-        let c = Cdb::new(cdb);
+        self.needs_thread_for(&Cdb::new(cdb))
+    }
+
+    fn needs_thread_for(&self, c: &Cdb) -> bool {
         // A copy may move up to a segment list's worth of data, between units of any kind; a
         // SANITIZE without IMMED waits for the whole sanitize.
         if matches!(c.op(), op::EXTENDED_COPY | op::SANITIZE) {
@@ -1623,9 +1624,7 @@ impl LogicalUnit {
         };
         match mismatch {
             // SBC-3 5.29: MISCOMPARE DURING VERIFY OPERATION, offset in INFORMATION.
-            Some(o) => Err(Fail::Sense(
-                Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(o as u64),
-            )),
+            Some(o) => Err(miscompare(o as u64)),
             None => Ok(Outcome::good(Bytes::new())),
         }
     }
@@ -1953,8 +1952,8 @@ impl LogicalUnit {
     }
 }
 
-/// SBC-3 5.2: MISCOMPARE DURING VERIFY OPERATION, the offset of the first differing byte in
-/// INFORMATION.
+/// MISCOMPARE DURING VERIFY OPERATION (SBC-3 5.2, 5.29), the offset of the first differing
+/// byte in INFORMATION.
 fn miscompare(at: u64) -> Fail {
     Fail::Sense(Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_info(at))
 }
@@ -2003,7 +2002,8 @@ fn push_ua(st: &mut State, n: &Nexus, s: Sense) {
     q.push_back(s);
 }
 
-fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+/// The index of the first byte where `a` and `b` differ.
+pub(crate) fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter().zip(b.iter()).position(|(x, y)| x != y)
 }
 

@@ -542,43 +542,51 @@ impl Backend for RbdBackend {
     }
 }
 
-/// One asynchronous operation in flight: its buffers, which librbd uses until the completion,
-/// and where its result goes. Owned by the completion's argument from submit to callback.
+/// One asynchronous operation in flight: the operation (whose buffers librbd reads from until
+/// the completion), a read's buffer, and where the result goes. Owned by the completion's
+/// argument from submit to callback.
 struct AioCtx {
-    op: &'static str,
-    offset: u64,
+    op: AioOp,
     /// A read's buffer (zero-filled, so a short read leaves zeros: holes).
     buf: Vec<u8>,
-    /// Data librbd reads from until the completion.
-    _keep: [Bytes; 2],
-    /// Where librbd puts the image offset of COMPARE AND WRITE's first differing byte.
+    /// Where librbd puts the offset of COMPARE AND WRITE's first differing byte.
     mismatch: u64,
     /// The image's stripe unit, to read a mismatch offset given from an object's start.
     object_size: u64,
-    caw: bool,
     done: AioCompletion,
 }
 
 impl AioCtx {
+    /// The operation's name and offset, for errors.
+    fn what(&self) -> (&'static str, u64) {
+        match &self.op {
+            AioOp::Read { offset, .. } => ("read", *offset),
+            AioOp::Write { offset, .. } => ("write", *offset),
+            AioOp::Flush => ("flush", 0),
+            AioOp::CompareAndWrite { offset, .. } => ("compare and write", *offset),
+        }
+    }
+
     fn complete(self, rc: i64) {
-        let ctx = self;
-        let r = if ctx.caw && rc == -(libc::EILSEQ as i64) {
-            // librbd gives the image offset of the first differing byte; some versions give
-            // the object's start plus the index within the compared bytes instead.
-            let at = if ctx.mismatch >= ctx.offset {
-                ctx.mismatch - ctx.offset
-            } else {
-                ctx.mismatch - (ctx.offset - ctx.offset % ctx.object_size.max(1))
-            };
-            Ok(AioDone::Miscompare { at })
-        } else if rc < 0 {
-            Err(RbdBackend::io_err(ctx.op, ctx.offset, rc))
-        } else if ctx.op == "read" {
-            Ok(AioDone::Read(Bytes::from(ctx.buf)))
-        } else {
-            Ok(AioDone::Done)
+        let (name, offset) = self.what();
+        let r = match self.op {
+            AioOp::CompareAndWrite { .. } if rc == -(libc::EILSEQ as i64) => {
+                // librbd gives the image offset of the first differing byte; some versions give
+                // the object's start plus the index within the compared bytes instead. This runs
+                // in librbd's callback, so nothing here may panic.
+                let object_start = offset - offset % self.object_size.max(1);
+                let at = self
+                    .mismatch
+                    .checked_sub(offset)
+                    .or_else(|| self.mismatch.checked_sub(object_start))
+                    .unwrap_or(0);
+                Ok(AioDone::Miscompare { at })
+            }
+            _ if rc < 0 => Err(RbdBackend::io_err(name, offset, rc)),
+            AioOp::Read { .. } => Ok(AioDone::Read(Bytes::from(self.buf))),
+            _ => Ok(AioDone::Done),
         };
-        (ctx.done)(r);
+        (self.done)(r);
     }
 }
 
@@ -595,44 +603,46 @@ extern "C" fn aio_done(c: rbd_completion_t, arg: *mut c_void) {
 
 impl AsyncBackend for RbdBackend {
     fn submit(&self, op: AioOp, done: AioCompletion) {
-        let (name, offset, len) = match &op {
-            AioOp::Read { offset, len } => ("read", *offset, *len as u64),
-            AioOp::Write { offset, data } => ("write", *offset, data.len() as u64),
-            AioOp::Flush => ("flush", 0, 0),
-            AioOp::CompareAndWrite { offset, data, .. } => ("write", *offset, data.len() as u64),
-        };
-        if let Err(e) = self.check(name, offset, len) {
-            return done(Err(e));
-        }
-        let (buf, keep, caw) = match &op {
-            AioOp::Read { len, .. } => (vec![0u8; *len], [Bytes::new(), Bytes::new()], false),
-            AioOp::Write { data, .. } => (Vec::new(), [data.clone(), Bytes::new()], false),
-            AioOp::Flush => (Vec::new(), [Bytes::new(), Bytes::new()], false),
-            AioOp::CompareAndWrite { compare, data, .. } => {
+        let (offset, len) = match &op {
+            AioOp::Read { offset, len } => (*offset, *len as u64),
+            AioOp::Write { offset, data } => (*offset, data.len() as u64),
+            AioOp::Flush => (0, 0),
+            AioOp::CompareAndWrite {
+                offset,
+                compare,
+                data,
+            } => {
                 if compare.len() != data.len() {
                     return done(Err(Self::io_err(
                         "compare and write",
-                        offset,
+                        *offset,
                         -(libc::EINVAL as i64),
                     )));
                 }
-                (Vec::new(), [compare.clone(), data.clone()], true)
+                (*offset, data.len() as u64)
             }
         };
-        let ctx = Box::into_raw(Box::new(AioCtx {
-            op: name,
-            offset,
+        let buf = match &op {
+            AioOp::Read { len, .. } => vec![0u8; *len],
+            _ => Vec::new(),
+        };
+        let ctx = AioCtx {
+            op,
             buf,
-            _keep: keep,
             mismatch: 0,
             object_size: self.stripe_unit,
-            caw,
             done,
-        }));
+        };
+        let name = ctx.what().0;
+        if let Err(e) = self.check(name, offset, len) {
+            return (ctx.done)(Err(e));
+        }
+        let ctx = Box::into_raw(Box::new(ctx));
         let mut c: rbd_completion_t = std::ptr::null_mut();
         // SAFETY: `ctx` stays valid (leaked) until `aio_done` takes it back, or until it is
         // taken back below when no completion was started. The buffers handed to librbd live
-        // in `ctx` (a Vec's heap and Bytes that are not moved), so they outlive the operation.
+        // in `ctx` (a Vec's heap and the operation's Bytes, neither moved while it is leaked),
+        // so they outlive the operation.
         unsafe {
             let rc = rbd_aio_create_completion(ctx.cast(), aio_done, &mut c);
             if rc < 0 {
@@ -640,25 +650,20 @@ impl AsyncBackend for RbdBackend {
                 return (ctx.done)(Err(Self::io_err(name, offset, rc.into())));
             }
             let x = &mut *ctx;
-            let rc: i64 = match &op {
+            let rc: i64 = match &x.op {
                 AioOp::Read { len, .. } => {
                     rbd_aio_read(self.image, offset, *len, x.buf.as_mut_ptr().cast(), c).into()
                 }
-                AioOp::Write { .. } => rbd_aio_write(
-                    self.image,
-                    offset,
-                    len as usize,
-                    x._keep[0].as_ptr().cast(),
-                    c,
-                )
-                .into(),
+                AioOp::Write { data, .. } => {
+                    rbd_aio_write(self.image, offset, data.len(), data.as_ptr().cast(), c).into()
+                }
                 AioOp::Flush => rbd_aio_flush(self.image, c).into(),
-                AioOp::CompareAndWrite { .. } => rbd_aio_compare_and_write(
+                AioOp::CompareAndWrite { compare, data, .. } => rbd_aio_compare_and_write(
                     self.image,
                     offset,
-                    len as usize,
-                    x._keep[0].as_ptr().cast(),
-                    x._keep[1].as_ptr().cast(),
+                    data.len(),
+                    compare.as_ptr().cast(),
+                    data.as_ptr().cast(),
                     c,
                     &mut x.mismatch,
                     0,

@@ -161,9 +161,9 @@ impl DeviceServer {
 
     /// The first half of a command on the asynchronous path ([`LogicalUnit::prepare`]);
     /// [`Prepared::Sync`] for an absent LUN and REPORT LUNS.
-    pub fn prepare(&self, raw: u64, cmd: Command<'_>) -> Prepared {
+    pub fn prepare(&self, raw: u64, cmd: &Command<'_>) -> Prepared {
         match self.lu(raw) {
-            Some(lu) if Cdb::new(cmd.cdb).op() != REPORT_LUNS => lu.prepare(cmd),
+            Some(lu) if cmd.cdb.first() != Some(&REPORT_LUNS) => lu.prepare(cmd),
             _ => Prepared::Sync,
         }
     }

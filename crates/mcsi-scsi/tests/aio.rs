@@ -41,7 +41,7 @@ fn cmd<'a>(n: &'a Nexus, cdb: &'a [u8], data: Bytes) -> Command<'a> {
 /// for each completion on a channel; the synchronous one otherwise. Also returns how many
 /// backend operations it submitted.
 fn run(lu: &Arc<LogicalUnit>, n: &Nexus, cdb: &[u8], data: Bytes) -> (Outcome, usize) {
-    match lu.prepare(cmd(n, cdb, data.clone())) {
+    match lu.prepare(&cmd(n, cdb, data.clone())) {
         Prepared::Done(o) => (o, 0),
         Prepared::Sync => (lu.execute(cmd(n, cdb, data)), 0),
         Prepared::Io(mut p) => {
@@ -225,28 +225,28 @@ fn a_write_whose_blocks_are_held_goes_to_the_synchronous_path_and_dropping_lets_
     run(&lu, &n, &[0u8; 6], Bytes::new());
     let d = Bytes::from(vec![1u8; 8 * BS]);
     let cdb = rw10(WRITE_10, 16, 8, 0);
-    let Prepared::Io(held) = lu.prepare(cmd(&n, &cdb, d.clone())) else {
+    let Prepared::Io(held) = lu.prepare(&cmd(&n, &cdb, d.clone())) else {
         panic!("not on the asynchronous path");
     };
     // Overlapping (blocks 20..28) while the first holds 16..24: synchronous.
     let cdb2 = rw10(WRITE_10, 20, 8, 0);
     assert!(matches!(
-        lu.prepare(cmd(&n, &cdb2, d.clone())),
+        lu.prepare(&cmd(&n, &cdb2, d.clone())),
         Prepared::Sync
     ));
     // Beside it (24..32): asynchronous.
     let cdb3 = rw10(WRITE_10, 24, 8, 0);
     assert!(matches!(
-        lu.prepare(cmd(&n, &cdb3, d.clone())),
+        lu.prepare(&cmd(&n, &cdb3, d.clone())),
         Prepared::Io(_)
     ));
     // A read does not take the lock.
     assert!(matches!(
-        lu.prepare(cmd(&n, &rw10(READ_10, 16, 8, 0), Bytes::new())),
+        lu.prepare(&cmd(&n, &rw10(READ_10, 16, 8, 0), Bytes::new())),
         Prepared::Io(_)
     ));
     drop(held);
-    assert!(matches!(lu.prepare(cmd(&n, &cdb2, d)), Prepared::Io(_)));
+    assert!(matches!(lu.prepare(&cmd(&n, &cdb2, d)), Prepared::Io(_)));
 }
 
 #[test]
@@ -352,7 +352,7 @@ fn a_submitted_write_holds_its_blocks_until_it_completes_even_when_given_up() {
     run(&lu, &n, &[0u8; 6], Bytes::new());
     let d = Bytes::from(vec![3u8; 8 * BS]);
     let cdb = rw10(WRITE_10, 40, 8, 0);
-    let Prepared::Io(mut p) = lu.prepare(cmd(&n, &cdb, d.clone())) else {
+    let Prepared::Io(mut p) = lu.prepare(&cmd(&n, &cdb, d.clone())) else {
         panic!("not on the asynchronous path");
     };
     let (tx, rx) = mpsc::channel();
@@ -360,10 +360,10 @@ fn a_submitted_write_holds_its_blocks_until_it_completes_even_when_given_up() {
     // The task is given up while the write is in flight: its blocks stay held.
     drop(p);
     assert!(matches!(
-        lu.prepare(cmd(&n, &cdb, d.clone())),
+        lu.prepare(&cmd(&n, &cdb, d.clone())),
         Prepared::Sync
     ));
     // Once it completes they are free.
     rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
-    assert!(matches!(lu.prepare(cmd(&n, &cdb, d)), Prepared::Io(_)));
+    assert!(matches!(lu.prepare(&cmd(&n, &cdb, d)), Prepared::Io(_)));
 }

@@ -171,7 +171,7 @@ async fn execute(
         return o;
     }
     let lun = cmd.lun;
-    let command = |data_out| Command {
+    let command = Command {
         nexus: &session.nexus,
         cdb: &cmd.cdb,
         data_out,
@@ -179,38 +179,35 @@ async fn execute(
         attr,
     };
     // The asynchronous path first: no thread waits for its I/O.
-    match dev.prepare(lun, command(data_out.clone())) {
+    match dev.prepare(lun, &command) {
         Prepared::Done(o) => return o,
         Prepared::Io(p) => return run_async(p).await,
         Prepared::Sync => {}
     }
-    if dev.needs_thread(lun, &cmd.cdb) {
-        let dev = dev.clone();
-        let nexus = session.nexus.clone();
-        let cdb = cmd.cdb.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            dev.execute(
-                lun,
-                Command {
-                    nexus: &nexus,
-                    cdb: &cdb,
-                    data_out,
-                    data_in_limit,
-                    attr,
-                },
-            )
-        })
-        .await;
-        match r {
-            Ok(o) => o,
-            Err(e) => {
-                warn!("device server failed: {e}");
-                Outcome::status(status::BUSY)
-            }
-        }
-    } else {
-        dev.execute(lun, command(data_out))
+    if !dev.needs_thread(lun, &cmd.cdb) {
+        return dev.execute(lun, command);
     }
+    let dev = dev.clone();
+    let nexus = session.nexus.clone();
+    let cdb = cmd.cdb.clone();
+    let data_out = command.data_out;
+    let r = tokio::task::spawn_blocking(move || {
+        dev.execute(
+            lun,
+            Command {
+                nexus: &nexus,
+                cdb: &cdb,
+                data_out,
+                data_in_limit,
+                attr,
+            },
+        )
+    })
+    .await;
+    r.unwrap_or_else(|e| {
+        warn!("device server failed: {e}");
+        Outcome::status(status::BUSY)
+    })
 }
 
 /// Runs a command's backend operations on the asynchronous path: each completes through a

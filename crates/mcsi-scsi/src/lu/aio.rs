@@ -40,11 +40,11 @@ pub enum Step {
     Blocking(Box<dyn FnOnce() -> Outcome + Send>),
 }
 
+/// What the command does with its operation's result (the operation itself says where and
+/// how much).
 #[derive(Debug, Clone, Copy)]
 enum Then {
     Read {
-        off: u64,
-        len: usize,
         unread: u32,
         /// WRITE ATOMICs under way and started when the read was prepared.
         atomic: (usize, u64),
@@ -102,11 +102,6 @@ impl Pending {
         }
     }
 
-    /// The operation this waits for.
-    pub fn op(&self) -> &AioOp {
-        &self.op
-    }
-
     /// Ends the command with the operation's result, or goes on to the next one.
     pub fn finish(mut self, r: Result<AioDone, BackendError>) -> Step {
         let lu = self.lu.clone();
@@ -117,20 +112,14 @@ impl Pending {
             Ok(d) => d,
             Err(e) => return Step::Done(lu.outcome(Err(lu.medium_error(e, write)))),
         };
-        match (self.then, r) {
-            (
-                Then::Read {
-                    off,
-                    len,
-                    unread,
-                    atomic,
-                },
-                AioDone::Read(buf),
-            ) if buf.len() == len => {
+        match (self.then, &self.op, r) {
+            (Then::Read { unread, atomic }, &AioOp::Read { offset, len }, AioDone::Read(buf))
+                if buf.len() == len =>
+            {
                 if atomic.0 != 0 || lu.atomic_snapshot() != atomic {
                     // A WRITE ATOMIC ran meanwhile and may have been half done when read.
                     return Step::Blocking(Box::new(move || {
-                        let r = lu.read_locked(off, len).map(|b| {
+                        let r = lu.read_locked(offset, len).map(|b| {
                             let mut o = Outcome::good(b);
                             o.data_in_unread = unread;
                             o
@@ -142,7 +131,7 @@ impl Pending {
                 o.data_in_unread = unread;
                 Step::Done(o)
             }
-            (Then::Write { flush } | Then::CompareAndWrite { flush }, AioDone::Done) => {
+            (Then::Write { flush } | Then::CompareAndWrite { flush }, _, AioDone::Done) => {
                 if flush {
                     Step::Next(Pending {
                         lu,
@@ -154,11 +143,11 @@ impl Pending {
                     Step::Done(Outcome::good(Bytes::new()))
                 }
             }
-            (Then::Flush, AioDone::Done) => Step::Done(Outcome::good(Bytes::new())),
-            (Then::CompareAndWrite { .. }, AioDone::Miscompare { at }) => {
+            (Then::Flush, _, AioDone::Done) => Step::Done(Outcome::good(Bytes::new())),
+            (Then::CompareAndWrite { .. }, _, AioDone::Miscompare { at }) => {
                 Step::Done(lu.outcome(Err(super::miscompare(at))))
             }
-            (then, got) => {
+            (then, _, got) => {
                 let e = BackendError::Io {
                     op: "complete",
                     offset: 0,
@@ -171,7 +160,7 @@ impl Pending {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Read,
     Write,
     SyncCache,
@@ -179,7 +168,9 @@ enum Kind {
 }
 
 impl LogicalUnit {
-    fn aio_kind(&self, c: &Cdb) -> Option<Kind> {
+    /// Which asynchronous operation the command is, None when it is not for that path (or the
+    /// backend has none).
+    pub(super) fn aio_kind(&self, c: &Cdb) -> Option<Kind> {
         self.backend.aio()?;
         Some(match c.op() {
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => Kind::Read,
@@ -196,11 +187,6 @@ impl LogicalUnit {
         })
     }
 
-    /// Whether the command takes the asynchronous path ([`LogicalUnit::prepare`]).
-    pub fn is_async(&self, cdb: &[u8]) -> bool {
-        self.aio_kind(&Cdb::new(cdb)).is_some()
-    }
-
     /// The bytes a write's CDB names, None when they overflow.
     fn cdb_bytes(&self, c: &Cdb) -> Option<(u64, u64)> {
         let r = rw_fields(c)?;
@@ -211,7 +197,10 @@ impl LogicalUnit {
 
     /// The first half of a command on the asynchronous path: its checks, and the backend
     /// operation it needs.
-    pub fn prepare(self: &Arc<Self>, cmd: Command<'_>) -> Prepared {
+    pub fn prepare(self: &Arc<Self>, cmd: &Command<'_>) -> Prepared {
+        if self.backend.aio().is_none() {
+            return Prepared::Sync;
+        }
         let c = Cdb::new(cmd.cdb);
         let Some(kind) = self.aio_kind(&c) else {
             return Prepared::Sync;
@@ -237,30 +226,22 @@ impl LogicalUnit {
                 });
             }
         }
-        // From here on the blocks (if any) are let go whenever `p` is dropped.
-        let mut p = Pending {
-            lu: self.clone(),
-            op: AioOp::Flush,
-            then: Then::Flush,
-            held,
-        };
-        if let Some(o) = self.admit(&cmd, &c) {
+        // From here on the blocks (if any) are let go whenever `held` is dropped.
+        if let Some(o) = self.admit(cmd, &c) {
             return Prepared::Done(o);
         }
         let planned = match kind {
-            Kind::Read => self.read_plan(&cmd, &c).map(|r| match r {
+            Kind::Read => self.read_plan(cmd, &c).map(|r| match r {
                 Planned::Done(o) => Err(o),
                 Planned::Read { off, len, unread } => Ok((
                     AioOp::Read { offset: off, len },
                     Then::Read {
-                        off,
-                        len,
                         unread,
                         atomic: self.atomic_snapshot(),
                     },
                 )),
             }),
-            Kind::Write => self.write_plan(&cmd, &c).map(|w| match w {
+            Kind::Write => self.write_plan(cmd, &c).map(|w| match w {
                 None => Err(Outcome::good(Bytes::new())),
                 Some(WritePlan {
                     off, len, flush, ..
@@ -275,7 +256,7 @@ impl LogicalUnit {
             Kind::SyncCache => self
                 .sync_cache_plan(&c)
                 .map(|()| Ok((AioOp::Flush, Then::Flush))),
-            Kind::CompareAndWrite => self.caw_plan(&cmd, &c).map(|w| match w {
+            Kind::CompareAndWrite => self.caw_plan(cmd, &c).map(|w| match w {
                 None => Err(Outcome::good(Bytes::new())),
                 Some((off, n, flush)) => Ok((
                     AioOp::CompareAndWrite {
@@ -290,11 +271,12 @@ impl LogicalUnit {
         match planned {
             Err(fail) => Prepared::Done(self.outcome(Err(fail))),
             Ok(Err(o)) => Prepared::Done(o),
-            Ok(Ok((op, then))) => {
-                p.op = op;
-                p.then = then;
-                Prepared::Io(p)
-            }
+            Ok(Ok((op, then))) => Prepared::Io(Pending {
+                lu: self.clone(),
+                op,
+                then,
+                held,
+            }),
         }
     }
 }

@@ -155,10 +155,10 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             .map_err(|e| anyhow::anyhow!("{}: {e}", at(&field)))?;
         out.push(MemberSpec { url, options });
     }
-    if layout == Layout::Paths {
+    if layout != Layout::Mirror {
         if bitmap.is_some() {
             bail!(
-                "{}: a bitmap records what a mirror member missed; the members of a paths volume share their storage",
+                "{}: a bitmap records what a mirror member missed; only a mirror keeps one",
                 at("bitmap")
             );
         }
@@ -166,22 +166,11 @@ pub fn load(path: &Path, session: &SessionArgs, tcp_report: bool) -> anyhow::Res
             bail!("{}: only a mirror resyncs", at("resync_rate"));
         }
     }
-    if matches!(layout, Layout::Stripe { .. }) {
-        if bitmap.is_some() {
-            bail!(
-                "{}: a bitmap records what a mirror member missed; a stripe has no copies",
-                at("bitmap")
-            );
-        }
-        if resync_rate.is_some() {
-            bail!("{}: only a mirror resyncs", at("resync_rate"));
-        }
-        if reads.is_some() {
-            bail!(
-                "{}: a stripe reads each block from the one member that holds it",
-                at("reads")
-            );
-        }
+    if matches!(layout, Layout::Stripe { .. }) && reads.is_some() {
+        bail!(
+            "{}: a stripe reads each block from the one member that holds it",
+            at("reads")
+        );
     }
     Ok(VolumeSpec {
         layout,
