@@ -808,6 +808,9 @@ pub struct Session {
     /// the core's Data-Out timer watches.
     timer_wake: tokio::sync::Notify,
     timer_started: AtomicBool,
+    /// The device server has been told the I_T nexus is gone ([`Session::close`], or earlier:
+    /// the Logout Response that ends the session).
+    nexus_released: AtomicBool,
     /// The session's bandwidth per direction (seed 004), set at its leading login.
     qos: std::sync::OnceLock<Qos>,
     /// Its share of the target's QoS capacity, given back when it closes.
@@ -941,6 +944,7 @@ impl Session {
             core: Mutex::new(core),
             timer_wake: tokio::sync::Notify::new(),
             timer_started: AtomicBool::new(false),
+            nexus_released: AtomicBool::new(false),
             dead_logs: std::sync::Mutex::new(Vec::new()),
             qos: std::sync::OnceLock::new(),
             qos_reservation: Mutex::new(None),
@@ -1214,6 +1218,15 @@ impl Session {
         self.window
             .store(pack_window(core.cmd_sns()), Ordering::Release);
         while let Some((conn, pdu)) = core.poll_transmit() {
+            // A logout that ends the session ends its I_T nexus when it is answered, not when
+            // the connections have wound down afterwards: an initiator told "closed" may log in
+            // again, or another may ask for the reservation this one held, at once (libiscsi's
+            // Reserve6.Logout does the latter, and saw a conflict now and then).
+            if matches!(&pdu, Pdu::LogoutResponse(r) if r.response == mcsi_proto::codes::logout_response::CLOSED)
+                && core.conns().all(|c| core.ends_cleanly(c))
+            {
+                self.release_nexus();
+            }
             conn.send(pdu);
         }
         while let Some((conn, close)) = core.poll_close() {
@@ -1589,10 +1602,20 @@ impl Session {
         if !first {
             return;
         }
+        self.release_nexus();
+        tracing::info!(parent: &self.span, "session closed: {why}");
+    }
+
+    /// Tells the device server this session's I_T nexus is gone (its SPC-2 reservation, unit
+    /// attentions and prevent state go), once: a second time could wipe what a new session of
+    /// the same nexus has taken since.
+    fn release_nexus(&self) {
+        if self.nexus_released.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if let Some(t) = &self.target {
             t.dev.nexus_lost(&self.nexus);
         }
-        tracing::info!(parent: &self.span, "session closed: {why}");
     }
 
     /// A connection ended. At ErrorRecoveryLevel 0 a connection that fails (did not leave)

@@ -730,3 +730,48 @@ async fn text_request_in_pieces() {
     };
     assert_eq!(&t.data[..], expect.as_bytes());
 }
+
+/// Status of a command without data; a unit attention (a new nexus's first command) is taken and
+/// the command sent again.
+async fn no_data_status(c: &mut Client, cdb: &[u8]) -> u8 {
+    for _ in 0..3 {
+        let cmd = c.command(cdb, false, false, 0, Bytes::new(), true);
+        let itt = cmd.itt;
+        c.send(Pdu::ScsiCommand(cmd)).await;
+        let Pdu::ScsiResponse(r) = c.recv().await else {
+            panic!("expected a SCSI Response")
+        };
+        assert_eq!(r.itt, itt);
+        let unit_attention = r.status == 2 && r.sense.len() > 2 && r.sense[2] & 0x0f == 6;
+        if !unit_attention {
+            return r.status;
+        }
+    }
+    panic!("unit attentions without end")
+}
+
+/// A logout that ends a session ends its I_T nexus when it is answered: the RESERVE(6) it held
+/// is free for another initiator as soon as the Logout Response is in (SPC-2 reservations end
+/// with the nexus), not once the target has wound the connection down.
+#[tokio::test]
+async fn a_logout_frees_the_reservation_before_it_is_answered() {
+    const RESERVE6: [u8; 6] = [0x16, 0, 0, 0, 0, 0];
+    const RELEASE6: [u8; 6] = [0x17, 0, 0, 0, 0, 0];
+    const CONFLICT: u8 = 0x18;
+    // Forty logins in a row from one address: without the login rate limit.
+    let server = start_with(|c| c.limits.login_rate = 0).await;
+    let mut b = Client::normal_isid(&server, [0x80, 9, 9, 9, 9, 9], &[]).await;
+    for round in 0..40 {
+        let mut a = Client::normal(&server, &[]).await;
+        assert_eq!(no_data_status(&mut a, &RESERVE6).await, 0, "round {round}");
+        assert_eq!(no_data_status(&mut b, &RESERVE6).await, CONFLICT);
+        assert_eq!(a.logout(0, 0).await.response, 0);
+        assert_eq!(
+            no_data_status(&mut b, &RESERVE6).await,
+            0,
+            "round {round}: the reservation of the session that logged out is still held"
+        );
+        assert_eq!(no_data_status(&mut b, &RELEASE6).await, 0);
+    }
+    server.shutdown().await.unwrap();
+}
