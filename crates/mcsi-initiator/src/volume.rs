@@ -12,7 +12,7 @@ use crate::lun::{Capabilities, Capacity, Lun};
 use crate::session::{connect, ConnectOptions};
 use crate::url::IscsiUrl;
 use bytes::{Bytes, BytesMut};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod bitmap;
@@ -30,7 +30,8 @@ pub enum Layout {
     /// member expected to finish first, as a mirror's do; writes, UNMAP and WRITE SAME go to
     /// the first live member (the preferred path), so that storage with a single writer lock,
     /// like RBD's exclusive lock, does not pass it back and forth; SYNCHRONIZE CACHE goes to
-    /// every member, each gateway having a cache of its own. A member that is gone is failed
+    /// every member, each gateway having a cache of its own, and fails once when a member died
+    /// holding writes no flush had covered. A member that is gone is failed
     /// and the command goes to the next; a failed member comes back without a copy, the storage
     /// being shared. The members must report the same logical-unit designators (VPD 83h).
     Paths,
@@ -147,6 +148,13 @@ struct Member {
     state: AtomicU8,
     /// One bit per region ([`region_bytes`]) written while the member was failed.
     dirty: Mutex<Vec<u64>>,
+    /// Paths: changes this member acknowledged without Force Unit Access, and how many of them
+    /// a SYNCHRONIZE CACHE through it has covered since.
+    changes: AtomicU64,
+    flushed: AtomicU64,
+    /// Paths: the member failed with changes no flush had covered; the next
+    /// [`Volume::flush`] reports them as possibly lost, once.
+    lost_unflushed: AtomicBool,
 }
 
 const ACTIVE: u8 = 0;
@@ -427,6 +435,9 @@ impl Volume {
                 name,
                 busy: AtomicUsize::new(0),
                 dirty: Mutex::new(Vec::new()),
+                changes: AtomicU64::new(0),
+                flushed: AtomicU64::new(0),
+                lost_unflushed: AtomicBool::new(false),
             });
         }
         let open: Vec<(usize, Lun)> = members
@@ -708,7 +719,7 @@ impl Volume {
         self.check(lba, blocks)?;
         if self.inner.layout == Layout::Paths {
             return self
-                .path_op(move |lun| {
+                .path_op(fua, move |lun| {
                     let d = data.clone();
                     async move { lun.write_fua(lba, d, fua).await }
                 })
@@ -732,9 +743,14 @@ impl Volume {
         Ok(())
     }
 
-    /// SYNCHRONIZE CACHE on every (live) member.
+    /// SYNCHRONIZE CACHE on every (live) member. Paths: it fails if a member that acknowledged
+    /// changes since the last flush through it was lost before one: they were in that
+    /// member's cache only, and may be gone (reported once, as fsync reports a writeback error).
     pub async fn flush(&self) -> Result<(), Error> {
         let _user = self.user_op();
+        if self.inner.layout == Layout::Paths {
+            return self.paths_flush().await;
+        }
         let all = (0..self.inner.members.len()).map(|m| (m, 0, 0)).collect();
         self.on_runs(all, false, |lun, _, _| async move { lun.flush().await })
             .await
@@ -746,7 +762,10 @@ impl Volume {
         self.check(lba, blocks)?;
         if self.inner.layout == Layout::Paths {
             return self
-                .path_op(move |lun| async move { lun.unmap(lba, blocks).await })
+                .path_op(
+                    false,
+                    move |lun| async move { lun.unmap(lba, blocks).await },
+                )
                 .await;
         }
         let runs = self.runs(lba, blocks);
@@ -767,7 +786,7 @@ impl Volume {
         self.check(lba, blocks)?;
         if self.inner.layout == Layout::Paths {
             return self
-                .path_op(move |lun| async move {
+                .path_op(false, move |lun| async move {
                     lun.write_zeroes(lba, blocks, unmap, max_per_command).await
                 })
                 .await;
@@ -945,7 +964,7 @@ impl Volume {
     /// turns out to be gone is failed and the change goes to the next. A change that reached
     /// a gateway before it died may be done or not, as with any command whose connection
     /// failed; sending it again through another is what a multipath initiator does.
-    async fn path_op<F, Fut>(&self, op: F) -> Result<(), Error>
+    async fn path_op<F, Fut>(&self, durable: bool, op: F) -> Result<(), Error>
     where
         F: Fn(Lun) -> Fut,
         Fut: std::future::Future<Output = Result<(), Error>>,
@@ -959,12 +978,82 @@ impl Volume {
                 return Err(Error::Closed);
             };
             match self.on_member(m, &op).await {
+                Ok(()) => {
+                    if !durable {
+                        self.inner.members[m].changes.fetch_add(1, Ordering::AcqRel);
+                    }
+                    return Ok(());
+                }
                 // Another command may have failed this member meanwhile: what counts is
                 // whether a live one other than it is left.
                 Err(e) if self.fail_over(m, &e, || live(Some(m)).is_some()) => {}
-                r => return r.map_err(|e| self.member_error(m, e)),
+                Err(e) => return Err(self.member_error(m, e)),
             }
         }
+    }
+
+    /// [`Volume::flush`] of a paths volume: SYNCHRONIZE CACHE through every live member, each
+    /// covering the changes it had acknowledged when the flush was sent.
+    async fn paths_flush(&self) -> Result<(), Error> {
+        let live: Vec<usize> = (0..self.inner.members.len())
+            .filter(|&m| self.inner.members[m].state() == ACTIVE)
+            .collect();
+        let flushes = live.into_iter().map(|m| async move {
+            let upto = self.inner.members[m].changes.load(Ordering::Acquire);
+            (
+                m,
+                upto,
+                self.on_member(m, |lun| async move { lun.flush().await })
+                    .await,
+            )
+        });
+        let mut done = 0;
+        let mut answer = None;
+        for (m, upto, r) in futures_util::future::join_all(flushes).await {
+            match r {
+                Ok(()) => {
+                    done += 1;
+                    self.inner.members[m]
+                        .flushed
+                        .fetch_max(upto, Ordering::AcqRel);
+                }
+                Err(e) if member_gone(&e) => self.fail_member(m, &e),
+                Err(e) => {
+                    answer.get_or_insert(self.member_error(m, e));
+                }
+            }
+        }
+        let lost: Vec<&str> = self
+            .inner
+            .members
+            .iter()
+            .filter(|member| {
+                let mut lost = member.lost_unflushed.swap(false, Ordering::AcqRel);
+                // A member failed between acknowledging a change and counting it.
+                if member.state() != ACTIVE {
+                    let c = member.changes.load(Ordering::Acquire);
+                    lost |= member.flushed.fetch_max(c, Ordering::AcqRel) < c;
+                }
+                lost
+            })
+            .map(|member| member.name.as_str())
+            .collect();
+        if let Some(e) = answer {
+            return Err(e);
+        }
+        if !lost.is_empty() {
+            return Err(Error::SessionLost {
+                attempts: 0,
+                last: format!(
+                    "{} acknowledged writes that no SYNCHRONIZE CACHE had covered, and was lost before one: they may be gone",
+                    lost.join(", ")
+                ),
+            });
+        }
+        if done == 0 {
+            return Err(Error::Closed);
+        }
+        Ok(())
     }
 
     /// Runs `op` on member `m`'s LUN, counted among the member's commands in flight.
@@ -1001,13 +1090,26 @@ impl Volume {
             return;
         }
         let member = &self.inner.members[m];
+        if self.inner.layout == Layout::Paths
+            && member.changes.load(Ordering::Acquire) > member.flushed.load(Ordering::Acquire)
+        {
+            // Whatever it does on coming back, what it held in its cache may be gone.
+            member.lost_unflushed.store(true, Ordering::Release);
+            let c = member.changes.load(Ordering::Acquire);
+            member.flushed.fetch_max(c, Ordering::AcqRel);
+        }
         if member.state.swap(FAILED, Ordering::AcqRel) != FAILED {
             tracing::error!(
                 member = m,
                 url = %member.name,
                 error = %e,
                 live = self.live_members(),
-                "mirror member {m} failed; the volume goes on degraded, recording what it misses"
+                "{}",
+                if self.inner.layout == Layout::Paths {
+                    format!("paths member {m} failed; the volume goes on degraded through the others")
+                } else {
+                    format!("mirror member {m} failed; the volume goes on degraded, recording what it misses")
+                }
             );
         }
         if !self.inner.rejoining.swap(true, Ordering::AcqRel) {

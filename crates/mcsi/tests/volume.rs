@@ -653,3 +653,52 @@ fn a_paths_volume_of_two_different_luns_is_refused() {
     assert!(!o.status.success());
     assert!(err.contains("is another logical unit"), "{err}");
 }
+
+/// A paths volume's SYNCHRONIZE CACHE answers for the writes each member acknowledged: they
+/// may sit in that gateway's cache only. A member lost after a flush covered its writes costs
+/// nothing; one lost with writes no flush had covered makes the next flush fail, once, and the
+/// volume goes on through the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paths_flush_fails_once_for_writes_lost_with_a_member() {
+    use mcsi_initiator::volume::{Layout, MemberSpec, Volume, VolumeSpec};
+    let dir = Scratch::new("paths-flush");
+    let lun = format!("file:{}:16MiB", dir.file("shared.img"));
+    let mut targets: Vec<Option<LocalTarget>> = (0..3)
+        .map(|_| Some(LocalTarget::start(mcsi(), IQN, &lun)))
+        .collect();
+    let members = targets
+        .iter()
+        .flatten()
+        .map(|t| MemberSpec {
+            url: t.url(IQN).parse().unwrap(),
+            options: mcsi_initiator::ConnectOptions::default(),
+        })
+        .collect();
+    let v = Volume::open(&VolumeSpec {
+        layout: Layout::Paths,
+        members,
+        bitmap: None,
+        resync_rate: None,
+        reads: Default::default(),
+    })
+    .await
+    .unwrap();
+    let block = bytes::Bytes::from(vec![7u8; 4096]);
+    // Member 0 takes the writes; a flush covers them; it dies: nothing was at risk.
+    v.write(0, block.clone()).await.unwrap();
+    v.flush().await.unwrap();
+    targets[0] = None;
+    v.write(8, block.clone()).await.unwrap();
+    v.flush().await.unwrap();
+    // Member 1 took that write and the next, without a flush since: it dies.
+    v.write(16, block.clone()).await.unwrap();
+    targets[1] = None;
+    v.write(24, block.clone()).await.unwrap();
+    let e = v.flush().await.unwrap_err();
+    assert!(e.to_string().contains("may be gone"), "{e}");
+    // Reported once; member 2 goes on.
+    v.flush().await.unwrap();
+    assert_eq!(v.read(24, 8).await.unwrap(), block);
+    let failed: Vec<bool> = v.member_states().iter().map(|m| m.failed).collect();
+    assert_eq!(failed, [true, true, false]);
+}
