@@ -166,6 +166,13 @@ impl Member {
         self.lun.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Paths: counts every change it acknowledged as flushed from now on; true if some were
+    /// not (a member that is gone may have lost them).
+    fn settle_changes(&self) -> bool {
+        let c = self.changes.load(Ordering::Acquire);
+        self.flushed.fetch_max(c, Ordering::AcqRel) < c
+    }
+
     /// Its LUN, or [`Error::Closed`] for a member that is not open (only a failed mirror
     /// member, which no command is sent to).
     fn open_lun(&self) -> Result<Lun, Error> {
@@ -1028,13 +1035,9 @@ impl Volume {
             .members
             .iter()
             .filter(|member| {
-                let mut lost = member.lost_unflushed.swap(false, Ordering::AcqRel);
-                // A member failed between acknowledging a change and counting it.
-                if member.state() != ACTIVE {
-                    let c = member.changes.load(Ordering::Acquire);
-                    lost |= member.flushed.fetch_max(c, Ordering::AcqRel) < c;
-                }
-                lost
+                // Also a member failed between acknowledging a change and counting it.
+                let lost = member.lost_unflushed.swap(false, Ordering::AcqRel);
+                lost | (member.state() != ACTIVE && member.settle_changes())
             })
             .map(|member| member.name.as_str())
             .collect();
@@ -1090,26 +1093,21 @@ impl Volume {
             return;
         }
         let member = &self.inner.members[m];
-        if self.inner.layout == Layout::Paths
-            && member.changes.load(Ordering::Acquire) > member.flushed.load(Ordering::Acquire)
-        {
-            // Whatever it does on coming back, what it held in its cache may be gone.
+        // Whatever it does on coming back, what it held in its cache may be gone.
+        if self.inner.layout == Layout::Paths && member.settle_changes() {
             member.lost_unflushed.store(true, Ordering::Release);
-            let c = member.changes.load(Ordering::Acquire);
-            member.flushed.fetch_max(c, Ordering::AcqRel);
         }
         if member.state.swap(FAILED, Ordering::AcqRel) != FAILED {
+            let (kind, how) = match self.inner.layout {
+                Layout::Paths => ("paths", " through the others"),
+                _ => ("mirror", ", recording what it misses"),
+            };
             tracing::error!(
                 member = m,
                 url = %member.name,
                 error = %e,
                 live = self.live_members(),
-                "{}",
-                if self.inner.layout == Layout::Paths {
-                    format!("paths member {m} failed; the volume goes on degraded through the others")
-                } else {
-                    format!("mirror member {m} failed; the volume goes on degraded, recording what it misses")
-                }
+                "{kind} member {m} failed; the volume goes on degraded{how}"
             );
         }
         if !self.inner.rejoining.swap(true, Ordering::AcqRel) {

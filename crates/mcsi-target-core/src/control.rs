@@ -469,6 +469,10 @@ mod tests {
         let (closed, how) = core.poll_close().expect("closes");
         assert_eq!((closed.0, how), (2, Close::Now));
         assert!(core.ends_cleanly(&b), "its end is a logout");
+        assert!(
+            !core.take_nexus_ended(),
+            "connection 1 stays: the nexus too"
+        );
         // A CID the session does not have, then the whole session with nothing running.
         assert_eq!(
             logout(&mut core, &a, &request(51, 1, 9), |_| {}),
@@ -481,6 +485,11 @@ mod tests {
             logout(&mut core, &a, &request(52, 0, 1), |_| {}),
             Ok(Logout::CloseSession)
         );
+        assert!(
+            core.take_nexus_ended(),
+            "the session's end is answered: the nexus ends"
+        );
+        assert!(!core.take_nexus_ended(), "once");
         assert!(matches!(core.poll_transmit(), Some((_, Pdu::LogoutResponse(r))) if r.itt == 52));
         let closes: Vec<(u16, Close)> = std::iter::from_fn(|| core.poll_close())
             .map(|(c, h)| (c.0, h))

@@ -555,6 +555,8 @@ pub struct SessionCore<C, T> {
     parked: Vec<Parked<C>>,
     /// Connections to close, for [`SessionCore::poll_close`].
     closes: std::collections::VecDeque<(C, Close)>,
+    /// A logout's answer that ends the session has gone out ([`SessionCore::take_nexus_ended`]).
+    nexus_ended: bool,
     /// ErrorRecoveryLevel 2: how long the tasks of a failed connection wait to be reassigned
     /// (DefaultTime2Retain), the failed connections' CIDs with their deadline, and the final
     /// PDUs of tasks that ended meanwhile ([`SessionCore::conn_failed`]).
@@ -638,7 +640,15 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             keepalives: AHashMap::new(),
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
+            nexus_ended: false,
         }
+    }
+
+    /// Whether a logout's answer that ends the session was queued since the last call: the
+    /// I_T nexus ends now (its reservations, unit attentions and prevent state go), before the
+    /// answer reaches the initiator.
+    pub fn take_nexus_ended(&mut self) -> bool {
+        std::mem::take(&mut self.nexus_ended)
     }
 
     /// The next connection to close and how, after the PDUs [`SessionCore::poll_transmit`]
@@ -710,6 +720,15 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 .retain(|k| tasks.get(&k.itt).is_some_and(|t| t.id == k.id));
             if p.waiting.is_empty() && (!p.after_inline || inline == 0) {
                 let p = self.parked.remove(i);
+                // A logout that leaves the session no connection ends its I_T nexus with its
+                // answer, not once the connections have wound down afterwards: an initiator
+                // told "closed" may log in again, or another may ask at once for a
+                // reservation this one held.
+                if matches!(&p.pdu, Pdu::LogoutResponse(r) if r.response == mcsi_proto::codes::logout_response::CLOSED)
+                    && self.conns.keys().all(|cid| self.leaving.contains(cid))
+                {
+                    self.nexus_ended = true;
+                }
                 self.transmit.push_back((p.conn, p.pdu));
                 self.closes.extend(p.then);
             } else {

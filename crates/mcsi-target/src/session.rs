@@ -1217,16 +1217,12 @@ impl Session {
         // send them before the lock is let go.
         self.window
             .store(pack_window(core.cmd_sns()), Ordering::Release);
+        // Before the logout's answer that ends the session is sent (libiscsi's
+        // Reserve6.Logout reserves from another session right after it).
+        if core.take_nexus_ended() {
+            self.release_nexus();
+        }
         while let Some((conn, pdu)) = core.poll_transmit() {
-            // A logout that ends the session ends its I_T nexus when it is answered, not when
-            // the connections have wound down afterwards: an initiator told "closed" may log in
-            // again, or another may ask for the reservation this one held, at once (libiscsi's
-            // Reserve6.Logout does the latter, and saw a conflict now and then).
-            if matches!(&pdu, Pdu::LogoutResponse(r) if r.response == mcsi_proto::codes::logout_response::CLOSED)
-                && core.conns().all(|c| core.ends_cleanly(c))
-            {
-                self.release_nexus();
-            }
             conn.send(pdu);
         }
         while let Some((conn, close)) = core.poll_close() {
