@@ -37,6 +37,9 @@ enum Command {
     Lab(cmd::lab::Command),
     /// Export iSCSI LUNs over NBD (sessions of many connections for the kernel, QEMU, fio...).
     Nbd(cmd::nbd::Args),
+    /// The protocol cores on virtual time: initiators, a target, smoltcp's TCP and the link
+    /// emulator's models, deterministic and faster than real time.
+    Sim(cmd::sim::Args),
     /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
     Monitor(cmd::monitor::Args),
 }
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Lab(c) => cmd::lab::run(c),
         Command::Monitor(args) => cmd::monitor::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),
+        Command::Sim(args) => cmd::sim::run(args),
     };
     match result {
         Ok(code) => code,

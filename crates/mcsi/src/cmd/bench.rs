@@ -1433,7 +1433,7 @@ async fn run_auto(
 }
 
 /// `--runtime`: a positive duration, in seconds when it has no unit.
-fn parse_runtime(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_runtime(s: &str) -> Result<f64, String> {
     let d =
         mcsi_units::parse_duration(s, mcsi_units::BareUnit::Seconds).map_err(|e| e.to_string())?;
     if d.is_zero() {

@@ -9,6 +9,7 @@ pub mod model;
 pub mod monitor;
 pub mod nbd;
 pub mod observe;
+pub mod sim;
 pub mod target;
 pub mod volume;
 

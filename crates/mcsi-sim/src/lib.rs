@@ -1,0 +1,328 @@
+//! mcsi-sim: mcsi's own protocol code on virtual time.
+//!
+//! The initiator is `mcsi-initiator-core` (login machine, session core, scheduler, timers), the
+//! target is mcsi-proto's login machine, `mcsi-target-core`'s session core and mcsi-scsi's
+//! device server: the same crates the binaries run. Only what is around them is simulated:
+//!
+//! - [`net`]: each host runs smoltcp's TCP (Reno or CUBIC) on a virtual clock, and the hosts
+//!   are joined by `mcsi-link`'s link model (rate, delay, jitter, loss, Gilbert-Elliott,
+//!   802.11 airtime, several paths), the emulator's own code without its TUN devices;
+//! - [`initiator`] and [`target`]: the drivers that `mcsi-initiator` and `mcsi-target` are on
+//!   tokio, written synchronously;
+//! - [`stream`]: PDUs to and from a socket's bytes.
+//!
+//! A run is deterministic: the same [`Scenario`] gives the same [`Report`] (wall time aside).
+
+pub mod initiator;
+pub mod net;
+pub mod stream;
+pub mod target;
+
+use initiator::{Initiator, Workload};
+use mcsi_link::{Link, LinkConfig, Nanos};
+use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
+use net::{Host, Net, TcpConfig};
+use smoltcp::socket::tcp::State;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use target::Target;
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub link: LinkConfig,
+    pub tcp: TcpConfig,
+    /// Initiators, each with one session.
+    pub initiators: usize,
+    /// Connections per session.
+    pub connections: usize,
+    /// The initiator's scheduler across connections (`mcsi bench --policy`).
+    pub policy: String,
+    pub work: Workload,
+    /// The target's LUN (`ram:SIZE`).
+    pub lun: String,
+    pub seed: u64,
+}
+
+/// What one initiator saw.
+#[derive(Debug, Clone)]
+pub struct SessionReport {
+    pub ios: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub elapsed_s: f64,
+    pub bw_mbs: f64,
+    pub iops: f64,
+    pub lat_mean_ms: f64,
+    pub lat_p50_ms: f64,
+    pub lat_p99_ms: f64,
+    pub login_ms: f64,
+    pub events: u64,
+    pub failure: Option<String>,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub sessions: Vec<SessionReport>,
+    /// Simulated time from the first SYN to the last completion.
+    pub simulated_s: f64,
+    pub wall_s: f64,
+    /// Throughput of all sessions together, 10^6 bytes per second of the longest session.
+    pub bw_mbs: f64,
+    /// Jain's fairness index over the sessions' throughputs (1: all equal).
+    pub fairness: f64,
+    pub target: target::TargetStats,
+    /// Packets the link dropped (queue full, loss model, path down), up and down.
+    pub drops: [u64; 2],
+    /// Packets that entered the link, up and down.
+    pub packets: [u64; 2],
+}
+
+/// Why a run could not be set up or did not end.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("the simulation stopped at {at_s:.3} s of virtual time: {why}")]
+    Stuck { at_s: f64, why: String },
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Runs `s` to its end: every session logged in, issued commands for the run time, and
+/// drained.
+pub fn run(s: &Scenario) -> Result<Report, SimError> {
+    let wall = Instant::now();
+    let setup = |e: String| SimError::Setup(e);
+    if s.work.bs == 0 || !s.work.bs.is_multiple_of(512) {
+        return Err(setup(format!("bs {}: a multiple of 512 bytes", s.work.bs)));
+    }
+    let backend =
+        mcsi_scsi::backend::open_backend(&s.lun).map_err(|e| setup(format!("lun: {e}")))?;
+    let mut work = s.work.clone();
+    work.blocks = work.blocks.min(backend.size() / 512);
+    if work.blocks < u64::from(work.bs / 512) {
+        return Err(setup(format!(
+            "the LUN ({} bytes) is smaller than one I/O ({} bytes)",
+            backend.size(),
+            work.bs
+        )));
+    }
+    let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
+    let dev = Arc::new(DeviceServer::new(vec![(0, lu)]));
+    let limits = mcsi_target::config::Limits::default();
+    let mut target = Target::new(dev, limits.local_params(), limits.queue_depth);
+    let link = Link::new(&s.link).map_err(|e| setup(format!("link: {e}")))?;
+
+    let mut inis = Vec::with_capacity(s.initiators);
+    let mut hosts = Vec::with_capacity(s.initiators);
+    let mut handles = Vec::with_capacity(s.initiators);
+    let mut tgt_host = Host::new(net::target_addr(), s.tcp.mtu, s.seed ^ 0x7a7a);
+    let mut listeners = Vec::new();
+    for i in 0..s.initiators {
+        let ini = Initiator::new(
+            i,
+            s.connections,
+            &s.policy,
+            work.clone(),
+            s.seed.wrapping_add(i as u64),
+        )
+        .map_err(setup)?;
+        let mut h = Host::new(
+            net::initiator_addr(i),
+            s.tcp.mtu,
+            s.seed.wrapping_add(1 + i as u64),
+        );
+        let mut hs = Vec::new();
+        for c in 0..ini.conn_count() {
+            hs.push(
+                h.connect(&s.tcp, net::target_addr(), 40000 + c as u16)
+                    .map_err(setup)?,
+            );
+            listeners.push((tgt_host.listen(&s.tcp).map_err(setup)?, None::<usize>));
+        }
+        inis.push(ini);
+        hosts.push(h);
+        handles.push(hs);
+    }
+    let mut net = Net::new(link, hosts, tgt_host);
+    let mut established: Vec<Vec<bool>> = handles.iter().map(|h| vec![false; h.len()]).collect();
+    let base = Instant::now();
+    for ini in &mut inis {
+        ini.connecting(base);
+    }
+    let horizon: Nanos = (s.work.runtime + Duration::from_secs(120)).as_nanos() as u64;
+    let mut now: Nanos = 0;
+    loop {
+        let t = base + Duration::from_nanos(now);
+        net.carry(now);
+        net.poll_due(now);
+        if target.poll_timeout().is_some_and(|d| d <= t) {
+            target.handle_timeout(t);
+        }
+        for ini in &mut inis {
+            if ini.poll_timeout().is_some_and(|d| d <= t) {
+                ini.handle_timeout(t);
+            }
+        }
+        // Bytes between sockets and drivers, until nothing moves.
+        let mut touched_target = false;
+        let mut touched = vec![false; inis.len()];
+        loop {
+            let mut progress = false;
+            for (i, ini) in inis.iter_mut().enumerate() {
+                for (c, h) in handles[i].iter().enumerate().take(ini.conn_count()) {
+                    let host = &mut net.initiators[i];
+                    if !established[i][c] && host.state(*h) == State::Established {
+                        established[i][c] = true;
+                        ini.established(c, t);
+                        touched[i] = true;
+                    }
+                    if host.exchange(*h, ini.stream(c)) {
+                        ini.receive(c, t);
+                        progress = true;
+                        touched[i] = true;
+                    }
+                }
+            }
+            for (h, conn) in listeners.iter_mut() {
+                if conn.is_none()
+                    && matches!(net.target.state(*h), State::Established | State::CloseWait)
+                {
+                    *conn = Some(target.accept(stream::Stream::default()));
+                }
+                if let Some(k) = *conn {
+                    if net.target.exchange(*h, target.stream(k)) {
+                        if let Err(e) = target.receive(k, t) {
+                            tracing::debug!(error = %e, "target connection ended");
+                        }
+                        progress = true;
+                        touched_target = true;
+                    }
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        for (i, t) in touched.iter().enumerate() {
+            if *t {
+                net.poll_initiator(i, now);
+            }
+        }
+        if touched_target {
+            net.poll_target(now);
+        }
+        net.carry(now);
+        if inis.iter().all(Initiator::is_done) {
+            break;
+        }
+        let timers = inis
+            .iter()
+            .filter_map(Initiator::poll_timeout)
+            .chain(target.poll_timeout())
+            .min()
+            .map(|d| d.saturating_duration_since(base).as_nanos() as u64);
+        let next = [net.next_event(), timers].into_iter().flatten().min();
+        let Some(next) = next else {
+            return Err(SimError::Stuck {
+                at_s: now as f64 / 1e9,
+                why: "nothing is due and the sessions have not ended".into(),
+            });
+        };
+        now = next.max(now + 1000);
+        if now > horizon {
+            return Err(SimError::Stuck {
+                at_s: now as f64 / 1e9,
+                why: format!(
+                    "the run time plus 120 s passed with sessions still running ({} of {} done)",
+                    inis.iter().filter(|i| i.is_done()).count(),
+                    inis.len()
+                ),
+            });
+        }
+    }
+    let sessions: Vec<SessionReport> = inis
+        .iter()
+        .map(|ini| {
+            let m = ini.measured();
+            let secs = m.elapsed.as_secs_f64();
+            let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+            SessionReport {
+                ios: m.ios,
+                bytes: m.bytes,
+                errors: m.errors,
+                elapsed_s: secs,
+                bw_mbs: per_s(m.bytes as f64) / 1e6,
+                iops: per_s(m.ios as f64),
+                lat_mean_ms: m.lat.mean() / 1000.0,
+                lat_p50_ms: ms(m.lat.value_at_quantile(0.5)),
+                lat_p99_ms: ms(m.lat.value_at_quantile(0.99)),
+                login_ms: m.login.as_secs_f64() * 1000.0,
+                events: m.events,
+                failure: ini.failure().map(str::to_string),
+            }
+        })
+        .collect();
+    let longest = sessions.iter().map(|r| r.elapsed_s).fold(0.0, f64::max);
+    let total: u64 = sessions.iter().map(|r| r.bytes).sum();
+    let xs: Vec<f64> = sessions.iter().map(|r| r.bw_mbs).collect();
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    let summary = net.link.summary();
+    let mut packets = [0; 2];
+    for p in &summary.paths {
+        packets[0] += p.up.packets_in;
+        packets[1] += p.down.packets_in;
+    }
+    Ok(Report {
+        sessions,
+        simulated_s: now as f64 / 1e9,
+        wall_s: wall.elapsed().as_secs_f64(),
+        bw_mbs: if longest > 0.0 {
+            total as f64 / longest / 1e6
+        } else {
+            0.0
+        },
+        fairness: if sq > 0.0 {
+            sum * sum / (xs.len() as f64 * sq)
+        } else {
+            1.0
+        },
+        target: target.stats(),
+        drops: net.drops,
+        packets,
+    })
+}
+
+impl Report {
+    /// One row per session, with nothing that depends on the machine (no wall time): two runs
+    /// of one scenario write the same bytes.
+    pub fn write_csv(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "session,ios,errors,bytes,elapsed_s,bw_mbs,iops,lat_mean_ms,lat_p50_ms,lat_p99_ms,login_ms,events"
+        )?;
+        for (i, s) in self.sessions.iter().enumerate() {
+            writeln!(
+                out,
+                "{i},{},{},{},{:.6},{:.4},{:.2},{:.4},{:.4},{:.4},{:.3},{}",
+                s.ios,
+                s.errors,
+                s.bytes,
+                s.elapsed_s,
+                s.bw_mbs,
+                s.iops,
+                s.lat_mean_ms,
+                s.lat_p50_ms,
+                s.lat_p99_ms,
+                s.login_ms,
+                s.events
+            )?;
+        }
+        Ok(())
+    }
+}

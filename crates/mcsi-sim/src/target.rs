@@ -1,0 +1,490 @@
+//! The simulated target: mcsi-proto's login machine, mcsi-target-core's session core and
+//! mcsi-scsi's device server, driven synchronously on virtual time over byte streams. It is
+//! what `mcsi-target`'s tokio layer does per connection (decode, hand the PDU to the core, run
+//! what the core hands out, stamp StatSN, encode), without tasks, locks or sockets.
+
+use crate::stream::Stream;
+use bytes::Bytes;
+use mcsi_proto::keys::{LocalParams, SessionType};
+use mcsi_proto::login::{
+    LoginEnv, LoginNumbers, LoginStep, NoAuth, Refusal, TargetAccess, TargetLogin,
+    TargetLoginConfig,
+};
+use mcsi_proto::pdu::{Framing, Isid, LoginRequest, Pdu, ScsiCommand};
+use mcsi_proto::vendor::ConnRole;
+use mcsi_scsi::{DataPhase, DeviceServer, Nexus, Outcome, TaskAttribute};
+use mcsi_target_core::control::{logout, task_management, Tmf, TmfStep};
+use mcsi_target_core::datain::{read_expected, response_pdus};
+use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore};
+use mcsi_target_core::transfer::BurstParams;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The target's name in every simulation.
+pub const TARGET_NAME: &str = "iqn.2026-01.org.mcsi:sim";
+
+/// A connection as a session core knows it.
+#[derive(Debug, Clone)]
+pub struct Tc {
+    cid: u16,
+    /// Index of the connection in [`Target`]'s table: what tells two connections apart.
+    index: usize,
+    role: ConnRole,
+    max_data_in: u32,
+}
+
+impl CoreConn for Tc {
+    fn cid(&self) -> u16 {
+        self.cid
+    }
+    fn role(&self) -> ConnRole {
+        self.role
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.index == other.index
+    }
+    fn max_data_in(&self) -> u32 {
+        self.max_data_in
+    }
+}
+
+/// What the target attaches to a task: nothing (the core keeps its command).
+struct Job;
+
+/// Counters a report reads.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TargetStats {
+    pub commands: u64,
+    pub r2ts: u64,
+    pub data_in: u64,
+    pub responses: u64,
+    /// Most tasks any session held at once (its queue depth as the target saw it).
+    pub max_tasks: usize,
+}
+
+struct Session {
+    core: SessionCore<Tc, Job>,
+    nexus: Nexus,
+    burst: BurstParams,
+    /// Its connections' indexes by CID.
+    conns: Vec<(u16, usize)>,
+    isid: Isid,
+}
+
+enum Phase {
+    Login(Box<TargetLogin>),
+    Full { session: usize, tc: Tc },
+    Closed,
+}
+
+struct Conn {
+    stream: Stream,
+    phase: Phase,
+    tx: Framing,
+    rx: Framing,
+    stat_sn: u32,
+}
+
+/// The target: its LUs, sessions and connections.
+pub struct Target {
+    params: LocalParams,
+    queue_depth: u32,
+    dev: Arc<DeviceServer>,
+    sessions: Vec<Session>,
+    conns: Vec<Conn>,
+    stats: TargetStats,
+}
+
+/// The login's questions, answered from the target's sessions.
+struct Env<'a> {
+    params: &'a LocalParams,
+    queue_depth: u32,
+    sessions: &'a [Session],
+    stat_sn: &'a mut u32,
+}
+
+impl LoginEnv for Env<'_> {
+    fn target(
+        &mut self,
+        session_type: SessionType,
+        target_name: Option<&str>,
+        _: &str,
+    ) -> Result<TargetAccess, Refusal> {
+        if session_type == SessionType::Normal && target_name != Some(TARGET_NAME) {
+            return Err(Refusal::from(mcsi_proto::login::status::NOT_FOUND));
+        }
+        Ok(TargetAccess {
+            params: self.params.clone(),
+            authenticator: Box::new(NoAuth),
+            target_alias: None,
+            extensions: Vec::new(),
+        })
+    }
+
+    fn session(
+        &mut self,
+        isid: Isid,
+        tsih: u16,
+        _: u16,
+        _: &str,
+        _: Option<&str>,
+    ) -> Result<u16, Refusal> {
+        if tsih == 0 {
+            // The next session's TSIH (sessions are never removed).
+            return Ok(self.sessions.len() as u16 + 1);
+        }
+        match self.sessions.get(usize::from(tsih) - 1) {
+            Some(s) if s.isid == isid => Ok(tsih),
+            _ => Err(Refusal::from(
+                mcsi_proto::login::status::SESSION_DOES_NOT_EXIST,
+            )),
+        }
+    }
+
+    fn numbers(&mut self, req: &LoginRequest) -> LoginNumbers {
+        *self.stat_sn = self.stat_sn.wrapping_add(1);
+        let (exp_cmd_sn, max_cmd_sn) = match usize::from(req.tsih)
+            .checked_sub(1)
+            .and_then(|i| self.sessions.get(i))
+        {
+            Some(s) => s.core.cmd_sns(),
+            None => (
+                req.cmd_sn,
+                req.cmd_sn.wrapping_add(self.queue_depth.saturating_sub(1)),
+            ),
+        };
+        LoginNumbers {
+            stat_sn: self.stat_sn.wrapping_sub(1),
+            exp_cmd_sn,
+            max_cmd_sn,
+        }
+    }
+}
+
+impl Target {
+    /// A target with `dev`'s LUs, offering `params` and taking `queue_depth` commands per
+    /// session (as `mcsi target` does with its `[limits]`).
+    pub fn new(dev: Arc<DeviceServer>, params: LocalParams, queue_depth: u32) -> Target {
+        Target {
+            params,
+            queue_depth,
+            dev,
+            sessions: Vec::new(),
+            conns: Vec::new(),
+            stats: TargetStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> TargetStats {
+        self.stats
+    }
+
+    /// A connection was accepted: it starts in login.
+    pub fn accept(&mut self, stream: Stream) -> usize {
+        self.conns.push(Conn {
+            stream,
+            phase: Phase::Login(Box::new(TargetLogin::new(TargetLoginConfig::default()))),
+            tx: Framing::default(),
+            rx: Framing::default(),
+            stat_sn: 0x1000,
+        });
+        self.conns.len() - 1
+    }
+
+    /// The stream of connection `i`, for the network to move bytes.
+    pub fn stream(&mut self, i: usize) -> &mut Stream {
+        &mut self.conns[i].stream
+    }
+
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// When the target's timers next want [`Target::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.sessions
+            .iter()
+            .filter_map(|s| s.core.poll_timeout())
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for s in 0..self.sessions.len() {
+            let expired = self.sessions[s].core.handle_timeout(now);
+            if !expired.is_empty() {
+                tracing::debug!(session = s, ?expired, "target timers expired");
+            }
+            self.flush(s);
+        }
+    }
+
+    /// Decodes and handles what connection `i` received.
+    pub fn receive(&mut self, i: usize, now: Instant) -> Result<(), String> {
+        loop {
+            let rx = self.conns[i].rx;
+            let pdu = match self.conns[i].stream.decode(&rx) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    self.conns[i].phase = Phase::Closed;
+                    return Err(format!("target connection {i}: {e}"));
+                }
+            };
+            self.handle(i, pdu, now)?;
+        }
+    }
+
+    fn handle(&mut self, i: usize, pdu: Pdu, now: Instant) -> Result<(), String> {
+        match &mut self.conns[i].phase {
+            Phase::Closed => Ok(()),
+            Phase::Login(_) => {
+                let Pdu::LoginRequest(req) = pdu else {
+                    self.conns[i].phase = Phase::Closed;
+                    return Err(format!(
+                        "target connection {i}: not a Login Request in login"
+                    ));
+                };
+                self.login(i, req, now)
+            }
+            Phase::Full { session, tc } => {
+                let (s, tc) = (*session, tc.clone());
+                self.sessions[s].core.heard(tc.cid, now);
+                self.full_feature(s, &tc, pdu)
+            }
+        }
+    }
+
+    fn login(&mut self, i: usize, req: LoginRequest, now: Instant) -> Result<(), String> {
+        let c = &mut self.conns[i];
+        let Phase::Login(machine) = &mut c.phase else {
+            return Ok(());
+        };
+        let mut env = Env {
+            params: &self.params,
+            queue_depth: self.queue_depth,
+            sessions: &self.sessions,
+            stat_sn: &mut c.stat_sn,
+        };
+        let framing = Framing::default();
+        match machine.handle(&req, &mut env) {
+            LoginStep::Continue(resp) => {
+                self.conns[i]
+                    .stream
+                    .send(&Pdu::LoginResponse(resp), &framing);
+                Ok(())
+            }
+            LoginStep::Fail(resp) => {
+                self.conns[i]
+                    .stream
+                    .send(&Pdu::LoginResponse(resp), &framing);
+                self.conns[i].phase = Phase::Closed;
+                Err(format!("target connection {i}: login refused"))
+            }
+            LoginStep::FullFeature {
+                response,
+                session,
+                connection,
+                initiator_name,
+                isid,
+                tsih,
+                cid,
+                ..
+            } => {
+                self.conns[i]
+                    .stream
+                    .send(&Pdu::LoginResponse(response), &framing);
+                let c = &mut self.conns[i];
+                c.tx = connection.tx_framing();
+                c.rx = connection.rx_framing();
+                let tc = Tc {
+                    cid,
+                    index: i,
+                    role: ConnRole::Both,
+                    max_data_in: c.tx.max_data_segment_length,
+                };
+                let s = usize::from(tsih) - 1;
+                if s == self.sessions.len() {
+                    let mut core = SessionCore::new(req.cmd_sn, self.queue_depth, false, None);
+                    let burst: BurstParams = (&session).into();
+                    core.set_burst(burst);
+                    self.sessions.push(Session {
+                        core,
+                        nexus: Nexus {
+                            initiator_port: format!(
+                                "{initiator_name},i,0x{}",
+                                isid.0
+                                    .iter()
+                                    .map(|b| format!("{b:02x}"))
+                                    .collect::<String>()
+                            )
+                            .into(),
+                            target_port: format!("{TARGET_NAME},t,0x0001").into(),
+                            relative_port: 1,
+                        },
+                        burst,
+                        conns: Vec::new(),
+                        isid,
+                    });
+                }
+                let sess = &mut self.sessions[s];
+                if sess.core.add_conn(tc.clone()).is_err() {
+                    self.conns[i].phase = Phase::Closed;
+                    return Err(format!(
+                        "target connection {i}: session {tsih} refused CID {cid}"
+                    ));
+                }
+                sess.conns.retain(|(c, _)| *c != cid);
+                sess.conns.push((cid, i));
+                sess.core
+                    .start_keepalive(cid, Duration::from_secs(5), Duration::from_secs(5), now);
+                self.conns[i].phase = Phase::Full { session: s, tc };
+                Ok(())
+            }
+        }
+    }
+
+    fn full_feature(&mut self, s: usize, tc: &Tc, pdu: Pdu) -> Result<(), String> {
+        if matches!(pdu, Pdu::ScsiCommand(_)) {
+            self.stats.commands += 1;
+        }
+        let dev = Arc::clone(&self.dev);
+        let arrival = self.sessions[s].core.handle_pdu(tc, pdu, &*dev, || Job);
+        match arrival {
+            Arrival::Now(now) => {
+                let reply = now.claim.reply.clone().unwrap_or_else(|| tc.clone());
+                let o = self.execute(s, &now.cmd, now.data);
+                self.respond(s, &reply, &now.cmd, now.phase, o);
+                if now.claim.tracked {
+                    let _ = self.sessions[s].core.release_inline(now.cmd.lun);
+                }
+            }
+            Arrival::Taken { runs, note } => {
+                if let Some(n) = note {
+                    tracing::debug!(session = s, note = ?n, "target core note");
+                }
+                self.runs(s, runs);
+            }
+            Arrival::Snack(_) => {
+                return Err("a SNACK at ErrorRecoveryLevel 0".into());
+            }
+            Arrival::End(fault) => {
+                return Err(format!("the target ends connection {}: {fault}", tc.index));
+            }
+        }
+        self.flush(s);
+        Ok(())
+    }
+
+    /// Carries out what came up in CmdSN order.
+    fn runs(&mut self, s: usize, runs: Vec<Run<Tc>>) {
+        for r in runs {
+            match r {
+                Run::Control(c, Pdu::LogoutRequest(l)) => {
+                    let _ = logout(&mut self.sessions[s].core, &c, &l, |_| {});
+                }
+                Run::Control(c, Pdu::TaskMgmtRequest(t)) => {
+                    let plan = Tmf::plan(&t, self.dev.lu(t.lun).is_some());
+                    let step = task_management(
+                        &mut self.sessions[s].core,
+                        &c,
+                        t.itt,
+                        &plan,
+                        t.immediate,
+                        |_| {},
+                    );
+                    if let TmfStep::Answered { runs, .. } = step {
+                        self.runs(s, runs);
+                    }
+                }
+                Run::Control(_, other) => {
+                    tracing::debug!(opcode = ?other.opcode(), "control request not simulated");
+                }
+                Run::Inline(d, claim) => {
+                    let reply = claim.reply.clone().unwrap_or_else(|| d.conn.clone());
+                    let data = d.data_out();
+                    let o = self.execute(s, &d.cmd, data);
+                    self.respond(s, &reply, &d.cmd, d.phase, o);
+                    if claim.tracked {
+                        let _ = self.sessions[s].core.release_inline(d.cmd.lun);
+                    }
+                }
+                Run::Task(d) => {
+                    let (more, _) = self.sessions[s].core.start_held(*d, Job);
+                    self.runs(s, more);
+                }
+            }
+        }
+    }
+
+    /// Grants writes their budget, runs the tasks the core hands out, and sends what it made.
+    fn flush(&mut self, s: usize) {
+        loop {
+            let mut progress = false;
+            while let Some(g) = self.sessions[s].core.poll_grant() {
+                let _ = self.sessions[s].core.grant(g.itt, g.id);
+                progress = true;
+            }
+            let mut ready = Vec::new();
+            while let Some(r) = self.sessions[s].core.poll_ready() {
+                if let Some(a) = r.answer {
+                    ready.push((r.itt, r.id, r.conn.clone(), r.data, a.cmd.clone()));
+                }
+            }
+            self.stats.max_tasks = self.stats.max_tasks.max(self.sessions[s].core.task_count());
+            for (itt, id, conn, data, cmd) in ready {
+                let o = self.execute(s, &cmd, data);
+                let _ = self.sessions[s].core.finish(itt, id, &conn, Some(o));
+                progress = true;
+            }
+            while let Some((c, p)) = self.sessions[s].core.poll_transmit() {
+                self.send(s, &c, p);
+                progress = true;
+            }
+            while let Some((c, _)) = self.sessions[s].core.poll_close() {
+                self.conns[c.index].phase = Phase::Closed;
+                self.conns[c.index].stream.close();
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    fn execute(&self, s: usize, c: &ScsiCommand, data_out: Bytes) -> Outcome {
+        self.dev.execute(
+            c.lun,
+            mcsi_scsi::Command {
+                nexus: &self.sessions[s].nexus,
+                cdb: &c.cdb,
+                data_out,
+                data_in_limit: read_expected(c),
+                attr: TaskAttribute::Simple,
+            },
+        )
+    }
+
+    fn respond(&mut self, s: usize, conn: &Tc, c: &ScsiCommand, phase: DataPhase, o: Outcome) {
+        let max_burst = self.sessions[s].burst.max_burst_length;
+        for p in response_pdus(c, phase, o, conn.max_data_in, max_burst) {
+            self.send(s, conn, p);
+        }
+    }
+
+    /// A PDU leaves on `conn`: StatSN and the window stamped on, as the target's writer does.
+    fn send(&mut self, s: usize, conn: &Tc, mut p: Pdu) {
+        match &p {
+            Pdu::R2t(_) => self.stats.r2ts += 1,
+            Pdu::DataIn(_) => self.stats.data_in += 1,
+            Pdu::ScsiResponse(_) => self.stats.responses += 1,
+            _ => {}
+        }
+        let (exp, max) = self.sessions[s].core.cmd_sns();
+        let c = &mut self.conns[conn.index];
+        if matches!(c.phase, Phase::Closed) {
+            return;
+        }
+        p.stamp(&mut c.stat_sn, exp, max);
+        let tx = c.tx;
+        c.stream.send(&p, &tx);
+    }
+}

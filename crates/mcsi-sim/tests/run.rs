@@ -1,0 +1,147 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! Whole simulated runs: the protocol cores over smoltcp and the link models, checked against
+//! what the link allows and against each other.
+
+use mcsi_link::{LinkConfig, PathBy, PathConfig};
+use mcsi_sim::initiator::{Rw, Workload};
+use mcsi_sim::net::{Congestion, TcpConfig};
+use mcsi_sim::{Report, Scenario};
+use std::time::Duration;
+
+fn scenario(link: &str, rw: Rw, bs: u32, iodepth: u32, conns: usize, secs: u64) -> Scenario {
+    let mut path = PathConfig::default();
+    path.apply_spec(link).unwrap();
+    Scenario {
+        link: LinkConfig {
+            paths: vec![path],
+            path_by: PathBy::Port,
+            seed: 1,
+        },
+        tcp: TcpConfig {
+            congestion: Congestion::Cubic,
+            buffer: 4 << 20,
+            mtu: 1500,
+        },
+        initiators: 1,
+        connections: conns,
+        policy: "round-robin".into(),
+        work: Workload {
+            rw,
+            bs,
+            iodepth,
+            runtime: Duration::from_secs(secs),
+            blocks: u64::MAX,
+        },
+        lun: "ram:64MiB".into(),
+        seed: 1,
+    }
+}
+
+fn csv(r: &Report) -> String {
+    let mut v = Vec::new();
+    r.write_csv(&mut v).unwrap();
+    String::from_utf8(v).unwrap()
+}
+
+fn ok(s: &Scenario) -> Report {
+    let r = mcsi_sim::run(s).unwrap();
+    for x in &r.sessions {
+        assert!(x.failure.is_none(), "{x:?}");
+        assert_eq!(x.errors, 0, "{x:?}");
+        assert!(x.ios > 0, "{x:?}");
+    }
+    r
+}
+
+#[test]
+fn the_same_scenario_gives_the_same_csv() {
+    // Loss in bursts, jitter, two connections and several initiators: every random draw
+    // (link, TCP initial sequence numbers, offsets) comes from the scenario's seeds.
+    let mut s = scenario(
+        "rate=20mbit,delay=10ms,jitter=2ms,loss-ge=2%/20%/100%/0%",
+        Rw::RandRead,
+        16 << 10,
+        4,
+        2,
+        3,
+    );
+    s.initiators = 3;
+    let a = ok(&s);
+    let b = ok(&s);
+    assert_eq!(csv(&a), csv(&b));
+    assert_eq!(a.packets, b.packets);
+    assert!(
+        a.drops[0] + a.drops[1] > 0,
+        "the loss model dropped packets"
+    );
+    // Another seed draws other losses.
+    s.link.seed = 2;
+    let c = ok(&s);
+    assert_ne!(csv(&a), csv(&c));
+}
+
+#[test]
+fn bulk_reads_fill_the_link() {
+    // 100 Mbit/s carry at most 12.5 MB/s of IP packets; TCP/IP headers (40 of 1500 bytes) and
+    // iSCSI's (48 bytes per 256 KiB Data-In) leave 12.16 MB/s of data.
+    let r = ok(&scenario(
+        "rate=100mbit,delay=5ms",
+        Rw::Read,
+        128 << 10,
+        8,
+        1,
+        5,
+    ));
+    let bw = r.sessions[0].bw_mbs;
+    assert!((11.5..=12.17).contains(&bw), "{bw} MB/s");
+}
+
+#[test]
+fn one_read_at_a_time_takes_a_round_trip() {
+    // 10 ms of round trip and no rate limit: each 4 KiB read costs the round trip and nothing
+    // visible beyond it (the stacks run in no time).
+    let r = ok(&scenario("delay=5ms", Rw::Read, 4096, 1, 1, 2));
+    let x = &r.sessions[0];
+    assert!((10.0..10.1).contains(&x.lat_mean_ms), "{x:?}");
+    // Login: the TCP handshake, then two Login Request/Response exchanges (security
+    // negotiation, then operational negotiation).
+    assert!((30.0..30.5).contains(&x.login_ms), "{x:?}");
+}
+
+#[test]
+fn writes_beyond_the_first_burst_are_asked_for_with_r2ts() {
+    // 1 MiB writes: 256 KiB go unsolicited (the target's FirstBurstLength), the rest is asked
+    // for in R2Ts.
+    let r = ok(&scenario(
+        "rate=200mbit,delay=1ms",
+        Rw::Write,
+        1 << 20,
+        2,
+        2,
+        2,
+    ));
+    let x = &r.sessions[0];
+    assert!(r.target.r2ts >= x.ios, "{:?} {x:?}", r.target);
+    assert!(x.bw_mbs > 5.0, "{x:?}");
+}
+
+#[test]
+fn sessions_share_a_bottleneck_fairly() {
+    // The queue holds what the four sessions keep in flight (1 MiB): nothing is lost, and the
+    // link is shared evenly.
+    let mut s = scenario(
+        "rate=50mbit,delay=10ms,queue=1000p",
+        Rw::Read,
+        64 << 10,
+        4,
+        1,
+        10,
+    );
+    s.initiators = 4;
+    let r = ok(&s);
+    let total: f64 = r.sessions.iter().map(|x| x.bw_mbs).sum();
+    assert_eq!(r.drops, [0, 0]);
+    assert!(total > 5.9 && total <= 6.1, "{total} MB/s");
+    assert!(r.fairness > 0.98, "{}", r.fairness);
+}
