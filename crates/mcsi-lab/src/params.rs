@@ -64,6 +64,7 @@ const QOS_ALLOC: &[&str] = &["naive", "prot", "prot-rt", "prot-rt-ack", "full"];
 const QOS_AT: &[&str] = &["both", "link", "target"];
 const BULK: &[&str] = &["none", "up", "down", "both"];
 const RATE_PROCESS: &[&str] = &["linear", "poisson"];
+const ENGINE: &[&str] = &["emulated", "sim"];
 
 /// Every parameter, in the order of the CSV columns.
 pub const DEFS: &[Def] = &[
@@ -360,6 +361,13 @@ pub const DEFS: &[Def] = &[
         kind: Kind::Int(576, 9000),
         axis: "MTU (bytes)",
         help: "MTU of the link devices",
+    },
+    Def {
+        name: "engine",
+        role: Role::Client,
+        kind: Kind::Choice(ENGINE),
+        axis: "engine",
+        help: "emulated (the default: mcsi target and mcsi bench behind mcsi link run, Linux's TCP) or sim (mcsi sim: the same protocol cores on virtual time over smoltcp's TCP and the link emulator's models; mcsi targets and bench workloads only, no root needed)",
     },
 ];
 

@@ -247,6 +247,9 @@ pub fn host_congestion() -> String {
 /// The whole command line of one run.
 pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Command, String> {
     check_point(p)?;
+    if simulated(p) {
+        return sim_command(mcsi, p, seed);
+    }
     let bin = sh_quote(&mcsi.to_string_lossy());
     let mut lun = p.text("lun").to_string();
     if let (Some(share), Some(q)) = (p.num("storage_share"), qos_requirement(p)) {
@@ -368,6 +371,150 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
 }
 
 /// LUNs of the point's volume (parameter `members`, default 2), or 0 without a volume.
+/// Whether the point runs in `mcsi sim` (parameter `engine`) rather than behind `mcsi link run`.
+pub fn simulated(p: &Point) -> bool {
+    p.text("engine") == "sim"
+}
+
+/// The congestion control a simulated point uses: its `cc`, or CUBIC (Linux's default) where it
+/// sets none.
+fn sim_congestion(p: &Point) -> &str {
+    match p.text("cc") {
+        "" => "cubic",
+        cc => cc,
+    }
+}
+
+/// What `mcsi sim` does not model: a point that needs it runs emulated.
+fn check_sim(p: &Point) -> Result<(), String> {
+    let not = |what: &str| {
+        Err(format!(
+            "engine \"sim\" does not model {what}: run this series with engine \"emulated\""
+        ))
+    };
+    if p.text("target") == "tgt" {
+        return not("tgt (it runs mcsi's target core)");
+    }
+    if !matches!(p.text("client"), "" | "mcsi-bench") {
+        return not("clients other than mcsi bench");
+    }
+    for k in [
+        "volume",
+        "kill_every",
+        "rate_iops",
+        "qos_q",
+        "qos_alloc",
+        "qos_at",
+        "storage_share",
+        "bulk",
+        "routes",
+        "bs_auto",
+        "initiator_cc",
+        "target_cc",
+    ] {
+        if p.params.get(k).is_some() {
+            return not(k);
+        }
+    }
+    if mptcp(p) {
+        return not("Multipath TCP");
+    }
+    if p.text("asymmetric") == "true" {
+        return not("the asymmetric mode");
+    }
+    if p.text("verify") == "true" {
+        return not("verify");
+    }
+    if p.num("max_erl").is_some_and(|x| x > 0.0) {
+        return not("error recovery (max_erl above 0)");
+    }
+    if sim_congestion(p) == "bbr" {
+        return not("BBR (smoltcp has Reno and CUBIC)");
+    }
+    if p.text("rw") == "randrw" {
+        return not("randrw");
+    }
+    if p.text("path_by") == "source" {
+        return not("paths chosen by source address");
+    }
+    Ok(())
+}
+
+/// `mcsi sim` for a point: the link's options as `--path` specifications, the workload as
+/// bench's, one initiator per session, the run's seed for both the link and the stacks.
+fn sim_command(mcsi: &Path, p: &Point, seed: u64) -> Result<Command, String> {
+    let link = link_args(p)?;
+    let mut base = Vec::new();
+    let mut paths = Vec::new();
+    let mut extra = Vec::new();
+    for pair in link.chunks(2) {
+        let [k, v] = pair else {
+            return Err(format!("link option {pair:?} without a value"));
+        };
+        match k.as_str() {
+            "--path" => paths.push(v.clone()),
+            "--path-by" | "--mtu" => extra.extend([k.clone(), v.clone()]),
+            k => base.push(format!("{}={v}", k.trim_start_matches("--"))),
+        }
+    }
+    let base = base.join(",");
+    let mut c = Command::new(mcsi);
+    c.arg("sim");
+    if paths.is_empty() {
+        c.args(["--path", &base]);
+    }
+    for spec in &paths {
+        c.args(["--path", &format!("{base},{spec}")]);
+    }
+    c.args(&extra);
+    let or = |name: &str, default: &str| -> String {
+        match p.text(name) {
+            "" => default.to_string(),
+            v => v.to_string(),
+        }
+    };
+    c.args(["--rw", &or("rw", "read")])
+        .args(["--bs", &or("bs", "4096")])
+        .args(["--iodepth", &or("iodepth", "1")])
+        .args(["--connections", &or("connections", "1")])
+        .args(["--policy", &or("policy", "round-robin")])
+        .args(["--runtime", &format!("{}", p.runtime())])
+        .args(["--lun", &or("lun", "ram:64MiB")])
+        .args(["--congestion", sim_congestion(p)])
+        .args(["--initiators", &sessions(p).to_string()])
+        .args(["--seed", &seed.to_string()])
+        .args(["--link-seed", &seed.to_string()])
+        .arg("--json");
+    Ok(c)
+}
+
+/// The figures of one `mcsi sim --json` report.
+fn measure_sim(out: &[u8]) -> Result<Vec<(Metric, f64)>, String> {
+    let j: serde_json::Value =
+        serde_json::from_slice(out).map_err(|e| format!("mcsi sim printed no JSON ({e})"))?;
+    if let Some(f) = j["sessions"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|s| s["failure"].as_str()))
+    {
+        return Err(format!("a simulated session failed: {f}"));
+    }
+    let mut m = Vec::new();
+    for (metric, key) in [
+        (Metric::BwMbs, "bw_mbs"),
+        (Metric::Iops, "iops"),
+        (Metric::LatMeanMs, "lat_mean_ms"),
+        (Metric::LatP50Ms, "lat_p50_ms"),
+        (Metric::LatP99Ms, "lat_p99_ms"),
+        (Metric::IoKib, "io_kib"),
+    ] {
+        let v = j[key]
+            .as_f64()
+            .ok_or_else(|| format!("mcsi sim's report has no {key}"))?;
+        m.push((metric, v));
+    }
+    Ok(m)
+}
+
 pub fn members(p: &Point) -> usize {
     if p.params.get("volume").is_none() {
         return 0;
@@ -406,6 +553,9 @@ pub fn sessions(p: &Point) -> usize {
 /// What the standard stack can run: libiscsi's iscsi-perf reads, over one connection (libiscsi
 /// never negotiates more), without mcsi's extensions; tgt serves a RAM-backed file.
 pub fn check_point(p: &Point) -> Result<(), String> {
+    if simulated(p) {
+        check_sim(p)?;
+    }
     if p.text("client") == "iscsi-perf" {
         if !matches!(p.text("rw"), "read" | "randread") {
             return Err("iscsi-perf (libiscsi) only reads: use rw read or randread".into());
@@ -696,6 +846,9 @@ fn run_with_limit(
 
 /// Reads the figures of one run from `mcsi bench --json` output and the link's summary.
 fn measure(bench: &[u8], summary: &Path, p: &Point) -> Result<Vec<(Metric, f64)>, String> {
+    if simulated(p) {
+        return measure_sim(bench);
+    }
     // The target must have served the whole run, not died on its own.
     if let Ok(s) = std::fs::read_to_string(summary) {
         if let Ok(s) = serde_json::from_str::<serde_json::Value>(&s) {
@@ -975,7 +1128,8 @@ pub fn check_congestion(points: &[Point]) -> Result<(), String> {
     let available = read("tcp_available_congestion_control");
     // Per-socket choices (cc) and the target side's route (target_cc) only need the algorithm
     // to exist: the lab runs as root, in the host's namespace for the target.
-    for p in points {
+    let points: Vec<&Point> = points.iter().filter(|p| !simulated(p)).collect();
+    for p in &points {
         for name in ["cc", "target_cc"] {
             if let Some(cc) = p.params.get(name) {
                 mcsi_tcp::Congestion::new(&cc.text)
@@ -1094,6 +1248,14 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
             eprintln!("{m}")
         }
     }
+    // A simulated run's TCP is smoltcp's, with the point's congestion control.
+    let congestion_of = |p: &Point| {
+        if simulated(p) {
+            format!("smoltcp-{}", sim_congestion(p))
+        } else {
+            cc.clone()
+        }
+    };
     let mut writer = results::RunWriter::open(&runs_csv)?;
     let stdout = dir.join(".bench.json");
     let stderr = dir.join(".stderr.txt");
@@ -1163,7 +1325,7 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
                     status: format!("retried: {fault}: {why}"),
                     started,
                     wall_s: wall,
-                    ..row_of(p, rep, seed, &cc)
+                    ..row_of(p, rep, seed, &congestion_of(p))
                 })?;
                 out.retried += 1;
                 std::thread::sleep(Duration::from_secs(2));
@@ -1177,7 +1339,7 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
             status: status.clone(),
             started,
             wall_s: wall,
-            ..row_of(p, rep, seed, &cc)
+            ..row_of(p, rep, seed, &congestion_of(p))
         };
         writer.append(&row)?;
         out.done += 1;
@@ -1342,5 +1504,90 @@ mod tests {
         assert!(measure_one(&j, &p)
             .unwrap_err()
             .contains("no connection was killed"));
+    }
+
+    fn sim_point(extra: &str) -> Point {
+        let text = format!(
+            "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\nengine = \"sim\"\nrate = \"50mbit\"\nqueue = \"1000p\"\nrw = \"randwrite\"\nbs = \"16KiB\"\niodepth = 8\nconnections = 2\nruntime = 3\n{extra}\n[sweep]\nrtt = [40]\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"rtt\"\ny = \"bw_mbs\"\n"
+        );
+        crate::spec::parse("t", "t.toml", &text)
+            .unwrap()
+            .points(false)[0]
+            .clone()
+    }
+
+    #[test]
+    fn a_simulated_point_becomes_mcsi_sim_and_its_report_metrics() {
+        let p = sim_point("cc = \"reno\"\nloss = \"1%\"");
+        let c = command(Path::new("/bin/mcsi"), &p, 7, Path::new("/none")).unwrap();
+        assert_eq!(c.get_program(), "/bin/mcsi");
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let a = args.join(" ");
+        assert!(a.starts_with("sim --path "), "{a}");
+        // The link's options as one --path specification, as mcsi link run would get them.
+        let spec = &args[2];
+        for want in ["rate=50000000bit", "queue=1000p", "delay=20ms", "loss=1%"] {
+            assert!(spec.split(',').any(|x| x == want), "{want} not in {spec}");
+        }
+        for want in [
+            "--rw randwrite",
+            "--bs 16384",
+            "--iodepth 8",
+            "--connections 2",
+            "--runtime 3",
+            "--congestion reno",
+            "--initiators 1",
+            "--seed 7",
+            "--link-seed 7",
+            "--json",
+        ] {
+            assert!(a.contains(want), "{want} not in {a}");
+        }
+        // Without cc: CUBIC, Linux's default.
+        let a = format!(
+            "{:?}",
+            command(Path::new("m"), &sim_point(""), 1, Path::new("/n")).unwrap()
+        );
+        assert!(a.contains("\"--congestion\" \"cubic\""), "{a}");
+        let out = serde_json::json!({
+            "bw_mbs": 2.5, "iops": 152.0, "lat_mean_ms": 52.0, "lat_p50_ms": 50.0,
+            "lat_p99_ms": 90.0, "io_kib": 16.0, "sessions": [{"failure": null}],
+        });
+        let m = measure(out.to_string().as_bytes(), Path::new("/n"), &p).unwrap();
+        let get = |k: Metric| m.iter().find(|(x, _)| *x == k).unwrap().1;
+        assert_eq!(get(Metric::BwMbs), 2.5);
+        assert_eq!(get(Metric::LatP99Ms), 90.0);
+        let failed = serde_json::json!({"sessions": [{"failure": "login refused"}]});
+        let e = measure(failed.to_string().as_bytes(), Path::new("/n"), &p).unwrap_err();
+        assert!(e.contains("login refused"), "{e}");
+    }
+
+    #[test]
+    fn what_the_simulator_does_not_model_is_refused() {
+        // When the spec is read, before anything runs.
+        for (extra, says) in [
+            ("target = \"tgt\"\nlun = \"ram:16MiB\"", "tgt"),
+            ("cc = \"bbr\"", "BBR"),
+            ("max_erl = 2", "error recovery"),
+            (
+                "client = \"iscsi-perf\"\nrw = \"read\"",
+                "clients other than mcsi bench",
+            ),
+            ("kill_every = 5", "kill_every"),
+        ] {
+            let text = format!(
+                "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\nengine = \"sim\"\nrate = \"50mbit\"\n{extra}\n[sweep]\nrtt = [40]\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"rtt\"\ny = \"bw_mbs\"\n"
+            );
+            let e = crate::spec::parse("t", "t.toml", &text)
+                .unwrap_err()
+                .message;
+            assert!(
+                e.contains(says) && e.contains("engine \"emulated\""),
+                "{extra}: {e}"
+            );
+        }
     }
 }

@@ -70,6 +70,12 @@ pub struct Report {
     pub wall_s: f64,
     /// Throughput of all sessions together, 10^6 bytes per second of the longest session.
     pub bw_mbs: f64,
+    /// I/Os of all sessions together per second of the longest session.
+    pub iops: f64,
+    /// Response times over every I/O of every session.
+    pub lat_mean_ms: f64,
+    pub lat_p50_ms: f64,
+    pub lat_p99_ms: f64,
     /// Jain's fairness index over the sessions' throughputs (1: all equal).
     pub fairness: f64,
     pub target: target::TargetStats,
@@ -272,6 +278,13 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     let xs: Vec<f64> = sessions.iter().map(|r| r.bw_mbs).collect();
     let sum: f64 = xs.iter().sum();
     let sq: f64 = xs.iter().map(|x| x * x).sum();
+    let mut lat = hdrhistogram::Histogram::<u64>::new(3)
+        .map_err(|e| SimError::Setup(format!("histogram: {e}")))?;
+    for ini in &inis {
+        lat.add(&ini.measured().lat)
+            .map_err(|e| SimError::Setup(format!("histogram: {e}")))?;
+    }
+    let ios: u64 = sessions.iter().map(|r| r.ios).sum();
     let summary = net.link.summary();
     let mut packets = [0; 2];
     for p in &summary.paths {
@@ -287,6 +300,14 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         } else {
             0.0
         },
+        iops: if longest > 0.0 {
+            ios as f64 / longest
+        } else {
+            0.0
+        },
+        lat_mean_ms: lat.mean() / 1000.0,
+        lat_p50_ms: ms(lat.value_at_quantile(0.5)),
+        lat_p99_ms: ms(lat.value_at_quantile(0.99)),
         fairness: if sq > 0.0 {
             sum * sum / (xs.len() as f64 * sq)
         } else {

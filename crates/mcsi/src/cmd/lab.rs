@@ -88,7 +88,11 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                 mcsi_lab::run::check_congestion(&e.points(a.quick))
                     .map_err(|m| anyhow::anyhow!("{}: {m}", e.name))?;
             }
-            if let Some(why) = mcsi_link::run::missing_privileges() {
+            // Simulated points (engine = "sim") need no namespaces.
+            let emulated = exps
+                .iter()
+                .any(|e| e.points(a.quick).iter().any(|p| !run::simulated(p)));
+            if let Some(why) = mcsi_link::run::missing_privileges().filter(|_| emulated) {
                 bail!(
                     "mcsi lab run: {why}; the experiments run behind mcsi link, which needs them"
                 );
