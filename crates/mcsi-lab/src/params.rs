@@ -367,7 +367,7 @@ pub const DEFS: &[Def] = &[
         role: Role::Client,
         kind: Kind::Choice(ENGINE),
         axis: "engine",
-        help: "emulated (the default: mcsi target and mcsi bench behind mcsi link run, Linux's TCP) or sim (mcsi sim: the same protocol cores on virtual time over smoltcp's TCP and the link emulator's models; mcsi targets and bench workloads only, no root needed)",
+        help: "emulated (the default: mcsi target and mcsi bench behind mcsi link run, Linux's TCP) or sim (mcsi sim: the same protocol cores on virtual time over its Linux-like TCP and the link emulator's models; mcsi targets and bench workloads only, no root needed)",
     },
 ];
 

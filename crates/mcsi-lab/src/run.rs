@@ -377,7 +377,7 @@ pub fn simulated(p: &Point) -> bool {
 }
 
 /// The congestion control a simulated point uses: its `cc`, or CUBIC (Linux's default) where it
-/// sets none.
+/// sets none. (A simulated point cannot use the host's default: it has no host.)
 fn sim_congestion(p: &Point) -> &str {
     match p.text("cc") {
         "" => "cubic",
@@ -429,7 +429,7 @@ fn check_sim(p: &Point) -> Result<(), String> {
         return not("error recovery (max_erl above 0)");
     }
     if sim_congestion(p) == "bbr" {
-        return not("BBR (smoltcp has Reno and CUBIC)");
+        return not("BBR (the simulator's TCP has Reno and CUBIC)");
     }
     if p.text("rw") == "randrw" {
         return not("randrw");
@@ -511,6 +511,13 @@ fn measure_sim(out: &[u8]) -> Result<Vec<(Metric, f64)>, String> {
             .as_f64()
             .ok_or_else(|| format!("mcsi sim's report has no {key}"))?;
         m.push((metric, v));
+    }
+    if let (Some(i), Some(t)) = (
+        j["retransmits"]["initiators"].as_f64(),
+        j["retransmits"]["target"].as_f64(),
+    ) {
+        m.push((Metric::Retransmits, i));
+        m.push((Metric::TargetRetransmits, t));
     }
     Ok(m)
 }
@@ -1248,10 +1255,10 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
             eprintln!("{m}")
         }
     }
-    // A simulated run's TCP is smoltcp's, with the point's congestion control.
+    // A simulated run's TCP is the simulator's, with the point's congestion control.
     let congestion_of = |p: &Point| {
         if simulated(p) {
-            format!("smoltcp-{}", sim_congestion(p))
+            format!("sim-{}", sim_congestion(p))
         } else {
             cc.clone()
         }

@@ -4,9 +4,12 @@
 //! target is mcsi-proto's login machine, `mcsi-target-core`'s session core and mcsi-scsi's
 //! device server: the same crates the binaries run. Only what is around them is simulated:
 //!
-//! - [`net`]: each host runs smoltcp's TCP (Reno or CUBIC) on a virtual clock, and the hosts
-//!   are joined by `mcsi-link`'s link model (rate, delay, jitter, loss, Gilbert-Elliott,
-//!   802.11 airtime, several paths), the emulator's own code without its TUN devices;
+//! - [`tcp`]: a TCP written to behave as Linux's (Reno or CUBIC, SACK recovery, timestamps,
+//!   Linux's timers and ACK rule), with its state readable as `TCP_INFO`; smoltcp's TCP can
+//!   run instead;
+//! - [`net`]: the hosts on a virtual clock, joined by `mcsi-link`'s link model (rate, delay,
+//!   jitter, loss, Gilbert-Elliott, 802.11 airtime, several paths), the emulator's own code
+//!   without its TUN devices;
 //! - [`initiator`] and [`target`]: the drivers that `mcsi-initiator` and `mcsi-target` are on
 //!   tokio, written synchronously;
 //! - [`stream`]: PDUs to and from a socket's bytes.
@@ -17,12 +20,12 @@ pub mod initiator;
 pub mod net;
 pub mod stream;
 pub mod target;
+pub mod tcp;
 
 use initiator::{Initiator, Workload};
 use mcsi_link::{Link, LinkConfig, Nanos};
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
 use net::{Host, Net, TcpConfig};
-use smoltcp::socket::tcp::State;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use target::Target;
@@ -83,6 +86,10 @@ pub struct Report {
     pub drops: [u64; 2],
     /// Packets that entered the link, up and down.
     pub packets: [u64; 2],
+    /// Segments the initiators' and the target's TCP retransmitted, and their retransmission
+    /// timeouts (the simulator's own TCP counts them; smoltcp does not).
+    pub retransmits: Option<[u64; 2]>,
+    pub timeouts: Option<[u64; 2]>,
 }
 
 /// Why a run could not be set up or did not end.
@@ -126,7 +133,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     let mut inis = Vec::with_capacity(s.initiators);
     let mut hosts = Vec::with_capacity(s.initiators);
     let mut handles = Vec::with_capacity(s.initiators);
-    let mut tgt_host = Host::new(net::target_addr(), s.tcp.mtu, s.seed ^ 0x7a7a);
+    let mut tgt_host = Host::new(net::target_addr(), &s.tcp, s.seed ^ 0x7a7a);
     let mut listeners = Vec::new();
     for i in 0..s.initiators {
         let ini = Initiator::new(
@@ -139,7 +146,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         .map_err(setup)?;
         let mut h = Host::new(
             net::initiator_addr(i),
-            s.tcp.mtu,
+            &s.tcp,
             s.seed.wrapping_add(1 + i as u64),
         );
         let mut hs = Vec::new();
@@ -182,7 +189,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
             for (i, ini) in inis.iter_mut().enumerate() {
                 for (c, h) in handles[i].iter().enumerate().take(ini.conn_count()) {
                     let host = &mut net.initiators[i];
-                    if !established[i][c] && host.state(*h) == State::Established {
+                    if !established[i][c] && host.established(*h) {
                         established[i][c] = true;
                         ini.established(c, t);
                         touched[i] = true;
@@ -195,9 +202,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
                 }
             }
             for (h, conn) in listeners.iter_mut() {
-                if conn.is_none()
-                    && matches!(net.target.state(*h), State::Established | State::CloseWait)
-                {
+                if conn.is_none() && net.target.established(*h) {
                     *conn = Some(target.accept(stream::Stream::default()));
                 }
                 if let Some(k) = *conn {
@@ -285,6 +290,17 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
             .map_err(|e| SimError::Setup(format!("histogram: {e}")))?;
     }
     let ios: u64 = sessions.iter().map(|r| r.ios).sum();
+    let counts = |h: &Host| h.retransmits();
+    let ini_counts = net
+        .initiators
+        .iter()
+        .map(counts)
+        .try_fold((0, 0), |(r, t), c| c.map(|(a, b)| (r + a, t + b)));
+    let tgt_counts = counts(&net.target);
+    let (retransmits, timeouts) = match (ini_counts, tgt_counts) {
+        (Some(i), Some(t)) => (Some([i.0, t.0]), Some([i.1, t.1])),
+        _ => (None, None),
+    };
     let summary = net.link.summary();
     let mut packets = [0; 2];
     for p in &summary.paths {
@@ -316,6 +332,8 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         target: target.stats(),
         drops: net.drops,
         packets,
+        retransmits,
+        timeouts,
     })
 }
 

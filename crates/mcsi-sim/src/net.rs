@@ -1,5 +1,5 @@
-//! The simulated network: hosts running smoltcp's TCP on virtual time, joined by mcsi-link's
-//! link model. Initiator hosts sit on the link's command side (their packets go `Up`), the
+//! The simulated network: hosts running the simulator's TCP (or smoltcp's) on virtual time,
+//! joined by mcsi-link's link model. Initiator hosts sit on the link's command side (their packets go `Up`), the
 //! target host on the other; the link's queues, rates, delays and losses are the emulator's
 //! own code, driven by the virtual clock instead of a TUN device.
 
@@ -18,11 +18,38 @@ pub const PORT: u16 = 3260;
 /// TCP settings for every socket of a run.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpConfig {
+    pub stack: TcpStack,
     pub congestion: Congestion,
     /// Send and receive buffer per socket, bytes (the window it can offer and fill).
     pub buffer: usize,
     /// The IP MTU: segments carry this less 40 bytes.
     pub mtu: usize,
+}
+
+/// Which TCP the hosts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpStack {
+    /// The simulator's own, written to behave as Linux's does ([`crate::tcp`]).
+    Linuxlike,
+    /// smoltcp's (a complete TCP, but with a 1 s RTO floor and no SACK-based recovery).
+    Smoltcp,
+}
+
+impl TcpStack {
+    pub fn parse(s: &str) -> Result<TcpStack, String> {
+        match s {
+            "linuxlike" => Ok(TcpStack::Linuxlike),
+            "smoltcp" => Ok(TcpStack::Smoltcp),
+            other => Err(format!("TCP stack {other:?}: linuxlike or smoltcp")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpStack::Linuxlike => "linuxlike",
+            TcpStack::Smoltcp => "smoltcp",
+        }
+    }
 }
 
 /// A socket's congestion control.
@@ -105,8 +132,8 @@ impl Device for Wire {
     }
 }
 
-/// One simulated machine: an interface and its TCP sockets.
-pub struct Host {
+/// One simulated machine on smoltcp: an interface and its TCP sockets.
+pub struct SmolHost {
     wire: Wire,
     iface: Interface,
     sockets: SocketSet<'static>,
@@ -129,8 +156,8 @@ pub fn target_addr() -> Ipv4Address {
     Ipv4Address::new(10, 1, 0, 1)
 }
 
-impl Host {
-    pub fn new(addr: Ipv4Address, mtu: usize, seed: u64) -> Host {
+impl SmolHost {
+    pub fn new(addr: Ipv4Address, mtu: usize, seed: u64) -> SmolHost {
         let mut wire = Wire {
             rx: VecDeque::new(),
             tx: VecDeque::new(),
@@ -142,7 +169,7 @@ impl Host {
         iface.update_ip_addrs(|a| {
             let _ = a.push(IpCidr::new(IpAddress::Ipv4(addr), 8));
         });
-        Host {
+        SmolHost {
             wire,
             iface,
             sockets: SocketSet::new(Vec::new()),
@@ -167,7 +194,7 @@ impl Host {
     }
 
     pub fn listen(&mut self, tcp: &TcpConfig) -> Result<SocketHandle, String> {
-        let mut s = Host::socket(tcp);
+        let mut s = SmolHost::socket(tcp);
         s.listen(PORT).map_err(|e| format!("listen: {e}"))?;
         Ok(self.sockets.add(s))
     }
@@ -178,7 +205,7 @@ impl Host {
         to: Ipv4Address,
         local_port: u16,
     ) -> Result<SocketHandle, String> {
-        let mut s = Host::socket(tcp);
+        let mut s = SmolHost::socket(tcp);
         s.connect(
             self.iface.context(),
             (IpAddress::Ipv4(to), PORT),
@@ -199,7 +226,7 @@ impl Host {
             .map(|t| t.total_micros());
     }
 
-    pub fn state(&self, h: SocketHandle) -> tcp::State {
+    fn state(&self, h: SocketHandle) -> tcp::State {
         self.sockets.get::<tcp::Socket<'static>>(h).state()
     }
 
@@ -229,10 +256,137 @@ impl Host {
         }
         moved
     }
+}
 
-    /// Bytes the socket has received and not yet handed on: a stream has data to decode.
-    pub fn has_input(&self, h: SocketHandle) -> bool {
-        self.sockets.get::<tcp::Socket<'static>>(h).can_recv()
+/// A socket of either stack.
+#[derive(Debug, Clone, Copy)]
+pub enum Sock {
+    Smol(SocketHandle),
+    Own(usize),
+}
+
+/// A simulated machine on either stack.
+pub enum Host {
+    Smol(Box<SmolHost>),
+    Own(crate::tcp::Host),
+}
+
+impl Host {
+    pub fn new(addr: Ipv4Address, tcp: &TcpConfig, seed: u64) -> Host {
+        match tcp.stack {
+            TcpStack::Smoltcp => Host::Smol(Box::new(SmolHost::new(addr, tcp.mtu, seed))),
+            TcpStack::Linuxlike => Host::Own(crate::tcp::Host::new(addr.octets(), tcp.mtu)),
+        }
+    }
+
+    fn cc(tcp: &TcpConfig) -> crate::tcp::Cc {
+        match tcp.congestion {
+            Congestion::Reno => crate::tcp::Cc::Reno,
+            Congestion::Cubic => crate::tcp::Cc::Cubic,
+        }
+    }
+
+    pub fn listen(&mut self, tcp: &TcpConfig) -> Result<Sock, String> {
+        match self {
+            Host::Smol(h) => h.listen(tcp).map(Sock::Smol),
+            Host::Own(h) => Ok(Sock::Own(h.listen(tcp, PORT, Host::cc(tcp)))),
+        }
+    }
+
+    pub fn connect(
+        &mut self,
+        tcp: &TcpConfig,
+        to: Ipv4Address,
+        local_port: u16,
+    ) -> Result<Sock, String> {
+        match self {
+            Host::Smol(h) => h.connect(tcp, to, local_port).map(Sock::Smol),
+            Host::Own(h) => Ok(Sock::Own(h.connect(
+                tcp,
+                Host::cc(tcp),
+                to.octets(),
+                PORT,
+                local_port,
+            ))),
+        }
+    }
+
+    /// The connection is up (and data may flow).
+    pub fn established(&self, s: Sock) -> bool {
+        match (self, s) {
+            (Host::Smol(h), Sock::Smol(k)) => {
+                matches!(h.state(k), tcp::State::Established | tcp::State::CloseWait)
+            }
+            (Host::Own(h), Sock::Own(k)) => h.state(k) == crate::tcp::State::Established,
+            _ => false,
+        }
+    }
+
+    /// Moves bytes between the socket and `stream` both ways. True when any moved.
+    pub fn exchange(&mut self, s: Sock, stream: &mut Stream) -> bool {
+        match (self, s) {
+            (Host::Smol(h), Sock::Smol(k)) => h.exchange(k, stream),
+            (Host::Own(h), Sock::Own(k)) => h.exchange(k, stream),
+            _ => false,
+        }
+    }
+
+    /// The connection's TCP state where the stack exposes it (the simulator's own does).
+    pub fn tcp_state(&self, s: Sock) -> Option<mcsi_tcp::TcpState> {
+        match (self, s) {
+            (Host::Own(h), Sock::Own(k)) => Some(h.tcp_state(k)),
+            _ => None,
+        }
+    }
+
+    /// Segments retransmitted and retransmission timeouts, where the stack counts them.
+    pub fn retransmits(&self) -> Option<(u64, u64)> {
+        match self {
+            Host::Own(h) => Some(h.retransmits()),
+            Host::Smol(_) => None,
+        }
+    }
+
+    fn poll(&mut self, now_ns: Nanos) {
+        match self {
+            Host::Smol(h) => h.poll((now_ns / 1000) as i64),
+            Host::Own(h) => h.poll(now_ns),
+        }
+    }
+
+    fn next_poll(&self) -> Option<Nanos> {
+        match self {
+            Host::Smol(h) => h.next_poll.map(|us| us.max(0) as u64 * 1000),
+            Host::Own(h) => h.next_poll(),
+        }
+    }
+
+    fn has_rx(&self) -> bool {
+        match self {
+            Host::Smol(h) => !h.wire.rx.is_empty(),
+            Host::Own(h) => !h.rx.is_empty(),
+        }
+    }
+
+    fn rx(&mut self) -> &mut VecDeque<Vec<u8>> {
+        match self {
+            Host::Smol(h) => &mut h.wire.rx,
+            Host::Own(h) => &mut h.rx,
+        }
+    }
+
+    fn tx(&mut self) -> &mut VecDeque<Vec<u8>> {
+        match self {
+            Host::Smol(h) => &mut h.wire.tx,
+            Host::Own(h) => &mut h.tx,
+        }
+    }
+
+    fn addr(&self) -> [u8; 4] {
+        match self {
+            Host::Smol(h) => h.addr.octets(),
+            Host::Own(h) => h.addr,
+        }
     }
 }
 
@@ -251,7 +405,7 @@ impl Net {
         let index = initiators
             .iter()
             .enumerate()
-            .map(|(i, h)| (h.addr.octets(), i))
+            .map(|(i, h)| (h.addr(), i))
             .collect();
         Net {
             link,
@@ -264,47 +418,46 @@ impl Net {
 
     /// Polls every host whose stack is due at `now`.
     pub fn poll_due(&mut self, now_ns: Nanos) {
-        let now_us = (now_ns / 1000) as i64;
-        let due = |h: &Host| h.next_poll.is_some_and(|t| t <= now_us) || !h.wire.rx.is_empty();
+        let due = |h: &Host| h.next_poll().is_some_and(|t| t <= now_ns) || h.has_rx();
         for h in self.initiators.iter_mut().filter(|h| due(h)) {
-            h.poll(now_us);
+            h.poll(now_ns);
         }
         if due(&self.target) {
-            self.target.poll(now_us);
+            self.target.poll(now_ns);
         }
     }
 
     /// Polls initiator host `i` at `now` (its driver queued bytes).
     pub fn poll_initiator(&mut self, i: usize, now_ns: Nanos) {
-        self.initiators[i].poll((now_ns / 1000) as i64);
+        self.initiators[i].poll(now_ns);
     }
 
     /// Polls the target host at `now` (its driver queued bytes).
     pub fn poll_target(&mut self, now_ns: Nanos) {
-        self.target.poll((now_ns / 1000) as i64);
+        self.target.poll(now_ns);
     }
 
     /// Hands what the hosts sent to the link, and what the link delivers by `now` to the hosts.
     pub fn carry(&mut self, now_ns: Nanos) {
         for h in &mut self.initiators {
-            while let Some(p) = h.wire.tx.pop_front() {
+            while let Some(p) = h.tx().pop_front() {
                 if self.link.enqueue(Dir::Up, p, now_ns).is_err() {
                     self.drops[0] += 1;
                 }
             }
         }
-        while let Some(p) = self.target.wire.tx.pop_front() {
+        while let Some(p) = self.target.tx().pop_front() {
             if self.link.enqueue(Dir::Down, p, now_ns).is_err() {
                 self.drops[1] += 1;
             }
         }
         while let Some(d) = self.link.poll_transmit(now_ns) {
             match d.dir {
-                Dir::Up => self.target.wire.rx.push_back(d.pkt),
+                Dir::Up => self.target.rx().push_back(d.pkt),
                 Dir::Down => {
                     let dst = d.pkt.get(16..20).and_then(|a| <[u8; 4]>::try_from(a).ok());
                     if let Some(h) = dst.and_then(|a| self.index.get(&a)) {
-                        self.initiators[*h].wire.rx.push_back(d.pkt);
+                        self.initiators[*h].rx().push_back(d.pkt);
                     }
                 }
             }
@@ -317,8 +470,7 @@ impl Net {
             .initiators
             .iter()
             .chain(std::iter::once(&self.target))
-            .filter_map(|h| h.next_poll)
-            .map(|us| us.max(0) as u64 * 1000)
+            .filter_map(Host::next_poll)
             .min();
         [hosts, self.link.next_deadline()]
             .into_iter()

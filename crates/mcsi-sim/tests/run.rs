@@ -5,7 +5,7 @@
 
 use mcsi_link::{LinkConfig, PathBy, PathConfig};
 use mcsi_sim::initiator::{Rw, Workload};
-use mcsi_sim::net::{Congestion, TcpConfig};
+use mcsi_sim::net::{Congestion, TcpConfig, TcpStack};
 use mcsi_sim::{Report, Scenario};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ fn scenario(link: &str, rw: Rw, bs: u32, iodepth: u32, conns: usize, secs: u64) 
             seed: 1,
         },
         tcp: TcpConfig {
+            stack: TcpStack::Linuxlike,
             congestion: Congestion::Cubic,
             buffer: 4 << 20,
             mtu: 1500,
@@ -144,4 +145,17 @@ fn sessions_share_a_bottleneck_fairly() {
     assert_eq!(r.drops, [0, 0]);
     assert!(total > 5.9 && total <= 6.1, "{total} MB/s");
     assert!(r.fairness > 0.98, "{}", r.fairness);
+}
+
+#[test]
+fn smoltcp_and_the_simulators_tcp_agree_without_loss() {
+    // Two independent TCPs under the same cores and link: on a lossless link they must give
+    // the same figures within the difference of their segment sizes (smoltcp has no
+    // timestamps: 1460 against 1448 bytes).
+    let mut s = scenario("rate=20mbit,delay=10ms", Rw::Read, 64 << 10, 4, 2, 5);
+    let own = ok(&s).bw_mbs;
+    s.tcp.stack = TcpStack::Smoltcp;
+    let smol = ok(&s).bw_mbs;
+    assert!((own / smol - 1.0).abs() < 0.02, "{own} against {smol}");
+    assert!(own > 2.3, "{own}");
 }

@@ -5,7 +5,7 @@ use crate::cmd::bench::parse_runtime;
 use anyhow::{bail, Context};
 use mcsi_link::{LinkConfig, PathBy, PathConfig};
 use mcsi_sim::initiator::{Rw, Workload};
-use mcsi_sim::net::{Congestion, TcpConfig};
+use mcsi_sim::net::{Congestion, TcpConfig, TcpStack};
 use mcsi_sim::{Report, Scenario};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,7 +29,11 @@ pub struct Args {
     /// Seed of the link's random draws (loss, jitter, 802.11 backoff).
     #[arg(long, default_value_t = 1)]
     link_seed: u64,
-    /// TCP congestion control on every socket, both sides: reno or cubic (smoltcp's).
+    /// The hosts' TCP: linuxlike (the simulator's own, with Linux's loss recovery, timers and
+    /// TCP_INFO) or smoltcp (smoltcp's: 1 s RTO floor, no SACK-based recovery).
+    #[arg(long, default_value = "linuxlike")]
+    tcp: String,
+    /// TCP congestion control on every socket, both sides: reno or cubic.
     #[arg(long, default_value = "cubic")]
     congestion: String,
     /// IP MTU; segments carry 40 bytes less.
@@ -110,6 +114,7 @@ fn scenario(a: &Args) -> anyhow::Result<Scenario> {
             seed: a.link_seed,
         },
         tcp: TcpConfig {
+            stack: TcpStack::parse(&a.tcp).map_err(|e| anyhow::anyhow!("--tcp: {e}"))?,
             congestion: Congestion::parse(&a.congestion)
                 .map_err(|e| anyhow::anyhow!("--congestion: {e}"))?,
             buffer: buffer as usize,
@@ -142,8 +147,11 @@ fn json(s: &Scenario, r: &Report) -> serde_json::Value {
         "io_kib": f64::from(s.work.bs) / 1024.0,
         "fairness": r.fairness,
         "congestion": s.tcp.congestion.name(),
+        "tcp": s.tcp.stack.name(),
         "drops": { "up": r.drops[0], "down": r.drops[1] },
         "packets": { "up": r.packets[0], "down": r.packets[1] },
+        "retransmits": r.retransmits.map(|x| serde_json::json!({ "initiators": x[0], "target": x[1] })),
+        "timeouts": r.timeouts.map(|x| serde_json::json!({ "initiators": x[0], "target": x[1] })),
         "target": {
             "commands": r.target.commands,
             "r2ts": r.target.r2ts,
@@ -189,7 +197,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 fn print_report(s: &Scenario, r: &Report) {
     println!(
-        "simulated {:.3} s in {:.3} s of wall time ({:.0}x); {} session(s) of {} connection(s), {} {} at depth {}, TCP {}",
+        "simulated {:.3} s in {:.3} s of wall time ({:.0}x); {} session(s) of {} connection(s), {} {} at depth {}, TCP {} {}",
         r.simulated_s,
         r.wall_s,
         r.simulated_s / r.wall_s.max(1e-9),
@@ -198,12 +206,19 @@ fn print_report(s: &Scenario, r: &Report) {
         s.work.rw.name(),
         s.work.bs,
         s.work.iodepth,
+        s.tcp.stack.name(),
         s.tcp.congestion.name()
     );
     println!(
         "throughput {:.3} MB/s in all; fairness {:.4}; link packets up {} down {}, dropped up {} down {}",
         r.bw_mbs, r.fairness, r.packets[0], r.packets[1], r.drops[0], r.drops[1]
     );
+    if let (Some(x), Some(t)) = (r.retransmits, r.timeouts) {
+        println!(
+            "TCP retransmitted {} segments from the initiators ({} timeouts), {} from the target ({} timeouts)",
+            x[0], t[0], x[1], t[1]
+        );
+    }
     println!(
         "target: {} commands, {} R2Ts, {} Data-In, at most {} tasks in one session",
         r.target.commands, r.target.r2ts, r.target.data_in, r.target.max_tasks
