@@ -134,7 +134,14 @@ pub struct Initiator {
     out: Vec<Action<u64>>,
     payload: Bytes,
     failure: Option<String>,
+    /// The tcp-aware scheduler's inputs, sampled every [`TCP_SAMPLE`] as the tokio layer does.
+    meters: Vec<mcsi_initiator_core::sched::RateMeter>,
+    next_sample: Option<Instant>,
 }
+
+/// How often the TCP state of each connection is read for the scheduler (mcsi-initiator's
+/// period).
+const TCP_SAMPLE: Duration = Duration::from_millis(20);
 
 impl Initiator {
     /// Initiator `index` (its name and ISID follow from it), `conns` connections, the
@@ -192,6 +199,8 @@ impl Initiator {
             out: Vec::new(),
             payload,
             failure: None,
+            meters: Vec::new(),
+            next_sample: None,
         })
     }
 
@@ -274,7 +283,12 @@ impl Initiator {
     /// When the session core's timers next want [`Initiator::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Opening(_) | Phase::Running | Phase::Draining => self.core.poll_timeout(),
+            Phase::Opening(_) | Phase::Running | Phase::Draining => {
+                [self.core.poll_timeout(), self.next_sample]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            }
             _ => None,
         }
     }
@@ -288,6 +302,35 @@ impl Initiator {
             self.core.handle_timeout(now, &mut out);
             self.act(out, now);
         }
+    }
+
+    /// Whether the scheduler wants its connections' TCP state read now.
+    pub fn wants_tcp_sample(&self, now: Instant) -> bool {
+        self.next_sample.is_some_and(|t| t <= now) && self.phase != Phase::Done
+    }
+
+    /// Each connection's TCP state (`None` where the stack does not expose it) and the rate
+    /// each completes data at, for the scheduler.
+    pub fn sample_tcp(&mut self, now: Instant, states: &[Option<mcsi_tcp::TcpState>]) {
+        for (i, st) in states.iter().enumerate() {
+            if let Some(st) = st {
+                self.core.set_tcp(i, *st);
+            }
+        }
+        let secs = now
+            .saturating_duration_since(self.connect_at.unwrap_or(now))
+            .as_secs_f64();
+        let stats = self.core.conn_stats();
+        self.meters.resize_with(stats.len(), Default::default);
+        for (i, (c, m)) in stats.iter().zip(self.meters.iter_mut()).enumerate() {
+            m.sample(
+                secs,
+                c.bytes.saturating_sub(c.outstanding_bytes),
+                c.outstanding_tasks > 0,
+            );
+            self.core.set_rate(i, m.rate());
+        }
+        self.next_sample = Some(now + TCP_SAMPLE);
     }
 
     /// Decodes and handles what connection `i` received.
@@ -370,6 +413,9 @@ impl Initiator {
         let mut out = std::mem::take(&mut self.out);
         self.core.start(d.params.clone(), w, &starts, &mut out);
         self.m.login = now.saturating_duration_since(self.connect_at.unwrap_or(now));
+        if self.core.scheduler_wants_tcp_info() {
+            self.next_sample = Some(now);
+        }
         self.phase = Phase::Opening(0);
         self.act(out, now);
         self.open(now);

@@ -176,7 +176,14 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         if target.poll_timeout().is_some_and(|d| d <= t) {
             target.handle_timeout(t);
         }
-        for ini in &mut inis {
+        for (i, ini) in inis.iter_mut().enumerate() {
+            if ini.wants_tcp_sample(t) {
+                let states: Vec<_> = handles[i]
+                    .iter()
+                    .map(|h| net.initiators[i].tcp_state(*h))
+                    .collect();
+                ini.sample_tcp(t, &states);
+            }
             if ini.poll_timeout().is_some_and(|d| d <= t) {
                 ini.handle_timeout(t);
             }
