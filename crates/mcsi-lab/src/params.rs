@@ -269,7 +269,7 @@ pub const DEFS: &[Def] = &[
         role: Role::Target,
         kind: Kind::Text,
         axis: "LUN",
-        help: "an mcsi target LUN spec, e.g. ram:64MiB",
+        help: "an mcsi target LUN spec, e.g. ram:64MiB; with engine = \"sim\" also cheetah-9lp[:DRIVES], seed 001's disks (Seagate Cheetah 9LP, 8 striped by default)",
     },
     Def {
         name: "profile",

@@ -479,7 +479,11 @@ fn sim_command(mcsi: &Path, p: &Point, seed: u64) -> Result<Command, String> {
         .args(["--connections", &or("connections", "1")])
         .args(["--policy", &or("policy", "round-robin")])
         .args(["--runtime", &format!("{}", p.runtime())])
-        .args(["--lun", &or("lun", "ram:64MiB")])
+        .args(match p.text("lun") {
+            l if l.starts_with("cheetah-9lp") => ["--disk", l],
+            "" => ["--lun", "ram:64MiB"],
+            l => ["--lun", l],
+        })
         .args(["--congestion", sim_congestion(p)])
         .args(["--initiators", &sessions(p).to_string()])
         .args(["--seed", &seed.to_string()])
@@ -562,6 +566,8 @@ pub fn sessions(p: &Point) -> usize {
 pub fn check_point(p: &Point) -> Result<(), String> {
     if simulated(p) {
         check_sim(p)?;
+    } else if p.text("lun").starts_with("cheetah-9lp") {
+        return Err("lun cheetah-9lp is the simulator's disk model: set engine = \"sim\"".into());
     }
     if p.text("client") == "iscsi-perf" {
         if !matches!(p.text("rw"), "read" | "randread") {
@@ -1559,6 +1565,18 @@ mod tests {
             command(Path::new("m"), &sim_point(""), 1, Path::new("/n")).unwrap()
         );
         assert!(a.contains("\"--congestion\" \"cubic\""), "{a}");
+        // Seed 001's disks are the simulator's: a LUN of theirs becomes --disk.
+        let a = format!(
+            "{:?}",
+            command(
+                Path::new("m"),
+                &sim_point("lun = \"cheetah-9lp:4\""),
+                1,
+                Path::new("/n")
+            )
+            .unwrap()
+        );
+        assert!(a.contains("\"--disk\" \"cheetah-9lp:4\""), "{a}");
         let out = serde_json::json!({
             "bw_mbs": 2.5, "iops": 152.0, "lat_mean_ms": 52.0, "lat_p50_ms": 50.0,
             "lat_p99_ms": 90.0, "io_kib": 16.0, "sessions": [{"failure": null}],

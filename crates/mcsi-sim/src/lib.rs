@@ -16,6 +16,7 @@
 //!
 //! A run is deterministic: the same [`Scenario`] gives the same [`Report`] (wall time aside).
 
+pub mod disk;
 pub mod initiator;
 pub mod net;
 pub mod stream;
@@ -44,6 +45,9 @@ pub struct Scenario {
     pub work: Workload,
     /// The target's LUN (`ram:SIZE`).
     pub lun: String,
+    /// Disks behind the LUN (seed 001's drives): commands wait for them, and the LUN takes
+    /// their capacity (its data kept in sparse RAM).
+    pub disk: Option<disk::DiskConfig>,
     pub seed: u64,
 }
 
@@ -86,10 +90,21 @@ pub struct Report {
     pub drops: [u64; 2],
     /// Packets that entered the link, up and down.
     pub packets: [u64; 2],
+    /// The disks' counts, when there are disks.
+    pub disk: Option<DiskReport>,
     /// Segments the initiators' and the target's TCP retransmitted, and their retransmission
     /// timeouts (the simulator's own TCP counts them; smoltcp does not).
     pub retransmits: Option<[u64; 2]>,
     pub timeouts: Option<[u64; 2]>,
+}
+
+/// What the disks did.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskReport {
+    pub requests: u64,
+    pub cache_hits: u64,
+    /// Most requests queued at one drive at once.
+    pub max_queue: usize,
 }
 
 /// Why a run could not be set up or did not end.
@@ -113,8 +128,11 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     if s.work.bs == 0 || !s.work.bs.is_multiple_of(512) {
         return Err(setup(format!("bs {}: a multiple of 512 bytes", s.work.bs)));
     }
-    let backend =
-        mcsi_scsi::backend::open_backend(&s.lun).map_err(|e| setup(format!("lun: {e}")))?;
+    let lun = match &s.disk {
+        Some(d) => format!("ram:{}", d.capacity()),
+        None => s.lun.clone(),
+    };
+    let backend = mcsi_scsi::backend::open_backend(&lun).map_err(|e| setup(format!("lun: {e}")))?;
     let mut work = s.work.clone();
     work.blocks = work.blocks.min(backend.size() / 512);
     if work.blocks < u64::from(work.bs / 512) {
@@ -127,7 +145,11 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
     let dev = Arc::new(DeviceServer::new(vec![(0, lu)]));
     let limits = mcsi_target::config::Limits::default();
-    let mut target = Target::new(dev, limits.local_params(), limits.queue_depth);
+    let base = Instant::now();
+    let disks = s
+        .disk
+        .map(|d| disk::Disks::new(d, base, s.seed.wrapping_mul(0x9e37_79b9)));
+    let mut target = Target::new(dev, limits.local_params(), limits.queue_depth, disks);
     let link = Link::new(&s.link).map_err(|e| setup(format!("link: {e}")))?;
 
     let mut inis = Vec::with_capacity(s.initiators);
@@ -163,7 +185,6 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     }
     let mut net = Net::new(link, hosts, tgt_host);
     let mut established: Vec<Vec<bool>> = handles.iter().map(|h| vec![false; h.len()]).collect();
-    let base = Instant::now();
     for ini in &mut inis {
         ini.connecting(base);
     }
@@ -341,6 +362,11 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         packets,
         retransmits,
         timeouts,
+        disk: target.disks().map(|d| DiskReport {
+            requests: d.requests,
+            cache_hits: d.cache_hits,
+            max_queue: d.max_queue,
+        }),
     })
 }
 

@@ -15,8 +15,10 @@ use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, Nexus, Outcome, TaskAttribute};
 use mcsi_target_core::control::{logout, task_management, Tmf, TmfStep};
 use mcsi_target_core::datain::{read_expected, response_pdus};
+use mcsi_target_core::session::Lus;
 use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore};
 use mcsi_target_core::transfer::BurstParams;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,6 +95,47 @@ pub struct Target {
     sessions: Vec<Session>,
     conns: Vec<Conn>,
     stats: TargetStats,
+    /// Disks behind the LUN: its commands wait for them.
+    disks: Option<crate::disk::Disks>,
+    /// Tasks the disks are serving, by when they are done.
+    pending: BTreeMap<(Instant, u64), Done>,
+    next_pending: u64,
+}
+
+/// A task whose data the disks are moving.
+struct Done {
+    session: usize,
+    itt: u32,
+    id: u64,
+    conn: Tc,
+    outcome: Outcome,
+}
+
+/// The LUs as the session core asks about them: with disks behind them, every command runs as
+/// a task of its own (as a file or block LUN's does in mcsi target).
+struct SimLus<'a> {
+    dev: &'a DeviceServer,
+    blocking: bool,
+}
+
+impl Lus for SimLus<'_> {
+    fn data_phase(&self, lun: u64, cdb: &[u8]) -> DataPhase {
+        self.dev.data_phase(lun, cdb)
+    }
+    fn blocking(&self, _: u64, _: &[u8]) -> bool {
+        self.blocking
+    }
+}
+
+/// Where a READ or WRITE (10 or 16) transfers: byte offset, length, whether it writes.
+fn transfer_of(cdb: &[u8]) -> Option<(u64, u64, bool)> {
+    let be = |b: &[u8]| b.iter().fold(0u64, |a, x| a << 8 | u64::from(*x));
+    let (lba, blocks, write) = match *cdb.first()? {
+        0x28 | 0x2a if cdb.len() >= 10 => (be(&cdb[2..6]), be(&cdb[7..9]), cdb[0] == 0x2a),
+        0x88 | 0x8a if cdb.len() >= 16 => (be(&cdb[2..10]), be(&cdb[10..14]), cdb[0] == 0x8a),
+        _ => return None,
+    };
+    Some((lba * 512, blocks * 512, write))
 }
 
 /// The login's questions, answered from the target's sessions.
@@ -164,7 +207,12 @@ impl LoginEnv for Env<'_> {
 impl Target {
     /// A target with `dev`'s LUs, offering `params` and taking `queue_depth` commands per
     /// session (as `mcsi target` does with its `[limits]`).
-    pub fn new(dev: Arc<DeviceServer>, params: LocalParams, queue_depth: u32) -> Target {
+    pub fn new(
+        dev: Arc<DeviceServer>,
+        params: LocalParams,
+        queue_depth: u32,
+        disks: Option<crate::disk::Disks>,
+    ) -> Target {
         Target {
             params,
             queue_depth,
@@ -172,7 +220,14 @@ impl Target {
             sessions: Vec::new(),
             conns: Vec::new(),
             stats: TargetStats::default(),
+            disks,
+            pending: BTreeMap::new(),
+            next_pending: 0,
         }
+    }
+
+    pub fn disks(&self) -> Option<&crate::disk::Disks> {
+        self.disks.as_ref()
     }
 
     pub fn stats(&self) -> TargetStats {
@@ -205,16 +260,27 @@ impl Target {
         self.sessions
             .iter()
             .filter_map(|s| s.core.poll_timeout())
+            .chain(self.pending.keys().next().map(|k| k.0))
             .min()
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(e) = self.pending.first_entry() {
+            if e.key().0 > now {
+                break;
+            }
+            let d = e.remove();
+            let _ = self.sessions[d.session]
+                .core
+                .finish(d.itt, d.id, &d.conn, Some(d.outcome));
+            self.flush(d.session, now);
+        }
         for s in 0..self.sessions.len() {
             let expired = self.sessions[s].core.handle_timeout(now);
             if !expired.is_empty() {
                 tracing::debug!(session = s, ?expired, "target timers expired");
             }
-            self.flush(s);
+            self.flush(s, now);
         }
     }
 
@@ -249,7 +315,7 @@ impl Target {
             Phase::Full { session, tc } => {
                 let (s, tc) = (*session, tc.clone());
                 self.sessions[s].core.heard(tc.cid, now);
-                self.full_feature(s, &tc, pdu)
+                self.full_feature(s, &tc, pdu, now)
             }
         }
     }
@@ -343,19 +409,23 @@ impl Target {
         }
     }
 
-    fn full_feature(&mut self, s: usize, tc: &Tc, pdu: Pdu) -> Result<(), String> {
+    fn full_feature(&mut self, s: usize, tc: &Tc, pdu: Pdu, now: Instant) -> Result<(), String> {
         if matches!(pdu, Pdu::ScsiCommand(_)) {
             self.stats.commands += 1;
         }
         let dev = Arc::clone(&self.dev);
-        let arrival = self.sessions[s].core.handle_pdu(tc, pdu, &*dev, || Job);
+        let lus = SimLus {
+            dev: &dev,
+            blocking: self.disks.is_some(),
+        };
+        let arrival = self.sessions[s].core.handle_pdu(tc, pdu, &lus, || Job);
         match arrival {
-            Arrival::Now(now) => {
-                let reply = now.claim.reply.clone().unwrap_or_else(|| tc.clone());
-                let o = self.execute(s, &now.cmd, now.data);
-                self.respond(s, &reply, &now.cmd, now.phase, o);
-                if now.claim.tracked {
-                    let _ = self.sessions[s].core.release_inline(now.cmd.lun);
+            Arrival::Now(run) => {
+                let reply = run.claim.reply.clone().unwrap_or_else(|| tc.clone());
+                let o = self.execute(s, &run.cmd, run.data);
+                self.respond(s, &reply, &run.cmd, run.phase, o);
+                if run.claim.tracked {
+                    let _ = self.sessions[s].core.release_inline(run.cmd.lun);
                 }
             }
             Arrival::Taken { runs, note } => {
@@ -371,7 +441,7 @@ impl Target {
                 return Err(format!("the target ends connection {}: {fault}", tc.index));
             }
         }
-        self.flush(s);
+        self.flush(s, now);
         Ok(())
     }
 
@@ -417,7 +487,7 @@ impl Target {
     }
 
     /// Grants writes their budget, runs the tasks the core hands out, and sends what it made.
-    fn flush(&mut self, s: usize) {
+    fn flush(&mut self, s: usize, now: Instant) {
         loop {
             let mut progress = false;
             while let Some(g) = self.sessions[s].core.poll_grant() {
@@ -433,7 +503,28 @@ impl Target {
             self.stats.max_tasks = self.stats.max_tasks.max(self.sessions[s].core.task_count());
             for (itt, id, conn, data, cmd) in ready {
                 let o = self.execute(s, &cmd, data);
-                let _ = self.sessions[s].core.finish(itt, id, &conn, Some(o));
+                let due = match (self.disks.as_mut(), transfer_of(&cmd.cdb)) {
+                    (Some(d), Some((off, len, write))) => Some(d.submit(now, off, len, write)),
+                    _ => None,
+                };
+                match due {
+                    Some(t) if t > now => {
+                        self.next_pending += 1;
+                        self.pending.insert(
+                            (t, self.next_pending),
+                            Done {
+                                session: s,
+                                itt,
+                                id,
+                                conn,
+                                outcome: o,
+                            },
+                        );
+                    }
+                    _ => {
+                        let _ = self.sessions[s].core.finish(itt, id, &conn, Some(o));
+                    }
+                }
                 progress = true;
             }
             while let Some((c, p)) = self.sessions[s].core.poll_transmit() {

@@ -35,6 +35,7 @@ fn scenario(link: &str, rw: Rw, bs: u32, iodepth: u32, conns: usize, secs: u64) 
             blocks: u64::MAX,
         },
         lun: "ram:64MiB".into(),
+        disk: None,
         seed: 1,
     }
 }
@@ -158,4 +159,37 @@ fn smoltcp_and_the_simulators_tcp_agree_without_loss() {
     let smol = ok(&s).bw_mbs;
     assert!((own / smol - 1.0).abs() < 0.02, "{own} against {smol}");
     assert!(own > 2.3, "{own}");
+}
+
+#[test]
+fn seed_001s_disks_set_the_pace_of_random_reads() {
+    // One Cheetah 9LP: a random 4 KiB read costs a seek, half a turn and the transfer (about
+    // 8.5 ms), whatever the link adds; eight drives striped serve eight at once.
+    let mut s = scenario("rate=1gbit,delay=100us", Rw::RandRead, 4096, 1, 1, 5);
+    s.disk = Some(mcsi_sim::disk::DiskConfig::seed_001(1));
+    let one = ok(&s);
+    let lat = one.sessions[0].lat_mean_ms;
+    assert!((7.5..10.0).contains(&lat), "{lat} ms");
+    let d = one.disk.unwrap();
+    assert!(d.requests >= one.sessions[0].ios, "{d:?}");
+    s.work.iodepth = 8;
+    s.disk = Some(mcsi_sim::disk::DiskConfig::seed_001(8));
+    let eight = ok(&s);
+    assert!(
+        eight.iops > 3.0 * one.iops,
+        "{} against {}",
+        eight.iops,
+        one.iops
+    );
+    // Sequential reads meet the drive's read-ahead.
+    s.work.rw = Rw::Read;
+    s.work.iodepth = 1;
+    s.disk = Some(mcsi_sim::disk::DiskConfig::seed_001(1));
+    let seq = ok(&s);
+    assert!(
+        seq.iops > 5.0 * one.iops,
+        "{} against {}",
+        seq.iops,
+        one.iops
+    );
 }

@@ -66,6 +66,11 @@ pub struct Args {
     /// The target's LUN.
     #[arg(long, default_value = "ram:64MiB")]
     lun: String,
+    /// Disks behind the LUN, after seed 001: cheetah-9lp[:DRIVES] (Seagate Cheetah 9LP,
+    /// 10,025 RPM, 8 drives striped by default, on 1 Gbit/s Fibre Channel); the LUN then takes
+    /// their capacity instead of --lun.
+    #[arg(long, value_name = "MODEL")]
+    disk: Option<String>,
     /// Seed of the TCP stacks and random offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -131,6 +136,12 @@ fn scenario(a: &Args) -> anyhow::Result<Scenario> {
             blocks: u64::MAX,
         },
         lun: a.lun.clone(),
+        disk: a
+            .disk
+            .as_deref()
+            .map(mcsi_sim::disk::DiskConfig::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--disk: {e}"))?,
         seed: a.seed,
     })
 }
@@ -152,6 +163,9 @@ fn json(s: &Scenario, r: &Report) -> serde_json::Value {
         "packets": { "up": r.packets[0], "down": r.packets[1] },
         "retransmits": r.retransmits.map(|x| serde_json::json!({ "initiators": x[0], "target": x[1] })),
         "timeouts": r.timeouts.map(|x| serde_json::json!({ "initiators": x[0], "target": x[1] })),
+        "disk": r.disk.map(|d| serde_json::json!({
+            "requests": d.requests, "cache_hits": d.cache_hits, "max_queue": d.max_queue,
+        })),
         "target": {
             "commands": r.target.commands,
             "r2ts": r.target.r2ts,
@@ -223,6 +237,12 @@ fn print_report(s: &Scenario, r: &Report) {
         "target: {} commands, {} R2Ts, {} Data-In, at most {} tasks in one session",
         r.target.commands, r.target.r2ts, r.target.data_in, r.target.max_tasks
     );
+    if let Some(d) = r.disk {
+        println!(
+            "disks: {} requests, {} from the read-ahead cache, at most {} queued at one drive",
+            d.requests, d.cache_hits, d.max_queue
+        );
+    }
     let shown = r.sessions.len().min(8);
     for (i, x) in r.sessions.iter().take(shown).enumerate() {
         println!(
