@@ -579,7 +579,6 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
     })
 }
 
-/// `seeds: 3 of 9 reproduced (2 inconclusive, 4 differ); mcsi goals: 2 of 2 met`.
 /// "Simulated against emulated": each point of a series `sim-X` (engine = "sim") beside the
 /// same point of series `X` run emulated, with the ratios of their medians.
 fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::params::Def]) {
@@ -664,6 +663,7 @@ fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::param
     let _ = writeln!(md);
 }
 
+/// `seeds: 3 of 9 reproduced (2 inconclusive, 4 differ); mcsi goals: 2 of 2 met`.
 pub fn counts_line(judged: &[Judged]) -> String {
     let mut parts = Vec::new();
     for k in Kind::ALL {

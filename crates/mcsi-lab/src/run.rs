@@ -370,7 +370,6 @@ pub fn command(mcsi: &Path, p: &Point, seed: u64, summary: &Path) -> Result<Comm
     Ok(c)
 }
 
-/// LUNs of the point's volume (parameter `members`, default 2), or 0 without a volume.
 /// Whether the point runs in `mcsi sim` (parameter `engine`) rather than behind `mcsi link run`.
 pub fn simulated(p: &Point) -> bool {
     p.text("engine") == "sim"
@@ -526,6 +525,7 @@ fn measure_sim(out: &[u8]) -> Result<Vec<(Metric, f64)>, String> {
     Ok(m)
 }
 
+/// LUNs of the point's volume (parameter `members`, default 2), or 0 without a volume.
 pub fn members(p: &Point) -> usize {
     if p.params.get("volume").is_none() {
         return 0;

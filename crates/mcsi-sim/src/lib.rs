@@ -265,13 +265,14 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
             .chain(target.poll_timeout())
             .min()
             .map(|d| d.saturating_duration_since(base).as_nanos() as u64);
-        let next = [net.next_event(), timers].into_iter().flatten().min();
+        let next = [net.next_event(now), timers].into_iter().flatten().min();
         let Some(next) = next else {
             return Err(SimError::Stuck {
                 at_s: now as f64 / 1e9,
                 why: "nothing is due and the sessions have not ended".into(),
             });
         };
+        // At least 1 µs on; a host with packets waiting takes them in then.
         now = next.max(now + 1000);
         if now > horizon {
             return Err(SimError::Stuck {

@@ -464,8 +464,17 @@ impl Net {
         }
     }
 
-    /// The next time anything in the network is due, ns.
-    pub fn next_event(&self) -> Option<Nanos> {
+    /// The next time anything in the network is due, ns: `now` itself while a host has
+    /// packets to take in (a link without delay delivers at once).
+    pub fn next_event(&self, now: Nanos) -> Option<Nanos> {
+        let waiting = self
+            .initiators
+            .iter()
+            .chain(std::iter::once(&self.target))
+            .any(Host::has_rx);
+        if waiting {
+            return Some(now);
+        }
         let hosts = self
             .initiators
             .iter()

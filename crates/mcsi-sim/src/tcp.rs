@@ -11,7 +11,7 @@
 //! the window; the header is as long as Linux's with timestamps (32 bytes) plus a SACK option
 //! of up to 3 blocks. Left out: the FIN handshake (connections are never closed), window
 //! scaling limits (the window field is 32 bits), HyStart, PRR (the window drops to ssthresh at
-//! once), pacing, and timestamps.
+//! once), RACK and tail-loss probes, zero-window probes, and pacing.
 
 use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
@@ -507,6 +507,30 @@ impl Socket {
         }
     }
 
+    /// What this side received is now acknowledged (by a pure ACK or by data).
+    fn acked(&mut self) {
+        self.rcv_unacked = false;
+        self.rcv_wup = self.rcv_nxt;
+        self.delack_at = None;
+        self.ack_now = false;
+    }
+
+    /// A pure ACK, with the newest SACK blocks.
+    fn ack(&mut self, src: [u8; 4], now: Nanos) -> Vec<u8> {
+        let n = self.sack_recent.len().min(MAX_SACK_BLOCKS);
+        let p = segment(
+            src,
+            self,
+            ACK,
+            self.snd_nxt,
+            &[],
+            &self.sack_recent[..n],
+            now,
+        );
+        self.acked();
+        p
+    }
+
     fn note_sack(&mut self, l: u64, r: u64) {
         // Merge with the blocks it touches; the block of the newest segment goes first.
         let (mut l, mut r) = (l, r);
@@ -694,27 +718,13 @@ impl Host {
             }
             if sent_any {
                 // Data carries the acknowledgement.
-                s.rcv_unacked = false;
-                s.rcv_wup = s.rcv_nxt;
-                s.delack_at = None;
-                s.ack_now = false;
+                s.acked();
                 if s.rto_at.is_none() {
                     s.rto_at = Some(now + s.rto);
                 }
             }
             if s.ack_now || s.delack_at.is_some_and(|t| now >= t) {
-                let sacks: Vec<(u64, u64)> = s
-                    .sack_recent
-                    .iter()
-                    .take(MAX_SACK_BLOCKS)
-                    .copied()
-                    .collect();
-                let seq = s.snd_nxt;
-                out.push_back(segment(self.addr, s, ACK, seq, &[], &sacks, now));
-                s.rcv_unacked = false;
-                s.rcv_wup = s.rcv_nxt;
-                s.delack_at = None;
-                s.ack_now = false;
+                out.push_back(s.ack(self.addr, now));
             } else if s.rcv_unacked {
                 s.delack_at.get_or_insert(now + DELACK);
             }
@@ -795,19 +805,7 @@ impl Host {
                 s.on_data(&seg);
                 if s.ack_now {
                     // Acknowledged as it arrives, packet by packet, as Linux does.
-                    let sacks: Vec<(u64, u64)> = s
-                        .sack_recent
-                        .iter()
-                        .take(MAX_SACK_BLOCKS)
-                        .copied()
-                        .collect();
-                    let seq = s.snd_nxt;
-                    self.tx
-                        .push_back(segment(self.addr, s, ACK, seq, &[], &sacks, now));
-                    s.rcv_unacked = false;
-                    s.rcv_wup = s.rcv_nxt;
-                    s.delack_at = None;
-                    s.ack_now = false;
+                    self.tx.push_back(s.ack(self.addr, now));
                 }
             }
             _ => {}

@@ -193,3 +193,13 @@ fn seed_001s_disks_set_the_pace_of_random_reads() {
         one.iops
     );
 }
+
+#[test]
+fn a_link_without_delay_or_rate_runs_without_waiting_for_timers() {
+    // Packets arrive the instant they leave: the loop must take them in at once, not at the
+    // next delayed ACK or keepalive.
+    let r = ok(&scenario("", Rw::Read, 4096, 1, 1, 1));
+    let x = &r.sessions[0];
+    assert!(x.lat_mean_ms < 0.1, "{x:?}");
+    assert!(x.ios > 10_000, "{x:?}");
+}

@@ -1,5 +1,5 @@
-//! `mcsi sim`: mcsi's initiator and target protocol cores on virtual time, over smoltcp's TCP
-//! and the link emulator's models, with no sockets or devices.
+//! `mcsi sim`: mcsi's initiator and target protocol cores on virtual time, over the simulator's
+//! Linux-like TCP (or smoltcp's) and the link emulator's models, with no sockets or devices.
 
 use crate::cmd::bench::parse_runtime;
 use anyhow::{bail, Context};
