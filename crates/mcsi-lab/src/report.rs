@@ -615,6 +615,25 @@ fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::param
         .filter(|r| r.is_finite())
         .collect();
     let within = ratios.iter().filter(|r| (*r - 1.0).abs() <= 0.1).count();
+    // Points outside 10 % whose emulated runs alone stray more than 10 % from their median:
+    // there the emulated median cannot settle a 10 % question.
+    let spread = |a: &Aggregate| {
+        a.metrics
+            .get(&BwMbs)
+            .filter(|s| s.median > 0.0)
+            .map(|s| (s.max - s.min) / s.median)
+    };
+    let outside: Vec<&(&Aggregate, &Aggregate)> = pairs
+        .iter()
+        .filter(|(e, s)| match (median(s, BwMbs), median(e, BwMbs)) {
+            (Some(y), Some(x)) if x > 0.0 => (y / x - 1.0).abs() > 0.1,
+            _ => false,
+        })
+        .collect();
+    let noisy = outside
+        .iter()
+        .filter(|(e, _)| spread(e).is_some_and(|w| w / 2.0 > 0.1))
+        .count();
     let _ = writeln!(md, "## Simulated against emulated\n");
     let _ = writeln!(
         md,
@@ -628,15 +647,22 @@ fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::param
             _ => String::new(),
         }
     );
+    if !outside.is_empty() {
+        let _ = writeln!(
+            md,
+            "Of the {} points outside 10 %, {noisy} are points whose emulated runs differ from one another by more than 20 % of their median (the column \"emulated spread\": (max - min) / median); a 10 % agreement cannot be read from so few runs there.\n",
+            outside.len()
+        );
+    }
     let mut head = String::from("| series |");
     for d in swept {
         let _ = write!(head, " {} |", d.name);
     }
     head.push_str(
-        " MB/s emulated | MB/s simulated | ratio | mean ms emulated | mean ms simulated | ratio |",
+        " MB/s emulated | emulated spread | MB/s simulated | ratio | mean ms emulated | mean ms simulated | ratio |",
     );
     let _ = writeln!(md, "{head}");
-    let _ = writeln!(md, "|{}", "---|".repeat(swept.len() + 7));
+    let _ = writeln!(md, "|{}", "---|".repeat(swept.len() + 8));
     for (e, s) in &pairs {
         let mut row = format!("| {} |", e.point.series);
         for d in swept {
@@ -656,7 +682,12 @@ fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::param
                 (Some(x), Some(y)) if x > 0.0 => format!("{:.2}", y / x),
                 _ => "-".into(),
             };
-            let _ = write!(row, " {} | {} | {ratio} |", cell(x), cell(y));
+            if m == BwMbs {
+                let w = spread(e).map_or("-".into(), |w| format!("{:.0} %", w * 100.0));
+                let _ = write!(row, " {} | {w} | {} | {ratio} |", cell(x), cell(y));
+            } else {
+                let _ = write!(row, " {} | {} | {ratio} |", cell(x), cell(y));
+            }
         }
         let _ = writeln!(md, "{row}");
     }

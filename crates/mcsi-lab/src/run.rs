@@ -501,6 +501,25 @@ fn measure_sim(out: &[u8]) -> Result<Vec<(Metric, f64)>, String> {
     {
         return Err(format!("a simulated session failed: {f}"));
     }
+    // As for emulated runs (measure_one, combine): errors or no I/O fail the run, and with
+    // several sessions the 99th percentile is the worst session's.
+    let sessions = j["sessions"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let errors: u64 = sessions.iter().filter_map(|s| s["errors"].as_u64()).sum();
+    if errors > 0 {
+        return Err(format!("{errors} simulated commands ended in error"));
+    }
+    if sessions
+        .iter()
+        .filter_map(|s| s["ios"].as_u64())
+        .sum::<u64>()
+        == 0
+    {
+        return Err("no I/O completed".into());
+    }
+    let worst_p99 = sessions
+        .iter()
+        .filter_map(|s| s["lat_p99_ms"].as_f64())
+        .reduce(f64::max);
     let mut m = Vec::new();
     for (metric, key) in [
         (Metric::BwMbs, "bw_mbs"),
@@ -510,9 +529,12 @@ fn measure_sim(out: &[u8]) -> Result<Vec<(Metric, f64)>, String> {
         (Metric::LatP99Ms, "lat_p99_ms"),
         (Metric::IoKib, "io_kib"),
     ] {
-        let v = j[key]
-            .as_f64()
-            .ok_or_else(|| format!("mcsi sim's report has no {key}"))?;
+        let v = match (metric, worst_p99) {
+            (Metric::LatP99Ms, Some(w)) => w,
+            _ => j[key]
+                .as_f64()
+                .ok_or_else(|| format!("mcsi sim's report has no {key}"))?,
+        };
         m.push((metric, v));
     }
     if let (Some(i), Some(t)) = (
@@ -1456,6 +1478,28 @@ mod tests {
     }
 
     #[test]
+    fn a_simulated_run_with_errors_or_no_io_fails_and_p99_is_the_worst_sessions() {
+        let report = |errors: u64, ios: u64| {
+            serde_json::json!({
+                "bw_mbs": 1.0, "iops": 10.0, "lat_mean_ms": 5.0, "lat_p50_ms": 4.0,
+                "lat_p99_ms": 9.0, "io_kib": 64.0,
+                "sessions": [
+                    { "errors": 0, "ios": ios, "lat_p99_ms": 8.0 },
+                    { "errors": errors, "ios": ios, "lat_p99_ms": 30.0 },
+                ],
+            })
+            .to_string()
+        };
+        let m = measure_sim(report(0, 5).as_bytes()).unwrap();
+        assert!(m.contains(&(Metric::LatP99Ms, 30.0)), "{m:?}");
+        assert!(m.contains(&(Metric::BwMbs, 1.0)));
+        let e = measure_sim(report(2, 5).as_bytes()).unwrap_err();
+        assert!(e.contains("2 simulated commands ended in error"), "{e}");
+        let e = measure_sim(report(0, 0).as_bytes()).unwrap_err();
+        assert_eq!(e, "no I/O completed");
+    }
+
+    #[test]
     fn sessions_add_up_over_their_common_window() {
         let none = Path::new("/nonexistent");
         // Two sessions of 2 s each, the second ending 1 s after the first: 3 s in all.
@@ -1579,7 +1623,8 @@ mod tests {
         assert!(a.contains("\"--disk\" \"cheetah-9lp:4\""), "{a}");
         let out = serde_json::json!({
             "bw_mbs": 2.5, "iops": 152.0, "lat_mean_ms": 52.0, "lat_p50_ms": 50.0,
-            "lat_p99_ms": 90.0, "io_kib": 16.0, "sessions": [{"failure": null}],
+            "lat_p99_ms": 90.0, "io_kib": 16.0,
+            "sessions": [{"failure": null, "errors": 0, "ios": 4560, "lat_p99_ms": 90.0}],
         });
         let m = measure(out.to_string().as_bytes(), Path::new("/n"), &p).unwrap();
         let get = |k: Metric| m.iter().find(|(x, _)| *x == k).unwrap().1;

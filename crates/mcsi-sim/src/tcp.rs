@@ -1,17 +1,23 @@
 //! A TCP for the simulator, written to behave as Linux's does where the research looks: the
 //! initial window of 10 segments, Reno or CUBIC (RFC 9438, β 0.7, C 0.4, fast convergence, the
-//! Reno-friendly region), SACK-based loss recovery (RFC 6675: a segment is lost once three
-//! segments above it are SACKed, or at the third duplicate ACK), a retransmission timeout of
-//! RFC 6298 with Linux's 200 ms floor, and delayed ACKs (every second full segment, or 40 ms).
-//! It keeps its state where a simulation can read it ([`Host::tcp_state`], the fields of
-//! Linux's `TCP_INFO` that mcsi uses).
+//! Reno-friendly region), the window grown only while it limits the sender, and restarted
+//! after an idle RTO (Linux's `tcp_slow_start_after_idle`); loss detection by RACK and tail
+//! loss probes (RFC 8985, Linux's only mode since 5.10: a segment is lost once one sent after
+//! it was delivered and a reordering window has passed, so a lost retransmission is found as
+//! a first loss is), SACK, a retransmission timeout of RFC 6298 with Linux's 200 ms floor (one
+//! window cut per loss episode, however many timeouts it takes), timestamps (an RTT sample per
+//! ACK; a spurious timeout is undone), delayed ACKs (every second full segment, or 40 ms),
+//! window updates when the application frees buffer, and zero-window probes. It keeps its state
+//! where a simulation can read it ([`Host::tcp_state`], the fields of Linux's `TCP_INFO` that
+//! mcsi uses).
 //!
 //! Segments are IPv4 packets, so that the link model classifies and times them as it does real
 //! ones: a 20-byte IP header, then ports, 32-bit sequence and acknowledgement numbers, flags and
 //! the window; the header is as long as Linux's with timestamps (32 bytes) plus a SACK option
 //! of up to 3 blocks. Left out: the FIN handshake (connections are never closed), window
 //! scaling limits (the window field is 32 bits), HyStart, PRR (the window drops to ssthresh at
-//! once), RACK and tail-loss probes, zero-window probes, and pacing.
+//! once), DSACK (so reordering is never learnt and the reordering window stays at its start),
+//! and pacing.
 
 use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
@@ -26,7 +32,13 @@ const RTO_MAX: Nanos = 120_000 * MS;
 /// Linux's delayed-ACK timeout (its minimum, 40 ms).
 const DELACK: Nanos = 40 * MS;
 const IW_SEGMENTS: u64 = 10;
-const DUP_THRESH: u64 = 3;
+/// SACKed segments from which RACK stops waiting for reordering (Linux's `tp->reordering`
+/// before any reordering is seen).
+const DUP_THRESH: usize = 3;
+/// Linux's worst-case delayed-ACK time, added to a tail loss probe when one segment is out.
+const TLP_DELACK: Nanos = 200 * MS;
+/// What Linux adds to a probe's two RTTs otherwise: two jiffies (HZ 250, as Debian builds).
+const TLP_MIN: Nanos = 8 * MS;
 /// TCP header with Linux's timestamp option: 20 + 12 bytes.
 const TCP_HDR: usize = 32;
 const IP_HDR: usize = 20;
@@ -56,6 +68,7 @@ pub enum State {
 struct Sent {
     seq: u64,
     len: u64,
+    /// When it was last (re)transmitted.
     at: Nanos,
     retransmitted: bool,
     sacked: bool,
@@ -94,9 +107,32 @@ struct Socket {
     cwnd: u64,
     ssthresh: u64,
     cubic: Cubic,
-    dupacks: u64,
-    /// In loss recovery until `snd_una` reaches this.
+    /// In fast recovery (Linux's `TCP_CA_Recovery`) until `snd_una` reaches this.
     recover: Option<u64>,
+    /// After a timeout (`TCP_CA_Loss`) until `snd_una` reaches this: no second window cut.
+    loss: Option<u64>,
+    /// RACK (RFC 8985): the send time, end and RTT of the most recently sent segment that was
+    /// delivered, and the timer that marks what was sent before it once reordering is ruled out.
+    rack_at: Option<Nanos>,
+    rack_end: u64,
+    rack_rtt: Nanos,
+    reo_at: Option<Nanos>,
+    /// Tail loss probe: when one is due, and while one is out, `snd_nxt` when it went, when
+    /// and whether it was a retransmission.
+    tlp_at: Option<Nanos>,
+    tlp: Option<(u64, Nanos, bool)>,
+    /// Zero-window probe timer and its backoff.
+    persist_at: Option<Nanos>,
+    persist_backoff: u32,
+    /// Whether the window limited the sender in the current window of data (Linux's
+    /// `is_cwnd_limited`), the most in flight then, and where that window ends.
+    cwnd_limited: bool,
+    max_out: u64,
+    usage_end: u64,
+    /// When data was last sent (Linux's `lsndtime`).
+    last_send: Option<Nanos>,
+    /// An ACK advanced `snd_una` since the last poll (which re-arms the tail loss probe).
+    progressed: bool,
     /// Some segment in flight may be SACKed or marked lost: the pipe must be counted.
     scoreboard: bool,
     srtt: Option<Nanos>,
@@ -122,6 +158,8 @@ struct Socket {
     ooo: BTreeMap<u64, Vec<u8>>,
     /// `rcv_nxt` when the last segment (which acknowledged it) was sent: Linux's `rcv_wup`.
     rcv_wup: u64,
+    /// The right edge of the window last advertised.
+    adv_right: u64,
     /// Data received since the last segment sent (which would have acknowledged it).
     rcv_unacked: bool,
     delack_at: Option<Nanos>,
@@ -216,8 +254,21 @@ impl Socket {
             cwnd: IW_SEGMENTS * mss,
             ssthresh: u64::MAX,
             cubic: Cubic::default(),
-            dupacks: 0,
             recover: None,
+            loss: None,
+            rack_at: None,
+            rack_end: 0,
+            rack_rtt: 0,
+            reo_at: None,
+            tlp_at: None,
+            tlp: None,
+            persist_at: None,
+            persist_backoff: 0,
+            cwnd_limited: false,
+            max_out: 0,
+            usage_end: 0,
+            last_send: None,
+            progressed: false,
             scoreboard: false,
             srtt: None,
             rttvar: 0,
@@ -236,6 +287,7 @@ impl Socket {
             rbuf_cap: cfg.buffer,
             ooo: BTreeMap::new(),
             rcv_wup: 0,
+            adv_right: 0,
             rcv_unacked: false,
             delack_at: None,
             ack_now: false,
@@ -290,23 +342,36 @@ impl Socket {
                     cwnd
                 };
                 let mss = self.mss as f64;
+                // RFC 9438 4.2: K = cbrt((W_max - cwnd_epoch) / C), in segments, from the
+                // window the cut leaves.
+                let epoch_cwnd = cwnd * BETA;
                 self.cubic = Cubic {
                     w_max,
-                    k: ((w_max / mss) * (1.0 - BETA) / C).cbrt(),
+                    k: ((w_max - epoch_cwnd).max(0.0) / mss / C).cbrt(),
                     epoch: None,
-                    w_est: cwnd * BETA,
+                    w_est: epoch_cwnd,
                 };
-                self.ssthresh = ((cwnd * BETA) as u64).max(2 * self.mss);
+                self.ssthresh = (epoch_cwnd as u64).max(2 * self.mss);
             }
         }
         let _ = now;
     }
 
+    /// Whether the window limited the sender lately (Linux's `tcp_is_cwnd_limited`): only then
+    /// does it grow. In slow start it may grow to twice what was in flight.
+    fn is_cwnd_limited(&self) -> bool {
+        self.cwnd_limited || (self.cwnd < self.ssthresh && self.cwnd < 2 * self.max_out)
+    }
+
     /// The window grows for `acked` new bytes outside recovery.
     fn grow(&mut self, acked: u64, now: Nanos) {
+        if !self.is_cwnd_limited() {
+            return;
+        }
         if self.cwnd < self.ssthresh {
-            // Slow start, with appropriate byte counting (at most 2 MSS per ACK).
-            self.cwnd += acked.min(2 * self.mss);
+            // Slow start, with appropriate byte counting (at most 2 MSS per ACK), up to
+            // ssthresh (Linux's tcp_slow_start).
+            self.cwnd = (self.cwnd + acked.min(2 * self.mss)).min(self.ssthresh);
             return;
         }
         match self.cc {
@@ -333,9 +398,36 @@ impl Socket {
                 } else {
                     (target - cwnd) / cwnd * acked as f64
                 };
-                self.cwnd += grow.max(0.0).min(acked as f64) as u64;
+                // Linux's bictcp_update keeps its count of ACKs per increment at 2 or more:
+                // at most half a segment per segment acknowledged.
+                self.cwnd += grow.max(0.0).min(acked as f64 / 2.0) as u64;
             }
         }
+    }
+
+    /// Before new data goes out with nothing in flight: CUBIC's epoch moves on by the idle time
+    /// (its `CA_EVENT_TX_START`), and after more than an RTO of idleness the window restarts
+    /// (Linux's `tcp_cwnd_restart`: halved per RTO idle, not below the initial window).
+    fn restart_after_idle(&mut self, now: Nanos) {
+        let Some(last) = self.last_send else { return };
+        let idle = now.saturating_sub(last);
+        if let Some(e) = self.cubic.epoch.as_mut() {
+            *e = (*e + idle).min(now);
+        }
+        if idle <= self.rto {
+            return;
+        }
+        let restart = (IW_SEGMENTS * self.mss).min(self.cwnd);
+        if self.recover.is_none() {
+            self.ssthresh = self.ssthresh.max(self.cwnd / 2 + self.cwnd / 4);
+        }
+        let mut cwnd = self.cwnd;
+        let mut left = idle - self.rto;
+        while left > 0 && cwnd > restart {
+            cwnd >>= 1;
+            left = left.saturating_sub(self.rto);
+        }
+        self.cwnd = cwnd.max(restart);
     }
 
     /// An ACK from the peer.
@@ -345,19 +437,48 @@ impl Socket {
             return;
         }
         self.snd_wnd = u64::from(seg.wnd);
-        self.scoreboard |= !seg.sacks.is_empty();
-        // SACK blocks mark what arrived above a hole.
-        for &(l, r) in &seg.sacks {
-            let (l, r) = (unwrap(l, self.snd_una), unwrap(r, self.snd_una));
-            for s in self.sent.iter_mut() {
-                if s.seq >= l && s.seq + s.len <= r {
-                    s.sacked = true;
+        let mut blocks = [(0u64, 0u64); MAX_SACK_BLOCKS];
+        let n = seg.sacks.len().min(MAX_SACK_BLOCKS);
+        for (b, &(l, r)) in blocks.iter_mut().zip(&seg.sacks) {
+            *b = (unwrap(l, self.snd_una), unwrap(r, self.snd_una));
+        }
+        let blocks = &blocks[..n];
+        // What this ACK delivers, cumulatively or by SACK, and RACK's newest delivered segment
+        // (RFC 8985 6.2). A retransmission delivered sooner than the path's minimum RTT may
+        // be the original's delivery: it gives no RACK sample.
+        let min_rtt = self.min_rtt.unwrap_or(0);
+        let (mut rack_at, mut rack_end, mut rack_rtt) =
+            (self.rack_at, self.rack_end, self.rack_rtt);
+        let mut delivered = false;
+        for s in self.sent.iter_mut() {
+            let end = s.seq + s.len;
+            if end > ack && blocks.is_empty() {
+                break;
+            }
+            if s.sacked {
+                continue;
+            }
+            if end > ack {
+                if !blocks.iter().any(|&(l, r)| s.seq >= l && end <= r) {
+                    continue;
                 }
+                s.sacked = true;
+                self.scoreboard = true;
+            }
+            delivered = true;
+            let rtt = now.saturating_sub(s.at);
+            if s.retransmitted && rtt < min_rtt {
+                continue;
+            }
+            if rack_at.is_none_or(|t| s.at > t || (s.at == t && end > rack_end)) {
+                (rack_at, rack_end, rack_rtt) = (Some(s.at), end, rtt);
             }
         }
+        (self.rack_at, self.rack_end, self.rack_rtt) = (rack_at, rack_end, rack_rtt);
         if ack > self.snd_una {
             let acked = ack - self.snd_una;
             self.bytes_acked += acked;
+            self.progressed = true;
             while let Some(s) = self.sent.front() {
                 if s.seq + s.len > ack {
                     break;
@@ -372,6 +493,7 @@ impl Socket {
                     // The original transmission arrived: the timeout was spurious.
                     self.cwnd = self.cwnd.max(cwnd);
                     self.ssthresh = ssthresh;
+                    self.loss = None;
                     for s in self.sent.iter_mut() {
                         if !s.retransmitted {
                             s.lost = false;
@@ -382,56 +504,107 @@ impl Socket {
                     self.undo = None;
                 }
             }
+            // The tail loss probe is answered. When the probe was a retransmission and the
+            // ACK echoes its timestamp, it repaired a loss: the window is cut once (Linux's
+            // TLP-driven CWR); an older echo means the original arrived after all.
+            if let Some((high, at, retrans)) = self.tlp {
+                if ack >= high {
+                    self.tlp = None;
+                    let repaired = retrans && seg.tsecr != 0 && age(at) <= 0;
+                    if repaired && self.recover.is_none() && self.loss.is_none() {
+                        self.on_loss(now);
+                        self.cwnd = self.ssthresh;
+                    }
+                }
+            }
             self.sbuf.advance(acked as usize);
             self.snd_una = ack;
-            self.dupacks = 0;
             if let Some(r) = sample {
                 self.rtt_sample(r);
             }
-            match self.recover {
-                Some(p) if ack >= p => {
-                    self.recover = None;
-                    self.cwnd = self.ssthresh;
-                }
-                Some(_) => {}
-                None => self.grow(acked, now),
+            let in_recovery = self.recover.is_some();
+            if self.recover.is_some_and(|p| ack >= p) {
+                self.recover = None;
+                self.cwnd = self.ssthresh;
+            }
+            if self.loss.is_some_and(|h| ack >= h) {
+                self.loss = None;
+            }
+            if !in_recovery {
+                self.grow(acked, now);
             }
             self.rto_at = (!self.sent.is_empty()).then(|| now + self.rto);
-        } else if seg.data.is_empty() && !self.sent.is_empty() {
-            self.dupacks += 1;
         }
-        if !seg.sacks.is_empty() || self.dupacks >= DUP_THRESH {
-            self.detect_loss(now);
+        // With nothing SACKed or marked lost, every segment sent before a delivered one was
+        // delivered too (first transmissions leave in sequence order): nothing to look at.
+        if delivered && self.scoreboard {
+            self.rack_detect(now);
         }
     }
 
-    /// RFC 6675's loss rule: a segment with DupThresh SACKed segments above it is lost, and so
-    /// is the first one at the third duplicate ACK.
-    fn detect_loss(&mut self, now: Nanos) {
-        let mut above = 0;
+    /// RACK's loss rule (RFC 8985 6.2): a segment sent before the newest delivered one is lost
+    /// once that one's RTT and a reordering window have passed since it was sent. The window is
+    /// a quarter of the minimum RTT, and none in recovery or once DupThresh segments are
+    /// SACKed (Linux's `tcp_rack_reo_wnd` when no reordering was seen). What is not lost yet
+    /// waits on the reordering timer.
+    fn rack_detect(&mut self, now: Nanos) {
+        let Some(rack_at) = self.rack_at else { return };
+        let sacked = self.sent.iter().filter(|s| s.sacked).count();
+        let reo = if self.recover.is_some() || self.loss.is_some() || sacked >= DUP_THRESH {
+            0
+        } else {
+            (self.min_rtt.unwrap_or(0) / 4).min(self.srtt.unwrap_or(0))
+        };
+        let mut wait: Option<Nanos> = None;
         let mut newly = false;
-        for s in self.sent.iter_mut().rev() {
-            if s.sacked {
-                above += 1;
-            } else if above >= DUP_THRESH && !s.lost {
+        for s in self.sent.iter_mut() {
+            if s.sacked || (s.lost && !s.retransmitted) {
+                continue;
+            }
+            let end = s.seq + s.len;
+            if !(s.at < rack_at || (s.at == rack_at && end < self.rack_end)) {
+                continue;
+            }
+            let deadline = s.at + self.rack_rtt + reo;
+            if now >= deadline {
                 s.lost = true;
+                s.retransmitted = false;
                 newly = true;
+            } else {
+                wait = Some(wait.map_or(deadline, |w| w.max(deadline)));
             }
         }
-        if self.dupacks >= DUP_THRESH {
-            if let Some(s) = self.sent.front_mut() {
-                if !s.lost && !s.sacked {
-                    s.lost = true;
-                    newly = true;
-                }
+        self.reo_at = wait;
+        if newly {
+            self.scoreboard = true;
+            if self.recover.is_none() && self.loss.is_none() {
+                self.recover = Some(self.snd_nxt);
+                self.on_loss(now);
+                self.cwnd = self.ssthresh;
             }
         }
-        self.scoreboard |= newly;
-        if newly && self.recover.is_none() {
-            self.recover = Some(self.snd_nxt);
-            self.on_loss(now);
-            self.cwnd = self.ssthresh;
+    }
+
+    /// Arms the tail loss probe (RFC 8985 7.2, as Linux's `tcp_schedule_loss_probe`): in the
+    /// open state with data out and nothing SACKed, two smoothed RTTs on (plus the worst
+    /// delayed ACK when one segment is out), never after the RTO.
+    fn arm_tlp(&mut self, now: Nanos) {
+        self.tlp_at = None;
+        if self.sent.is_empty()
+            || self.recover.is_some()
+            || self.loss.is_some()
+            || self.scoreboard
+            || self.tlp.is_some()
+        {
+            return;
         }
+        let pto = match self.srtt {
+            Some(srtt) if self.sent.len() == 1 => 2 * srtt + TLP_DELACK,
+            Some(srtt) => 2 * srtt + TLP_MIN,
+            None => RTO_INIT,
+        };
+        let at = now + pto;
+        self.tlp_at = Some(self.rto_at.map_or(at, |r| r.min(at)));
     }
 
     fn on_timeout(&mut self, now: Nanos) {
@@ -439,10 +612,20 @@ impl Socket {
         if self.undo.is_none() {
             self.undo = Some((now, self.cwnd, self.ssthresh));
         }
-        self.on_loss(now);
+        // One cut per loss episode: not again in recovery, nor at a repeated timeout (Linux's
+        // tcp_enter_loss).
+        if self.recover.is_none() && self.loss.is_none() {
+            self.on_loss(now);
+        }
+        // Linux's CUBIC forgets its curve on entering the loss state (bictcp_reset): it
+        // starts again from the window it has when slow start ends, with K = 0.
+        self.cubic = Cubic::default();
         self.cwnd = self.mss;
         self.recover = None;
-        self.dupacks = 0;
+        self.loss = Some(self.snd_nxt);
+        self.tlp = None;
+        self.tlp_at = None;
+        self.reo_at = None;
         self.scoreboard = true;
         for s in self.sent.iter_mut() {
             if !s.sacked {
@@ -457,10 +640,14 @@ impl Socket {
 
     /// Data for the receiver.
     fn on_data(&mut self, seg: &Seg<'_>) {
+        let seq = unwrap(seg.seq, self.rcv_nxt);
         if seg.data.is_empty() {
+            // A segment below the window (a zero-window probe) is answered at once.
+            if seq < self.rcv_nxt {
+                self.ack_now = true;
+            }
             return;
         }
-        let seq = unwrap(seg.seq, self.rcv_nxt);
         let end = seq + seg.data.len() as u64;
         if end <= self.rcv_nxt {
             // All old: a retransmission the peer did not need; answer at once.
@@ -511,6 +698,7 @@ impl Socket {
     fn acked(&mut self) {
         self.rcv_unacked = false;
         self.rcv_wup = self.rcv_nxt;
+        self.adv_right = self.rcv_nxt + self.rcv_wnd();
         self.delack_at = None;
         self.ack_now = false;
     }
@@ -529,6 +717,80 @@ impl Socket {
         );
         self.acked();
         p
+    }
+
+    /// Bytes the application gave that were never sent.
+    fn unsent(&self) -> u64 {
+        (self.snd_una + self.sbuf.len() as u64).saturating_sub(self.snd_nxt)
+    }
+
+    /// Room the peer's window leaves beyond `snd_nxt`.
+    fn wnd_room(&self) -> u64 {
+        (self.snd_una + self.snd_wnd).saturating_sub(self.snd_nxt)
+    }
+
+    /// Sends `len` new bytes from `snd_nxt`.
+    fn send_new(&mut self, len: u64, addr: [u8; 4], now: Nanos, out: &mut VecDeque<Vec<u8>>) {
+        let off = (self.snd_nxt - self.snd_una) as usize;
+        let seq = self.snd_nxt;
+        out.push_back(segment(
+            addr,
+            self,
+            ACK,
+            seq,
+            &self.sbuf[off..off + len as usize],
+            &[],
+            now,
+        ));
+        self.sent.push_back(Sent {
+            seq,
+            len,
+            at: now,
+            retransmitted: false,
+            sacked: false,
+            lost: false,
+        });
+        self.snd_nxt += len;
+        self.last_send = Some(now);
+    }
+
+    /// Sends segment `i` of the scoreboard again.
+    fn retransmit(&mut self, i: usize, addr: [u8; 4], now: Nanos, out: &mut VecDeque<Vec<u8>>) {
+        let x = self.sent[i];
+        let off = (x.seq - self.snd_una) as usize;
+        out.push_back(segment(
+            addr,
+            self,
+            ACK,
+            x.seq,
+            &self.sbuf[off..off + x.len as usize],
+            &[],
+            now,
+        ));
+        let e = &mut self.sent[i];
+        e.retransmitted = true;
+        e.at = now;
+        self.retrans_total += 1;
+        self.last_send = Some(now);
+    }
+
+    /// The tail loss probe fires (RFC 8985 7.3): one new segment if the peer's window takes
+    /// it, whatever the congestion window, else the last segment again; then the RTO runs.
+    fn send_probe(&mut self, addr: [u8; 4], now: Nanos, out: &mut VecDeque<Vec<u8>>) {
+        if self.tlp.is_some() || self.sent.is_empty() {
+            return;
+        }
+        let len = self.unsent().min(self.mss).min(self.wnd_room());
+        let retrans = len == 0;
+        if retrans {
+            let i = self.sent.len() - 1;
+            self.retransmit(i, addr, now, out);
+        } else {
+            self.send_new(len, addr, now, out);
+        }
+        self.acked();
+        self.tlp = Some((self.snd_nxt, now, retrans));
+        self.rto_at = Some(now + self.rto);
     }
 
     fn note_sack(&mut self, l: u64, r: u64) {
@@ -603,6 +865,12 @@ impl Host {
             stream.deliver(&s.rbuf);
             s.rbuf.clear();
             moved = true;
+            // Linux's tcp_cleanup_rbuf: a read that at least doubles a window fallen to half
+            // the buffer or less is announced at once.
+            let left = s.adv_right.saturating_sub(s.rcv_nxt);
+            if 2 * left <= s.rbuf_cap as u64 && s.rcv_wnd() >= (2 * left).max(s.mss) {
+                s.ack_now = true;
+            }
         }
         if s.state == State::Established && stream.queued() > 0 {
             let room = s.sbuf_cap.saturating_sub(s.sbuf.len());
@@ -651,11 +919,29 @@ impl Host {
                 }
                 State::Established => {}
             }
+            let addr = self.addr;
+            // The probe goes first: armed for no later than the RTO, it takes the RTO's place
+            // when both are due (Linux keeps one timer for the two).
+            if s.tlp_at.is_some_and(|t| now >= t) {
+                s.tlp_at = None;
+                s.send_probe(addr, now, &mut out);
+            }
             if s.rto_at.is_some_and(|t| now >= t) {
                 s.on_timeout(now);
             }
+            if s.reo_at.is_some_and(|t| now >= t) {
+                s.reo_at = None;
+                s.rack_detect(now);
+            }
+            if s.persist_at.is_some_and(|t| now >= t) {
+                // A segment below the window makes the peer announce its window again.
+                out.push_back(segment(addr, s, ACK, s.snd_una - 1, &[], &[], now));
+                s.persist_backoff += 1;
+                s.persist_at = Some(now + (s.rto << s.persist_backoff.min(10)).min(RTO_MAX));
+            }
             // Retransmit what is marked lost, lowest first, then send new data.
             let mut sent_any = false;
+            let mut cwnd_bound = false;
             // Whole segments while they fit in the window: Linux counts the window in packets.
             let (mut pipe, mut lost) = if s.scoreboard {
                 let lost = s.sent.iter().filter(|x| x.lost && !x.retransmitted).count();
@@ -677,44 +963,41 @@ impl Host {
                         lost = 0;
                         continue;
                     };
-                    let x = s.sent[i];
-                    if pipe + x.len > s.cwnd.max(mss) {
+                    let len = s.sent[i].len;
+                    if pipe + len > s.cwnd.max(mss) {
+                        cwnd_bound = true;
                         break;
                     }
-                    let off = (x.seq - s.snd_una) as usize;
-                    let data = s.sbuf[off..off + x.len as usize].to_vec();
-                    out.push_back(segment(self.addr, s, ACK, x.seq, &data, &[], now));
-                    let e = &mut s.sent[i];
-                    e.retransmitted = true;
-                    e.at = now;
-                    s.retrans_total += 1;
-                    pipe += x.len;
+                    s.retransmit(i, addr, now, &mut out);
+                    pipe += len;
                     lost -= 1;
                     from = i + 1;
                     sent_any = true;
                     continue;
                 }
-                let unsent = (s.snd_una + s.sbuf.len() as u64).saturating_sub(s.snd_nxt);
-                let wnd_room = (s.snd_una + s.snd_wnd).saturating_sub(s.snd_nxt);
-                let len = unsent.min(mss).min(wnd_room);
-                if len == 0 || pipe + len > s.cwnd {
+                let len = s.unsent().min(mss).min(s.wnd_room());
+                if len == 0 {
                     break;
                 }
+                if pipe + len > s.cwnd {
+                    cwnd_bound = true;
+                    break;
+                }
+                if s.sent.is_empty() {
+                    s.restart_after_idle(now);
+                }
+                s.send_new(len, addr, now, &mut out);
                 pipe += len;
-                let off = (s.snd_nxt - s.snd_una) as usize;
-                let data = s.sbuf[off..off + len as usize].to_vec();
-                let seq = s.snd_nxt;
-                out.push_back(segment(self.addr, s, ACK, seq, &data, &[], now));
-                s.sent.push_back(Sent {
-                    seq,
-                    len,
-                    at: now,
-                    retransmitted: false,
-                    sacked: false,
-                    lost: false,
-                });
-                s.snd_nxt += len;
                 sent_any = true;
+            }
+            if sent_any || cwnd_bound {
+                // Linux's tcp_cwnd_validate: whether the window limited this window of data,
+                // and the most that was in flight in it.
+                if s.snd_una >= s.usage_end || cwnd_bound || (!s.cwnd_limited && pipe > s.max_out) {
+                    s.cwnd_limited = cwnd_bound;
+                    s.max_out = pipe;
+                    s.usage_end = s.snd_nxt;
+                }
             }
             if sent_any {
                 // Data carries the acknowledgement.
@@ -723,12 +1006,26 @@ impl Host {
                     s.rto_at = Some(now + s.rto);
                 }
             }
+            if sent_any || s.progressed {
+                s.progressed = false;
+                s.arm_tlp(now);
+            }
+            // A window too small for anything, with data waiting and none in flight: probe.
+            if s.sent.is_empty() && s.unsent() > 0 && s.wnd_room() == 0 {
+                s.persist_at.get_or_insert(now + s.rto);
+            } else {
+                s.persist_at = None;
+                s.persist_backoff = 0;
+            }
             if s.ack_now || s.delack_at.is_some_and(|t| now >= t) {
-                out.push_back(s.ack(self.addr, now));
+                out.push_back(s.ack(addr, now));
             } else if s.rcv_unacked {
                 s.delack_at.get_or_insert(now + DELACK);
             }
             next = min_opt(next, s.rto_at);
+            next = min_opt(next, s.reo_at);
+            next = min_opt(next, s.tlp_at);
+            next = min_opt(next, s.persist_at);
             next = min_opt(next, s.delack_at);
         }
         self.tx = out;
@@ -819,7 +1116,9 @@ impl Host {
         let us = |n: Nanos| (n / 1000).min(u64::from(u32::MAX)) as u32;
         let mss = s.mss.max(1);
         mcsi_tcp::TcpState {
-            ca_state: if s.recover.is_some() {
+            ca_state: if s.loss.is_some() {
+                mcsi_tcp::CaState::Loss
+            } else if s.recover.is_some() {
                 mcsi_tcp::CaState::Recovery
             } else {
                 mcsi_tcp::CaState::Open
@@ -918,14 +1217,15 @@ mod tests {
     const A: [u8; 4] = [10, 2, 0, 1];
     const B: [u8; 4] = [10, 1, 0, 1];
 
-    /// Two hosts joined by a wire of `delay` each way; `drop(n)` says whether the n-th data
-    /// segment from A is lost. Returns what B received, A's socket state and its counters.
+    /// Two hosts joined by a wire of `delay` each way; `drop(n, seq)` says whether the n-th
+    /// data segment from A, which starts at `seq`, is lost. Returns what B received, A's
+    /// socket state, its retransmissions and timeouts, B's ACKs and when B had it all.
     fn transfer(
         cc: Cc,
         bytes: usize,
         delay: Nanos,
-        drop: impl Fn(usize) -> bool,
-    ) -> (Vec<u8>, mcsi_tcp::TcpState, (u64, u64), u64) {
+        mut drop: impl FnMut(usize, u64) -> bool,
+    ) -> (Vec<u8>, mcsi_tcp::TcpState, (u64, u64), u64, Nanos) {
         let cfg = TcpConfig {
             stack: TcpStack::Linuxlike,
             congestion: Congestion::Cubic,
@@ -979,10 +1279,9 @@ mod tests {
             a.poll(now);
             b.poll(now);
             while let Some(p) = a.tx.pop_front() {
-                let is_data = parse(&p).is_some_and(|s| !s.data.is_empty());
-                if is_data {
+                if let Some(seg) = parse(&p).filter(|s| !s.data.is_empty()) {
                     data_segs += 1;
-                    if drop(data_segs) {
+                    if drop(data_segs, u64::from(seg.seq)) {
                         continue;
                     }
                 }
@@ -1007,12 +1306,12 @@ mod tests {
                 .unwrap_or(now + MS);
             now = next.max(now + 1000);
         }
-        (received, a.tcp_state(sa), a.retransmits(), acks_from_b)
+        (received, a.tcp_state(sa), a.retransmits(), acks_from_b, now)
     }
 
     #[test]
     fn a_clean_transfer_arrives_whole_with_an_ack_per_two_segments() {
-        let (got, st, (re, to), acks) = transfer(Cc::Cubic, 300_000, 10 * MS, |_| false);
+        let (got, st, (re, to), acks, _) = transfer(Cc::Cubic, 300_000, 10 * MS, |_, _| false);
         assert_eq!(got.len(), 300_000);
         assert!(got
             .iter()
@@ -1029,7 +1328,7 @@ mod tests {
     #[test]
     fn one_loss_is_repaired_by_sack_without_a_timeout() {
         for cc in [Cc::Reno, Cc::Cubic] {
-            let (got, st, (re, to), _) = transfer(cc, 300_000, 10 * MS, |n| n == 30);
+            let (got, st, (re, to), _, _) = transfer(cc, 300_000, 10 * MS, |n, _| n == 30);
             assert_eq!(got.len(), 300_000);
             assert!(got
                 .iter()
@@ -1042,11 +1341,119 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_tail_waits_for_the_timeout() {
-        // 10 segments, the last one lost: nothing follows it to raise duplicate ACKs.
-        let (got, _, (re, to), _) = transfer(Cc::Cubic, 14_000, 10 * MS, |n| n == 10);
+    fn a_lost_tail_is_repaired_by_the_loss_probe_without_a_timeout() {
+        // 10 segments, the last one lost: nothing follows it to be SACKed. The probe (the last
+        // segment again) goes at the RTO's time and takes its place: the window stays.
+        let (got, st, (re, to), _, done) = transfer(Cc::Cubic, 14_000, 10 * MS, |n, _| n == 10);
         assert_eq!(got.len(), 14_000);
-        assert_eq!((re, to), (1, 1));
+        assert_eq!((re, to), (1, 0));
+        assert!(st.cwnd >= 10, "{st:?}");
+        assert!(done < 400 * MS, "{done}");
+        // Two segments lost of 20, the last two: the probe repairs the last, whose SACK shows
+        // the other lost (RACK), and that is repaired within a round trip, not an RTO.
+        let (got, _, (re, to), _, _) =
+            transfer(Cc::Cubic, 28_000, 10 * MS, |n, _| n == 19 || n == 20);
+        assert_eq!(got.len(), 28_000);
+        assert_eq!((re, to), (2, 0));
+    }
+
+    #[test]
+    fn a_lost_retransmission_is_found_by_rack_without_a_timeout() {
+        // Segment 30 and its first retransmission are lost; data sent after the retransmission
+        // is SACKed, so RACK marks it lost again.
+        let mut lost_seq = None;
+        let mut drops = 0;
+        let (got, _, (re, to), _, _) = transfer(Cc::Reno, 600_000, 10 * MS, |n, seq| {
+            if n == 30 {
+                lost_seq = Some(seq);
+            }
+            let hit = lost_seq == Some(seq) && drops < 2;
+            drops += usize::from(hit);
+            hit
+        });
+        assert_eq!(got.len(), 600_000);
+        assert_eq!(drops, 2);
+        assert_eq!((re, to), (2, 0));
+    }
+
+    #[test]
+    fn a_repeated_timeout_or_one_in_recovery_cuts_the_window_once() {
+        let cfg = TcpConfig {
+            stack: TcpStack::Linuxlike,
+            congestion: Congestion::Cubic,
+            buffer: 1 << 20,
+            mtu: 1500,
+        };
+        let mut s = Socket::new(1, &cfg, 1448, Cc::Cubic);
+        s.cwnd = 100 * 1448;
+        s.on_timeout(0);
+        s.on_timeout(300 * MS);
+        assert_eq!(s.ssthresh, 70 * 1448);
+        assert_eq!(s.cwnd, 1448);
+        let mut s = Socket::new(1, &cfg, 1448, Cc::Reno);
+        s.cwnd = 100 * 1448;
+        s.recover = Some(1);
+        s.ssthresh = 50 * 1448;
+        s.on_timeout(0);
+        assert_eq!(s.ssthresh, 50 * 1448);
+    }
+
+    #[test]
+    fn the_window_grows_only_while_it_limits_the_sender() {
+        let cfg = TcpConfig {
+            stack: TcpStack::Linuxlike,
+            congestion: Congestion::Cubic,
+            buffer: 1 << 20,
+            mtu: 1500,
+        };
+        for cc in [Cc::Reno, Cc::Cubic] {
+            let mut s = Socket::new(1, &cfg, 1448, cc);
+            s.cwnd = 20 * 1448;
+            s.ssthresh = 10 * 1448;
+            s.srtt = Some(10 * MS);
+            // Four segments in flight at most: not limited by a window of 20.
+            s.max_out = 4 * 1448;
+            for i in 0..100 {
+                s.grow(1448, i * MS);
+            }
+            assert_eq!(s.cwnd, 20 * 1448, "{cc:?}");
+            s.cwnd_limited = true;
+            for i in 100..200 {
+                s.grow(1448, i * MS);
+            }
+            assert!(s.cwnd > 20 * 1448, "{cc:?}");
+        }
+        // In slow start, up to twice what was in flight.
+        let mut s = Socket::new(1, &cfg, 1448, Cc::Cubic);
+        s.max_out = 8 * 1448;
+        for _ in 0..20 {
+            s.grow(1448, 0);
+        }
+        assert_eq!(s.cwnd, 16 * 1448);
+    }
+
+    #[test]
+    fn cubic_k_counts_from_the_window_the_cut_leaves() {
+        let cfg = TcpConfig {
+            stack: TcpStack::Linuxlike,
+            congestion: Congestion::Cubic,
+            buffer: 1 << 20,
+            mtu: 1500,
+        };
+        let mut s = Socket::new(1, &cfg, 1000, Cc::Cubic);
+        s.cwnd = 100_000;
+        s.on_loss(0);
+        // K = cbrt((100 - 70) / 0.4) segments-seconds.
+        assert!(
+            (s.cubic.k - (30.0f64 / 0.4).cbrt()).abs() < 1e-9,
+            "{}",
+            s.cubic.k
+        );
+        // Fast convergence: a loss below the last maximum lowers W_max to (1 + β) / 2 of cwnd.
+        s.cwnd = 80_000;
+        s.on_loss(0);
+        assert!((s.cubic.w_max - 68_000.0).abs() < 1e-6);
+        assert!((s.cubic.k - ((68.0f64 - 56.0) / 0.4).cbrt()).abs() < 1e-9);
     }
 
     #[test]
