@@ -27,6 +27,8 @@ use initiator::{Initiator, Workload};
 use mcsi_link::{Link, LinkConfig, Nanos};
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
 use net::{Host, Net, TcpConfig};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use target::Target;
@@ -184,20 +186,71 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         handles.push(hs);
     }
     let mut net = Net::new(link, hosts, tgt_host);
+    let n = inis.len();
     let mut established: Vec<Vec<bool>> = handles.iter().map(|h| vec![false; h.len()]).collect();
     for ini in &mut inis {
         ini.connecting(base);
     }
     let horizon: Nanos = (s.work.runtime + Duration::from_secs(120)).as_nanos() as u64;
+    let nanos = |d: Instant| d.saturating_duration_since(base).as_nanos() as u64;
+    // Only what has something to do runs at an event: the initiators whose timers (their
+    // driver's or their host's) are due or that were given packets, and the target's
+    // connections that took in segments or were given bytes. Each initiator's next wakeup is
+    // in a heap; entries that no longer match `wake_at` are skipped.
+    let mut wake: BinaryHeap<Reverse<(Nanos, usize)>> = (0..n).map(|i| Reverse((0, i))).collect();
+    let mut wake_at: Vec<Option<Nanos>> = vec![Some(0); n];
+    let mut picked = vec![false; n];
+    let mut active: Vec<usize> = Vec::new();
+    let mut delivered: Vec<usize> = Vec::new();
+    let mut done = vec![false; n];
+    let mut done_count = 0;
+    let listener_of: HashMap<net::Sock, usize> = listeners
+        .iter()
+        .enumerate()
+        .map(|(j, (h, _))| (*h, j))
+        .collect();
+    // Target connection index -> listener index.
+    let mut listener_of_conn: Vec<usize> = Vec::new();
+    let mut ready: Vec<net::Sock> = Vec::new();
+    let mut scratch: Vec<usize> = Vec::new();
+    let mut written: Vec<usize> = Vec::new();
+    let mut tgt_cand: Vec<usize> = Vec::new();
+    let mut in_cand = vec![false; listeners.len()];
     let mut now: Nanos = 0;
     loop {
         let t = base + Duration::from_nanos(now);
-        net.carry(now);
-        net.poll_due(now);
+        net.carry(now, &[], &mut delivered);
+        while let Some(&Reverse((w, i))) = wake.peek() {
+            if w > now {
+                break;
+            }
+            wake.pop();
+            if wake_at[i] == Some(w) {
+                wake_at[i] = None;
+                delivered.push(i);
+            }
+        }
+        for i in delivered.drain(..) {
+            if !picked[i] {
+                picked[i] = true;
+                active.push(i);
+            }
+        }
+        // In initiator order, as a loop over every initiator would run them.
+        active.sort_unstable();
+        for &i in &active {
+            if net.initiator_due(i, now) {
+                net.poll_initiator(i, now);
+            }
+        }
+        if net.target_due(now) {
+            net.poll_target(now);
+        }
         if target.poll_timeout().is_some_and(|d| d <= t) {
             target.handle_timeout(t);
         }
-        for (i, ini) in inis.iter_mut().enumerate() {
+        for &i in &active {
+            let ini = &mut inis[i];
             if ini.wants_tcp_sample(t) {
                 let states: Vec<_> = handles[i]
                     .iter()
@@ -211,27 +264,48 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         }
         // Bytes between sockets and drivers, until nothing moves.
         let mut touched_target = false;
-        let mut touched = vec![false; inis.len()];
+        let mut touched = vec![false; 0];
+        touched.resize(active.len(), false);
         loop {
             let mut progress = false;
-            for (i, ini) in inis.iter_mut().enumerate() {
+            for (a, &i) in active.iter().enumerate() {
+                let ini = &mut inis[i];
                 for (c, h) in handles[i].iter().enumerate().take(ini.conn_count()) {
                     let host = &mut net.initiators[i];
                     if !established[i][c] && host.established(*h) {
                         established[i][c] = true;
                         ini.established(c, t);
-                        touched[i] = true;
+                        touched[a] = true;
                     }
                     if host.exchange(*h, ini.stream(c)) {
                         ini.receive(c, t);
                         progress = true;
-                        touched[i] = true;
+                        touched[a] = true;
                     }
                 }
             }
-            for (h, conn) in listeners.iter_mut() {
+            net.target.take_ready(&mut ready, &mut scratch);
+            target.take_written(&mut written);
+            let conns = written.drain(..).map(|k| listener_of_conn[k]);
+            for j in ready
+                .drain(..)
+                .filter_map(|h| listener_of.get(&h).copied())
+                .chain(conns)
+            {
+                if !in_cand[j] {
+                    in_cand[j] = true;
+                    tgt_cand.push(j);
+                }
+            }
+            // In listener order, as a loop over every connection would run them.
+            tgt_cand.sort_unstable();
+            for &j in &tgt_cand {
+                let (h, conn) = &mut listeners[j];
                 if conn.is_none() && net.target.established(*h) {
-                    *conn = Some(target.accept(stream::Stream::default()));
+                    let k = target.accept(stream::Stream::default());
+                    listener_of_conn.push(j);
+                    debug_assert_eq!(listener_of_conn.len(), k + 1);
+                    *conn = Some(k);
                 }
                 if let Some(k) = *conn {
                     if net.target.exchange(*h, target.stream(k)) {
@@ -247,40 +321,69 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
                 break;
             }
         }
-        for (i, t) in touched.iter().enumerate() {
-            if *t {
+        for j in tgt_cand.drain(..) {
+            in_cand[j] = false;
+        }
+        for (a, &i) in active.iter().enumerate() {
+            if touched[a] {
                 net.poll_initiator(i, now);
             }
         }
         if touched_target {
             net.poll_target(now);
         }
-        net.carry(now);
-        if inis.iter().all(Initiator::is_done) {
+        net.carry(now, &active, &mut delivered);
+        for &i in &active {
+            picked[i] = false;
+            if !done[i] && inis[i].is_done() {
+                done[i] = true;
+                done_count += 1;
+            }
+            let w = [inis[i].poll_timeout().map(nanos), net.initiator_next(i)]
+                .into_iter()
+                .flatten()
+                .min();
+            if w != wake_at[i] {
+                wake_at[i] = w;
+                if let Some(w) = w {
+                    wake.push(Reverse((w, i)));
+                }
+            }
+        }
+        active.clear();
+        if done_count == n {
             break;
         }
-        let timers = inis
-            .iter()
-            .filter_map(Initiator::poll_timeout)
-            .chain(target.poll_timeout())
-            .min()
-            .map(|d| d.saturating_duration_since(base).as_nanos() as u64);
-        let next = [net.next_event(now), timers].into_iter().flatten().min();
+        while let Some(&Reverse((w, i))) = wake.peek() {
+            if wake_at[i] == Some(w) {
+                break;
+            }
+            wake.pop();
+        }
+        // A host given packets by the last carry takes them in now (a link without delay).
+        let waiting = (!delivered.is_empty()).then_some(now);
+        let next = [
+            waiting,
+            wake.peek().map(|r| r.0 .0),
+            net.next_event(),
+            target.poll_timeout().map(nanos),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let Some(next) = next else {
             return Err(SimError::Stuck {
                 at_s: now as f64 / 1e9,
                 why: "nothing is due and the sessions have not ended".into(),
             });
         };
-        // At least 1 µs on; a host with packets waiting takes them in then.
+        // At least 1 µs on.
         now = next.max(now + 1000);
         if now > horizon {
             return Err(SimError::Stuck {
                 at_s: now as f64 / 1e9,
                 why: format!(
-                    "the run time plus 120 s passed with sessions still running ({} of {} done)",
-                    inis.iter().filter(|i| i.is_done()).count(),
-                    inis.len()
+                    "the run time plus 120 s passed with sessions still running ({done_count} of {n} done)"
                 ),
             });
         }

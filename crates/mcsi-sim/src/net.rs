@@ -259,7 +259,7 @@ impl SmolHost {
 }
 
 /// A socket of either stack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sock {
     Smol(SocketHandle),
     Own(usize),
@@ -268,14 +268,16 @@ pub enum Sock {
 /// A simulated machine on either stack.
 pub enum Host {
     Smol(Box<SmolHost>),
-    Own(crate::tcp::Host),
+    Own(Box<crate::tcp::Host>),
 }
 
 impl Host {
     pub fn new(addr: Ipv4Address, tcp: &TcpConfig, seed: u64) -> Host {
         match tcp.stack {
             TcpStack::Smoltcp => Host::Smol(Box::new(SmolHost::new(addr, tcp.mtu, seed))),
-            TcpStack::Linuxlike => Host::Own(crate::tcp::Host::new(addr.octets(), tcp.mtu)),
+            TcpStack::Linuxlike => {
+                Host::Own(Box::new(crate::tcp::Host::new(addr.octets(), tcp.mtu)))
+            }
         }
     }
 
@@ -328,6 +330,18 @@ impl Host {
             (Host::Smol(h), Sock::Smol(k)) => h.exchange(k, stream),
             (Host::Own(h), Sock::Own(k)) => h.exchange(k, stream),
             _ => false,
+        }
+    }
+
+    /// The sockets that took in segments since the last call (their application may have
+    /// something to do); smoltcp does not say, so all of its sockets are named.
+    pub fn take_ready(&mut self, into: &mut Vec<Sock>, scratch: &mut Vec<usize>) {
+        match self {
+            Host::Own(h) => {
+                h.take_ready(scratch);
+                into.extend(scratch.drain(..).map(Sock::Own));
+            }
+            Host::Smol(h) => into.extend(h.sockets.iter().map(|(k, _)| Sock::Smol(k))),
         }
     }
 
@@ -416,15 +430,20 @@ impl Net {
         }
     }
 
-    /// Polls every host whose stack is due at `now`.
-    pub fn poll_due(&mut self, now_ns: Nanos) {
-        let due = |h: &Host| h.next_poll().is_some_and(|t| t <= now_ns) || h.has_rx();
-        for h in self.initiators.iter_mut().filter(|h| due(h)) {
-            h.poll(now_ns);
-        }
-        if due(&self.target) {
-            self.target.poll(now_ns);
-        }
+    /// Whether initiator host `i` wants a poll at `now`.
+    pub fn initiator_due(&self, i: usize, now_ns: Nanos) -> bool {
+        let h = &self.initiators[i];
+        h.next_poll().is_some_and(|t| t <= now_ns) || h.has_rx()
+    }
+
+    /// Whether the target host wants a poll at `now`.
+    pub fn target_due(&self, now_ns: Nanos) -> bool {
+        self.target.next_poll().is_some_and(|t| t <= now_ns) || self.target.has_rx()
+    }
+
+    /// When initiator host `i` next wants a poll, if ever.
+    pub fn initiator_next(&self, i: usize) -> Option<Nanos> {
+        self.initiators[i].next_poll()
     }
 
     /// Polls initiator host `i` at `now` (its driver queued bytes).
@@ -437,9 +456,12 @@ impl Net {
         self.target.poll(now_ns);
     }
 
-    /// Hands what the hosts sent to the link, and what the link delivers by `now` to the hosts.
-    pub fn carry(&mut self, now_ns: Nanos) {
-        for h in &mut self.initiators {
+    /// Hands what initiator hosts `from` and the target sent to the link, and what the link
+    /// delivers by `now` to the hosts; the initiators that were given packets are added to
+    /// `delivered`.
+    pub fn carry(&mut self, now_ns: Nanos, from: &[usize], delivered: &mut Vec<usize>) {
+        for &i in from {
+            let h = &mut self.initiators[i];
             while let Some(p) = h.tx().pop_front() {
                 if self.link.enqueue(Dir::Up, p, now_ns).is_err() {
                     self.drops[0] += 1;
@@ -456,32 +478,20 @@ impl Net {
                 Dir::Up => self.target.rx().push_back(d.pkt),
                 Dir::Down => {
                     let dst = d.pkt.get(16..20).and_then(|a| <[u8; 4]>::try_from(a).ok());
-                    if let Some(h) = dst.and_then(|a| self.index.get(&a)) {
-                        self.initiators[*h].rx().push_back(d.pkt);
+                    if let Some(&h) = dst.and_then(|a| self.index.get(&a)) {
+                        self.initiators[h].rx().push_back(d.pkt);
+                        delivered.push(h);
                     }
                 }
             }
         }
     }
 
-    /// The next time anything in the network is due, ns: `now` itself while a host has
-    /// packets to take in (a link without delay delivers at once).
-    pub fn next_event(&self, now: Nanos) -> Option<Nanos> {
-        let waiting = self
-            .initiators
-            .iter()
-            .chain(std::iter::once(&self.target))
-            .any(Host::has_rx);
-        if waiting {
-            return Some(now);
-        }
-        let hosts = self
-            .initiators
-            .iter()
-            .chain(std::iter::once(&self.target))
-            .filter_map(Host::next_poll)
-            .min();
-        [hosts, self.link.next_deadline()]
+    /// The next time the link or the target host is due, ns (the initiators' hosts are
+    /// asked one by one: [`Net::initiator_next`]).
+    pub fn next_event(&self) -> Option<Nanos> {
+        let waiting = self.target.has_rx().then_some(0);
+        [waiting, self.target.next_poll(), self.link.next_deadline()]
             .into_iter()
             .flatten()
             .min()

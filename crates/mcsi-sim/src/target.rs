@@ -18,7 +18,8 @@ use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::session::Lus;
 use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore};
 use mcsi_target_core::transfer::BurstParams;
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,6 +86,8 @@ struct Conn {
     tx: Framing,
     rx: Framing,
     stat_sn: u32,
+    /// In the target's list of connections given bytes.
+    written: bool,
 }
 
 /// The target: its LUs, sessions and connections.
@@ -100,6 +103,12 @@ pub struct Target {
     /// Tasks the disks are serving, by when they are done.
     pending: BTreeMap<(Instant, u64), Done>,
     next_pending: u64,
+    /// Each session's next timer, and a heap of them (entries that no longer match `deadline`
+    /// are skipped), so that a target of a thousand sessions does not ask each at every event.
+    deadline: Vec<Option<Instant>>,
+    timers: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Connections that were given bytes to send since [`Target::take_written`] last ran.
+    written: Vec<usize>,
 }
 
 /// A task whose data the disks are moving.
@@ -223,7 +232,40 @@ impl Target {
             disks,
             pending: BTreeMap::new(),
             next_pending: 0,
+            deadline: Vec::new(),
+            timers: BinaryHeap::new(),
+            written: Vec::new(),
         }
+    }
+
+    /// Session `s`'s timers may have moved.
+    fn touch(&mut self, s: usize) {
+        let d = self.sessions[s].core.poll_timeout();
+        if self.deadline[s] != d {
+            self.deadline[s] = d;
+            if let Some(t) = d {
+                self.timers.push(Reverse((t, s)));
+            }
+        }
+        self.settle();
+    }
+
+    /// Leaves a live timer on top of the heap.
+    fn settle(&mut self) {
+        while let Some(&Reverse((t, s))) = self.timers.peek() {
+            if self.deadline[s] == Some(t) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    /// The connections given bytes to send since the last call.
+    pub fn take_written(&mut self, into: &mut Vec<usize>) {
+        for &k in &self.written {
+            self.conns[k].written = false;
+        }
+        into.append(&mut self.written);
     }
 
     pub fn disks(&self) -> Option<&crate::disk::Disks> {
@@ -242,6 +284,7 @@ impl Target {
             tx: Framing::default(),
             rx: Framing::default(),
             stat_sn: 0x1000,
+            written: false,
         });
         self.conns.len() - 1
     }
@@ -257,9 +300,10 @@ impl Target {
 
     /// When the target's timers next want [`Target::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.sessions
-            .iter()
-            .filter_map(|s| s.core.poll_timeout())
+        self.timers
+            .peek()
+            .map(|r| r.0 .0)
+            .into_iter()
             .chain(self.pending.keys().next().map(|k| k.0))
             .min()
     }
@@ -275,13 +319,27 @@ impl Target {
                 .finish(d.itt, d.id, &d.conn, Some(d.outcome));
             self.flush(d.session, now);
         }
-        for s in 0..self.sessions.len() {
+        let mut due = Vec::new();
+        while let Some(&Reverse((t, s))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.deadline[s] == Some(t) {
+                self.deadline[s] = None;
+                due.push(s);
+            }
+        }
+        // In session order, as a target that looked at every session would.
+        due.sort_unstable();
+        for s in due {
             let expired = self.sessions[s].core.handle_timeout(now);
             if !expired.is_empty() {
                 tracing::debug!(session = s, ?expired, "target timers expired");
             }
             self.flush(s, now);
         }
+        self.settle();
     }
 
     /// Decodes and handles what connection `i` received.
@@ -315,7 +373,9 @@ impl Target {
             Phase::Full { session, tc } => {
                 let (s, tc) = (*session, tc.clone());
                 self.sessions[s].core.heard(tc.cid, now);
-                self.full_feature(s, &tc, pdu, now)
+                let r = self.full_feature(s, &tc, pdu, now);
+                self.touch(s);
+                r
             }
         }
     }
@@ -391,6 +451,7 @@ impl Target {
                         conns: Vec::new(),
                         isid,
                     });
+                    self.deadline.push(None);
                 }
                 let sess = &mut self.sessions[s];
                 if sess.core.add_conn(tc.clone()).is_err() {
@@ -404,6 +465,7 @@ impl Target {
                 sess.core
                     .start_keepalive(cid, Duration::from_secs(5), Duration::from_secs(5), now);
                 self.conns[i].phase = Phase::Full { session: s, tc };
+                self.touch(s);
                 Ok(())
             }
         }
@@ -486,8 +548,14 @@ impl Target {
         }
     }
 
-    /// Grants writes their budget, runs the tasks the core hands out, and sends what it made.
+    /// Grants writes their budget, runs the tasks the core hands out, and sends what it made;
+    /// the session's timers are looked at again.
     fn flush(&mut self, s: usize, now: Instant) {
+        self.flush_inner(s, now);
+        self.touch(s);
+    }
+
+    fn flush_inner(&mut self, s: usize, now: Instant) {
         loop {
             let mut progress = false;
             while let Some(g) = self.sessions[s].core.poll_grant() {
@@ -577,5 +645,9 @@ impl Target {
         p.stamp(&mut c.stat_sn, exp, max);
         let tx = c.tx;
         c.stream.send(&p, &tx);
+        if !c.written {
+            c.written = true;
+            self.written.push(conn.index);
+        }
     }
 }

@@ -22,7 +22,8 @@
 use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
 use mcsi_link::Nanos;
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 const MS: Nanos = 1_000_000;
 /// Linux's minimum RTO and its initial one (RFC 6298: 1 s).
@@ -90,6 +91,11 @@ const C: f64 = 0.4;
 
 struct Socket {
     state: State,
+    /// In the host's list of sockets to run, and in its list of sockets with news.
+    dirty: bool,
+    ready: bool,
+    /// The timer this socket is in the host's heap for.
+    next_at: Option<Nanos>,
     local_port: u16,
     remote: [u8; 4],
     remote_port: u16,
@@ -168,14 +174,25 @@ struct Socket {
     sack_recent: Vec<(u64, u64)>,
 }
 
-/// A host: its address, its sockets, its packet queues to and from the link.
+/// A host: its address, its sockets, its packet queues to and from the link. A poll runs only
+/// the sockets that need it (a segment arrived, the application gave or took bytes, a timer is
+/// due), so that a target with a thousand connections costs per event what one with one does.
 pub struct Host {
     pub addr: [u8; 4],
     socks: Vec<Socket>,
     pub rx: VecDeque<Vec<u8>>,
     pub tx: VecDeque<Vec<u8>>,
     mtu: usize,
-    next: Option<Nanos>,
+    /// Connected sockets by (peer address, peer port, local port).
+    by_peer: HashMap<([u8; 4], u16, u16), usize>,
+    /// Listening sockets by port, lowest first.
+    listening: HashMap<u16, VecDeque<usize>>,
+    /// Sockets to run at the next poll.
+    dirty: Vec<usize>,
+    /// Each socket's next timer (stale entries are skipped: `Socket::next_at` is the truth).
+    timers: BinaryHeap<Reverse<(Nanos, usize)>>,
+    /// Sockets that took in a segment since [`Host::take_ready`] last ran.
+    ready: Vec<usize>,
 }
 
 /// A parsed segment.
@@ -240,6 +257,9 @@ impl Socket {
     fn new(local_port: u16, cfg: &super::net::TcpConfig, mss: u64, cc: Cc) -> Socket {
         Socket {
             state: State::Listen,
+            dirty: false,
+            ready: false,
+            next_at: None,
             local_port,
             remote: [0; 4],
             remote_port: 0,
@@ -818,8 +838,30 @@ impl Host {
             rx: VecDeque::new(),
             tx: VecDeque::new(),
             mtu,
-            next: Some(0),
+            by_peer: HashMap::new(),
+            listening: HashMap::new(),
+            dirty: Vec::new(),
+            timers: BinaryHeap::new(),
+            ready: Vec::new(),
         }
+    }
+
+    /// Socket `i` runs at the next poll.
+    fn mark(&mut self, i: usize) {
+        let s = &mut self.socks[i];
+        if !s.dirty {
+            s.dirty = true;
+            self.dirty.push(i);
+        }
+    }
+
+    /// The sockets that took in a segment since the last call (their application may have
+    /// bytes to read, room to write, or a connection now up), in no set order.
+    pub fn take_ready(&mut self, into: &mut Vec<usize>) {
+        for &i in &self.ready {
+            self.socks[i].ready = false;
+        }
+        into.append(&mut self.ready);
     }
 
     fn mss(&self) -> u64 {
@@ -829,7 +871,9 @@ impl Host {
     pub fn listen(&mut self, cfg: &super::net::TcpConfig, port: u16, cc: Cc) -> usize {
         let s = Socket::new(port, cfg, self.mss(), cc);
         self.socks.push(s);
-        self.socks.len() - 1
+        let i = self.socks.len() - 1;
+        self.listening.entry(port).or_default().push_back(i);
+        i
     }
 
     pub fn connect(
@@ -845,20 +889,36 @@ impl Host {
         s.remote = to;
         s.remote_port = port;
         self.socks.push(s);
-        self.next = Some(0);
-        self.socks.len() - 1
+        let i = self.socks.len() - 1;
+        self.by_peer.insert((to, port, local_port), i);
+        self.mark(i);
+        i
     }
 
     pub fn state(&self, h: usize) -> State {
         self.socks[h].state
     }
 
+    /// When the host next needs a poll: now if a socket is waiting to run, else its earliest
+    /// timer.
     pub fn next_poll(&self) -> Option<Nanos> {
-        self.next
+        if !self.dirty.is_empty() || !self.rx.is_empty() {
+            return Some(0);
+        }
+        // A poll leaves a live timer on top (timers change only in polls).
+        self.timers.peek().map(|r| r.0 .0)
     }
 
     /// Moves bytes between socket `h` and `stream` both ways. True when any moved.
     pub fn exchange(&mut self, h: usize, stream: &mut Stream) -> bool {
+        let moved = self.exchange_inner(h, stream);
+        if moved {
+            self.mark(h);
+        }
+        moved
+    }
+
+    fn exchange_inner(&mut self, h: usize, stream: &mut Stream) -> bool {
         let s = &mut self.socks[h];
         let mut moved = false;
         if !s.rbuf.is_empty() {
@@ -894,162 +954,60 @@ impl Host {
         while let Some(p) = self.rx.pop_front() {
             self.input(&p, now);
         }
-        let mss = self.mss();
-        let mut next: Option<Nanos> = None;
-        let mut out = std::mem::take(&mut self.tx);
-        for s in &mut self.socks {
-            match s.state {
-                State::Listen => continue,
-                State::SynSent | State::SynReceived => {
-                    let due = s.syn_at.is_none_or(|t| now >= t + s.rto);
-                    if due {
-                        if s.syn_at.is_some() {
-                            s.rto = (s.rto * 2).min(RTO_MAX);
-                        }
-                        s.syn_at = Some(now);
-                        let flags = if s.state == State::SynSent {
-                            SYN
-                        } else {
-                            SYN | ACK
-                        };
-                        out.push_back(segment(self.addr, s, flags, s.snd_una, &[], &[], now));
-                    }
-                    next = min_opt(next, s.syn_at.map(|t| t + s.rto));
-                    continue;
-                }
-                State::Established => {}
+        // Sockets whose timers are due join those that took in a segment or were given bytes.
+        while let Some(&Reverse((t, i))) = self.timers.peek() {
+            if t > now {
+                break;
             }
-            let addr = self.addr;
-            // The probe goes first: armed for no later than the RTO, it takes the RTO's place
-            // when both are due (Linux keeps one timer for the two).
-            if s.tlp_at.is_some_and(|t| now >= t) {
-                s.tlp_at = None;
-                s.send_probe(addr, now, &mut out);
+            self.timers.pop();
+            if self.socks[i].next_at == Some(t) {
+                self.socks[i].next_at = None;
+                self.mark(i);
             }
-            if s.rto_at.is_some_and(|t| now >= t) {
-                s.on_timeout(now);
-            }
-            if s.reo_at.is_some_and(|t| now >= t) {
-                s.reo_at = None;
-                s.rack_detect(now);
-            }
-            if s.persist_at.is_some_and(|t| now >= t) {
-                // A segment below the window makes the peer announce its window again.
-                out.push_back(segment(addr, s, ACK, s.snd_una - 1, &[], &[], now));
-                s.persist_backoff += 1;
-                s.persist_at = Some(now + (s.rto << s.persist_backoff.min(10)).min(RTO_MAX));
-            }
-            // Retransmit what is marked lost, lowest first, then send new data.
-            let mut sent_any = false;
-            let mut cwnd_bound = false;
-            // Whole segments while they fit in the window: Linux counts the window in packets.
-            let (mut pipe, mut lost) = if s.scoreboard {
-                let lost = s.sent.iter().filter(|x| x.lost && !x.retransmitted).count();
-                s.scoreboard = s.sent.iter().any(|x| x.lost || x.sacked);
-                (s.pipe(), lost)
-            } else {
-                (s.snd_nxt - s.snd_una, 0)
-            };
-            let mut from = 0;
-            loop {
-                if lost > 0 {
-                    let Some(i) = s
-                        .sent
-                        .iter()
-                        .skip(from)
-                        .position(|x| x.lost && !x.retransmitted)
-                        .map(|i| i + from)
-                    else {
-                        lost = 0;
-                        continue;
-                    };
-                    let len = s.sent[i].len;
-                    if pipe + len > s.cwnd.max(mss) {
-                        cwnd_bound = true;
-                        break;
-                    }
-                    s.retransmit(i, addr, now, &mut out);
-                    pipe += len;
-                    lost -= 1;
-                    from = i + 1;
-                    sent_any = true;
-                    continue;
-                }
-                let len = s.unsent().min(mss).min(s.wnd_room());
-                if len == 0 {
-                    break;
-                }
-                if pipe + len > s.cwnd {
-                    cwnd_bound = true;
-                    break;
-                }
-                if s.sent.is_empty() {
-                    s.restart_after_idle(now);
-                }
-                s.send_new(len, addr, now, &mut out);
-                pipe += len;
-                sent_any = true;
-            }
-            if sent_any || cwnd_bound {
-                // Linux's tcp_cwnd_validate: whether the window limited this window of data,
-                // and the most that was in flight in it.
-                if s.snd_una >= s.usage_end || cwnd_bound || (!s.cwnd_limited && pipe > s.max_out) {
-                    s.cwnd_limited = cwnd_bound;
-                    s.max_out = pipe;
-                    s.usage_end = s.snd_nxt;
-                }
-            }
-            if sent_any {
-                // Data carries the acknowledgement.
-                s.acked();
-                if s.rto_at.is_none() {
-                    s.rto_at = Some(now + s.rto);
-                }
-            }
-            if sent_any || s.progressed {
-                s.progressed = false;
-                s.arm_tlp(now);
-            }
-            // A window too small for anything, with data waiting and none in flight: probe.
-            if s.sent.is_empty() && s.unsent() > 0 && s.wnd_room() == 0 {
-                s.persist_at.get_or_insert(now + s.rto);
-            } else {
-                s.persist_at = None;
-                s.persist_backoff = 0;
-            }
-            if s.ack_now || s.delack_at.is_some_and(|t| now >= t) {
-                out.push_back(s.ack(addr, now));
-            } else if s.rcv_unacked {
-                s.delack_at.get_or_insert(now + DELACK);
-            }
-            next = min_opt(next, s.rto_at);
-            next = min_opt(next, s.reo_at);
-            next = min_opt(next, s.tlp_at);
-            next = min_opt(next, s.persist_at);
-            next = min_opt(next, s.delack_at);
         }
+        let mss = self.mss();
+        let addr = self.addr;
+        let mut out = std::mem::take(&mut self.tx);
+        let mut dirty = std::mem::take(&mut self.dirty);
+        // In socket order, as a stack polling every socket would send.
+        dirty.sort_unstable();
+        for &i in &dirty {
+            let s = &mut self.socks[i];
+            s.dirty = false;
+            let next = poll_socket(s, addr, mss, now, &mut out);
+            if next != s.next_at {
+                s.next_at = next;
+                if let Some(t) = next {
+                    self.timers.push(Reverse((t, i)));
+                }
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
         self.tx = out;
-        self.next = next;
+        while let Some(&Reverse((t, i))) = self.timers.peek() {
+            if self.socks[i].next_at == Some(t) {
+                break;
+            }
+            self.timers.pop();
+        }
     }
 
     fn input(&mut self, p: &[u8], now: Nanos) {
         let Some(seg) = parse(p) else { return };
-        let found = self.socks.iter().position(|s| {
-            s.state != State::Listen
-                && s.local_port == seg.dport
-                && s.remote_port == seg.sport
-                && s.remote == seg.src
-        });
+        let found = self.by_peer.get(&(seg.src, seg.sport, seg.dport)).copied();
         let i = match found {
             Some(i) => i,
             None if seg.flags & SYN != 0 && seg.flags & ACK == 0 => {
                 let Some(i) = self
-                    .socks
-                    .iter()
-                    .position(|s| s.state == State::Listen && s.local_port == seg.dport)
+                    .listening
+                    .get_mut(&seg.dport)
+                    .and_then(VecDeque::pop_front)
                 else {
                     return;
                 };
+                self.by_peer.insert((seg.src, seg.sport, seg.dport), i);
+                self.note(i);
                 let s = &mut self.socks[i];
                 s.state = State::SynReceived;
                 s.remote = seg.src;
@@ -1058,11 +1016,11 @@ impl Host {
                 s.rcv_wup = s.rcv_nxt;
                 s.snd_wnd = u64::from(seg.wnd);
                 s.syn_at = None;
-                self.next = Some(now);
                 return;
             }
             None => return,
         };
+        self.note(i);
         let s = &mut self.socks[i];
         match s.state {
             State::SynSent if seg.flags & (SYN | ACK) == SYN | ACK => {
@@ -1107,7 +1065,16 @@ impl Host {
             }
             _ => {}
         }
-        self.next = Some(now);
+    }
+
+    /// Socket `i` took in a segment: it runs at the next poll, and its application is told.
+    fn note(&mut self, i: usize) {
+        self.mark(i);
+        let s = &mut self.socks[i];
+        if !s.ready {
+            s.ready = true;
+            self.ready.push(i);
+        }
     }
 
     /// The connection's TCP state, as `TCP_INFO` would give it.
@@ -1151,17 +1118,146 @@ impl Host {
     }
 }
 
+/// Runs one socket at `now`: its timers, retransmissions and new data, and its ACK. Returns
+/// when it next needs a poll for a timer.
+fn poll_socket(
+    s: &mut Socket,
+    addr: [u8; 4],
+    mss: u64,
+    now: Nanos,
+    out: &mut VecDeque<Vec<u8>>,
+) -> Option<Nanos> {
+    match s.state {
+        State::Listen => return None,
+        State::SynSent | State::SynReceived => {
+            let due = s.syn_at.is_none_or(|t| now >= t + s.rto);
+            if due {
+                if s.syn_at.is_some() {
+                    s.rto = (s.rto * 2).min(RTO_MAX);
+                }
+                s.syn_at = Some(now);
+                let flags = if s.state == State::SynSent {
+                    SYN
+                } else {
+                    SYN | ACK
+                };
+                out.push_back(segment(addr, s, flags, s.snd_una, &[], &[], now));
+            }
+            return s.syn_at.map(|t| t + s.rto);
+        }
+        State::Established => {}
+    }
+    // The probe goes first: armed for no later than the RTO, it takes the RTO's place
+    // when both are due (Linux keeps one timer for the two).
+    if s.tlp_at.is_some_and(|t| now >= t) {
+        s.tlp_at = None;
+        s.send_probe(addr, now, out);
+    }
+    if s.rto_at.is_some_and(|t| now >= t) {
+        s.on_timeout(now);
+    }
+    if s.reo_at.is_some_and(|t| now >= t) {
+        s.reo_at = None;
+        s.rack_detect(now);
+    }
+    if s.persist_at.is_some_and(|t| now >= t) {
+        // A segment below the window makes the peer announce its window again.
+        out.push_back(segment(addr, s, ACK, s.snd_una - 1, &[], &[], now));
+        s.persist_backoff += 1;
+        s.persist_at = Some(now + (s.rto << s.persist_backoff.min(10)).min(RTO_MAX));
+    }
+    // Retransmit what is marked lost, lowest first, then send new data.
+    let mut sent_any = false;
+    let mut cwnd_bound = false;
+    // Whole segments while they fit in the window: Linux counts the window in packets.
+    let (mut pipe, mut lost) = if s.scoreboard {
+        let lost = s.sent.iter().filter(|x| x.lost && !x.retransmitted).count();
+        s.scoreboard = s.sent.iter().any(|x| x.lost || x.sacked);
+        (s.pipe(), lost)
+    } else {
+        (s.snd_nxt - s.snd_una, 0)
+    };
+    let mut from = 0;
+    loop {
+        if lost > 0 {
+            let Some(i) = s
+                .sent
+                .iter()
+                .skip(from)
+                .position(|x| x.lost && !x.retransmitted)
+                .map(|i| i + from)
+            else {
+                lost = 0;
+                continue;
+            };
+            let len = s.sent[i].len;
+            if pipe + len > s.cwnd.max(mss) {
+                cwnd_bound = true;
+                break;
+            }
+            s.retransmit(i, addr, now, out);
+            pipe += len;
+            lost -= 1;
+            from = i + 1;
+            sent_any = true;
+            continue;
+        }
+        let len = s.unsent().min(mss).min(s.wnd_room());
+        if len == 0 {
+            break;
+        }
+        if pipe + len > s.cwnd {
+            cwnd_bound = true;
+            break;
+        }
+        if s.sent.is_empty() {
+            s.restart_after_idle(now);
+        }
+        s.send_new(len, addr, now, out);
+        pipe += len;
+        sent_any = true;
+    }
+    if sent_any || cwnd_bound {
+        // Linux's tcp_cwnd_validate: whether the window limited this window of data,
+        // and the most that was in flight in it.
+        if s.snd_una >= s.usage_end || cwnd_bound || (!s.cwnd_limited && pipe > s.max_out) {
+            s.cwnd_limited = cwnd_bound;
+            s.max_out = pipe;
+            s.usage_end = s.snd_nxt;
+        }
+    }
+    if sent_any {
+        // Data carries the acknowledgement.
+        s.acked();
+        if s.rto_at.is_none() {
+            s.rto_at = Some(now + s.rto);
+        }
+    }
+    if sent_any || s.progressed {
+        s.progressed = false;
+        s.arm_tlp(now);
+    }
+    // A window too small for anything, with data waiting and none in flight: probe.
+    if s.sent.is_empty() && s.unsent() > 0 && s.wnd_room() == 0 {
+        s.persist_at.get_or_insert(now + s.rto);
+    } else {
+        s.persist_at = None;
+        s.persist_backoff = 0;
+    }
+    if s.ack_now || s.delack_at.is_some_and(|t| now >= t) {
+        out.push_back(s.ack(addr, now));
+    } else if s.rcv_unacked {
+        s.delack_at.get_or_insert(now + DELACK);
+    }
+    [s.rto_at, s.reo_at, s.tlp_at, s.persist_at, s.delack_at]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
 /// The timestamp clock: µs, wrapping, never 0 (0 means "no echo yet").
 fn ns_to_us(n: Nanos) -> u32 {
     ((n / 1000) as u32).max(1)
-}
-
-fn min_opt(a: Option<Nanos>, b: Option<Nanos>) -> Option<Nanos> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, None) => x,
-        (None, y) => y,
-    }
 }
 
 /// One IPv4 packet of socket `s`, carrying `data` from `seq` and the current acknowledgement.

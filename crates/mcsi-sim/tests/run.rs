@@ -149,6 +149,28 @@ fn sessions_share_a_bottleneck_fairly() {
 }
 
 #[test]
+fn three_hundred_initiators_share_one_target() {
+    // Every session logs in, moves data, and none is starved; the link is full. (Each event
+    // runs only the hosts and connections that have something to do, so that this costs what
+    // its packets cost.)
+    let mut s = scenario(
+        "rate=1gbit,delay=1ms,queue=5000p",
+        Rw::Read,
+        64 << 10,
+        2,
+        1,
+        2,
+    );
+    s.initiators = 300;
+    let r = ok(&s);
+    assert_eq!(r.sessions.len(), 300);
+    assert!(r.sessions.iter().all(|x| x.ios > 0 && x.failure.is_none()));
+    let total: f64 = r.sessions.iter().map(|x| x.bw_mbs).sum();
+    assert!(total > 110.0 && total <= 125.0, "{total} MB/s");
+    assert!(r.fairness > 0.8, "{}", r.fairness);
+}
+
+#[test]
 fn smoltcp_and_the_simulators_tcp_agree_without_loss() {
     // Two independent TCPs under the same cores and link: on a lossless link they must give
     // the same figures within the difference of their segment sizes (smoltcp has no
