@@ -137,6 +137,8 @@ pub struct Initiator {
     /// The tcp-aware scheduler's inputs, sampled every [`TCP_SAMPLE`] as the tokio layer does.
     meters: Vec<mcsi_initiator_core::sched::RateMeter>,
     next_sample: Option<Instant>,
+    /// The MaxRecvDataSegmentLength it offers, if not its default.
+    pdu: Option<u32>,
 }
 
 /// How often the TCP state of each connection is read for the scheduler (mcsi-initiator's
@@ -145,12 +147,14 @@ const TCP_SAMPLE: Duration = Duration::from_millis(20);
 
 impl Initiator {
     /// Initiator `index` (its name and ISID follow from it), `conns` connections, the
-    /// scheduler `policy` (as `mcsi bench --policy`), a seed for its random offsets.
+    /// scheduler `policy` (as `mcsi bench --policy`), the MaxRecvDataSegmentLength it offers
+    /// (its default if None), a seed for its random offsets.
     pub fn new(
         index: usize,
         conns: usize,
         policy: &str,
         work: Workload,
+        pdu: Option<u32>,
         seed: u64,
     ) -> Result<Initiator, String> {
         let scheduler = mcsi_initiator_core::sched::policy(policy).map_err(|e| e.to_string())?;
@@ -201,6 +205,7 @@ impl Initiator {
             failure: None,
             meters: Vec::new(),
             next_sample: None,
+            pdu,
         })
     }
 
@@ -254,6 +259,9 @@ impl Initiator {
             cmd_sn,
             offers: Offers {
                 max_connections: self.conns.len() as u16,
+                max_recv_data_segment_length: self
+                    .pdu
+                    .unwrap_or(Offers::default().max_recv_data_segment_length),
                 ..Offers::default()
             },
             chap: None,

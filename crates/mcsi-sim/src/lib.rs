@@ -50,6 +50,9 @@ pub struct Scenario {
     /// Disks behind the LUN (seed 001's drives): commands wait for them, and the LUN takes
     /// their capacity (its data kept in sparse RAM).
     pub disk: Option<disk::DiskConfig>,
+    /// The largest data segment (MaxRecvDataSegmentLength) both sides offer, seed 001's "PDU
+    /// size"; None: each side's default (mcsi's initiator 256 KiB, its target's `[limits]`).
+    pub pdu: Option<u32>,
     pub seed: u64,
 }
 
@@ -151,7 +154,16 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     let disks = s
         .disk
         .map(|d| disk::Disks::new(d, base, s.seed.wrapping_mul(0x9e37_79b9)));
-    let mut target = Target::new(dev, limits.local_params(), limits.queue_depth, disks);
+    let mut params = limits.local_params();
+    if let Some(pdu) = s.pdu {
+        if !(512..=16_777_215).contains(&pdu) {
+            return Err(setup(format!(
+                "pdu {pdu}: MaxRecvDataSegmentLength is 512 to 16777215 bytes"
+            )));
+        }
+        params.max_recv_data_segment_length = pdu;
+    }
+    let mut target = Target::new(dev, params, limits.queue_depth, disks);
     let link = Link::new(&s.link).map_err(|e| setup(format!("link: {e}")))?;
 
     let mut inis = Vec::with_capacity(s.initiators);
@@ -165,6 +177,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
             s.connections,
             &s.policy,
             work.clone(),
+            s.pdu,
             s.seed.wrapping_add(i as u64),
         )
         .map_err(setup)?;
@@ -315,6 +328,8 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
                         progress = true;
                         touched_target = true;
                     }
+                    let queued = target.stream(k).queued() + net.target.send_queue(*h);
+                    target.note_send_queue(k, queued as u64);
                 }
             }
             if !progress {

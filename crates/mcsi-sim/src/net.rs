@@ -324,6 +324,15 @@ impl Host {
         }
     }
 
+    /// Bytes in the socket's send buffer (sent and unacknowledged, or not yet sent).
+    pub fn send_queue(&self, s: Sock) -> usize {
+        match (self, s) {
+            (Host::Smol(h), Sock::Smol(k)) => h.sockets.get::<tcp::Socket<'static>>(k).send_queue(),
+            (Host::Own(h), Sock::Own(k)) => h.send_queue(k),
+            _ => 0,
+        }
+    }
+
     /// Moves bytes between the socket and `stream` both ways. True when any moved.
     pub fn exchange(&mut self, s: Sock, stream: &mut Stream) -> bool {
         match (self, s) {

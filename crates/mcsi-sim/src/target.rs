@@ -61,8 +61,14 @@ pub struct TargetStats {
     pub r2ts: u64,
     pub data_in: u64,
     pub responses: u64,
-    /// Most tasks any session held at once (its queue depth as the target saw it).
+    /// Most tasks any session held at once (commands waiting for their data, their turn or
+    /// the disks; a RAM LUN serves a read as it arrives, so none wait there).
     pub max_tasks: usize,
+    /// Bytes waiting to leave the target on one connection (its iSCSI writer's queue and its
+    /// socket's send buffer, sent or not, as `ss` counts Send-Q): the most on any connection,
+    /// and the median over the connections of each one's most.
+    pub send_queue_max: u64,
+    pub send_queue_median: u64,
 }
 
 struct Session {
@@ -88,6 +94,7 @@ struct Conn {
     stat_sn: u32,
     /// In the target's list of connections given bytes.
     written: bool,
+    send_queue_max: u64,
 }
 
 /// The target: its LUs, sessions and connections.
@@ -273,7 +280,19 @@ impl Target {
     }
 
     pub fn stats(&self) -> TargetStats {
-        self.stats
+        let mut q: Vec<u64> = self.conns.iter().map(|c| c.send_queue_max).collect();
+        q.sort_unstable();
+        TargetStats {
+            send_queue_max: q.last().copied().unwrap_or(0),
+            send_queue_median: q.get(q.len() / 2).copied().unwrap_or(0),
+            ..self.stats
+        }
+    }
+
+    /// Connection `k` has `bytes` waiting to leave (its writer's queue and its socket's).
+    pub fn note_send_queue(&mut self, k: usize, bytes: u64) {
+        let c = &mut self.conns[k];
+        c.send_queue_max = c.send_queue_max.max(bytes);
     }
 
     /// A connection was accepted: it starts in login.
@@ -285,6 +304,7 @@ impl Target {
             rx: Framing::default(),
             stat_sn: 0x1000,
             written: false,
+            send_queue_max: 0,
         });
         self.conns.len() - 1
     }

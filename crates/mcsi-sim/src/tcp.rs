@@ -895,6 +895,11 @@ impl Host {
         i
     }
 
+    /// Bytes in socket `h`'s send buffer, sent and unacknowledged or not yet sent.
+    pub fn send_queue(&self, h: usize) -> usize {
+        self.socks[h].sbuf.len()
+    }
+
     pub fn state(&self, h: usize) -> State {
         self.socks[h].state
     }

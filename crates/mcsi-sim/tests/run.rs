@@ -36,6 +36,7 @@ fn scenario(link: &str, rw: Rw, bs: u32, iodepth: u32, conns: usize, secs: u64) 
         },
         lun: "ram:64MiB".into(),
         disk: None,
+        pdu: None,
         seed: 1,
     }
 }
@@ -146,6 +147,31 @@ fn sessions_share_a_bottleneck_fairly() {
     assert_eq!(r.drops, [0, 0]);
     assert!(total > 5.9 && total <= 6.1, "{total} MB/s");
     assert!(r.fairness > 0.98, "{}", r.fairness);
+}
+
+#[test]
+fn the_pdu_size_sets_how_reads_and_writes_are_cut() {
+    // 64 KiB reads in 8 KiB PDUs: 8 Data-In each; without it, one (the initiator takes 256 KiB).
+    // Besides the reads the target sees a command without data and READ CAPACITY (one
+    // Data-In).
+    let mut s = scenario("rate=100mbit,delay=1ms", Rw::Read, 64 << 10, 2, 1, 1);
+    let whole = ok(&s);
+    assert_eq!(whole.target.data_in, 1 + (whole.target.commands - 2));
+    s.pdu = Some(8192);
+    let cut = ok(&s);
+    assert_eq!(
+        cut.target.data_in,
+        1 + 8 * (cut.target.commands - 2),
+        "{:?}",
+        cut.target
+    );
+    // And writes: the target takes 8 KiB per Data-Out, so its R2Ts ask for the rest after
+    // the first burst.
+    s.work.rw = Rw::Write;
+    let w = ok(&s);
+    assert!(w.sessions[0].ios > 0 && w.sessions[0].errors == 0);
+    s.pdu = Some(100);
+    assert!(mcsi_sim::run(&s).is_err());
 }
 
 #[test]

@@ -66,6 +66,7 @@ fn wrong_arguments_say_what_is_wrong() {
         (vec!["--connections", "9"], "at most 8"),
         (vec!["--runtime", "0"], "longer than zero"),
         (vec!["--policy", "fastest"], "fastest"),
+        (vec!["--pdu", "100"], "between 512B and 16MiB-1"),
     ] {
         let out = mcsi(&args);
         assert!(!out.status.success(), "{args:?} should fail");

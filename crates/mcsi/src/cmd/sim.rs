@@ -42,6 +42,11 @@ pub struct Args {
     /// Each socket's send and receive buffer (the largest window it offers and fills).
     #[arg(long, default_value = "4MiB")]
     tcp_buffer: String,
+    /// The largest data segment both sides take (MaxRecvDataSegmentLength, 512B to 16MiB-1):
+    /// seed 001's PDU size. Without it each side offers its default (the initiator 256 KiB,
+    /// the target mcsi target's `[limits]`).
+    #[arg(long)]
+    pdu: Option<String>,
     /// Initiators, one session each, sharing the link.
     #[arg(long, default_value_t = 1)]
     initiators: usize,
@@ -142,6 +147,16 @@ fn scenario(a: &Args) -> anyhow::Result<Scenario> {
             .map(mcsi_sim::disk::DiskConfig::parse)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--disk: {e}"))?,
+        pdu: match &a.pdu {
+            None => None,
+            Some(p) => {
+                let n = mcsi_units::parse_size(p).context("--pdu")?;
+                if !(512..=16_777_215).contains(&n) {
+                    bail!("--pdu {p}: between 512B and 16MiB-1 (16777215 bytes)");
+                }
+                Some(n as u32)
+            }
+        },
         seed: a.seed,
     })
 }
@@ -169,6 +184,8 @@ fn json(s: &Scenario, r: &Report) -> serde_json::Value {
         "target": {
             "commands": r.target.commands,
             "r2ts": r.target.r2ts,
+            "send_queue_max_bytes": r.target.send_queue_max,
+            "send_queue_median_bytes": r.target.send_queue_median,
             "data_in": r.target.data_in,
             "max_tasks_per_session": r.target.max_tasks,
         },
@@ -234,8 +251,13 @@ fn print_report(s: &Scenario, r: &Report) {
         );
     }
     println!(
-        "target: {} commands, {} R2Ts, {} Data-In, at most {} tasks in one session",
-        r.target.commands, r.target.r2ts, r.target.data_in, r.target.max_tasks
+        "target: {} commands, {} R2Ts, {} Data-In, at most {} tasks in one session; send queue per connection at most {} KiB (median of the connections' most {} KiB)",
+        r.target.commands,
+        r.target.r2ts,
+        r.target.data_in,
+        r.target.max_tasks,
+        r.target.send_queue_max / 1024,
+        r.target.send_queue_median / 1024
     );
     if let Some(d) = r.disk {
         println!(
