@@ -58,6 +58,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
     ("conn-kill", include_str!("../experiments/conn-kill.toml")),
     ("nam-tables", include_str!("../experiments/nam-tables.toml")),
+    (
+        "seed001-window",
+        include_str!("../experiments/seed001-window.toml"),
+    ),
 ];
 
 /// Parses a shipped experiment.

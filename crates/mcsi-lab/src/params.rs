@@ -369,6 +369,20 @@ pub const DEFS: &[Def] = &[
         axis: "engine",
         help: "emulated (the default: mcsi target and mcsi bench behind mcsi link run, Linux's TCP) or sim (mcsi sim: the same protocol cores on virtual time over its Linux-like TCP and the link emulator's models; mcsi targets and bench workloads only, no root needed)",
     },
+    Def {
+        name: "pdu",
+        role: Role::Client,
+        kind: Kind::Size,
+        axis: "PDU size (KiB)",
+        help: "simulated points only (engine = \"sim\"): the MaxRecvDataSegmentLength both sides offer, seed 001's PDU size (mcsi sim --pdu)",
+    },
+    Def {
+        name: "window",
+        role: Role::Client,
+        kind: Kind::Size,
+        axis: "TCP window (KiB)",
+        help: "simulated points only (engine = \"sim\"): every socket's send and receive buffer, the largest window it offers and fills (mcsi sim --tcp-buffer); seed 001 gives windows in segments: 80 segments of 1460 bytes is 116800",
+    },
 ];
 
 /// The parameter called `name`.

@@ -346,12 +346,21 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
         .map(|(d, v)| format!("{} {}", d.name, d.show(v)))
         .collect::<Vec<_>>()
         .join(", ");
+    // An experiment whose points are all simulated does not touch the host's TCP.
+    let all_sim = !aggs.is_empty() && aggs.iter().all(|a| crate::run::simulated(&a.point));
+    let tcp_note = if all_sim {
+        "simulated (mcsi sim's Linux-like TCP, CUBIC unless set)".to_string()
+    } else {
+        format!(
+            "host TCP congestion control: {} ({})",
+            meta.congestion,
+            cc_use(&aggs)
+        )
+    };
     let note = format!(
-        "mcsi {} ({mode}), median of {reps} run(s) of {runtime} s, bars min-max; link: {}; host TCP congestion control: {} ({}); {}",
+        "mcsi {} ({mode}), median of {reps} run(s) of {runtime} s, bars min-max; link: {}; {tcp_note}; {}",
         meta.mcsi_version,
         if link.is_empty() { "see sweep".to_string() } else { link.clone() },
-        meta.congestion,
-        cc_use(&aggs),
         meta.started_utc.get(..10).unwrap_or(""),
     );
     let mut figures = Vec::new();
@@ -382,15 +391,23 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             .as_ref()
             .map_or(String::new(), |f| format!(", finished {f} UTC"))
     );
-    let _ = writeln!(
-        md,
-        "- mcsi {}, Linux {}, {} CPUs; host TCP congestion control: **{}** ({})",
-        meta.mcsi_version,
-        meta.kernel,
-        meta.cpus,
-        meta.congestion,
-        cc_use(&aggs)
-    );
+    if all_sim {
+        let _ = writeln!(
+            md,
+            "- mcsi {}, Linux {}, {} CPUs; every point simulated: the host's TCP takes no part",
+            meta.mcsi_version, meta.kernel, meta.cpus
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "- mcsi {}, Linux {}, {} CPUs; host TCP congestion control: **{}** ({})",
+            meta.mcsi_version,
+            meta.kernel,
+            meta.cpus,
+            meta.congestion,
+            cc_use(&aggs)
+        );
+    }
     if !link.is_empty() {
         let _ = writeln!(md, "- link (every run): {link}");
     }
@@ -415,7 +432,11 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             ("nbd-fio", "fio's nbd engine through `mcsi nbd`"),
         ],
     );
-    let _ = writeln!(md, "- each run: `mcsi link run` with {targets} on the host side (RAM LUN) and {clients} behind the link (per series); seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
+    if all_sim {
+        let _ = writeln!(md, "- each run: `mcsi sim` (mcsi's initiator and target cores on virtual time, the simulator's TCP, the link emulator's models; LUN as the spec says); seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
+    } else {
+        let _ = writeln!(md, "- each run: `mcsi link run` with {targets} on the host side (RAM LUN) and {clients} behind the link (per series); seeds {}..{}", exp.seed, exp.seed + u64::from(reps) - 1);
+    }
     let _ = writeln!(
         md,
         "- series: {}\n",

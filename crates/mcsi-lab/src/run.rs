@@ -485,6 +485,20 @@ fn sim_command(mcsi: &Path, p: &Point, seed: u64) -> Result<Command, String> {
         })
         .args(["--congestion", sim_congestion(p)])
         .args(["--initiators", &sessions(p).to_string()])
+        .args(
+            p.params
+                .get("pdu")
+                .map(|v| ["--pdu".to_string(), v.text.clone()])
+                .into_iter()
+                .flatten(),
+        )
+        .args(
+            p.params
+                .get("window")
+                .map(|v| ["--tcp-buffer".to_string(), v.text.clone()])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--seed", &seed.to_string()])
         .args(["--link-seed", &seed.to_string()])
         .arg("--json");
@@ -590,6 +604,15 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         check_sim(p)?;
     } else if p.text("lun").starts_with("cheetah-9lp") {
         return Err("lun cheetah-9lp is the simulator's disk model: set engine = \"sim\"".into());
+    }
+    if !simulated(p) {
+        for k in ["pdu", "window"] {
+            if p.params.get(k).is_some() {
+                return Err(format!(
+                    "{k} is a parameter of simulated points: set engine = \"sim\""
+                ));
+            }
+        }
     }
     if p.text("client") == "iscsi-perf" {
         if !matches!(p.text("rw"), "read" | "randread") {
