@@ -22,13 +22,13 @@ pub mod net;
 pub mod stream;
 pub mod target;
 pub mod tcp;
+pub mod timers;
 
 use initiator::{Initiator, Workload};
 use mcsi_link::{Link, LinkConfig, Nanos};
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
 use net::{Host, Net, TcpConfig};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use target::Target;
@@ -208,10 +208,11 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     let nanos = |d: Instant| d.saturating_duration_since(base).as_nanos() as u64;
     // Only what has something to do runs at an event: the initiators whose timers (their
     // driver's or their host's) are due or that were given packets, and the target's
-    // connections that took in segments or were given bytes. Each initiator's next wakeup is
-    // in a heap; entries that no longer match `wake_at` are skipped.
-    let mut wake: BinaryHeap<Reverse<(Nanos, usize)>> = (0..n).map(|i| Reverse((0, i))).collect();
-    let mut wake_at: Vec<Option<Nanos>> = vec![Some(0); n];
+    // connections that took in segments or were given bytes.
+    let mut wake: timers::Timers<Nanos> = timers::Timers::new();
+    for i in 0..n {
+        wake.set(i, Some(0));
+    }
     let mut picked = vec![false; n];
     let mut active: Vec<usize> = Vec::new();
     let mut delivered: Vec<usize> = Vec::new();
@@ -233,16 +234,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     loop {
         let t = base + Duration::from_nanos(now);
         net.carry(now, &[], &mut delivered);
-        while let Some(&Reverse((w, i))) = wake.peek() {
-            if w > now {
-                break;
-            }
-            wake.pop();
-            if wake_at[i] == Some(w) {
-                wake_at[i] = None;
-                delivered.push(i);
-            }
-        }
+        wake.pop_due(now, &mut delivered);
         for i in delivered.drain(..) {
             if !picked[i] {
                 picked[i] = true;
@@ -277,8 +269,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         }
         // Bytes between sockets and drivers, until nothing moves.
         let mut touched_target = false;
-        let mut touched = vec![false; 0];
-        touched.resize(active.len(), false);
+        let mut touched = vec![false; active.len()];
         loop {
             let mut progress = false;
             for (a, &i) in active.iter().enumerate() {
@@ -358,28 +349,17 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
                 .into_iter()
                 .flatten()
                 .min();
-            if w != wake_at[i] {
-                wake_at[i] = w;
-                if let Some(w) = w {
-                    wake.push(Reverse((w, i)));
-                }
-            }
+            wake.set(i, w);
         }
         active.clear();
         if done_count == n {
             break;
         }
-        while let Some(&Reverse((w, i))) = wake.peek() {
-            if wake_at[i] == Some(w) {
-                break;
-            }
-            wake.pop();
-        }
         // A host given packets by the last carry takes them in now (a link without delay).
         let waiting = (!delivered.is_empty()).then_some(now);
         let next = [
             waiting,
-            wake.peek().map(|r| r.0 .0),
+            wake.next(),
             net.next_event(),
             target.poll_timeout().map(nanos),
         ]

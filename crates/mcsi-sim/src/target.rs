@@ -4,6 +4,7 @@
 //! what the core hands out, stamp StatSN, encode), without tasks, locks or sockets.
 
 use crate::stream::Stream;
+use crate::timers::Timers;
 use bytes::Bytes;
 use mcsi_proto::keys::{LocalParams, SessionType};
 use mcsi_proto::login::{
@@ -18,8 +19,7 @@ use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::session::Lus;
 use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore};
 use mcsi_target_core::transfer::BurstParams;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -110,10 +110,9 @@ pub struct Target {
     /// Tasks the disks are serving, by when they are done.
     pending: BTreeMap<(Instant, u64), Done>,
     next_pending: u64,
-    /// Each session's next timer, and a heap of them (entries that no longer match `deadline`
-    /// are skipped), so that a target of a thousand sessions does not ask each at every event.
-    deadline: Vec<Option<Instant>>,
-    timers: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Each session's next timer, so that a target of a thousand sessions does not ask each
+    /// at every event.
+    timers: Timers<Instant>,
     /// Connections that were given bytes to send since [`Target::take_written`] last ran.
     written: Vec<usize>,
 }
@@ -239,8 +238,7 @@ impl Target {
             disks,
             pending: BTreeMap::new(),
             next_pending: 0,
-            deadline: Vec::new(),
-            timers: BinaryHeap::new(),
+            timers: Timers::new(),
             written: Vec::new(),
         }
     }
@@ -248,23 +246,7 @@ impl Target {
     /// Session `s`'s timers may have moved.
     fn touch(&mut self, s: usize) {
         let d = self.sessions[s].core.poll_timeout();
-        if self.deadline[s] != d {
-            self.deadline[s] = d;
-            if let Some(t) = d {
-                self.timers.push(Reverse((t, s)));
-            }
-        }
-        self.settle();
-    }
-
-    /// Leaves a live timer on top of the heap.
-    fn settle(&mut self) {
-        while let Some(&Reverse((t, s))) = self.timers.peek() {
-            if self.deadline[s] == Some(t) {
-                break;
-            }
-            self.timers.pop();
-        }
+        self.timers.set(s, d);
     }
 
     /// The connections given bytes to send since the last call.
@@ -321,8 +303,7 @@ impl Target {
     /// When the target's timers next want [`Target::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers
-            .peek()
-            .map(|r| r.0 .0)
+            .next()
             .into_iter()
             .chain(self.pending.keys().next().map(|k| k.0))
             .min()
@@ -338,28 +319,19 @@ impl Target {
                 .core
                 .finish(d.itt, d.id, &d.conn, Some(d.outcome));
             self.flush(d.session, now);
-        }
-        let mut due = Vec::new();
-        while let Some(&Reverse((t, s))) = self.timers.peek() {
-            if t > now {
-                break;
-            }
-            self.timers.pop();
-            if self.deadline[s] == Some(t) {
-                self.deadline[s] = None;
-                due.push(s);
-            }
+            self.touch(d.session);
         }
         // In session order, as a target that looked at every session would.
-        due.sort_unstable();
+        let mut due = Vec::new();
+        self.timers.pop_due(now, &mut due);
         for s in due {
             let expired = self.sessions[s].core.handle_timeout(now);
             if !expired.is_empty() {
                 tracing::debug!(session = s, ?expired, "target timers expired");
             }
             self.flush(s, now);
+            self.touch(s);
         }
-        self.settle();
     }
 
     /// Decodes and handles what connection `i` received.
@@ -471,7 +443,6 @@ impl Target {
                         conns: Vec::new(),
                         isid,
                     });
-                    self.deadline.push(None);
                 }
                 let sess = &mut self.sessions[s];
                 if sess.core.add_conn(tc.clone()).is_err() {
@@ -568,14 +539,9 @@ impl Target {
         }
     }
 
-    /// Grants writes their budget, runs the tasks the core hands out, and sends what it made;
-    /// the session's timers are looked at again.
+    /// Grants writes their budget, runs the tasks the core hands out, and sends what it made.
+    /// (Its callers look at the session's timers again once they are done with it.)
     fn flush(&mut self, s: usize, now: Instant) {
-        self.flush_inner(s, now);
-        self.touch(s);
-    }
-
-    fn flush_inner(&mut self, s: usize, now: Instant) {
         loop {
             let mut progress = false;
             while let Some(g) = self.sessions[s].core.poll_grant() {

@@ -20,10 +20,10 @@
 //! and pacing.
 
 use crate::stream::Stream;
+use crate::timers::Timers;
 use bytes::{Buf, BytesMut};
 use mcsi_link::Nanos;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 const MS: Nanos = 1_000_000;
 /// Linux's minimum RTO and its initial one (RFC 6298: 1 s).
@@ -94,8 +94,6 @@ struct Socket {
     /// In the host's list of sockets to run, and in its list of sockets with news.
     dirty: bool,
     ready: bool,
-    /// The timer this socket is in the host's heap for.
-    next_at: Option<Nanos>,
     local_port: u16,
     remote: [u8; 4],
     remote_port: u16,
@@ -189,8 +187,8 @@ pub struct Host {
     listening: HashMap<u16, VecDeque<usize>>,
     /// Sockets to run at the next poll.
     dirty: Vec<usize>,
-    /// Each socket's next timer (stale entries are skipped: `Socket::next_at` is the truth).
-    timers: BinaryHeap<Reverse<(Nanos, usize)>>,
+    /// Each socket's next timer.
+    timers: Timers<Nanos>,
     /// Sockets that took in a segment since [`Host::take_ready`] last ran.
     ready: Vec<usize>,
 }
@@ -259,7 +257,6 @@ impl Socket {
             state: State::Listen,
             dirty: false,
             ready: false,
-            next_at: None,
             local_port,
             remote: [0; 4],
             remote_port: 0,
@@ -841,7 +838,7 @@ impl Host {
             by_peer: HashMap::new(),
             listening: HashMap::new(),
             dirty: Vec::new(),
-            timers: BinaryHeap::new(),
+            timers: Timers::new(),
             ready: Vec::new(),
         }
     }
@@ -910,8 +907,7 @@ impl Host {
         if !self.dirty.is_empty() || !self.rx.is_empty() {
             return Some(0);
         }
-        // A poll leaves a live timer on top (timers change only in polls).
-        self.timers.peek().map(|r| r.0 .0)
+        self.timers.next()
     }
 
     /// Moves bytes between socket `h` and `stream` both ways. True when any moved.
@@ -960,15 +956,10 @@ impl Host {
             self.input(&p, now);
         }
         // Sockets whose timers are due join those that took in a segment or were given bytes.
-        while let Some(&Reverse((t, i))) = self.timers.peek() {
-            if t > now {
-                break;
-            }
-            self.timers.pop();
-            if self.socks[i].next_at == Some(t) {
-                self.socks[i].next_at = None;
-                self.mark(i);
-            }
+        let mut due = Vec::new();
+        self.timers.pop_due(now, &mut due);
+        for i in due {
+            self.mark(i);
         }
         let mss = self.mss();
         let addr = self.addr;
@@ -980,22 +971,11 @@ impl Host {
             let s = &mut self.socks[i];
             s.dirty = false;
             let next = poll_socket(s, addr, mss, now, &mut out);
-            if next != s.next_at {
-                s.next_at = next;
-                if let Some(t) = next {
-                    self.timers.push(Reverse((t, i)));
-                }
-            }
+            self.timers.set(i, next);
         }
         dirty.clear();
         self.dirty = dirty;
         self.tx = out;
-        while let Some(&Reverse((t, i))) = self.timers.peek() {
-            if self.socks[i].next_at == Some(t) {
-                break;
-            }
-            self.timers.pop();
-        }
     }
 
     fn input(&mut self, p: &[u8], now: Nanos) {
@@ -1316,6 +1296,17 @@ mod tests {
     use crate::net::{Congestion, TcpConfig, TcpStack};
 
     const A: [u8; 4] = [10, 2, 0, 1];
+
+    /// The simulator's TCP with `buffer` bytes each way (the congestion control is the
+    /// socket's own, given when it is made).
+    fn config(buffer: usize) -> TcpConfig {
+        TcpConfig {
+            stack: TcpStack::Linuxlike,
+            congestion: Congestion::Cubic,
+            buffer,
+            mtu: 1500,
+        }
+    }
     const B: [u8; 4] = [10, 1, 0, 1];
 
     /// Two hosts joined by a wire of `delay` each way; `drop(n, seq)` says whether the n-th
@@ -1327,12 +1318,7 @@ mod tests {
         delay: Nanos,
         mut drop: impl FnMut(usize, u64) -> bool,
     ) -> (Vec<u8>, mcsi_tcp::TcpState, (u64, u64), u64, Nanos) {
-        let cfg = TcpConfig {
-            stack: TcpStack::Linuxlike,
-            congestion: Congestion::Cubic,
-            buffer: 4 << 20,
-            mtu: 1500,
-        };
+        let cfg = config(4 << 20);
         let mut a = Host::new(A, 1500);
         let mut b = Host::new(B, 1500);
         let lb = b.listen(&cfg, 3260, cc);
@@ -1479,12 +1465,7 @@ mod tests {
 
     #[test]
     fn a_repeated_timeout_or_one_in_recovery_cuts_the_window_once() {
-        let cfg = TcpConfig {
-            stack: TcpStack::Linuxlike,
-            congestion: Congestion::Cubic,
-            buffer: 1 << 20,
-            mtu: 1500,
-        };
+        let cfg = config(1 << 20);
         let mut s = Socket::new(1, &cfg, 1448, Cc::Cubic);
         s.cwnd = 100 * 1448;
         s.on_timeout(0);
@@ -1501,12 +1482,7 @@ mod tests {
 
     #[test]
     fn the_window_grows_only_while_it_limits_the_sender() {
-        let cfg = TcpConfig {
-            stack: TcpStack::Linuxlike,
-            congestion: Congestion::Cubic,
-            buffer: 1 << 20,
-            mtu: 1500,
-        };
+        let cfg = config(1 << 20);
         for cc in [Cc::Reno, Cc::Cubic] {
             let mut s = Socket::new(1, &cfg, 1448, cc);
             s.cwnd = 20 * 1448;
@@ -1535,12 +1511,7 @@ mod tests {
 
     #[test]
     fn cubic_k_counts_from_the_window_the_cut_leaves() {
-        let cfg = TcpConfig {
-            stack: TcpStack::Linuxlike,
-            congestion: Congestion::Cubic,
-            buffer: 1 << 20,
-            mtu: 1500,
-        };
+        let cfg = config(1 << 20);
         let mut s = Socket::new(1, &cfg, 1000, Cc::Cubic);
         s.cwnd = 100_000;
         s.on_loss(0);
@@ -1559,12 +1530,7 @@ mod tests {
 
     #[test]
     fn reno_halves_its_window_and_cubic_keeps_seventy_percent() {
-        let cfg = TcpConfig {
-            stack: TcpStack::Linuxlike,
-            congestion: Congestion::Cubic,
-            buffer: 1 << 20,
-            mtu: 1500,
-        };
+        let cfg = config(1 << 20);
         for (cc, keep) in [(Cc::Reno, 0.5), (Cc::Cubic, 0.7)] {
             let mut s = Socket::new(1, &cfg, 1448, cc);
             s.cwnd = 100 * 1448;
