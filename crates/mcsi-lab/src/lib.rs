@@ -62,6 +62,18 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "seed001-window",
         include_str!("../experiments/seed001-window.toml"),
     ),
+    (
+        "seed001-pdu",
+        include_str!("../experiments/seed001-pdu.toml"),
+    ),
+    (
+        "seed001-segment",
+        include_str!("../experiments/seed001-segment.toml"),
+    ),
+    (
+        "seed001-bandwidth",
+        include_str!("../experiments/seed001-bandwidth.toml"),
+    ),
 ];
 
 /// Parses a shipped experiment.

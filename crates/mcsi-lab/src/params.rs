@@ -383,6 +383,13 @@ pub const DEFS: &[Def] = &[
         axis: "TCP window (KiB)",
         help: "simulated points only (engine = \"sim\"): every socket's send and receive buffer, the largest window it offers and fills (mcsi sim --tcp-buffer); seed 001 gives windows in segments: 80 segments of 1460 bytes is 116800",
     },
+    Def {
+        name: "window_segments",
+        role: Role::Client,
+        kind: Kind::Int(4, 1_000_000),
+        axis: "TCP window (segments)",
+        help: "simulated points only (engine = \"sim\"): the window as seed 001 gives it, in segments of the point's MSS (mtu less 52 bytes of IP and TCP headers with timestamps): every socket's buffer is that many segments, so it grows with the segment size (instead of window)",
+    },
 ];
 
 /// The parameter called `name`.

@@ -385,7 +385,25 @@ fn sim_congestion(p: &Point) -> &str {
 }
 
 /// What `mcsi sim` does not model: a point that needs it runs emulated.
+/// The simulated sockets' buffer (`mcsi sim --tcp-buffer`): `window` in bytes, or
+/// `window_segments` segments of the point's MSS (its MTU less 52 bytes of IP and TCP headers,
+/// timestamps on); neither leaves the simulator's default.
+fn sim_window(p: &Point) -> Result<Option<String>, String> {
+    match (p.params.get("window"), p.num("window_segments")) {
+        (Some(_), Some(_)) => {
+            Err("window and window_segments both set: give the window one way".into())
+        }
+        (Some(v), None) => Ok(Some(v.text.clone())),
+        (None, Some(n)) => {
+            let mss = p.num("mtu").unwrap_or(1500.0) - 52.0;
+            Ok(Some(format!("{}", (n * mss) as u64)))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 fn check_sim(p: &Point) -> Result<(), String> {
+    sim_window(p)?;
     let not = |what: &str| {
         Err(format!(
             "engine \"sim\" does not model {what}: run this series with engine \"emulated\""
@@ -493,9 +511,8 @@ fn sim_command(mcsi: &Path, p: &Point, seed: u64) -> Result<Command, String> {
                 .flatten(),
         )
         .args(
-            p.params
-                .get("window")
-                .map(|v| ["--tcp-buffer".to_string(), v.text.clone()])
+            sim_window(p)?
+                .map(|b| ["--tcp-buffer".to_string(), b])
                 .into_iter()
                 .flatten(),
         )
@@ -606,7 +623,7 @@ pub fn check_point(p: &Point) -> Result<(), String> {
         return Err("lun cheetah-9lp is the simulator's disk model: set engine = \"sim\"".into());
     }
     if !simulated(p) {
-        for k in ["pdu", "window"] {
+        for k in ["pdu", "window", "window_segments"] {
             if p.params.get(k).is_some() {
                 return Err(format!(
                     "{k} is a parameter of simulated points: set engine = \"sim\""
@@ -1644,6 +1661,19 @@ mod tests {
             .unwrap()
         );
         assert!(a.contains("\"--disk\" \"cheetah-9lp:4\""), "{a}");
+        // Seed 001's windows are in segments: of the point's MSS, so they grow with the MTU.
+        for (extra, want) in [
+            ("window_segments = 100", "\"--tcp-buffer\" \"144800\""),
+            (
+                "window_segments = 100\nmtu = 9000",
+                "\"--tcp-buffer\" \"894800\"",
+            ),
+            ("window = \"116800\"", "\"--tcp-buffer\" \"116800\""),
+        ] {
+            let c = command(Path::new("m"), &sim_point(extra), 1, Path::new("/n")).unwrap();
+            let a = format!("{c:?}");
+            assert!(a.contains(want), "{extra}: {a}");
+        }
         let out = serde_json::json!({
             "bw_mbs": 2.5, "iops": 152.0, "lat_mean_ms": 52.0, "lat_p50_ms": 50.0,
             "lat_p99_ms": 90.0, "io_kib": 16.0,
@@ -1682,5 +1712,8 @@ mod tests {
                 "{extra}: {e}"
             );
         }
+        let text = "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\nengine = \"sim\"\nwindow = \"64KiB\"\nwindow_segments = 80\n[sweep]\nrtt = [40]\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"rtt\"\ny = \"bw_mbs\"\n";
+        let e = crate::spec::parse("t", "t.toml", text).unwrap_err().message;
+        assert!(e.contains("window and window_segments both set"), "{e}");
     }
 }
