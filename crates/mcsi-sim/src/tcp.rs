@@ -84,6 +84,10 @@ struct Cubic {
     epoch: Option<Nanos>,
     /// The Reno-friendly estimate.
     w_est: f64,
+    /// Growth not yet added to the window (under a byte), carried to the next ACK.
+    credit: f64,
+    /// The curve started from the window, with no loss to give it a maximum.
+    no_max: bool,
 }
 
 const BETA: f64 = 0.7;
@@ -367,6 +371,8 @@ impl Socket {
                     k: ((w_max - epoch_cwnd).max(0.0) / mss / C).cbrt(),
                     epoch: None,
                     w_est: epoch_cwnd,
+                    credit: 0.0,
+                    no_max: false,
                 };
                 self.ssthresh = (epoch_cwnd as u64).max(2 * self.mss);
             }
@@ -400,24 +406,40 @@ impl Socket {
                 let cwnd = self.cwnd as f64;
                 let c = &mut self.cubic;
                 let epoch = *c.epoch.get_or_insert(now);
+                // No loss since the curve was last reset (Linux's last_max_cwnd of 0): the
+                // curve starts at the window, and grows at least a segment per 20 acked.
                 if c.w_max <= 0.0 {
                     c.w_max = cwnd;
                     c.k = 0.0;
                     c.w_est = cwnd;
+                    c.no_max = true;
                 }
-                let t = (now.saturating_sub(epoch) + self.srtt.unwrap_or(0)) as f64 / 1e9;
-                let target = (C * (t - c.k).powi(3) * mss + c.w_max).max(cwnd);
+                // Linux evaluates the curve one minimum RTT ahead (bictcp_update's delay_min),
+                // not one smoothed RTT: a standing queue does not advance it.
+                let t = (now.saturating_sub(epoch) + self.min_rtt.unwrap_or(0)) as f64 / 1e9;
+                let target = C * (t - c.k).powi(3) * mss + c.w_max;
                 // RFC 9438 4.3: the Reno-friendly estimate.
                 let alpha = 3.0 * (1.0 - BETA) / (1.0 + BETA);
                 c.w_est += alpha * mss * acked as f64 / cwnd;
-                let grow = if c.w_est > target {
-                    c.w_est - cwnd
+                // Whichever of the curve and the Reno-friendly window is ahead, the gap is
+                // closed over one window's worth of ACKs (Linux's cnt = cwnd / (target -
+                // cwnd)), not at once; below both, a segment per 100 windows acked.
+                let ahead = target.max(c.w_est) - cwnd;
+                let mut per_byte = if ahead > 0.0 {
+                    ahead / cwnd
                 } else {
-                    (target - cwnd) / cwnd * acked as f64
+                    mss / (100.0 * cwnd)
                 };
-                // Linux's bictcp_update keeps its count of ACKs per increment at 2 or more:
-                // at most half a segment per segment acknowledged.
-                self.cwnd += grow.max(0.0).min(acked as f64 / 2.0) as u64;
+                if c.no_max {
+                    per_byte = per_byte.max(1.0 / 20.0);
+                }
+                // Linux's count of ACKs per increment stays at 2 or more: at most half a
+                // segment per segment acknowledged.
+                let grow = (per_byte * acked as f64).min(acked as f64 / 2.0);
+                c.credit += grow;
+                let whole = c.credit.floor();
+                c.credit -= whole;
+                self.cwnd += whole as u64;
             }
         }
     }
@@ -1526,6 +1548,66 @@ mod tests {
         s.on_loss(0);
         assert!((s.cubic.w_max - 68_000.0).abs() < 1e-6);
         assert!((s.cubic.k - ((68.0f64 - 56.0) / 0.4).cbrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cubic_closes_its_gap_over_a_window_of_acks_and_looks_one_min_rtt_ahead() {
+        let cfg = config(1 << 20);
+        let mss = 1000u64;
+        let mut s = Socket::new(1, &cfg, mss, Cc::Cubic);
+        s.cwnd = 100 * mss;
+        s.on_loss(0);
+        s.cwnd = s.ssthresh; // 70 segments after the cut
+        s.cwnd_limited = true;
+        // A standing queue: the smoothed RTT is ten times the path's.
+        s.min_rtt = Some(10 * MS);
+        s.srtt = Some(100 * MS);
+        // At the epoch's start the curve, one minimum RTT ahead, is a fraction of a segment
+        // above the window: one ACK adds (target - cwnd) / cwnd of a segment, under a byte of
+        // growth per byte acked, not the jump to the curve.
+        let k = s.cubic.k;
+        let target = C * (0.010 - k).powi(3) * mss as f64 + 100.0 * mss as f64;
+        let before = s.cwnd;
+        s.grow(mss, 0);
+        let want = (target - before as f64) / before as f64 * mss as f64;
+        assert!(
+            (s.cwnd - before) as f64 <= want.ceil() && want < mss as f64 / 2.0,
+            "grew {} for one segment acked, the curve says {want:.2}",
+            s.cwnd - before
+        );
+        // Evaluated one smoothed RTT ahead the curve would be further on.
+        let srtt_target = C * (0.100 - k).powi(3) * mss as f64 + 100.0 * mss as f64;
+        assert!(srtt_target > target);
+        // The Reno-friendly window ahead by 10 segments: one ACK adds 10/70 of a segment
+        // (Linux's cnt = cwnd / (w_est - cwnd)), not half a segment towards a jump.
+        let mut r = Socket::new(1, &cfg, mss, Cc::Cubic);
+        r.cwnd = 100 * mss;
+        r.on_loss(0);
+        r.cwnd = r.ssthresh;
+        r.cwnd_limited = true;
+        r.min_rtt = Some(10 * MS);
+        r.cubic.w_est = 80.0 * mss as f64;
+        let before = r.cwnd;
+        r.grow(mss, 0);
+        let grew = (r.cwnd - before) as f64;
+        assert!((grew - 10_000.0 / 70.0).abs() < 2.0, "grew {grew}");
+        // K seconds on, the curve is back at W_max, 30 segments above the window: a window's
+        // worth of ACKs closes part of the gap (each a share of what is left), not all of it
+        // at the first ACK.
+        let at_k = (k * 1e9) as Nanos;
+        let start = s.cwnd;
+        let gap = 100.0 * mss as f64 - start as f64;
+        s.grow(mss, at_k);
+        let first = (s.cwnd - start) as f64;
+        assert!(first < gap / 50.0, "one ACK grew {first} of a {gap} gap");
+        for _ in 1..70 {
+            s.grow(mss, at_k);
+        }
+        let grown = (s.cwnd - start) as f64;
+        assert!(
+            grown < gap && grown > 0.5 * gap,
+            "grew {grown}, gap {gap:.1}"
+        );
     }
 
     #[test]
