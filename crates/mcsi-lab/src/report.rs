@@ -538,7 +538,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
         let _ = writeln!(md, "### {}\n\n![{}]({file})\n", f.title, f.title);
     }
     let swept: Vec<_> = exp.sweep.iter().map(|(d, _)| *d).collect();
-    agreement(&mut md, &aggs, &swept);
+    agreement(&mut md, &aggs, &swept, exp.agreement.as_deref());
     let _ = writeln!(md, "## Every point\n");
     let mut head = String::from("| series |");
     for d in &swept {
@@ -602,7 +602,12 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
 
 /// "Simulated against emulated": each point of a series `sim-X` (engine = "sim") beside the
 /// same point of series `X` run emulated, with the ratios of their medians.
-fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::params::Def]) {
+fn agreement(
+    md: &mut String,
+    aggs: &[Aggregate],
+    swept: &[&'static crate::params::Def],
+    note: Option<&[crate::spec::Piece]>,
+) {
     use crate::spec::Metric::{BwMbs, LatMeanMs};
     let others = |p: &crate::spec::Point| -> Vec<(String, String)> {
         p.params
@@ -674,6 +679,20 @@ fn agreement(md: &mut String, aggs: &[Aggregate], swept: &[&'static crate::param
             "Of the {} points outside 10 %, {noisy} are points whose emulated runs differ from one another by more than 20 % of their median (the column \"emulated spread\": (max - min) / median); a 10 % agreement cannot be read from so few runs there.\n",
             outside.len()
         );
+    }
+    if let Some(note) = note {
+        let mut out = String::new();
+        for p in note {
+            match p {
+                crate::spec::Piece::Text(t) | crate::spec::Piece::Quote(t) => out.push_str(t),
+                crate::spec::Piece::Value(v) => {
+                    out.push_str(&value_of(aggs, v).map_or("n/a".into(), num))
+                }
+                // Refused when the spec is read.
+                crate::spec::Piece::Published | crate::spec::Piece::Model => {}
+            }
+        }
+        let _ = writeln!(md, "{}\n", out.trim());
     }
     let mut head = String::from("| series |");
     for d in swept {

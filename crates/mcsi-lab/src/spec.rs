@@ -416,6 +416,9 @@ pub struct Experiment {
     pub quick: Quick,
     pub figures: Vec<Figure>,
     pub claims: Vec<Claim>,
+    /// What the report says after "Simulated against emulated" about why points differ
+    /// (field `agreement`, a discussion with the claims' placeholders).
+    pub agreement: Option<Vec<Piece>>,
     /// The spec as written, kept beside the results of each run.
     pub text: String,
 }
@@ -478,6 +481,8 @@ struct RawSpec {
     seed: u64,
     #[serde(default)]
     quick: Option<RawQuick>,
+    #[serde(default)]
+    agreement: Option<String>,
     #[serde(default, rename = "figure")]
     figures: Vec<RawFigure>,
     #[serde(default, rename = "claim")]
@@ -1147,6 +1152,22 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             },
         });
     }
+    let agreement = match &raw.agreement {
+        None => None,
+        Some(d) => {
+            let pieces = discussion(&cx, "agreement", d, &series)?;
+            if pieces
+                .iter()
+                .any(|p| matches!(p, Piece::Published | Piece::Model))
+            {
+                return Err(cx.err(
+                    "agreement",
+                    "{published} and {model} belong to a claim's discussion; give the number with {quote:...} or {metric=...}",
+                ));
+            }
+            Some(pieces)
+        }
+    };
     let exp = Experiment {
         name: name.to_string(),
         title: raw.title,
@@ -1160,6 +1181,7 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
         quick,
         figures,
         claims,
+        agreement,
         text: text.to_string(),
     };
     // Every point must make a valid link, and every claim must name exactly one point, in the
@@ -1182,6 +1204,14 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             crate::run::link_args(p)
                 .and_then(|_| crate::run::check_point(p))
                 .map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
+        }
+        if !quick {
+            for v in exp.agreement.iter().flatten() {
+                let Piece::Value(v) = v else { continue };
+                for sel in std::iter::once(&v.at).chain(v.over.as_ref()) {
+                    one("agreement".into(), sel, &format!("{{{}}} ", v.text))?;
+                }
+            }
         }
         for (i, c) in exp.claims.iter().enumerate() {
             let null = match &c.null {

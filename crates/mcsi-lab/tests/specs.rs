@@ -432,3 +432,30 @@ fn only_the_machines_faults_are_retried() {
         assert_eq!(machine_fault(e, "thread 'main' panicked"), None, "{e}");
     }
 }
+
+#[test]
+fn an_agreement_note_takes_numbers_from_the_data_or_quotes() {
+    let with = |note: &str| {
+        GOOD.replacen(
+            "about = \"a\"",
+            &format!("about = \"a\"\nagreement = \"{note}\""),
+            1,
+        )
+    };
+    let e = parse(
+        "x",
+        "x.toml",
+        &with("the RTT was {quote:11.6 ms} against {metric=bw_mbs, series=one, bs=2KiB} MB/s"),
+    )
+    .unwrap();
+    let pieces = e.agreement.expect("the note is kept");
+    assert_eq!(pieces.len(), 5, "{pieces:?}");
+    for (note, says) in [
+        ("{published} is a claim's", "agreement"),
+        ("{metric=bw_mbs, series=three, bs=2KiB}", "agreement"),
+        ("it moved 1.45 MB/s", "written as text"),
+    ] {
+        let e = parse("x", "x.toml", &with(note)).unwrap_err().to_string();
+        assert!(e.contains(says), "{note}: {e}");
+    }
+}

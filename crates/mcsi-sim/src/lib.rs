@@ -321,6 +321,11 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
                     }
                     let queued = target.stream(k).queued() + net.target.send_queue(*h);
                     target.note_send_queue(k, queued as u64);
+                    if target.rtt_due(k, t) {
+                        if let Some(st) = net.target.tcp_state(*h) {
+                            target.note_rtt(k, t, st.rtt_us, st.min_rtt_us);
+                        }
+                    }
                 }
             }
             if !progress {

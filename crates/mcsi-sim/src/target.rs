@@ -6,6 +6,7 @@
 use crate::stream::Stream;
 use crate::timers::Timers;
 use bytes::Bytes;
+use hdrhistogram::Histogram;
 use mcsi_proto::keys::{LocalParams, SessionType};
 use mcsi_proto::login::{
     LoginEnv, LoginNumbers, LoginStep, NoAuth, Refusal, TargetAccess, TargetLogin,
@@ -69,6 +70,12 @@ pub struct TargetStats {
     /// and the median over the connections of each one's most.
     pub send_queue_max: u64,
     pub send_queue_median: u64,
+    /// The smoothed RTT of the target's sockets (the data's senders on reads), sampled every
+    /// 100 ms of simulated time per connection while it moves bytes, as `ss` would show it:
+    /// the median and the 90th percentile of the samples, and the smallest minimum RTT, µs.
+    pub srtt_median_us: u64,
+    pub srtt_p90_us: u64,
+    pub min_rtt_us: u64,
 }
 
 struct Session {
@@ -95,6 +102,8 @@ struct Conn {
     /// In the target's list of connections given bytes.
     written: bool,
     send_queue_max: u64,
+    /// When its socket's RTT is next sampled.
+    rtt_sample_at: Option<Instant>,
 }
 
 /// The target: its LUs, sessions and connections.
@@ -105,6 +114,9 @@ pub struct Target {
     sessions: Vec<Session>,
     conns: Vec<Conn>,
     stats: TargetStats,
+    /// Samples of the target's sockets' smoothed RTT, µs ([`Target::note_rtt`]).
+    srtt: Option<Histogram<u64>>,
+    min_rtt_us: Option<u64>,
     /// Disks behind the LUN: its commands wait for them.
     disks: Option<crate::disk::Disks>,
     /// Tasks the disks are serving, by when they are done.
@@ -235,6 +247,8 @@ impl Target {
             sessions: Vec::new(),
             conns: Vec::new(),
             stats: TargetStats::default(),
+            srtt: Histogram::new(3).ok(),
+            min_rtt_us: None,
             disks,
             pending: BTreeMap::new(),
             next_pending: 0,
@@ -264,10 +278,40 @@ impl Target {
     pub fn stats(&self) -> TargetStats {
         let mut q: Vec<u64> = self.conns.iter().map(|c| c.send_queue_max).collect();
         q.sort_unstable();
+        let (srtt_median_us, srtt_p90_us) = match &self.srtt {
+            Some(h) if !h.is_empty() => (h.value_at_quantile(0.5), h.value_at_quantile(0.9)),
+            _ => (0, 0),
+        };
         TargetStats {
             send_queue_max: q.last().copied().unwrap_or(0),
             send_queue_median: q.get(q.len() / 2).copied().unwrap_or(0),
+            srtt_median_us,
+            srtt_p90_us,
+            min_rtt_us: self.min_rtt_us.unwrap_or(0),
             ..self.stats
+        }
+    }
+
+    /// Whether connection `k`'s RTT is due for a sample at `now`.
+    pub fn rtt_due(&self, k: usize, now: Instant) -> bool {
+        self.conns[k].rtt_sample_at.is_none_or(|at| now >= at)
+    }
+
+    /// Connection `k`'s socket has this smoothed and minimum RTT (µs) at `now`: a sample
+    /// every 100 ms of simulated time.
+    pub fn note_rtt(&mut self, k: usize, now: Instant, srtt_us: u32, min_rtt_us: Option<u32>) {
+        let c = &mut self.conns[k];
+        if srtt_us == 0 || c.rtt_sample_at.is_some_and(|at| now < at) {
+            return;
+        }
+        c.rtt_sample_at = Some(now + Duration::from_millis(100));
+        if let Some(h) = self.srtt.as_mut() {
+            // Recording only fails for values beyond the histogram's range, which it grows to.
+            let _ = h.record(u64::from(srtt_us));
+        }
+        if let Some(m) = min_rtt_us {
+            let m = u64::from(m);
+            self.min_rtt_us = Some(self.min_rtt_us.map_or(m, |x| x.min(m)));
         }
     }
 
@@ -287,6 +331,7 @@ impl Target {
             stat_sn: 0x1000,
             written: false,
             send_queue_max: 0,
+            rtt_sample_at: None,
         });
         self.conns.len() - 1
     }

@@ -186,6 +186,9 @@ fn json(s: &Scenario, r: &Report) -> serde_json::Value {
             "r2ts": r.target.r2ts,
             "send_queue_max_bytes": r.target.send_queue_max,
             "send_queue_median_bytes": r.target.send_queue_median,
+            "srtt_median_ms": r.target.srtt_median_us as f64 / 1000.0,
+            "srtt_p90_ms": r.target.srtt_p90_us as f64 / 1000.0,
+            "min_rtt_ms": r.target.min_rtt_us as f64 / 1000.0,
             "data_in": r.target.data_in,
             "max_tasks_per_session": r.target.max_tasks,
         },
@@ -259,6 +262,14 @@ fn print_report(s: &Scenario, r: &Report) {
         r.target.send_queue_max / 1024,
         r.target.send_queue_median / 1024
     );
+    if r.target.srtt_median_us > 0 {
+        println!(
+            "target sockets: smoothed RTT {:.2} ms median, {:.2} ms at the 90th percentile (sampled every 100 ms per connection); minimum RTT {:.2} ms",
+            r.target.srtt_median_us as f64 / 1000.0,
+            r.target.srtt_p90_us as f64 / 1000.0,
+            r.target.min_rtt_us as f64 / 1000.0
+        );
+    }
     if let Some(d) = r.disk {
         println!(
             "disks: {} requests, {} from the read-ahead cache, at most {} queued at one drive",
