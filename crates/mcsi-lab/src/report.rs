@@ -291,16 +291,25 @@ fn null_cell(j: &Judged) -> String {
 
 /// A discussion with its numbers filled in from the data.
 pub fn discussion(j: &Judged, pieces: &[Piece], aggs: &[Aggregate]) -> String {
+    fill(pieces, aggs, Some(j))
+}
+
+/// Text with its placeholders filled: numbers from the data, and a claim's published and
+/// model values when there is a claim (the spec refuses them elsewhere).
+fn fill(pieces: &[Piece], aggs: &[Aggregate], j: Option<&Judged>) -> String {
     let mut out = String::new();
     for p in pieces {
-        match p {
-            Piece::Text(t) | Piece::Quote(t) => out.push_str(t),
-            Piece::Published => out.push_str(&num(j.claim.published)),
-            Piece::Model => out.push_str(&match &j.model {
-                Some(Ok(v)) => num(*v),
-                _ => "n/a".into(),
-            }),
-            Piece::Value(v) => out.push_str(&value_of(aggs, v).map_or("n/a".into(), num)),
+        match (p, j) {
+            (Piece::Text(t) | Piece::Quote(t), _) => out.push_str(t),
+            (Piece::Published, Some(j)) => out.push_str(&num(j.claim.published)),
+            (
+                Piece::Model,
+                Some(Judged {
+                    model: Some(Ok(v)), ..
+                }),
+            ) => out.push_str(&num(*v)),
+            (Piece::Published | Piece::Model, _) => out.push_str("n/a"),
+            (Piece::Value(v), _) => out.push_str(&value_of(aggs, v).map_or("n/a".into(), num)),
         }
     }
     out
@@ -606,7 +615,7 @@ fn agreement(
     md: &mut String,
     aggs: &[Aggregate],
     swept: &[&'static crate::params::Def],
-    note: Option<&[crate::spec::Piece]>,
+    note: Option<&[Piece]>,
 ) {
     use crate::spec::Metric::{BwMbs, LatMeanMs};
     let others = |p: &crate::spec::Point| -> Vec<(String, String)> {
@@ -681,18 +690,7 @@ fn agreement(
         );
     }
     if let Some(note) = note {
-        let mut out = String::new();
-        for p in note {
-            match p {
-                crate::spec::Piece::Text(t) | crate::spec::Piece::Quote(t) => out.push_str(t),
-                crate::spec::Piece::Value(v) => {
-                    out.push_str(&value_of(aggs, v).map_or("n/a".into(), num))
-                }
-                // Refused when the spec is read.
-                crate::spec::Piece::Published | crate::spec::Piece::Model => {}
-            }
-        }
-        let _ = writeln!(md, "{}\n", out.trim());
+        let _ = writeln!(md, "{}\n", fill(note, aggs, None).trim());
     }
     let mut head = String::from("| series |");
     for d in swept {

@@ -297,14 +297,13 @@ impl Target {
         self.conns[k].rtt_sample_at.is_none_or(|at| now >= at)
     }
 
-    /// Connection `k`'s socket has this smoothed and minimum RTT (µs) at `now`: a sample
-    /// every 100 ms of simulated time.
+    /// Connection `k`'s socket has this smoothed and minimum RTT (µs) at `now`, when
+    /// [`Target::rtt_due`] said so: the next sample is 100 ms of simulated time on.
     pub fn note_rtt(&mut self, k: usize, now: Instant, srtt_us: u32, min_rtt_us: Option<u32>) {
-        let c = &mut self.conns[k];
-        if srtt_us == 0 || c.rtt_sample_at.is_some_and(|at| now < at) {
+        if srtt_us == 0 {
             return;
         }
-        c.rtt_sample_at = Some(now + Duration::from_millis(100));
+        self.conns[k].rtt_sample_at = Some(now + Duration::from_millis(100));
         if let Some(h) = self.srtt.as_mut() {
             // Recording only fails for values beyond the histogram's range, which it grows to.
             let _ = h.record(u64::from(srtt_us));

@@ -195,6 +195,8 @@ pub struct Host {
     timers: Timers<Nanos>,
     /// Sockets that took in a segment since [`Host::take_ready`] last ran.
     ready: Vec<usize>,
+    /// Sockets whose timers are due, kept between polls so that a poll does not allocate.
+    due: Vec<usize>,
 }
 
 /// A parsed segment.
@@ -862,6 +864,7 @@ impl Host {
             dirty: Vec::new(),
             timers: Timers::new(),
             ready: Vec::new(),
+            due: Vec::new(),
         }
     }
 
@@ -978,11 +981,13 @@ impl Host {
             self.input(&p, now);
         }
         // Sockets whose timers are due join those that took in a segment or were given bytes.
-        let mut due = Vec::new();
+        let mut due = std::mem::take(&mut self.due);
         self.timers.pop_due(now, &mut due);
-        for i in due {
+        for &i in &due {
             self.mark(i);
         }
+        due.clear();
+        self.due = due;
         let mss = self.mss();
         let addr = self.addr;
         let mut out = std::mem::take(&mut self.tx);
@@ -1318,6 +1323,7 @@ mod tests {
     use crate::net::{Congestion, TcpConfig, TcpStack};
 
     const A: [u8; 4] = [10, 2, 0, 1];
+    const B: [u8; 4] = [10, 1, 0, 1];
 
     /// The simulator's TCP with `buffer` bytes each way (the congestion control is the
     /// socket's own, given when it is made).
@@ -1329,7 +1335,6 @@ mod tests {
             mtu: 1500,
         }
     }
-    const B: [u8; 4] = [10, 1, 0, 1];
 
     /// Two hosts joined by a wire of `delay` each way; `drop(n, seq)` says whether the n-th
     /// data segment from A, which starts at `seq`, is lost. Returns what B received, A's
@@ -1554,13 +1559,19 @@ mod tests {
     fn cubic_closes_its_gap_over_a_window_of_acks_and_looks_one_min_rtt_ahead() {
         let cfg = config(1 << 20);
         let mss = 1000u64;
-        let mut s = Socket::new(1, &cfg, mss, Cc::Cubic);
-        s.cwnd = 100 * mss;
-        s.on_loss(0);
-        s.cwnd = s.ssthresh; // 70 segments after the cut
-        s.cwnd_limited = true;
+        // A CUBIC socket of 1000-byte segments cut from 100 segments to 70, on a path of
+        // 10 ms, its window limiting it.
+        let after_a_cut = || {
+            let mut s = Socket::new(1, &cfg, mss, Cc::Cubic);
+            s.cwnd = 100 * mss;
+            s.on_loss(0);
+            s.cwnd = s.ssthresh;
+            s.cwnd_limited = true;
+            s.min_rtt = Some(10 * MS);
+            s
+        };
+        let mut s = after_a_cut();
         // A standing queue: the smoothed RTT is ten times the path's.
-        s.min_rtt = Some(10 * MS);
         s.srtt = Some(100 * MS);
         // At the epoch's start the curve, one minimum RTT ahead, is a fraction of a segment
         // above the window: one ACK adds (target - cwnd) / cwnd of a segment, under a byte of
@@ -1580,12 +1591,7 @@ mod tests {
         assert!(srtt_target > target);
         // The Reno-friendly window ahead by 10 segments: one ACK adds 10/70 of a segment
         // (Linux's cnt = cwnd / (w_est - cwnd)), not half a segment towards a jump.
-        let mut r = Socket::new(1, &cfg, mss, Cc::Cubic);
-        r.cwnd = 100 * mss;
-        r.on_loss(0);
-        r.cwnd = r.ssthresh;
-        r.cwnd_limited = true;
-        r.min_rtt = Some(10 * MS);
+        let mut r = after_a_cut();
         r.cubic.w_est = 80.0 * mss as f64;
         let before = r.cwnd;
         r.grow(mss, 0);
