@@ -7,7 +7,9 @@
 //! ExpStatSN of each PDU that arrives; [`SentLog::snack`] answers a SNACK with the PDUs to send
 //! again (through [`mcsi_proto::pdu::Pdu::restamp`], which keeps the StatSN they took) or the
 //! reason to reject it. What the log keeps is bounded in bytes and in entries; past either bound
-//! the oldest goes first, and a SNACK that asks for it is rejected.
+//! the oldest goes first, and a SNACK that asks for it is rejected. Every log of a server can
+//! also count its bytes in one [`LogPool`]: while the pool is over its cap, a log that records
+//! lets its own oldest entries go until the pool is back under it (or it keeps nothing).
 
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
@@ -16,6 +18,39 @@ use mcsi_proto::seq::StatSnUse;
 use mcsi_proto::serial::Sn;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The bytes every sent-PDU log of a server keeps (those of live connections, and those kept
+/// for reassignment after their connection failed), against one cap.
+#[derive(Debug)]
+pub struct LogPool {
+    used: AtomicU64,
+    cap: u64,
+}
+
+impl LogPool {
+    pub fn new(cap: u64) -> Arc<LogPool> {
+        Arc::new(LogPool {
+            used: AtomicU64::new(0),
+            cap,
+        })
+    }
+
+    /// Bytes the logs keep now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// At or over the cap.
+    pub fn full(&self) -> bool {
+        self.used() >= self.cap
+    }
+}
 
 /// SNACK types (11.16.1).
 pub mod snack_type {
@@ -150,6 +185,9 @@ fn size(p: &Pdu) -> u64 {
 pub struct SentLog {
     bounds: LogBounds,
     bytes: u64,
+    /// The server's pool, and how much of `bytes` it has been told of.
+    pool: Option<Arc<LogPool>>,
+    charged: u64,
     statuses: VecDeque<Status>,
     /// The StatSN after the last status recorded; None before the first.
     next_stat_sn: Option<u32>,
@@ -168,6 +206,8 @@ impl SentLog {
         SentLog {
             bounds,
             bytes: 0,
+            pool: None,
+            charged: 0,
             statuses: VecDeque::new(),
             next_stat_sn: None,
             exp_stat_sn: None,
@@ -178,8 +218,38 @@ impl SentLog {
         }
     }
 
+    /// A log that counts its bytes in `pool` too ([`LogPool`]).
+    pub fn pooled(bounds: LogBounds, pool: Arc<LogPool>) -> SentLog {
+        let mut log = SentLog::new(bounds);
+        log.pool = Some(pool);
+        log
+    }
+
     pub fn stats(&self) -> LogStats {
         self.stats
+    }
+
+    /// Tells the pool what this log keeps now.
+    fn settle(&mut self) {
+        if let Some(p) = &self.pool {
+            if self.bytes > self.charged {
+                p.used
+                    .fetch_add(self.bytes - self.charged, Ordering::Relaxed);
+            } else if self.bytes < self.charged {
+                p.used
+                    .fetch_sub(self.charged - self.bytes, Ordering::Relaxed);
+            }
+            self.charged = self.bytes;
+        }
+    }
+
+    /// Over its own byte bound, or the pool would be over its cap with what this log keeps now.
+    fn over(&self) -> bool {
+        self.bytes > self.bounds.bytes
+            || self
+                .pool
+                .as_ref()
+                .is_some_and(|p| p.used().saturating_sub(self.charged) + self.bytes > p.cap)
     }
 
     /// Bytes kept.
@@ -305,11 +375,10 @@ impl SentLog {
         Some(s)
     }
 
-    /// Within the bounds again: the oldest task logs, then the oldest statuses, go.
+    /// Within the bounds (and the pool's cap) again: the oldest task logs, then the oldest
+    /// statuses, go.
     fn trim(&mut self) {
-        while self.tasks.len() > self.bounds.tasks
-            || (self.bytes > self.bounds.bytes && !self.tasks.is_empty())
-        {
+        while self.tasks.len() > self.bounds.tasks || (self.over() && !self.tasks.is_empty()) {
             let Some((gen, itt)) = self.order.pop_front() else {
                 break;
             };
@@ -321,11 +390,12 @@ impl SentLog {
             }
         }
         while self.statuses.len() > self.bounds.statuses
-            || (self.bytes > self.bounds.bytes && !self.statuses.is_empty())
+            || (self.over() && !self.statuses.is_empty())
         {
             self.pop_status();
             self.stats.let_go += 1;
         }
+        self.settle();
     }
 
     /// `p` was queued but never sent: its connection failed first (ErrorRecoveryLevel 2). A
@@ -384,6 +454,12 @@ impl SentLog {
     /// takes the new connection's sequence numbers), or None when this connection keeps no
     /// ended task of that ITT. What is handed out leaves the log.
     pub fn take_task(&mut self, itt: u32, exp_data_sn: u32) -> Option<Vec<Pdu>> {
+        let out = self.take_task_inner(itt, exp_data_sn);
+        self.settle();
+        out
+    }
+
+    fn take_task_inner(&mut self, itt: u32, exp_data_sn: u32) -> Option<Vec<Pdu>> {
         let from_statuses = |statuses: &VecDeque<Status>| {
             statuses.iter().rev().find_map(|st| match &st.pdu {
                 Some(Pdu::ScsiResponse(r)) if r.itt == itt => Some(st.pdu.clone()?),
@@ -421,6 +497,11 @@ impl SentLog {
     /// of the tasks they ended, go. An ExpStatSN behind the last one heard, or past what was
     /// sent, acknowledges nothing.
     pub fn ack(&mut self, exp_stat_sn: u32) {
+        self.ack_inner(exp_stat_sn);
+        self.settle();
+    }
+
+    fn ack_inner(&mut self, exp_stat_sn: u32) {
         if self
             .exp_stat_sn
             .is_some_and(|e| Sn::le(Sn(exp_stat_sn), Sn(e)))
@@ -467,6 +548,7 @@ impl SentLog {
             Ok(v) => self.stats.retransmitted += v.len() as u64,
             Err(_) => self.stats.refused += 1,
         }
+        self.settle();
         r
     }
 
@@ -694,6 +776,14 @@ impl SentLog {
     }
 }
 
+impl Drop for SentLog {
+    fn drop(&mut self) {
+        if let Some(p) = &self.pool {
+            p.used.fetch_sub(self.charged, Ordering::Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -785,6 +875,43 @@ mod tests {
         log.record(data_in(itt, 0, 0, 1000, None));
         log.record(data_in(itt, 1, 1000, 1000, None));
         log.record(data_in(itt, 2, 2000, 500, Some((0, stat_sn))));
+    }
+
+    /// Logs that share a pool keep no more than its cap between them: the one that records
+    /// past it lets its own oldest go, the pool counts what each keeps as it changes, and a log
+    /// that is dropped (its connection gone) gives its bytes back.
+    #[test]
+    fn logs_sharing_a_pool_keep_no_more_than_its_cap() {
+        let pool = LogPool::new(12_000);
+        let mut a = SentLog::pooled(LogBounds::default(), pool.clone());
+        let mut b = SentLog::pooled(LogBounds::default(), pool.clone());
+        // Each read keeps 2500 bytes of data and 3 headers of 48.
+        read(&mut a, 1, 1);
+        read(&mut a, 2, 2);
+        read(&mut a, 3, 3);
+        assert_eq!(pool.used(), a.bytes());
+        assert_eq!(a.bytes(), 3 * 2644);
+        // B's third read takes the pool past its cap: B lets its own oldest go.
+        read(&mut b, 4, 1);
+        assert_eq!(pool.used(), 4 * 2644);
+        read(&mut b, 5, 2);
+        assert!(pool.used() <= pool.cap(), "{} kept", pool.used());
+        assert_eq!(a.bytes(), 3 * 2644, "A keeps what it had");
+        assert_eq!(b.tasks(), 1, "B let its first read go: {} tasks", b.tasks());
+        assert!(b.stats().let_go >= 1);
+        let e = b.snack(&snack(0, 4, RESERVED_TAG, 0, 0), 8192).unwrap_err();
+        assert_eq!(e.reject_reason(), reject_reason::PROTOCOL_ERROR);
+        // Acknowledged statuses go, and the pool hears of it.
+        a.ack(3);
+        assert_eq!(a.bytes(), 2644);
+        assert_eq!(pool.used(), a.bytes() + b.bytes());
+        // A dead connection's log, taken from for a reassignment, then dropped.
+        let taken = a.take_task(3, 0).expect("task 3 is kept");
+        assert_eq!(taken.len(), 3);
+        assert_eq!(pool.used(), b.bytes());
+        drop(b);
+        drop(a);
+        assert_eq!(pool.used(), 0);
     }
 
     #[test]

@@ -275,6 +275,9 @@ pub struct Task<T> {
     /// Its connection failed at ErrorRecoveryLevel 2: it waits to be reassigned to another
     /// (TASK REASSIGN), and its final PDUs wait with it ([`SessionCore::conn_failed`]).
     pub orphaned: bool,
+    /// When it stops waiting to be reassigned: DefaultTime2Retain after the failure that
+    /// orphaned it. Set once; a later failure of the same CID does not move it.
+    retain_until: Option<Instant>,
     /// Its turn came: CmdSN order and its task set let it run.
     turn: bool,
     /// [`SessionCore::poll_ready`] handed it out.
@@ -561,8 +564,15 @@ pub struct SessionCore<C, T> {
     /// (DefaultTime2Retain), the failed connections' CIDs with their deadline, and the final
     /// PDUs of tasks that ended meanwhile ([`SessionCore::conn_failed`]).
     time2retain: Duration,
-    failed: AHashMap<u16, Instant>,
+    /// One entry per failure (CID, deadline): a CID that fails again gets an entry of its own,
+    /// so that what an earlier failure left keeps its own deadline.
+    failed: Vec<(u16, Instant)>,
     retained: AHashMap<u32, recover::Retained>,
+    /// The server's budget for answers kept for reassignment; an answer that finds no room is
+    /// not kept (the task is then unknown to TASK REASSIGN, and the initiator issues it again).
+    retention_budget: Option<std::sync::Arc<dyn SharedBudget>>,
+    /// Answers not kept for want of room in the retention budget.
+    retention_refused: u64,
 }
 
 /// How a connection is closed ([`SessionCore::poll_close`]).
@@ -635,8 +645,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             discovery: false,
             erl: 0,
             time2retain: Duration::ZERO,
-            failed: AHashMap::new(),
+            failed: Vec::new(),
             retained: AHashMap::new(),
+            retention_budget: None,
+            retention_refused: 0,
             keepalives: AHashMap::new(),
             parked: Vec::new(),
             closes: std::collections::VecDeque::new(),
@@ -837,7 +849,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             .values()
             .filter_map(|k| k.deadline())
             .chain(data)
-            .chain(self.failed.values().copied())
+            .chain(self.failed.iter().map(|(_, d)| *d))
             .chain(paced)
             .min()
     }
@@ -1162,6 +1174,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 attr: t.attr,
                 aborted: false,
                 orphaned: false,
+                retain_until: None,
                 turn: false,
                 started: false,
                 collect,
@@ -1643,8 +1656,11 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 self.burst.max_burst_length,
             );
             if entry.orphaned {
-                // Its connection failed: its answer waits to be reassigned.
-                self.retain(itt, entry.cid, pdus);
+                // Its connection failed: its answer waits to be reassigned, until the
+                // deadline its failure set.
+                if let Some(until) = entry.retain_until {
+                    self.retain(itt, entry.cid, until, pdus);
+                }
             } else {
                 for p in pdus {
                     self.transmit.push_back((out.clone(), p));

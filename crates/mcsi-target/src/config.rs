@@ -372,9 +372,17 @@ pub struct FileLimits {
     pub max_logins_per_source: Option<u32>,
     /// Bytes of solicited WRITE data all sessions together may hold at once ("128MiB").
     pub write_budget: Option<SizeValue>,
+    /// Bytes of READ data all sessions together may hold at once ("128MiB").
+    pub read_budget: Option<SizeValue>,
     /// Bytes of unsolicited WRITE data (immediate data and unsolicited bursts) all sessions
     /// together may hold at once ("64MiB").
     pub unsolicited_budget: Option<SizeValue>,
+    /// Bytes of answers all sessions together keep for TASK REASSIGN after their connection
+    /// failed (ErrorRecoveryLevel 2, "128MiB").
+    pub retention_budget: Option<SizeValue>,
+    /// Bytes all connections' sent-PDU logs together keep for SNACK and reassignment
+    /// (ErrorRecoveryLevel 1 and up, "128MiB").
+    pub sent_log_budget: Option<SizeValue>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -888,12 +896,28 @@ pub struct ServerLimits {
     /// Bytes of solicited WRITE data all sessions together may hold at once (each write takes
     /// its length from its session's `write_budget` and from this one before its first R2T).
     pub write_budget: u64,
+    /// Bytes of READ data all sessions together may hold at once (each read takes its length
+    /// from its session's `read_budget` and from this one before the backend reads, and gives
+    /// it back once its Data-In is queued on a connection below its output budget, or its
+    /// connection is gone).
+    pub read_budget: u64,
     /// Bytes of unsolicited WRITE data all sessions together may hold at once: a command that
     /// brings immediate data or announces an unsolicited burst and cannot run at once takes
     /// what it may send unasked (at most FirstBurstLength) from it when it arrives. A command
     /// that finds no room keeps nothing, takes the rest of its burst and drops it, and is
     /// answered TASK SET FULL, which initiators retry.
     pub unsolicited_budget: u64,
+    /// Bytes of answers all sessions together keep for reassignment (ErrorRecoveryLevel 2): a
+    /// task that ends after its connection failed keeps its Data-In and status for TASK
+    /// REASSIGN until DefaultTime2Retain runs out. One that finds no room keeps nothing: it is
+    /// recovered as at level 0 (TASK REASSIGN finds no task, and the initiator issues it
+    /// again).
+    pub retention_budget: u64,
+    /// Bytes all connections' sent-PDU logs together keep (ErrorRecoveryLevel 1 and up: for
+    /// SNACK, and at level 2 for reassigning what a failed connection had sent). Each log is
+    /// also held to 16 MiB of its own. Past the cap, a log that records lets its own oldest
+    /// entries go (a SNACK for them is rejected), and a failed connection's log is not kept.
+    pub sent_log_budget: u64,
 }
 
 impl Default for ServerLimits {
@@ -910,8 +934,14 @@ impl Default for ServerLimits {
             max_logins_per_source: 64,
             // Two sessions at their own budget; 16 writes of the largest size in flight.
             write_budget: 128 << 20,
+            // Two sessions at their own budget.
+            read_budget: 128 << 20,
             // Two sessions with a full window of first bursts at the defaults (128 x 256 KiB).
             unsolicited_budget: 64 << 20,
+            // A window of 32 reads of 4 MiB, kept for a failed connection's reassignment.
+            retention_budget: 128 << 20,
+            // Eight connections' logs at their own bound (16 MiB each).
+            sent_log_budget: 128 << 20,
         }
     }
 }
@@ -932,11 +962,29 @@ impl ServerLimits {
                 WRITE_BUDGET_MIN,
                 d.write_budget,
             )?,
+            read_budget: budget(
+                &f.read_budget,
+                "limits.read_budget",
+                READ_BUDGET_MIN,
+                d.read_budget,
+            )?,
             unsolicited_budget: budget(
                 &f.unsolicited_budget,
                 "limits.unsolicited_budget",
                 WRITE_BUDGET_MIN,
                 d.unsolicited_budget,
+            )?,
+            retention_budget: budget(
+                &f.retention_budget,
+                "limits.retention_budget",
+                WRITE_BUDGET_MIN,
+                d.retention_budget,
+            )?,
+            sent_log_budget: budget(
+                &f.sent_log_budget,
+                "limits.sent_log_budget",
+                WRITE_BUDGET_MIN,
+                d.sent_log_budget,
             )?,
         };
         if l.login_rate > 0 && l.login_burst == 0 {
@@ -1744,7 +1792,10 @@ mod tests {
                 max_server_connections: 100,
                 max_logins_per_source: 8,
                 write_budget: 128 << 20,
+                read_budget: 128 << 20,
                 unsolicited_budget: 32 << 20,
+                retention_budget: 128 << 20,
+                sent_log_budget: 128 << 20,
             }
         );
         assert_eq!(a.luns[0].backend, LunBackend::Spec("ram:64MiB".into()));

@@ -491,10 +491,12 @@ async fn connection<S: Transport>(
                 && n.connection.data_digest == mcsi_proto::keys::Digest::Crc32c))
             .then(|| {
                 let d = mcsi_target_core::retain::LogBounds::default();
-                mcsi_target_core::retain::LogBounds {
+                let bounds = mcsi_target_core::retain::LogBounds {
                     tasks: d.tasks.max(2 * session.ops.queue_depth as usize),
                     ..d
-                }
+                };
+                // Every log of the server counts in one pool (limits.sent_log_budget).
+                mcsi_target_core::retain::SentLog::pooled(bounds, session.shared.log_pool.clone())
             }),
     );
     // The connection joins its session before the one whose CID it takes over is stopped, so

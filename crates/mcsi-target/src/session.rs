@@ -11,7 +11,7 @@ use crate::session_core::{Expired, SessionCore};
 use mcsi_proto::pdu::{Isid, Pdu};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, Nexus, TaskAttribute};
-use mcsi_target_core::retain::{LogBounds, SentLog};
+use mcsi_target_core::retain::{LogPool, SentLog};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
@@ -133,9 +133,16 @@ pub struct Shared {
     next_tsih: AtomicU16,
     /// The server-wide write budget in KiB ([`Session::write_permits`]).
     write_budget: Budget,
+    /// The server-wide read budget in KiB ([`Session::read_permit`]).
+    read_budget: Budget,
     /// The server-wide budget of unsolicited write data, counted by each session's core
     /// ([`SessionCore::set_unsolicited_budget`]).
     unsolicited_budget: Arc<Budget>,
+    /// The server-wide budget of answers kept for reassignment, counted by each session's
+    /// core ([`SessionCore::set_retention_budget`]).
+    retention_budget: Arc<Budget>,
+    /// What every connection's sent-PDU log keeps ([`LogPool`]).
+    pub log_pool: Arc<LogPool>,
     /// CHAP users whose logins failed lately ([`ChapThrottle`]).
     pub chap_throttle: ChapThrottle,
 }
@@ -240,6 +247,12 @@ impl mcsi_target_core::session::SharedBudget for Budget {
     }
 }
 
+/// A read's share of its session's and the server's read budgets, given back when dropped.
+pub struct ReadPermits {
+    _session: tokio::sync::OwnedSemaphorePermit,
+    _server: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// A write's share of its session's and the server's write budgets, given back when dropped
 /// (when the task ends).
 pub struct WritePermits {
@@ -287,7 +300,10 @@ impl Shared {
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             write_budget: Budget::new(limits.write_budget),
+            read_budget: Budget::new(limits.read_budget),
             unsolicited_budget: Arc::new(Budget::new(limits.unsolicited_budget)),
+            retention_budget: Arc::new(Budget::new(limits.retention_budget)),
+            log_pool: LogPool::new(limits.sent_log_budget),
             chap_throttle: ChapThrottle::default(),
         }
     }
@@ -584,7 +600,7 @@ impl Conn {
         span: tracing::Span,
         sock: Option<socket2::Socket>,
         out: Arc<OutQueue>,
-        log: Option<LogBounds>,
+        log: Option<SentLog>,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
         let (stop, stop_rx) = watch::channel(false);
         let c = Conn {
@@ -600,7 +616,7 @@ impl Conn {
             sock,
             counters: Default::default(),
             out,
-            log: log.map(|b| Arc::new(Mutex::new(SentLog::new(b)))),
+            log: log.map(|l| Arc::new(Mutex::new(l))),
         };
         (Arc::new(c), stop_rx)
     }
@@ -859,6 +875,10 @@ impl Qos {
     }
 }
 
+/// Failed connections' logs a session keeps at once (ErrorRecoveryLevel 2): a peer that fails
+/// and reinstates a connection again and again replaces the oldest.
+pub const MAX_DEAD_LOGS: usize = 16;
+
 /// The log of a failed connection (ErrorRecoveryLevel 2).
 struct DeadLog {
     log: Arc<Mutex<SentLog>>,
@@ -918,6 +938,7 @@ impl Session {
         core.set_time2retain(ops.time2retain);
         core.set_burst(ops.burst);
         core.set_unsolicited_budget(shared.unsolicited_budget.clone());
+        core.set_retention_budget(shared.retention_budget.clone());
         core.set_data_out_timeout(
             target
                 .as_ref()
@@ -1056,16 +1077,31 @@ impl Session {
         conn.stop();
     }
 
-    /// Keeps what failed connection `conn` had sent, for DefaultTime2Retain from `now`.
+    /// Keeps what failed connection `conn` had sent, for DefaultTime2Retain from `now`, unless
+    /// the server's logs are at their cap (`limits.sent_log_budget`): then the tasks that had
+    /// ended by the failure are recovered as at level 0 (TASK REASSIGN finds no task and the
+    /// initiator issues them again). A session keeps at most [`MAX_DEAD_LOGS`]; the oldest
+    /// goes first.
     fn keep_log(self: &Arc<Self>, conn: &Conn, now: std::time::Instant) {
         if let Some(log) = &conn.log {
-            self.dead_logs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(DeadLog {
+            let pool = &self.shared.log_pool;
+            if pool.full() {
+                tracing::warn!(
+                    parent: &conn.span,
+                    kept = pool.used(),
+                    cap = pool.cap(),
+                    "the server's sent-PDU logs are at limits.sent_log_budget: what the failed connection had sent is not kept for reassignment"
+                );
+            } else {
+                let mut logs = self.dead_logs.lock().unwrap_or_else(|p| p.into_inner());
+                if logs.len() >= MAX_DEAD_LOGS {
+                    logs.remove(0);
+                }
+                logs.push(DeadLog {
                     log: log.clone(),
                     until: now + self.ops.time2retain,
                 });
+            }
         }
         self.wake_timer();
     }
@@ -1240,16 +1276,23 @@ impl Session {
         }
     }
 
-    /// Waits until the session's read budget has room for a read of `bytes` (a read larger
-    /// than the whole budget waits for all of it), so that the data commands pull from a backend
+    /// Waits until the session's read budget, then the server's, have room for a read of
+    /// `bytes` (a read larger than a whole budget waits for all of it), so that the data commands pull from a backend
     /// stays bounded however many large READs the CmdSN window holds. The permit goes back when
     /// dropped: once the read's Data-In has been queued and its connection is below its output
     /// budget ([`OutQueue`]).
-    pub async fn read_permit(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub async fn read_permit(&self, bytes: u32) -> Option<ReadPermits> {
         if bytes == 0 {
             return None;
         }
-        self.read_budget.take(bytes).await
+        // The session's first, then the server's (`limits.read_budget`): a session waits on
+        // its own budget before it takes room from the others.
+        let session = self.read_budget.take(bytes).await?;
+        let server = self.shared.read_budget.take(bytes).await?;
+        Some(ReadPermits {
+            _session: session,
+            _server: server,
+        })
     }
 
     fn lock(&self) -> CoreGuard<'_> {

@@ -893,3 +893,146 @@ async fn writes_held_behind_a_cmdsn_gap_are_held_to_the_unsolicited_budget() {
     let (_, status, ..) = c.read_result(itt).await;
     assert_eq!(status, 0, "a write with immediate data after the flood");
 }
+
+/// One hostile session at ErrorRecoveryLevel 2: `resets` times, its connection (CID 0,
+/// reinstated after the first: same ISID, TSIH and CID) sends a full window of 4 MiB READs of
+/// the file LUN, then is reset 0.3 s later without reading anything. Returns the READs sent.
+async fn resetting_reader(server: Arc<mcsi_target::Server>, i: u8, resets: u32) -> u32 {
+    let isid = [0x80, 6, 6, 6, 6, i];
+    let mut tsih = 0u16;
+    let mut sent = 0u32;
+    for k in 0..resets {
+        let s = tokio::net::TcpStream::connect(server.local_addrs()[0])
+            .await
+            .unwrap();
+        s.set_nodelay(true).unwrap();
+        // Closing it sends a reset, as a peer that vanishes mid-transfer does.
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        let mut c = Client {
+            s: Box::new(s),
+            buf: bytes::BytesMut::new(),
+            framing: Framing::default(),
+            cmd_sn: 1,
+            itt: k << 16,
+            tsih: 0,
+            login_keys: Vec::new(),
+        };
+        let r = if tsih == 0 {
+            c.login(
+                isid,
+                0,
+                0,
+                &[
+                    ("TargetName", IQN),
+                    ("SessionType", "Normal"),
+                    ("MaxConnections", "4"),
+                    ("ErrorRecoveryLevel", "2"),
+                ],
+            )
+            .await
+        } else {
+            c.login(isid, tsih, 0, &[("TargetName", IQN)]).await
+        };
+        assert_eq!(
+            (r.status_class, r.status_detail),
+            (0, 0),
+            "login {k} of session {i}"
+        );
+        if k == 0 {
+            assert!(
+                c.login_keys
+                    .iter()
+                    .any(|(k, v)| k == "ErrorRecoveryLevel" && v == "2"),
+                "the target did not agree to level 2: {:?}",
+                c.login_keys
+            );
+        }
+        tsih = r.tsih;
+        c.cmd_sn = r.exp_cmd_sn;
+        let window = r
+            .max_cmd_sn
+            .wrapping_sub(r.exp_cmd_sn)
+            .wrapping_add(1)
+            .min(128);
+        let mut wire = Vec::new();
+        for j in 0..window {
+            let cmd = c.command(
+                &rw10(0x28, (j % 8) * 8192, 8192),
+                true,
+                false,
+                4 << 20,
+                Bytes::new(),
+                true,
+            );
+            wire.extend_from_slice(&Pdu::ScsiCommand(cmd).encode(&c.framing).to_vec());
+        }
+        flood(&mut c, &wire, wire.len() as u64, Duration::from_secs(2)).await;
+        sent += window;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(c);
+    }
+    sent
+}
+
+/// A peer at ErrorRecoveryLevel 2 that resets its connection under a window of large READs
+/// and reinstates it, again and again, cannot make the target keep what it leaves behind
+/// without bound: the answers of tasks that end after their connection failed are held to
+/// `limits.retention_budget`, the failed connections' sent-PDU logs to
+/// `limits.sent_log_budget` (and 16 per session), and each failure's deadline stays its own.
+/// Unbounded, 8 resets under 128 READs of 4 MiB keep 4 GiB per session. Alone and from 8
+/// sessions at once; a fresh session works afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_2_peer_that_resets_under_large_reads_cannot_grow_the_target() {
+    let _one = SERIAL.lock().await;
+    let img = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(img.path(), pattern(32 << 20, 5)).unwrap();
+    let file = format!("file:{}:32MiB", img.path().display());
+    /// What the acceptance allows the target to grow by, whatever the peer does.
+    const CEILING: u64 = 512 << 20;
+    for sessions in [1u8, 8] {
+        let server = Arc::new(
+            start_with(|cfg| {
+                cfg.targets[0].luns = vec![mcsi_target::config::LunSpec::new(file.as_str())];
+            })
+            .await,
+        );
+        let limits = mcsi_target::config::ServerLimits::default();
+        let (_, alone) = verified_io(&server, 1, 1.0).await;
+        let before = rss();
+        let watch = RssWatch::start();
+        let t0 = Instant::now();
+        let mut peers = tokio::task::JoinSet::new();
+        for i in 0..sessions {
+            peers.spawn(resetting_reader(server.clone(), i, 8));
+        }
+        let reads: u32 = peers.join_all().await.into_iter().sum();
+        // The tasks left behind run to their end (their answers kept or dropped) meanwhile.
+        let (rounds, during) = verified_io(&server, 2, 3.0).await;
+        let peak = watch.peak();
+        println!(
+            "{sessions} level-2 session(s) x 8 resets under windows of 4 MiB READs ({reads} READs, {:.0} MiB asked for) in {:.1} s: resident {:.1} MiB before, {:.1} MiB peak (+{:.1} MiB; retention budget {:.0} MiB, sent-log budget {:.0} MiB; ceiling {:.0} MiB); other session {alone:.1} MB/s alone, {during:.1} MB/s after ({rounds} rounds)",
+            f64::from(reads) * 4.0,
+            t0.elapsed().as_secs_f64(),
+            mib(before),
+            mib(peak),
+            mib(peak.saturating_sub(before)),
+            mib(limits.retention_budget),
+            mib(limits.sent_log_budget),
+            mib(CEILING),
+        );
+        assert!(
+            peak.saturating_sub(before) <= CEILING,
+            "resident memory rose by {:.1} MiB",
+            mib(peak - before)
+        );
+        assert!(rounds >= 3, "a fresh session made {rounds} rounds");
+        // The next case starts from a server with nothing left behind.
+        let Ok(server) = Arc::try_unwrap(server) else {
+            panic!("the hostile sessions still hold the server")
+        };
+        server.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -6,15 +6,18 @@
 //! its Data-In from the DataSN the initiator expects, then its status. Tasks nobody reassigns
 //! in time are aborted ([`SessionCore::handle_timeout`]).
 
-use super::{ConnLost, CoreConn, Grant, Key, SessionCore};
+use super::{ConnLost, CoreConn, Grant, Key, SessionCore, Share, SharedBudget};
 use mcsi_proto::codes::tmf_response;
 use mcsi_proto::pdu::Pdu;
 use std::time::{Duration, Instant};
 
-/// The final PDUs of a task that ended after its connection failed, until it is reassigned.
+/// The final PDUs of a task that ended after its connection failed, until it is reassigned or
+/// `until` passes. Their room in the server's retention budget goes back when this is dropped.
 pub(super) struct Retained {
     cid: u16,
+    until: Instant,
     pdus: Vec<Pdu>,
+    _room: Option<Share>,
 }
 
 /// What TASK REASSIGN did ([`SessionCore::reassign`]).
@@ -60,6 +63,26 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         self.time2retain = d;
     }
 
+    /// The server's budget for the answers of tasks that end after their connection failed
+    /// (ErrorRecoveryLevel 2): each takes room for its PDUs until it is reassigned or its time
+    /// runs out. An answer that finds no room is dropped, as if the task had been aborted with
+    /// its connection (recovery at level 0 for that task: TASK REASSIGN finds no task and the
+    /// initiator issues the command again). Without one, answers are kept without a bound.
+    pub fn set_retention_budget(&mut self, budget: std::sync::Arc<dyn SharedBudget>) {
+        self.retention_budget = Some(budget);
+    }
+
+    /// Answers dropped for want of room in the retention budget.
+    pub fn retention_refused(&self) -> u64 {
+        self.retention_refused
+    }
+
+    /// Answers kept for reassignment, and their bytes (data segments plus 48 per PDU).
+    pub fn retained(&self) -> (usize, u64) {
+        let bytes = self.retained.values().map(|r| pdus_bytes(&r.pdus)).sum();
+        (self.retained.len(), bytes)
+    }
+
     /// Tasks of failed connections wait to be reassigned: the session lives on even without
     /// connections until they have been reassigned or their time has run out.
     pub fn retaining(&self) -> bool {
@@ -95,7 +118,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// Connection `cid` failed and its tasks wait to be reassigned.
     pub fn failed_cid(&self, cid: u16) -> bool {
-        self.failed.contains_key(&cid)
+        self.failed.iter().any(|(c, _)| *c == cid)
     }
 
     /// Task `itt` of a failed connection waits here to be reassigned (running, or ended with
@@ -119,27 +142,67 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         true
     }
 
-    /// The tasks and held commands of `cid` at `now`: the tasks wait to be reassigned, the
-    /// commands are dropped (their CmdSNs stay used).
+    /// The tasks and held commands of `cid` at `now`: the tasks wait to be reassigned until
+    /// DefaultTime2Retain from now, the commands are dropped (their CmdSNs stay used). Tasks an
+    /// earlier failure of the CID orphaned keep their own deadline: a peer that fails a CID
+    /// again and again does not keep what the first failure left.
     fn orphan(&mut self, cid: u16, now: Instant) {
         self.abort_held(|r| r.cid == cid);
+        let until = now + self.time2retain;
         for t in self
             .tasks
             .values_mut()
             .filter(|t| t.cid == cid && !t.aborted)
         {
-            t.orphaned = true;
+            if !t.orphaned {
+                t.orphaned = true;
+                t.retain_until = Some(until);
+            }
             if let Some(c) = t.collect.as_mut() {
                 // The Data-Out timer waits for the task's new connection.
                 c.watch = None;
             }
         }
-        self.failed.insert(cid, now + self.time2retain);
+        // Earlier failures of this CID that have nothing left waiting go; the others keep
+        // their deadline. (So there are at most as many entries as deadlines still pending.)
+        let (tasks, retained) = (&self.tasks, &self.retained);
+        self.failed.retain(|&(c, d)| {
+            c != cid
+                || tasks
+                    .values()
+                    .any(|t| t.orphaned && t.cid == cid && t.retain_until == Some(d))
+                || retained.values().any(|r| r.cid == cid && r.until == d)
+        });
+        self.failed.push((cid, until));
     }
 
-    /// Keeps the final PDUs of orphaned task `itt` (its connection `cid` failed).
-    pub(super) fn retain(&mut self, itt: u32, cid: u16, pdus: Vec<Pdu>) {
-        self.retained.insert(itt, Retained { cid, pdus });
+    /// Keeps the final PDUs of orphaned task `itt` (its connection `cid` failed) until `until`,
+    /// if the retention budget has room for them.
+    pub(super) fn retain(&mut self, itt: u32, cid: u16, until: Instant, pdus: Vec<Pdu>) {
+        let room = match &self.retention_budget {
+            None => None,
+            Some(b) => {
+                let bytes = u32::try_from(pdus_bytes(&pdus)).unwrap_or(u32::MAX);
+                match Share::take(b, bytes) {
+                    Some(s) => Some(s),
+                    None => {
+                        // The task is forgotten: as if aborted with its connection.
+                        self.retention_refused += 1;
+                        self.retained.remove(&itt);
+                        return;
+                    }
+                }
+            }
+        };
+        self.retained.insert(
+            itt,
+            Retained {
+                cid,
+                until,
+                pdus,
+                _room: room,
+            },
+        );
     }
 
     /// TASK REASSIGN of task `itt` to `conn` (RFC 7143 11.5.1), asked for by request
@@ -180,6 +243,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 return (Reassigned::StillAllegiant, Vec::new());
             }
             t.orphaned = false;
+            t.retain_until = None;
             t.cid = cid;
             t.reply_cid = cid;
             if let Some(c) = t.collect.as_mut() {
@@ -237,27 +301,31 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
     }
 
-    /// Connections whose DefaultTime2Retain ran out by `now`: their tasks nobody reassigned
-    /// are aborted and their kept answers dropped.
+    /// Failures whose DefaultTime2Retain ran out by `now`: the tasks they orphaned that
+    /// nobody reassigned are aborted and their kept answers dropped.
     pub(super) fn expire_failed(&mut self, now: Instant) {
-        let expired: Vec<u16> = self
-            .failed
-            .iter()
-            .filter(|(_, d)| **d <= now)
-            .map(|(cid, _)| *cid)
-            .collect();
-        for cid in expired {
-            self.failed.remove(&cid);
-            let itts: Vec<u32> = self
-                .tasks
-                .iter()
-                .filter(|(_, t)| t.orphaned && t.cid == cid)
-                .map(|(itt, _)| *itt)
-                .collect();
-            self.abort_where(|t| itts.contains(&t.itt), |_| ());
-            self.retained.retain(|_, r| r.cid != cid);
+        if !self.failed.iter().any(|(_, d)| *d <= now) {
+            return;
         }
+        self.failed.retain(|(_, d)| *d > now);
+        let itts: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.orphaned && t.retain_until.is_some_and(|u| u <= now))
+            .map(|(itt, _)| *itt)
+            .collect();
+        if !itts.is_empty() {
+            self.abort_where(|t| itts.contains(&t.itt), |_| ());
+        }
+        self.retained.retain(|_, r| r.until > now);
     }
+}
+
+/// What `pdus` hold: their data segments plus 48 bytes each.
+fn pdus_bytes(pdus: &[Pdu]) -> u64 {
+    pdus.iter()
+        .map(|p| mcsi_proto::pdu::BHS_LEN as u64 + p.data_len() as u64)
+        .sum()
 }
 
 #[cfg(test)]
@@ -570,5 +638,102 @@ mod tests {
         assert!(!c.retaining());
         assert_eq!(c.reassign(&b, 0x90, 1, 0), Reassigned::NotSupported);
         assert_eq!(Reassigned::NotSupported.response(), 4);
+    }
+
+    /// A CID that fails again (a peer that resets and reinstates it over and over) does not
+    /// push back the deadline of what its first failure left: the first failure's tasks are
+    /// aborted and its kept answers dropped DefaultTime2Retain after that failure.
+    #[test]
+    fn a_cid_that_fails_again_does_not_keep_what_its_first_failure_left() {
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let mut c = core(2);
+        read(&mut c, &a, 1, 1, 4096);
+        read(&mut c, &a, 2, 2, 4096);
+        assert_eq!(c.poll_ready().map(|r| r.itt), Some(1));
+        assert_eq!(c.poll_ready().map(|r| r.itt), Some(2));
+        c.conn_failed(&a, t0, |_| ());
+        // Task 2 ends while orphaned: its answer is kept.
+        assert!(c
+            .finish(2, 2, &a, Some(Outcome::good(Bytes::from(vec![2; 4096]))))
+            .is_some());
+        assert_eq!(c.retained().0, 1);
+        // CID 1 logs in again and fails again 8 s later, carrying a new read.
+        let a2 = Tc(1, 2);
+        assert!(c.add_conn(a2.clone()).is_ok());
+        read(&mut c, &a2, 3, 3, 4096);
+        assert_eq!(c.poll_ready().map(|r| r.itt), Some(3));
+        c.conn_failed(&a2, t0 + Duration::from_secs(8), |_| ());
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(10)));
+        // 10 s after the first failure: what it left is gone, what the second left is not.
+        let _ = c.handle_timeout(t0 + Duration::from_millis(10_500));
+        assert!(
+            !c.awaits_reassign(1),
+            "task 1 outlived its DefaultTime2Retain"
+        );
+        assert!(
+            !c.awaits_reassign(2),
+            "task 2's answer outlived its DefaultTime2Retain"
+        );
+        assert_eq!(c.retained(), (0, 0));
+        assert!(c.awaits_reassign(3));
+        assert!(c.retaining());
+        assert_eq!(c.poll_timeout(), Some(t0 + Duration::from_secs(18)));
+        assert_eq!(c.reassign(&b, 0x70, 1, 0), Reassigned::NoTask);
+        assert_eq!(c.reassign(&b, 0x71, 3, 0), Reassigned::Moved);
+        let _ = c.handle_timeout(t0 + Duration::from_secs(19));
+        assert!(!c.retaining());
+    }
+
+    /// A byte-exact budget for the tests.
+    struct Room(std::sync::atomic::AtomicU64);
+
+    impl SharedBudget for Room {
+        fn try_take(&self, bytes: u32) -> bool {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.0
+                .fetch_update(SeqCst, SeqCst, |l| l.checked_sub(u64::from(bytes)))
+                .is_ok()
+        }
+        fn give_back(&self, bytes: u32) {
+            self.0
+                .fetch_add(u64::from(bytes), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Answers kept for reassignment take room in the server's retention budget: one that
+    /// finds none is dropped (TASK REASSIGN then finds no task, and the initiator issues the
+    /// command again), and the room comes back when the kept answer is sent or expires.
+    #[test]
+    fn answers_kept_for_reassignment_are_held_to_the_retention_budget() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let t0 = Instant::now();
+        let (a, b) = (Tc(1, 1), Tc(2, 1));
+        let room = std::sync::Arc::new(Room(std::sync::atomic::AtomicU64::new(10_000)));
+        let mut c = core(2);
+        c.set_retention_budget(room.clone());
+        for itt in 1..=3 {
+            read(&mut c, &a, itt, itt, 8192);
+            assert_eq!(c.poll_ready().map(|r| r.itt), Some(itt));
+        }
+        c.conn_failed(&a, t0, |_| ());
+        let good = || Some(Outcome::good(Bytes::from(vec![9; 8192])));
+        assert!(c.finish(1, 1, &a, good()).is_some());
+        // Two Data-In of 4 KiB (the connection's MaxRecvDataSegmentLength), 48 bytes each.
+        assert_eq!(c.retained(), (1, 8192 + 96));
+        assert_eq!(room.0.load(SeqCst), 10_000 - 8288);
+        assert!(c.finish(2, 2, &a, good()).is_some());
+        assert_eq!(c.retention_refused(), 1);
+        assert_eq!(c.retained(), (1, 8288));
+        assert!(!c.awaits_reassign(2));
+        assert_eq!(c.reassign(&b, 0x70, 2, 0), Reassigned::NoTask);
+        assert_eq!(c.reassign(&b, 0x71, 1, 0), Reassigned::Resent(2));
+        assert_eq!(room.0.load(SeqCst), 10_000, "the room came back");
+        // The third fits now, and its room comes back when its time runs out.
+        assert!(c.finish(3, 3, &a, good()).is_some());
+        assert_eq!(room.0.load(SeqCst), 10_000 - 8288);
+        let _ = c.handle_timeout(t0 + Duration::from_secs(11));
+        assert_eq!(c.retained(), (0, 0));
+        assert_eq!(room.0.load(SeqCst), 10_000);
     }
 }
