@@ -458,12 +458,31 @@ async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Est
 }
 
 /// Log in to `url` and open the session's connections.
-pub async fn connect(url: &IscsiUrl, mut options: ConnectOptions) -> Result<Session, Error> {
+pub async fn connect(url: &IscsiUrl, options: ConnectOptions) -> Result<Session, Error> {
+    connect_as(url, options, random_isid()).await
+}
+
+/// [`connect`] with the ISID of an earlier session of this initiator to the same target (its
+/// [`Session::isid`]): the target ends that session, and aborts its tasks, before this one
+/// starts (session reinstatement, RFC 7143 6.3.5), so nothing the earlier session still had in
+/// flight lands after this one has begun.
+pub async fn reinstate(
+    url: &IscsiUrl,
+    options: ConnectOptions,
+    isid: Isid,
+) -> Result<Session, Error> {
+    connect_as(url, options, isid).await
+}
+
+async fn connect_as(
+    url: &IscsiUrl,
+    mut options: ConnectOptions,
+    isid: Isid,
+) -> Result<Session, Error> {
     let scheduler: Box<dyn Scheduler> = sched::policy(&options.policy)?;
     if options.discover_portals && options.portals.is_empty() {
         options.portals = discovered_portals(url, &options).await?;
     }
-    let isid = random_isid();
     let est = establish(url, &options, isid).await?;
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
@@ -1431,6 +1450,11 @@ impl Session {
 
     pub fn url(&self) -> &IscsiUrl {
         &self.shared.url
+    }
+
+    /// The session's ISID (to reinstate it, [`reinstate`]).
+    pub fn isid(&self) -> Isid {
+        self.shared.isid
     }
 
     /// How long a task of `bytes` would take to complete if issued now, on the connection

@@ -9,14 +9,16 @@
 use crate::error::Error;
 use crate::error::Scope;
 use crate::lun::{Capabilities, Capacity, Lun};
-use crate::session::{connect, ConnectOptions};
+use crate::session::{connect, reinstate, ConnectOptions};
 use crate::url::IscsiUrl;
 use bytes::{Bytes, BytesMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod bitmap;
+mod health;
 use bitmap::BitmapFile;
+use health::{Finish, Health, Plan, State};
 
 /// How the members hold the volume's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,12 +144,11 @@ struct Member {
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
-    /// [`ACTIVE`], [`FAILED`] (a mirror member whose session was lost: no commands go to it,
-    /// and `dirty` records the regions written since) or [`RESYNCING`] (back: it takes writes,
-    /// not reads, while the regions it missed are copied to it).
-    state: AtomicU8,
-    /// One bit per region ([`region_bytes`]) written while the member was failed.
-    dirty: Mutex<Vec<u64>>,
+    /// Active, failed (a mirror member whose session was lost, or that did not take a change:
+    /// no commands go to it, and the regions it missed are marked) or resyncing (back: it takes
+    /// writes, and reads only of regions it did not miss, while those are copied to it), with
+    /// one bit per region ([`region_bytes`]) it missed ([`health`]).
+    health: Health,
     /// Paths: changes this member acknowledged without Force Unit Access, and how many of them
     /// a SYNCHRONIZE CACHE through it has covered since.
     changes: AtomicU64,
@@ -156,10 +157,6 @@ struct Member {
     /// [`Volume::flush`] reports them as possibly lost, once.
     lost_unflushed: AtomicBool,
 }
-
-const ACTIVE: u8 = 0;
-const FAILED: u8 = 1;
-const RESYNCING: u8 = 2;
 
 impl Member {
     fn lun(&self) -> Option<Lun> {
@@ -179,8 +176,8 @@ impl Member {
         self.lun().ok_or(Error::Closed)
     }
 
-    fn state(&self) -> u8 {
-        self.state.load(Ordering::Acquire)
+    fn state(&self) -> State {
+        self.health.state()
     }
 }
 
@@ -291,6 +288,24 @@ impl Drop for RegionCopy<'_> {
 
 /// How often a resync saves the regions it has cleaned so far.
 const RESYNC_SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a member coming back waits for its earlier session's logout.
+const OLD_SESSION_LOGOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why a resync stopped.
+#[derive(Debug)]
+enum ResyncError {
+    /// Reading member `src`, the copy's source, failed (`copied` bytes were copied by then).
+    Source {
+        src: usize,
+        error: Error,
+        copied: u64,
+    },
+    /// Writing the member being brought up to date failed.
+    Target(Error),
+    /// The record could not be saved.
+    Record(Error),
+}
 
 /// How often a failed mirror member is tried again.
 const REJOIN_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
@@ -437,11 +452,14 @@ impl Volume {
                 None => return Err(Error::Protocol(format!("member {i} was never opened"))),
             };
             members.push(Member {
-                state: AtomicU8::new(if lun.is_some() { ACTIVE } else { FAILED }),
+                health: Health::new(if lun.is_some() {
+                    State::Active
+                } else {
+                    State::Failed
+                }),
                 lun: std::sync::RwLock::new(lun),
                 name,
                 busy: AtomicUsize::new(0),
-                dirty: Mutex::new(Vec::new()),
                 changes: AtomicU64::new(0),
                 flushed: AtomicU64::new(0),
                 lost_unflushed: AtomicBool::new(false),
@@ -550,15 +568,12 @@ impl Volume {
                     ))
                 })?;
                 if bits.iter().any(|&w| w != 0) {
-                    if m.state() == ACTIVE {
-                        m.state.store(RESYNCING, Ordering::Release);
-                    }
                     stale.push(i);
                 }
-                *m.dirty.get_mut().unwrap_or_else(|p| p.into_inner()) = bits;
+                m.health.load(bits);
             }
         }
-        if !members.iter().any(|m| m.state() == ACTIVE) {
+        if !members.iter().any(|m| m.state() == State::Active) {
             let why: Vec<String> = members
                 .iter()
                 .enumerate()
@@ -620,7 +635,7 @@ impl Volume {
         }
         for m in stale {
             let state = v.member_states()[m].clone();
-            if v.inner.members[m].state() == RESYNCING {
+            if v.inner.members[m].state() == State::Resyncing {
                 tracing::warn!(member = m, url = %state.url, dirty = state.dirty_bytes, "mirror member {m} missed {} of writes before this process started (bitmap); it serves no reads of them until they are copied to it", mcsi_units::Bytes(state.dirty_bytes as f64));
                 let w = v.clone();
                 tokio::spawn(async move { w.catch_up(m).await });
@@ -828,62 +843,82 @@ impl Volume {
             }
             _ => None,
         };
-        // A member known to be failed misses this change: that is recorded (in the file, if
-        // there is one) before any member takes it.
-        if mirror && changes {
-            let mut new = false;
-            for &(m, l, n) in &runs {
-                if self.inner.members[m].state() == FAILED {
-                    new |= self.mark_dirty(m, l, n);
-                }
-            }
-            if new {
-                self.record().await?;
-            }
-        }
-        let ops = runs.iter().map(|&(m, l, n)| {
+        // Each member's part of the change is planned once: a member failed now is marked as
+        // missing it in the same step (and that is on record, in the file if there is one,
+        // before any member takes the change); any other is sent it ([`health`]).
+        let words = self.region_words();
+        let mut plans = Vec::with_capacity(runs.len());
+        let mut new = false;
+        for &(m, l, n) in &runs {
             let member = &self.inner.members[m];
-            let state = member.state();
-            let lun = if mirror && state == FAILED {
-                None
+            let plan = if !mirror {
+                Plan::Send { active: true }
+            } else if changes {
+                let (first, last) = self.region_span(l, n);
+                member.health.plan(first, last, words)
             } else {
-                member.lun()
-            };
-            let fut = lun.map(|lun| op(lun, l, n));
-            async move {
-                match fut {
-                    Some(f) => (m, l, n, state, Some(f.await)),
-                    None => (m, l, n, state, None),
+                match member.state() {
+                    State::Failed => Plan::Skip { new: false },
+                    s => Plan::Send {
+                        active: s == State::Active,
+                    },
                 }
+            };
+            new |= matches!(plan, Plan::Skip { new: true });
+            plans.push(plan);
+        }
+        if new {
+            self.record().await?;
+        }
+        let ops = runs.iter().zip(&plans).map(|(&(m, l, n), plan)| {
+            let fut = match plan {
+                Plan::Send { .. } => {
+                    Some(self.inner.members[m].open_lun().map(|lun| op(lun, l, n)))
+                }
+                Plan::Skip { .. } => None,
+            };
+            async move {
+                let r = match fut {
+                    Some(Ok(f)) => Some(f.await),
+                    Some(Err(e)) => Some(Err(e)),
+                    None => None,
+                };
+                (m, l, n, r)
             }
         });
         let results = futures_util::future::join_all(ops).await;
+        let took = |active_only: bool| {
+            results.iter().zip(&plans).any(|((_, _, _, r), p)| {
+                matches!(r, Some(Ok(())))
+                    && (!active_only || matches!(p, Plan::Send { active: true }))
+            })
+        };
+        // A member that did not take a change another active member took is failed and
+        // marked in one step: they differ there until its region is copied.
+        let copied = mirror && changes && took(true);
         let mut done = 0;
         let mut answer = None;
         let mut new = false;
-        for (m, l, n, state, r) in results {
+        for ((m, l, n, r), plan) in results.into_iter().zip(&plans) {
+            let Some(r) = r else { continue };
             match r {
-                Some(Ok(())) => done += usize::from(state == ACTIVE || !mirror),
-                Some(Err(e)) if mirror && member_gone(&e) => {
-                    self.fail_member(m, &e);
-                    if changes {
-                        new |= self.mark_dirty(m, l, n);
+                Ok(()) => done += usize::from(matches!(plan, Plan::Send { active: true })),
+                Err(e) if mirror && changes && (member_gone(&e) || copied) => {
+                    let (first, last) = self.region_span(l, n);
+                    let (failed_now, marked) =
+                        self.inner.members[m].health.missed(first, last, words);
+                    new |= marked;
+                    if failed_now {
+                        self.log_failed(m, &e);
+                    }
+                    if !self.inner.closing.load(Ordering::Acquire) {
+                        self.start_rejoin();
                     }
                 }
-                Some(Err(e)) => {
+                Err(e) if mirror && member_gone(&e) => self.fail_member(m, &e),
+                Err(e) => {
                     answer.get_or_insert(self.member_error(m, e));
                 }
-                None if changes => {
-                    // It came back after this change passed it by, and its resync may already
-                    // be past this region: give it the change now (the region is still held).
-                    let member = &self.inner.members[m];
-                    if let Some(lun) = member.lun().filter(|_| member.state() != FAILED) {
-                        if let Err(e) = op(lun, l, n).await {
-                            self.fail_member(m, &e);
-                        }
-                    }
-                }
-                None => {}
             }
         }
         // The change is acknowledged only once what the failed members missed is on record.
@@ -905,6 +940,15 @@ impl Volume {
 
     fn region_blocks(&self) -> u64 {
         (self.inner.region_bytes / u64::from(self.block_size())).max(1)
+    }
+
+    /// Words of a member's bitmap of regions.
+    fn region_words(&self) -> usize {
+        self.inner
+            .cap
+            .blocks
+            .div_ceil(self.region_blocks())
+            .div_ceil(64) as usize
     }
 
     /// What every member offers: a feature only when all have it, each limit the smallest
@@ -978,7 +1022,7 @@ impl Volume {
     {
         let live = |besides: Option<usize>| {
             (0..self.inner.members.len())
-                .find(|&i| Some(i) != besides && self.inner.members[i].state() == ACTIVE)
+                .find(|&i| Some(i) != besides && self.inner.members[i].state() == State::Active)
         };
         loop {
             let Some(m) = live(None) else {
@@ -1003,7 +1047,7 @@ impl Volume {
     /// covering the changes it had acknowledged when the flush was sent.
     async fn paths_flush(&self) -> Result<(), Error> {
         let live: Vec<usize> = (0..self.inner.members.len())
-            .filter(|&m| self.inner.members[m].state() == ACTIVE)
+            .filter(|&m| self.inner.members[m].state() == State::Active)
             .collect();
         let flushes = live.into_iter().map(|m| async move {
             let upto = self.inner.members[m].changes.load(Ordering::Acquire);
@@ -1037,7 +1081,7 @@ impl Volume {
             .filter(|member| {
                 // Also a member failed between acknowledging a change and counting it.
                 let lost = member.lost_unflushed.swap(false, Ordering::AcqRel);
-                lost | (member.state() != ACTIVE && member.settle_changes())
+                lost | (member.state() != State::Active && member.settle_changes())
             })
             .map(|member| member.name.as_str())
             .collect();
@@ -1097,7 +1141,16 @@ impl Volume {
         if self.inner.layout == Layout::Paths && member.settle_changes() {
             member.lost_unflushed.store(true, Ordering::Release);
         }
-        if member.state.swap(FAILED, Ordering::AcqRel) != FAILED {
+        if member.health.fail() {
+            self.log_failed(m, e);
+        }
+        self.start_rejoin();
+    }
+
+    /// Logs that member `m` failed (once per failure).
+    fn log_failed(&self, m: usize, e: &Error) {
+        let member = &self.inner.members[m];
+        {
             let (kind, how) = match self.inner.layout {
                 Layout::Paths => ("paths", " through the others"),
                 _ => ("mirror", ", recording what it misses"),
@@ -1110,6 +1163,10 @@ impl Volume {
                 "{kind} member {m} failed; the volume goes on degraded{how}"
             );
         }
+    }
+
+    /// Starts the task that tries failed members again, unless it runs.
+    fn start_rejoin(&self) {
         if !self.inner.rejoining.swap(true, Ordering::AcqRel) {
             let v = self.clone();
             tokio::spawn(async move { v.rejoin().await });
@@ -1123,12 +1180,16 @@ impl Volume {
         loop {
             tokio::time::sleep(REJOIN_PERIOD).await;
             let failed: Vec<usize> = (0..self.inner.members.len())
-                .filter(|&m| self.inner.members[m].state() == FAILED)
+                .filter(|&m| self.inner.members[m].state() == State::Failed)
                 .collect();
             if failed.is_empty() {
                 self.inner.rejoining.store(false, Ordering::Release);
                 // A member that failed just now found the flag still set: look once more.
-                if self.inner.members.iter().any(|m| m.state() == FAILED)
+                if self
+                    .inner
+                    .members
+                    .iter()
+                    .any(|m| m.state() == State::Failed)
                     && !self.inner.rejoining.swap(true, Ordering::AcqRel)
                 {
                     continue;
@@ -1147,8 +1208,19 @@ impl Volume {
     async fn try_back(&self, m: usize) {
         let spec = &self.inner.specs[m];
         let member = &self.inner.members[m];
+        // Its earlier session ends first: logged out if it still answers, and in any case
+        // fenced by logging in with its ISID (session reinstatement: the target ends it and
+        // aborts its tasks), so that a write it still had in flight cannot land after its
+        // region was copied.
+        let old = member.lun();
+        if let Some(old) = &old {
+            let _ = tokio::time::timeout(OLD_SESSION_LOGOUT, old.session().logout()).await;
+        }
         let lun = match async {
-            let s = connect(&spec.url, spec.options.clone()).await?;
+            let s = match &old {
+                Some(o) => reinstate(&spec.url, spec.options.clone(), o.session().isid()).await?,
+                None => connect(&spec.url, spec.options.clone()).await?,
+            };
             s.open_lun(spec.url.lun).await
         }
         .await
@@ -1175,8 +1247,9 @@ impl Volume {
             return;
         }
         *member.lun.write().unwrap_or_else(|p| p.into_inner()) = Some(lun);
-        member.state.store(RESYNCING, Ordering::Release);
-        self.catch_up(m).await;
+        if member.health.begin_resync() {
+            self.catch_up(m).await;
+        }
     }
 
     /// Member `m` is open again (or was stale when the volume opened): copies it what it missed
@@ -1184,23 +1257,65 @@ impl Volume {
     async fn catch_up(&self, m: usize) {
         let member = &self.inner.members[m];
         let t0 = std::time::Instant::now();
-        match self.resync(m).await {
-            Ok(bytes) => {
-                member.state.store(ACTIVE, Ordering::Release);
-                tracing::info!(
-                    member = m,
-                    url = %member.name,
-                    bytes,
-                    "mirror member {m} back in sync: {} copied in {:.1?}",
-                    mcsi_units::Bytes(bytes as f64),
-                    t0.elapsed()
-                );
+        let mut bytes = 0;
+        loop {
+            match self.resync(m).await {
+                Ok(b) => {
+                    bytes += b;
+                    match member.health.finish_resync() {
+                        Finish::Active => {
+                            tracing::info!(
+                                member = m,
+                                url = %member.name,
+                                bytes,
+                                "mirror member {m} back in sync: {} copied in {:.1?}",
+                                mcsi_units::Bytes(bytes as f64),
+                                t0.elapsed()
+                            );
+                            return;
+                        }
+                        // Regions were marked since it looked (it failed and came back).
+                        Finish::More => continue,
+                        // It failed meanwhile: it is tried again.
+                        Finish::Failed => return,
+                    }
+                }
+                Err(_) if self.inner.closing.load(Ordering::Acquire) => {
+                    let left = self.member_states()[m].dirty_bytes;
+                    tracing::info!(member = m, url = %member.name, left, "the resync of member {m} stops with the volume; {} left to copy (kept in the bitmap, if there is one)", mcsi_units::Bytes(left as f64));
+                    return;
+                }
+                // The member it copied from failed: that one is failed, and the copy goes on
+                // from another, if one is left.
+                Err(ResyncError::Source {
+                    src,
+                    error: e,
+                    copied,
+                }) => {
+                    bytes += copied;
+                    if member_gone(&e) {
+                        self.fail_member(src, &e);
+                    } else {
+                        self.member_error(src, e);
+                    }
+                    if self.live_members() == 0 {
+                        tracing::error!(member = m, url = %member.name, "mirror member {m} cannot be brought up to date: no active member is left to copy from; it stays failed");
+                        if member.health.fail() {
+                            self.start_rejoin();
+                        }
+                        return;
+                    }
+                }
+                Err(ResyncError::Target(e)) => {
+                    self.fail_member(m, &e);
+                    return;
+                }
+                Err(ResyncError::Record(e)) => {
+                    tracing::error!(member = m, url = %member.name, error = %e, "the resync of mirror member {m} cannot save its record; it stays failed");
+                    self.fail_member(m, &e);
+                    return;
+                }
             }
-            Err(_) if self.inner.closing.load(Ordering::Acquire) => {
-                let left = self.member_states()[m].dirty_bytes;
-                tracing::info!(member = m, url = %member.name, left, "the resync of member {m} stops with the volume; {} left to copy (kept in the bitmap, if there is one)", mcsi_units::Bytes(left as f64));
-            }
-            Err(e) => self.fail_member(m, &e),
         }
     }
 
@@ -1219,7 +1334,7 @@ impl Volume {
 
     /// Copies member `m`'s dirty regions from a live member, one region at a time, each held
     /// against writes while it is copied. Returns the bytes copied.
-    async fn resync(&self, m: usize) -> Result<u64, Error> {
+    async fn resync(&self, m: usize) -> Result<u64, ResyncError> {
         let member = &self.inner.members[m];
         let region = self.region_blocks();
         let bs = u64::from(self.block_size());
@@ -1229,16 +1344,9 @@ impl Volume {
         let t0 = tokio::time::Instant::now();
         let mut saved = t0;
         loop {
-            let next = {
-                let bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
-                bits.iter()
-                    .enumerate()
-                    .find(|(_, w)| **w != 0)
-                    .map(|(i, w)| i as u64 * 64 + u64::from(w.trailing_zeros()))
-            };
-            let Some(r) = next else {
+            let Some(r) = member.health.next_dirty() else {
                 // Clean on record too, so that a restart does not copy it all again.
-                self.record().await?;
+                self.record().await.map_err(ResyncError::Record)?;
                 return Ok(copied);
             };
             let began = tokio::time::Instant::now();
@@ -1248,27 +1356,38 @@ impl Volume {
                 let lba = r * region;
                 let n = region.min(self.inner.cap.blocks.saturating_sub(lba));
                 let src = (0..self.inner.members.len())
-                    .find(|&i| i != m && self.inner.members[i].state() == ACTIVE)
-                    .ok_or(Error::Closed)?;
+                    .find(|&i| i != m && self.inner.members[i].state() == State::Active)
+                    .ok_or(ResyncError::Source {
+                        src: m,
+                        error: Error::Closed,
+                        copied,
+                    })?;
                 let step = (COPY_BYTES / bs).max(1);
                 let mut at = 0;
                 while at < n {
                     let k = step.min(n - at);
-                    let data = self.inner.members[src]
-                        .open_lun()?
-                        .read(lba + at, k as u32)
-                        .await?;
-                    member.open_lun()?.write(lba + at, data).await?;
+                    let data = match self.inner.members[src].open_lun() {
+                        Ok(l) => l.read(lba + at, k as u32).await,
+                        Err(e) => Err(e),
+                    }
+                    .map_err(|error| ResyncError::Source {
+                        src,
+                        error,
+                        copied,
+                    })?;
+                    member
+                        .open_lun()
+                        .map_err(ResyncError::Target)?
+                        .write(lba + at, data)
+                        .await
+                        .map_err(ResyncError::Target)?;
                     copied += k * bs;
                     at += k;
                 }
-                let mut bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(w) = bits.get_mut((r / 64) as usize) {
-                    *w &= !(1 << (r % 64));
-                }
+                member.health.copied(r);
             }
             if saved.elapsed() >= RESYNC_SAVE_PERIOD {
-                self.record().await?;
+                self.record().await.map_err(ResyncError::Record)?;
                 saved = tokio::time::Instant::now();
             }
             // Pacing: while the volume's users have commands going, the copy takes at most
@@ -1291,42 +1410,13 @@ impl Volume {
         }
     }
 
-    /// Marks regions `[lba, lba + blocks)` missed by member `m`; true when one was not marked
-    /// before (the record must then be saved).
-    fn mark_dirty(&self, m: usize, lba: u64, blocks: u64) -> bool {
-        let region = self.region_blocks();
-        let (first, last) = self.region_span(lba, blocks);
-        let mut bits = self.inner.members[m]
-            .dirty
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let words = self.inner.cap.blocks.div_ceil(region).div_ceil(64) as usize;
-        if bits.len() < words {
-            bits.resize(words, 0);
-        }
-        let mut new = false;
-        for r in first..=last {
-            if let Some(w) = bits.get_mut((r / 64) as usize) {
-                new |= *w & (1 << (r % 64)) == 0;
-                *w |= 1 << (r % 64);
-            }
-        }
-        new
-    }
-
     /// Saves what each member missed to the bitmap file, if there is one; durable on return.
     async fn record(&self) -> Result<(), Error> {
         let Some(file) = &self.inner.bitmap else {
             return Ok(());
         };
-        file.save(|| {
-            self.inner
-                .members
-                .iter()
-                .map(|m| m.dirty.lock().unwrap_or_else(|p| p.into_inner()).clone())
-                .collect()
-        })
-        .await
+        file.save(|| self.inner.members.iter().map(|m| m.health.bits()).collect())
+            .await
     }
 
     /// Counts a command of the volume's users until the guard drops.
@@ -1339,7 +1429,7 @@ impl Volume {
         self.inner
             .members
             .iter()
-            .filter(|m| m.state() == ACTIVE)
+            .filter(|m| m.state() == State::Active)
             .count()
     }
 
@@ -1349,16 +1439,10 @@ impl Volume {
             .members
             .iter()
             .map(|m| {
-                let regions: u64 = m
-                    .dirty
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .map(|w| u64::from(w.count_ones()))
-                    .sum();
+                let regions = m.health.dirty_regions();
                 MemberState {
                     url: m.name.clone(),
-                    failed: m.state() != ACTIVE,
+                    failed: m.state() != State::Active,
                     dirty_bytes: regions * self.inner.region_bytes,
                 }
             })
@@ -1401,18 +1485,7 @@ impl Volume {
     /// catching up does for the regions it did not miss (it has taken every write since it came
     /// back, and a region it missed stays marked until it is copied), a failed one does not.
     fn holds(&self, m: usize, (first, last): (u64, u64)) -> bool {
-        let member = &self.inner.members[m];
-        match member.state() {
-            ACTIVE => true,
-            RESYNCING => {
-                let bits = member.dirty.lock().unwrap_or_else(|p| p.into_inner());
-                (first..=last).all(|r| {
-                    bits.get((r / 64) as usize)
-                        .is_none_or(|w| w & (1 << (r % 64)) == 0)
-                })
-            }
-            _ => false,
-        }
+        self.inner.members[m].health.holds(first, last)
     }
 
     fn member_error(&self, m: usize, e: Error) -> Error {
