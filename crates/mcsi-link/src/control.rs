@@ -8,7 +8,9 @@
 //! paths       how many paths, and which are down
 //! ```
 //!
-//! Each line gets one answer line, `ok ...` or `error: ...`.
+//! Each line gets one answer line, `ok ...` or `error: ...`. At most four clients are served
+//! at once, and one that sends nothing for [`CLIENT_IDLE`] is dropped, so that idle clients
+//! cannot lock the socket out.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -69,6 +71,16 @@ impl ControlSocket {
     /// Binds `path` (a socket file left by an earlier run is replaced; any other file is an
     /// error) and serves it on a thread.
     pub fn start(path: &Path, paths: usize, shared: Shared) -> std::io::Result<ControlSocket> {
+        Self::start_idle(path, paths, shared, CLIENT_IDLE)
+    }
+
+    /// [`ControlSocket::start`], dropping clients idle for `idle`.
+    fn start_idle(
+        path: &Path,
+        paths: usize,
+        shared: Shared,
+        idle: std::time::Duration,
+    ) -> std::io::Result<ControlSocket> {
         if let Ok(m) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if !m.file_type().is_socket() {
@@ -85,7 +97,7 @@ impl ControlSocket {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mcsi-link-control".into())
-            .spawn(move || serve(listener, paths, shared, stop2))?;
+            .spawn(move || serve(listener, paths, shared, stop2, idle))?;
         Ok(ControlSocket {
             path: path.to_path_buf(),
             stop,
@@ -108,8 +120,16 @@ impl Drop for ControlSocket {
 const MAX_CLIENTS: usize = 4;
 /// The longest line taken; a longer one is refused and the client dropped.
 const MAX_LINE: u64 = 256;
+/// A client that sends nothing this long is dropped (its place goes to the next).
+pub const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn serve(listener: UnixListener, paths: usize, shared: Shared, stop: Arc<AtomicBool>) {
+fn serve(
+    listener: UnixListener,
+    paths: usize,
+    shared: Shared,
+    stop: Arc<AtomicBool>,
+    idle: std::time::Duration,
+) {
     let shared = Arc::new(Mutex::new(shared));
     let clients = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
@@ -120,7 +140,7 @@ fn serve(listener: UnixListener, paths: usize, shared: Shared, stop: Arc<AtomicB
                 let spawned = std::thread::Builder::new()
                     .name("mcsi-link-control-client".into())
                     .spawn(move || {
-                        client(s, paths, &sh, &st);
+                        client(s, paths, &sh, &st, idle);
                         cl.fetch_sub(1, Ordering::Relaxed);
                     });
                 if spawned.is_err() {
@@ -141,20 +161,34 @@ fn serve(listener: UnixListener, paths: usize, shared: Shared, stop: Arc<AtomicB
     }
 }
 
-fn client(s: UnixStream, paths: usize, shared: &Mutex<Shared>, stop: &AtomicBool) {
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+fn client(
+    s: UnixStream,
+    paths: usize,
+    shared: &Mutex<Shared>,
+    stop: &AtomicBool,
+    idle: std::time::Duration,
+) {
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(50).min(idle)));
     let Ok(mut out) = s.try_clone() else { return };
     let mut r = BufReader::new(s);
     let mut line = String::new();
+    let mut heard = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        line.clear();
+        if heard.elapsed() >= idle {
+            let _ = writeln!(out, "error: nothing received for {idle:?}; closing");
+            return;
+        }
+        // A line cut by the read timeout goes on where it stopped.
+        if line.ends_with('\n') {
+            line.clear();
+        }
         match Read::by_ref(&mut r).take(MAX_LINE).read_line(&mut line) {
             Ok(0) => return,
             Ok(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_LINE => {
                 let _ = writeln!(out, "error: line longer than {MAX_LINE} bytes");
                 return;
             }
-            Ok(_) => {}
+            Ok(_) => heard = std::time::Instant::now(),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -222,5 +256,44 @@ mod tests {
             .contains("not a path number"));
         assert!(parse("sideways 1", 2).unwrap_err().contains("expected"));
         assert!(parse("down", 2).unwrap_err().contains("expected"));
+    }
+
+    /// Four clients that connect and say nothing do not lock the socket out: each is dropped
+    /// after the idle time, and a fifth is then served.
+    #[test]
+    fn idle_clients_are_dropped_so_that_others_get_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl");
+        let (tx, rx) = mpsc::channel();
+        let shared = Shared {
+            tx,
+            down: Arc::new(Mutex::new(vec![false, false])),
+            wake: Box::new(|| ()),
+        };
+        let idle = std::time::Duration::from_millis(300);
+        let _sock = ControlSocket::start_idle(&path, 2, shared, idle).unwrap();
+        let idlers: Vec<UnixStream> = (0..MAX_CLIENTS)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // A fifth while the four hold their places: refused.
+        let mut r = String::new();
+        BufReader::new(UnixStream::connect(&path).unwrap())
+            .read_line(&mut r)
+            .unwrap();
+        assert!(r.contains("clients already connected"), "{r}");
+        // The idlers are told why and dropped.
+        for s in idlers {
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line).unwrap();
+            assert!(line.contains("nothing received"), "{line}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut s = UnixStream::connect(&path).unwrap();
+        writeln!(s, "down 1").unwrap();
+        let mut answer = String::new();
+        BufReader::new(s).read_line(&mut answer).unwrap();
+        assert_eq!(answer.trim(), "ok path 1 down");
+        assert_eq!(rx.recv().unwrap(), Command::Path { path: 1, up: false });
     }
 }

@@ -398,3 +398,42 @@ fn a_degraded_mirror_export_shows_its_missing_member_in_metrics() {
     assert!(log.contains("starts degraded"), "{log}");
     drop(a);
 }
+
+/// `--socket PATH` replaces only a socket nobody answers on: a regular file there is refused
+/// with a clear error and left as it was.
+#[test]
+fn a_file_at_the_socket_path_is_never_deleted() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (_t, port) = target(dir.path(), 16);
+    let path = dir.path().join("precious.txt");
+    std::fs::write(&path, b"not a socket").unwrap();
+    let log = dir.path().join("nbd.log");
+    let mut child = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "nbd",
+            &format!("iscsi://127.0.0.1:{port}/{IQN}/0"),
+            "--socket",
+            path.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // It must refuse at once, not replace the file and serve.
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("mcsi nbd took the path of a regular file and kept running");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("exists and is not a socket"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
+}

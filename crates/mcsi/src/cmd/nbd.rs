@@ -323,7 +323,16 @@ async fn open(
 
 async fn bind(args: &Args) -> anyhow::Result<(Listener, String)> {
     if let Some(path) = &args.socket {
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            // Only a socket is replaced: a regular file, a directory or a link there is the
+            // user's, and stays.
+            if !meta.file_type().is_socket() {
+                bail!(
+                    "--socket {}: exists and is not a socket; remove it or choose another path",
+                    path.display()
+                );
+            }
             // A socket nobody answers on is left over from an earlier run: replace it.
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 bail!(
