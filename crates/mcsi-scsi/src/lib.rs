@@ -125,6 +125,10 @@ pub struct LuConfig {
     /// The most a SANITIZE OVERWRITE writes per second, in bytes (0: as fast as the backend
     /// goes), so that wiping one unit leaves room for the others' I/O.
     pub sanitize_rate: u64,
+    /// Honour SANITIZE (SBC-4 5.30): it destroys every block of the unit, so it is refused as
+    /// an unsupported command (and left out of REPORT SUPPORTED OPERATION CODES) unless the
+    /// LUN's configuration allows it.
+    pub allow_sanitize: bool,
 }
 
 impl Default for LuConfig {
@@ -142,6 +146,7 @@ impl Default for LuConfig {
             thin_provisioning: true,
             write_cache: true,
             sanitize_rate: 0,
+            allow_sanitize: false,
         }
     }
 }

@@ -595,6 +595,21 @@ impl LogicalUnit {
         }
     }
 
+    /// Another I_T nexus's CLEAR TASK SET aborted tasks of `nexus` on this unit. With TAS 0
+    /// (the control mode page's, always here) their statuses are not sent, so `nexus` is told
+    /// with a unit attention, COMMANDS CLEARED BY ANOTHER INITIATOR (SAM-5 7.5, SPC-4 7.5.8).
+    pub fn tasks_cleared_by_another(&self, nexus: &Nexus) {
+        let mut st = self.st();
+        push_ua(
+            &mut st,
+            nexus,
+            Sense::new(
+                key::UNIT_ATTENTION,
+                asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR,
+            ),
+        );
+    }
+
     /// The I_T nexus ended: drop its SPC-2 reservation, prevent state and unit attentions.
     /// Persistent reservation registrations survive nexus loss (SPC-4 5.9.4).
     pub fn nexus_lost(&self, nexus: &Nexus) {
@@ -805,7 +820,7 @@ impl LogicalUnit {
             op::RESERVE_6 | op::RESERVE_10 => self.reserve(cmd, c),
             op::RELEASE_6 | op::RELEASE_10 => self.release(cmd),
             op::RECEIVE_COPY_RESULTS => self.receive_copy_results(cmd, c),
-            op::SANITIZE => self.sanitize(cmd, c),
+            op::SANITIZE if self.cfg.allow_sanitize => self.sanitize(cmd, c),
             op::REPORT_LUNS => crate::server::report_luns(c, &[0]),
             op::MAINTENANCE_IN => match c.sa() {
                 op::SA_REPORT_SUPPORTED_OPCODES => self.report_opcodes(c),
@@ -977,8 +992,11 @@ impl LogicalUnit {
         let req_op = c.b(3);
         let req_sa = c.u16(4);
         let alloc = c.u32(6) as usize;
-        let table = crate::opcodes::supported(self.cfg.thin_provisioning);
-        let table: Vec<&crate::opcodes::Entry> = table;
+        let mut table: Vec<&crate::opcodes::Entry> =
+            crate::opcodes::supported(self.cfg.thin_provisioning);
+        if !self.cfg.allow_sanitize {
+            table.retain(|e| e.op != op::SANITIZE);
+        }
         let timeout = |d: &mut Vec<u8>| {
             // Command timeouts descriptor (SPC-4 6.35.4): length 0Ah, no timeouts given.
             d.extend_from_slice(&[0x00, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);

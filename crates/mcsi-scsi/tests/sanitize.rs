@@ -16,8 +16,15 @@ use std::time::{Duration, Instant};
 const BS: usize = 512;
 const BLOCKS: u64 = 2048;
 
+/// A unit that honours SANITIZE (as `allow_sanitize` configures it).
 fn unit(backend: Arc<dyn Backend>, cfg: LuConfig) -> (LogicalUnit, Nexus) {
-    let lu = LogicalUnit::new(backend, cfg);
+    let lu = LogicalUnit::new(
+        backend,
+        LuConfig {
+            allow_sanitize: true,
+            ..cfg
+        },
+    );
     let n = nexus(1);
     run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]);
     (lu, n)
@@ -194,11 +201,48 @@ fn malformed_sanitize_commands_are_refused() {
     );
 }
 
+/// Without `allow_sanitize` a unit knows no SANITIZE: any admitted initiator could otherwise
+/// erase it. The command is refused as unsupported, changes nothing, and REPORT SUPPORTED
+/// OPERATION CODES leaves it out (it lists it when allowed).
+#[test]
+fn sanitize_is_refused_unless_the_lun_allows_it() {
+    let lu = LogicalUnit::new(ram(), LuConfig::default());
+    let n = nexus(1);
+    run(&lu, &n, &[0, 0, 0, 0, 0, 0], &[]);
+    let before = read(&lu, &n, 0, 4);
+    let p = overwrite(false, 1, &[0xa5; 4]);
+    expect(
+        &run(&lu, &n, &sanitize(false, false, 1, p.len() as u16), &p),
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_COMMAND_OPERATION_CODE,
+    );
+    assert_eq!(
+        read(&lu, &n, 0, 4),
+        before,
+        "the refused SANITIZE changed data"
+    );
+    // REPORT SUPPORTED OPERATION CODES, one command: SANITIZE (48h) service action 1.
+    let rsoc = |lu: &LogicalUnit| {
+        let o = run(
+            lu,
+            &n,
+            &[0xa3, 0x0c, 0x02, 0x48, 0, 1, 0, 0, 1, 0, 0, 0],
+            &[],
+        );
+        good(&o);
+        o.data_in[1] & 0x07
+    };
+    assert_eq!(rsoc(&lu), 1, "not supported");
+    let (allowed, _) = unit(ram(), LuConfig::default());
+    assert_eq!(rsoc(&allowed), 3, "supported");
+}
+
 #[test]
 fn a_running_sanitize_makes_the_unit_not_ready_and_outlives_resets() {
     // 1 MiB at 2 MiB/s: about half a second.
     let cfg = LuConfig {
         sanitize_rate: 2 << 20,
+        allow_sanitize: true,
         ..LuConfig::default()
     };
     let (lu, n) = unit(ram(), cfg);
@@ -306,6 +350,7 @@ fn stopping_the_unit_ends_a_sanitize_and_the_command_waiting_for_it() {
     // 4 MiB at 64 KiB/s: a minute if left alone.
     let cfg = LuConfig {
         sanitize_rate: 64 << 10,
+        allow_sanitize: true,
         ..LuConfig::default()
     };
     let (lu, n) = unit(Arc::new(RamBackend::new(4 << 20).unwrap()), cfg);

@@ -673,6 +673,10 @@ pub struct FileLun {
     /// The most a SANITIZE OVERWRITE writes per second ("64MiB"; unset: as fast as the
     /// backend goes).
     pub sanitize_rate: Option<SizeValue>,
+    /// Honour SANITIZE, which erases the whole LUN (default false: refused as an unsupported
+    /// command).
+    #[serde(default)]
+    pub allow_sanitize: bool,
     /// Each read and write takes at least this long ("8ms"): a stand-in for a disk's
     /// service time in experiments.
     pub service_time: Option<String>,
@@ -1094,6 +1098,8 @@ pub struct LunSpec {
     pub serial: Option<String>,
     /// Bytes per second a SANITIZE OVERWRITE may write (0: no limit).
     pub sanitize_rate: u64,
+    /// Honour SANITIZE (any admitted initiator could otherwise erase the LUN).
+    pub allow_sanitize: bool,
     /// Each read and write takes at least this long (zero: as fast as the backend).
     pub service_time: Duration,
 }
@@ -1108,6 +1114,7 @@ impl LunSpec {
             read_only: false,
             serial: None,
             sanitize_rate: 0,
+            allow_sanitize: false,
             service_time: Duration::ZERO,
         }
     }
@@ -1285,6 +1292,7 @@ impl ServerConfig {
                     read_only: l.read_only,
                     serial: l.serial.clone(),
                     sanitize_rate,
+                    allow_sanitize: l.allow_sanitize,
                     service_time,
                 });
             }
@@ -1662,11 +1670,12 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 }
             }
             None if p == "read_only" || p == "ro" => lun.read_only = true,
+            None if p == "allow_sanitize" => lun.allow_sanitize = true,
             _ => {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, service_time=DURATION; for rbd: conf=PATH, id=NAME, cache=on|off)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, allow_sanitize, service_time=DURATION; for rbd: conf=PATH, id=NAME, cache=on|off)"
                     ),
                 ))
             }
@@ -2213,10 +2222,16 @@ mod tests {
                 read_only: true,
                 serial: Some("abc".into()),
                 sanitize_rate: 0,
+                allow_sanitize: false,
                 service_time: Duration::ZERO,
             }
         );
         assert!(parse_lun_arg("--lun", "ram:1GiB,bs=333").is_err());
+        assert!(
+            parse_lun_arg("--lun", "ram:1GiB,allow_sanitize")
+                .unwrap()
+                .allow_sanitize
+        );
         let l = parse_lun_arg("--lun", "ram:1GiB,sanitize_rate=16MiB").unwrap();
         assert_eq!(l.sanitize_rate, 16 << 20);
         let e = parse_lun_arg("--lun", "ram:1GiB,sanitize_rate=fast").unwrap_err();

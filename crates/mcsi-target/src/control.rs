@@ -313,12 +313,27 @@ async fn close_target_sessions(session: &Arc<Session>, target: &Arc<Target>) {
     }
 }
 
-/// Aborts the tasks of every session of this target that `plan` covers.
+/// Aborts the tasks of every session of this target that `plan` covers. A CLEAR TASK SET
+/// tells each other session whose tasks it aborted with a unit attention (TAS is 0: their
+/// statuses are not sent).
 async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, plan: &Tmf) {
     let mut waits = Vec::new();
+    let cleared = match *plan {
+        Tmf::AbortOnTarget {
+            lun: Some(lun),
+            reset: Reset::Nothing,
+        } => target.dev.lu(lun),
+        _ => None,
+    };
     for s in session.shared.all_sessions() {
         if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
-            waits.extend(s.abort_where(|e| plan.aborts(e)).waits);
+            let aborted = s.abort_where(|e| plan.aborts(e));
+            if let Some(lu) = &cleared {
+                if aborted.found > 0 && !Arc::ptr_eq(&s, session) {
+                    lu.tasks_cleared_by_another(&s.nexus);
+                }
+            }
+            waits.extend(aborted.waits);
         }
     }
     wait_all(waits).await;

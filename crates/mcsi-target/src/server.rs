@@ -128,6 +128,7 @@ pub fn build_targets(
                     .unwrap_or_else(|| format!("{:012x}{tail:04x}", h & 0xffff_ffff_ffff)),
                 naa_id: naa,
                 sanitize_rate: l.sanitize_rate,
+                allow_sanitize: l.allow_sanitize,
                 ..LuConfig::default()
             };
             luns.push((li as u16, Arc::new(LogicalUnit::new(backend, lu_cfg))));

@@ -636,3 +636,63 @@ async fn lu_reset_from_another_session_is_a_unit_attention_elsewhere() {
     good.send(Pdu::ScsiCommand(tur)).await;
     assert_eq!(good.read_result(itt).await.1, 0, "the retry succeeds");
 }
+
+/// CLEAR TASK SET aborts every initiator's tasks on the LU; with TAS 0 their statuses are not
+/// sent, so each other nexus that lost tasks is told by a unit attention, COMMANDS CLEARED BY
+/// ANOTHER INITIATOR (2Fh/00h, SAM-5 7.5). A nexus that had no task there, and the requester,
+/// get none.
+#[tokio::test]
+async fn clear_task_set_is_a_unit_attention_for_the_nexuses_it_cleared() {
+    let server = start(|_| {}).await;
+    let mut victim = Client::normal_isid(&server, [0x80, 1, 1, 1, 1, 1], &[]).await;
+    let mut bystander = Client::normal_isid(&server, [0x80, 2, 2, 2, 2, 2], &[]).await;
+    let mut clearer = Client::normal_isid(&server, [0x80, 6, 6, 6, 6, 6], &[]).await;
+    // The victim's WRITE waits for its data: a task in the LU's task set.
+    let w = victim.command(&rw10(0x2a, 100, 16), false, true, 8192, Bytes::new(), true);
+    victim.send(Pdu::ScsiCommand(w)).await;
+    assert!(
+        matches!(victim.recv().await, Pdu::R2t(_)),
+        "expected an R2T"
+    );
+    let itt = clearer.next_itt();
+    clearer
+        .send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function: 4,
+            lun: 0,
+            itt,
+            referenced_task_tag: RESERVED_TAG,
+            cmd_sn: clearer.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 0,
+            exp_data_sn: 0,
+        }))
+        .await;
+    let Pdu::TaskMgmtResponse(r) = clearer.recv().await else {
+        panic!("expected a TMF response")
+    };
+    assert_eq!(r.response, 0, "CLEAR TASK SET done");
+    async fn tur(c: &mut Client) -> (u8, Vec<u8>) {
+        let tur = c.command(&[0; 6], false, false, 0, Bytes::new(), true);
+        let itt = tur.itt;
+        c.send(Pdu::ScsiCommand(tur)).await;
+        loop {
+            match c.recv().await {
+                Pdu::ScsiResponse(r) if r.itt == itt => return (r.status, r.sense.to_vec()),
+                // Nothing of the aborted WRITE may come (TAS 0).
+                Pdu::ScsiResponse(r) => panic!("a status for aborted task {:#x}", r.itt),
+                _ => {}
+            }
+        }
+    }
+    let (st, sense) = tur(&mut victim).await;
+    assert_eq!(st, 2, "the victim's next command: CHECK CONDITION");
+    assert_eq!(
+        (sense[2] & 0x0f, sense[12], sense[13]),
+        (6, 0x2f, 0x00),
+        "UNIT ATTENTION, COMMANDS CLEARED BY ANOTHER INITIATOR: {sense:02x?}"
+    );
+    assert_eq!(tur(&mut victim).await.0, 0, "reported once");
+    assert_eq!(tur(&mut bystander).await.0, 0, "no task was cleared there");
+    assert_eq!(tur(&mut clearer).await.0, 0, "the requester knows");
+}
