@@ -350,6 +350,9 @@ pub struct LogicalUnit {
     sanitize: Mutex<sanitize::SanitizeState>,
     /// Whether `sanitize` holds either, so that commands take its lock only then.
     sanitize_pending: std::sync::atomic::AtomicBool,
+    /// The EXTENDED COPY this unit's copy manager runs (TOTAL CONCURRENT COPIES is 1): its
+    /// nexus, and the flag that stops it at its next chunk.
+    copy: Mutex<Option<(Nexus, Arc<std::sync::atomic::AtomicBool>)>>,
 }
 
 impl LogicalUnit {
@@ -389,6 +392,7 @@ impl LogicalUnit {
             atomic_started: AtomicU64::new(0),
             sanitize: Mutex::default(),
             sanitize_pending: std::sync::atomic::AtomicBool::new(false),
+            copy: Mutex::new(None),
         }
     }
 
@@ -584,6 +588,7 @@ impl LogicalUnit {
     /// Logical unit reset (SAM-5 6.3.3): unit attention 29/03 on every nexus, SPC-2
     /// reservation released; persistent reservations survive.
     pub fn reset(&self) {
+        self.stop_copy(None);
         let mut st = self.st();
         st.spc2 = None;
         st.prevent.clear();
@@ -613,6 +618,7 @@ impl LogicalUnit {
     /// The I_T nexus ended: drop its SPC-2 reservation, prevent state and unit attentions.
     /// Persistent reservation registrations survive nexus loss (SPC-4 5.9.4).
     pub fn nexus_lost(&self, nexus: &Nexus) {
+        self.stop_copy(Some(nexus));
         let mut st = self.st();
         if st.spc2.as_ref() == Some(nexus) {
             st.spc2 = None;

@@ -340,3 +340,196 @@ fn third_party_copy_vpd_lists_the_commands() {
     assert_eq!(at, d.len());
     assert_eq!(types, vec![0x0001, 0x0004, 0x0008, 0x000C, 0x8001]);
 }
+
+/// Runs `cdb` on LUN `l` of `ds` as `n`.
+fn run_as(ds: &DeviceServer, n: &Nexus, l: u16, cdb: &[u8], data: &[u8]) -> Outcome {
+    let mut c = cdb.to_vec();
+    c.resize(16, 0);
+    ds.execute(
+        lun::encode(l),
+        Command {
+            nexus: n,
+            cdb: &c,
+            data_out: Bytes::copy_from_slice(data),
+            data_in_limit: u32::MAX,
+            attr: TaskAttribute::Simple,
+        },
+    )
+}
+
+fn xcopy_cdb(params: &[u8]) -> Vec<u8> {
+    let mut c = vec![0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c.extend_from_slice(&(params.len() as u32).to_be_bytes());
+    c
+}
+
+/// A copy acts for its initiator on every unit it touches: a RESERVE(6) another initiator
+/// holds on the destination refuses it with RESERVATION CONFLICT (before, only persistent
+/// reservations were looked at, so one initiator could overwrite a unit another had reserved),
+/// and nothing is written.
+#[test]
+fn a_destination_reserved_by_another_initiator_refuses_the_copy() {
+    let t = Target::new();
+    let other = nexus(2);
+    assert_eq!(
+        run_as(&t.ds, &other, 1, &[0; 6], &[]).status,
+        status::CHECK_CONDITION
+    );
+    assert_eq!(
+        run_as(&t.ds, &other, 1, &[0x16, 0, 0, 0, 0, 0], &[]).status,
+        status::GOOD
+    );
+    let before = t.read(0, 0, 8);
+    let p = params(0, 3, &[cscd(1), cscd(2)], &[segment(0, 1, 8, 0, 0)]);
+    // Through LUN 0 (the source), so that only the copy's own check can see the destination.
+    assert_eq!(t.xcopy(0, &p).status, status::RESERVATION_CONFLICT);
+    // Released, the copy goes through.
+    assert_eq!(
+        run_as(&t.ds, &other, 1, &[0x17, 0, 0, 0, 0, 0], &[]).status,
+        status::GOOD
+    );
+    assert_eq!(t.xcopy(0, &p).status, status::GOOD);
+    assert_eq!(t.read(1, 0, 8), before);
+}
+
+/// A source that is being sanitized answers the copy as it would a READ: NOT READY, SANITIZE
+/// IN PROGRESS.
+#[test]
+fn a_source_being_sanitized_is_not_ready_for_a_copy() {
+    let src = Arc::new(LogicalUnit::new(
+        Arc::new(RamBackend::new(2048 * BS).unwrap()),
+        LuConfig {
+            naa_id: naa(2),
+            allow_sanitize: true,
+            // 1 MiB at 256 KiB/s: about four seconds.
+            sanitize_rate: 256 << 10,
+            ..LuConfig::default()
+        },
+    ));
+    let ds = DeviceServer::new(vec![(0, unit(1000, 1, false)), (1, src)]);
+    let n = nexus(1);
+    for l in 0..2 {
+        run_as(&ds, &n, l, &[0; 6], &[]);
+    }
+    // SANITIZE OVERWRITE with IMMED: it answers at once and runs on.
+    let ow = [1u8, 0, 0, 4, 0xa5, 0xa5, 0xa5, 0xa5];
+    let o = run_as(&ds, &n, 1, &[0x48, 0x81, 0, 0, 0, 0, 0, 0, 8, 0], &ow);
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    let p = params(0, 3, &[cscd(1), cscd(2)], &[segment(1, 0, 8, 0, 0)]);
+    let o = run_as(&ds, &n, 0, &xcopy_cdb(&p), &p);
+    expect(&o, key::NOT_READY, asc::SANITIZE_IN_PROGRESS);
+    assert!(ds.lu(lun::encode(1)).unwrap().stop_background());
+}
+
+/// A unit whose reads and writes take 50 ms each, so that a copy of several chunks runs long
+/// enough to be seen running.
+fn slow_target() -> DeviceServer {
+    let slow = Arc::new(mcsi_scsi::backend::ServiceTimeBackend::new(
+        Arc::new(RamBackend::new(64 << 20).unwrap()),
+        std::time::Duration::from_millis(50),
+    ));
+    let lu = Arc::new(LogicalUnit::new(
+        slow,
+        LuConfig {
+            naa_id: naa(1),
+            ..LuConfig::default()
+        },
+    ));
+    DeviceServer::new(vec![(0, lu)])
+}
+
+/// 32 MiB of LUN 0 to its second half: four chunks of 8 MiB, each a 50 ms read and write.
+fn long_copy() -> Vec<u8> {
+    params(0, 3, &[cscd(1)], &[segment(0, 0, 65535, 0, 65536)])
+}
+
+/// The copy manager advertises TOTAL CONCURRENT COPIES 1 and keeps to it: of 64 copies sent at
+/// once, one runs at a time and the others are refused with ILLEGAL REQUEST, INSUFFICIENT
+/// RESOURCES (before, every one ran, each on its own blocking thread).
+#[test]
+fn concurrent_copies_beyond_the_advertised_one_are_refused() {
+    let ds = Arc::new(slow_target());
+    let n = nexus(1);
+    run_as(&ds, &n, 0, &[0; 6], &[]);
+    let p = Arc::new(long_copy());
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..64)
+            .map(|i| {
+                let (ds, p) = (ds.clone(), p.clone());
+                s.spawn(move || {
+                    // Its power-on unit attention first.
+                    let n = nexus(10 + i);
+                    run_as(&ds, &n, 0, &[0; 6], &[]);
+                    run_as(&ds, &n, 0, &xcopy_cdb(&p), &p)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ran = 0;
+    let mut refused = 0;
+    for o in &outcomes {
+        if o.status == status::GOOD {
+            ran += 1;
+        } else {
+            expect(o, key::ILLEGAL_REQUEST, asc::INSUFFICIENT_RESOURCES);
+            refused += 1;
+        }
+    }
+    println!("64 concurrent copies: {ran} ran, {refused} refused");
+    // A copy takes 400 ms (4 chunks of a 50 ms read and write); the 64 start within a few
+    // milliseconds of each other, so nearly all find one running.
+    assert_eq!(ran + refused, 64);
+    assert!(ran >= 1 && refused >= 32, "{ran} ran, {refused} refused");
+}
+
+/// A copy stops at its next chunk when its unit is reset or its nexus's copy is stopped (the
+/// transport does so when the task is aborted), instead of running to its end: stopped during
+/// its first chunks, it never writes its last one.
+#[test]
+fn a_reset_or_an_abort_ends_a_copy_within_one_chunk() {
+    for how in ["LU reset", "task abort"] {
+        let ds = Arc::new(slow_target());
+        let n = nexus(1);
+        run_as(&ds, &n, 0, &[0; 6], &[]);
+        // A marked block in the source's last chunk (bytes 24-32 MiB of the segment).
+        let mark = vec![0x5au8; BS as usize];
+        let mut w = vec![0x8A, 0];
+        w.extend_from_slice(&49152u64.to_be_bytes());
+        w.extend_from_slice(&1u32.to_be_bytes());
+        assert_eq!(run_as(&ds, &n, 0, &w, &mark).status, status::GOOD);
+        let p = long_copy();
+        let t0 = std::time::Instant::now();
+        let o = std::thread::scope(|s| {
+            let h = s.spawn(|| run_as(&ds, &n, 0, &xcopy_cdb(&p), &p));
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            let lu = ds.lu(lun::encode(0)).unwrap();
+            if how == "LU reset" {
+                lu.reset();
+            } else {
+                lu.stop_copy(Some(&n));
+            }
+            h.join().unwrap()
+        });
+        println!(
+            "{how}: the copy ended after {:?} (400 ms whole)",
+            t0.elapsed()
+        );
+        assert_ne!(o.status, status::GOOD, "{how}: the copy ran to its end");
+        let mut r = vec![0x88, 0];
+        r.extend_from_slice(&(65536u64 + 49152).to_be_bytes());
+        r.extend_from_slice(&1u32.to_be_bytes());
+        let back = run_as(&ds, &n, 0, &r, &[]);
+        // A reset leaves a unit attention first.
+        let back = if back.status == status::GOOD {
+            back
+        } else {
+            run_as(&ds, &n, 0, &r, &[])
+        };
+        assert_eq!(back.status, status::GOOD);
+        assert!(
+            back.data_in.iter().all(|&b| b == 0),
+            "{how}: the last chunk was written"
+        );
+    }
+}

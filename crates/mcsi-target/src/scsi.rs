@@ -92,6 +92,7 @@ async fn run(s: Started) {
             p = session.read_permit(read_expected.min(phase.data_in_len)) => p,
         };
         let run = execute(&session, &dev, &cmd, attr, data_out, read_expected);
+        let copy = dev.lu(cmd.lun).filter(|lu| lu.is_copy(&cmd.cdb)).cloned();
         let o = if dev.abort_ends_wait(cmd.lun, &cmd.cdb) {
             // It only waits for work the unit does anyway (a SANITIZE without IMMED): an abort
             // ends the wait, and the work goes on.
@@ -99,6 +100,18 @@ async fn run(s: Started) {
                 biased;
                 _ = crate::session::flag_set(&mut abort_rx) => return None,
                 o = run => o,
+            }
+        } else if let Some(lu) = copy {
+            // An EXTENDED COPY runs on a thread until done: an abort stops it at its next
+            // chunk, and the task ends when it has.
+            tokio::pin!(run);
+            tokio::select! {
+                biased;
+                o = &mut run => o,
+                _ = crate::session::flag_set(&mut abort_rx) => {
+                    lu.stop_copy(Some(&session.nexus));
+                    run.await
+                }
             }
         } else {
             run.await

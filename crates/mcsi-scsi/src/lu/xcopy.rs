@@ -8,12 +8,21 @@
 //! block-to-block segment descriptors (02h). The copy runs in chunks of the maximum transfer
 //! length, each read with the same stability as a READ and written under the destination's range
 //! lock, so a copy never shows a concurrent WRITE ATOMIC half done.
+//!
+//! The copy acts for its initiator on every unit it touches: each must admit that nexus as it
+//! would a READ (the source) or a WRITE (the destination), persistent and RESERVE(6)/(10)
+//! reservations and a SANITIZE under way or failed included. One copy runs per copy manager
+//! (TOTAL CONCURRENT COPIES 1, as advertised); another is refused with INSUFFICIENT RESOURCES
+//! while it runs. A copy stops at its next chunk when its task is aborted, its unit reset or its
+//! nexus lost ([`LogicalUnit::stop_copy`]).
 
 use super::{illegal, op, Fail, LogicalUnit, Res, MAX_TRANSFER_BYTES};
 use crate::pr::Access;
 use crate::sense::{asc, key, Sense};
 use crate::{Command, Nexus, Outcome};
 use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// RECEIVE COPY RESULTS service actions (SPC-4 6.18).
 const SA_COPY_STATUS: u8 = 0x00;
@@ -186,13 +195,36 @@ impl LogicalUnit {
                     asc::WRITE_PROTECTED,
                 )));
             }
-            // The copy acts for the initiator: its reservations apply on every unit it touches.
-            if !std::ptr::eq(src, self) && src.st().pr.conflicts(cmd.nexus, Access::Read)
-                || !std::ptr::eq(dst, self) && dst.st().pr.conflicts(cmd.nexus, Access::Write)
-            {
-                return Err(Fail::Status(crate::status::RESERVATION_CONFLICT));
+            // The copy acts for the initiator: each unit admits it as it would a READ or a WRITE
+            // of that nexus (this one did already, for the EXTENDED COPY itself).
+            for (lu, access, opc) in [
+                (src, Access::Read, op::READ_16),
+                (dst, Access::Write, op::WRITE_16),
+            ] {
+                if std::ptr::eq(lu, self) {
+                    continue;
+                }
+                if let Some(s) = lu.sanitize_blocks(opc) {
+                    return Err(Fail::Sense(s));
+                }
+                let st = lu.st();
+                let spc2 = st.spc2.as_ref().is_some_and(|h| h != cmd.nexus);
+                if spc2 || st.pr.conflicts(cmd.nexus, access) {
+                    return Err(Fail::Status(crate::status::RESERVATION_CONFLICT));
+                }
             }
         }
+        // One copy at a time per copy manager: the others are refused, not queued on the
+        // blocking pool.
+        let stop = Arc::new(AtomicBool::new(false));
+        let _running = {
+            let mut slot = self.copy.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_some() {
+                return Err(illegal(asc::INSUFFICIENT_RESOURCES));
+            }
+            *slot = Some((cmd.nexus.clone(), stop.clone()));
+            RunningCopy(self)
+        };
         let track = usage != 0x03;
         if track {
             self.copy_begin(cmd.nexus, list_id, usage == 0x00)?;
@@ -201,7 +233,7 @@ impl LogicalUnit {
         let mut done = 0u16;
         let mut result = Ok(());
         for (i, s) in segs.iter().enumerate() {
-            match copy_segment(cscds[s.src], cscds[s.dst], s) {
+            match copy_segment(cscds[s.src], cscds[s.dst], s, &stop) {
                 Ok(n) => {
                     bytes += n;
                     done += 1;
@@ -485,10 +517,44 @@ fn parse_segments(d: &[u8], base: usize) -> Result<Vec<Segment>, Fail> {
     Ok(out)
 }
 
+/// The running copy's place in its copy manager, given up when it ends.
+struct RunningCopy<'a>(&'a LogicalUnit);
+
+impl Drop for RunningCopy<'_> {
+    fn drop(&mut self) {
+        *self.0.copy.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+impl LogicalUnit {
+    /// Stops the copy this unit runs at its next chunk: any copy (`None`: the unit is reset),
+    /// or only one of `nexus` (its task was aborted, or the nexus is gone). With one copy per
+    /// copy manager, the copy of a nexus is the one its aborted EXTENDED COPY started.
+    pub fn stop_copy(&self, nexus: Option<&Nexus>) {
+        let slot = self.copy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((n, stop)) = slot.as_ref() {
+            if nexus.is_none_or(|x| x == n) {
+                stop.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Whether `cdb` is an EXTENDED COPY (it runs until done unless stopped:
+    /// [`LogicalUnit::stop_copy`]).
+    pub fn is_copy(&self, cdb: &[u8]) -> bool {
+        cdb.first() == Some(&op::EXTENDED_COPY)
+    }
+}
+
 /// Copies one segment in chunks of at most the maximum transfer; backwards when the ranges
 /// overlap on one unit with the destination after the source, so that no block is read after
-/// it was overwritten. Returns the bytes copied.
-fn copy_segment(src: &LogicalUnit, dst: &LogicalUnit, s: &Segment) -> Result<u64, Fail> {
+/// it was overwritten. Stops before a chunk once `stop` is set. Returns the bytes copied.
+fn copy_segment(
+    src: &LogicalUnit,
+    dst: &LogicalUnit,
+    s: &Segment,
+    stop: &AtomicBool,
+) -> Result<u64, Fail> {
     let bs = dst.block_size;
     let total = s.blocks * bs;
     let (so, doff) = (s.src_lba * bs, s.dst_lba * bs);
@@ -499,6 +565,12 @@ fn copy_segment(src: &LogicalUnit, dst: &LogicalUnit, s: &Segment) -> Result<u64
         let k = if backwards { n - 1 - k } else { k };
         let at = k * chunk;
         let len = chunk.min(total - at);
+        if stop.load(Ordering::Acquire) {
+            return Err(Fail::Sense(Sense::new(
+                key::ABORTED_COMMAND,
+                asc::NO_ADDITIONAL_SENSE,
+            )));
+        }
         let data = src.read_stable(so + at, len as usize)?;
         let _g = dst.ranges.lock(doff + at, doff + at + len);
         dst.backend
