@@ -91,6 +91,14 @@ pub trait Backend: Send + Sync + 'static {
     fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError>;
     /// True when the calls may block on I/O (the transport then uses a blocking pool).
     fn blocking(&self) -> bool;
+    /// True when a `write_at` either writes all of its bytes or none, and a concurrent reader
+    /// of this process is the only other way to see the data (so the unit's range locks make
+    /// it atomic): WRITE ATOMIC(16) is offered only then. A file can fail part way (ENOSPC on
+    /// a sparse file, a medium error) and leave part written, and an RBD write across objects
+    /// is visible half done from another gateway, so those do not offer it.
+    fn atomic_writes(&self) -> bool {
+        false
+    }
     /// One line for logs: kind, path, size.
     fn describe(&self) -> String;
     /// A name of the stored data itself, the same wherever it is opened (an RBD image through
@@ -412,6 +420,10 @@ impl Backend for RamBackend {
         res.map(|_| out)
     }
 
+    fn atomic_writes(&self) -> bool {
+        // A copy into memory under the unit's range lock: it cannot stop half way.
+        true
+    }
     fn blocking(&self) -> bool {
         false
     }
@@ -811,6 +823,9 @@ impl Backend for ServiceTimeBackend {
     fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
         self.inner.mapped(offset, len)
     }
+    fn atomic_writes(&self) -> bool {
+        self.inner.atomic_writes()
+    }
     fn blocking(&self) -> bool {
         true
     }
@@ -1038,6 +1053,10 @@ impl Backend for AioRamBackend {
     /// True, as for a network store: a command off the asynchronous path (WRITE SAME, a write
     /// waiting for blocks that another holds) may wait for an operation in flight, which must
     /// not happen on the transport's own threads.
+    fn atomic_writes(&self) -> bool {
+        // A copy into memory under the unit's range lock: it cannot stop half way.
+        true
+    }
     fn blocking(&self) -> bool {
         true
     }

@@ -797,12 +797,10 @@ impl LogicalUnit {
             op::REQUEST_SENSE => self.request_sense(cmd, c),
             op::INQUIRY => self.inquiry(cmd, c),
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cmd, c),
-            op::WRITE_6
-            | op::WRITE_10
-            | op::WRITE_12
-            | op::WRITE_16
-            | op::ORWRITE_16
-            | op::WRITE_ATOMIC_16 => self.write(cmd, c),
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::ORWRITE_16 => {
+                self.write(cmd, c)
+            }
+            op::WRITE_ATOMIC_16 if self.backend.atomic_writes() => self.write(cmd, c),
             op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => self.write(cmd, c),
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cmd, c),
             op::READ_CAPACITY_10 => self.read_capacity10(c),
@@ -934,9 +932,12 @@ impl LogicalUnit {
                 // MAXIMUM WRITE SAME LENGTH, page bytes 36..44.
                 p[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
                 // MAXIMUM ATOMIC TRANSFER LENGTH (page bytes 44..48): any write up to the
-                // maximum transfer is atomic; no alignment or granularity (48..56), no atomic
-                // boundaries (56..64).
-                p[40..44].copy_from_slice(&(self.max_transfer_blocks() as u32).to_be_bytes());
+                // maximum transfer is atomic where the backend keeps that promise, none
+                // elsewhere (0: WRITE ATOMIC is not supported); no alignment or granularity
+                // (48..56), no atomic boundaries (56..64).
+                if self.backend.atomic_writes() {
+                    p[40..44].copy_from_slice(&(self.max_transfer_blocks() as u32).to_be_bytes());
+                }
                 d.extend_from_slice(&p);
             }
             0xB1 => {
@@ -1002,6 +1003,9 @@ impl LogicalUnit {
             crate::opcodes::supported(self.cfg.thin_provisioning);
         if !self.cfg.allow_sanitize {
             table.retain(|e| e.op != op::SANITIZE);
+        }
+        if !self.backend.atomic_writes() {
+            table.retain(|e| e.op != op::WRITE_ATOMIC_16);
         }
         let timeout = |d: &mut Vec<u8>| {
             // Command timeouts descriptor (SPC-4 6.35.4): length 0Ah, no timeouts given.
