@@ -702,3 +702,132 @@ async fn a_paths_flush_fails_once_for_writes_lost_with_a_member() {
     let failed: Vec<bool> = v.member_states().iter().map(|m| m.failed).collect();
     assert_eq!(failed, [true, true, false]);
 }
+
+/// The mirror under fire: two file-backed members under a verified random-write workload
+/// while their targets are killed (SIGKILL) and restarted at random, one at a time, each kill
+/// once the volume has brought the last one back in sync. At the end the two member files are
+/// byte-identical and the workload read back every write it made.
+///
+/// Long (MCSI_MIRROR_STRESS_SECS, default 600 s): run by hand with
+/// `cargo test --release -p mcsi --test volume -- --ignored mirror_under_fire --nocapture`.
+/// Not covered: killing the volume's own process mid-write (see docs/limits in the note of
+/// the issue: writes in flight at that moment may reach one member only, which needs a
+/// write-intent record to find again).
+#[test]
+#[ignore = "long: ten minutes of target kills; run by hand (see its doc)"]
+fn mirror_under_fire() {
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let secs: u64 = std::env::var("MCSI_MIRROR_STRESS_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600);
+    let mut seed: u64 = std::env::var("MCSI_MIRROR_STRESS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("mirror under fire: {secs} s, seed {seed}");
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let dir = Scratch::new("fire");
+    let (m, ta, tb) = FileMirror::new(&dir, "layout = \"mirror\"\nbitmap = \"m.bitmap\"");
+    let src = dir.file("src.bin");
+    std::fs::write(&src, pattern(16 << 20)).unwrap();
+    assert!(run(&["copy", "--no-progress", &src, &m.vol])
+        .status
+        .success());
+    let mut bench = verified_writes(&m.vol, "8", "16MiB", &secs.to_string());
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (log, err) = (log.clone(), bench.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        })
+    };
+    let count = |log: &Mutex<Vec<String>>, what: &str| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let synced = |log: &Mutex<Vec<String>>| count(log, "back in sync");
+    let failed = |log: &Mutex<Vec<String>>| count(log, "goes on degraded");
+    let mut targets = [Some(ta), Some(tb)];
+    let t0 = Instant::now();
+    let mut kills = 0;
+    // Stop killing early enough for the last one to come back before the workload ends.
+    while t0.elapsed() + Duration::from_secs(40) < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_millis(1000 + rand(3000)));
+        let i = rand(2) as usize;
+        targets[i] = None;
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(500 + rand(4000)));
+        targets[i] = Some(m.start(i));
+        // Either its session rides through (it logs in again within its own retries) or it
+        // gives up, the volume fails the member, tries it again and copies what it missed:
+        // every failure is back in sync before the other one is killed.
+        std::thread::sleep(Duration::from_secs(5));
+        let wait = Instant::now();
+        while synced(&log) < failed(&log) {
+            assert!(
+                wait.elapsed() < Duration::from_secs(60),
+                "member {i} was not back in sync 60 s after its target restarted (kill {kills})"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let status = bench.wait().unwrap();
+    reader.join().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(bench.stdout.as_mut().unwrap(), &mut out).unwrap();
+    drop(targets);
+    let log = log.lock().unwrap().join("\n");
+    assert!(status.success(), "{log}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{v}");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0, "{v}");
+    let resyncs: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("back in sync"))
+        .filter_map(|l| {
+            l.split("bytes=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let (a, b) = (
+        std::fs::read(&m.files[0]).unwrap(),
+        std::fs::read(&m.files[1]).unwrap(),
+    );
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("goes on degraded"))
+        .count();
+    println!(
+        "{kills} target kills in {:.0} s ({failures} failed a member, the others its session rode through); {} resyncs copied {} MiB; {} verified writes; members identical: {}",
+        t0.elapsed().as_secs_f64(),
+        resyncs.len(),
+        resyncs.iter().sum::<u64>() >> 20,
+        v["jobs"][0]["write"]["total_ios"],
+        a == b
+    );
+    assert!(kills >= 1);
+    assert!(a == b, "the members differ after {kills} kills");
+}
