@@ -468,18 +468,26 @@ fn reconnects_and_reissues_after_a_dropped_connection() {
         let s = connect(&url, ConnectOptions::default()).await.unwrap();
         let lun = s.open_lun(1).await.unwrap();
         let mut set = tokio::task::JoinSet::new();
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for i in 0..256u64 {
             let l = lun.clone();
+            let w = written.clone();
             set.spawn(async move {
                 let d = bytes::Bytes::from(vec![(i % 251) as u8; 65536]);
                 l.write(i * 128, d.clone()).await?;
+                w.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let r = l.read(i * 128, 128).await?;
                 assert_eq!(r, d);
                 Ok::<_, Error>(())
             });
         }
-        // Cut the connection while commands are in flight.
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        // Cut the connection while commands are in flight: once the first few writes are done
+        // (a fixed delay let a fast machine finish them all first, and nothing was recovered).
+        while written.load(std::sync::atomic::Ordering::Relaxed) < 4 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let done = written.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(done < 256, "every write was done before the cut");
         assert!(s.sever_connection(0));
         let mut ok = 0;
         while let Some(r) = set.join_next().await {
