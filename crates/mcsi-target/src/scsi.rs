@@ -7,8 +7,8 @@ use crate::session::{Conn, Inline, Session, Started};
 use bytes::Bytes;
 use mcsi_proto::pdu::ScsiCommand;
 use mcsi_scsi::{
-    status, BackendError, Command, DataPhase, DeviceServer, Outcome, Pending, Prepared, Step,
-    TaskAttribute,
+    status, BackendError, Command, DataPhase, DeviceServer, LogicalUnit, Outcome, Pending,
+    Prepared, Step, TaskAttribute,
 };
 use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
@@ -92,7 +92,10 @@ async fn run(s: Started) {
             p = session.read_permit(read_expected.min(phase.data_in_len)) => p,
         };
         let run = execute(&session, &dev, &cmd, attr, data_out, read_expected);
-        let copy = dev.lu(cmd.lun).filter(|lu| lu.is_copy(&cmd.cdb)).cloned();
+        // Only an EXTENDED COPY looks its unit up (the opcode first: this runs for every task).
+        let copy = LogicalUnit::is_copy(&cmd.cdb)
+            .then(|| dev.lu(cmd.lun).cloned())
+            .flatten();
         let o = if dev.abort_ends_wait(cmd.lun, &cmd.cdb) {
             // It only waits for work the unit does anyway (a SANITIZE without IMMED): an abort
             // ends the wait, and the work goes on.

@@ -247,23 +247,17 @@ impl mcsi_target_core::session::SharedBudget for Budget {
     }
 }
 
-/// A read's share of its session's and the server's read budgets, given back when dropped.
-pub struct ReadPermits {
+/// A read's or a write's share of its session's and the server's budgets of its kind, given
+/// back when dropped (a write's when its task ends, a read's once its Data-In is on its way).
+pub struct Permits {
     _session: tokio::sync::OwnedSemaphorePermit,
     _server: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// A write's share of its session's and the server's write budgets, given back when dropped
-/// (when the task ends).
-pub struct WritePermits {
-    _session: tokio::sync::OwnedSemaphorePermit,
-    _server: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl WritePermits {
+impl Permits {
     /// Room for `bytes` in both budgets now, if both have it.
-    fn try_take(session: &Budget, server: &Budget, bytes: u32) -> Option<WritePermits> {
-        Some(WritePermits {
+    fn try_take(session: &Budget, server: &Budget, bytes: u32) -> Option<Permits> {
+        Some(Permits {
             _session: session.try_take(bytes)?,
             _server: server.try_take(bytes)?,
         })
@@ -271,8 +265,8 @@ impl WritePermits {
 
     /// Waits for room in the session's budget, then in the server's (each first come, first
     /// served).
-    async fn take(session: &Budget, server: &Budget, bytes: u32) -> Option<WritePermits> {
-        Some(WritePermits {
+    async fn take(session: &Budget, server: &Budget, bytes: u32) -> Option<Permits> {
+        Some(Permits {
             _session: session.take(bytes).await?,
             _server: server.take(bytes).await?,
         })
@@ -731,7 +725,7 @@ pub type Runner = fn(Started);
 #[derive(Default)]
 pub struct TaskIo {
     /// The write's share of the write budgets, held until the task ends.
-    permits: Option<WritePermits>,
+    permits: Option<Permits>,
     /// Once it runs: what tells its future to stop, and what resolves when it has ended.
     running: Option<(watch::Sender<bool>, watch::Receiver<()>)>,
 }
@@ -780,7 +774,7 @@ impl Drop for CoreGuard<'_> {
 }
 
 /// Write `itt` has its budget: it keeps the permits and its first R2Ts go out.
-fn grant(core: &mut Core, itt: u32, id: u64, permits: WritePermits) {
+fn grant(core: &mut Core, itt: u32, id: u64, permits: Permits) {
     if !core.grant(itt, id) {
         return;
     }
@@ -1185,13 +1179,13 @@ impl Session {
     /// Waits for room for a write of `bytes` in the session's write budget, then in the
     /// server's (each first come, first served). A write larger than a whole budget waits for
     /// all of it.
-    pub async fn write_permits(&self, bytes: u32) -> Option<WritePermits> {
-        WritePermits::take(&self.write_budget, &self.shared.write_budget, bytes).await
+    pub async fn write_permits(&self, bytes: u32) -> Option<Permits> {
+        Permits::take(&self.write_budget, &self.shared.write_budget, bytes).await
     }
 
     /// Write `itt` (task `id`) waited for and got its budget: its first R2Ts go out. Nothing
     /// happens (the permits are given back) if it has ended meanwhile.
-    pub fn grant(&self, itt: u32, id: u64, permits: WritePermits) {
+    pub fn grant(&self, itt: u32, id: u64, permits: Permits) {
         let mut core = self.lock();
         grant(&mut core, itt, id, permits);
         self.wake(&mut core);
@@ -1229,7 +1223,7 @@ impl Session {
             });
         }
         while let Some(g) = core.poll_grant() {
-            match WritePermits::try_take(&self.write_budget, &self.shared.write_budget, g.bytes) {
+            match Permits::try_take(&self.write_budget, &self.shared.write_budget, g.bytes) {
                 Some(p) => grant(core, g.itt, g.id, p),
                 None => {
                     let Some(me) = self.me.upgrade() else {
@@ -1281,18 +1275,13 @@ impl Session {
     /// stays bounded however many large READs the CmdSN window holds. The permit goes back when
     /// dropped: once the read's Data-In has been queued and its connection is below its output
     /// budget ([`OutQueue`]).
-    pub async fn read_permit(&self, bytes: u32) -> Option<ReadPermits> {
+    pub async fn read_permit(&self, bytes: u32) -> Option<Permits> {
         if bytes == 0 {
             return None;
         }
         // The session's first, then the server's (`limits.read_budget`): a session waits on
         // its own budget before it takes room from the others.
-        let session = self.read_budget.take(bytes).await?;
-        let server = self.shared.read_budget.take(bytes).await?;
-        Some(ReadPermits {
-            _session: session,
-            _server: server,
-        })
+        Permits::take(&self.read_budget, &self.shared.read_budget, bytes).await
     }
 
     fn lock(&self) -> CoreGuard<'_> {

@@ -541,7 +541,7 @@ impl LogicalUnit {
 
     /// Whether `cdb` is an EXTENDED COPY (it runs until done unless stopped:
     /// [`LogicalUnit::stop_copy`]).
-    pub fn is_copy(&self, cdb: &[u8]) -> bool {
+    pub fn is_copy(cdb: &[u8]) -> bool {
         cdb.first() == Some(&op::EXTENDED_COPY)
     }
 }
