@@ -1150,19 +1150,17 @@ impl Volume {
     /// Logs that member `m` failed (once per failure).
     fn log_failed(&self, m: usize, e: &Error) {
         let member = &self.inner.members[m];
-        {
-            let (kind, how) = match self.inner.layout {
-                Layout::Paths => ("paths", " through the others"),
-                _ => ("mirror", ", recording what it misses"),
-            };
-            tracing::error!(
-                member = m,
-                url = %member.name,
-                error = %e,
-                live = self.live_members(),
-                "{kind} member {m} failed; the volume goes on degraded{how}"
-            );
-        }
+        let (kind, how) = match self.inner.layout {
+            Layout::Paths => ("paths", " through the others"),
+            _ => ("mirror", ", recording what it misses"),
+        };
+        tracing::error!(
+            member = m,
+            url = %member.name,
+            error = %e,
+            live = self.live_members(),
+            "{kind} member {m} failed; the volume goes on degraded{how}"
+        );
     }
 
     /// Starts the task that tries failed members again, unless it runs.

@@ -199,14 +199,20 @@ impl Health {
     pub(super) fn holds(&self, first: u64, last: u64) -> bool {
         match self.state() {
             State::Active => true,
-            State::Resyncing => {
-                let bits = self.lock();
-                (first..=last).all(|r| {
-                    bits.get((r / 64) as usize)
-                        .is_none_or(|w| w & (1 << (r % 64)) == 0)
-                })
-            }
             State::Failed => false,
+            State::Resyncing => {
+                // The state again under the lock, with the marks: it may have failed (and its
+                // marks grown) or become active since the look above.
+                let bits = self.lock();
+                match self.state() {
+                    State::Active => true,
+                    State::Failed => false,
+                    State::Resyncing => (first..=last).all(|r| {
+                        bits.get((r / 64) as usize)
+                            .is_none_or(|w| w & (1 << (r % 64)) == 0)
+                    }),
+                }
+            }
         }
     }
 
@@ -314,6 +320,31 @@ mod tests {
         assert_eq!(dirty(&h), [6]);
         assert_eq!(h.finish_resync(), Finish::Active);
         assert!(!h.begin_resync(), "an active member does not resync");
+    }
+
+    /// A read's choice looks at a resyncing member, and before it reads the marks the member
+    /// fails with another region marked: the choice must see the failure, not only that the
+    /// region it reads is unmarked (before, it read the state once, outside the lock, and sent
+    /// the read to a failed member).
+    #[test]
+    fn a_member_that_fails_while_a_read_looks_at_it_is_not_chosen() {
+        use std::sync::Arc;
+        let h = Arc::new(Health::new(State::Resyncing));
+        let guard = h.lock();
+        let looker = {
+            let h = h.clone();
+            std::thread::spawn(move || h.holds(5, 5))
+        };
+        // The looker has seen "resyncing" and waits for the marks.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut guard = guard;
+        Health::mark(&mut guard, 9, 9, WORDS);
+        h.set(State::Failed);
+        drop(guard);
+        assert!(
+            !looker.join().unwrap(),
+            "a failed member was chosen to read from"
+        );
     }
 
     /// The state machine from many threads: changes, failures and resyncs in any order never
