@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 mod bitmap;
 mod health;
-use bitmap::BitmapFile;
+use bitmap::{BitmapFile, Snapshot};
 use health::{Finish, Health, Plan, State};
 
 /// How the members hold the volume's blocks.
@@ -194,6 +194,29 @@ struct Regions {
 struct RegionState {
     writing: std::collections::HashMap<u64, u32>,
     copying: Option<u64>,
+    /// The write-intent record ([`bitmap`]): regions named as being written, one bit each.
+    /// A region joins it when a write starts on it and leaves at a sweep
+    /// ([`Regions::sweep`]) that finds no write on it in flight or since the sweep before.
+    intent: Vec<u64>,
+    /// Regions a write started on since the last sweep.
+    touched: Vec<u64>,
+    /// Counts the regions that joined `intent`: a write goes out once a save of at least this
+    /// generation is on file.
+    intent_generation: u64,
+}
+
+/// Sets bit `r` of `bits` (grown to `words`); true when it was clear.
+fn set_bit(bits: &mut Vec<u64>, r: u64, words: usize) -> bool {
+    if bits.len() < words {
+        bits.resize(words, 0);
+    }
+    match bits.get_mut((r / 64) as usize) {
+        Some(w) if *w & (1 << (r % 64)) == 0 => {
+            *w |= 1 << (r % 64);
+            true
+        }
+        _ => false,
+    }
 }
 
 impl Regions {
@@ -201,25 +224,79 @@ impl Regions {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a write on regions `first..=last`, once none of them is being copied.
-    async fn share(&self, first: u64, last: u64) -> RegionShare<'_> {
+    /// Registers a write on regions `first..=last` (of `words` words of regions), once none
+    /// of them is being copied, and names them in the write-intent record. Returns the
+    /// generation of that record which must be on file before the write goes out.
+    async fn share(&self, first: u64, last: u64, words: usize) -> (RegionShare<'_>, u64) {
         loop {
             let wait = self.changed.notified();
             {
                 let mut st = self.lock();
                 if !st.copying.is_some_and(|c| (first..=last).contains(&c)) {
+                    let mut new = false;
                     for r in first..=last {
                         *st.writing.entry(r).or_insert(0) += 1;
+                        new |= set_bit(&mut st.intent, r, words);
+                        set_bit(&mut st.touched, r, words);
                     }
-                    return RegionShare {
+                    if new {
+                        st.intent_generation += 1;
+                    }
+                    let share = RegionShare {
                         regions: self,
                         first,
                         last,
                     };
+                    return (share, st.intent_generation);
                 }
             }
             wait.await;
         }
+    }
+
+    /// Lets go of the regions in the write-intent record that no write has touched since the
+    /// last sweep and none has in flight. True when one left.
+    fn sweep(&self) -> bool {
+        self.let_go(true)
+    }
+
+    /// Lets go of every region in the write-intent record that no write is in flight on (a
+    /// clean stop).
+    fn settle(&self) {
+        self.let_go(false);
+    }
+
+    /// Clears the write-intent record's regions that have no write in flight and, when
+    /// `spare_touched`, none started since the last sweep (whose marks it then clears).
+    fn let_go(&self, spare_touched: bool) -> bool {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let mut left = false;
+        for (i, w) in st.intent.iter_mut().enumerate() {
+            let touched = match st.touched.get(i) {
+                Some(&t) if spare_touched => t,
+                _ => 0,
+            };
+            let mut bits = *w & !touched;
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                if !st.writing.contains_key(&(i as u64 * 64 + u64::from(b))) {
+                    *w &= !(1 << b);
+                    left = true;
+                }
+            }
+        }
+        if spare_touched {
+            st.touched.iter_mut().for_each(|w| *w = 0);
+        }
+        left
+    }
+
+    /// The write-intent record and its generation, taken together.
+    fn intent(&self) -> (Vec<u64>, u64) {
+        let st = self.lock();
+        (st.intent.clone(), st.intent_generation)
     }
 
     /// Takes region `r` for a copy: new writes on it wait, and this waits for those in flight.
@@ -285,6 +362,12 @@ impl Drop for RegionCopy<'_> {
         self.regions.changed.notify_waiters();
     }
 }
+
+/// How long a region stays in the write-intent record after its last write: each such period
+/// a sweep lets go of the regions no write touched since the last one (md's bitmap daemon runs
+/// every 5 s too). Longer costs more copying after a crash; shorter, more saves of the record
+/// under a steady workload.
+const INTENT_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often a resync saves the regions it has cleaned so far.
 const RESYNC_SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
@@ -559,14 +642,41 @@ impl Volume {
         let regions = blocks.div_ceil(region);
         let words = regions.div_ceil(64) as usize;
         let mut stale = Vec::new();
+        let mut unsettled = 0;
         if let (Some(rec), Some(file)) = (&recorded, &bitmap) {
-            for (i, m) in members.iter_mut().enumerate() {
-                let bits = rec.bits(i, regions, words).map_err(|why| {
-                    Error::InvalidArgument(format!(
-                        "mirror bitmap {}: member {i}: {why}",
-                        file.path().display()
-                    ))
-                })?;
+            let bad = |what: String, why: String| {
+                Error::InvalidArgument(format!(
+                    "mirror bitmap {}: {what}: {why}",
+                    file.path().display()
+                ))
+            };
+            let mut all = Vec::with_capacity(members.len());
+            for i in 0..members.len() {
+                all.push(
+                    rec.bits(i, regions, words)
+                        .map_err(|why| bad(format!("member {i}"), why))?,
+                );
+            }
+            // Regions a write was in flight on when the volume last stopped may differ between
+            // members: one that is open and missed nothing is their source, and they are
+            // marked as missed on every other, to be copied before those serve them.
+            let writing = rec
+                .writing(regions, words)
+                .map_err(|why| bad("writing".to_string(), why))?;
+            unsettled = writing.iter().map(|w| w.count_ones() as u64).sum::<u64>();
+            let source = (0..members.len())
+                .find(|&i| members[i].state() == State::Active && all[i].iter().all(|&w| w == 0));
+            if let (Some(src), true) = (source, unsettled > 0) {
+                tracing::warn!(regions = unsettled, source = src, "{unsettled} regions were being written when the mirror last stopped; they are copied from member {src} to the others before those serve them");
+                for (i, bits) in all.iter_mut().enumerate() {
+                    if i != src {
+                        for (b, w) in bits.iter_mut().zip(&writing) {
+                            *b |= w;
+                        }
+                    }
+                }
+            }
+            for (i, (m, bits)) in members.iter_mut().zip(all).enumerate() {
                 if bits.iter().any(|&w| w != 0) {
                     stale.push(i);
                 }
@@ -622,9 +732,13 @@ impl Volume {
                 "mirror without a bitmap file: a member that misses writes is tracked only while this process runs; add bitmap = \"FILE\" to the spec so that a restart knows which member is stale"
             );
         }
-        // The file exists from now on, so that its absence later means a new volume.
-        if recorded.is_none() {
+        // The file exists from now on, so that its absence later means a new volume; and the
+        // regions being written at the last stop are on record as missed before anything else.
+        if recorded.is_none() || unsettled > 0 {
             v.record().await?;
+        }
+        if v.inner.bitmap.is_some() {
+            tokio::spawn(Volume::sweep_intent(Arc::downgrade(&v.inner)));
         }
         for (i, e) in &away {
             tracing::error!(member = i, url = %urls[*i], error = %e, "mirror member {i} cannot be opened; the volume starts degraded, recording what it misses");
@@ -835,18 +949,20 @@ impl Volume {
         Fut: std::future::Future<Output = Result<(), Error>>,
     {
         let mirror = self.inner.stripe.is_none();
-        // A mirror's change holds its regions against a resync copying them meanwhile.
-        let _share = match runs.first() {
+        let words = self.region_words();
+        // A mirror's change holds its regions against a resync copying them meanwhile, and
+        // names them in the write-intent record.
+        let (_share, intent) = match runs.first() {
             Some(&(_, l, n)) if mirror && changes => {
                 let (first, last) = self.region_span(l, n);
-                Some(self.inner.regions.share(first, last).await)
+                let (share, generation) = self.inner.regions.share(first, last, words).await;
+                (Some(share), Some(generation))
             }
-            _ => None,
+            _ => (None, None),
         };
         // Each member's part of the change is planned once: a member failed now is marked as
         // missing it in the same step (and that is on record, in the file if there is one,
         // before any member takes the change); any other is sent it ([`health`]).
-        let words = self.region_words();
         let mut plans = Vec::with_capacity(runs.len());
         let mut new = false;
         for &(m, l, n) in &runs {
@@ -867,8 +983,12 @@ impl Volume {
             new |= matches!(plan, Plan::Skip { new: true });
             plans.push(plan);
         }
+        // The record is on file before any member takes the change: its marks, and the change's
+        // regions as being written (a crash from here on copies them at the next start).
         if new {
             self.record().await?;
+        } else if let Some(generation) = intent {
+            self.record_upto(generation).await?;
         }
         let ops = runs.iter().zip(&plans).map(|(&(m, l, n), plan)| {
             let fut = match plan {
@@ -1322,6 +1442,14 @@ impl Volume {
     pub async fn logout(&self) -> Vec<(String, Error)> {
         self.inner.closing.store(true, Ordering::Release);
         let mut failed = Vec::new();
+        // A clean stop: the regions no write is in flight on leave the write-intent record,
+        // so that the next start copies nothing it need not.
+        if self.inner.bitmap.is_some() {
+            self.inner.regions.settle();
+            if let Err(e) = self.record().await {
+                tracing::warn!(error = %e, "the mirror's record cannot be saved at logout; the next start copies the regions it names as being written");
+            }
+        }
         for l in self.members().into_iter().flatten() {
             if let Err(e) = l.session().logout().await {
                 failed.push((l.session().url().to_string(), e));
@@ -1408,13 +1536,49 @@ impl Volume {
         }
     }
 
-    /// Saves what each member missed to the bitmap file, if there is one; durable on return.
+    /// Saves what each member missed, and the regions being written, to the bitmap file, if
+    /// there is one; durable on return.
     async fn record(&self) -> Result<(), Error> {
+        self.save_record(None).await
+    }
+
+    /// As [`Volume::record`], unless a save of write-intent generation `generation` or later is
+    /// on file already.
+    async fn record_upto(&self, generation: u64) -> Result<(), Error> {
+        self.save_record(Some(generation)).await
+    }
+
+    async fn save_record(&self, upto: Option<u64>) -> Result<(), Error> {
         let Some(file) = &self.inner.bitmap else {
             return Ok(());
         };
-        file.save(|| self.inner.members.iter().map(|m| m.health.bits()).collect())
-            .await
+        file.save(upto, || {
+            let (writing, generation) = self.inner.regions.intent();
+            Snapshot {
+                dirty: self.inner.members.iter().map(|m| m.health.bits()).collect(),
+                writing,
+                generation,
+            }
+        })
+        .await
+    }
+
+    /// Every [`INTENT_SWEEP`], lets go of the regions no write touched since the last sweep
+    /// and saves the record without them; ends with the volume.
+    async fn sweep_intent(inner: std::sync::Weak<Inner>) {
+        loop {
+            tokio::time::sleep(INTENT_SWEEP).await;
+            let Some(inner) = inner.upgrade() else { return };
+            if inner.closing.load(Ordering::Acquire) {
+                return;
+            }
+            if inner.regions.sweep() {
+                let v = Volume { inner };
+                if let Err(e) = v.record().await {
+                    tracing::warn!(error = %e, "the mirror's write-intent record cannot be saved; its regions stay named until the next sweep");
+                }
+            }
+        }
     }
 
     /// Counts a command of the volume's users until the guard drops.

@@ -2,22 +2,33 @@
 //! starts again after running degraded knows which members are stale and never reads from them
 //! before they are brought up to date.
 //!
+//! It also names the regions being written (a write-intent record, as md's bitmap is): a write
+//! goes to the members only once its regions are on record as being written, and they leave the
+//! record lazily, once no write has touched them for a while. A process killed while a write
+//! was in flight may leave the members different there (one took it, the other did not); the
+//! next start copies those regions from one member to the others before any is read.
+//!
 //! The file is JSON, rewritten whole (a temporary file, fsync, rename, fsync of the directory)
-//! each time a region becomes dirty, before the write that dirtied it is acknowledged, and when
-//! a resync has cleaned regions. Regions are listed as inclusive ranges:
+//! each time a region becomes dirty or starts being written, before the write is sent or
+//! acknowledged, and when a resync has cleaned regions. Regions are listed as inclusive ranges:
 //!
 //! ```json
-//! {"format":"mcsi mirror bitmap","version":1,"region_bytes":1048576,
+//! {"format":"mcsi mirror bitmap","version":2,"region_bytes":1048576,
 //!  "members":[{"url":"iscsi://10.0.0.1/iqn.2026-01.org.example:a/0","dirty":[]},
-//!             {"url":"iscsi://10.0.0.2/iqn.2026-01.org.example:b/0","dirty":[[0,3],[17,17]]}]}
+//!             {"url":"iscsi://10.0.0.2/iqn.2026-01.org.example:b/0","dirty":[[0,3],[17,17]]}],
+//!  "writing":[[40,41]]}
 //! ```
+//!
+//! Version 1 (without `writing`) still loads.
 
 use crate::error::Error;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "mcsi mirror bitmap";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The version before the write-intent record: read as one with nothing being written.
+const VERSION_1: u32 = 1;
 /// A bitmap file larger than this is not one this code wrote.
 const MAX_FILE_BYTES: u64 = 64 << 20;
 
@@ -27,6 +38,9 @@ struct FileForm {
     version: u32,
     region_bytes: u64,
     members: Vec<MemberForm>,
+    /// Inclusive ranges of regions being written on every member.
+    #[serde(default)]
+    writing: Vec<[u64; 2]>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -36,13 +50,22 @@ struct MemberForm {
     dirty: Vec<[u64; 2]>,
 }
 
-/// The file, and a lock that keeps its saves in order.
+/// The file, and a lock that keeps its saves in order (holding the generation of the
+/// write-intent record that the last save wrote).
 #[derive(Debug)]
 pub(super) struct BitmapFile {
     path: PathBuf,
     urls: Vec<String>,
     region_bytes: u64,
-    saving: tokio::sync::Mutex<()>,
+    saving: tokio::sync::Mutex<u64>,
+}
+
+/// What a save writes, taken at once: each member's dirty regions, the regions being written,
+/// and the generation of that write-intent record.
+pub(super) struct Snapshot {
+    pub(super) dirty: Vec<Vec<u64>>,
+    pub(super) writing: Vec<u64>,
+    pub(super) generation: u64,
 }
 
 /// What a file recorded: each member's dirty regions as ranges, checked against the volume's
@@ -50,6 +73,7 @@ pub(super) struct BitmapFile {
 #[derive(Debug)]
 pub(super) struct Recorded {
     dirty: Vec<Vec<[u64; 2]>>,
+    writing: Vec<[u64; 2]>,
 }
 
 impl BitmapFile {
@@ -58,7 +82,7 @@ impl BitmapFile {
             path: path.to_path_buf(),
             urls,
             region_bytes,
-            saving: tokio::sync::Mutex::new(()),
+            saving: tokio::sync::Mutex::new(0),
         }
     }
 
@@ -83,7 +107,7 @@ impl BitmapFile {
         }
         let text = std::fs::read(&self.path).map_err(|e| bad(e.to_string()))?;
         let f: FileForm = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-        if f.format != FORMAT || f.version != VERSION {
+        if f.format != FORMAT || !(f.version == VERSION || f.version == VERSION_1) {
             return Err(bad(format!(
                 "format {:?} version {}, expected {FORMAT:?} version {VERSION}",
                 f.format, f.version
@@ -110,15 +134,29 @@ impl BitmapFile {
                 )));
             }
         }
+        if let Some([a, b]) = f.writing.iter().find(|[a, b]| a > b) {
+            return Err(bad(format!("writing: range [{a}, {b}] runs backwards")));
+        }
         Ok(Some(Recorded {
             dirty: f.members.into_iter().map(|m| m.dirty).collect(),
+            writing: f.writing,
         }))
     }
 
-    /// Writes `bits` (one bitmap of regions per member, taken by `snapshot` once the previous
-    /// save is done) to the file: durable when this returns.
-    pub(super) async fn save(&self, snapshot: impl FnOnce() -> Vec<Vec<u64>>) -> Result<(), Error> {
-        let _order = self.saving.lock().await;
+    /// Writes what `snapshot` takes (once the previous save is done) to the file: durable when
+    /// this returns. With `upto`, a save is made only if none has yet written the write-intent
+    /// record of that generation or a later one (so that writers waiting for the same record
+    /// share one save).
+    pub(super) async fn save(
+        &self,
+        upto: Option<u64>,
+        snapshot: impl FnOnce() -> Snapshot,
+    ) -> Result<(), Error> {
+        let mut saved = self.saving.lock().await;
+        if upto.is_some_and(|g| *saved >= g) {
+            return Ok(());
+        }
+        let snap = snapshot();
         let form = FileForm {
             format: FORMAT.to_string(),
             version: VERSION,
@@ -126,12 +164,13 @@ impl BitmapFile {
             members: self
                 .urls
                 .iter()
-                .zip(snapshot())
+                .zip(snap.dirty)
                 .map(|(u, bits)| MemberForm {
                     url: u.clone(),
                     dirty: ranges(&bits),
                 })
                 .collect(),
+            writing: ranges(&snap.writing),
         };
         let path = self.path.clone();
         let io = |e: std::io::Error| Error::Io {
@@ -144,7 +183,9 @@ impl BitmapFile {
         tokio::task::spawn_blocking(move || write_durably(&target, &text))
             .await
             .map_err(|e| io(std::io::Error::other(e)))?
-            .map_err(io)
+            .map_err(io)?;
+        *saved = (*saved).max(snap.generation);
+        Ok(())
     }
 }
 
@@ -152,37 +193,50 @@ impl Recorded {
     /// Member `m`'s dirty regions as a bitmap of `words` words; a region at or beyond `regions`
     /// (the volume's count) is an error, since the file then belongs to a larger volume.
     pub(super) fn bits(&self, m: usize, regions: u64, words: usize) -> Result<Vec<u64>, String> {
-        let mut bits = vec![0u64; words];
-        // Overlapping ranges are merged first, so that the words set cost what the bitmap does
-        // however many ranges the file lists.
-        let mut ranges: Vec<[u64; 2]> = self.dirty.get(m).cloned().unwrap_or_default();
-        ranges.sort_unstable();
-        let mut merged: Vec<[u64; 2]> = Vec::with_capacity(ranges.len());
-        for [a, b] in ranges {
-            match merged.last_mut() {
-                Some(last) if a <= last[1].saturating_add(1) && a <= b => last[1] = last[1].max(b),
-                _ => merged.push([a, b]),
-            }
-        }
-        for &[a, b] in &merged {
-            if b >= regions {
-                return Err(format!(
-                    "region {b} lies beyond the volume's {regions} regions"
-                ));
-            }
-            if a > b {
-                return Err(format!("range [{a}, {b}] runs backwards"));
-            }
-            if (b / 64) as usize >= bits.len() {
-                return Err(format!(
-                    "region {b} lies beyond the volume's {} words of regions",
-                    bits.len()
-                ));
-            }
-            set_range(&mut bits, a, b);
-        }
-        Ok(bits)
+        to_bits(
+            self.dirty.get(m).cloned().unwrap_or_default(),
+            regions,
+            words,
+        )
     }
+
+    /// The regions being written when the file was last saved, as [`Recorded::bits`] does.
+    pub(super) fn writing(&self, regions: u64, words: usize) -> Result<Vec<u64>, String> {
+        to_bits(self.writing.clone(), regions, words)
+    }
+}
+
+/// Inclusive ranges of regions as a bitmap of `words` words, checked against `regions`.
+fn to_bits(mut ranges: Vec<[u64; 2]>, regions: u64, words: usize) -> Result<Vec<u64>, String> {
+    let mut bits = vec![0u64; words];
+    // Overlapping ranges are merged first, so that the words set cost what the bitmap does
+    // however many ranges the file lists.
+    ranges.sort_unstable();
+    let mut merged: Vec<[u64; 2]> = Vec::with_capacity(ranges.len());
+    for [a, b] in ranges {
+        match merged.last_mut() {
+            Some(last) if a <= last[1].saturating_add(1) && a <= b => last[1] = last[1].max(b),
+            _ => merged.push([a, b]),
+        }
+    }
+    for &[a, b] in &merged {
+        if b >= regions {
+            return Err(format!(
+                "region {b} lies beyond the volume's {regions} regions"
+            ));
+        }
+        if a > b {
+            return Err(format!("range [{a}, {b}] runs backwards"));
+        }
+        if (b / 64) as usize >= bits.len() {
+            return Err(format!(
+                "region {b} lies beyond the volume's {} words of regions",
+                bits.len()
+            ));
+        }
+        set_range(&mut bits, a, b);
+    }
+    Ok(bits)
 }
 
 /// Sets bits `a..=b` (within `bits`), a word at a time: a range costs what its words do,
@@ -248,6 +302,7 @@ mod tests {
         assert_eq!(rs, vec![[0, 2], [63, 65], [130, 130]]);
         let rec = Recorded {
             dirty: vec![rs.clone()],
+            writing: vec![],
         };
         assert_eq!(rec.bits(0, 192, 3).unwrap(), bits);
         assert!(rec.bits(0, 130, 3).is_err(), "region 130 of 130");
@@ -261,6 +316,7 @@ mod tests {
         let words = (REGIONS / 64) as usize;
         let rec = Recorded {
             dirty: vec![vec![[0, REGIONS - 1]; 1 << 20]],
+            writing: vec![],
         };
         let t0 = std::time::Instant::now();
         let bits = rec.bits(0, REGIONS, words).unwrap();
@@ -277,6 +333,7 @@ mod tests {
         ] {
             let rec = Recorded {
                 dirty: vec![vec![[a, b]]],
+                writing: vec![[a, b]],
             };
             let got = rec.bits(0, 192, 3).unwrap();
             let mut want = vec![0u64; 3];
@@ -284,9 +341,11 @@ mod tests {
                 want[(r / 64) as usize] |= 1 << (r % 64);
             }
             assert_eq!(got, want, "[{a}, {b}]");
+            assert_eq!(rec.writing(192, 3).unwrap(), want, "writing [{a}, {b}]");
         }
         let back = Recorded {
             dirty: vec![vec![[9, 3]]],
+            writing: vec![],
         };
         assert!(back.bits(0, 192, 3).unwrap_err().contains("backwards"));
     }
@@ -298,10 +357,38 @@ mod tests {
         let urls = vec!["iscsi://a/x/0".to_string(), "iscsi://b/x/0".to_string()];
         let f = BitmapFile::new(&p, urls.clone(), 1 << 20);
         assert!(f.load().unwrap().is_none(), "no file yet");
-        f.save(|| vec![vec![0], vec![0b1011]]).await.unwrap();
+        let snap = |generation| {
+            move || Snapshot {
+                dirty: vec![vec![0], vec![0b1011]],
+                writing: vec![0b1100_0000],
+                generation,
+            }
+        };
+        f.save(Some(3), snap(3)).await.unwrap();
         let rec = f.load().unwrap().unwrap();
         assert_eq!(rec.bits(1, 64, 1).unwrap(), vec![0b1011]);
         assert_eq!(rec.bits(0, 64, 1).unwrap(), vec![0]);
+        assert_eq!(rec.writing(64, 1).unwrap(), vec![0b1100_0000]);
+        // A record of generation 3 is on file: waiting for 2 or 3 saves nothing.
+        std::fs::remove_file(&p).unwrap();
+        f.save(Some(2), snap(2)).await.unwrap();
+        f.save(Some(3), snap(3)).await.unwrap();
+        assert!(!p.exists(), "no save for a generation already on file");
+        f.save(Some(4), snap(4)).await.unwrap();
+        assert!(p.exists());
+        // A version-1 file (before the write-intent record) loads with nothing being written.
+        let v1 = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("\"version\":2", "\"version\":1")
+            .replace(",\"writing\":[[6,7]]", "");
+        assert!(
+            v1.contains("\"version\":1") && !v1.contains("writing"),
+            "{v1}"
+        );
+        std::fs::write(&p, v1).unwrap();
+        let rec = f.load().unwrap().unwrap();
+        assert_eq!(rec.writing(64, 1).unwrap(), vec![0]);
+        assert_eq!(rec.bits(1, 64, 1).unwrap(), vec![0b1011]);
         let other = BitmapFile::new(&p, vec![urls[1].clone(), urls[0].clone()], 1 << 20);
         let e = other.load().unwrap_err().to_string();
         assert!(e.contains("the spec names"), "{e}");
