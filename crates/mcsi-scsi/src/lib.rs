@@ -73,6 +73,20 @@ pub struct Command<'a> {
     /// reads). The device server may return more; the transport truncates and reports residuals.
     pub data_in_limit: u32,
     pub attr: TaskAttribute,
+    /// What the transport charges for data a command moves toward storage that the initiator
+    /// did not send (an EXTENDED COPY's chunks): called with each chunk's bytes before it is
+    /// written, it may block until the session's bandwidth lets them go. `None`: not paced.
+    pub pace: Option<Pace<'a>>,
+}
+
+/// [`Command::pace`]: a callback that waits until a number of bytes may move toward storage.
+#[derive(Clone, Copy)]
+pub struct Pace<'a>(pub &'a (dyn Fn(u64) + Sync));
+
+impl std::fmt::Debug for Pace<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pace")
+    }
 }
 
 /// What a command came to.

@@ -34,6 +34,7 @@ fn cmd<'a>(n: &'a Nexus, cdb: &'a [u8], data: Bytes) -> Command<'a> {
         data_out: data,
         data_in_limit: u32::MAX,
         attr: TaskAttribute::Simple,
+        pace: None,
     }
 }
 

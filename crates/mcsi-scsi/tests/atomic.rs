@@ -31,6 +31,7 @@ fn exec(lu: &LogicalUnit, n: &Nexus, cdb: [u8; 16], data: Bytes) -> mcsi_scsi::O
         data_out: data,
         data_in_limit: u32::MAX,
         attr: TaskAttribute::Simple,
+        pace: None,
     })
 }
 

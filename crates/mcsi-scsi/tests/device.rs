@@ -462,6 +462,7 @@ fn read_stops_at_the_expected_length() {
             data_out: Bytes::new(),
             data_in_limit: limit,
             attr: TaskAttribute::Simple,
+            pace: None,
         });
         assert_eq!(o.status, status::GOOD, "limit {limit}");
         assert_eq!(o.data_in.len(), bytes, "limit {limit}");
@@ -482,6 +483,7 @@ fn read_stops_at_the_expected_length() {
         data_out: Bytes::new(),
         data_in_limit: 0,
         attr: TaskAttribute::Simple,
+        pace: None,
     });
     expect(&o, key::ILLEGAL_REQUEST, asc::LBA_OUT_OF_RANGE);
 }
@@ -1179,6 +1181,7 @@ fn device_server_luns() {
                 data_out: Bytes::new(),
                 data_in_limit: 4096,
                 attr: TaskAttribute::Simple,
+                pace: None,
             },
         )
     };

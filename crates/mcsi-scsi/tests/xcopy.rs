@@ -66,6 +66,7 @@ impl Target {
                 data_out: Bytes::copy_from_slice(data),
                 data_in_limit: u32::MAX,
                 attr: TaskAttribute::Simple,
+                pace: None,
             },
         )
     }
@@ -281,6 +282,7 @@ fn receive_copy_results_reports_status_and_operating_parameters() {
         data_out: Bytes::new(),
         data_in_limit: u32::MAX,
         attr: TaskAttribute::Simple,
+        pace: None,
     };
     t.ds.execute(lun::encode(0), cmd(c)); // unit attention
     expect(
@@ -353,6 +355,7 @@ fn run_as(ds: &DeviceServer, n: &Nexus, l: u16, cdb: &[u8], data: &[u8]) -> Outc
             data_out: Bytes::copy_from_slice(data),
             data_in_limit: u32::MAX,
             attr: TaskAttribute::Simple,
+            pace: None,
         },
     )
 }

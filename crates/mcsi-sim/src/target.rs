@@ -648,6 +648,7 @@ impl Target {
                 data_out,
                 data_in_limit: read_expected(c),
                 attr: TaskAttribute::Simple,
+                pace: None,
             },
         )
     }

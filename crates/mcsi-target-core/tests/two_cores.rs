@@ -472,6 +472,7 @@ impl World {
                 data_out,
                 data_in_limit: read_expected(c),
                 attr: TaskAttribute::Simple,
+                pace: None,
             },
         )
     }

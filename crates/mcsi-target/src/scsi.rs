@@ -36,6 +36,7 @@ pub fn run_inline(
                 data_out,
                 data_in_limit: read_expected(cmd),
                 attr: TaskAttribute::Simple,
+                pace: None,
             },
         )
     });
@@ -176,7 +177,7 @@ fn account(
 }
 
 async fn execute(
-    session: &Session,
+    session: &Arc<Session>,
     dev: &Arc<DeviceServer>,
     cmd: &ScsiCommand,
     attr: TaskAttribute,
@@ -193,6 +194,7 @@ async fn execute(
         data_out,
         data_in_limit,
         attr,
+        pace: None,
     };
     // The asynchronous path first: no thread waits for its I/O.
     match dev.prepare(lun, &command) {
@@ -207,7 +209,16 @@ async fn execute(
     let nexus = session.nexus.clone();
     let cdb = cmd.cdb.clone();
     let data_out = command.data_out;
+    // An EXTENDED COPY moves data toward storage that the initiator never sends: with a
+    // bandwidth toward storage, each of its chunks waits for it and is charged as if written.
+    let paced =
+        (LogicalUnit::is_copy(&cmd.cdb) && session.storage_paced()).then(|| session.clone());
     let r = tokio::task::spawn_blocking(move || {
+        let pace = |bytes: u64| {
+            if let Some(s) = &paced {
+                s.pace_blocking(bytes);
+            }
+        };
         dev.execute(
             lun,
             Command {
@@ -216,6 +227,7 @@ async fn execute(
                 data_out,
                 data_in_limit,
                 attr,
+                pace: Some(mcsi_scsi::Pace(&pace)),
             },
         )
     })

@@ -1014,6 +1014,15 @@ impl Session {
         }
     }
 
+    /// Blocks this thread until the bandwidth toward storage lets `bytes` go, and charges them
+    /// (an EXTENDED COPY's chunk: data toward storage that no PDU carried).
+    pub fn pace_blocking(&self, bytes: u64) {
+        while let Some(t) = self.lock().storage_ready_at() {
+            std::thread::sleep(t.saturating_duration_since(std::time::Instant::now()));
+        }
+        self.charge_storage(bytes);
+    }
+
     /// A PDU of `bytes` that no R2T asked for was read: it costs the bandwidth toward storage.
     pub fn charge_storage(&self, bytes: u64) {
         self.lock().charge_storage(bytes);

@@ -705,6 +705,7 @@ fuzz_target!(|data: &[u8]| {
                 data_out: data_out.clone(),
                 data_in_limit,
                 attr,
+                pace: None,
             },
         );
         let took = t0.elapsed();

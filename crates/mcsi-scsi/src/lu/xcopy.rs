@@ -233,7 +233,7 @@ impl LogicalUnit {
         let mut done = 0u16;
         let mut result = Ok(());
         for (i, s) in segs.iter().enumerate() {
-            match copy_segment(cscds[s.src], cscds[s.dst], s, &stop) {
+            match copy_segment(cscds[s.src], cscds[s.dst], s, &stop, cmd.pace) {
                 Ok(n) => {
                     bytes += n;
                     done += 1;
@@ -548,12 +548,14 @@ impl LogicalUnit {
 
 /// Copies one segment in chunks of at most the maximum transfer; backwards when the ranges
 /// overlap on one unit with the destination after the source, so that no block is read after
-/// it was overwritten. Stops before a chunk once `stop` is set. Returns the bytes copied.
+/// it was overwritten. Each chunk waits for `pace` (the session's bandwidth toward storage)
+/// first. Stops before a chunk once `stop` is set. Returns the bytes copied.
 fn copy_segment(
     src: &LogicalUnit,
     dst: &LogicalUnit,
     s: &Segment,
     stop: &AtomicBool,
+    pace: Option<crate::Pace<'_>>,
 ) -> Result<u64, Fail> {
     let bs = dst.block_size;
     let total = s.blocks * bs;
@@ -565,6 +567,9 @@ fn copy_segment(
         let k = if backwards { n - 1 - k } else { k };
         let at = k * chunk;
         let len = chunk.min(total - at);
+        if let Some(p) = pace {
+            (p.0)(len);
+        }
         if stop.load(Ordering::Acquire) {
             return Err(Fail::Sense(Sense::new(
                 key::ABORTED_COMMAND,

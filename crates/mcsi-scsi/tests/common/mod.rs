@@ -22,6 +22,7 @@ pub fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data: &[u8]) -> Outcome {
         data_out: Bytes::copy_from_slice(data),
         data_in_limit: u32::MAX,
         attr: TaskAttribute::Simple,
+        pace: None,
     })
 }
 

@@ -895,6 +895,7 @@ impl World {
                 data_out,
                 data_in_limit: read_expected(c),
                 attr,
+                pace: None,
             },
         )
     }
