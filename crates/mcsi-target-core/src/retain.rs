@@ -159,8 +159,9 @@ struct TaskLog {
     ack_ttt: Option<u32>,
     /// The StatSN of the status that ended the task, once sent.
     status_sn: Option<u32>,
-    /// Its status when it was queued but never sent (its connection failed first).
-    unsent_status: Option<Pdu>,
+    /// Its status when it was queued but never sent (its connection failed first): boxed,
+    /// since it is rare and the log of every read moves through a hash table.
+    unsent_status: Option<Box<Pdu>>,
 }
 
 impl TaskLog {
@@ -441,7 +442,7 @@ impl SentLog {
                     let n = size(&p);
                     t.bytes += n;
                     self.bytes += n;
-                    t.unsent_status = Some(p);
+                    t.unsent_status = Some(Box::new(p));
                 }
             }
             _ => {}
@@ -474,7 +475,8 @@ impl SentLog {
             Some(_) => None,
             None => Some(
                 t.unsent_status
-                    .clone()
+                    .as_deref()
+                    .cloned()
                     .or_else(|| from_statuses(&self.statuses))?,
             ),
         };

@@ -209,10 +209,15 @@ pub async fn writer<W: AsyncWrite + Unpin>(
                 Out::Pdu(mut p) => {
                     queued += OutQueue::size_of(&p);
                     p.stamp(&mut stat_sn, exp, max);
-                    if log.is_some() {
-                        sent.push(p.clone());
-                    }
-                    let e = p.encode_owned(&framing);
+                    // A logged PDU is encoded from a borrow (its data shared, not copied) and
+                    // then moved into the log: no copy of the PDU itself.
+                    let e = if log.is_some() {
+                        let e = p.encode(&framing);
+                        sent.push(p);
+                        e
+                    } else {
+                        p.encode_owned(&framing)
+                    };
                     bytes += e.len();
                     batch.push(e);
                 }
