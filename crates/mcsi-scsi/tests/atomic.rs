@@ -89,11 +89,24 @@ fn a_read_never_sees_a_write_atomic_half_done_on_ram() {
         let b: Arc<dyn Backend> = Arc::new(RamBackend::new((BLOCKS * BS) as u64).unwrap());
         Arc::new(LogicalUnit::new(b, LuConfig::default()))
     };
+    // The control first: plain WRITE(16)s under the same reads must tear, or reads and writes
+    // never overlapped here and the atomic run's 0 would prove nothing. (Up to five tries of
+    // 2,000 reads: a busy machine may keep the two threads apart for a while.)
+    let mut control = 0;
+    for _ in 0..5 {
+        control += torn_reads(lu(), 0x8A, 2000);
+        if control > 0 {
+            break;
+        }
+    }
+    println!("RAM, WRITE(16), the control: {control} torn reads");
+    assert!(
+        control > 0,
+        "plain WRITE(16)s never tore a read: reads and writes did not overlap, so this test cannot tell an atomic write from another"
+    );
     let torn = torn_reads(lu(), 0x9C, 2000);
     println!("RAM, WRITE ATOMIC(16): {torn} torn reads of 2000");
     assert_eq!(torn, 0, "a read saw a WRITE ATOMIC half done");
-    let torn = torn_reads(lu(), 0x8A, 2000);
-    println!("RAM, WRITE(16) for comparison: {torn} torn reads of 2000");
 }
 
 /// A file cannot keep the promise (a write can fail part way, ENOSPC on a sparse file, and

@@ -34,16 +34,19 @@ fn unit(blocks: u64, id: u8, read_only: bool) -> Arc<LogicalUnit> {
     ))
 }
 
+/// Blocks per READ or WRITE of the helpers below.
+const PIECE_BLOCKS: u64 = 8192;
+
 struct Target {
     ds: DeviceServer,
     n: Nexus,
 }
 
 impl Target {
-    /// LUN 0 and 1 read-write (1000 and 600 blocks), LUN 2 read-only.
+    /// LUN 0 and 1 read-write (100,000 and 600 blocks), LUN 2 read-only.
     fn new() -> Self {
         let ds = DeviceServer::new(vec![
-            (0, unit(1000, 1, false)),
+            (0, unit(100_000, 1, false)),
             (1, unit(600, 2, false)),
             (2, unit(600, 3, true)),
         ]);
@@ -71,20 +74,31 @@ impl Target {
         )
     }
 
+    /// Writes `data` at `lba`, in commands of at most 4 MiB (below the maximum transfer).
     fn write(&self, l: u16, lba: u64, data: &[u8]) {
-        let mut c = vec![0x8A, 0];
-        c.extend_from_slice(&lba.to_be_bytes());
-        c.extend_from_slice(&((data.len() as u64 / BS) as u32).to_be_bytes());
-        assert_eq!(self.run(l, &c, data).status, status::GOOD);
+        for (k, piece) in data.chunks(PIECE_BLOCKS as usize * BS as usize).enumerate() {
+            let mut c = vec![0x8A, 0];
+            c.extend_from_slice(&(lba + k as u64 * PIECE_BLOCKS).to_be_bytes());
+            c.extend_from_slice(&((piece.len() as u64 / BS) as u32).to_be_bytes());
+            assert_eq!(self.run(l, &c, piece).status, status::GOOD);
+        }
     }
 
+    /// Reads `blocks` at `lba`, in commands of at most 4 MiB.
     fn read(&self, l: u16, lba: u64, blocks: u32) -> Bytes {
-        let mut c = vec![0x88, 0];
-        c.extend_from_slice(&lba.to_be_bytes());
-        c.extend_from_slice(&blocks.to_be_bytes());
-        let o = self.run(l, &c, &[]);
-        assert_eq!(o.status, status::GOOD);
-        o.data_in
+        let mut out = Vec::with_capacity(blocks as usize * BS as usize);
+        let mut at = 0u64;
+        while at < u64::from(blocks) {
+            let n = PIECE_BLOCKS.min(u64::from(blocks) - at);
+            let mut c = vec![0x88, 0];
+            c.extend_from_slice(&(lba + at).to_be_bytes());
+            c.extend_from_slice(&(n as u32).to_be_bytes());
+            let o = self.run(l, &c, &[]);
+            assert_eq!(o.status, status::GOOD);
+            out.extend_from_slice(&o.data_in);
+            at += n;
+        }
+        Bytes::from(out)
     }
 
     fn xcopy(&self, l: u16, params: &[u8]) -> Outcome {
@@ -138,10 +152,23 @@ fn params(list_id: u8, usage: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Vec<u8
     d
 }
 
+/// `blocks` blocks, each unlike any other: its first 16 bytes name `seed` and its place
+/// (block `i` of the pattern), the rest is pseudo-random from both. A block copied from the
+/// wrong place, or read after it was overwritten, cannot match.
 fn pattern(blocks: u64, seed: u8) -> Vec<u8> {
-    (0..blocks * BS)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    let mut out = Vec::with_capacity((blocks * BS) as usize);
+    for i in 0..blocks {
+        let mut x = (u64::from(seed) << 56) ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5bd1;
+        out.extend_from_slice(&u64::from(seed).to_be_bytes());
+        out.extend_from_slice(&i.to_be_bytes());
+        for _ in 0..(BS - 16) / 8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    out
 }
 
 #[test]
@@ -164,20 +191,37 @@ fn copies_within_a_unit_and_between_units() {
     assert_eq!(&t.read(1, 0, 100)[..], &a[..]);
 }
 
+/// The first block of `got` that is not `want`'s, as "block N holds pattern block M".
+fn first_wrong(got: &[u8], want: &[u8]) -> Option<String> {
+    got.chunks(BS as usize)
+        .zip(want.chunks(BS as usize))
+        .enumerate()
+        .find(|(_, (g, w))| g != w)
+        .map(|(i, (g, _))| {
+            let named = u64::from_be_bytes(g[8..16].try_into().unwrap());
+            format!("block {i} holds pattern block {named}")
+        })
+}
+
+/// Overlapping ranges of 40,000 blocks (20 MiB: three chunks of at most 8 MiB) on one unit:
+/// the copy runs backwards when the destination lies after the source, so that no chunk is
+/// read after an earlier one overwrote it, and forwards when it lies before.
 #[test]
 fn overlapping_ranges_copy_as_if_read_first() {
     let t = Target::new();
-    let a = pattern(200, 3);
+    let a = pattern(40_000, 3);
     t.write(0, 0, &a);
     // Destination after the source, overlapping: the copy must not read what it wrote.
-    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 200, 0, 50)]);
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 40_000, 0, 10_000)]);
     assert_eq!(t.xcopy(0, &p).status, status::GOOD);
-    assert_eq!(&t.read(0, 50, 200)[..], &a[..]);
+    let got = t.read(0, 10_000, 40_000);
+    assert_eq!(first_wrong(&got, &a), None, "destination after the source");
     // And before it.
-    t.write(0, 300, &a);
-    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 200, 300, 250)]);
+    t.write(0, 55_000, &a);
+    let p = params(0, 3, &[cscd(1)], &[segment(0, 0, 40_000, 55_000, 50_000)]);
     assert_eq!(t.xcopy(0, &p).status, status::GOOD);
-    assert_eq!(&t.read(0, 250, 200)[..], &a[..]);
+    let got = t.read(0, 50_000, 40_000);
+    assert_eq!(first_wrong(&got, &a), None, "destination before the source");
 }
 
 #[test]
