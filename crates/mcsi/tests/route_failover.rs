@@ -78,9 +78,19 @@ fn a_copy_over_two_routes_survives_one_dying() {
     let dir = std::env::temp_dir().join(format!("mcsi-failover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (src, back) = (dir.join("src.bin"), dir.join("back.bin"));
-    let data: Vec<u8> = (0..64u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    // Every 512-byte block unlike any other: its number, then pseudo-random bytes from it (a
+    // block written to the wrong place, or twice, cannot read back as this).
+    let mut data: Vec<u8> = Vec::with_capacity(64 << 20);
+    for b in 0..(64u64 << 20) / 512 {
+        data.extend_from_slice(&b.to_be_bytes());
+        let mut x = b ^ 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..(512 - 8) / 8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+    }
     std::fs::write(&src, &data).unwrap();
     // 64 MiB in at about 10 MB/s over both routes: route 1 dies a second in and returns at
     // 4 s, while the copy still runs. Then back out, over both routes again.
@@ -154,9 +164,11 @@ fn a_bench_sees_no_failed_command_while_a_route_dies_and_returns() {
         m["reassigned"],
         m["reissued"]
     );
+    // Level 2 for what it is: tasks the target had went on by TASK REASSIGN (an initiator
+    // that reissued everything would show 0 here).
     assert!(
-        m["reassigned"].as_u64().unwrap() + m["reissued"].as_u64().unwrap() >= 1,
-        "{v}"
+        m["reassigned"].as_u64().unwrap() >= 1,
+        "no task was reassigned: {v}"
     );
     assert_eq!(
         m["rejoins"], 1,
