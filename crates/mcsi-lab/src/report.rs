@@ -504,6 +504,13 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             },
             range_text(&j.claim)
         );
+        if let Some(why) = &j.claim.known_miss {
+            let stop = if why.ends_with('.') { "" } else { "." };
+            let _ = writeln!(
+                md,
+                "  Known to be missed (a run of the lab does not fail on it): {why}{stop}"
+            );
+        }
         match (&j.claim.null, j.null) {
             (Null::None(why), _) => {
                 let stop = if why.ends_with('.') { "" } else { "." };

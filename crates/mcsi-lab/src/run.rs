@@ -39,6 +39,9 @@ pub struct Outcome {
     pub skipped: usize,
     /// Claims left without a measurement (every run they need failed).
     pub unmeasured: usize,
+    /// Goals of mcsi's own that were missed and are not known to be
+    /// ([`crate::spec::Claim::known_miss`]).
+    pub missed_goals: Vec<String>,
     pub failed: usize,
     /// Attempts that failed for the machine's sake and were run again.
     pub retried: usize,
@@ -1457,6 +1460,16 @@ pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
     {
         eprintln!("{}: claim {} has no measurement", exp.name, j.claim.id);
     }
+    out.missed_goals = w
+        .judged
+        .iter()
+        .filter(|j| {
+            j.claim.kind == crate::spec::Kind::Goal
+                && j.verdict == crate::report::Verdict::Fails
+                && j.claim.known_miss.is_none()
+        })
+        .map(|j| j.claim.id.clone())
+        .collect();
     out.report = Some(w.report);
     Ok(out)
 }

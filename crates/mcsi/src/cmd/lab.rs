@@ -122,6 +122,11 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                 // A claim without a measurement means the runs it needs all failed.
                 failed += o.unmeasured;
                 failed += o.failed;
+                // A goal of mcsi's own that is missed fails the run, unless it is known to be.
+                for g in &o.missed_goals {
+                    eprintln!("{}: goal {g} missed", e.name);
+                }
+                failed += o.missed_goals.len();
             }
             mcsi_lab::report::write_index(&a.out).map_err(anyhow::Error::msg)?;
             eprintln!(
