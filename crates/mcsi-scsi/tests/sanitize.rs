@@ -360,7 +360,23 @@ fn stopping_the_unit_ends_a_sanitize_and_the_command_waiting_for_it() {
     let started = Instant::now();
     let waiter =
         std::thread::spawn(move || run(&l2, &n2, &sanitize(false, false, 1, p.len() as u16), &p));
-    std::thread::sleep(Duration::from_millis(200));
+    // Once it runs (another nexus sees SANITIZE IN PROGRESS): waited on, not slept for, since
+    // a busy machine may start the thread late.
+    let n3 = nexus(3);
+    loop {
+        let o = run(&lu, &n3, &[0, 0, 0, 0, 0, 0], &[]);
+        if o.status != status::GOOD {
+            let s = sense_of(&o);
+            if (s.key, s.asc, s.ascq) == (key::NOT_READY, 0x04, 0x1B) {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the sanitize never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert!(lu.stop_background(), "a sanitize was running");
     let o = waiter.join().unwrap();
     expect(&o, key::MEDIUM_ERROR, asc::SANITIZE_COMMAND_FAILED);
