@@ -28,6 +28,11 @@ impl Target {
 
     /// With more `mcsi target` arguments.
     fn start_with(size_mib: u64, extra: &[&str]) -> Target {
+        Target::start_full(size_mib, "", extra)
+    }
+
+    /// With options after the LUN's size (`,service_time=10ms`) and more arguments.
+    fn start_full(size_mib: u64, lun_opts: &str, extra: &[&str]) -> Target {
         for port in 3290..3300u16 {
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
                 continue;
@@ -42,7 +47,7 @@ impl Target {
                     "--iqn",
                     IQN,
                     "--lun",
-                    &format!("file:{}:{size_mib}MiB", img.display()),
+                    &format!("file:{}:{size_mib}MiB{lun_opts}", img.display()),
                     "--max-connections",
                     "8",
                 ])
@@ -353,7 +358,11 @@ fn bench_over_four_connections_spreads_tasks() {
 #[test]
 fn four_connection_session_recovers_and_reissues() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let t = Target::start(16);
+    // Each read and write takes 5 ms at the target, so that when the connection is cut the
+    // target holds tasks of it in service (to be reassigned at level 2), however busy the
+    // machine: on a bare RAM-speed LUN under load, one run found a single task on the
+    // connection, still in its socket.
+    let t = Target::start_full(16, ",service_time=5ms", &[]);
     let url = IscsiUrl::parse(&t.url()).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
