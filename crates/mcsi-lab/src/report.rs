@@ -504,6 +504,13 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
             },
             range_text(&j.claim)
         );
+        if let Some(why) = &j.claim.no_quick_gate {
+            let stop = if why.ends_with('.') { "" } else { "." };
+            let _ = writeln!(
+                md,
+                "  Not gated in quick runs (a quick run that misses it does not fail): {why}{stop}"
+            );
+        }
         if let Some(why) = &j.claim.known_miss {
             let stop = if why.ends_with('.') { "" } else { "." };
             let _ = writeln!(
