@@ -205,20 +205,6 @@ struct RegionState {
     intent_generation: u64,
 }
 
-/// Sets bit `r` of `bits` (grown to `words`); true when it was clear.
-fn set_bit(bits: &mut Vec<u64>, r: u64, words: usize) -> bool {
-    if bits.len() < words {
-        bits.resize(words, 0);
-    }
-    match bits.get_mut((r / 64) as usize) {
-        Some(w) if *w & (1 << (r % 64)) == 0 => {
-            *w |= 1 << (r % 64);
-            true
-        }
-        _ => false,
-    }
-}
-
 impl Regions {
     fn lock(&self) -> std::sync::MutexGuard<'_, RegionState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -233,12 +219,11 @@ impl Regions {
             {
                 let mut st = self.lock();
                 if !st.copying.is_some_and(|c| (first..=last).contains(&c)) {
-                    let mut new = false;
                     for r in first..=last {
                         *st.writing.entry(r).or_insert(0) += 1;
-                        new |= set_bit(&mut st.intent, r, words);
-                        set_bit(&mut st.touched, r, words);
                     }
+                    let new = health::mark(&mut st.intent, first, last, words);
+                    health::mark(&mut st.touched, first, last, words);
                     if new {
                         st.intent_generation += 1;
                     }

@@ -214,11 +214,7 @@ async fn execute(
     let paced =
         (LogicalUnit::is_copy(&cmd.cdb) && session.storage_paced()).then(|| session.clone());
     let r = tokio::task::spawn_blocking(move || {
-        let pace = |bytes: u64| {
-            if let Some(s) = &paced {
-                s.pace_blocking(bytes);
-            }
-        };
+        let pace = paced.map(|s| move |bytes: u64| s.pace_blocking(bytes));
         dev.execute(
             lun,
             Command {
@@ -227,7 +223,7 @@ async fn execute(
                 data_out,
                 data_in_limit,
                 attr,
-                pace: Some(mcsi_scsi::Pace(&pace)),
+                pace: pace.as_ref().map(|f| mcsi_scsi::Pace(f)),
             },
         )
     })

@@ -50,14 +50,16 @@ struct MemberForm {
     dirty: Vec<[u64; 2]>,
 }
 
-/// The file, and a lock that keeps its saves in order (holding the generation of the
-/// write-intent record that the last save wrote).
+/// The file, a lock that keeps its saves in order, and the generation of the write-intent
+/// record that the last save wrote (read without the lock: a write whose regions are on file
+/// already does not queue behind a save of others).
 #[derive(Debug)]
 pub(super) struct BitmapFile {
     path: PathBuf,
     urls: Vec<String>,
     region_bytes: u64,
-    saving: tokio::sync::Mutex<u64>,
+    saving: tokio::sync::Mutex<()>,
+    saved: std::sync::atomic::AtomicU64,
 }
 
 /// What a save writes, taken at once: each member's dirty regions, the regions being written,
@@ -82,7 +84,8 @@ impl BitmapFile {
             path: path.to_path_buf(),
             urls,
             region_bytes,
-            saving: tokio::sync::Mutex::new(0),
+            saving: tokio::sync::Mutex::new(()),
+            saved: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -152,8 +155,14 @@ impl BitmapFile {
         upto: Option<u64>,
         snapshot: impl FnOnce() -> Snapshot,
     ) -> Result<(), Error> {
-        let mut saved = self.saving.lock().await;
-        if upto.is_some_and(|g| *saved >= g) {
+        use std::sync::atomic::Ordering;
+        let on_file = |g: u64| self.saved.load(Ordering::Acquire) >= g;
+        if upto.is_some_and(on_file) {
+            return Ok(());
+        }
+        let _order = self.saving.lock().await;
+        // A save that ended while this one waited may have written it.
+        if upto.is_some_and(on_file) {
             return Ok(());
         }
         let snap = snapshot();
@@ -184,7 +193,7 @@ impl BitmapFile {
             .await
             .map_err(|e| io(std::io::Error::other(e)))?
             .map_err(io)?;
-        *saved = (*saved).max(snap.generation);
+        self.saved.fetch_max(snap.generation, Ordering::Release);
         Ok(())
     }
 }

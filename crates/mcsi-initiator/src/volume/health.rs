@@ -66,6 +66,22 @@ pub(super) enum Finish {
     Failed,
 }
 
+/// Regions `first..=last` of a bitmap (grown to `words` words) are marked; true when one was
+/// not. Shared by the members' marks and the volume's write-intent record.
+pub(super) fn mark(bits: &mut Vec<u64>, first: u64, last: u64, words: usize) -> bool {
+    if bits.len() < words {
+        bits.resize(words, 0);
+    }
+    let mut new = false;
+    for r in first..=last {
+        if let Some(w) = bits.get_mut((r / 64) as usize) {
+            new |= *w & (1 << (r % 64)) == 0;
+            *w |= 1 << (r % 64);
+        }
+    }
+    new
+}
+
 /// One member's state and the regions it missed (one bit each).
 #[derive(Debug)]
 pub(super) struct Health {
@@ -94,28 +110,13 @@ impl Health {
         State::of(self.state.load(Ordering::Acquire))
     }
 
-    /// Regions `first..=last` (of a bitmap of `words` words) are marked; true when one was not.
-    fn mark(bits: &mut Vec<u64>, first: u64, last: u64, words: usize) -> bool {
-        if bits.len() < words {
-            bits.resize(words, 0);
-        }
-        let mut new = false;
-        for r in first..=last {
-            if let Some(w) = bits.get_mut((r / 64) as usize) {
-                new |= *w & (1 << (r % 64)) == 0;
-                *w |= 1 << (r % 64);
-            }
-        }
-        new
-    }
-
     /// Decides what a change of regions `first..=last` does with this member: a failed member
     /// is marked as missing it (in the same step), any other is sent it.
     pub(super) fn plan(&self, first: u64, last: u64, words: usize) -> Plan {
         let mut bits = self.lock();
         match self.state() {
             State::Failed => Plan::Skip {
-                new: Self::mark(&mut bits, first, last, words),
+                new: mark(&mut bits, first, last, words),
             },
             s => Plan::Send {
                 active: s == State::Active,
@@ -130,7 +131,7 @@ impl Health {
         let mut bits = self.lock();
         let was = self.state();
         self.set(State::Failed);
-        let new = Self::mark(&mut bits, first, last, words);
+        let new = mark(&mut bits, first, last, words);
         (was != State::Failed, new)
     }
 
@@ -338,7 +339,7 @@ mod tests {
         // The looker has seen "resyncing" and waits for the marks.
         std::thread::sleep(std::time::Duration::from_millis(50));
         let mut guard = guard;
-        Health::mark(&mut guard, 9, 9, WORDS);
+        mark(&mut guard, 9, 9, WORDS);
         h.set(State::Failed);
         drop(guard);
         assert!(
