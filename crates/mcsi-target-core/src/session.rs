@@ -875,6 +875,25 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         }
     }
 
+    /// Asks the initiator to log out, on every connection: an Async Message with AsyncEvent 1
+    /// (RFC 7143 11.9.1), which asks for a Logout within `within_secs` seconds (Parameter3).
+    /// The messages go out through [`SessionCore::poll_transmit`]; what happens when no Logout
+    /// comes is the caller's to decide (the target may then drop the connections). Returns how
+    /// many connections were asked; none once the session is closing.
+    pub fn request_logout(&mut self, within_secs: u16) -> usize {
+        if self.closing {
+            return 0;
+        }
+        let mut cids: Vec<u16> = self.conns.keys().copied().collect();
+        cids.sort_unstable();
+        for cid in &cids {
+            let c = self.conns[cid].clone();
+            self.transmit
+                .push_back((c, logout_request_pdu(within_secs)));
+        }
+        cids.len()
+    }
+
     /// Connection `cid` received bytes at `now`: it is not idle. The layer above may tell it
     /// now and then rather than at every read (a ping then goes out at most that much early).
     pub fn heard(&mut self, cid: u16, now: Instant) {
@@ -2024,6 +2043,24 @@ fn pick_reply_by_policy<C: CoreConn, T>(
     };
     let i = rs.policy.pick(&rs.loads, &task)?;
     rs.cids.get(i).copied()
+}
+
+/// An Async Message asking the initiator to log out (AsyncEvent 1, RFC 7143 11.9.1) within
+/// `within_secs` seconds (Parameter3); the sequence numbers are stamped when it is sent (it
+/// takes a StatSN).
+fn logout_request_pdu(within_secs: u16) -> Pdu {
+    Pdu::AsyncMessage(mcsi_proto::pdu::AsyncMessage {
+        lun: 0,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        async_event: 1,
+        async_vcode: 0,
+        parameter1: 0,
+        parameter2: 0,
+        parameter3: within_secs,
+        data: bytes::Bytes::new(),
+    })
 }
 
 #[cfg(test)]

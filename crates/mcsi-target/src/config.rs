@@ -352,6 +352,8 @@ pub struct FileConfig {
     /// Every portal listens with Multipath TCP (plain TCP initiators still connect).
     #[serde(default)]
     pub mptcp: bool,
+    /// The control socket of `mcsi ctl` (a path; created owner-only).
+    pub control: Option<String>,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
 }
@@ -1169,6 +1171,8 @@ pub struct ServerConfig {
     /// Portals listen with Multipath TCP (`IPPROTO_MPTCP`): an MPTCP initiator's subflows join
     /// its connection, and a plain TCP initiator is served as before (the kernel falls back).
     pub mptcp: bool,
+    /// The control socket `mcsi ctl` talks to (none: no live administration).
+    pub control: Option<std::path::PathBuf>,
 }
 
 /// The default number of session threads: one per CPU the process may use.
@@ -1342,6 +1346,16 @@ impl ServerConfig {
             limits,
             session_threads,
             mptcp: file.mptcp,
+            control: match file.control.as_deref() {
+                None => None,
+                Some("") => {
+                    return Err(cerr(
+                        "control",
+                        "an empty path; name the socket's file, e.g. /run/mcsi/control.sock",
+                    ))
+                }
+                Some(p) => Some(std::path::PathBuf::from(p)),
+            },
         })
     }
 }
@@ -2197,6 +2211,21 @@ mod tests {
         assert_eq!(e.field, "session_threads");
         assert!(e.to_string().contains("at most 1024"), "{e}");
         assert!(file("session_threads = -1\n").is_err());
+    }
+
+    #[test]
+    fn the_control_socket_is_a_path_or_nothing() {
+        let t = "[[targets]]\niqn = \"iqn.2026-01.org.mcsi:t\"\nlisten = [\"127.0.0.1:3260\"]\nluns = [{ backend = \"ram:1MiB\" }]\n";
+        let c =
+            ServerConfig::from_toml(&format!("control = \"/run/mcsi/control.sock\"\n{t}")).unwrap();
+        assert_eq!(
+            c.control.as_deref(),
+            Some(std::path::Path::new("/run/mcsi/control.sock"))
+        );
+        assert_eq!(ServerConfig::from_toml(t).unwrap().control, None);
+        let e = ServerConfig::from_toml(&format!("control = \"\"\n{t}")).unwrap_err();
+        assert_eq!(e.field, "control");
+        assert!(e.why.contains("empty path"), "{e}");
     }
 
     #[test]

@@ -35,6 +35,7 @@
 //! server > login > admission > session, conn > control > scsi > session, and so on down to
 //! leaves such as `counters`, `transport`, `config` and `name`.
 
+pub mod admin;
 pub(crate) mod admission;
 pub mod config;
 pub(crate) mod conn;

@@ -269,6 +269,13 @@ impl Server {
         self.metrics.encode(&self.snapshot())
     }
 
+    /// A handle for the server's administration while it runs (`mcsi ctl`).
+    pub fn admin(&self) -> crate::admin::Admin {
+        crate::admin::Admin {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// A handle that can take snapshots and metrics while the server runs (for an HTTP
     /// endpoint living beside it).
     pub fn observer(&self) -> Observer {

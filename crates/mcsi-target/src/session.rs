@@ -1617,6 +1617,16 @@ impl Session {
         Aborted { found, waits }
     }
 
+    /// Asks the initiator to log out on every connection within `within` (an Async Message,
+    /// AsyncEvent 1); returns how many connections were asked (none once closing).
+    pub fn request_logout(&self, within: std::time::Duration) -> usize {
+        let secs = within.as_secs().clamp(1, u64::from(u16::MAX)) as u16;
+        let mut core = self.lock();
+        let n = core.request_logout(secs);
+        self.wake(&mut core);
+        n
+    }
+
     /// Closes the session: aborts every task, drops every connection, leaves the registry and
     /// tells the device server the I_T nexus is gone once the tasks have ended.
     pub async fn close(self: &Arc<Self>, why: SessionEnd) {
@@ -1720,6 +1730,9 @@ pub enum SessionEnd {
     /// The target is shutting down.
     #[error("the target is shutting down")]
     Shutdown,
+    /// The administrator ended it (`mcsi ctl end-session`) and it did not log out in time.
+    #[error("ended by the administrator")]
+    Administrator,
     /// An initiator asked for a TARGET COLD RESET.
     #[error("target cold reset")]
     ColdReset,

@@ -40,6 +40,8 @@ enum Command {
     /// The protocol cores on virtual time: initiators, a target, smoltcp's TCP and the link
     /// emulator's models, deterministic and faster than real time.
     Sim(cmd::sim::Args),
+    /// Administer a running target through its control socket: targets, sessions, ending one.
+    Ctl(cmd::ctl::Args),
     /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
     Monitor(cmd::monitor::Args),
 }
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Lab(c) => cmd::lab::run(c),
         Command::Monitor(args) => cmd::monitor::run(args),
+        Command::Ctl(args) => cmd::ctl::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),
         Command::Sim(args) => cmd::sim::run(args),
     };

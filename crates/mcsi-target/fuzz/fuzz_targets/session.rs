@@ -109,6 +109,7 @@ fn config() -> ServerConfig {
         // Sessions on the fuzzer's own runtime: one thread, the same order every run.
         session_threads: 0,
         mptcp: false,
+        control: None,
     }
 }
 

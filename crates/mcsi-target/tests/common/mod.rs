@@ -42,6 +42,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
         // Two, whatever the machine: connections move to their session's thread after login.
         session_threads: 2,
         mptcp: false,
+        control: None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod copy;
+pub mod ctl;
 pub mod http;
 pub mod lab;
 pub mod link;

@@ -43,6 +43,10 @@ pub struct Args {
     /// state (GET /state, for `mcsi monitor`) on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
+    /// Serve live administration (`mcsi ctl`) on this Unix socket, created owner-only (as
+    /// `control = "PATH"` in the file), e.g. /run/mcsi/control.sock.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
     #[arg(long, value_name = "DURATION")]
     nop_timeout: Option<String>,
@@ -153,12 +157,16 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             limits: Default::default(),
             session_threads: config::default_session_threads(),
             mptcp: false,
+            control: None,
         }
     };
     if let Some(n) = args.session_threads {
         cfg.session_threads = usize::from(n);
     }
     cfg.mptcp |= args.mptcp;
+    if args.control.is_some() {
+        cfg.control = args.control.clone();
+    }
     let nop_interval = args
         .nop_interval
         .as_ref()
@@ -310,6 +318,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let at = crate::cmd::http::serve(addr, Arc::new(server.observer())).await?;
             println!("metrics on http://{at}/metrics, connections on http://{at}/state");
         }
+        let _control = match &cfg.control {
+            Some(path) => {
+                let c = crate::cmd::ctl::serve(path, server.admin())?;
+                println!(
+                    "control socket {} (mcsi ctl --socket {})",
+                    path.display(),
+                    path.display()
+                );
+                Some(c)
+            }
+            None => None,
+        };
         print_ready(&server);
         wait_for_signal().await?;
         tracing::info!("shutting down");

@@ -1,0 +1,388 @@
+//! `mcsi ctl`: the administration of a running target over its control socket, and the socket's
+//! server side (`mcsi target --control PATH`, or `control = "PATH"` in its file).
+//!
+//! The socket is a Unix stream socket, created owner-only (mode 0600), and a client whose user
+//! is not the server's own (or root) is refused by its credentials as well. Each request is one
+//! line of JSON, `{"op": "sessions"}`, and each answer one line, `{"ok": true, "result": ...}`
+//! or `{"ok": false, "error": "why"}`. A request that fails changes nothing.
+
+use anyhow::{bail, Context};
+use mcsi_target::admin::Admin;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// Where `mcsi ctl` looks unless told (`--socket`, or MCSI_CONTROL), as the packaged service's
+/// file sets it.
+pub const DEFAULT_SOCKET: &str = "/run/mcsi/control.sock";
+/// Clients served at once; one more is answered with an error and closed.
+pub const MAX_CLIENTS: usize = 8;
+/// The longest request line taken.
+pub const MAX_LINE: usize = 64 << 10;
+/// A client that sends no complete request for this long is dropped.
+pub const CLIENT_IDLE: Duration = Duration::from_secs(30);
+/// The longest an initiator may be given to log out when its session is ended.
+pub const MAX_GRACE: Duration = Duration::from_secs(300);
+
+/// One request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// The targets with their portals and LUNs.
+    Targets,
+    /// The sessions with their connections.
+    Sessions,
+    /// End a session: ask its initiator to log out, and drop it after `grace_ms`.
+    EndSession { tsih: u16, grace_ms: u64 },
+}
+
+/// One answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    fn ok(v: impl Serialize) -> Reply {
+        Reply {
+            ok: true,
+            result: Some(serde_json::to_value(v).unwrap_or(serde_json::Value::Null)),
+            error: None,
+        }
+    }
+
+    fn err(e: impl std::fmt::Display) -> Reply {
+        Reply {
+            ok: false,
+            result: None,
+            error: Some(e.to_string()),
+        }
+    }
+}
+
+/// The control socket while it is served; dropping it removes the file.
+pub struct ControlSocket {
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Listens on `path` and answers requests about `admin`'s server until dropped. A socket left
+/// by an earlier run is replaced; a live one, or a file that is not a socket, is an error.
+pub fn serve(path: &Path, admin: Admin) -> anyhow::Result<ControlSocket> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("control socket {shown}: the path exists and is not a socket; remove it or choose another path");
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("control socket {shown}: another server is already listening there");
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("control socket {shown}: removing the stale socket"))?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("control socket {shown}: creating {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("control socket {shown}: cannot listen"))?;
+    // Owner-only from here on; a client that connected in between is refused by its
+    // credentials below.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("control socket {shown}: cannot make it owner-only"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = l.accept().await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let allowed = stream
+                .peer_cred()
+                .is_ok_and(|c| c.uid() == me || c.uid() == 0);
+            let admin = admin.clone();
+            let slot = slots.clone().try_acquire_owned();
+            tokio::spawn(async move {
+                let (rd, mut wr) = stream.into_split();
+                let refuse = if !allowed {
+                    Some("refused: the control socket serves only the user the target runs as")
+                } else if slot.is_err() {
+                    Some("refused: too many control clients at once; try again")
+                } else {
+                    None
+                };
+                if let Some(why) = refuse {
+                    tracing::warn!("control socket: {why}");
+                    let _ = send(&mut wr, &Reply::err(why)).await;
+                    return;
+                }
+                let _slot = slot;
+                let mut rd = BufReader::new(rd);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    let read = tokio::time::timeout(
+                        CLIENT_IDLE,
+                        (&mut rd)
+                            .take(MAX_LINE as u64 + 1)
+                            .read_until(b'\n', &mut line),
+                    )
+                    .await;
+                    let n = match read {
+                        Ok(Ok(n)) => n,
+                        _ => return,
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    if line.last() != Some(&b'\n') {
+                        let _ = send(&mut wr, &Reply::err(format!("a request longer than {MAX_LINE} bytes, or not ended by a new line"))).await;
+                        return;
+                    }
+                    let reply = match serde_json::from_slice::<Request>(&line) {
+                        Ok(req) => answer(&admin, req).await,
+                        Err(e) => Reply::err(format!("a request that does not parse: {e}")),
+                    };
+                    if send(&mut wr, &reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(ControlSocket {
+        path: path.to_path_buf(),
+        task,
+    })
+}
+
+async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Reply) -> std::io::Result<()> {
+    let mut b = serde_json::to_vec(r).map_err(std::io::Error::other)?;
+    b.push(b'\n');
+    w.write_all(&b).await
+}
+
+/// Carries out one request.
+pub async fn answer(admin: &Admin, req: Request) -> Reply {
+    match req {
+        Request::Targets => Reply::ok(admin.targets()),
+        Request::Sessions => Reply::ok(admin.sessions()),
+        Request::EndSession { tsih, grace_ms } => {
+            let grace = Duration::from_millis(grace_ms);
+            if grace > MAX_GRACE || grace < Duration::from_secs(1) {
+                return Reply::err(format!(
+                    "grace: {grace:?} is outside 1 s to {} s",
+                    MAX_GRACE.as_secs()
+                ));
+            }
+            match admin.end_session(tsih, grace).await {
+                Ok(e) => Reply::ok(serde_json::json!({ "tsih": tsih, "ended": e })),
+                Err(e) => Reply::err(e),
+            }
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The target's control socket (its `--control`, or `control` in its file).
+    #[arg(long, value_name = "PATH", env = "MCSI_CONTROL", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print the answer as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(clap::Subcommand)]
+enum What {
+    /// The targets served, with their portals, LUNs and sessions.
+    Targets,
+    /// The sessions, each connection with its address, TCP state and counters.
+    Sessions,
+    /// End a session: ask its initiator to log out (an Async Message), and drop its
+    /// connections if it has not within the grace time.
+    EndSession {
+        /// The session's TSIH (`mcsi ctl sessions` lists them).
+        tsih: u16,
+        /// How long the initiator has to log out (e.g. 5s; 1s to 300s).
+        #[arg(long, default_value = "5s")]
+        grace: String,
+    },
+}
+
+/// Sends one request and returns its answer.
+pub async fn request(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
+    let shown = socket.display();
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                "no such socket: is the target running with --control (or `control` in its file)?"
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                "permission denied: the socket is owner-only; run as the target's user"
+            }
+            std::io::ErrorKind::ConnectionRefused => {
+                "connection refused: the target that made this socket is not running"
+            }
+            _ => "cannot connect",
+        };
+        anyhow::anyhow!("{shown}: {hint} ({e})")
+    })?;
+    let (rd, mut wr) = stream.into_split();
+    let mut b = serde_json::to_vec(req)?;
+    b.push(b'\n');
+    // A server that refuses the client answers at once and closes, perhaps before the request
+    // is written: the refusal is still there to read.
+    let sent = wr.write_all(&b).await;
+    let mut line = String::new();
+    let read = BufReader::new(rd).read_line(&mut line).await;
+    if line.is_empty() {
+        if let Err(e) = sent {
+            bail!("{shown}: sending the request: {e}");
+        }
+        read.with_context(|| format!("{shown}: reading the answer"))?;
+        bail!("{shown}: the target closed the connection without an answer");
+    }
+    serde_json::from_str(&line).with_context(|| format!("{shown}: an answer that does not parse"))
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let req = match &args.what {
+        What::Targets => Request::Targets,
+        What::Sessions => Request::Sessions,
+        What::EndSession { tsih, grace } => {
+            let d = mcsi_units::parse_duration(grace, mcsi_units::BareUnit::Seconds)
+                .map_err(|e| anyhow::anyhow!("--grace {grace}: {e}"))?;
+            Request::EndSession {
+                tsih: *tsih,
+                grace_ms: d.as_millis() as u64,
+            }
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let reply = rt.block_on(request(&args.socket, &req))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else if let (true, Some(v)) = (reply.ok, &reply.result) {
+        print_human(&req, v)?;
+    }
+    if !reply.ok {
+        eprintln!(
+            "mcsi ctl: {}",
+            reply.error.as_deref().unwrap_or("the request failed")
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
+    let text = |x: &serde_json::Value| match x {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::from("-"),
+        other => other.to_string(),
+    };
+    let empty = Vec::new();
+    let list = |x: &serde_json::Value| x.as_array().cloned().unwrap_or_default();
+    match req {
+        Request::Targets => {
+            for t in list(v) {
+                let portals: Vec<String> = list(&t["portals"]).iter().map(text).collect();
+                let alias = t["alias"]
+                    .as_str()
+                    .map(|a| format!(" ({a})"))
+                    .unwrap_or_default();
+                println!(
+                    "{}{alias}  portals {}  sessions {}",
+                    text(&t["name"]),
+                    portals.join(" "),
+                    text(&t["sessions"])
+                );
+                for l in t["luns"].as_array().unwrap_or(&empty) {
+                    println!(
+                        "  LUN {:<3} {:>12} blocks of {:>4} B  {}  serial {}",
+                        text(&l["lun"]),
+                        text(&l["blocks"]),
+                        text(&l["block_size"]),
+                        if l["read_only"].as_bool() == Some(true) {
+                            "ro"
+                        } else {
+                            "rw"
+                        },
+                        text(&l["serial"])
+                    );
+                }
+            }
+        }
+        Request::Sessions => {
+            let ss = list(v);
+            if ss.is_empty() {
+                println!("no sessions");
+            }
+            for s in ss {
+                let conns = list(&s["connections"]);
+                let target = s["target"].as_str().unwrap_or("(discovery)");
+                println!(
+                    "TSIH {:<5} {target}  initiator {}  ISID {}  {} connection(s)",
+                    text(&s["tsih"]),
+                    text(&s["initiator"]),
+                    text(&s["isid"]),
+                    conns.len()
+                );
+                for c in conns {
+                    let t = &c["tcp"];
+                    let tcp = if t.is_null() {
+                        String::from("no TCP_INFO")
+                    } else {
+                        format!(
+                            "cwnd {} rtt {} us retrans {}",
+                            text(&t["cwnd"]),
+                            text(&t["rtt_us"]),
+                            text(&t["total_retrans"])
+                        )
+                    };
+                    println!(
+                        "  CID {:<3} {:<8} {} -> {}  commands {}  read {} B  written {} B  {tcp}",
+                        text(&c["cid"]),
+                        text(&c["role"]),
+                        text(&c["peer"]),
+                        text(&c["local"]),
+                        text(&c["commands"]),
+                        text(&c["read_bytes"]),
+                        text(&c["write_bytes"]),
+                    );
+                }
+            }
+        }
+        Request::EndSession { tsih, .. } => match v["ended"].as_str() {
+            Some("logged_out") => println!("session {tsih}: the initiator logged out"),
+            _ => println!(
+                "session {tsih}: no logout within the grace time; its connections were dropped"
+            ),
+        },
+    }
+    Ok(())
+}

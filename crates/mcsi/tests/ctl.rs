@@ -1,0 +1,309 @@
+//! `mcsi ctl` against a running `mcsi target --control`: what it lists, how it ends a session,
+//! how it refuses bad requests (changing nothing), and that the socket serves only its owner.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcsi");
+const IQN: &str = "iqn.2026-01.org.mcsi:ctl";
+
+struct Target {
+    child: Child,
+    port: u16,
+    sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Target {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/control.sock");
+    let port = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "target",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--iqn",
+            IQN,
+        ])
+        .args(["--lun", "ram:64MiB", "--control"])
+        .arg(&sock)
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Target {
+        child,
+        port,
+        sock,
+        _dir: dir,
+    }
+}
+
+fn ctl(sock: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One raw request line, and the answer line.
+fn raw(sock: &Path, line: &str) -> serde_json::Value {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.write_all(line.as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap()
+}
+
+#[test]
+fn ctl_lists_the_targets_and_sessions_and_ends_a_session() {
+    let t = start();
+    let mode = std::fs::metadata(&t.sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is owner-only");
+    let o = ctl(&t.sock, &["targets"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(IQN) && stdout(&o).contains("LUN 0"),
+        "{}",
+        stdout(&o)
+    );
+    let o = ctl(&t.sock, &["sessions"]);
+    assert_eq!(stdout(&o).trim(), "no sessions");
+
+    // A bench of two connections runs for a while; ctl sees its session and ends it. mcsi's
+    // initiator logs out when asked and logs in again, so the bench goes on to its end.
+    let url = format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port);
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            &url,
+            "--connections",
+            "2",
+            "--runtime",
+            "4",
+            "--rw",
+            "randrw",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let session = loop {
+        let o = ctl(&t.sock, &["--json", "sessions"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let list = v["result"].as_array().unwrap().clone();
+        if let Some(s) = list
+            .iter()
+            .find(|s| s["connections"].as_array().unwrap().len() == 2)
+        {
+            break s.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no session of two connections: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(session["target"], IQN);
+    let tsih = session["tsih"].as_u64().unwrap().to_string();
+    let o = ctl(&t.sock, &["end-session", &tsih, "--grace", "3s"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("the initiator logged out"),
+        "{}",
+        stdout(&o)
+    );
+    let o = ctl(&t.sock, &["--json", "sessions"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["tsih"].as_u64().unwrap().to_string() != tsih),
+        "the ended session is gone: {v}"
+    );
+    let out = bench.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_requests_get_a_clear_error_and_change_nothing() {
+    let t = start();
+    let before = stdout(&ctl(&t.sock, &["--json", "targets"]));
+    let o = ctl(&t.sock, &["end-session", "77"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no session with TSIH 77"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&t.sock, &["end-session", "1", "--grace", "0s"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("outside 1 s to 300 s"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&t.sock, &["end-session", "1", "--grace", "soon"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("--grace soon"), "{}", stderr(&o));
+    // Lines that are not requests.
+    let v = raw(&t.sock, "not json\n");
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["error"].as_str().unwrap().contains("does not parse"),
+        "{v}"
+    );
+    let v = raw(&t.sock, "{\"op\": \"format-everything\"}\n");
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["error"].as_str().unwrap().contains("unknown variant"),
+        "{v}"
+    );
+    let long = format!("{}\n", "x".repeat(70 << 10));
+    let v = raw(&t.sock, &long);
+    assert!(v["error"].as_str().unwrap().contains("longer than"), "{v}");
+    // Nothing changed, and the target still serves.
+    assert_eq!(stdout(&ctl(&t.sock, &["--json", "targets"])), before);
+    // No socket at all: says what to check.
+    let o = ctl(Path::new("/nonexistent/mcsi.sock"), &["targets"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("is the target running with --control"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_control_socket_refuses_other_users() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(
+            "the_control_socket_refuses_other_users",
+            "needs root to run a client as another user",
+        );
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let t = start();
+    // Let others reach the directory, so that only the socket's own mode stands in the way.
+    std::fs::set_permissions(
+        t.sock.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(t._dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |sock: &Path| {
+        Command::new(BIN)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(sock)
+            .arg("sessions")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let o = as_nobody(&t.sock);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("permission denied"), "{}", stderr(&o));
+    // With the file's mode opened, the server still refuses by the client's credentials.
+    std::fs::set_permissions(&t.sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = as_nobody(&t.sock);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("serves only the user the target runs as"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_second_target_on_a_live_socket_is_refused_and_a_stale_one_is_replaced() {
+    let mut t = start();
+    let port = free_port();
+    let o = Command::new(BIN)
+        .args([
+            "target",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--control",
+        ])
+        .arg(&t.sock)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("another server is already listening"),
+        "{}",
+        stderr(&o)
+    );
+    // Killed, it leaves its socket file; the next start takes the path over.
+    t.child.kill().unwrap();
+    t.child.wait().unwrap();
+    assert!(t.sock.exists());
+    let mut again = Command::new(BIN)
+        .args([
+            "target",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--control",
+        ])
+        .arg(&t.sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let t0 = Instant::now();
+    let o = loop {
+        let o = ctl(&t.sock, &["targets"]);
+        if o.status.success() || t0.elapsed() > Duration::from_secs(10) {
+            break o;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = again.kill();
+    let _ = again.wait();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
