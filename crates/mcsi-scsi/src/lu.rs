@@ -600,6 +600,16 @@ impl LogicalUnit {
         }
     }
 
+    /// A unit attention for every I_T nexus this unit has seen (a change of the target's
+    /// inventory, of this unit's capacity).
+    pub fn unit_attention_all(&self, s: Sense) {
+        let mut st = self.st();
+        let seen: Vec<Nexus> = st.seen.iter().cloned().collect();
+        for n in &seen {
+            push_ua(&mut st, n, s);
+        }
+    }
+
     /// Another I_T nexus's CLEAR TASK SET aborted tasks of `nexus` on this unit. With TAS 0
     /// (the control mode page's, always here) their statuses are not sent, so `nexus` is told
     /// with a unit attention, COMMANDS CLEARED BY ANOTHER INITIATOR (SAM-5 7.5, SPC-4 7.5.8).

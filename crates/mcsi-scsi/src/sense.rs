@@ -50,6 +50,7 @@ pub mod asc {
     pub const COMMAND_SEQUENCE_ERROR: (u8, u8) = (0x2C, 0x00);
     pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: (u8, u8) = (0x2F, 0x00);
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
+    pub const REPORTED_LUNS_DATA_HAS_CHANGED: (u8, u8) = (0x3F, 0x0E);
     pub const MEDIUM_NOT_PRESENT: (u8, u8) = (0x3A, 0x00);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: (u8, u8) = (0x55, 0x04);
     pub const INSUFFICIENT_RESOURCES: (u8, u8) = (0x55, 0x03);

@@ -4,12 +4,21 @@ use crate::backend::BackendError;
 use crate::lu::{bad_cdb, Cdb, Fail, LogicalUnit, Prepared, Res};
 use crate::sense::{asc, key, Sense};
 use crate::{lun, Command, DataPhase, Nexus, Outcome};
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::sync::Arc;
 
 const REPORT_LUNS: u8 = 0xA0;
 const INQUIRY: u8 = 0x12;
 const REQUEST_SENSE: u8 = 0x03;
+
+/// The unit of an 8-byte SAM LUN in an inventory.
+fn find(luns: &[(u16, Arc<LogicalUnit>)], raw: u64) -> Option<&Arc<LogicalUnit>> {
+    let idx = lun::decode(raw)?;
+    luns.binary_search_by_key(&idx, |(i, _)| *i)
+        .ok()
+        .map(|p| &luns[p].1)
+}
 
 /// REPORT LUNS parameter data (SPC-4 6.33) for the given LUN indices.
 pub(crate) fn report_luns(c: &Cdb, luns: &[u16]) -> Res {
@@ -35,9 +44,22 @@ pub(crate) fn report_luns(c: &Cdb, luns: &[u16]) -> Res {
     Ok(Outcome::good(Bytes::from(d)))
 }
 
-/// The logical units behind one SCSI target.
+/// The logical units behind one SCSI target. The inventory may change while commands run
+/// ([`DeviceServer::add`], [`DeviceServer::remove`]): each command looks its unit up in the
+/// inventory of the moment, and a removed unit lives on until the commands that hold it end.
 pub struct DeviceServer {
-    luns: Vec<(u16, Arc<LogicalUnit>)>,
+    luns: ArcSwap<Vec<(u16, Arc<LogicalUnit>)>>,
+    /// Changes of the inventory, one at a time.
+    change: std::sync::Mutex<()>,
+}
+
+/// Why the inventory did not change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InventoryError {
+    #[error("LUN {0} is already in use")]
+    InUse(u16),
+    #[error("no LUN {0}")]
+    NoSuchLun(u16),
 }
 
 impl DeviceServer {
@@ -45,21 +67,61 @@ impl DeviceServer {
     pub fn new(mut luns: Vec<(u16, Arc<LogicalUnit>)>) -> Self {
         luns.sort_by_key(|(i, _)| *i);
         luns.dedup_by_key(|(i, _)| *i);
-        DeviceServer { luns }
+        DeviceServer {
+            luns: ArcSwap::from_pointee(luns),
+            change: std::sync::Mutex::new(()),
+        }
     }
 
     /// The unit addressed by an 8-byte SAM LUN.
-    pub fn lu(&self, raw: u64) -> Option<&Arc<LogicalUnit>> {
-        let idx = lun::decode(raw)?;
-        self.luns
-            .binary_search_by_key(&idx, |(i, _)| *i)
-            .ok()
-            .map(|p| &self.luns[p].1)
+    pub fn lu(&self, raw: u64) -> Option<Arc<LogicalUnit>> {
+        find(&self.luns.load(), raw).cloned()
     }
 
-    /// `(index, unit)` pairs in index order.
-    pub fn luns(&self) -> impl Iterator<Item = (u16, &Arc<LogicalUnit>)> {
-        self.luns.iter().map(|(i, lu)| (*i, lu))
+    /// `(index, unit)` pairs in index order, as the inventory is now.
+    pub fn luns(&self) -> Arc<Vec<(u16, Arc<LogicalUnit>)>> {
+        self.luns.load_full()
+    }
+
+    /// Adds `unit` as LUN `idx`. Every I_T nexus the other units have seen gets the unit
+    /// attention REPORTED LUNS DATA HAS CHANGED (SPC-4 6.33) from them.
+    pub fn add(&self, idx: u16, unit: Arc<LogicalUnit>) -> Result<(), InventoryError> {
+        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.luns.load_full();
+        if now.iter().any(|(i, _)| *i == idx) {
+            return Err(InventoryError::InUse(idx));
+        }
+        let mut next: Vec<_> = now.iter().cloned().collect();
+        next.push((idx, unit));
+        next.sort_by_key(|(i, _)| *i);
+        self.luns.store(Arc::new(next));
+        self.luns_changed(Some(idx));
+        Ok(())
+    }
+
+    /// Removes LUN `idx` and returns its unit (commands that hold it finish on it). Every
+    /// I_T nexus the remaining units have seen gets REPORTED LUNS DATA HAS CHANGED.
+    pub fn remove(&self, idx: u16) -> Result<Arc<LogicalUnit>, InventoryError> {
+        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.luns.load_full();
+        let Some(pos) = now.iter().position(|(i, _)| *i == idx) else {
+            return Err(InventoryError::NoSuchLun(idx));
+        };
+        let mut next: Vec<_> = now.iter().cloned().collect();
+        let (_, unit) = next.remove(pos);
+        self.luns.store(Arc::new(next));
+        self.luns_changed(None);
+        Ok(unit)
+    }
+
+    /// The unit attention of a changed inventory, from every unit but `except` (a new one).
+    fn luns_changed(&self, except: Option<u16>) {
+        let s = Sense::new(key::UNIT_ATTENTION, asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+        for (i, lu) in self.luns.load().iter() {
+            if Some(*i) != except {
+                lu.unit_attention_all(s);
+            }
+        }
     }
 
     /// Runs a command for a LUN: REPORT LUNS here, absent LUNs answered per SPC-4 (INQUIRY
@@ -67,17 +129,18 @@ impl DeviceServer {
     /// CHECK CONDITION 25/00), everything else by the unit.
     pub fn execute(&self, raw: u64, cmd: Command<'_>) -> Outcome {
         let c = Cdb::new(cmd.cdb);
+        let luns = self.luns.load();
         if c.op() == REPORT_LUNS {
-            let idx: Vec<u16> = self.luns.iter().map(|(i, _)| *i).collect();
+            let idx: Vec<u16> = luns.iter().map(|(i, _)| *i).collect();
             return match report_luns(&c, &idx) {
                 Ok(o) => o,
                 Err(Fail::Sense(s)) => Outcome::check(&s),
                 Err(Fail::Status(s)) => Outcome::status(s),
             };
         }
-        if let Some(lu) = self.lu(raw) {
+        if let Some(lu) = find(&luns, raw) {
             if c.op() == crate::lu::op::EXTENDED_COPY {
-                let units: Vec<&LogicalUnit> = self.luns.iter().map(|(_, u)| &**u).collect();
+                let units: Vec<&LogicalUnit> = luns.iter().map(|(_, u)| &**u).collect();
                 return lu.execute_in(cmd, &units);
             }
             return lu.execute(cmd);
@@ -112,7 +175,7 @@ impl DeviceServer {
     /// REQUEST SENSE and REPORT LUNS).
     pub fn data_phase(&self, raw: u64, cdb: &[u8]) -> DataPhase {
         let c = Cdb::new(cdb);
-        match self.lu(raw) {
+        match find(&self.luns.load(), raw) {
             Some(lu) => lu.data_phase(cdb),
             None => {
                 let inl = match c.op() {
@@ -136,7 +199,8 @@ impl DeviceServer {
     /// reports the residual).
     pub fn overflow_refused(&self, raw: u64, cdb: &[u8], edtl: u32) -> Option<Outcome> {
         // Every write passes here: the opcode first, the CDB's data phase only for the few.
-        let lu = self.lu(raw).filter(|lu| lu.data_out_fixed(cdb))?;
+        let luns = self.luns.load();
+        let lu = find(&luns, raw).filter(|lu| lu.data_out_fixed(cdb))?;
         (edtl > lu.data_phase(cdb).data_out_len)
             .then(|| Outcome::check(&Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB)))
     }
@@ -144,25 +208,25 @@ impl DeviceServer {
     /// Whether aborting the command may end it without waiting for it (see
     /// [`LogicalUnit::abort_ends_wait`]).
     pub fn abort_ends_wait(&self, raw: u64, cdb: &[u8]) -> bool {
-        self.lu(raw).is_some_and(|lu| lu.abort_ends_wait(cdb))
+        find(&self.luns.load(), raw).is_some_and(|lu| lu.abort_ends_wait(cdb))
     }
 
     /// Whether the command may wait for backend I/O, on the asynchronous path or a thread
     /// (so it is not run inline).
     pub fn blocking(&self, raw: u64, cdb: &[u8]) -> bool {
-        self.lu(raw).is_some_and(|lu| lu.blocking(cdb))
+        find(&self.luns.load(), raw).is_some_and(|lu| lu.blocking(cdb))
     }
 
     /// Whether [`DeviceServer::execute`] of the command may block its thread on backend I/O
     /// (run it on a blocking pool).
     pub fn needs_thread(&self, raw: u64, cdb: &[u8]) -> bool {
-        self.lu(raw).is_some_and(|lu| lu.needs_thread(cdb))
+        find(&self.luns.load(), raw).is_some_and(|lu| lu.needs_thread(cdb))
     }
 
     /// The first half of a command on the asynchronous path ([`LogicalUnit::prepare`]);
     /// [`Prepared::Sync`] for an absent LUN and REPORT LUNS.
     pub fn prepare(&self, raw: u64, cmd: &Command<'_>) -> Prepared {
-        match self.lu(raw) {
+        match find(&self.luns.load(), raw) {
             Some(lu) if cmd.cdb.first() != Some(&REPORT_LUNS) => lu.prepare(cmd),
             _ => Prepared::Sync,
         }
@@ -170,14 +234,14 @@ impl DeviceServer {
 
     /// Target reset: every unit gets a logical unit reset.
     pub fn reset_all(&self) {
-        for (_, lu) in &self.luns {
+        for (_, lu) in self.luns.load().iter() {
             lu.reset();
         }
     }
 
     /// An I_T nexus ended (session closed): every unit forgets its per-nexus state.
     pub fn nexus_lost(&self, nexus: &Nexus) {
-        for (_, lu) in &self.luns {
+        for (_, lu) in self.luns.load().iter() {
             lu.nexus_lost(nexus);
         }
     }
@@ -186,6 +250,7 @@ impl DeviceServer {
     /// many units had some.
     pub fn stop_background(&self) -> usize {
         self.luns
+            .load()
             .iter()
             .filter(|(_, lu)| lu.stop_background())
             .count()
@@ -194,7 +259,7 @@ impl DeviceServer {
     /// Flushes every unit; returns the last error, after trying all.
     pub fn flush_all(&self) -> Result<(), BackendError> {
         let mut res = Ok(());
-        for (_, lu) in &self.luns {
+        for (_, lu) in self.luns.load().iter() {
             if let Err(e) = lu.flush() {
                 res = Err(e);
             }

@@ -1,5 +1,6 @@
 //! What an administrator may ask of a running server (through `mcsi ctl`): its targets and
-//! LUNs, its sessions with their connections, and ending a session.
+//! LUNs, adding and removing a LUN, its sessions with their connections, and ending a session.
+//! Each request is checked whole before anything changes: one that fails changes nothing.
 
 use crate::session::{SessionEnd, Shared};
 use crate::stats::SessionSnapshot;
@@ -12,6 +13,20 @@ use std::time::{Duration, Instant};
 pub enum AdminError {
     #[error("no session with TSIH {0} (`mcsi ctl sessions` lists them)")]
     NoSession(u16),
+    #[error("no target named {0} (`mcsi ctl targets` lists them)")]
+    NoTarget(String),
+    #[error("name the target: this server has {0} (`mcsi ctl targets` lists them)")]
+    WhichTarget(usize),
+    #[error(
+        "target {target}: LUN {lun} is already in use; remove it first or choose another number"
+    )]
+    LunInUse { target: String, lun: u16 },
+    #[error("target {target}: no LUN {lun}")]
+    NoLun { target: String, lun: u16 },
+    #[error("{0}")]
+    BadSpec(String),
+    #[error("LUN {lun}: {why}")]
+    Backend { lun: u16, why: String },
 }
 
 /// How an ended session ended.
@@ -47,6 +62,7 @@ pub struct LunView {
 #[derive(Clone)]
 pub struct Admin {
     pub(crate) shared: Arc<Shared>,
+    pub(crate) metrics: Arc<crate::stats::Metrics>,
 }
 
 impl Admin {
@@ -70,8 +86,9 @@ impl Admin {
                 luns: t
                     .dev
                     .luns()
+                    .iter()
                     .map(|(i, lu)| LunView {
-                        lun: i,
+                        lun: *i,
                         blocks: lu.blocks(),
                         block_size: lu.block_size(),
                         read_only: lu.config().read_only,
@@ -84,6 +101,85 @@ impl Admin {
                     .count(),
             })
             .collect()
+    }
+
+    /// The target named `name`, or the only one when `name` is None.
+    fn target(&self, name: Option<&str>) -> Result<Arc<crate::session::Target>, AdminError> {
+        let ts = &self.shared.targets;
+        match name {
+            Some(n) => ts
+                .iter()
+                .find(|t| t.name == n)
+                .cloned()
+                .ok_or_else(|| AdminError::NoTarget(n.to_string())),
+            None if ts.len() == 1 => Ok(ts[0].clone()),
+            None => Err(AdminError::WhichTarget(ts.len())),
+        }
+    }
+
+    /// Adds LUN `lun` to a target (the only one when `target` is None), from a LUN spec as
+    /// `--lun` takes it (`file:/srv/d1.img:10GiB,block_size=4096`). Sessions of the target get
+    /// REPORTED LUNS DATA HAS CHANGED on their next command to another LUN; nothing else pauses.
+    pub async fn add_lun(
+        &self,
+        target: Option<&str>,
+        lun: u16,
+        spec: &str,
+    ) -> Result<(), AdminError> {
+        let t = self.target(target)?;
+        let in_use = || AdminError::LunInUse {
+            target: t.name.clone(),
+            lun,
+        };
+        if t.dev.luns().iter().any(|(i, _)| *i == lun) {
+            return Err(in_use());
+        }
+        let l = crate::config::parse_lun_arg(&format!("LUN {lun}"), spec)
+            .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        // Opening a backend may wait on a disk or a cluster.
+        let iqn = t.name.clone();
+        let lu = tokio::task::spawn_blocking(move || crate::units::build_lu(&iqn, lun, &l))
+            .await
+            .map_err(|e| AdminError::Backend {
+                lun,
+                why: e.to_string(),
+            })?
+            .map_err(|e| AdminError::Backend {
+                lun,
+                why: format!("{e:#}"),
+            })?;
+        let m = self.metrics.lun(&t.name, lun);
+        t.dev.add(lun, lu).map_err(|_| in_use())?;
+        t.lun_metrics.rcu(|v| {
+            let mut v = (**v).clone();
+            v.retain(|(i, _)| *i != lun);
+            v.push((lun, m.clone()));
+            v
+        });
+        tracing::info!(target = %t.name, lun, spec, "the administrator added a LUN");
+        Ok(())
+    }
+
+    /// Removes LUN `lun` from a target. Commands on it finish; it is flushed; the sessions of
+    /// the target get REPORTED LUNS DATA HAS CHANGED, and the LUN answers as absent.
+    pub async fn remove_lun(&self, target: Option<&str>, lun: u16) -> Result<(), AdminError> {
+        let t = self.target(target)?;
+        let lu = t.dev.remove(lun).map_err(|_| AdminError::NoLun {
+            target: t.name.clone(),
+            lun,
+        })?;
+        t.lun_metrics.rcu(|v| {
+            let mut v = (**v).clone();
+            v.retain(|(i, _)| *i != lun);
+            v
+        });
+        lu.stop_background();
+        let flushed = tokio::task::spawn_blocking(move || lu.flush()).await;
+        if let Ok(Err(e)) = flushed {
+            tracing::warn!(target = %t.name, lun, "the removed LUN's flush failed: {e}");
+        }
+        tracing::info!(target = %t.name, lun, "the administrator removed a LUN");
+        Ok(())
     }
 
     /// Ends session `tsih`: asks its initiator to log out within `grace` (an Async Message on

@@ -50,6 +50,7 @@ pub(crate) mod shard;
 pub mod stats;
 pub(crate) mod text;
 pub(crate) mod transport;
+pub(crate) mod units;
 
 pub(crate) use mcsi_target_core::datain;
 /// The session core, a crate of its own (`mcsi-target-core`) so that nothing async can creep in.

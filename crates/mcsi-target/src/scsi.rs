@@ -95,7 +95,7 @@ async fn run(s: Started) {
         let run = execute(&session, &dev, &cmd, attr, data_out, read_expected);
         // Only an EXTENDED COPY looks its unit up (the opcode first: this runs for every task).
         let copy = LogicalUnit::is_copy(&cmd.cdb)
-            .then(|| dev.lu(cmd.lun).cloned())
+            .then(|| dev.lu(cmd.lun))
             .flatten();
         let o = if dev.abort_ends_wait(cmd.lun, &cmd.cdb) {
             // It only waits for work the unit does anyway (a SANITIZE without IMMED): an abort
@@ -165,15 +165,20 @@ fn account(
     } else {
         0
     };
-    let lun = session.target.as_ref().and_then(|t| t.lun_metrics(cmd.lun));
-    crate::counters::account(
-        lun,
-        &conn.counters,
-        o.data_in.len(),
-        write,
-        o.status == status::GOOD,
-        started,
-    );
+    let account = |lun: Option<&crate::counters::LunMetrics>| {
+        crate::counters::account(
+            lun,
+            &conn.counters,
+            o.data_in.len(),
+            write,
+            o.status == status::GOOD,
+            started,
+        )
+    };
+    match &session.target {
+        Some(t) => t.with_lun_metrics(cmd.lun, account),
+        None => account(None),
+    }
 }
 
 async fn execute(

@@ -2,7 +2,7 @@
 //! joining and reinstatement; clean shutdown.
 
 use crate::admission::{Denied, Gate, Slot};
-use crate::config::{LunBackend, ServerConfig};
+use crate::config::ServerConfig;
 use crate::conn::{self, Reader};
 use crate::login::{self, status, Negotiated};
 use crate::session::{
@@ -11,8 +11,7 @@ use crate::session::{
 use crate::shard::Shards;
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
-use mcsi_scsi::backend::open_backend;
-use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
+use mcsi_scsi::DeviceServer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,60 +84,21 @@ pub fn build_targets(
     for (ti, t) in cfg.targets.iter().enumerate() {
         let mut luns = Vec::new();
         for (li, l) in t.luns.iter().enumerate() {
-            let backend = match &l.backend {
-                LunBackend::Spec(spec) => {
-                    open_backend(spec).map_err(|source| StartError::Backend {
-                        target: ti,
-                        lun: li,
-                        source,
-                    })?
+            let lu = crate::units::build_lu(&t.iqn, li as u16, l).map_err(|source| {
+                StartError::Backend {
+                    target: ti,
+                    lun: li,
+                    source,
                 }
-                LunBackend::Opened(b) => b.clone(),
-            };
-            let backend: Arc<dyn mcsi_scsi::backend::Backend> = if l.service_time.is_zero() {
-                backend
-            } else {
-                Arc::new(mcsi_scsi::backend::ServiceTimeBackend::new(
-                    backend,
-                    l.service_time,
-                ))
-            };
-            // A stable identity: serial and NAA from a hash of the stored data's own name where
-            // it has one (an RBD image, the same through every gateway), else of the target's
-            // name and the LUN number.
-            let (h, tail) = match backend.identity() {
-                Some(id) => {
-                    let h2 = fnv1a(format!("{id}#2").as_bytes());
-                    (fnv1a(id.as_bytes()), h2 as u16)
-                }
-                None => (fnv1a(format!("{}/{}", t.iqn, li).as_bytes()), li as u16),
-            };
-            let mut naa = [0u8; 16];
-            naa[0] = 0x60 | ((h >> 60) as u8 & 0x0f);
-            naa[1..9].copy_from_slice(&h.to_be_bytes());
-            naa[9..11].copy_from_slice(&tail.to_be_bytes());
-            let lbppb = l.physical_block_size.map_or(1, |p| p / l.block_size);
-            let lu_cfg = LuConfig {
-                block_size: l.block_size,
-                lbppb_exponent: lbppb.trailing_zeros() as u8,
-                read_only: l.read_only,
-                serial: l
-                    .serial
-                    .clone()
-                    .unwrap_or_else(|| format!("{:012x}{tail:04x}", h & 0xffff_ffff_ffff)),
-                naa_id: naa,
-                sanitize_rate: l.sanitize_rate,
-                allow_sanitize: l.allow_sanitize,
-                ..LuConfig::default()
-            };
-            luns.push((li as u16, Arc::new(LogicalUnit::new(backend, lu_cfg))));
+            })?;
+            luns.push((li as u16, lu));
         }
         let lun_metrics = luns
             .iter()
             .map(|(i, _)| (*i, metrics.lun(&t.iqn, *i)))
             .collect();
         out.push(Arc::new(Target {
-            lun_metrics,
+            lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics),
             name: t.iqn.clone(),
             alias: t.alias.clone(),
             portals: t.portals.clone(),
@@ -171,12 +131,6 @@ fn listen(addr: SocketAddr, mptcp: bool) -> std::io::Result<TcpListener> {
     sock.bind(&addr.into())?;
     sock.listen(1024)?;
     TcpListener::from_std(sock.into())
-}
-
-fn fnv1a(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 impl Server {
@@ -273,6 +227,7 @@ impl Server {
     pub fn admin(&self) -> crate::admin::Admin {
         crate::admin::Admin {
             shared: self.shared.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 

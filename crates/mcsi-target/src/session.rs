@@ -38,8 +38,8 @@ pub struct Target {
     /// Authentication and access control of this target.
     pub auth: AuthSpec,
     pub dev: Arc<DeviceServer>,
-    /// Metric handles of each LUN, by LUN number.
-    pub lun_metrics: Vec<(u16, LunMetrics)>,
+    /// Metric handles of each LUN, by LUN number (as the inventory changes, so does this).
+    pub lun_metrics: arc_swap::ArcSwap<Vec<(u16, LunMetrics)>>,
     /// QoS rates of the sessions admitted so far (admission control against `qos_capacity`).
     pub qos_admitted: Arc<Mutex<QosLedger>>,
     /// QoS of the sessions of the initiators named here, in place of `limits.qos`.
@@ -101,12 +101,12 @@ impl Target {
 
 impl Target {
     /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
-    pub fn lun_metrics(&self, raw: u64) -> Option<&LunMetrics> {
-        let idx = mcsi_scsi::lun::decode(raw)?;
-        self.lun_metrics
-            .iter()
-            .find(|(i, _)| *i == idx)
-            .map(|(_, m)| m)
+    /// `f` with them (the handles are borrowed from the inventory of the moment).
+    pub fn with_lun_metrics<R>(&self, raw: u64, f: impl FnOnce(Option<&LunMetrics>) -> R) -> R {
+        let all = self.lun_metrics.load();
+        let m = mcsi_scsi::lun::decode(raw)
+            .and_then(|idx| all.iter().find(|(i, _)| *i == idx).map(|(_, m)| m));
+        f(m)
     }
 }
 

@@ -83,3 +83,177 @@ async fn a_session_that_does_not_log_out_is_dropped_at_the_end_of_its_grace() {
     assert!(t0.elapsed() >= Duration::from_secs(1));
     assert!(admin.sessions().is_empty());
 }
+
+/// Runs a non-data command (TEST UNIT READY) or a read of `alloc` bytes on `lun`; returns the
+/// status and the sense's (ASC, ASCQ) when there is one, and the data.
+async fn run(c: &mut Client, lun: u16, cdb: &[u8], alloc: u32) -> (u8, Option<(u8, u8)>, Vec<u8>) {
+    let mut cmd = c.command(cdb, alloc > 0, false, alloc, bytes::Bytes::new(), true);
+    cmd.lun = mcsi_scsi::lun::encode(lun);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    let mut data = Vec::new();
+    loop {
+        match c.recv().await {
+            Pdu::DataIn(d) if d.itt == itt => {
+                data.extend_from_slice(&d.data);
+                if let Some(s) = d.status {
+                    return (s, None, data);
+                }
+            }
+            Pdu::ScsiResponse(r) if r.itt == itt => {
+                // Fixed or descriptor format: ASC/ASCQ at 12/13 or 2/3.
+                let s = &r.sense;
+                let code = s.first().map(|b| b & 0x7f);
+                let sense = match code {
+                    Some(0x70 | 0x71) if s.len() >= 14 => Some((s[12], s[13])),
+                    Some(0x72 | 0x73) if s.len() >= 4 => Some((s[2], s[3])),
+                    _ => None,
+                };
+                return (r.status, sense, data);
+            }
+            _ => {}
+        }
+    }
+}
+
+const TUR: [u8; 6] = [0; 6];
+const REPORTED_LUNS_CHANGED: Option<(u8, u8)> = Some((0x3F, 0x0E));
+
+fn report_luns_cdb() -> Vec<u8> {
+    let mut c = vec![0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[6..10].copy_from_slice(&4096u32.to_be_bytes());
+    c
+}
+
+/// The LUN numbers REPORT LUNS lists.
+async fn reported(c: &mut Client) -> Vec<u16> {
+    let (status, _, d) = run(c, 0, &report_luns_cdb(), 4096).await;
+    assert_eq!(status, 0);
+    d[8..]
+        .chunks(8)
+        .map(|e| mcsi_scsi::lun::decode(u64::from_be_bytes(e.try_into().unwrap())).unwrap())
+        .collect()
+}
+
+/// Until the unit attention of power-on is taken.
+async fn settle(c: &mut Client, lun: u16) {
+    for _ in 0..4 {
+        if run(c, lun, &TUR, 0).await.0 == 0 {
+            return;
+        }
+    }
+    panic!("LUN {lun} never became ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_added_and_removed_live_is_announced_and_nothing_else_changes() {
+    let server = start(|_| {}).await;
+    let admin = server.admin();
+    let mut a = Client::normal(&server, &[]).await;
+    settle(&mut a, 0).await;
+    assert_eq!(reported(&mut a).await, vec![0]);
+
+    admin
+        .add_lun(None, 3, "ram:8MiB,block_size=4096")
+        .await
+        .unwrap();
+    // The session's next command to LUN 0 is told, once; REPORT LUNS lists the new LUN.
+    assert_eq!(run(&mut a, 0, &TUR, 0).await.1, REPORTED_LUNS_CHANGED);
+    assert_eq!(run(&mut a, 0, &TUR, 0).await.0, 0);
+    assert_eq!(reported(&mut a).await, vec![0, 3]);
+    settle(&mut a, 3).await;
+    let (status, _, d) = run(&mut a, 3, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8).await;
+    assert_eq!(status, 0);
+    assert_eq!(
+        u32::from_be_bytes(d[4..8].try_into().unwrap()),
+        4096,
+        "the block size asked for"
+    );
+    let views = admin.targets();
+    assert_eq!(
+        views[0].luns.iter().map(|l| l.lun).collect::<Vec<_>>(),
+        vec![0, 3]
+    );
+
+    // Refusals change nothing and tell no one.
+    let in_use = admin.add_lun(None, 3, "ram:1MiB").await.unwrap_err();
+    assert!(
+        matches!(in_use, AdminError::LunInUse { lun: 3, .. }),
+        "{in_use}"
+    );
+    let bad = admin.add_lun(None, 4, "rom:1MiB").await.unwrap_err();
+    assert!(
+        matches!(&bad, AdminError::BadSpec(w) if w.contains("unknown backend")),
+        "{bad}"
+    );
+    let missing = admin
+        .add_lun(None, 4, "file:/nonexistent/dir/x.img")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(missing, AdminError::Backend { lun: 4, .. }),
+        "{missing}"
+    );
+    let nobody = admin
+        .add_lun(Some("iqn.2026-01.org.mcsi:nobody"), 4, "ram:1MiB")
+        .await
+        .unwrap_err();
+    assert!(matches!(nobody, AdminError::NoTarget(_)), "{nobody}");
+    assert_eq!(
+        admin.remove_lun(None, 9).await.unwrap_err().to_string(),
+        format!("target {IQN}: no LUN 9")
+    );
+    assert_eq!(
+        run(&mut a, 0, &TUR, 0).await.0,
+        0,
+        "no unit attention for what did not change"
+    );
+    assert_eq!(reported(&mut a).await, vec![0, 3]);
+
+    admin.remove_lun(None, 3).await.unwrap();
+    assert_eq!(run(&mut a, 0, &TUR, 0).await.1, REPORTED_LUNS_CHANGED);
+    assert_eq!(reported(&mut a).await, vec![0]);
+    let (status, sense, _) = run(&mut a, 3, &TUR, 0).await;
+    assert_eq!(
+        (status, sense),
+        (2, Some((0x25, 0))),
+        "the removed LUN answers as absent"
+    );
+    assert_eq!(admin.sessions().len(), 1, "the session lives on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_running_on_a_removed_lun_finishes_on_it() {
+    let server = start(|_| {}).await;
+    let admin = server.admin();
+    admin
+        .add_lun(None, 1, "ram:8MiB,service_time=400ms")
+        .await
+        .unwrap();
+    let mut a = Client::normal(&server, &[]).await;
+    settle(&mut a, 1).await;
+    // A read that takes 400 ms is under way when its LUN goes.
+    let mut cmd = a.command(
+        &rw10(0x28, 0, 8),
+        true,
+        false,
+        4096,
+        bytes::Bytes::new(),
+        true,
+    );
+    cmd.lun = mcsi_scsi::lun::encode(1);
+    let itt = cmd.itt;
+    a.send(Pdu::ScsiCommand(cmd)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    admin.remove_lun(None, 1).await.unwrap();
+    let (data, status, ..) = a.read_result(itt).await;
+    assert_eq!(
+        (status, data.len()),
+        (0, 4096),
+        "the read finished on the removed unit"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let (status, sense, _) = run(&mut a, 1, &TUR, 0).await;
+    assert_eq!((status, sense), (2, Some((0x25, 0))));
+}

@@ -40,7 +40,7 @@ enum Command {
     /// The protocol cores on virtual time: initiators, a target, smoltcp's TCP and the link
     /// emulator's models, deterministic and faster than real time.
     Sim(cmd::sim::Args),
-    /// Administer a running target through its control socket: targets, sessions, ending one.
+    /// Administer a running target through its control socket: targets, LUNs, sessions.
     Ctl(cmd::ctl::Args),
     /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
     Monitor(cmd::monitor::Args),

@@ -202,6 +202,35 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     let long = format!("{}\n", "x".repeat(70 << 10));
     let v = raw(&t.sock, &long);
     assert!(v["error"].as_str().unwrap().contains("longer than"), "{v}");
+    let o = ctl(&t.sock, &["add-lun", "0", "ram:1MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("LUN 0 is already in use"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(
+        &t.sock,
+        &[
+            "add-lun",
+            "--target",
+            "iqn.2026-01.org.mcsi:nobody",
+            "1",
+            "ram:1MiB",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no target named iqn.2026-01.org.mcsi:nobody"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&t.sock, &["add-lun", "1", "ram:lots"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("LUN 1"), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["remove-lun", "5"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no LUN 5"), "{}", stderr(&o));
     // Nothing changed, and the target still serves.
     assert_eq!(stdout(&ctl(&t.sock, &["--json", "targets"])), before);
     // No socket at all: says what to check.
@@ -306,4 +335,80 @@ fn a_second_target_on_a_live_socket_is_refused_and_a_stale_one_is_replaced() {
     let _ = again.kill();
     let _ = again.wait();
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn luns_come_and_go_while_a_verified_bench_runs_on_lun_0() {
+    let t = start();
+    let url = format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port);
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            &url,
+            "--connections",
+            "2",
+            "--runtime",
+            "8",
+            "--rw",
+            "randrw",
+            "--verify",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let tsih = loop {
+        let o = ctl(&t.sock, &["--json", "sessions"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if let Some(s) = v["result"].as_array().unwrap().first() {
+            break s["tsih"].clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no session");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let o = ctl(&t.sock, &["add-lun", "1", "ram:32MiB,block_size=4096"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["--json", "targets"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let luns = &v["result"][0]["luns"];
+    assert_eq!(luns[1]["lun"], 1, "{v}");
+    assert_eq!(luns[1]["block_size"], 4096, "{v}");
+    // The new LUN serves I/O of its own.
+    let url1 = format!("iscsi://127.0.0.1:{}/{IQN}/1", t.port);
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            &url1,
+            "--runtime",
+            "1",
+            "--rw",
+            "randwrite",
+            "--verify",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["remove-lun", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The bench's session was never ended: the one there from the start is still there (the
+    // bench runs 8 s, and this is well inside them).
+    let o = ctl(&t.sock, &["--json", "sessions"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let now: Vec<_> = v["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tsih"].clone())
+        .collect();
+    assert!(t0.elapsed() < Duration::from_secs(7), "too slow to tell");
+    assert_eq!(now, vec![tsih], "{v}");
+    let out = bench.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" 0 errors"), "{text}");
 }

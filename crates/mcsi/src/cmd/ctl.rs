@@ -36,6 +36,19 @@ pub enum Request {
     Sessions,
     /// End a session: ask its initiator to log out, and drop it after `grace_ms`.
     EndSession { tsih: u16, grace_ms: u64 },
+    /// Add LUN `lun` to `target` (the only one when absent) from a `--lun` spec.
+    AddLun {
+        #[serde(default)]
+        target: Option<String>,
+        lun: u16,
+        spec: String,
+    },
+    /// Remove LUN `lun` of `target`.
+    RemoveLun {
+        #[serde(default)]
+        target: Option<String>,
+        lun: u16,
+    },
 }
 
 /// One answer.
@@ -199,6 +212,18 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
                 Err(e) => Reply::err(e),
             }
         }
+        Request::AddLun { target, lun, spec } => {
+            match admin.add_lun(target.as_deref(), lun, &spec).await {
+                Ok(()) => Reply::ok(serde_json::json!({ "lun": lun, "added": spec })),
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::RemoveLun { target, lun } => {
+            match admin.remove_lun(target.as_deref(), lun).await {
+                Ok(()) => Reply::ok(serde_json::json!({ "lun": lun, "removed": true })),
+                Err(e) => Reply::err(e),
+            }
+        }
     }
 }
 
@@ -228,6 +253,27 @@ enum What {
         /// How long the initiator has to log out (e.g. 5s; 1s to 300s).
         #[arg(long, default_value = "5s")]
         grace: String,
+    },
+    /// Add a LUN while the target runs; its sessions are told that the LUN inventory changed
+    /// (unit attention REPORTED LUNS DATA HAS CHANGED) and go on without a pause.
+    AddLun {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The LUN number (not in use on that target).
+        lun: u16,
+        /// The LUN, as `mcsi target --lun` takes it: ram:SIZE, file:PATH[:SIZE], block:PATH,
+        /// rbd:POOL/IMAGE, with ,block_size=N ,read_only ,serial=S ...
+        spec: String,
+    },
+    /// Remove a LUN while the target runs: commands on it finish, it is flushed, and it then
+    /// answers as absent; its sessions are told that the LUN inventory changed.
+    RemoveLun {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The LUN number.
+        lun: u16,
     },
 }
 
@@ -269,6 +315,15 @@ pub async fn request(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let req = match &args.what {
+        What::AddLun { target, lun, spec } => Request::AddLun {
+            target: target.clone(),
+            lun: *lun,
+            spec: spec.clone(),
+        },
+        What::RemoveLun { target, lun } => Request::RemoveLun {
+            target: target.clone(),
+            lun: *lun,
+        },
         What::Targets => Request::Targets,
         What::Sessions => Request::Sessions,
         What::EndSession { tsih, grace } => {
@@ -377,6 +432,8 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                 }
             }
         }
+        Request::AddLun { lun, spec, .. } => println!("LUN {lun} added: {spec}"),
+        Request::RemoveLun { lun, .. } => println!("LUN {lun} removed"),
         Request::EndSession { tsih, .. } => match v["ended"].as_str() {
             Some("logged_out") => println!("session {tsih}: the initiator logged out"),
             _ => println!(

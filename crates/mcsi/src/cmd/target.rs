@@ -286,7 +286,7 @@ fn print_ready(server: &mcsi_target::Server) {
     println!("mcsi target listening on {}", addrs.join(" "));
     for t in server.targets() {
         let Some(p) = t.portals.first() else { continue };
-        let luns: Vec<u16> = t.dev.luns().map(|(i, _)| i).collect();
+        let luns: Vec<u16> = t.dev.luns().iter().map(|(i, _)| *i).collect();
         println!();
         println!("target {} (LUNs {:?})", t.name, luns);
         for l in &luns {
