@@ -2,6 +2,7 @@
 //! LUNs, adding and removing a LUN, its sessions with their connections, and ending a session.
 //! Each request is checked whole before anything changes: one that fails changes nothing.
 
+use crate::config::AuthSpec;
 use crate::session::{SessionEnd, Shared};
 use crate::stats::SessionSnapshot;
 use serde::Serialize;
@@ -25,6 +26,16 @@ pub enum AdminError {
     NoLun { target: String, lun: u16 },
     #[error("{0}")]
     BadSpec(String),
+    #[error("target {target}: {initiator} is already allowed")]
+    AlreadyAllowed { target: String, initiator: String },
+    #[error("target {target}: {initiator} is not on its list of allowed initiators")]
+    NotAllowed { target: String, initiator: String },
+    #[error(
+        "target {target}: CHAP user {user} exists already; remove it first to change its secret"
+    )]
+    ChapUserExists { target: String, user: String },
+    #[error("target {target}: no CHAP user {user}")]
+    NoChapUser { target: String, user: String },
     #[error("LUN {lun}: {why}")]
     Backend { lun: u16, why: String },
 }
@@ -47,6 +58,12 @@ pub struct TargetView {
     pub portals: Vec<String>,
     pub luns: Vec<LunView>,
     pub sessions: usize,
+    /// Initiator names allowed to log in (empty: any).
+    pub allowed_initiators: Vec<String>,
+    /// Source networks allowed (empty: any).
+    pub allowed_networks: Vec<String>,
+    /// CHAP user names (empty: no CHAP); secrets are never shown.
+    pub chap_users: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +116,15 @@ impl Admin {
                     .iter()
                     .filter(|s| s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, t)))
                     .count(),
+                allowed_initiators: t.auth.load().allow_initiators.clone(),
+                allowed_networks: t
+                    .auth
+                    .load()
+                    .allow_networks
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect(),
+                chap_users: t.auth.load().chap.iter().map(|u| u.user.clone()).collect(),
             })
             .collect()
     }
@@ -179,6 +205,115 @@ impl Admin {
             tracing::warn!(target = %t.name, lun, "the removed LUN's flush failed: {e}");
         }
         tracing::info!(target = %t.name, lun, "the administrator removed a LUN");
+        Ok(())
+    }
+
+    /// Changes a target's access with `change`, which sees the access of the moment and says
+    /// why it cannot apply; logins from then on see the result. Sessions already logged in stay.
+    fn change_access(
+        &self,
+        target: Option<&str>,
+        change: impl Fn(&str, &mut AuthSpec) -> Result<(), AdminError>,
+    ) -> Result<(), AdminError> {
+        let t = self.target(target)?;
+        let _one = self.shared.admin_lock();
+        let mut next = (**t.auth.load()).clone();
+        change(&t.name, &mut next)?;
+        t.auth.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Allows `initiator` to log in to a target. The first name allowed turns a target open to
+    /// any initiator into one open to the names listed.
+    pub fn allow_initiator(&self, target: Option<&str>, initiator: &str) -> Result<(), AdminError> {
+        crate::name::validate(initiator)
+            .map_err(|e| AdminError::BadSpec(format!("initiator name {initiator:?}: {e}")))?;
+        self.change_access(target, |t, a| {
+            if a.allow_initiators.iter().any(|i| i == initiator) {
+                return Err(AdminError::AlreadyAllowed {
+                    target: t.into(),
+                    initiator: initiator.into(),
+                });
+            }
+            a.allow_initiators.push(initiator.to_string());
+            Ok(())
+        })?;
+        tracing::info!(target = ?target, initiator, "the administrator allowed an initiator");
+        Ok(())
+    }
+
+    /// Takes `initiator` off a target's list (its sessions stay; `end_session` ends them). The
+    /// last name taken off opens the target to any initiator again, as an empty list means.
+    pub fn disallow_initiator(
+        &self,
+        target: Option<&str>,
+        initiator: &str,
+    ) -> Result<(), AdminError> {
+        self.change_access(target, |t, a| {
+            let before = a.allow_initiators.len();
+            a.allow_initiators.retain(|i| i != initiator);
+            if a.allow_initiators.len() == before {
+                return Err(AdminError::NotAllowed {
+                    target: t.into(),
+                    initiator: initiator.into(),
+                });
+            }
+            Ok(())
+        })?;
+        tracing::info!(target = ?target, initiator, "the administrator took an initiator off the allowed list");
+        Ok(())
+    }
+
+    /// Adds a CHAP user to a target; its secret must be 12 bytes or more (RFC 7143 9.2.1). The
+    /// first user makes CHAP required for new logins.
+    pub fn add_chap_user(
+        &self,
+        target: Option<&str>,
+        user: crate::config::ChapUser,
+    ) -> Result<(), AdminError> {
+        user.credentials()
+            .validate()
+            .map_err(|e| AdminError::BadSpec(format!("CHAP user {}: {e}", user.user)))?;
+        crate::config::check_secret_len(&format!("CHAP user {}", user.user), &user.secret, false)
+            .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        if let Some(m) = &user.mutual_secret {
+            crate::config::check_secret_len(
+                &format!("CHAP user {}: mutual secret", user.user),
+                m,
+                false,
+            )
+            .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        }
+        let name = user.user.clone();
+        self.change_access(target, |t, a| {
+            if a.chap.iter().any(|u| u.user == user.user) {
+                return Err(AdminError::ChapUserExists {
+                    target: t.into(),
+                    user: user.user.clone(),
+                });
+            }
+            a.chap.push(user.clone());
+            Ok(())
+        })?;
+        tracing::info!(target = ?target, user = name, "the administrator added a CHAP user");
+        Ok(())
+    }
+
+    /// Removes a CHAP user (its sessions stay). The last one removed makes the target take
+    /// logins without CHAP again.
+    pub fn remove_chap_user(&self, target: Option<&str>, user: &str) -> Result<(), AdminError> {
+        self.change_access(target, |t, a| {
+            let before = a.chap.len();
+            a.chap.retain(|u| u.user != user);
+            if a.chap.len() == before {
+                return Err(AdminError::NoChapUser {
+                    target: t.into(),
+                    user: user.into(),
+                });
+            }
+            Ok(())
+        })?;
+        tracing::info!(target = ?target, user, "the administrator removed a CHAP user");
         Ok(())
     }
 

@@ -452,6 +452,12 @@ pub struct Network {
     pub prefix: u8,
 }
 
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
 impl Network {
     /// `ADDR/PREFIX` or a bare address (a single host).
     pub fn parse(s: &str) -> Result<Network, String> {

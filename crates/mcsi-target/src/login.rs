@@ -294,7 +294,7 @@ impl LoginEnv for Env<'_> {
                     ));
                 };
                 let authenticator =
-                    self.access(&t.auth, &format!("target {name}"), initiator_name)?;
+                    self.access(&t.auth.load(), &format!("target {name}"), initiator_name)?;
                 if let Some((isid, 0)) = self.first {
                     // A new session: refused now if the target is full, before authentication.
                     let reinstates = self

@@ -104,7 +104,7 @@ pub fn build_targets(
             portals: t.portals.clone(),
             tpgt: 1,
             limits: t.limits,
-            auth: t.auth.clone(),
+            auth: arc_swap::ArcSwap::from_pointee(t.auth.clone()),
             dev: Arc::new(DeviceServer::new(luns)),
             qos_admitted: Arc::default(),
             qos_initiators: t.qos_initiators.clone(),

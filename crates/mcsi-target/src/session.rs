@@ -35,8 +35,9 @@ pub struct Target {
     /// Target portal group tag (one group per target).
     pub tpgt: u16,
     pub limits: Limits,
-    /// Authentication and access control of this target.
-    pub auth: AuthSpec,
+    /// Authentication and access control of this target (each login reads it once; `mcsi
+    /// ctl` may replace it while the target runs).
+    pub auth: arc_swap::ArcSwap<AuthSpec>,
     pub dev: Arc<DeviceServer>,
     /// Metric handles of each LUN, by LUN number (as the inventory changes, so does this).
     pub lun_metrics: arc_swap::ArcSwap<Vec<(u16, LunMetrics)>>,
@@ -145,6 +146,8 @@ pub struct Shared {
     pub log_pool: Arc<LogPool>,
     /// CHAP users whose logins failed lately ([`ChapThrottle`]).
     pub chap_throttle: ChapThrottle,
+    /// Administrative changes, one at a time ([`crate::admin::Admin`]).
+    admin: Mutex<()>,
 }
 
 /// Failed CHAP logins per configured user: the first failure is free (a typo), and after the
@@ -299,7 +302,13 @@ impl Shared {
             retention_budget: Arc::new(Budget::new(limits.retention_budget)),
             log_pool: LogPool::new(limits.sent_log_budget),
             chap_throttle: ChapThrottle::default(),
+            admin: Mutex::new(()),
         }
+    }
+
+    /// Held while an administrative change is made: changes do not interleave.
+    pub fn admin_lock(&self) -> MutexGuard<'_, ()> {
+        self.admin.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn target(&self, name: &str) -> Option<&Arc<Target>> {

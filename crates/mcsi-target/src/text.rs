@@ -34,7 +34,7 @@ pub fn send_targets(
     peer: IpAddr,
 ) -> Vec<u8> {
     let own = session.target.as_ref();
-    let visible = |t: &&Arc<Target>| t.auth.allows(&session.initiator_name, peer);
+    let visible = |t: &&Arc<Target>| t.auth.load().allows(&session.initiator_name, peer);
     let list: Vec<&Target> = match value {
         "All" if session.is_discovery() => shared
             .targets

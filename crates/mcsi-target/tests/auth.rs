@@ -226,3 +226,74 @@ async fn failed_logins_lock_their_user_out_for_a_while() {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert_ne!(login(&server, right()).await.unwrap(), 0);
 }
+
+/// Access changed while the target runs (`mcsi ctl`): each login sees the access of the moment,
+/// sessions already logged in stay, and a refused change leaves the access as it was.
+#[tokio::test]
+async fn access_changes_while_running_apply_to_the_next_login() {
+    use mcsi_target::admin::AdminError;
+    let server = start(|_| {}).await;
+    let admin = server.admin();
+    // A session logged in before any change, by an initiator the changes will leave out.
+    let kept = Client::normal_isid(&server, [0x80, 9, 9, 9, 9, 9], &[]).await;
+
+    // Allow-list: the first name closes the target to every other initiator.
+    admin
+        .allow_initiator(None, "iqn.2026-01.org.mcsi:other")
+        .unwrap();
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
+    admin.allow_initiator(None, HOST).unwrap();
+    assert!(login(&server, normal(None)).await.is_ok());
+    assert!(matches!(
+        admin.allow_initiator(None, HOST),
+        Err(AdminError::AlreadyAllowed { .. })
+    ));
+    assert!(matches!(
+        admin.allow_initiator(None, "not a name"),
+        Err(AdminError::BadSpec(_))
+    ));
+    assert!(matches!(
+        admin.disallow_initiator(None, "iqn.2026-01.org.mcsi:never"),
+        Err(AdminError::NotAllowed { .. })
+    ));
+    admin.disallow_initiator(None, HOST).unwrap();
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
+    admin
+        .disallow_initiator(None, "iqn.2026-01.org.mcsi:other")
+        .unwrap();
+    assert!(
+        login(&server, normal(None)).await.is_ok(),
+        "an empty list admits any"
+    );
+
+    // CHAP: a secret too short is refused and changes nothing.
+    let short = admin
+        .add_chap_user(None, user("bob", "short", None))
+        .unwrap_err();
+    assert!(short.to_string().contains("too short"), "{short}");
+    assert!(login(&server, normal(None)).await.is_ok(), "still no CHAP");
+    admin
+        .add_chap_user(None, user("bob", "bob-secret-123", None))
+        .unwrap();
+    assert_eq!(status_of(login(&server, normal(None)).await), (2, 1));
+    assert!(login(
+        &server,
+        normal(Some(ChapCredentials::new("bob", "bob-secret-123")))
+    )
+    .await
+    .is_ok());
+    assert!(matches!(
+        admin.add_chap_user(None, user("bob", "another-secret-9", None)),
+        Err(AdminError::ChapUserExists { .. })
+    ));
+    let listed = admin.targets();
+    assert_eq!(listed[0].chap_users, vec!["bob".to_string()]);
+    assert!(matches!(
+        admin.remove_chap_user(None, "eve"),
+        Err(AdminError::NoChapUser { .. })
+    ));
+    admin.remove_chap_user(None, "bob").unwrap();
+    assert!(login(&server, normal(None)).await.is_ok());
+    // The first session was never touched by any of it.
+    assert!(admin.sessions().iter().any(|s| s.tsih == kept.tsih));
+}

@@ -231,6 +231,26 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     let o = ctl(&t.sock, &["remove-lun", "5"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("no LUN 5"), "{}", stderr(&o));
+    // A CHAP secret too short, or none at all; a name that is not an initiator name.
+    let o = Command::new(BIN)
+        .args(["ctl", "--socket"])
+        .arg(&t.sock)
+        .args(["add-chap-user", "bob", "--secret-env", "MCSI_TEST_SECRET"])
+        .env("MCSI_TEST_SECRET", "short")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("a CHAP secret of 5 bytes is too short"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&t.sock, &["add-chap-user", "bob"]);
+    assert_eq!(o.status.code(), Some(2), "a usage error");
+    assert!(stderr(&o).contains("--secret-file"), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["allow-initiator", "not a name"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("initiator name"), "{}", stderr(&o));
     // Nothing changed, and the target still serves.
     assert_eq!(stdout(&ctl(&t.sock, &["--json", "targets"])), before);
     // No socket at all: says what to check.
@@ -368,6 +388,21 @@ fn luns_come_and_go_while_a_verified_bench_runs_on_lun_0() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let o = ctl(&t.sock, &["add-lun", "1", "ram:32MiB,block_size=4096"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A CHAP user from a file: new logins need it; the running session is not disturbed.
+    let secret = t._dir.path().join("secret");
+    std::fs::write(&secret, "carol-secret-42\n").unwrap();
+    let o = Command::new(BIN)
+        .args(["ctl", "--socket"])
+        .arg(&t.sock)
+        .args(["add-chap-user", "carol", "--secret-file"])
+        .arg(&secret)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["targets"]);
+    assert!(stdout(&o).contains("CHAP users carol"), "{}", stdout(&o));
+    let o = ctl(&t.sock, &["remove-chap-user", "carol"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = ctl(&t.sock, &["--json", "targets"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

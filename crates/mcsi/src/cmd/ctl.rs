@@ -49,6 +49,31 @@ pub enum Request {
         target: Option<String>,
         lun: u16,
     },
+    /// Allow an initiator name to log in to `target`.
+    AllowInitiator {
+        #[serde(default)]
+        target: Option<String>,
+        initiator: String,
+    },
+    /// Take an initiator name off `target`'s allowed list.
+    DisallowInitiator {
+        #[serde(default)]
+        target: Option<String>,
+        initiator: String,
+    },
+    /// Add a CHAP user to `target`.
+    AddChapUser {
+        #[serde(default)]
+        target: Option<String>,
+        user: String,
+        secret: String,
+    },
+    /// Remove a CHAP user of `target`.
+    RemoveChapUser {
+        #[serde(default)]
+        target: Option<String>,
+        user: String,
+    },
 }
 
 /// One answer.
@@ -224,6 +249,35 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
                 Err(e) => Reply::err(e),
             }
         }
+        Request::AllowInitiator { target, initiator } => {
+            done(admin.allow_initiator(target.as_deref(), &initiator))
+        }
+        Request::DisallowInitiator { target, initiator } => {
+            done(admin.disallow_initiator(target.as_deref(), &initiator))
+        }
+        Request::AddChapUser {
+            target,
+            user,
+            secret,
+        } => done(admin.add_chap_user(
+            target.as_deref(),
+            mcsi_target::config::ChapUser {
+                user,
+                secret,
+                mutual_user: None,
+                mutual_secret: None,
+            },
+        )),
+        Request::RemoveChapUser { target, user } => {
+            done(admin.remove_chap_user(target.as_deref(), &user))
+        }
+    }
+}
+
+fn done(r: Result<(), mcsi_target::admin::AdminError>) -> Reply {
+    match r {
+        Ok(()) => Reply::ok(serde_json::json!({ "done": true })),
+        Err(e) => Reply::err(e),
     }
 }
 
@@ -275,6 +329,67 @@ enum What {
         /// The LUN number.
         lun: u16,
     },
+    /// Allow an initiator to log in (the first name allowed closes the target to others;
+    /// sessions already logged in stay).
+    AllowInitiator {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The initiator's name (iqn., eui. or naa.).
+        initiator: String,
+    },
+    /// Take an initiator off the allowed list (its sessions stay: `end-session` ends them; the
+    /// last name taken off opens the target to any initiator again).
+    DisallowInitiator {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The initiator's name.
+        initiator: String,
+    },
+    /// Add a CHAP user (the first makes CHAP required for new logins). The secret, 12 bytes or
+    /// more, comes from a file or a variable, never the command line.
+    AddChapUser {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The CHAP user name.
+        user: String,
+        /// Read the secret from this file (its first line).
+        #[arg(
+            long,
+            value_name = "PATH",
+            required_unless_present = "secret_env",
+            conflicts_with = "secret_env"
+        )]
+        secret_file: Option<PathBuf>,
+        /// Read the secret from this environment variable.
+        #[arg(long, value_name = "VAR")]
+        secret_env: Option<String>,
+    },
+    /// Remove a CHAP user (its sessions stay; the last removed makes CHAP optional again).
+    RemoveChapUser {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The CHAP user name.
+        user: String,
+    },
+}
+
+/// A secret from `--secret-file` (its first line) or `--secret-env`.
+fn secret(file: &Option<PathBuf>, env: &Option<String>) -> anyhow::Result<String> {
+    match (file, env) {
+        (Some(p), _) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--secret-file {}", p.display()))?;
+            Ok(text.lines().next().unwrap_or("").to_string())
+        }
+        (None, Some(v)) => {
+            std::env::var(v).with_context(|| format!("--secret-env {v}: the variable is not set"))
+        }
+        (None, None) => bail!("give the secret with --secret-file PATH or --secret-env VAR"),
+    }
 }
 
 /// Sends one request and returns its answer.
@@ -315,6 +430,28 @@ pub async fn request(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let req = match &args.what {
+        What::AllowInitiator { target, initiator } => Request::AllowInitiator {
+            target: target.clone(),
+            initiator: initiator.clone(),
+        },
+        What::DisallowInitiator { target, initiator } => Request::DisallowInitiator {
+            target: target.clone(),
+            initiator: initiator.clone(),
+        },
+        What::AddChapUser {
+            target,
+            user,
+            secret_file,
+            secret_env,
+        } => Request::AddChapUser {
+            target: target.clone(),
+            user: user.clone(),
+            secret: secret(secret_file, secret_env)?,
+        },
+        What::RemoveChapUser { target, user } => Request::RemoveChapUser {
+            target: target.clone(),
+            user: user.clone(),
+        },
         What::AddLun { target, lun, spec } => Request::AddLun {
             target: target.clone(),
             lun: *lun,
@@ -376,6 +513,24 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                     portals.join(" "),
                     text(&t["sessions"])
                 );
+                let names = |k: &str| {
+                    let v: Vec<String> = list(&t[k]).iter().map(text).collect();
+                    if v.is_empty() {
+                        String::from("any")
+                    } else {
+                        v.join(" ")
+                    }
+                };
+                println!(
+                    "  initiators {}  networks {}  CHAP users {}",
+                    names("allowed_initiators"),
+                    names("allowed_networks"),
+                    if list(&t["chap_users"]).is_empty() {
+                        String::from("none")
+                    } else {
+                        names("chap_users")
+                    }
+                );
                 for l in t["luns"].as_array().unwrap_or(&empty) {
                     println!(
                         "  LUN {:<3} {:>12} blocks of {:>4} B  {}  serial {}",
@@ -434,6 +589,12 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
         }
         Request::AddLun { lun, spec, .. } => println!("LUN {lun} added: {spec}"),
         Request::RemoveLun { lun, .. } => println!("LUN {lun} removed"),
+        Request::AllowInitiator { initiator, .. } => println!("{initiator} allowed"),
+        Request::DisallowInitiator { initiator, .. } => {
+            println!("{initiator} no longer allowed (its sessions, if any, stay)")
+        }
+        Request::AddChapUser { user, .. } => println!("CHAP user {user} added"),
+        Request::RemoveChapUser { user, .. } => println!("CHAP user {user} removed"),
         Request::EndSession { tsih, .. } => match v["ended"].as_str() {
             Some("logged_out") => println!("session {tsih}: the initiator logged out"),
             _ => println!(
