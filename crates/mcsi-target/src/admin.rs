@@ -2,10 +2,11 @@
 //! LUNs, adding and removing a LUN, its sessions with their connections, and ending a session.
 //! Each request is checked whole before anything changes: one that fails changes nothing.
 
-use crate::config::AuthSpec;
+use crate::config::{AuthSpec, LunSpec, ServerConfig};
 use crate::session::{SessionEnd, Shared};
 use crate::stats::SessionSnapshot;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,8 @@ pub enum AdminError {
     NoChapUser { target: String, user: String },
     #[error("LUN {lun}: {why}")]
     Backend { lun: u16, why: String },
+    #[error("{0} cannot change while the target runs: restart it (nothing was changed)")]
+    NeedsRestart(String),
 }
 
 /// How an ended session ended.
@@ -80,6 +83,52 @@ pub struct LunView {
 pub struct Admin {
     pub(crate) shared: Arc<Shared>,
     pub(crate) metrics: Arc<crate::stats::Metrics>,
+    pub(crate) applied: Arc<std::sync::Mutex<Applied>>,
+}
+
+/// The configuration the server runs, as a reload compares it with the file: the file's
+/// configuration it started from, with each target's LUNs by number and access as changed
+/// since (by `mcsi ctl` or a reload).
+#[derive(Debug, Clone)]
+pub struct Applied {
+    base: ServerConfig,
+    luns: BTreeMap<String, BTreeMap<u16, LunSpec>>,
+    auth: BTreeMap<String, AuthSpec>,
+}
+
+impl Applied {
+    pub(crate) fn new(cfg: &ServerConfig) -> Applied {
+        Applied {
+            base: cfg.clone(),
+            luns: cfg
+                .targets
+                .iter()
+                .map(|t| (t.iqn.clone(), numbered(&t.luns)))
+                .collect(),
+            auth: cfg
+                .targets
+                .iter()
+                .map(|t| (t.iqn.clone(), t.auth.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// A target's LUNs by number: numbered from 0 in the order given.
+fn numbered(luns: &[LunSpec]) -> BTreeMap<u16, LunSpec> {
+    luns.iter()
+        .enumerate()
+        .map(|(i, l)| (i as u16, l.clone()))
+        .collect()
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Changes {
+    pub luns_added: Vec<(String, u16)>,
+    pub luns_removed: Vec<(String, u16)>,
+    /// Targets whose access (allowed initiators and networks, CHAP users) was replaced.
+    pub access_changed: Vec<String>,
 }
 
 impl Admin {
@@ -162,6 +211,7 @@ impl Admin {
         }
         let l = crate::config::parse_lun_arg(&format!("LUN {lun}"), spec)
             .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        let l2 = l.clone();
         // Opening a backend may wait on a disk or a cluster.
         let iqn = t.name.clone();
         let lu = tokio::task::spawn_blocking(move || crate::units::build_lu(&iqn, lun, &l))
@@ -176,6 +226,7 @@ impl Admin {
             })?;
         let m = self.metrics.lun(&t.name, lun);
         t.dev.add(lun, lu).map_err(|_| in_use())?;
+        self.record_lun(&t.name, lun, Some(l2));
         t.lun_metrics.rcu(|v| {
             let mut v = (**v).clone();
             v.retain(|(i, _)| *i != lun);
@@ -194,6 +245,7 @@ impl Admin {
             target: t.name.clone(),
             lun,
         })?;
+        self.record_lun(&t.name, lun, None);
         t.lun_metrics.rcu(|v| {
             let mut v = (**v).clone();
             v.retain(|(i, _)| *i != lun);
@@ -219,8 +271,146 @@ impl Admin {
         let _one = self.shared.admin_lock();
         let mut next = (**t.auth.load()).clone();
         change(&t.name, &mut next)?;
+        self.applied().auth.insert(t.name.clone(), next.clone());
         t.auth.store(Arc::new(next));
         Ok(())
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, Applied> {
+        self.applied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record_lun(&self, target: &str, lun: u16, spec: Option<LunSpec>) {
+        let mut a = self.applied();
+        let luns = a.luns.entry(target.to_string()).or_default();
+        match spec {
+            Some(s) => luns.insert(lun, s),
+            None => luns.remove(&lun),
+        };
+    }
+
+    /// Applies `next` (the file, read again) to the running server: LUNs added and removed,
+    /// each target's access replaced. Everything is checked, and every new LUN opened, before
+    /// anything changes; a change that needs a restart (a target added or removed, portals,
+    /// negotiation limits, server-wide settings) or a LUN whose spec changed in place is
+    /// refused whole. Sessions of targets and LUNs it does not touch go on without a pause.
+    pub async fn apply(&self, next: &ServerConfig) -> Result<Changes, AdminError> {
+        let now = self.applied().clone();
+        let restart = |what: String| Err(AdminError::NeedsRestart(what));
+        let base = &now.base;
+        if next.discovery_auth != base.discovery_auth {
+            return restart("discovery access".into());
+        }
+        if next.limits != base.limits {
+            return restart("[limits]".into());
+        }
+        if next.session_threads != base.session_threads {
+            return restart("session_threads".into());
+        }
+        if next.mptcp != base.mptcp {
+            return restart("mptcp".into());
+        }
+        if next.control != base.control {
+            return restart("control".into());
+        }
+        let names =
+            |c: &ServerConfig| -> Vec<String> { c.targets.iter().map(|t| t.iqn.clone()).collect() };
+        for n in names(next) {
+            if !names(base).contains(&n) {
+                return restart(format!("a new target ({n})"));
+            }
+        }
+        for n in names(base) {
+            if !names(next).contains(&n) {
+                return restart(format!("removing target {n}"));
+            }
+        }
+        // Plan: (target, LUN, spec) to add, (target, LUN) to remove, access to replace.
+        let mut adds = Vec::new();
+        let mut removes = Vec::new();
+        let mut access = Vec::new();
+        for t in &next.targets {
+            let Some(was) = base.targets.iter().find(|b| b.iqn == t.iqn) else {
+                continue;
+            };
+            if t.portals != was.portals {
+                return restart(format!("target {}: its portals", t.iqn));
+            }
+            if t.alias != was.alias {
+                return restart(format!("target {}: its alias", t.iqn));
+            }
+            if t.limits != was.limits || t.qos_initiators != was.qos_initiators {
+                return restart(format!("target {}: its negotiation limits or QoS", t.iqn));
+            }
+            let running = now.luns.get(&t.iqn).cloned().unwrap_or_default();
+            let wanted = numbered(&t.luns);
+            for (n, spec) in &wanted {
+                match running.get(n) {
+                    None => adds.push((t.iqn.clone(), *n, spec.clone())),
+                    Some(r) if r != spec => {
+                        return Err(AdminError::BadSpec(format!(
+                            "target {}: LUN {n} changed in place; remove it (one reload), then add it back (another), or use mcsi ctl",
+                            t.iqn
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for n in running.keys() {
+                if !wanted.contains_key(n) {
+                    removes.push((t.iqn.clone(), *n));
+                }
+            }
+            if now.auth.get(&t.iqn) != Some(&t.auth) {
+                access.push((t.iqn.clone(), t.auth.clone()));
+            }
+        }
+        // Open every new LUN first: one that cannot open changes nothing.
+        let mut opened = Vec::new();
+        for (iqn, n, spec) in adds {
+            let (i2, s2) = (iqn.clone(), spec.clone());
+            let lu = tokio::task::spawn_blocking(move || crate::units::build_lu(&i2, n, &s2))
+                .await
+                .map_err(|e| AdminError::Backend {
+                    lun: n,
+                    why: e.to_string(),
+                })?
+                .map_err(|e| AdminError::Backend {
+                    lun: n,
+                    why: format!("target {iqn}: {e:#}"),
+                })?;
+            opened.push((iqn, n, spec, lu));
+        }
+        let mut changes = Changes::default();
+        for (iqn, n) in removes {
+            self.remove_lun(Some(&iqn), n).await?;
+            changes.luns_removed.push((iqn, n));
+        }
+        for (iqn, n, spec, lu) in opened {
+            let t = self.target(Some(&iqn))?;
+            t.dev.add(n, lu).map_err(|_| AdminError::LunInUse {
+                target: iqn.clone(),
+                lun: n,
+            })?;
+            let m = self.metrics.lun(&iqn, n);
+            t.lun_metrics.rcu(|v| {
+                let mut v = (**v).clone();
+                v.retain(|(i, _)| *i != n);
+                v.push((n, m.clone()));
+                v
+            });
+            self.record_lun(&iqn, n, Some(spec));
+            changes.luns_added.push((iqn, n));
+        }
+        for (iqn, auth) in access {
+            self.change_access(Some(&iqn), |_, a| {
+                *a = auth.clone();
+                Ok(())
+            })?;
+            changes.access_changed.push(iqn);
+        }
+        tracing::info!(?changes, "configuration applied");
+        Ok(changes)
     }
 
     /// Allows `initiator` to log in to a target. The first name allowed turns a target open to

@@ -56,6 +56,8 @@ pub struct Server {
     local_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     accept: JoinSet<()>,
+    /// The configuration as applied: what a reload compares the file with.
+    applied: Arc<std::sync::Mutex<crate::admin::Applied>>,
 }
 
 /// Takes snapshots and metrics of a running server.
@@ -137,6 +139,7 @@ impl Server {
     /// Opens every LUN and listens on every portal. A portal with port 0 gets an ephemeral port;
     /// [`Server::local_addrs`] tells which, and the targets' portal lists are updated.
     pub async fn start(cfg: &ServerConfig) -> Result<Server, StartError> {
+        let applied = Arc::new(std::sync::Mutex::new(crate::admin::Applied::new(cfg)));
         let mut cfg = cfg.clone();
         let mut listeners = Vec::new();
         let mut local_addrs = Vec::new();
@@ -183,6 +186,7 @@ impl Server {
             local_addrs,
             stop,
             accept,
+            applied,
         })
     }
 
@@ -228,6 +232,7 @@ impl Server {
         crate::admin::Admin {
             shared: self.shared.clone(),
             metrics: self.metrics.clone(),
+            applied: self.applied.clone(),
         }
     }
 

@@ -257,3 +257,64 @@ async fn a_command_running_on_a_removed_lun_finishes_on_it() {
     let (status, sense, _) = run(&mut a, 1, &TUR, 0).await;
     assert_eq!((status, sense), (2, Some((0x25, 0))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_changes_what_differs_or_nothing() {
+    let cfg = config(|_| {});
+    let server = mcsi_target::Server::start(&cfg).await.unwrap();
+    let admin = server.admin();
+    assert_eq!(
+        admin.apply(&cfg).await.unwrap(),
+        Default::default(),
+        "the same file: no change"
+    );
+
+    let mut next = cfg.clone();
+    next.targets[0]
+        .luns
+        .push(mcsi_target::config::LunSpec::new("ram:4MiB"));
+    next.targets[0].auth.allow_initiators = vec!["iqn.2026-01.org.mcsi:only".into()];
+    let c = admin.apply(&next).await.unwrap();
+    assert_eq!(c.luns_added, vec![(IQN.to_string(), 1)]);
+    assert_eq!(c.access_changed, vec![IQN.to_string()]);
+    assert_eq!(
+        admin.targets()[0].allowed_initiators,
+        vec!["iqn.2026-01.org.mcsi:only".to_string()]
+    );
+
+    // Refused whole: a LUN that cannot open beside an access change; a new target; a portal.
+    let mut bad = next.clone();
+    bad.targets[0]
+        .luns
+        .push(mcsi_target::config::LunSpec::new("file:/nonexistent/x.img"));
+    bad.targets[0].auth.allow_initiators.clear();
+    assert!(matches!(
+        admin.apply(&bad).await,
+        Err(AdminError::Backend { lun: 2, .. })
+    ));
+    let mut more = next.clone();
+    let mut t2 = more.targets[0].clone();
+    t2.iqn = "iqn.2026-01.org.mcsi:second".into();
+    more.targets.push(t2);
+    assert!(
+        matches!(admin.apply(&more).await, Err(AdminError::NeedsRestart(w)) if w.contains("new target"))
+    );
+    let mut moved = next.clone();
+    moved.targets[0].portals = vec!["127.0.0.1:1".parse().unwrap()];
+    assert!(
+        matches!(admin.apply(&moved).await, Err(AdminError::NeedsRestart(w)) if w.contains("portals"))
+    );
+    let mut changed = next.clone();
+    changed.targets[0].luns[1] = mcsi_target::config::LunSpec::new("ram:8MiB");
+    assert!(
+        matches!(admin.apply(&changed).await, Err(AdminError::BadSpec(w)) if w.contains("changed in place"))
+    );
+    let t = &admin.targets()[0];
+    assert_eq!(t.luns.len(), 2, "nothing changed");
+    assert_eq!(t.allowed_initiators.len(), 1, "nothing changed");
+
+    // Back to the first file: LUN 1 goes, the target is open again.
+    let c = admin.apply(&cfg).await.unwrap();
+    assert_eq!(c.luns_removed, vec![(IQN.to_string(), 1)]);
+    assert!(admin.targets()[0].allowed_initiators.is_empty());
+}

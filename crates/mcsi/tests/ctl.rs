@@ -447,3 +447,116 @@ fn luns_come_and_go_while_a_verified_bench_runs_on_lun_0() {
     );
     assert!(text.contains(" 0 errors"), "{text}");
 }
+
+/// A configuration file with LUN 0 and `extra` LUN lines, on `port`, with the control socket.
+fn file(port: u16, sock: &Path, extra: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"]\ncontrol = \"{}\"\n\n[[targets]]\niqn = \"{IQN}\"\nluns = [\n  {{ backend = \"ram:64MiB\" }},\n{extra}]\n",
+        sock.display()
+    )
+}
+
+#[test]
+fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let port = free_port();
+    std::fs::write(&conf, file(port, &sock, "")).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["target", "--config"])
+        .arg(&conf)
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    while !sock.exists() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let luns = || {
+        let o = ctl(&sock, &["--json", "targets"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["result"][0]["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["lun"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let url = format!("iscsi://127.0.0.1:{port}/{IQN}/0");
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            &url,
+            "--connections",
+            "2",
+            "--runtime",
+            "6",
+            "--rw",
+            "randrw",
+            "--verify",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // SIGHUP after adding LUN 1 to the file.
+    std::fs::write(&conf, file(port, &sock, "  { backend = \"ram:16MiB\" },\n")).unwrap();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let t0 = Instant::now();
+    while luns() != vec![0, 1] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "LUN 1 never came: {:?}",
+            luns()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A change that needs a restart, and a file that does not parse: refused, nothing changes.
+    std::fs::write(
+        &conf,
+        file(
+            free_port(),
+            &sock,
+            "  { backend = \"ram:16MiB\" },\n  { backend = \"ram:8MiB\" },\n",
+        ),
+    )
+    .unwrap();
+    let o = ctl(&sock, &["reload"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot change while the target runs"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&conf, "listen = [oops\n").unwrap();
+    let o = ctl(&sock, &["reload"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("not reloaded, nothing changed"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(luns(), vec![0, 1]);
+    // LUN 1 out of the file again: reload removes it.
+    std::fs::write(&conf, file(port, &sock, "")).unwrap();
+    let o = ctl(&sock, &["reload"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("LUN 1 removed"), "{}", stdout(&o));
+    assert_eq!(luns(), vec![0]);
+
+    let out = bench.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" 0 errors"), "{text}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

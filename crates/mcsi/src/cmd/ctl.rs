@@ -8,6 +8,7 @@
 
 use anyhow::{bail, Context};
 use mcsi_target::admin::Admin;
+use mcsi_target::config::ServerConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -74,6 +75,8 @@ pub enum Request {
         target: Option<String>,
         user: String,
     },
+    /// Read the configuration file again and apply the difference.
+    Reload,
 }
 
 /// One answer.
@@ -117,9 +120,33 @@ impl Drop for ControlSocket {
     }
 }
 
+/// How the server reads its configuration file again (with its command line's settings).
+pub type Reload = std::sync::Arc<dyn Fn() -> anyhow::Result<ServerConfig> + Send + Sync>;
+
+/// Reads the configuration again and applies the difference; a summary of what changed.
+pub async fn reload(admin: &Admin, r: &Reload) -> anyhow::Result<String> {
+    let cfg = r()?;
+    let c = admin.apply(&cfg).await?;
+    let mut parts = Vec::new();
+    for (t, l) in &c.luns_added {
+        parts.push(format!("{t} LUN {l} added"));
+    }
+    for (t, l) in &c.luns_removed {
+        parts.push(format!("{t} LUN {l} removed"));
+    }
+    for t in &c.access_changed {
+        parts.push(format!("{t} access replaced"));
+    }
+    Ok(if parts.is_empty() {
+        String::from("no change")
+    } else {
+        parts.join(", ")
+    })
+}
+
 /// Listens on `path` and answers requests about `admin`'s server until dropped. A socket left
 /// by an earlier run is replaced; a live one, or a file that is not a socket, is an error.
-pub fn serve(path: &Path, admin: Admin) -> anyhow::Result<ControlSocket> {
+pub fn serve(path: &Path, admin: Admin, reloader: Option<Reload>) -> anyhow::Result<ControlSocket> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let shown = path.display();
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -158,6 +185,7 @@ pub fn serve(path: &Path, admin: Admin) -> anyhow::Result<ControlSocket> {
                 .peer_cred()
                 .is_ok_and(|c| c.uid() == me || c.uid() == 0);
             let admin = admin.clone();
+            let reloader = reloader.clone();
             let slot = slots.clone().try_acquire_owned();
             tokio::spawn(async move {
                 let (rd, mut wr) = stream.into_split();
@@ -197,6 +225,19 @@ pub fn serve(path: &Path, admin: Admin) -> anyhow::Result<ControlSocket> {
                         return;
                     }
                     let reply = match serde_json::from_slice::<Request>(&line) {
+                        Ok(Request::Reload) => match &reloader {
+                            None => Reply::err(
+                                "nothing to reload: the target was started without --config",
+                            ),
+                            Some(r) => match reload(&admin, r).await {
+                                Ok(summary) => {
+                                    Reply::ok(serde_json::json!({ "reloaded": summary }))
+                                }
+                                Err(e) => {
+                                    Reply::err(format!("not reloaded, nothing changed: {e:#}"))
+                                }
+                            },
+                        },
                         Ok(req) => answer(&admin, req).await,
                         Err(e) => Reply::err(format!("a request that does not parse: {e}")),
                     };
@@ -271,6 +312,7 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
         Request::RemoveChapUser { target, user } => {
             done(admin.remove_chap_user(target.as_deref(), &user))
         }
+        Request::Reload => Reply::err("a reload needs the server's file; ask the server"),
     }
 }
 
@@ -367,6 +409,9 @@ enum What {
         #[arg(long, value_name = "VAR")]
         secret_env: Option<String>,
     },
+    /// Read the target's configuration file again and apply the difference (as SIGHUP does):
+    /// LUNs added and removed, access replaced; a change that needs a restart is refused whole.
+    Reload,
     /// Remove a CHAP user (its sessions stay; the last removed makes CHAP optional again).
     RemoveChapUser {
         /// The target (needed when the server has several).
@@ -430,6 +475,7 @@ pub async fn request(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let req = match &args.what {
+        What::Reload => Request::Reload,
         What::AllowInitiator { target, initiator } => Request::AllowInitiator {
             target: target.clone(),
             initiator: initiator.clone(),
@@ -594,6 +640,7 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
             println!("{initiator} no longer allowed (its sessions, if any, stay)")
         }
         Request::AddChapUser { user, .. } => println!("CHAP user {user} added"),
+        Request::Reload => println!("reloaded: {}", text(&v["reloaded"])),
         Request::RemoveChapUser { user, .. } => println!("CHAP user {user} removed"),
         Request::EndSession { tsih, .. } => match v["ended"].as_str() {
             Some("logged_out") => println!("session {tsih}: the initiator logged out"),

@@ -312,15 +312,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .thread_name("mcsi-target")
         .build()
         .context("cannot start the tokio runtime")?;
+    let args = Arc::new(args);
     rt.block_on(async move {
         let server = mcsi_target::Server::start(&cfg).await?;
         if let Some(addr) = &args.metrics {
             let at = crate::cmd::http::serve(addr, Arc::new(server.observer())).await?;
             println!("metrics on http://{at}/metrics, connections on http://{at}/state");
         }
+        // A reload reads the file again, with the command line's settings over it as at start.
+        let reload: Option<crate::cmd::ctl::Reload> = args.config.as_ref().map(|_| {
+            let args = args.clone();
+            Arc::new(move || build_config(&args)) as crate::cmd::ctl::Reload
+        });
         let _control = match &cfg.control {
             Some(path) => {
-                let c = crate::cmd::ctl::serve(path, server.admin())?;
+                let c = crate::cmd::ctl::serve(path, server.admin(), reload.clone())?;
                 println!(
                     "control socket {} (mcsi ctl --socket {})",
                     path.display(),
@@ -331,7 +337,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => None,
         };
         print_ready(&server);
-        wait_for_signal().await?;
+        serve_until_stopped(&server, reload).await?;
         tracing::info!("shutting down");
         server
             .shutdown()
@@ -339,6 +345,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .context("flushing the LUNs at shutdown")?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Waits for SIGTERM or SIGINT; each SIGHUP meanwhile reloads the file and applies the
+/// difference (or logs why it cannot, changing nothing).
+async fn serve_until_stopped(
+    server: &mcsi_target::Server,
+    reload: Option<crate::cmd::ctl::Reload>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    let stop = wait_for_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = &mut stop => return r,
+            _ = hup.recv() => match &reload {
+                None => tracing::warn!("SIGHUP: nothing to reload (the target was started without --config)"),
+                Some(r) => match crate::cmd::ctl::reload(&server.admin(), r).await {
+                    Ok(c) => tracing::info!("SIGHUP: configuration reloaded: {c}"),
+                    Err(e) => tracing::error!("SIGHUP: the configuration was not reloaded, nothing changed: {e:#}"),
+                },
+            },
+        }
+    }
 }
 
 pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
