@@ -42,6 +42,9 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Administer a running target through its control socket: targets, LUNs, sessions.
     Ctl(cmd::ctl::Args),
+    /// Man pages and shell completions, for packages and installs by hand.
+    #[command(subcommand)]
+    Generate(cmd::generate::Command),
     /// Each connection's TCP state, live, from a running target's or bench's --metrics address.
     Monitor(cmd::monitor::Args),
 }
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Lab(c) => cmd::lab::run(c),
         Command::Monitor(args) => cmd::monitor::run(args),
         Command::Ctl(args) => cmd::ctl::run(args),
+        Command::Generate(c) => cmd::generate::run(c, <Cli as clap::CommandFactory>::command()),
         Command::Nbd(args) => cmd::nbd::run(args),
         Command::Sim(args) => cmd::sim::run(args),
     };

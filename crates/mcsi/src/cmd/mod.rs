@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod copy;
 pub mod ctl;
+pub mod generate;
 pub mod http;
 pub mod lab;
 pub mod link;

@@ -337,7 +337,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => None,
         };
         print_ready(&server);
+        // systemd (Type=notify): every portal listens and the control socket is up.
+        notify(&[sd_notify::NotifyState::Ready]);
         serve_until_stopped(&server, reload).await?;
+        notify(&[sd_notify::NotifyState::Stopping]);
         tracing::info!("shutting down");
         server
             .shutdown()
@@ -345,6 +348,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .context("flushing the LUNs at shutdown")?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Tells systemd (when it started us with NOTIFY_SOCKET) where the service is.
+fn notify(state: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
 }
 
 /// Waits for SIGTERM or SIGINT; each SIGHUP meanwhile reloads the file and applies the
@@ -362,10 +372,14 @@ async fn serve_until_stopped(
             r = &mut stop => return r,
             _ = hup.recv() => match &reload {
                 None => tracing::warn!("SIGHUP: nothing to reload (the target was started without --config)"),
-                Some(r) => match crate::cmd::ctl::reload(&server.admin(), r).await {
-                    Ok(c) => tracing::info!("SIGHUP: configuration reloaded: {c}"),
-                    Err(e) => tracing::error!("SIGHUP: the configuration was not reloaded, nothing changed: {e:#}"),
-                },
+                Some(r) => {
+                    notify(&[sd_notify::NotifyState::Reloading]);
+                    match crate::cmd::ctl::reload(&server.admin(), r).await {
+                        Ok(c) => tracing::info!("SIGHUP: configuration reloaded: {c}"),
+                        Err(e) => tracing::error!("SIGHUP: the configuration was not reloaded, nothing changed: {e:#}"),
+                    }
+                    notify(&[sd_notify::NotifyState::Ready]);
+                }
             },
         }
     }
