@@ -134,8 +134,16 @@ impl Default for ConnectOptions {
     }
 }
 
-/// `iqn.2026-01.org.mcsi:<hostname>`.
+/// The host's initiator name from open-iscsi's `/etc/iscsi/initiatorname.iscsi` when it has
+/// one, else `iqn.2026-01.org.mcsi:<hostname>`.
 pub fn default_initiator_name() -> String {
+    // The host's own name, as open-iscsi keeps it: the name its targets' ACLs already know.
+    if let Some(n) = std::fs::read_to_string(OPEN_ISCSI_NAME_FILE)
+        .ok()
+        .and_then(|t| initiator_name_in(&t))
+    {
+        return n;
+    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_ascii_lowercase())
@@ -146,6 +154,26 @@ pub fn default_initiator_name() -> String {
         })
         .unwrap_or_else(|| "initiator".into());
     format!("iqn.2026-01.org.mcsi:{host}")
+}
+
+/// Where open-iscsi keeps the host's initiator name (`InitiatorName=iqn...`).
+pub const OPEN_ISCSI_NAME_FILE: &str = "/etc/iscsi/initiatorname.iscsi";
+
+/// The name an open-iscsi `initiatorname.iscsi` file gives: its `InitiatorName=` line, when
+/// the name is an iqn., eui. or naa. name without white space; None otherwise.
+pub fn initiator_name_in(text: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("InitiatorName="))
+        .map(str::trim)
+        .filter(|n| {
+            let lower = n.to_ascii_lowercase();
+            (lower.starts_with("iqn.") || lower.starts_with("eui.") || lower.starts_with("naa."))
+                && n.len() <= 223
+                && !n.chars().any(|c| c.is_whitespace() || c.is_control())
+        })
+        .map(str::to_string)
 }
 
 /// Random bytes from the operating system's CSPRNG (the session core's logins draw CHAP's
@@ -341,7 +369,7 @@ fn dial<'a>(o: &ConnectOptions, bind: Option<&'a Bind>, timeout: Duration) -> co
 }
 
 /// The leading login's configuration; connections added later change CID, TSIH, ITT and CmdSN.
-fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
+fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<LoginConfig, Error> {
     let offers = Offers {
         max_connections: o.connections.max(1),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
@@ -361,7 +389,7 @@ fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
             o.max_erl.min(1)
         },
     };
-    LoginConfig {
+    Ok(LoginConfig {
         initiator_name: o.initiator_name.clone(),
         target_name: Some(url.target.clone()),
         kind: SessionKind::Normal,
@@ -371,20 +399,20 @@ fn login_config(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> LoginConfig {
         itt: 0,
         cmd_sn: o.initial_cmd_sn,
         offers,
-        chap: url
-            .user
-            .clone()
-            .map(|u| (u, url.password.clone().unwrap_or_default())),
+        chap: match &url.user {
+            Some(u) => Some((u.clone(), url.chap_secret()?)),
+            None => None,
+        },
         chap_algorithms: o.chap_algorithms.clone(),
         // The leading connection carries requests (thesis 4.3.3: connections 1..n).
         role: ConnRole::Requests,
         random: os_random,
-    }
+    })
 }
 
 async fn establish(url: &IscsiUrl, o: &ConnectOptions, isid: Isid) -> Result<Established, Error> {
     let want = o.connections.max(1);
-    let cfg = login_config(url, o, isid);
+    let cfg = login_config(url, o, isid)?;
     let default_portal = url.address();
     let (bind0, addr0) = route::of(&o.binds, &o.portals, &default_portal, 0);
     let (s0, done, rest0) =
@@ -1049,12 +1077,19 @@ async fn rejoin(shared: Arc<Shared>, conn: usize, generation: u64) {
                 return;
             };
             login_cid = cid;
+            let base = match login_config(&shared.url, o, shared.isid) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!("connection {cid} cannot log in again: {e}");
+                    return;
+                }
+            };
             LoginConfig {
                 tsih: inner.tsih,
                 cid,
                 itt: u32::from(cid) | 0x8000_0000,
                 cmd_sn: inner.core.immediate_cmd_sn(),
-                ..login_config(&shared.url, o, shared.isid)
+                ..base
             }
         };
         let connect_timeout = o.login_timeout.min(Duration::from_secs(5));
@@ -1718,5 +1753,28 @@ impl Session {
             let _ = c.sock.shutdown(std::net::Shutdown::Read);
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn open_iscsi_s_name_file_gives_the_initiator_name() {
+        let file = "## DO NOT EDIT OR REMOVE THIS FILE!\n## If you remove this file, the iSCSI daemon will not start.\n#InitiatorName=iqn.1993-08.org.debian:01:commented\nInitiatorName=iqn.1993-08.org.debian:01:5ee0c1a9b2\n";
+        assert_eq!(
+            initiator_name_in(file).as_deref(),
+            Some("iqn.1993-08.org.debian:01:5ee0c1a9b2")
+        );
+        assert_eq!(initiator_name_in("InitiatorName=not a name\n"), None);
+        assert_eq!(initiator_name_in("InitiatorName=\n"), None);
+        assert_eq!(initiator_name_in(""), None);
+    }
+
+    #[test]
+    fn the_documented_defaults_hold() {
+        // docs/error-recovery.md: both sides default to ErrorRecoveryLevel 2.
+        assert_eq!(ConnectOptions::default().max_erl, 2);
     }
 }

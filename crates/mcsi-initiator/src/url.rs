@@ -77,10 +77,47 @@ impl IscsiUrl {
         })
     }
 
+    /// The CHAP secret of the URL's user: the URL's password, else the environment's
+    /// `MCSI_CHAP_SECRET`, else the first line of the file `MCSI_CHAP_SECRET_FILE` names (so
+    /// that the secret need not be on a command line, where `ps` shows it). Empty when none is
+    /// given (the target then refuses the login).
+    pub fn chap_secret(&self) -> Result<String, Error> {
+        chap_secret_from(
+            self.password.as_deref(),
+            std::env::var(SECRET_ENV).ok(),
+            std::env::var_os(SECRET_FILE_ENV).map(std::path::PathBuf::from),
+        )
+    }
+
     /// `host:port` for connecting (IPv6 in brackets).
     pub fn address(&self) -> String {
         join(&self.host, self.port)
     }
+}
+
+/// The variable that holds the initiator's CHAP secret when the URL has none.
+pub const SECRET_ENV: &str = "MCSI_CHAP_SECRET";
+/// The variable that names a file holding it (its first line).
+pub const SECRET_FILE_ENV: &str = "MCSI_CHAP_SECRET_FILE";
+
+fn chap_secret_from(
+    password: Option<&str>,
+    env: Option<String>,
+    file: Option<std::path::PathBuf>,
+) -> Result<String, Error> {
+    if let Some(p) = password {
+        return Ok(p.to_string());
+    }
+    if let Some(s) = env {
+        return Ok(s);
+    }
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(&f).map_err(|e| {
+            Error::InvalidArgument(format!("{SECRET_FILE_ENV}={}: {e}", f.display()))
+        })?;
+        return Ok(text.lines().next().unwrap_or("").to_string());
+    }
+    Ok(String::new())
 }
 
 /// `host:port`, an IPv6 address in brackets.
@@ -209,5 +246,32 @@ mod tests {
             let e = IscsiUrl::parse(s).unwrap_err().to_string();
             assert!(e.contains(needle), "{s}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn the_chap_secret_comes_from_the_url_then_the_environment_then_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("secret");
+        std::fs::write(&f, "from-the-file-123\nignored\n").unwrap();
+        assert_eq!(
+            chap_secret_from(Some("url"), Some("env".into()), Some(f.clone())).unwrap(),
+            "url"
+        );
+        assert_eq!(
+            chap_secret_from(None, Some("env".into()), Some(f.clone())).unwrap(),
+            "env"
+        );
+        assert_eq!(
+            chap_secret_from(None, None, Some(f)).unwrap(),
+            "from-the-file-123"
+        );
+        assert_eq!(chap_secret_from(None, None, None).unwrap(), "");
+        let e = chap_secret_from(None, None, Some(dir.path().join("missing"))).unwrap_err();
+        assert!(e.to_string().contains("MCSI_CHAP_SECRET_FILE="), "{e}");
     }
 }

@@ -2220,6 +2220,12 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_defaults_hold() {
+        // docs/error-recovery.md: the target agrees to ErrorRecoveryLevel 2 by default.
+        assert_eq!(Limits::default().max_erl, 2);
+    }
+
+    #[test]
     fn the_control_socket_is_a_path_or_nothing() {
         let t = "[[targets]]\niqn = \"iqn.2026-01.org.mcsi:t\"\nlisten = [\"127.0.0.1:3260\"]\nluns = [{ backend = \"ram:1MiB\" }]\n";
         let c =

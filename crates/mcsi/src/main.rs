@@ -37,8 +37,8 @@ enum Command {
     Lab(cmd::lab::Command),
     /// Export iSCSI LUNs over NBD (sessions of many connections for the kernel, QEMU, fio...).
     Nbd(cmd::nbd::Args),
-    /// The protocol cores on virtual time: initiators, a target, smoltcp's TCP and the link
-    /// emulator's models, deterministic and faster than real time.
+    /// The protocol cores on virtual time: initiators, a target, a Linux-like TCP (or
+    /// smoltcp's) and the link emulator's models, deterministic and faster than real time.
     Sim(cmd::sim::Args),
     /// Administer a running target through its control socket: targets, LUNs, sessions.
     Ctl(cmd::ctl::Args),
@@ -90,11 +90,12 @@ fn main() -> ExitCode {
         Command::Nbd(args) => cmd::nbd::run(args),
         Command::Sim(args) => cmd::sim::run(args),
     };
+    // 2 is a usage error (clap's, above); an error while running is 1.
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mcsi: error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(1)
         }
     }
 }

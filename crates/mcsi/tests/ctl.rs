@@ -321,7 +321,11 @@ fn a_second_target_on_a_live_socket_is_refused_and_a_stale_one_is_replaced() {
         .arg(&t.sock)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "an error while running, not a usage error"
+    );
     assert!(
         stderr(&o).contains("another server is already listening"),
         "{}",

@@ -114,7 +114,8 @@ pub struct SessionArgs {
     /// below it [default: 2].
     #[arg(long, value_name = "N")]
     pub max_erl: Option<u8>,
-    /// iSCSI initiator name (default iqn.2026-01.org.mcsi:<hostname>).
+    /// iSCSI initiator name (default: the host's, from /etc/iscsi/initiatorname.iscsi as
+    /// open-iscsi keeps it, else iqn.2026-01.org.mcsi:<hostname>).
     #[arg(long)]
     pub initiator_name: Option<String>,
     /// Source of the connections: an address of this host, or an interface (SO_BINDTODEVICE).
