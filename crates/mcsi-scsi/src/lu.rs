@@ -610,6 +610,22 @@ impl LogicalUnit {
         }
     }
 
+    /// A unit attention for each of `nexuses` (whether or not this unit has seen them).
+    pub fn unit_attention_for(&self, nexuses: &[Nexus], s: Sense) {
+        if nexuses.is_empty() {
+            return;
+        }
+        let mut st = self.st();
+        for n in nexuses {
+            push_ua(&mut st, n, s);
+        }
+    }
+
+    /// The I_T nexuses this unit has seen.
+    pub fn seen_nexuses(&self) -> Vec<Nexus> {
+        self.st().seen.iter().cloned().collect()
+    }
+
     /// Another I_T nexus's CLEAR TASK SET aborted tasks of `nexus` on this unit. With TAS 0
     /// (the control mode page's, always here) their statuses are not sent, so `nexus` is told
     /// with a unit attention, COMMANDS CLEARED BY ANOTHER INITIATOR (SAM-5 7.5, SPC-4 7.5.8).

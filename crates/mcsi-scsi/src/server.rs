@@ -95,7 +95,7 @@ impl DeviceServer {
         next.push((idx, unit));
         next.sort_by_key(|(i, _)| *i);
         self.luns.store(Arc::new(next));
-        self.luns_changed(Some(idx));
+        self.luns_changed(Some(idx), &[]);
         Ok(())
     }
 
@@ -110,16 +110,19 @@ impl DeviceServer {
         let mut next: Vec<_> = now.iter().cloned().collect();
         let (_, unit) = next.remove(pos);
         self.luns.store(Arc::new(next));
-        self.luns_changed(None);
+        // A nexus that used only the removed unit is told by the others too.
+        self.luns_changed(None, &unit.seen_nexuses());
         Ok(unit)
     }
 
-    /// The unit attention of a changed inventory, from every unit but `except` (a new one).
-    fn luns_changed(&self, except: Option<u16>) {
+    /// The unit attention of a changed inventory, from every unit but `except` (a new one),
+    /// to every nexus it has seen and to those of `also` (a removed unit's).
+    fn luns_changed(&self, except: Option<u16>, also: &[Nexus]) {
         let s = Sense::new(key::UNIT_ATTENTION, asc::REPORTED_LUNS_DATA_HAS_CHANGED);
         for (i, lu) in self.luns.load().iter() {
             if Some(*i) != except {
                 lu.unit_attention_all(s);
+                lu.unit_attention_for(also, s);
             }
         }
     }

@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The longest a removed LUN waits for the commands still on it before its flush.
+pub const REMOVE_DRAIN: Duration = Duration::from_secs(30);
+
 /// Why a request could not be carried out; nothing was changed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AdminError {
@@ -39,6 +42,8 @@ pub enum AdminError {
     NoChapUser { target: String, user: String },
     #[error("LUN {lun}: {why}")]
     Backend { lun: u16, why: String },
+    #[error("{0}")]
+    WouldOpen(String),
     #[error("{0} cannot change while the target runs: restart it (nothing was changed)")]
     NeedsRestart(String),
 }
@@ -201,6 +206,7 @@ impl Admin {
         lun: u16,
         spec: &str,
     ) -> Result<(), AdminError> {
+        let _one = self.shared.admin_lock().await;
         let t = self.target(target)?;
         let in_use = || AdminError::LunInUse {
             target: t.name.clone(),
@@ -237,9 +243,15 @@ impl Admin {
         Ok(())
     }
 
-    /// Removes LUN `lun` from a target. Commands on it finish; it is flushed; the sessions of
-    /// the target get REPORTED LUNS DATA HAS CHANGED, and the LUN answers as absent.
+    /// Removes LUN `lun` from a target: it answers as absent at once, and the sessions of the
+    /// target get REPORTED LUNS DATA HAS CHANGED; the commands already on it finish (for at
+    /// most [`REMOVE_DRAIN`]), and then it is flushed.
     pub async fn remove_lun(&self, target: Option<&str>, lun: u16) -> Result<(), AdminError> {
+        let _one = self.shared.admin_lock().await;
+        self.remove_lun_locked(target, lun).await
+    }
+
+    async fn remove_lun_locked(&self, target: Option<&str>, lun: u16) -> Result<(), AdminError> {
         let t = self.target(target)?;
         let lu = t.dev.remove(lun).map_err(|_| AdminError::NoLun {
             target: t.name.clone(),
@@ -252,6 +264,15 @@ impl Admin {
             v
         });
         lu.stop_background();
+        // The commands that looked the unit up before it went hold it (or the inventory it was
+        // in); a write acknowledged after the flush would not be on disk.
+        let until = Instant::now() + REMOVE_DRAIN;
+        while Arc::strong_count(&lu) > 1 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&lu) > 1 {
+            tracing::warn!(target = %t.name, lun, "commands still hold the removed LUN after {REMOVE_DRAIN:?}; flushing it anyway");
+        }
         let flushed = tokio::task::spawn_blocking(move || lu.flush()).await;
         if let Ok(Err(e)) = flushed {
             tracing::warn!(target = %t.name, lun, "the removed LUN's flush failed: {e}");
@@ -262,13 +283,21 @@ impl Admin {
 
     /// Changes a target's access with `change`, which sees the access of the moment and says
     /// why it cannot apply; logins from then on see the result. Sessions already logged in stay.
-    fn change_access(
+    async fn change_access(
+        &self,
+        target: Option<&str>,
+        change: impl Fn(&str, &mut AuthSpec) -> Result<(), AdminError>,
+    ) -> Result<(), AdminError> {
+        let _one = self.shared.admin_lock().await;
+        self.change_access_locked(target, change)
+    }
+
+    fn change_access_locked(
         &self,
         target: Option<&str>,
         change: impl Fn(&str, &mut AuthSpec) -> Result<(), AdminError>,
     ) -> Result<(), AdminError> {
         let t = self.target(target)?;
-        let _one = self.shared.admin_lock();
         let mut next = (**t.auth.load()).clone();
         change(&t.name, &mut next)?;
         self.applied().auth.insert(t.name.clone(), next.clone());
@@ -295,6 +324,8 @@ impl Admin {
     /// negotiation limits, server-wide settings) or a LUN whose spec changed in place is
     /// refused whole. Sessions of targets and LUNs it does not touch go on without a pause.
     pub async fn apply(&self, next: &ServerConfig) -> Result<Changes, AdminError> {
+        // The plan and its changes under one lock: no other change comes between.
+        let _one = self.shared.admin_lock().await;
         let now = self.applied().clone();
         let restart = |what: String| Err(AdminError::NeedsRestart(what));
         let base = &now.base;
@@ -383,7 +414,7 @@ impl Admin {
         }
         let mut changes = Changes::default();
         for (iqn, n) in removes {
-            self.remove_lun(Some(&iqn), n).await?;
+            self.remove_lun_locked(Some(&iqn), n).await?;
             changes.luns_removed.push((iqn, n));
         }
         for (iqn, n, spec, lu) in opened {
@@ -403,7 +434,7 @@ impl Admin {
             changes.luns_added.push((iqn, n));
         }
         for (iqn, auth) in access {
-            self.change_access(Some(&iqn), |_, a| {
+            self.change_access_locked(Some(&iqn), |_, a| {
                 *a = auth.clone();
                 Ok(())
             })?;
@@ -415,7 +446,11 @@ impl Admin {
 
     /// Allows `initiator` to log in to a target. The first name allowed turns a target open to
     /// any initiator into one open to the names listed.
-    pub fn allow_initiator(&self, target: Option<&str>, initiator: &str) -> Result<(), AdminError> {
+    pub async fn allow_initiator(
+        &self,
+        target: Option<&str>,
+        initiator: &str,
+    ) -> Result<(), AdminError> {
         crate::name::validate(initiator)
             .map_err(|e| AdminError::BadSpec(format!("initiator name {initiator:?}: {e}")))?;
         self.change_access(target, |t, a| {
@@ -427,17 +462,20 @@ impl Admin {
             }
             a.allow_initiators.push(initiator.to_string());
             Ok(())
-        })?;
+        })
+        .await?;
         tracing::info!(target = ?target, initiator, "the administrator allowed an initiator");
         Ok(())
     }
 
-    /// Takes `initiator` off a target's list (its sessions stay; `end_session` ends them). The
-    /// last name taken off opens the target to any initiator again, as an empty list means.
-    pub fn disallow_initiator(
+    /// Takes `initiator` off a target's list (its sessions stay; `end_session` ends them). An
+    /// empty list admits any initiator, so the last name goes only with `open`: revoking the
+    /// last host must not open the target to every other.
+    pub async fn disallow_initiator(
         &self,
         target: Option<&str>,
         initiator: &str,
+        open: bool,
     ) -> Result<(), AdminError> {
         self.change_access(target, |t, a| {
             let before = a.allow_initiators.len();
@@ -448,15 +486,21 @@ impl Admin {
                     initiator: initiator.into(),
                 });
             }
+            if a.allow_initiators.is_empty() && !open {
+                return Err(AdminError::WouldOpen(format!(
+                    "target {t}: {initiator} is the last allowed initiator, and an empty list admits any; allow another first, or say --open"
+                )));
+            }
             Ok(())
-        })?;
+        })
+        .await?;
         tracing::info!(target = ?target, initiator, "the administrator took an initiator off the allowed list");
         Ok(())
     }
 
     /// Adds a CHAP user to a target; its secret must be 12 bytes or more (RFC 7143 9.2.1). The
     /// first user makes CHAP required for new logins.
-    pub fn add_chap_user(
+    pub async fn add_chap_user(
         &self,
         target: Option<&str>,
         user: crate::config::ChapUser,
@@ -464,15 +508,25 @@ impl Admin {
         user.credentials()
             .validate()
             .map_err(|e| AdminError::BadSpec(format!("CHAP user {}: {e}", user.user)))?;
-        crate::config::check_secret_len(&format!("CHAP user {}", user.user), &user.secret, false)
-            .map_err(|e| AdminError::BadSpec(e.to_string()))?;
-        if let Some(m) = &user.mutual_secret {
-            crate::config::check_secret_len(
-                &format!("CHAP user {}: mutual secret", user.user),
-                m,
-                false,
-            )
-            .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        let short = |what: &str, secret: &str| {
+            let n = secret.len();
+            (n < mcsi_proto::chap::SHORT_SECRET_LEN).then(|| {
+                AdminError::BadSpec(format!(
+                    "CHAP user {}: a {what} of {n} bytes is too short: use at least {} (RFC 7143 9.2.1)",
+                    user.user,
+                    mcsi_proto::chap::SHORT_SECRET_LEN
+                ))
+            })
+        };
+        if let Some(e) = short("secret", &user.secret) {
+            return Err(e);
+        }
+        if let Some(e) = user
+            .mutual_secret
+            .as_deref()
+            .and_then(|m| short("mutual secret", m))
+        {
+            return Err(e);
         }
         let name = user.user.clone();
         self.change_access(target, |t, a| {
@@ -484,14 +538,20 @@ impl Admin {
             }
             a.chap.push(user.clone());
             Ok(())
-        })?;
+        })
+        .await?;
         tracing::info!(target = ?target, user = name, "the administrator added a CHAP user");
         Ok(())
     }
 
-    /// Removes a CHAP user (its sessions stay). The last one removed makes the target take
-    /// logins without CHAP again.
-    pub fn remove_chap_user(&self, target: Option<&str>, user: &str) -> Result<(), AdminError> {
+    /// Removes a CHAP user (its sessions stay). Without CHAP users a target takes logins
+    /// without CHAP, so the last user goes only with `open`.
+    pub async fn remove_chap_user(
+        &self,
+        target: Option<&str>,
+        user: &str,
+        open: bool,
+    ) -> Result<(), AdminError> {
         self.change_access(target, |t, a| {
             let before = a.chap.len();
             a.chap.retain(|u| u.user != user);
@@ -501,8 +561,14 @@ impl Admin {
                     user: user.into(),
                 });
             }
+            if a.chap.is_empty() && !open {
+                return Err(AdminError::WouldOpen(format!(
+                    "target {t}: {user} is the last CHAP user, and without one logins need no CHAP; add another first, or say --open"
+                )));
+            }
             Ok(())
-        })?;
+        })
+        .await?;
         tracing::info!(target = ?target, user, "the administrator removed a CHAP user");
         Ok(())
     }

@@ -146,8 +146,9 @@ pub struct Shared {
     pub log_pool: Arc<LogPool>,
     /// CHAP users whose logins failed lately ([`ChapThrottle`]).
     pub chap_throttle: ChapThrottle,
-    /// Administrative changes, one at a time ([`crate::admin::Admin`]).
-    admin: Mutex<()>,
+    /// Administrative changes, one at a time ([`crate::admin::Admin`]): held across the
+    /// opening of a LUN's backend, so an async lock.
+    admin: tokio::sync::Mutex<()>,
 }
 
 /// Failed CHAP logins per configured user: the first failure is free (a typo), and after the
@@ -302,13 +303,13 @@ impl Shared {
             retention_budget: Arc::new(Budget::new(limits.retention_budget)),
             log_pool: LogPool::new(limits.sent_log_budget),
             chap_throttle: ChapThrottle::default(),
-            admin: Mutex::new(()),
+            admin: tokio::sync::Mutex::new(()),
         }
     }
 
     /// Held while an administrative change is made: changes do not interleave.
-    pub fn admin_lock(&self) -> MutexGuard<'_, ()> {
-        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    pub async fn admin_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.admin.lock().await
     }
 
     pub fn target(&self, name: &str) -> Option<&Arc<Target>> {

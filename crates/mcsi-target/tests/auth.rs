@@ -240,26 +240,41 @@ async fn access_changes_while_running_apply_to_the_next_login() {
     // Allow-list: the first name closes the target to every other initiator.
     admin
         .allow_initiator(None, "iqn.2026-01.org.mcsi:other")
+        .await
         .unwrap();
     assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
-    admin.allow_initiator(None, HOST).unwrap();
+    admin.allow_initiator(None, HOST).await.unwrap();
     assert!(login(&server, normal(None)).await.is_ok());
     assert!(matches!(
-        admin.allow_initiator(None, HOST),
+        admin.allow_initiator(None, HOST).await,
         Err(AdminError::AlreadyAllowed { .. })
     ));
     assert!(matches!(
-        admin.allow_initiator(None, "not a name"),
+        admin.allow_initiator(None, "not a name").await,
         Err(AdminError::BadSpec(_))
     ));
     assert!(matches!(
-        admin.disallow_initiator(None, "iqn.2026-01.org.mcsi:never"),
+        admin
+            .disallow_initiator(None, "iqn.2026-01.org.mcsi:never", false)
+            .await,
         Err(AdminError::NotAllowed { .. })
     ));
-    admin.disallow_initiator(None, HOST).unwrap();
+    admin.disallow_initiator(None, HOST, false).await.unwrap();
     assert_eq!(status_of(login(&server, normal(None)).await), (2, 2));
+    // The last name goes only when asked to open the target.
+    let last = admin
+        .disallow_initiator(None, "iqn.2026-01.org.mcsi:other", false)
+        .await
+        .unwrap_err();
+    assert!(matches!(last, AdminError::WouldOpen(_)), "{last}");
+    assert_eq!(
+        status_of(login(&server, normal(None)).await),
+        (2, 2),
+        "still closed"
+    );
     admin
-        .disallow_initiator(None, "iqn.2026-01.org.mcsi:other")
+        .disallow_initiator(None, "iqn.2026-01.org.mcsi:other", true)
+        .await
         .unwrap();
     assert!(
         login(&server, normal(None)).await.is_ok(),
@@ -269,11 +284,13 @@ async fn access_changes_while_running_apply_to_the_next_login() {
     // CHAP: a secret too short is refused and changes nothing.
     let short = admin
         .add_chap_user(None, user("bob", "short", None))
+        .await
         .unwrap_err();
     assert!(short.to_string().contains("too short"), "{short}");
     assert!(login(&server, normal(None)).await.is_ok(), "still no CHAP");
     admin
         .add_chap_user(None, user("bob", "bob-secret-123", None))
+        .await
         .unwrap();
     assert_eq!(status_of(login(&server, normal(None)).await), (2, 1));
     assert!(login(
@@ -283,16 +300,27 @@ async fn access_changes_while_running_apply_to_the_next_login() {
     .await
     .is_ok());
     assert!(matches!(
-        admin.add_chap_user(None, user("bob", "another-secret-9", None)),
+        admin
+            .add_chap_user(None, user("bob", "another-secret-9", None))
+            .await,
         Err(AdminError::ChapUserExists { .. })
     ));
     let listed = admin.targets();
     assert_eq!(listed[0].chap_users, vec!["bob".to_string()]);
     assert!(matches!(
-        admin.remove_chap_user(None, "eve"),
+        admin.remove_chap_user(None, "eve", false).await,
         Err(AdminError::NoChapUser { .. })
     ));
-    admin.remove_chap_user(None, "bob").unwrap();
+    assert!(matches!(
+        admin.remove_chap_user(None, "bob", false).await,
+        Err(AdminError::WouldOpen(_))
+    ));
+    assert_eq!(
+        status_of(login(&server, normal(None)).await),
+        (2, 1),
+        "CHAP still needed"
+    );
+    admin.remove_chap_user(None, "bob", true).await.unwrap();
     assert!(login(&server, normal(None)).await.is_ok());
     // The first session was never touched by any of it.
     assert!(admin.sessions().iter().any(|s| s.tsih == kept.tsih));

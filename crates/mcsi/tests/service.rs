@@ -70,7 +70,7 @@ fn the_unit_file_verifies() {
     let unit = std::fs::read_to_string(format!("{root}/packaging/mcsi.service")).unwrap();
     for line in [
         "Type=notify",
-        "ExecReload=/bin/kill -HUP $MAINPID",
+        "ExecReload=/usr/bin/mcsi ctl --socket /run/mcsi/control.sock reload",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
     ] {

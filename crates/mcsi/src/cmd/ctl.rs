@@ -56,11 +56,13 @@ pub enum Request {
         target: Option<String>,
         initiator: String,
     },
-    /// Take an initiator name off `target`'s allowed list.
+    /// Take an initiator name off `target`'s allowed list (the last only with `open`).
     DisallowInitiator {
         #[serde(default)]
         target: Option<String>,
         initiator: String,
+        #[serde(default)]
+        open: bool,
     },
     /// Add a CHAP user to `target`.
     AddChapUser {
@@ -69,11 +71,13 @@ pub enum Request {
         user: String,
         secret: String,
     },
-    /// Remove a CHAP user of `target`.
+    /// Remove a CHAP user of `target` (the last only with `open`).
     RemoveChapUser {
         #[serde(default)]
         target: Option<String>,
         user: String,
+        #[serde(default)]
+        open: bool,
     },
     /// Read the configuration file again and apply the difference.
     Reload,
@@ -257,7 +261,10 @@ pub fn serve(path: &Path, admin: Admin, reloader: Option<Reload>) -> anyhow::Res
 async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Reply) -> std::io::Result<()> {
     let mut b = serde_json::to_vec(r).map_err(std::io::Error::other)?;
     b.push(b'\n');
-    w.write_all(&b).await
+    // A client that does not read its answer gives up its place.
+    tokio::time::timeout(CLIENT_IDLE, w.write_all(&b))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
 /// Carries out one request.
@@ -291,26 +298,36 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
             }
         }
         Request::AllowInitiator { target, initiator } => {
-            done(admin.allow_initiator(target.as_deref(), &initiator))
+            done(admin.allow_initiator(target.as_deref(), &initiator).await)
         }
-        Request::DisallowInitiator { target, initiator } => {
-            done(admin.disallow_initiator(target.as_deref(), &initiator))
-        }
+        Request::DisallowInitiator {
+            target,
+            initiator,
+            open,
+        } => done(
+            admin
+                .disallow_initiator(target.as_deref(), &initiator, open)
+                .await,
+        ),
         Request::AddChapUser {
             target,
             user,
             secret,
-        } => done(admin.add_chap_user(
-            target.as_deref(),
-            mcsi_target::config::ChapUser {
-                user,
-                secret,
-                mutual_user: None,
-                mutual_secret: None,
-            },
-        )),
-        Request::RemoveChapUser { target, user } => {
-            done(admin.remove_chap_user(target.as_deref(), &user))
+        } => done(
+            admin
+                .add_chap_user(
+                    target.as_deref(),
+                    mcsi_target::config::ChapUser {
+                        user,
+                        secret,
+                        mutual_user: None,
+                        mutual_secret: None,
+                    },
+                )
+                .await,
+        ),
+        Request::RemoveChapUser { target, user, open } => {
+            done(admin.remove_chap_user(target.as_deref(), &user, open).await)
         }
         Request::Reload => Reply::err("a reload needs the server's file; ask the server"),
     }
@@ -381,13 +398,16 @@ enum What {
         initiator: String,
     },
     /// Take an initiator off the allowed list (its sessions stay: `end-session` ends them; the
-    /// last name taken off opens the target to any initiator again).
+    /// last name goes only with --open, as an empty list admits any initiator).
     DisallowInitiator {
         /// The target (needed when the server has several).
         #[arg(long, value_name = "IQN")]
         target: Option<String>,
         /// The initiator's name.
         initiator: String,
+        /// Let the last name go, which opens the target to any initiator.
+        #[arg(long)]
+        open: bool,
     },
     /// Add a CHAP user (the first makes CHAP required for new logins). The secret, 12 bytes or
     /// more, comes from a file or a variable, never the command line.
@@ -412,13 +432,17 @@ enum What {
     /// Read the target's configuration file again and apply the difference (as SIGHUP does):
     /// LUNs added and removed, access replaced; a change that needs a restart is refused whole.
     Reload,
-    /// Remove a CHAP user (its sessions stay; the last removed makes CHAP optional again).
+    /// Remove a CHAP user (its sessions stay; the last goes only with --open, as a target
+    /// without CHAP users takes logins without CHAP).
     RemoveChapUser {
         /// The target (needed when the server has several).
         #[arg(long, value_name = "IQN")]
         target: Option<String>,
         /// The CHAP user name.
         user: String,
+        /// Let the last user go, after which logins need no CHAP.
+        #[arg(long)]
+        open: bool,
     },
 }
 
@@ -480,9 +504,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             target: target.clone(),
             initiator: initiator.clone(),
         },
-        What::DisallowInitiator { target, initiator } => Request::DisallowInitiator {
+        What::DisallowInitiator {
+            target,
+            initiator,
+            open,
+        } => Request::DisallowInitiator {
             target: target.clone(),
             initiator: initiator.clone(),
+            open: *open,
         },
         What::AddChapUser {
             target,
@@ -494,9 +523,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             user: user.clone(),
             secret: secret(secret_file, secret_env)?,
         },
-        What::RemoveChapUser { target, user } => Request::RemoveChapUser {
+        What::RemoveChapUser { target, user, open } => Request::RemoveChapUser {
             target: target.clone(),
             user: user.clone(),
+            open: *open,
         },
         What::AddLun { target, lun, spec } => Request::AddLun {
             target: target.clone(),

@@ -314,6 +314,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("cannot start the tokio runtime")?;
     let args = Arc::new(args);
     rt.block_on(async move {
+        // The signals are watched from before the first listener: a reload or a stop that
+        // comes as soon as the service is ready must not meet the default action.
+        let signals = Signals::new()?;
         let server = mcsi_target::Server::start(&cfg).await?;
         if let Some(addr) = &args.metrics {
             let at = crate::cmd::http::serve(addr, Arc::new(server.observer())).await?;
@@ -339,7 +342,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         print_ready(&server);
         // systemd (Type=notify): every portal listens and the control socket is up.
         notify(&[sd_notify::NotifyState::Ready]);
-        serve_until_stopped(&server, reload).await?;
+        serve_until_stopped(&server, reload, signals).await?;
         notify(&[sd_notify::NotifyState::Stopping]);
         tracing::info!("shutting down");
         server
@@ -357,20 +360,36 @@ fn notify(state: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
+/// The signals a target answers: SIGTERM and SIGINT stop it, SIGHUP reloads.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+            hup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
+        })
+    }
+}
+
 /// Waits for SIGTERM or SIGINT; each SIGHUP meanwhile reloads the file and applies the
 /// difference (or logs why it cannot, changing nothing).
 async fn serve_until_stopped(
     server: &mcsi_target::Server,
     reload: Option<crate::cmd::ctl::Reload>,
+    mut sig: Signals,
 ) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
-    let stop = wait_for_signal();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            r = &mut stop => return r,
-            _ = hup.recv() => match &reload {
+            _ = sig.term.recv() => return Ok(()),
+            _ = sig.int.recv() => return Ok(()),
+            _ = sig.hup.recv() => match &reload {
                 None => tracing::warn!("SIGHUP: nothing to reload (the target was started without --config)"),
                 Some(r) => {
                     notify(&[sd_notify::NotifyState::Reloading]);
