@@ -150,7 +150,8 @@ impl Admin {
         self.shared
             .targets
             .iter()
-            .map(|t| TargetView {
+            .map(|t| (t, t.auth.load()))
+            .map(|(t, auth)| TargetView {
                 name: t.name.clone(),
                 alias: t.alias.clone(),
                 portals: t.portals.iter().map(|p| p.to_string()).collect(),
@@ -170,15 +171,10 @@ impl Admin {
                     .iter()
                     .filter(|s| s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, t)))
                     .count(),
-                allowed_initiators: t.auth.load().allow_initiators.clone(),
-                allowed_networks: t
-                    .auth
-                    .load()
-                    .allow_networks
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect(),
-                chap_users: t.auth.load().chap.iter().map(|u| u.user.clone()).collect(),
+                // One read of the access: a change meanwhile shows whole or not at all.
+                allowed_initiators: auth.allow_initiators.clone(),
+                allowed_networks: auth.allow_networks.iter().map(|n| n.to_string()).collect(),
+                chap_users: auth.chap.iter().map(|u| u.user.clone()).collect(),
             })
             .collect()
     }
@@ -230,15 +226,7 @@ impl Admin {
                 lun,
                 why: format!("{e:#}"),
             })?;
-        let m = self.metrics.lun(&t.name, lun);
-        t.dev.add(lun, lu).map_err(|_| in_use())?;
-        self.record_lun(&t.name, lun, Some(l2));
-        t.lun_metrics.rcu(|v| {
-            let mut v = (**v).clone();
-            v.retain(|(i, _)| *i != lun);
-            v.push((lun, m.clone()));
-            v
-        });
+        self.install_lun(&t, lun, lu, l2)?;
         tracing::info!(target = %t.name, lun, spec, "the administrator added a LUN");
         Ok(())
     }
@@ -257,12 +245,7 @@ impl Admin {
             target: t.name.clone(),
             lun,
         })?;
-        self.record_lun(&t.name, lun, None);
-        t.lun_metrics.rcu(|v| {
-            let mut v = (**v).clone();
-            v.retain(|(i, _)| *i != lun);
-            v
-        });
+        self.record_lun(&t, lun, None);
         lu.stop_background();
         // The commands that looked the unit up before it went hold it (or the inventory it was
         // in); a write acknowledged after the flush would not be on disk.
@@ -309,11 +292,43 @@ impl Admin {
         self.applied.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record_lun(&self, target: &str, lun: u16, spec: Option<LunSpec>) {
+    /// Puts an opened unit into a target's inventory as LUN `lun`, with its metric handles
+    /// and its place in the applied record: what adding a LUN and a reload both do.
+    fn install_lun(
+        &self,
+        t: &crate::session::Target,
+        lun: u16,
+        unit: Arc<mcsi_scsi::LogicalUnit>,
+        spec: LunSpec,
+    ) -> Result<(), AdminError> {
+        t.dev.add(lun, unit).map_err(|_| AdminError::LunInUse {
+            target: t.name.clone(),
+            lun,
+        })?;
+        self.record_lun(t, lun, Some((spec, self.metrics.lun(&t.name, lun))));
+        Ok(())
+    }
+
+    /// Records LUN `lun` of `t` as added (its spec and metric handles) or removed (None), in
+    /// the applied record and the target's metric handles alike.
+    fn record_lun(
+        &self,
+        t: &crate::session::Target,
+        lun: u16,
+        added: Option<(LunSpec, crate::counters::LunMetrics)>,
+    ) {
+        t.lun_metrics.rcu(|v| {
+            let mut v = (**v).clone();
+            v.retain(|(i, _)| *i != lun);
+            if let Some((_, m)) = &added {
+                v.push((lun, m.clone()));
+            }
+            v
+        });
         let mut a = self.applied();
-        let luns = a.luns.entry(target.to_string()).or_default();
-        match spec {
-            Some(s) => luns.insert(lun, s),
+        let luns = a.luns.entry(t.name.clone()).or_default();
+        match added {
+            Some((spec, _)) => luns.insert(lun, spec),
             None => luns.remove(&lun),
         };
     }
@@ -419,18 +434,7 @@ impl Admin {
         }
         for (iqn, n, spec, lu) in opened {
             let t = self.target(Some(&iqn))?;
-            t.dev.add(n, lu).map_err(|_| AdminError::LunInUse {
-                target: iqn.clone(),
-                lun: n,
-            })?;
-            let m = self.metrics.lun(&iqn, n);
-            t.lun_metrics.rcu(|v| {
-                let mut v = (**v).clone();
-                v.retain(|(i, _)| *i != n);
-                v.push((n, m.clone()));
-                v
-            });
-            self.record_lun(&iqn, n, Some(spec));
+            self.install_lun(&t, n, lu, spec)?;
             changes.luns_added.push((iqn, n));
         }
         for (iqn, auth) in access {

@@ -79,6 +79,31 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `mcsi bench URL` over two connections, mixed reads and writes for `secs` seconds (verified
+/// if asked), running in the background with its output captured.
+fn spawn_bench(url: &str, secs: u32, verify: bool) -> Child {
+    let secs = secs.to_string();
+    let mut args = vec![
+        "bench",
+        url,
+        "--connections",
+        "2",
+        "--runtime",
+        &secs,
+        "--rw",
+        "randrw",
+    ];
+    if verify {
+        args.push("--verify");
+    }
+    Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// One raw request line, and the answer line.
 fn raw(sock: &Path, line: &str) -> serde_json::Value {
     let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
@@ -106,21 +131,7 @@ fn ctl_lists_the_targets_and_sessions_and_ends_a_session() {
     // A bench of two connections runs for a while; ctl sees its session and ends it. mcsi's
     // initiator logs out when asked and logs in again, so the bench goes on to its end.
     let url = format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port);
-    let bench = Command::new(BIN)
-        .args([
-            "bench",
-            &url,
-            "--connections",
-            "2",
-            "--runtime",
-            "10",
-            "--rw",
-            "randrw",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let bench = spawn_bench(&url, 10, false);
     let t0 = Instant::now();
     let session = loop {
         let o = ctl(&t.sock, &["--json", "sessions"]);
@@ -377,22 +388,7 @@ fn a_second_target_on_a_live_socket_is_refused_and_a_stale_one_is_replaced() {
 fn luns_come_and_go_while_a_verified_bench_runs_on_lun_0() {
     let t = start();
     let url = format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port);
-    let mut bench = Command::new(BIN)
-        .args([
-            "bench",
-            &url,
-            "--connections",
-            "2",
-            "--runtime",
-            "8",
-            "--rw",
-            "randrw",
-            "--verify",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut bench = spawn_bench(&url, 8, true);
     let t0 = Instant::now();
     let tsih = loop {
         let o = ctl(&t.sock, &["--json", "sessions"]);
@@ -511,22 +507,7 @@ fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
             .collect::<Vec<_>>()
     };
     let url = format!("iscsi://127.0.0.1:{port}/{IQN}/0");
-    let bench = Command::new(BIN)
-        .args([
-            "bench",
-            &url,
-            "--connections",
-            "2",
-            "--runtime",
-            "6",
-            "--rw",
-            "randrw",
-            "--verify",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let bench = spawn_bench(&url, 6, true);
 
     // SIGHUP after adding LUN 1 to the file.
     std::fs::write(&conf, file(port, &sock, "  { backend = \"ram:16MiB\" },\n")).unwrap();
