@@ -493,6 +493,43 @@ fn write_paths_and_digests_round_trip() {
     });
 }
 
+/// A timed write run with --verify that ends before its first pass has written every block
+/// reads back only what it wrote: the blocks it never reached hold whatever the LUN held (here
+/// zeros), which is no error of the target's.
+#[test]
+fn a_timed_verify_run_checks_only_the_blocks_it_wrote() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = Target::start(16);
+    let out = Proc::new(env!("CARGO_BIN_EXE_mcsi"))
+        .args([
+            "bench",
+            &t.url(),
+            "--rw",
+            "randwrite",
+            "--bs",
+            "4KiB",
+            "--rate-iops",
+            "200",
+            "--runtime",
+            "0.5",
+            "--verify",
+            "--json",
+        ])
+        .env("MCSI_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let written = v["jobs"][0]["write"]["total_ios"].as_u64().unwrap();
+    assert!(written > 0 && written < 4096, "{written} of 4096 blocks");
+    assert_eq!(v["mcsi"]["verify"]["errors"], 0);
+    assert_eq!(v["mcsi"]["verify"]["blocks_checked"], written, "{v}");
+}
+
 /// The asymmetric mode between mcsi peers (thesis 4.3.2-4.3.3): `mcsi bench` and `mcsi copy`
 /// over four connections, two carrying commands and two carrying R2T, Data-In and status.
 #[test]
