@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator lio nbd nbdvol xcopy)
+VM_TESTS=(initiator discovery lio nbd nbdvol xcopy)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -56,6 +56,47 @@ TOML
   vm_send restarted
   vm_finish 240 || return
   stop_target || die "the restarted target did not stop cleanly after the logout"
+}
+
+# test_discovery: open-iscsi in the VM against a target behind an emulated NAT (DNAT in the
+# VM's namespace from the public $HOST_IP:3262 to the private portal 172.31.255.2:3260): discovery
+# must give the advertised public address, and a login there, redirected by the target to its
+# portal $HOST_IP:3261, must land there and carry verified I/O.
+test_discovery() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-nat
+  command -v nft >/dev/null || die "nft (nftables) is missing"
+  # The private portal's address, on the namespace's loopback (the guest has no route to it).
+  in_ns ip addr add 172.31.255.2/32 dev lo || die "cannot add the private address"
+  in_ns nft -f - <<NFT || die "cannot set up the DNAT"
+table ip nat {
+  chain pre {
+    type nat hook prerouting priority dstnat; policy accept;
+    ip daddr $HOST_IP tcp dport 3262 dnat to 172.31.255.2:3260
+  }
+}
+NFT
+  cat >"$RUN/nat.toml" <<TOML
+listen = ["172.31.255.2:3260", "$HOST_IP:3261"]
+advertise = ["$HOST_IP:3262"]
+
+[[targets]]
+iqn = "$iqn"
+luns = [{ backend = "ram:64MiB" }]
+
+[targets.redirect]
+to = "$HOST_IP:3261"
+from = ["172.31.255.2:3260"]
+TOML
+  ns_target "$RUN/target.log" --config "$RUN/nat.toml"
+  in_ns_wait_port 3261 "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/discovery.sh PUB_PORT=3262 REDIRECT_PORT=3261 IQN=$iqn
+  vm_finish 240 || return
+  grep -q "login redirected to $HOST_IP:3261" "$RUN/target.log" || {
+    tail -n 20 "$RUN/target.log" >&2
+    die "the target did not log the redirection"
+  }
+  log "discovery gave $HOST_IP:3262 and the login there was redirected to $HOST_IP:3261"
+  stop_target || die "the target did not stop cleanly"
 }
 
 # test_xcopy: clone offload. open-iscsi attaches two file LUNs of one mcsi target and sg_xcopy

@@ -46,6 +46,21 @@ pub enum AdminError {
     WouldOpen(String),
     #[error("{0} cannot change while the target runs: restart it (nothing was changed)")]
     NeedsRestart(String),
+    #[error(
+        "the target was started without --config: name the file to write (mcsi ctl save --to PATH)"
+    )]
+    NoFile,
+    #[error("not saved, nothing written: {0}")]
+    NotSaved(String),
+}
+
+/// What `save` wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct Saved {
+    pub path: std::path::PathBuf,
+    pub bytes: usize,
+    /// Settings that run but are not in the file (given on the command line only).
+    pub not_saved: Vec<String>,
 }
 
 /// How an ended session ended.
@@ -102,6 +117,14 @@ pub struct Applied {
 }
 
 impl Applied {
+    fn running(&self) -> crate::saved::Running<'_> {
+        crate::saved::Running {
+            base: &self.base,
+            luns: &self.luns,
+            auth: &self.auth,
+        }
+    }
+
     pub(crate) fn new(cfg: &ServerConfig) -> Applied {
         Applied {
             base: cfg.clone(),
@@ -119,11 +142,16 @@ impl Applied {
     }
 }
 
-/// A target's LUNs by number: numbered from 0 in the order given.
+/// A target's LUNs by number, each spec without its number (the key is the number, so a LUN
+/// given `lun = N` in the file compares equal to the same LUN numbered by its place).
 fn numbered(luns: &[LunSpec]) -> BTreeMap<u16, LunSpec> {
-    luns.iter()
-        .enumerate()
-        .map(|(i, l)| (i as u16, l.clone()))
+    crate::config::numbered(luns)
+        .into_iter()
+        .map(|(n, l)| {
+            let mut l = l.clone();
+            l.lun = None;
+            (n, l)
+        })
         .collect()
 }
 
@@ -385,6 +413,12 @@ impl Admin {
             if t.alias != was.alias {
                 return restart(format!("target {}: its alias", t.iqn));
             }
+            if t.advertise != was.advertise || t.redirect != was.redirect {
+                return restart(format!(
+                    "target {}: its advertised addresses or redirection",
+                    t.iqn
+                ));
+            }
             if t.limits != was.limits || t.qos_initiators != was.qos_initiators {
                 return restart(format!("target {}: its negotiation limits or QoS", t.iqn));
             }
@@ -444,8 +478,57 @@ impl Admin {
             })?;
             changes.access_changed.push(iqn);
         }
+        // The file as read is what the next save edits.
+        self.applied().base.source = next.source.clone();
         tracing::info!(?changes, "configuration applied");
         Ok(changes)
+    }
+
+    /// The running configuration as TOML (see [`crate::saved`]), CHAP secrets shown only when
+    /// `secrets`.
+    pub async fn show_config(&self, secrets: bool) -> Result<crate::saved::Rendered, AdminError> {
+        let _one = self.shared.admin_lock().await;
+        let a = self.applied().clone();
+        let r = a.running();
+        crate::saved::render(&r, secrets).map_err(AdminError::NotSaved)
+    }
+
+    /// Writes the running configuration to `to`, or to the file the server was started from:
+    /// checked by reading it back, then written whole (a temporary file, synced and renamed).
+    /// Saved to the server's own file, it is what the next reload compares with.
+    pub async fn save(&self, to: Option<&std::path::Path>) -> Result<Saved, AdminError> {
+        let _one = self.shared.admin_lock().await;
+        let a = self.applied().clone();
+        let own = a.base.source.as_ref().map(|s| s.path.clone());
+        let path = match (to, &own) {
+            (Some(p), _) => p.to_path_buf(),
+            (None, Some(p)) => p.clone(),
+            (None, None) => return Err(AdminError::NoFile),
+        };
+        let r = a.running();
+        let out = crate::saved::render(&r, true).map_err(AdminError::NotSaved)?;
+        crate::saved::check(&out.text, &r).map_err(AdminError::NotSaved)?;
+        let text = out.text.clone();
+        let p2 = path.clone();
+        let written = tokio::task::spawn_blocking(move || crate::saved::write_atomic(&p2, &text))
+            .await
+            .map_err(|e| AdminError::NotSaved(e.to_string()))?
+            .map_err(|e| AdminError::NotSaved(format!("{}: {e}", path.display())))?;
+        let same = own
+            .as_ref()
+            .is_some_and(|o| std::fs::canonicalize(o).is_ok_and(|o| o == written));
+        if same {
+            let mut a = self.applied();
+            if let Some(src) = a.base.source.as_mut() {
+                src.text = out.text.clone();
+            }
+        }
+        tracing::info!(path = %written.display(), "the administrator saved the running configuration");
+        Ok(Saved {
+            path: written,
+            bytes: out.text.len(),
+            not_saved: out.notes,
+        })
     }
 
     /// Allows `initiator` to log in to a target. The first name allowed turns a target open to

@@ -354,6 +354,10 @@ pub struct FileConfig {
     pub mptcp: bool,
     /// The control socket of `mcsi ctl` (a path; created owner-only).
     pub control: Option<String>,
+    /// The addresses SendTargets gives for every target that has no `advertise` of its own,
+    /// in place of its portals ("HOST:PORT"; behind NAT, the public address).
+    #[serde(default)]
+    pub advertise: Vec<String>,
     #[serde(default)]
     pub targets: Vec<FileTarget>,
 }
@@ -614,6 +618,12 @@ pub struct FileTarget {
     /// Portals of this target (default: the top-level `listen`).
     #[serde(default)]
     pub listen: Vec<String>,
+    /// The addresses SendTargets gives for this target in place of its portals ("HOST:PORT";
+    /// default: the top-level `advertise`, else the portals).
+    #[serde(default)]
+    pub advertise: Vec<String>,
+    /// Logins to this target are sent to another portal (RFC 7143 11.13.5).
+    pub redirect: Option<FileRedirect>,
     #[serde(default)]
     pub luns: Vec<FileLun>,
     pub max_connections: Option<u32>,
@@ -666,9 +676,74 @@ pub struct FileTarget {
     pub data_out_timeout: Option<String>,
 }
 
+/// `[targets.redirect]`: logins that arrive on `from` (default: every portal of the target)
+/// are answered "target moved" with `to` as the address to log in at instead.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedirect {
+    /// "HOST:PORT" of the portal to log in at.
+    pub to: String,
+    /// Portals of this target whose logins are redirected (default: all of them).
+    #[serde(default)]
+    pub from: Vec<String>,
+    /// "Moved permanently" (the initiator may keep the new address) rather than temporarily.
+    #[serde(default)]
+    pub permanent: bool,
+}
+
+/// A validated `[targets.redirect]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// "HOST:PORT", as TargetAddress gives it.
+    pub to: String,
+    /// Portals whose logins are redirected (empty: all).
+    pub from: Vec<SocketAddr>,
+    pub permanent: bool,
+}
+
+impl Redirect {
+    /// Whether a login that arrived on `local` is redirected.
+    pub fn applies(&self, local: SocketAddr) -> bool {
+        self.from.is_empty()
+            || self.from.iter().any(|p| {
+                p.port() == local.port() && (p.ip().is_unspecified() || p.ip() == local.ip())
+            })
+    }
+}
+
+/// `HOST:PORT` as a TargetAddress may carry it: an IPv4 address, `[IPv6]` or a DNS name, and
+/// a port.
+pub fn check_address(field: &str, s: &str) -> Result<String, ConfigError> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a.to_string());
+    }
+    let bad = || {
+        cerr(
+            field,
+            format!("'{s}' is not HOST:PORT (e.g. 203.0.113.7:3260, [2001:db8::7]:3260 or iscsi.example.com:3260)"),
+        )
+    };
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if port == 0 || !name_ok {
+        return Err(bad());
+    }
+    Ok(format!("{host}:{port}"))
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileLun {
+    /// The LUN's number (0 to 65535); without it, one more than the LUN before it (0 for the
+    /// first).
+    pub lun: Option<u16>,
     /// `ram:SIZE`, `file:PATH`, `file:PATH:SIZE` or `block:PATH`.
     pub backend: String,
     pub block_size: Option<u32>,
@@ -1098,6 +1173,9 @@ impl From<Arc<dyn Backend>> for LunBackend {
 /// One LUN, validated; a backend spec is opened when the server starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LunSpec {
+    /// The LUN's number as given (None: one more than the LUN before it in the target's list;
+    /// [`TargetSpec::numbered`] resolves it).
+    pub lun: Option<u16>,
     pub backend: LunBackend,
     pub block_size: u32,
     /// The physical block reported, a power-of-two multiple of `block_size` (None: the same).
@@ -1116,6 +1194,7 @@ impl LunSpec {
     /// A writable LUN of 512-byte blocks with a serial derived from the target and LUN.
     pub fn new(backend: impl Into<LunBackend>) -> Self {
         LunSpec {
+            lun: None,
             backend: backend.into(),
             block_size: 512,
             physical_block_size: None,
@@ -1134,6 +1213,10 @@ pub struct TargetSpec {
     pub iqn: String,
     pub alias: Option<String>,
     pub portals: Vec<SocketAddr>,
+    /// What SendTargets gives in place of the portals ("HOST:PORT"; empty: the portals).
+    pub advertise: Vec<String>,
+    /// Where logins are sent instead (none: they are served).
+    pub redirect: Option<Redirect>,
     pub luns: Vec<LunSpec>,
     pub limits: Limits,
     pub auth: AuthSpec,
@@ -1142,11 +1225,51 @@ pub struct TargetSpec {
 }
 
 impl TargetSpec {
+    /// The LUNs with their numbers: each its own `lun`, or one more than the LUN before it
+    /// (0 for the first). [`ServerConfig::from_file_config`] refuses a number given twice.
+    pub fn numbered(&self) -> Vec<(u16, &LunSpec)> {
+        numbered(&self.luns)
+    }
+
     /// The QoS of a session of `initiator`: its own if named (in any case), else the
     /// target's.
     pub fn qos_for(&self, initiator: &str) -> Option<QosSpec> {
         qos_for(&self.qos_initiators, self.limits.qos, initiator)
     }
+}
+
+/// The LUNs of a list with their numbers (see [`TargetSpec::numbered`]); a number past
+/// 65535 wraps, which [`check_numbers`] refuses.
+pub fn numbered(luns: &[LunSpec]) -> Vec<(u16, &LunSpec)> {
+    let mut next: u16 = 0;
+    luns.iter()
+        .map(|l| {
+            let n = l.lun.unwrap_or(next);
+            next = n.wrapping_add(1);
+            (n, l)
+        })
+        .collect()
+}
+
+/// Refuses a LUN number given twice, or one past 65535 (a LUN without a number after LUN
+/// 65535).
+pub fn check_numbers(luns: &[LunSpec]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeMap::new();
+    let mut prev: Option<u16> = None;
+    for (j, (n, l)) in numbered(luns).into_iter().enumerate() {
+        if l.lun.is_none() && prev == Some(u16::MAX) {
+            return Err(format!(
+                "luns[{j}] would be LUN 65536, past the last number; give it `lun = N`"
+            ));
+        }
+        if let Some(k) = seen.insert(n, j) {
+            return Err(format!(
+                "LUN {n} is given twice (luns[{k}] and luns[{j}]); give one of them another `lun = N`"
+            ));
+        }
+        prev = Some(n);
+    }
+    Ok(())
 }
 
 /// The spec named for `initiator` in `named`, else `default`.
@@ -1179,6 +1302,26 @@ pub struct ServerConfig {
     pub mptcp: bool,
     /// The control socket `mcsi ctl` talks to (none: no live administration).
     pub control: Option<std::path::PathBuf>,
+    /// The file this configuration was read from, as read (none: built from flags or code).
+    pub source: Option<ConfigSource>,
+}
+
+/// A configuration file and its text as read: what `mcsi ctl save` writes the running LUNs and
+/// access into, keeping the rest (comments included). `Debug` leaves the text out: it may hold
+/// CHAP secrets.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConfigSource {
+    pub path: std::path::PathBuf,
+    pub text: String,
+}
+
+impl std::fmt::Debug for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigSource")
+            .field("path", &self.path)
+            .field("bytes", &self.text.len())
+            .finish()
+    }
 }
 
 /// The default number of session threads: one per CPU the process may use.
@@ -1207,10 +1350,15 @@ impl ServerConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| cerr(path.display().to_string(), format!("cannot read: {e}")))?;
-        Self::from_toml(&text).map_err(|mut e| {
+        let mut cfg = Self::from_toml(&text).map_err(|mut e| {
             e.field = format!("{}: {}", path.display(), e.field);
             e
-        })
+        })?;
+        cfg.source = Some(ConfigSource {
+            path: path.to_path_buf(),
+            text,
+        });
+        Ok(cfg)
     }
 
     /// Parses and validates TOML text.
@@ -1232,6 +1380,12 @@ impl ServerConfig {
     /// Validates a parsed file.
     pub fn from_file_config(file: &FileConfig) -> Result<Self, ConfigError> {
         let global = parse_portals("listen", &file.listen)?;
+        let advertise_all = file
+            .advertise
+            .iter()
+            .enumerate()
+            .map(|(i, a)| check_address(&format!("advertise[{i}]"), a))
+            .collect::<Result<Vec<_>, _>>()?;
         if file.targets.is_empty() {
             return Err(cerr(
                 "targets",
@@ -1296,6 +1450,7 @@ impl ServerConfig {
                     None => Duration::ZERO,
                 };
                 luns.push(LunSpec {
+                    lun: l.lun,
                     backend: LunBackend::Spec(l.backend.clone()),
                     block_size,
                     physical_block_size: l.physical_block_size,
@@ -1309,6 +1464,7 @@ impl ServerConfig {
             if luns.len() > 16384 {
                 return Err(cerr(at("luns"), "at most 16384 LUNs per target"));
             }
+            check_numbers(&luns).map_err(|e| cerr(at("luns"), e))?;
             let limits = limits_from(t, &at)?;
             let auth = match &t.auth {
                 Some(a) => AuthSpec::from_file(a, &at("auth"))?,
@@ -1318,10 +1474,55 @@ impl ServerConfig {
                 Some(q) => target_qos(q, &at("qos"))?.1,
                 None => Vec::new(),
             };
+            let mut advertise = t
+                .advertise
+                .iter()
+                .enumerate()
+                .map(|(k, a)| check_address(&at(&format!("advertise[{k}]")), a))
+                .collect::<Result<Vec<_>, _>>()?;
+            if advertise.is_empty() {
+                advertise = advertise_all.clone();
+            }
+            let redirect = match &t.redirect {
+                None => None,
+                Some(r) => {
+                    let to = check_address(&at("redirect.to"), &r.to)?;
+                    let from = parse_portals(&at("redirect.from"), &r.from)?;
+                    for (k, f) in from.iter().enumerate() {
+                        if !portals.contains(f) {
+                            return Err(cerr(
+                                at(&format!("redirect.from[{k}]")),
+                                format!("{f} is not a portal of this target (its `listen`)"),
+                            ));
+                        }
+                    }
+                    let loops = to.parse::<SocketAddr>().ok().filter(|a| {
+                        let r = Redirect {
+                            to: String::new(),
+                            from: from.clone(),
+                            permanent: false,
+                        };
+                        portals.contains(a) && r.applies(*a)
+                    });
+                    if let Some(a) = loops {
+                        return Err(cerr(
+                            at("redirect.to"),
+                            format!("{a} is a portal whose logins are redirected: the initiator would go round in a loop (name the other portals in `from`)"),
+                        ));
+                    }
+                    Some(Redirect {
+                        to,
+                        from,
+                        permanent: r.permanent,
+                    })
+                }
+            };
             targets.push(TargetSpec {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 portals,
+                advertise,
+                redirect,
                 luns,
                 limits,
                 auth,
@@ -1362,6 +1563,7 @@ impl ServerConfig {
                 }
                 Some(p) => Some(std::path::PathBuf::from(p)),
             },
+            source: None,
         })
     }
 }
@@ -2056,6 +2258,41 @@ mod tests {
     }
 
     #[test]
+    fn advertise_and_redirect_are_checked() {
+        let f = |t: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:3260\", \"127.0.0.1:3261\"]\nadvertise=[\"iscsi.example.com:3260\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{{backend=\"ram:1MiB\"}}]\n{t}"
+            ))
+        };
+        let c = f("").unwrap();
+        assert_eq!(c.targets[0].advertise, ["iscsi.example.com:3260"]);
+        let c = f("advertise=[\"[2001:db8::7]:3260\"]\n").unwrap();
+        assert_eq!(c.targets[0].advertise, ["[2001:db8::7]:3260"]);
+        for bad in [
+            "advertise=[\"no port\"]",
+            "advertise=[\"a..b:3260\"]",
+            "advertise=[\"h:0\"]",
+        ] {
+            let e = f(&format!("{bad}\n")).unwrap_err().to_string();
+            assert!(e.contains("is not HOST:PORT"), "{bad}: {e}");
+        }
+        let c =
+            f("[targets.redirect]\nto=\"127.0.0.1:3261\"\nfrom=[\"127.0.0.1:3260\"]\n").unwrap();
+        let r = c.targets[0].redirect.clone().unwrap();
+        assert!(r.applies("127.0.0.1:3260".parse().unwrap()));
+        assert!(!r.applies("127.0.0.1:3261".parse().unwrap()));
+        // Every portal redirected to one of them: a loop.
+        let e = f("[targets.redirect]\nto=\"127.0.0.1:3261\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("loop"), "{e}");
+        let e = f("[targets.redirect]\nto=\"10.0.0.1:3260\"\nfrom=[\"127.0.0.1:9\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a portal of this target"), "{e}");
+    }
+
+    #[test]
     fn example_file_is_valid_and_shows_the_defaults() {
         let c = ServerConfig::from_toml(include_str!("../../../examples/mcsi.toml")).unwrap();
         assert_eq!(c.limits, ServerLimits::default());
@@ -2064,6 +2301,8 @@ mod tests {
             (t.max_sessions, t.max_target_connections),
             (d.max_sessions, d.max_target_connections)
         );
+        let nums: Vec<u16> = c.targets[0].numbered().iter().map(|(n, _)| *n).collect();
+        assert_eq!(nums, [0, 1, 10]);
     }
 
     #[test]
@@ -2257,6 +2496,7 @@ mod tests {
         assert_eq!(
             l,
             LunSpec {
+                lun: None,
                 backend: "ram:1GiB".into(),
                 block_size: 4096,
                 physical_block_size: None,

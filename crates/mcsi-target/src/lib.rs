@@ -43,6 +43,7 @@ pub(crate) mod control;
 pub(crate) mod counters;
 pub(crate) mod login;
 pub mod name;
+pub mod saved;
 pub(crate) mod scsi;
 pub mod server;
 pub(crate) mod session;

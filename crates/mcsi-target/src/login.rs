@@ -295,6 +295,18 @@ impl LoginEnv for Env<'_> {
                 };
                 let authenticator =
                     self.access(&t.auth.load(), &format!("target {name}"), initiator_name)?;
+                if let Some(r) = t.redirect.as_ref().filter(|r| r.applies(self.local)) {
+                    // RFC 7143 11.13.5: "target moved", and where to log in instead.
+                    self.why = Some(format!("redirected to {}", r.to));
+                    return Err(Refusal {
+                        status: if r.permanent {
+                            status::TARGET_MOVED_PERM
+                        } else {
+                            status::TARGET_MOVED_TEMP
+                        },
+                        keys: vec![("TargetAddress".into(), format!("{},{}", r.to, t.tpgt))],
+                    });
+                }
                 if let Some((isid, 0)) = self.first {
                     // A new session: refused now if the target is full, before authentication.
                     let reinstates = self
@@ -454,13 +466,22 @@ async fn run_inner<S: Stream>(
                     .initiator
                     .clone()
                     .unwrap_or_else(|| machine_initiator(&req));
-                warn!(
-                    initiator = %who,
-                    peer = %peer,
-                    "login refused with status {class}/{detail:#04x} ({}){}",
-                    status::describe((class, detail)),
-                    why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
-                );
+                if class == 1 {
+                    tracing::info!(
+                        initiator = %who,
+                        peer = %peer,
+                        "login {}",
+                        why.as_deref().unwrap_or("redirected")
+                    );
+                } else {
+                    warn!(
+                        initiator = %who,
+                        peer = %peer,
+                        "login refused with status {class}/{detail:#04x} ({}){}",
+                        status::describe((class, detail)),
+                        why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+                    );
+                }
                 return Err(LoginError::Refused(class, detail, why));
             }
             LoginStep::FullFeature {

@@ -85,15 +85,14 @@ pub fn build_targets(
     let mut out = Vec::new();
     for (ti, t) in cfg.targets.iter().enumerate() {
         let mut luns = Vec::new();
-        for (li, l) in t.luns.iter().enumerate() {
-            let lu = crate::units::build_lu(&t.iqn, li as u16, l).map_err(|source| {
-                StartError::Backend {
+        for (li, (n, l)) in t.numbered().into_iter().enumerate() {
+            let lu =
+                crate::units::build_lu(&t.iqn, n, l).map_err(|source| StartError::Backend {
                     target: ti,
                     lun: li,
                     source,
-                }
-            })?;
-            luns.push((li as u16, lu));
+                })?;
+            luns.push((n, lu));
         }
         let lun_metrics = luns
             .iter()
@@ -104,6 +103,8 @@ pub fn build_targets(
             name: t.iqn.clone(),
             alias: t.alias.clone(),
             portals: t.portals.clone(),
+            advertise: t.advertise.clone(),
+            redirect: t.redirect.clone(),
             tpgt: 1,
             limits: t.limits,
             auth: arc_swap::ArcSwap::from_pointee(t.auth.clone()),

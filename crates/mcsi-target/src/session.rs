@@ -32,6 +32,10 @@ pub struct Target {
     pub name: String,
     pub alias: Option<String>,
     pub portals: Vec<SocketAddr>,
+    /// What SendTargets gives in place of the portals (empty: the portals).
+    pub advertise: Vec<String>,
+    /// Where logins are sent instead of being served (none: served).
+    pub redirect: Option<crate::config::Redirect>,
     /// Target portal group tag (one group per target).
     pub tpgt: u16,
     pub limits: Limits,

@@ -56,8 +56,16 @@ pub fn send_targets(
     let mut pairs = Vec::new();
     for t in list {
         pairs.push(("TargetName", t.name.clone()));
-        for p in &t.portals {
-            pairs.push(("TargetAddress", portal_text(*p, local, t.tpgt)));
+        if t.advertise.is_empty() {
+            for p in &t.portals {
+                pairs.push(("TargetAddress", portal_text(*p, local, t.tpgt)));
+            }
+        } else {
+            // Behind NAT the portals are not what the initiator can reach: the addresses
+            // the administrator named are.
+            for a in &t.advertise {
+                pairs.push(("TargetAddress", format!("{a},{}", t.tpgt)));
+            }
         }
     }
     text::encode(&pairs).to_vec()

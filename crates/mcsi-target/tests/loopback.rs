@@ -775,3 +775,64 @@ async fn a_logout_frees_the_reservation_before_it_is_answered() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// Behind NAT the portal is not what initiators reach: SendTargets gives the address named in
+/// `advertise` instead.
+#[tokio::test]
+async fn discovery_gives_the_advertised_address_in_place_of_the_portal() {
+    let server = start_with(|c| c.targets[0].advertise = vec!["203.0.113.7:3260".into()]).await;
+    let mut c = Client::connect(&server).await;
+    let r = c
+        .login([0x80, 0, 0, 0, 0, 4], 0, 0, &[("SessionType", "Discovery")])
+        .await;
+    assert_eq!(r.status_class, 0);
+    let itt = c.next_itt();
+    c.send(Pdu::TextRequest(TextRequest {
+        immediate: true,
+        final_: true,
+        continue_: false,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        data: text(&[("SendTargets", "All")]),
+    }))
+    .await;
+    let Pdu::TextResponse(t) = c.recv().await else {
+        panic!()
+    };
+    let expect = format!("TargetName={IQN}\0TargetAddress=203.0.113.7:3260,1\0");
+    assert_eq!(&t.data[..], expect.as_bytes());
+}
+
+/// A redirected target answers a normal login "target moved" (temporarily or permanently, RFC
+/// 7143 11.13.5) with the address to log in at; discovery is served as before.
+#[tokio::test]
+async fn a_redirected_login_is_told_where_to_go() {
+    for (permanent, detail) in [(false, 1), (true, 2)] {
+        let server = start_with(|c| {
+            c.targets[0].redirect = Some(mcsi_target::config::Redirect {
+                to: "192.0.2.9:3261".into(),
+                from: Vec::new(),
+                permanent,
+            })
+        })
+        .await;
+        let mut c = Client::connect(&server).await;
+        let r = c
+            .login([0x80, 0, 0, 0, 0, 5], 0, 0, &[("TargetName", IQN)])
+            .await;
+        assert_eq!((r.status_class, r.status_detail), (1, detail));
+        let keys = String::from_utf8_lossy(&r.data).into_owned();
+        assert!(
+            keys.contains("TargetAddress=192.0.2.9:3261,1\0"),
+            "{keys:?}"
+        );
+        let mut d = Client::connect(&server).await;
+        let r = d
+            .login([0x80, 0, 0, 0, 0, 6], 0, 0, &[("SessionType", "Discovery")])
+            .await;
+        assert_eq!(r.status_class, 0, "discovery is not redirected");
+    }
+}

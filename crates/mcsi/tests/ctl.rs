@@ -566,3 +566,141 @@ fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `mcsi target --config FILE`, waited for until it listens on `port` and `sock` exists.
+fn spawn_config(conf: &Path, port: u16, sock: &Path) -> Child {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new(BIN)
+        .args(["target", "--config"])
+        .arg(conf)
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn a_saved_configuration_is_what_a_restart_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let port = free_port();
+    let text = format!("# the site's own comment\n{}", file(port, &sock, ""));
+    std::fs::write(&conf, &text).unwrap();
+    let mut child = spawn_config(&conf, port, &sock);
+    let o = ctl(
+        &sock,
+        &["add-lun", "5", "ram:16MiB,block_size=4096,serial=five"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&sock, &["allow-initiator", "iqn.2026-01.org.x:host1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "carol-secret-42\n").unwrap();
+    let o = Command::new(BIN)
+        .args(["ctl", "--socket"])
+        .arg(&sock)
+        .args(["add-chap-user", "carol", "--secret-file"])
+        .arg(&secret)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Shown, the secret is hidden unless asked for.
+    let o = ctl(&sock, &["show-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shown = stdout(&o);
+    assert!(
+        shown.contains("lun = 5") && shown.contains("(hidden)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("carol-secret-42"), "{shown}");
+    // The file is untouched until saved.
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), text);
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("saved "), "{}", stdout(&o));
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    for want in [
+        "# the site's own comment",
+        "lun = 5",
+        "serial = \"five\"",
+        "carol-secret-42",
+        "iqn.2026-01.org.x:host1",
+    ] {
+        assert!(saved.contains(want), "{want} not in:\n{saved}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&conf).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "it holds a CHAP secret");
+    // The file now says what runs: a reload finds nothing to do.
+    let o = ctl(&sock, &["reload"]);
+    assert!(stdout(&o).contains("no change"), "{}", stdout(&o));
+    // Restarted, the target serves what was saved.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut child = spawn_config(&conf, port, &sock);
+    let o = ctl(&sock, &["--json", "targets"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let t = &v["result"][0];
+    let luns: Vec<u64> = t["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lun"].as_u64().unwrap())
+        .collect();
+    assert_eq!(luns, [0, 5], "{v}");
+    assert_eq!(t["luns"][1]["block_size"], 4096, "{v}");
+    assert_eq!(t["luns"][1]["serial"], "five", "{v}");
+    assert_eq!(t["allowed_initiators"][0], "iqn.2026-01.org.x:host1", "{v}");
+    assert_eq!(t["chap_users"][0], "carol", "{v}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_target_started_from_flags_saves_only_where_told() {
+    let t = start();
+    let o = ctl(&t.sock, &["save"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("started without --config"),
+        "{}",
+        stderr(&o)
+    );
+    let to = t._dir.path().join("saved.toml");
+    let o = Command::new(BIN)
+        .args(["ctl", "--socket"])
+        .arg(&t.sock)
+        .arg("save")
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The file loads: a target started from it checks it whole before it listens.
+    let text = std::fs::read_to_string(&to).unwrap();
+    assert!(text.contains(IQN) && text.contains("lun = 0"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{}", t.port)), "{text}");
+    let o = Command::new(BIN)
+        .args(["target", "--config"])
+        .arg(&to)
+        .args(["--listen", "127.0.0.1:1", "--control"])
+        .arg(&t.sock)
+        .output()
+        .unwrap();
+    // Refused for its live control socket, after the file was read and checked.
+    assert!(
+        stderr(&o).contains("another server is already listening"),
+        "{}",
+        stderr(&o)
+    );
+}

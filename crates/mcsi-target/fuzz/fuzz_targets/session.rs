@@ -90,6 +90,8 @@ fn config() -> ServerConfig {
             iqn: IQN.into(),
             alias: None,
             portals: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            advertise: Vec::new(),
+            redirect: None,
             luns: vec![
                 LunSpec::new("ram:512KiB"),
                 lun4k,
@@ -110,6 +112,7 @@ fn config() -> ServerConfig {
         session_threads: 0,
         mptcp: false,
         control: None,
+        source: None,
     }
 }
 

@@ -32,6 +32,8 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             iqn: IQN.into(),
             alias: None,
             portals: vec!["127.0.0.1:0".parse().unwrap()],
+            advertise: Vec::new(),
+            redirect: None,
             luns: vec![LunSpec::new("ram:16MiB")],
             limits: l,
             auth: Default::default(),
@@ -43,6 +45,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
         session_threads: 2,
         mptcp: false,
         control: None,
+        source: None,
     }
 }
 

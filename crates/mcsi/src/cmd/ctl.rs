@@ -81,6 +81,16 @@ pub enum Request {
     },
     /// Read the configuration file again and apply the difference.
     Reload,
+    /// The running configuration as TOML (CHAP secrets only when `secrets`).
+    ShowConfig {
+        #[serde(default)]
+        secrets: bool,
+    },
+    /// Write the running configuration to `to` (an absolute path), or to the server's file.
+    Save {
+        #[serde(default)]
+        to: Option<PathBuf>,
+    },
 }
 
 /// One answer.
@@ -330,6 +340,19 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
             done(admin.remove_chap_user(target.as_deref(), &user, open).await)
         }
         Request::Reload => Reply::err("a reload needs the server's file; ask the server"),
+        Request::ShowConfig { secrets } => match admin.show_config(secrets).await {
+            Ok(r) => Reply::ok(serde_json::json!({ "toml": r.text, "not_saved": r.notes })),
+            Err(e) => Reply::err(e),
+        },
+        Request::Save { to } => {
+            if to.as_ref().is_some_and(|p| !p.is_absolute()) {
+                return Reply::err("save: `to` must be an absolute path");
+            }
+            match admin.save(to.as_deref()).await {
+                Ok(s) => Reply::ok(s),
+                Err(e) => Reply::err(e),
+            }
+        }
     }
 }
 
@@ -432,6 +455,21 @@ enum What {
     /// Read the target's configuration file again and apply the difference (as SIGHUP does):
     /// LUNs added and removed, access replaced; a change that needs a restart is refused whole.
     Reload,
+    /// Print the running configuration as TOML: the file the target read, with its LUNs and
+    /// access as they run now (CHAP secrets hidden unless --secrets).
+    ShowConfig {
+        /// Show the CHAP secrets.
+        #[arg(long)]
+        secrets: bool,
+    },
+    /// Save the running configuration to the target's file (or --to PATH), whole or not at
+    /// all: the running LUNs, each with its number, and access go into the file, comments and
+    /// other settings stay. The file is written owner-only (it may hold CHAP secrets).
+    Save {
+        /// Write here instead (needed when the target was started without --config).
+        #[arg(long, value_name = "PATH")]
+        to: Option<PathBuf>,
+    },
     /// Remove a CHAP user (its sessions stay; the last goes only with --open, as a target
     /// without CHAP users takes logins without CHAP).
     RemoveChapUser {
@@ -500,6 +538,14 @@ pub async fn request(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let req = match &args.what {
         What::Reload => Request::Reload,
+        What::ShowConfig { secrets } => Request::ShowConfig { secrets: *secrets },
+        What::Save { to } => Request::Save {
+            to: to
+                .as_ref()
+                .map(std::path::absolute)
+                .transpose()
+                .context("--to")?,
+        },
         What::AllowInitiator { target, initiator } => Request::AllowInitiator {
             target: target.clone(),
             initiator: initiator.clone(),
@@ -565,6 +611,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names on stderr what runs but is not in the configuration written.
+fn not_saved(v: &serde_json::Value) {
+    for n in v.as_array().into_iter().flatten() {
+        eprintln!(
+            "mcsi ctl: not in the file, keep it on the command line: {}",
+            n.as_str().unwrap_or("")
+        );
+    }
 }
 
 fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
@@ -671,6 +727,14 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
         }
         Request::AddChapUser { user, .. } => println!("CHAP user {user} added"),
         Request::Reload => println!("reloaded: {}", text(&v["reloaded"])),
+        Request::ShowConfig { .. } => {
+            print!("{}", v["toml"].as_str().unwrap_or(""));
+            not_saved(&v["not_saved"]);
+        }
+        Request::Save { .. } => {
+            println!("saved {} ({} bytes)", text(&v["path"]), text(&v["bytes"]));
+            not_saved(&v["not_saved"]);
+        }
         Request::RemoveChapUser { user, .. } => println!("CHAP user {user} removed"),
         Request::EndSession { tsih, .. } => match v["ended"].as_str() {
             Some("logged_out") => println!("session {tsih}: the initiator logged out"),

@@ -11,6 +11,10 @@ pub struct Args {
     /// Portal to listen on (IP:PORT, repeatable). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
     listen: Vec<String>,
+    /// The address SendTargets gives for every target in place of its portals (HOST:PORT,
+    /// repeatable; as `advertise` in the file): behind NAT, the public address initiators reach.
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Vec<String>,
     /// Target name (iqn./eui./naa. form). Default iqn.2026-01.org.mcsi:target.
     #[arg(long, value_name = "IQN")]
     iqn: Option<String>,
@@ -124,6 +128,11 @@ fn chap_arg(arg: &str) -> anyhow::Result<config::ChapUser> {
 
 fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     let listen_override = config::parse_portals("--listen", &args.listen)?;
+    let advertise = args
+        .advertise
+        .iter()
+        .map(|a| config::check_address("--advertise", a))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut cfg = if let Some(path) = &args.config {
         ServerConfig::from_file(path)?
     } else {
@@ -148,6 +157,8 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 portals: vec![
                     config::parse_portal(config::DEFAULT_LISTEN).map_err(anyhow::Error::msg)?
                 ],
+                advertise: Vec::new(),
+                redirect: None,
                 luns,
                 limits: Limits::default(),
                 auth: Default::default(),
@@ -158,6 +169,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             session_threads: config::default_session_threads(),
             mptcp: false,
             control: None,
+            source: None,
         }
     };
     if let Some(n) = args.session_threads {
@@ -267,6 +279,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
         }
         if !listen_override.is_empty() {
             t.portals = listen_override.clone();
+        }
+        if !advertise.is_empty() {
+            t.advertise = advertise.clone();
         }
         if let Some(n) = args.max_connections {
             t.limits.max_connections = n;

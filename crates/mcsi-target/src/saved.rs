@@ -1,0 +1,527 @@
+//! The running configuration as a TOML file (`mcsi ctl show-config` and `mcsi ctl save`).
+//!
+//! A server started from a file keeps that file's text: saving writes the running LUNs (each
+//! with its number) and each target's access (allowed initiators and networks, CHAP users) into
+//! it, and leaves everything else as the administrator wrote it, comments included. A server
+//! started from flags alone gets a new file with its portals, targets, LUNs and access. Either
+//! way the text is read back and compared with what runs before it is written, and it is
+//! written whole or not at all (a temporary file beside it, synced, then renamed).
+
+use crate::config::{numbered, AuthSpec, ChapUser, LunBackend, LunSpec, ServerConfig};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use toml_edit::{Array, DocumentMut, InlineTable, Item, Table, TableLike, Value};
+
+/// What a secret reads as when it is hidden.
+pub const HIDDEN: &str = "(hidden)";
+
+/// What runs: the configuration the server started from (or last reloaded), with each target's
+/// LUNs by number and access as they are now.
+pub struct Running<'a> {
+    pub base: &'a ServerConfig,
+    pub luns: &'a BTreeMap<String, BTreeMap<u16, LunSpec>>,
+    pub auth: &'a BTreeMap<String, AuthSpec>,
+}
+
+/// A rendered configuration, and what it leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    /// Settings that run but are not in the text (given on the command line only).
+    pub notes: Vec<String>,
+}
+
+/// The running configuration as TOML; CHAP secrets shown or [`HIDDEN`].
+pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
+    let mut notes = Vec::new();
+    let mut doc = match &r.base.source {
+        Some(src) => src.text.parse::<DocumentMut>().map_err(|e| {
+            format!(
+                "{}: the file the server read no longer parses as TOML: {e}",
+                src.path.display()
+            )
+        })?,
+        None => fresh(r.base, &mut notes),
+    };
+    let mut seen = Vec::new();
+    let mut each = |t: &mut dyn TableLike, inline: bool| -> Result<(), String> {
+        let Some(iqn) = t.get("iqn").and_then(Item::as_str).map(str::to_string) else {
+            return Ok(());
+        };
+        let luns = r
+            .luns
+            .get(&iqn)
+            .ok_or_else(|| format!("target {iqn} is in the file but not running"))?;
+        set(t, "luns", Item::Value(Value::Array(lun_array(luns)?)));
+        let auth = r.auth.get(&iqn).cloned().unwrap_or_default();
+        set_auth(t, &auth, secrets, inline);
+        seen.push(iqn);
+        Ok(())
+    };
+    match doc.get_mut("targets") {
+        Some(Item::ArrayOfTables(a)) => {
+            for t in a.iter_mut() {
+                each(t, false)?;
+            }
+        }
+        Some(Item::Value(Value::Array(a))) => {
+            for v in a.iter_mut() {
+                if let Value::InlineTable(t) = v {
+                    each(t, true)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    for name in r.luns.keys() {
+        if !seen.contains(name) {
+            return Err(format!(
+                "target {name} runs but its [[targets]] entry is not in the file"
+            ));
+        }
+    }
+    Ok(Rendered {
+        text: doc.to_string(),
+        notes,
+    })
+}
+
+/// A new document for a server started without a file: its control socket and Multipath TCP
+/// setting, each target with its portals and alias, and discovery's access. What the command
+/// line set beyond that is named in `notes`.
+fn fresh(base: &ServerConfig, notes: &mut Vec<String>) -> DocumentMut {
+    let mut doc = DocumentMut::new();
+    doc.decor_mut().set_prefix(
+        "# The running configuration of an mcsi target (mcsi ctl save).\n# Every key: examples/mcsi.toml in the source, or man mcsi-target.\n\n",
+    );
+    if let Some(c) = &base.control {
+        doc["control"] = toml_edit::value(c.display().to_string());
+    }
+    if base.mptcp {
+        doc["mptcp"] = toml_edit::value(true);
+    }
+    if base.session_threads != crate::config::default_session_threads() {
+        doc["session_threads"] = toml_edit::value(base.session_threads as i64);
+    }
+    if base.limits != Default::default() {
+        notes.push("the server-wide [limits] given on the command line".into());
+    }
+    if base.discovery_auth != AuthSpec::default() {
+        let mut d = Table::new();
+        d.set_implicit(true);
+        let mut a = Table::new();
+        auth_keys(&mut a, &base.discovery_auth, true);
+        d.insert("auth", Item::Table(a));
+        doc.insert("discovery", Item::Table(d));
+    }
+    let mut targets = toml_edit::ArrayOfTables::new();
+    for t in &base.targets {
+        let mut tt = Table::new();
+        tt.insert("iqn", toml_edit::value(t.iqn.clone()));
+        if let Some(a) = &t.alias {
+            tt.insert("alias", toml_edit::value(a.clone()));
+        }
+        let mut portals = Array::new();
+        for p in &t.portals {
+            portals.push(p.to_string());
+        }
+        tt.insert("listen", Item::Value(Value::Array(portals)));
+        if !t.advertise.is_empty() {
+            let a: Array = t.advertise.iter().map(String::as_str).collect();
+            tt.insert("advertise", Item::Value(Value::Array(a)));
+        }
+        if t.redirect.is_some() {
+            notes.push(format!("target {}: its redirection", t.iqn));
+        }
+        // Filled in by render, from what runs.
+        tt.insert("luns", Item::Value(Value::Array(Array::new())));
+        if t.limits != crate::config::Limits::default() || !t.qos_initiators.is_empty() {
+            notes.push(format!(
+                "target {}: its negotiation limits, timers or QoS given on the command line",
+                t.iqn
+            ));
+        }
+        targets.push(tt);
+    }
+    doc.insert("targets", Item::ArrayOfTables(targets));
+    doc
+}
+
+/// Sets `key` in a table, keeping the key (and the comment above it) when it is there.
+fn set(t: &mut dyn TableLike, key: &str, item: Item) {
+    match t.get_mut(key) {
+        Some(slot) => *slot = item,
+        None => {
+            t.insert(key, item);
+        }
+    }
+}
+
+/// A target's LUNs as an array of inline tables, one per line, each with its number.
+fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, String> {
+    let mut arr = Array::new();
+    for (n, l) in luns {
+        let LunBackend::Spec(backend) = &l.backend else {
+            return Err(format!(
+                "LUN {n} is served by a backend handed to the server by a program: it has no spec to write"
+            ));
+        };
+        let mut it = InlineTable::new();
+        it.insert("lun", i64::from(*n).into());
+        it.insert("backend", backend.as_str().into());
+        if l.block_size != 512 {
+            it.insert("block_size", i64::from(l.block_size).into());
+        }
+        if let Some(p) = l.physical_block_size {
+            it.insert("physical_block_size", i64::from(p).into());
+        }
+        if l.read_only {
+            it.insert("read_only", true.into());
+        }
+        if let Some(s) = &l.serial {
+            it.insert("serial", s.as_str().into());
+        }
+        if l.sanitize_rate != 0 {
+            let rate = i64::try_from(l.sanitize_rate).map_err(|_| "sanitize_rate too large")?;
+            it.insert("sanitize_rate", rate.into());
+        }
+        if l.allow_sanitize {
+            it.insert("allow_sanitize", true.into());
+        }
+        if !l.service_time.is_zero() {
+            it.insert(
+                "service_time",
+                format!("{}us", l.service_time.as_micros()).into(),
+            );
+        }
+        arr.push_formatted(Value::InlineTable(it).decorated("\n  ", ""));
+    }
+    arr.set_trailing("\n");
+    arr.set_trailing_comma(true);
+    Ok(arr)
+}
+
+/// Writes a target's access into its `auth` table (made if missing and needed): the CHAP users,
+/// allowed initiators and networks as they run; other keys of the table stay as they are.
+fn set_auth(t: &mut dyn TableLike, auth: &AuthSpec, secrets: bool, inline: bool) {
+    let empty = auth.chap.is_empty()
+        && auth.allow_initiators.is_empty()
+        && auth.allow_networks.is_empty()
+        && auth.chap_algorithms.is_empty();
+    match t.get_mut("auth").and_then(Item::as_table_like_mut) {
+        Some(a) => auth_keys(a, auth, secrets),
+        None if empty => {}
+        None if inline => {
+            let mut a = InlineTable::new();
+            auth_keys(&mut a, auth, secrets);
+            t.insert("auth", Item::Value(Value::InlineTable(a)));
+        }
+        None => {
+            let mut a = Table::new();
+            auth_keys(&mut a, auth, secrets);
+            t.insert("auth", Item::Table(a));
+        }
+    }
+}
+
+fn auth_keys(a: &mut dyn TableLike, auth: &AuthSpec, secrets: bool) {
+    let list = |items: Vec<String>| -> Option<Item> {
+        (!items.is_empty()).then(|| Item::Value(Value::Array(items.into_iter().collect())))
+    };
+    let mut put = |key: &str, v: Option<Item>| match v {
+        Some(v) => set(a, key, v),
+        None => {
+            a.remove(key);
+        }
+    };
+    put("allow_initiators", list(auth.allow_initiators.clone()));
+    put(
+        "allow_networks",
+        list(auth.allow_networks.iter().map(|n| n.to_string()).collect()),
+    );
+    let chap = (!auth.chap.is_empty()).then(|| {
+        let mut arr = Array::new();
+        for u in &auth.chap {
+            arr.push_formatted(Value::InlineTable(chap_user(u, secrets)).decorated("\n  ", ""));
+        }
+        arr.set_trailing("\n");
+        arr.set_trailing_comma(true);
+        Item::Value(Value::Array(arr))
+    });
+    put("chap", chap);
+    put(
+        "chap_algorithms",
+        list(
+            auth.chap_algorithms
+                .iter()
+                .map(|a| a.name().to_string())
+                .collect(),
+        ),
+    );
+}
+
+fn chap_user(u: &ChapUser, secrets: bool) -> InlineTable {
+    let hide = |s: &str| {
+        if secrets {
+            s.to_string()
+        } else {
+            HIDDEN.into()
+        }
+    };
+    let mut it = InlineTable::new();
+    it.insert("user", u.user.as_str().into());
+    it.insert("secret", hide(&u.secret).into());
+    if let (Some(mu), Some(ms)) = (&u.mutual_user, &u.mutual_secret) {
+        it.insert("mutual_user", mu.as_str().into());
+        it.insert("mutual_secret", hide(ms).into());
+    }
+    it
+}
+
+/// Reads `text` back and checks that it gives what runs: the same targets, each with the same
+/// LUNs under the same numbers and the same access.
+pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
+    let back = ServerConfig::from_toml(text)
+        .map_err(|e| format!("the text written would not load: {e}"))?;
+    for t in &back.targets {
+        let luns: BTreeMap<u16, LunSpec> = numbered(&t.luns)
+            .into_iter()
+            .map(|(n, l)| {
+                let mut l = l.clone();
+                l.lun = None;
+                (n, l)
+            })
+            .collect();
+        if r.luns.get(&t.iqn) != Some(&luns) {
+            return Err(format!(
+                "target {}: the LUNs written do not read back as the running ones",
+                t.iqn
+            ));
+        }
+        if r.auth.get(&t.iqn).cloned().unwrap_or_default() != t.auth {
+            return Err(format!(
+                "target {}: the access written does not read back as the running one",
+                t.iqn
+            ));
+        }
+    }
+    if back.targets.len() != r.luns.len() {
+        return Err("the targets written are not the running ones".into());
+    }
+    Ok(())
+}
+
+/// Writes `text` to `path` whole or not at all: a temporary file in the same directory, owner
+/// only (it may hold CHAP secrets), synced, renamed over the file, and the directory synced. A
+/// symbolic link is followed: the file it names is replaced.
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => path.to_path_buf(),
+        Err(e) => return Err(e),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(".{name}.mcsi-save-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map(|()| path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn running(
+        cfg: &ServerConfig,
+    ) -> (
+        BTreeMap<String, BTreeMap<u16, LunSpec>>,
+        BTreeMap<String, AuthSpec>,
+    ) {
+        let luns = cfg
+            .targets
+            .iter()
+            .map(|t| {
+                let m = numbered(&t.luns)
+                    .into_iter()
+                    .map(|(n, l)| {
+                        let mut l = l.clone();
+                        l.lun = None;
+                        (n, l)
+                    })
+                    .collect();
+                (t.iqn.clone(), m)
+            })
+            .collect();
+        let auth = cfg
+            .targets
+            .iter()
+            .map(|t| (t.iqn.clone(), t.auth.clone()))
+            .collect();
+        (luns, auth)
+    }
+
+    const FILE: &str = r#"# the site's target
+listen = ["127.0.0.1:3260"]
+
+[[targets]]
+iqn = "iqn.2026-01.org.mcsi:a"
+# the disks
+luns = [
+  { backend = "ram:8MiB" },
+  { backend = "ram:4MiB", block_size = 4096, lun = 7 },
+]
+queue_depth = 64
+
+[targets.auth]
+chap_algorithms = ["SHA256"]
+allow_initiators = ["iqn.2026-01.org.x:h1"]
+"#;
+
+    #[test]
+    fn a_file_keeps_its_comments_and_gets_the_running_luns_and_access() {
+        let mut cfg = ServerConfig::from_toml(FILE).unwrap();
+        cfg.source = Some(crate::config::ConfigSource {
+            path: "/x/mcsi.toml".into(),
+            text: FILE.into(),
+        });
+        let (mut luns, mut auth) = running(&cfg);
+        let a = luns.get_mut("iqn.2026-01.org.mcsi:a").unwrap();
+        assert_eq!(a.keys().copied().collect::<Vec<_>>(), [0, 7]);
+        a.remove(&0);
+        a.insert(
+            3,
+            crate::config::parse_lun_arg("x", "ram:2MiB,ro,serial=s3").unwrap(),
+        );
+        let au = auth.get_mut("iqn.2026-01.org.mcsi:a").unwrap();
+        au.allow_initiators.push("iqn.2026-01.org.x:h2".into());
+        au.chap.push(ChapUser {
+            user: "carol".into(),
+            secret: "carol-secret-42".into(),
+            mutual_user: None,
+            mutual_secret: None,
+        });
+        let r = Running {
+            base: &cfg,
+            luns: &luns,
+            auth: &auth,
+        };
+        let out = render(&r, true).unwrap();
+        assert!(out.notes.is_empty());
+        let text = &out.text;
+        for kept in [
+            "# the site's target",
+            "# the disks",
+            "queue_depth = 64",
+            "chap_algorithms = [\"SHA256\"]",
+        ] {
+            assert!(text.contains(kept), "{kept} lost:\n{text}");
+        }
+        check(text, &r).unwrap();
+        let back = ServerConfig::from_toml(text).unwrap();
+        let nums: Vec<u16> = back.targets[0].numbered().iter().map(|(n, _)| *n).collect();
+        assert_eq!(nums, [3, 7]);
+        assert!(back.targets[0].luns[0].read_only);
+        assert_eq!(back.targets[0].auth.allow_initiators.len(), 2);
+        assert_eq!(back.targets[0].limits.queue_depth, 64);
+        // Hidden, the secret is not in the text.
+        let hidden = render(&r, false).unwrap().text;
+        assert!(
+            !hidden.contains("carol-secret-42") && hidden.contains(HIDDEN),
+            "{hidden}"
+        );
+        // What does not read back as what runs is refused.
+        luns.get_mut("iqn.2026-01.org.mcsi:a")
+            .unwrap()
+            .insert(9, LunSpec::new("ram:1MiB"));
+        let r2 = Running {
+            base: &cfg,
+            luns: &luns,
+            auth: &auth,
+        };
+        assert!(check(text, &r2).unwrap_err().contains("LUNs"));
+    }
+
+    #[test]
+    fn flags_alone_get_a_whole_file_and_name_what_it_leaves_out() {
+        let mut cfg = ServerConfig::from_toml(FILE).unwrap();
+        cfg.control = Some("/run/mcsi/control.sock".into());
+        let (luns, auth) = running(&cfg);
+        let r = Running {
+            base: &cfg,
+            luns: &luns,
+            auth: &auth,
+        };
+        let out = render(&r, true).unwrap();
+        check(&out.text, &r).unwrap();
+        assert!(
+            out.text.contains("control = \"/run/mcsi/control.sock\""),
+            "{}",
+            out.text
+        );
+        // queue_depth = 64 came from the file here, but without a file it is a flag's.
+        assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert!(out.notes[0].contains("iqn.2026-01.org.mcsi:a"));
+    }
+
+    #[test]
+    fn numbers_given_twice_or_past_the_last_are_refused() {
+        let two = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\"},{backend=\"ram:1MiB\",lun=0}]\n";
+        let e = ServerConfig::from_toml(two).unwrap_err().to_string();
+        assert!(e.contains("LUN 0 is given twice"), "{e}");
+        let wrap = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\",lun=65535},{backend=\"ram:1MiB\"}]\n";
+        let e = ServerConfig::from_toml(wrap).unwrap_err().to_string();
+        assert!(e.contains("past the last number"), "{e}");
+        let after = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\",lun=5},{backend=\"ram:1MiB\"}]\n";
+        let c = ServerConfig::from_toml(after).unwrap();
+        let nums: Vec<u16> = c.targets[0].numbered().iter().map(|(n, _)| *n).collect();
+        assert_eq!(nums, [5, 6]);
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_the_file_whole_and_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("mcsi.toml");
+        std::fs::write(&p, "old").unwrap();
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        let at = write_atomic(&link, "new\n").unwrap();
+        assert_eq!(at, std::fs::canonicalize(&p).unwrap());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temporary file left");
+        // A directory that cannot be written: an error, and the file is as it was.
+        let e = write_atomic(Path::new("/proc/mcsi-no.toml"), "x");
+        assert!(e.is_err());
+    }
+}
