@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator discovery lio nbd nbdvol xcopy)
+VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -97,6 +97,22 @@ TOML
   }
   log "discovery gave $HOST_IP:3262 and the login there was redirected to $HOST_IP:3261"
   stop_target || die "the target did not stop cleanly"
+}
+
+# test_service: the Debian package under systemd in the VM (booted with systemd as PID 1): the
+# package installs, the service starts ready, open-iscsi on the same VM writes with verify while
+# mcsi ctl adds and removes a LUN, adds an ACL and ends another session, systemctl reload
+# applies an edited file, and after mcsi ctl save and systemctl restart the saved configuration
+# is served to the reconnected session (scripts/vm-guest/service.sh).
+test_service() {
+  local img=$1 deb
+  deb=$(ls -t target/debian/mcsi_*.deb 2>/dev/null | head -n 1)
+  [ -n "$deb" ] || die "no package in target/debian: run scripts/package first"
+  [ "$deb" -nt "$MCSI" ] || die "$deb is older than $MCSI: run scripts/package again"
+  mkdir -p "$RUN/job"
+  cp "$deb" "$RUN/job/mcsi.deb"
+  VM_INIT=systemd vm_boot "$img" scripts/vm-guest/service.sh
+  vm_finish 400
 }
 
 # test_xcopy: clone offload. open-iscsi attaches two file LUNs of one mcsi target and sg_xcopy

@@ -214,7 +214,7 @@ pub fn qos_from(q: &FileQos, field: &str) -> Result<QosSpec, ConfigError> {
             ));
         };
         let size_bytes = size.bytes(&at("size"))?;
-        let rt_s = mcsi_units::parse_duration(rt, mcsi_units::BareUnit::Millis)
+        let rt_s = mcsi_units::parse_duration(rt, mcsi_units::BareUnit::Refuse)
             .map_err(|e| cerr(at("rt"), format!("{e} (e.g. \"10ms\")")))?
             .as_secs_f64();
         let req = mcsi_model::qos::Requirement {
@@ -741,8 +741,8 @@ pub fn check_address(field: &str, s: &str) -> Result<String, ConfigError> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileLun {
-    /// The LUN's number (0 to 65535); without it, one more than the LUN before it (0 for the
-    /// first).
+    /// The LUN's number (0 to 65535); without it, the lowest number that no LUN of the target
+    /// names and none before it took.
     pub lun: Option<u16>,
     /// `ram:SIZE`, `file:PATH`, `file:PATH:SIZE` or `block:PATH`.
     pub backend: String,
@@ -1173,8 +1173,7 @@ impl From<Arc<dyn Backend>> for LunBackend {
 /// One LUN, validated; a backend spec is opened when the server starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LunSpec {
-    /// The LUN's number as given (None: one more than the LUN before it in the target's list;
-    /// [`TargetSpec::numbered`] resolves it).
+    /// The LUN's number as given (None: the lowest free one, [`TargetSpec::numbered`]).
     pub lun: Option<u16>,
     pub backend: LunBackend,
     pub block_size: u32,
@@ -1225,8 +1224,9 @@ pub struct TargetSpec {
 }
 
 impl TargetSpec {
-    /// The LUNs with their numbers: each its own `lun`, or one more than the LUN before it
-    /// (0 for the first). [`ServerConfig::from_file_config`] refuses a number given twice.
+    /// The LUNs with their numbers: each its own `lun`, or the lowest number no LUN of the
+    /// target names or took before it. [`ServerConfig::from_file_config`] refuses a number
+    /// given twice.
     pub fn numbered(&self) -> Vec<(u16, &LunSpec)> {
         numbered(&self.luns)
     }
@@ -1238,36 +1238,37 @@ impl TargetSpec {
     }
 }
 
-/// The LUNs of a list with their numbers (see [`TargetSpec::numbered`]); a number past
-/// 65535 wraps, which [`check_numbers`] refuses.
+/// The LUNs of a list with their numbers (see [`TargetSpec::numbered`]): a LUN without
+/// `lun` takes the lowest number that no LUN of the list names and none before it took, so
+/// numbering one LUN never moves the others (`[a, {lun = 0, b}]` is b = 0, a = 1).
 pub fn numbered(luns: &[LunSpec]) -> Vec<(u16, &LunSpec)> {
+    let named: std::collections::BTreeSet<u16> = luns.iter().filter_map(|l| l.lun).collect();
+    // At most 16384 LUNs: the numbers handed out stay below 2 x 16384.
     let mut next: u16 = 0;
     luns.iter()
-        .map(|l| {
-            let n = l.lun.unwrap_or(next);
-            next = n.wrapping_add(1);
-            (n, l)
+        .map(|l| match l.lun {
+            Some(n) => (n, l),
+            None => {
+                while named.contains(&next) {
+                    next = next.wrapping_add(1);
+                }
+                let n = next;
+                next = next.wrapping_add(1);
+                (n, l)
+            }
         })
         .collect()
 }
 
-/// Refuses a LUN number given twice, or one past 65535 (a LUN without a number after LUN
-/// 65535).
+/// Refuses a LUN number given twice.
 pub fn check_numbers(luns: &[LunSpec]) -> Result<(), String> {
     let mut seen = std::collections::BTreeMap::new();
-    let mut prev: Option<u16> = None;
-    for (j, (n, l)) in numbered(luns).into_iter().enumerate() {
-        if l.lun.is_none() && prev == Some(u16::MAX) {
-            return Err(format!(
-                "luns[{j}] would be LUN 65536, past the last number; give it `lun = N`"
-            ));
-        }
+    for (j, (n, _)) in numbered(luns).into_iter().enumerate() {
         if let Some(k) = seen.insert(n, j) {
             return Err(format!(
                 "LUN {n} is given twice (luns[{k}] and luns[{j}]); give one of them another `lun = N`"
             ));
         }
-        prev = Some(n);
     }
     Ok(())
 }
@@ -1726,7 +1727,7 @@ fn limits_from(t: &FileTarget, at: &dyn Fn(&str) -> String) -> Result<Limits, Co
     Ok(l)
 }
 
-/// A duration field: "30s", "500ms", a bare number of seconds; at most one day.
+/// A duration field: "30s", "500ms" (a number needs its unit; "0" alone is zero); at most one day.
 /// The smallest `output_budget`: a few PDUs.
 pub const OUTPUT_BUDGET_MIN: u64 = 64 << 10;
 /// The smallest `read_budget`.
@@ -1751,7 +1752,7 @@ pub fn budget(v: &Option<SizeValue>, field: &str, min: u64, def: u64) -> Result<
 
 pub fn duration(v: &Option<String>, field: &str, def: Duration) -> Result<Duration, ConfigError> {
     let Some(v) = v else { return Ok(def) };
-    let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Seconds)
+    let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Refuse)
         .map_err(|e| cerr(field, e.to_string()))?;
     if d > Duration::from_secs(86_400) {
         return Err(cerr(field, format!("'{v}' is too long (at most 1 day)")));
@@ -1829,9 +1830,9 @@ fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), Strin
     }
 }
 
-/// A LUN's `service_time`: a duration of at most 10 s (a bare number is milliseconds).
+/// A LUN's `service_time`: a duration of at most 10 s, with its unit.
 fn parse_service_time(field: &str, v: &str) -> Result<Duration, ConfigError> {
-    match mcsi_units::parse_duration(v, mcsi_units::BareUnit::Millis) {
+    match mcsi_units::parse_duration(v, mcsi_units::BareUnit::Refuse) {
         Ok(d) if d <= Duration::from_secs(10) => Ok(d),
         Ok(_) => Err(cerr(field, format!("service_time '{v}' is above 10s"))),
         Err(e) => Err(cerr(
@@ -1930,7 +1931,7 @@ mod tests {
         let l = parse_lun_arg("--lun", "ram:1MiB,service_time=8ms").unwrap();
         assert_eq!(l.service_time, Duration::from_millis(8));
         assert_eq!(
-            parse_lun_arg("--lun", "ram:1MiB,service_time=2.5")
+            parse_lun_arg("--lun", "ram:1MiB,service_time=2.5ms")
                 .unwrap()
                 .service_time,
             Duration::from_micros(2500)
@@ -2255,6 +2256,45 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.limits.login_rate, 0);
+    }
+
+    #[test]
+    fn a_duration_without_its_unit_is_refused() {
+        let f = |t: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:3260\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{{backend=\"ram:1MiB\"}}]\n{t}\n"
+            ))
+        };
+        for bare in [
+            "nop_interval = \"30\"",
+            "send_timeout = \"5\"",
+            "data_out_timeout = \"20\"",
+        ] {
+            let e = f(bare).unwrap_err().to_string();
+            assert!(
+                e.contains("without a unit") && e.contains("ms"),
+                "{bare}: {e}"
+            );
+        }
+        assert_eq!(
+            f("nop_interval = \"0\"").unwrap().targets[0]
+                .limits
+                .nop_interval,
+            Duration::ZERO
+        );
+        assert_eq!(
+            f("nop_interval = \"1500ms\"").unwrap().targets[0]
+                .limits
+                .nop_interval,
+            Duration::from_millis(1500)
+        );
+        assert!(parse_lun_arg("--lun", "ram:1MiB,service_time=8").is_err());
+        assert_eq!(
+            parse_lun_arg("--lun", "ram:1MiB,service_time=8ms")
+                .unwrap()
+                .service_time,
+            Duration::from_millis(8)
+        );
     }
 
     #[test]

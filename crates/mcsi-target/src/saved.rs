@@ -488,17 +488,35 @@ allow_initiators = ["iqn.2026-01.org.x:h1"]
     }
 
     #[test]
-    fn numbers_given_twice_or_past_the_last_are_refused() {
-        let two = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\"},{backend=\"ram:1MiB\",lun=0}]\n";
-        let e = ServerConfig::from_toml(two).unwrap_err().to_string();
-        assert!(e.contains("LUN 0 is given twice"), "{e}");
-        let wrap = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\",lun=65535},{backend=\"ram:1MiB\"}]\n";
-        let e = ServerConfig::from_toml(wrap).unwrap_err().to_string();
-        assert!(e.contains("past the last number"), "{e}");
-        let after = "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\",lun=5},{backend=\"ram:1MiB\"}]\n";
-        let c = ServerConfig::from_toml(after).unwrap();
-        let nums: Vec<u16> = c.targets[0].numbered().iter().map(|(n, _)| *n).collect();
-        assert_eq!(nums, [5, 6]);
+    fn numbers_given_twice_are_refused_and_a_number_moves_no_other_lun() {
+        let file = |luns: &str| {
+            ServerConfig::from_toml(&format!(
+                "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{luns}]\n"
+            ))
+        };
+        let e = file("{backend=\"ram:1MiB\",lun=3},{backend=\"ram:1MiB\",lun=3}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("LUN 3 is given twice"), "{e}");
+        let nums = |luns: &str| -> Vec<u16> {
+            file(luns).unwrap().targets[0]
+                .numbered()
+                .iter()
+                .map(|(n, _)| *n)
+                .collect()
+        };
+        let r = "{backend=\"ram:1MiB\"}";
+        assert_eq!(nums(&format!("{r},{r}")), [0, 1]);
+        // A numbered LUN put first takes its number; the others keep theirs.
+        assert_eq!(
+            nums(&format!("{{backend=\"ram:1MiB\",lun=2}},{r},{r}")),
+            [2, 0, 1]
+        );
+        assert_eq!(nums(&format!("{r},{{backend=\"ram:1MiB\",lun=0}}")), [1, 0]);
+        assert_eq!(
+            nums(&format!("{r},{{backend=\"ram:1MiB\",lun=10}},{r}")),
+            [0, 10, 1]
+        );
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub enum BareUnit {
     Seconds,
     Millis,
     Micros,
+    /// No unit is assumed: a bare number other than 0 is an error that asks for one (where
+    /// seconds and milliseconds are both plausible, a guess would be a trap).
+    Refuse,
 }
 
 /// Parses a duration: `10ms`, `1.5s`, `250us`, `2m`, `1h`, `100ns`. A bare number is taken in `bare`.
@@ -130,6 +133,14 @@ pub fn parse_duration(s: &str, bare: BareUnit) -> Result<Duration, UnitError> {
             BareUnit::Seconds => 1.0,
             BareUnit::Millis => 1e-3,
             BareUnit::Micros => 1e-6,
+            BareUnit::Refuse if v == 0.0 => 0.0,
+            BareUnit::Refuse => {
+                return Err(err(
+                    WHAT,
+                    s,
+                    format!("a number without a unit: write {v}s or {v}ms (0 alone is zero)"),
+                ))
+            }
         },
         "ns" => 1e-9,
         "us" | "µs" => 1e-6,

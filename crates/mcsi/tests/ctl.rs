@@ -613,6 +613,25 @@ fn a_saved_configuration_is_what_a_restart_serves() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
+    // Mutual CHAP: the target's answer to dave comes from a file too; half of it is refused.
+    let tsecret = dir.path().join("target-secret");
+    std::fs::write(&tsecret, "target-secret-99\n").unwrap();
+    let o = Command::new(BIN)
+        .args(["ctl", "--socket"])
+        .arg(&sock)
+        .args(["add-chap-user", "dave", "--secret-file"])
+        .arg(&secret)
+        .args(["--mutual-user", "tgt-dave", "--mutual-secret-file"])
+        .arg(&tsecret)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let half = raw(
+        &sock,
+        "{\"op\": \"add-chap-user\", \"user\": \"erin\", \"secret\": \"erin-secret-123\", \"mutual_user\": \"t\"}\n",
+    );
+    assert_eq!(half["ok"], false, "{half}");
+    assert!(half["error"].as_str().unwrap().contains("both"), "{half}");
     // Shown, the secret is hidden unless asked for.
     let o = ctl(&sock, &["show-config"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -634,6 +653,8 @@ fn a_saved_configuration_is_what_a_restart_serves() {
         "serial = \"five\"",
         "carol-secret-42",
         "iqn.2026-01.org.x:host1",
+        "mutual_user = \"tgt-dave\"",
+        "target-secret-99",
     ] {
         assert!(saved.contains(want), "{want} not in:\n{saved}");
     }
@@ -662,6 +683,7 @@ fn a_saved_configuration_is_what_a_restart_serves() {
     assert_eq!(t["luns"][1]["serial"], "five", "{v}");
     assert_eq!(t["allowed_initiators"][0], "iqn.2026-01.org.x:host1", "{v}");
     assert_eq!(t["chap_users"][0], "carol", "{v}");
+    assert_eq!(t["chap_users"][1], "dave", "{v}");
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -70,6 +70,11 @@ pub enum Request {
         target: Option<String>,
         user: String,
         secret: String,
+        /// Mutual CHAP: the name and secret the target answers this user's challenge with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mutual_user: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mutual_secret: Option<String>,
     },
     /// Remove a CHAP user of `target` (the last only with `open`).
     RemoveChapUser {
@@ -323,19 +328,26 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
             target,
             user,
             secret,
-        } => done(
-            admin
-                .add_chap_user(
-                    target.as_deref(),
-                    mcsi_target::config::ChapUser {
-                        user,
-                        secret,
-                        mutual_user: None,
-                        mutual_secret: None,
-                    },
-                )
-                .await,
-        ),
+            mutual_user,
+            mutual_secret,
+        } => {
+            if mutual_user.is_some() != mutual_secret.is_some() {
+                return Reply::err("mutual CHAP needs both mutual_user and mutual_secret");
+            }
+            done(
+                admin
+                    .add_chap_user(
+                        target.as_deref(),
+                        mcsi_target::config::ChapUser {
+                            user,
+                            secret,
+                            mutual_user,
+                            mutual_secret,
+                        },
+                    )
+                    .await,
+            )
+        }
         Request::RemoveChapUser { target, user, open } => {
             done(admin.remove_chap_user(target.as_deref(), &user, open).await)
         }
@@ -451,6 +463,21 @@ enum What {
         /// Read the secret from this environment variable.
         #[arg(long, value_name = "VAR")]
         secret_env: Option<String>,
+        /// Mutual CHAP: the name the target answers this user's challenge with (its secret from
+        /// --mutual-secret-file or --mutual-secret-env).
+        #[arg(long, value_name = "NAME")]
+        mutual_user: Option<String>,
+        /// Read the target's mutual CHAP secret from this file (its first line).
+        #[arg(
+            long,
+            value_name = "PATH",
+            requires = "mutual_user",
+            conflicts_with = "mutual_secret_env"
+        )]
+        mutual_secret_file: Option<PathBuf>,
+        /// Read the target's mutual CHAP secret from this environment variable.
+        #[arg(long, value_name = "VAR", requires = "mutual_user")]
+        mutual_secret_env: Option<String>,
     },
     /// Read the target's configuration file again and apply the difference (as SIGHUP does):
     /// LUNs added and removed, access replaced; a change that needs a restart is refused whole.
@@ -564,10 +591,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             user,
             secret_file,
             secret_env,
+            mutual_user,
+            mutual_secret_file,
+            mutual_secret_env,
         } => Request::AddChapUser {
             target: target.clone(),
             user: user.clone(),
             secret: secret(secret_file, secret_env)?,
+            mutual_user: mutual_user.clone(),
+            mutual_secret: match mutual_user {
+                Some(_) => Some(secret(mutual_secret_file, mutual_secret_env).context(
+                    "--mutual-user needs --mutual-secret-file PATH or --mutual-secret-env VAR",
+                )?),
+                None => None,
+            },
         },
         What::RemoveChapUser { target, user, open } => Request::RemoveChapUser {
             target: target.clone(),
@@ -586,7 +623,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Targets => Request::Targets,
         What::Sessions => Request::Sessions,
         What::EndSession { tsih, grace } => {
-            let d = mcsi_units::parse_duration(grace, mcsi_units::BareUnit::Seconds)
+            let d = mcsi_units::parse_duration(grace, mcsi_units::BareUnit::Refuse)
                 .map_err(|e| anyhow::anyhow!("--grace {grace}: {e}"))?;
             Request::EndSession {
                 tsih: *tsih,
