@@ -38,6 +38,9 @@ pub enum BackendError {
     /// A failure injected by [`FailingBackend`].
     #[error("injected {op} failure at byte offset {offset}")]
     Injected { op: &'static str, offset: u64 },
+    /// The store cannot take the size asked for.
+    #[error("{0}")]
+    Resize(String),
 }
 
 impl BackendError {
@@ -101,6 +104,16 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// One line for logs: kind, path, size.
     fn describe(&self) -> String;
+    /// Grows the store to `size` bytes, or (None) takes the size it has now (a file its
+    /// administrator extended); the new size. A store never shrinks under its initiators: a
+    /// smaller size is refused. The default: this store cannot change size.
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        let _ = size;
+        Err(BackendError::Resize(format!(
+            "{} cannot change size (file LUNs can)",
+            self.describe()
+        )))
+    }
     /// A name of the stored data itself, the same wherever it is opened (an RBD image through
     /// any gateway): the LUN's identity (VPD 80h and 83h) then follows the data rather than
     /// the target's name and LUN number. None for storage local to one machine.
@@ -475,7 +488,8 @@ fn write_zeros(file: &File, offset: u64, len: u64) -> Result<(), BackendError> {
 pub struct FileBackend {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Bytes; only grows ([`Backend::grow`]).
+    size: AtomicU64,
     punch_hole: AtomicBool,
 }
 
@@ -553,7 +567,7 @@ impl FileBackend {
         Ok(FileBackend {
             file,
             path: path.to_path_buf(),
-            size: meta.len(),
+            size: AtomicU64::new(meta.len()),
             punch_hole: AtomicBool::new(true),
         })
     }
@@ -561,18 +575,49 @@ impl FileBackend {
 
 impl Backend for FileBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        let now = self.size();
+        let io = |e: io::Error| BackendError::Resize(format!("{}: {e}", self.path.display()));
+        let new = match size {
+            Some(n) => {
+                if n < now {
+                    return Err(BackendError::Resize(format!(
+                        "{} is {now} bytes; a LUN only grows (asked for {n})",
+                        self.path.display()
+                    )));
+                }
+                if n > now {
+                    self.file.set_len(n).map_err(io)?;
+                }
+                n
+            }
+            None => {
+                let n = self.file.metadata().map_err(io)?.len();
+                if n < now {
+                    return Err(BackendError::Resize(format!(
+                        "{} shrank to {n} bytes from {now}: its LUN keeps serving {now} (blocks past the end now read and write as errors); give the file its size back",
+                        self.path.display()
+                    )));
+                }
+                n
+            }
+        };
+        self.size.fetch_max(new, Ordering::AcqRel);
+        Ok(self.size())
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        check_range("read", offset, buf.len() as u64, self.size)?;
+        check_range("read", offset, buf.len() as u64, self.size())?;
         self.file
             .read_exact_at(buf, offset)
             .map_err(io_err("read", offset))
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        check_range("write", offset, data.len() as u64, self.size)?;
+        check_range("write", offset, data.len() as u64, self.size())?;
         self.file
             .write_all_at(data, offset)
             .map_err(io_err("write", offset))
@@ -583,7 +628,7 @@ impl Backend for FileBackend {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        check_range("unmap", offset, len, self.size)?;
+        check_range("unmap", offset, len, self.size())?;
         if len == 0 {
             return Ok(());
         }
@@ -615,7 +660,7 @@ impl Backend for FileBackend {
     }
 
     fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
-        check_range("mapped", offset, len, self.size)?;
+        check_range("mapped", offset, len, self.size())?;
         let end = offset + len;
         let mut out = Vec::new();
         let fd = self.file.as_raw_fd();
@@ -665,7 +710,7 @@ impl Backend for FileBackend {
     }
 
     fn describe(&self) -> String {
-        format!("file {} ({} bytes)", self.path.display(), self.size)
+        format!("file {} ({} bytes)", self.path.display(), self.size())
     }
 }
 
@@ -802,6 +847,10 @@ impl Backend for ServiceTimeBackend {
     fn size(&self) -> u64 {
         self.inner.size()
     }
+
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        self.inner.grow(size)
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         std::thread::sleep(self.service);
         self.inner.read_at(offset, buf)
@@ -898,6 +947,10 @@ impl FailingBackend {
 impl Backend for FailingBackend {
     fn size(&self) -> u64 {
         self.inner.size()
+    }
+
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        self.inner.grow(size)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         self.take("read", offset)?;

@@ -338,7 +338,8 @@ pub struct LogicalUnit {
     backend: Arc<dyn Backend>,
     cfg: LuConfig,
     block_size: u64,
-    blocks: u64,
+    /// Capacity in blocks; only grows ([`LogicalUnit::grow`]).
+    blocks: AtomicU64,
     state: Mutex<State>,
     ranges: RangeLocks,
     /// WRITE ATOMIC(16)s under way, and how many have started: a read that saw none of them
@@ -376,7 +377,7 @@ impl LogicalUnit {
         LogicalUnit {
             backend,
             block_size: bs,
-            blocks,
+            blocks: AtomicU64::new(blocks),
             cfg,
             state: Mutex::new(State {
                 seen: AHashSet::new(),
@@ -408,7 +409,22 @@ impl LogicalUnit {
 
     /// Capacity in logical blocks.
     pub fn blocks(&self) -> u64 {
-        self.blocks
+        self.blocks.load(Ordering::Acquire)
+    }
+
+    /// Grows the unit's store to `size` bytes, or (None) takes the size the store has now
+    /// (a file extended behind the target's back): `(old, new)` capacity in blocks. A unit that
+    /// grew tells every nexus it has seen, with the unit attention CAPACITY DATA HAS CHANGED
+    /// (SBC-3 4.10); commands see the new capacity from then on. It never shrinks.
+    pub fn grow(&self, size: Option<u64>) -> Result<(u64, u64), BackendError> {
+        let old = self.blocks();
+        let bytes = self.backend.grow(size)?;
+        let new = bytes / self.block_size;
+        if new > old {
+            self.blocks.fetch_max(new, Ordering::AcqRel);
+            self.unit_attention_all(Sense::new(key::UNIT_ATTENTION, asc::CAPACITY_DATA_CHANGED));
+        }
+        Ok((old, self.blocks()))
     }
 
     /// Logical block size in bytes.
@@ -1185,11 +1201,11 @@ impl LogicalUnit {
         let mut bd = Vec::new();
         if !dbd {
             if llbaa {
-                bd.extend_from_slice(&self.blocks.to_be_bytes());
+                bd.extend_from_slice(&self.blocks().to_be_bytes());
                 bd.extend_from_slice(&[0, 0, 0, 0]);
                 bd.extend_from_slice(&(self.block_size as u32).to_be_bytes());
             } else {
-                let n = u32::try_from(self.blocks).unwrap_or(u32::MAX);
+                let n = u32::try_from(self.blocks()).unwrap_or(u32::MAX);
                 bd.extend_from_slice(&n.to_be_bytes());
                 bd.push(0);
                 bd.extend_from_slice(&(self.block_size as u32).to_be_bytes()[1..4]);
@@ -1452,7 +1468,7 @@ impl LogicalUnit {
     /// LBA range check (SBC-3 4.5): LBA OUT OF RANGE when any block is past the end.
     fn check_range(&self, lba: u64, nlb: u64) -> Result<(), Fail> {
         match lba.checked_add(nlb) {
-            Some(end) if end <= self.blocks && lba <= self.blocks => Ok(()),
+            Some(end) if end <= self.blocks() && lba <= self.blocks() => Ok(()),
             _ => Err(lba_oor()),
         }
     }
@@ -1689,7 +1705,7 @@ impl LogicalUnit {
         if !pmi && c.u32(2) != 0 {
             return Err(bad_cdb(2, None));
         }
-        let last = self.blocks.saturating_sub(1);
+        let last = self.blocks().saturating_sub(1);
         let last32 = u32::try_from(last).unwrap_or(u32::MAX);
         let mut d = Vec::with_capacity(8);
         d.extend_from_slice(&last32.to_be_bytes());
@@ -1700,7 +1716,7 @@ impl LogicalUnit {
     fn read_capacity16(&self, c: &Cdb) -> Res {
         let alloc = c.u32(10) as usize;
         let mut d = vec![0u8; 32];
-        d[0..8].copy_from_slice(&self.blocks.saturating_sub(1).to_be_bytes());
+        d[0..8].copy_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
         // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT; the lowest aligned LBA is 0.
         d[13] = self.cfg.lbppb_exponent & 0x0F;
@@ -1714,13 +1730,13 @@ impl LogicalUnit {
     fn get_lba_status(&self, c: &Cdb) -> Res {
         let lba = c.u64(2);
         let alloc = c.u32(10) as usize;
-        if lba >= self.blocks {
+        if lba >= self.blocks() {
             return Err(lba_oor());
         }
         let bs = self.block_size;
         // Look at a bounded window; the initiator asks again for the rest (SBC-3 5.6).
         let max_desc = alloc.saturating_sub(8) / 16;
-        let window = (self.blocks - lba).min(1 << 20);
+        let window = (self.blocks() - lba).min(1 << 20);
         let ext = self
             .backend
             .mapped(lba * bs, window * bs)
@@ -1886,7 +1902,7 @@ impl LogicalUnit {
         // WSNZ is clear in the Block Limits page: zero blocks means from the LBA to the end of
         // the medium (SBC-4 5.49), within MAXIMUM WRITE SAME LENGTH like any other count.
         let nlb = if r.nlb == 0 {
-            self.blocks - r.lba
+            self.blocks() - r.lba
         } else {
             r.nlb
         };

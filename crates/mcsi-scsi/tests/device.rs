@@ -1441,3 +1441,53 @@ fn fixed_size_data_out_with_more_data_than_the_cdb_asks_is_refused() {
     let w = [0x2A, 0, 0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
     assert!(ds.overflow_refused(0, &w, 8 * BS as u32).is_none());
 }
+
+/// A file LUN grows while a nexus uses it: the nexus is told once (CAPACITY DATA HAS CHANGED)
+/// and then sees the new capacity and can use it; a smaller size, or a store that cannot grow,
+/// is refused and changes nothing.
+#[test]
+fn a_grown_unit_tells_its_nexuses_and_serves_the_new_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun.img");
+    let file = mcsi_scsi::FileBackend::create(&path, 64 * BS as u64).unwrap();
+    let lu = LogicalUnit::new(Arc::new(file), LuConfig::default());
+    let n = nexus(1);
+    ready(&lu, &n);
+    let cap10 = [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(&good(&run(&lu, &n, &cap10, &[]))[..4], &63u32.to_be_bytes());
+    expect(
+        &run(&lu, &n, &read10(100, 1), &[]),
+        key::ILLEGAL_REQUEST,
+        asc::LBA_OUT_OF_RANGE,
+    );
+    assert_eq!(lu.grow(Some(128 * BS as u64)).unwrap(), (64, 128));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 128 * BS as u64);
+    expect(
+        &run(&lu, &n, &cap10, &[]),
+        key::UNIT_ATTENTION,
+        asc::CAPACITY_DATA_CHANGED,
+    );
+    assert_eq!(
+        &good(&run(&lu, &n, &cap10, &[]))[..4],
+        &127u32.to_be_bytes()
+    );
+    let data = vec![0x5A; BS];
+    good(&run(&lu, &n, &write10(100, 1, 0), &data));
+    assert_eq!(&good(&run(&lu, &n, &read10(100, 1), &[]))[..], &data[..]);
+    // The file extended behind the unit's back: taken as it is now.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(256 * BS as u64)
+        .unwrap();
+    assert_eq!(lu.grow(None).unwrap(), (128, 256));
+    // Never smaller; a RAM unit cannot change size.
+    let e = lu.grow(Some(64 * BS as u64)).unwrap_err().to_string();
+    assert!(e.contains("only grows"), "{e}");
+    assert_eq!(lu.blocks(), 256);
+    let ram = ram_lu(64, LuConfig::default());
+    let e = ram.grow(Some(128 * BS as u64)).unwrap_err().to_string();
+    assert!(e.contains("cannot change size"), "{e}");
+    assert_eq!(ram.blocks(), 64);
+}

@@ -155,6 +155,15 @@ fn numbered(luns: &[LunSpec]) -> BTreeMap<u16, LunSpec> {
         .collect()
 }
 
+/// `file:PATH:SIZE` with its size replaced by `bytes`; None for other specs (a file without a
+/// size opens whole, whatever its length).
+fn file_spec_with_size(spec: &str, bytes: u64) -> Option<String> {
+    let rest = spec.strip_prefix("file:")?;
+    let (path, size) = rest.rsplit_once(':')?;
+    mcsi_units::parse_size(size).ok()?;
+    Some(format!("file:{path}:{bytes}"))
+}
+
 /// What a reload changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Changes {
@@ -257,6 +266,59 @@ impl Admin {
         self.install_lun(&t, lun, lu, l2)?;
         tracing::info!(target = %t.name, lun, spec, "the administrator added a LUN");
         Ok(())
+    }
+
+    /// Grows LUN `lun` of a target to `size` bytes, or (None) to the size its file has now
+    /// (extended by the administrator): its sessions get CAPACITY DATA HAS CHANGED and see
+    /// the new capacity; nothing pauses. A LUN never shrinks. A `file:PATH:SIZE` spec in the
+    /// running configuration takes the new size, so that a saved file opens it whole.
+    /// `(old, new)` capacity in blocks.
+    pub async fn grow_lun(
+        &self,
+        target: Option<&str>,
+        lun: u16,
+        size: Option<u64>,
+    ) -> Result<(u64, u64), AdminError> {
+        let _one = self.shared.admin_lock().await;
+        let t = self.target(target)?;
+        let lu = t
+            .dev
+            .luns()
+            .iter()
+            .find(|(i, _)| *i == lun)
+            .map(|(_, lu)| lu.clone())
+            .ok_or_else(|| AdminError::NoLun {
+                target: t.name.clone(),
+                lun,
+            })?;
+        let (old, new) = tokio::task::spawn_blocking(move || lu.grow(size))
+            .await
+            .map_err(|e| AdminError::Backend {
+                lun,
+                why: e.to_string(),
+            })?
+            .map_err(|e| AdminError::Backend {
+                lun,
+                why: e.to_string(),
+            })?;
+        let bytes = new
+            * u64::from(
+                t.dev
+                    .luns()
+                    .iter()
+                    .find(|(i, _)| *i == lun)
+                    .map_or(512, |(_, l)| l.block_size()),
+            );
+        let mut a = self.applied();
+        if let Some(spec) = a.luns.get_mut(&t.name).and_then(|m| m.get_mut(&lun)) {
+            if let crate::config::LunBackend::Spec(s) = &spec.backend {
+                if let Some(grown) = file_spec_with_size(s, bytes) {
+                    spec.backend = crate::config::LunBackend::Spec(grown);
+                }
+            }
+        }
+        tracing::info!(target = %t.name, lun, old, new, "the administrator grew a LUN (blocks)");
+        Ok((old, new))
     }
 
     /// Removes LUN `lun` from a target: it answers as absent at once, and the sessions of the
@@ -505,6 +567,29 @@ impl Admin {
             (None, Some(p)) => p.clone(),
             (None, None) => return Err(AdminError::NoFile),
         };
+        let to_own = to.is_none()
+            || own.as_ref().is_some_and(|o| {
+                std::fs::canonicalize(o).ok() == std::fs::canonicalize(&path).ok()
+            });
+        if to_own {
+            if a.base.access_from_flags {
+                return Err(AdminError::NotSaved(
+                    "access was given on the command line (--chap, --allow-initiator or --allow-any) over the file's: saving would write it into the file; start the target without those flags, or save --to another file".into(),
+                ));
+            }
+            // The file as it is now must be the text the server read: an edit not yet reloaded
+            // would be lost.
+            if let Some(src) = &a.base.source {
+                let now = std::fs::read_to_string(&src.path)
+                    .map_err(|e| AdminError::NotSaved(format!("{}: {e}", src.path.display())))?;
+                if now != src.text {
+                    return Err(AdminError::NotSaved(format!(
+                        "{} changed since the target read it: reload it first (mcsi ctl reload), or save --to another file",
+                        src.path.display()
+                    )));
+                }
+            }
+        }
         let r = a.running();
         let out = crate::saved::render(&r, true).map_err(AdminError::NotSaved)?;
         crate::saved::check(&out.text, &r).map_err(AdminError::NotSaved)?;

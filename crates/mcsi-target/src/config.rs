@@ -1239,8 +1239,8 @@ impl TargetSpec {
 }
 
 /// The LUNs of a list with their numbers (see [`TargetSpec::numbered`]): a LUN without
-/// `lun` takes the lowest number that no LUN of the list names and none before it took, so
-/// numbering one LUN never moves the others (`[a, {lun = 0, b}]` is b = 0, a = 1).
+/// `lun` takes the lowest number that no LUN of the list names and none before it took, so a
+/// new LUN given an unused number moves no other (`[a, {lun = 2, b}, c]` is 0, 2, 1).
 pub fn numbered(luns: &[LunSpec]) -> Vec<(u16, &LunSpec)> {
     let named: std::collections::BTreeSet<u16> = luns.iter().filter_map(|l| l.lun).collect();
     // At most 16384 LUNs: the numbers handed out stay below 2 x 16384.
@@ -1305,6 +1305,9 @@ pub struct ServerConfig {
     pub control: Option<std::path::PathBuf>,
     /// The file this configuration was read from, as read (none: built from flags or code).
     pub source: Option<ConfigSource>,
+    /// Access (CHAP users, allowed initiators) was set on the command line over the file's:
+    /// saving to the file would write the flags' access into it.
+    pub access_from_flags: bool,
 }
 
 /// A configuration file and its text as read: what `mcsi ctl save` writes the running LUNs and
@@ -1503,7 +1506,11 @@ impl ServerConfig {
                             from: from.clone(),
                             permanent: false,
                         };
-                        portals.contains(a) && r.applies(*a)
+                        // A wildcard portal on the same port takes logins to `to` as well.
+                        let served = portals
+                            .iter()
+                            .any(|p| p == a || (p.ip().is_unspecified() && p.port() == a.port()));
+                        served && r.applies(*a)
                     });
                     if let Some(a) = loops {
                         return Err(cerr(
@@ -1565,6 +1572,7 @@ impl ServerConfig {
                 Some(p) => Some(std::path::PathBuf::from(p)),
             },
             source: None,
+            access_from_flags: false,
         })
     }
 }
@@ -2326,6 +2334,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("loop"), "{e}");
+        // A wildcard portal on the port of `to` takes those logins too: a loop as well.
+        let w = ServerConfig::from_toml(
+            "listen=[\"0.0.0.0:3270\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\"}]\n[targets.redirect]\nto=\"10.0.0.5:3270\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(w.contains("loop"), "{w}");
         let e = f("[targets.redirect]\nto=\"10.0.0.1:3260\"\nfrom=[\"127.0.0.1:9\"]\n")
             .unwrap_err()
             .to_string();

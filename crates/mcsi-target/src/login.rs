@@ -295,8 +295,19 @@ impl LoginEnv for Env<'_> {
                 };
                 let authenticator =
                     self.access(&t.auth.load(), &format!("target {name}"), initiator_name)?;
-                if let Some(r) = t.redirect.as_ref().filter(|r| r.applies(self.local)) {
-                    // RFC 7143 11.13.5: "target moved", and where to log in instead.
+                // Only a new session's leading login moves: a connection joining a session, or
+                // reinstating one of its connections, belongs where the session is. A login
+                // that already arrived where `to` points is served (no loop, whatever the
+                // configuration).
+                let leading = matches!(self.first, Some((_, 0)));
+                let here = r_to_is(&t, self.local);
+                if let Some(r) = t
+                    .redirect
+                    .as_ref()
+                    .filter(|r| leading && !here && r.applies(self.local))
+                {
+                    // RFC 7143 11.13.5: "target moved", and where to log in instead; a
+                    // redirection's TargetAddress carries no portal group tag (13.8).
                     self.why = Some(format!("redirected to {}", r.to));
                     return Err(Refusal {
                         status: if r.permanent {
@@ -304,7 +315,7 @@ impl LoginEnv for Env<'_> {
                         } else {
                             status::TARGET_MOVED_TEMP
                         },
-                        keys: vec![("TargetAddress".into(), format!("{},{}", r.to, t.tpgt))],
+                        keys: vec![("TargetAddress".into(), r.to.clone())],
                     });
                 }
                 if let Some((isid, 0)) = self.first {
@@ -645,4 +656,12 @@ pub async fn send_refusal<S: Stream>(
     r.status_detail = st.1;
     r.data = bytes::Bytes::new();
     send(stream, r).await
+}
+
+/// Whether a login that arrived on `local` already is where the target's redirection points.
+fn r_to_is(t: &Target, local: SocketAddr) -> bool {
+    t.redirect
+        .as_ref()
+        .and_then(|r| r.to.parse::<SocketAddr>().ok())
+        .is_some_and(|to| to == local)
 }

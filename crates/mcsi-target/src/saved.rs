@@ -42,8 +42,18 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
                 src.path.display()
             )
         })?,
-        None => fresh(r.base, &mut notes),
+        None => fresh(r.base, secrets, &mut notes),
     };
+    // Discovery's access is the file's (it changes only by a reload): only its secrets may
+    // need hiding.
+    if let Some(a) = doc
+        .get_mut("discovery")
+        .and_then(Item::as_table_like_mut)
+        .and_then(|d| d.get_mut("auth"))
+        .and_then(Item::as_table_like_mut)
+    {
+        auth_keys(a, &r.base.discovery_auth, secrets);
+    }
     let mut seen = Vec::new();
     let mut each = |t: &mut dyn TableLike, inline: bool| -> Result<(), String> {
         let Some(iqn) = t.get("iqn").and_then(Item::as_str).map(str::to_string) else {
@@ -90,7 +100,7 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
 /// A new document for a server started without a file: its control socket and Multipath TCP
 /// setting, each target with its portals and alias, and discovery's access. What the command
 /// line set beyond that is named in `notes`.
-fn fresh(base: &ServerConfig, notes: &mut Vec<String>) -> DocumentMut {
+fn fresh(base: &ServerConfig, secrets: bool, notes: &mut Vec<String>) -> DocumentMut {
     let mut doc = DocumentMut::new();
     doc.decor_mut().set_prefix(
         "# The running configuration of an mcsi target (mcsi ctl save).\n# Every key: examples/mcsi.toml in the source, or man mcsi-target.\n\n",
@@ -111,7 +121,7 @@ fn fresh(base: &ServerConfig, notes: &mut Vec<String>) -> DocumentMut {
         let mut d = Table::new();
         d.set_implicit(true);
         let mut a = Table::new();
-        auth_keys(&mut a, &base.discovery_auth, true);
+        auth_keys(&mut a, &base.discovery_auth, secrets);
         d.insert("auth", Item::Table(a));
         doc.insert("discovery", Item::Table(d));
     }
@@ -192,7 +202,7 @@ fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, String> {
         if !l.service_time.is_zero() {
             it.insert(
                 "service_time",
-                format!("{}us", l.service_time.as_micros()).into(),
+                format!("{}ns", l.service_time.as_nanos()).into(),
             );
         }
         arr.push_formatted(Value::InlineTable(it).decorated("\n  ", ""));
@@ -331,8 +341,11 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<PathBuf> {
         .ok_or_else(|| std::io::Error::other("not a file name"))?
         .to_string_lossy()
         .into_owned();
-    let tmp = dir.join(format!(".{name}.mcsi-save-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
+    // A name no other writer picks (another process, or an earlier save of this one).
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = dir.join(format!(".{name}.mcsi-save-{}-{nonce}", std::process::id()));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -341,13 +354,21 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<PathBuf> {
             .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(&dir)?.sync_all()
+        std::fs::rename(&tmp, &path)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map(|()| path)
+    written?;
+    // The file is replaced; a directory that cannot be synced leaves the rename to the
+    // kernel's own time, which is no reason to report the save as failed.
+    if let Err(e) = std::fs::File::open(&dir).and_then(|d| d.sync_all()) {
+        tracing::warn!(
+            "saved {}, but syncing its directory failed: {e}",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -386,6 +407,9 @@ mod tests {
 
     const FILE: &str = r#"# the site's target
 listen = ["127.0.0.1:3260"]
+
+[discovery.auth]
+chap = [{ user = "disco", secret = "discovery-secret-7" }]
 
 [[targets]]
 iqn = "iqn.2026-01.org.mcsi:a"
@@ -453,6 +477,8 @@ allow_initiators = ["iqn.2026-01.org.x:h1"]
             !hidden.contains("carol-secret-42") && hidden.contains(HIDDEN),
             "{hidden}"
         );
+        assert!(!hidden.contains("discovery-secret-7"), "{hidden}");
+        assert!(text.contains("discovery-secret-7"), "{text}");
         // What does not read back as what runs is refused.
         luns.get_mut("iqn.2026-01.org.mcsi:a")
             .unwrap()

@@ -684,6 +684,24 @@ fn a_saved_configuration_is_what_a_restart_serves() {
     assert_eq!(t["allowed_initiators"][0], "iqn.2026-01.org.x:host1", "{v}");
     assert_eq!(t["chap_users"][0], "carol", "{v}");
     assert_eq!(t["chap_users"][1], "dave", "{v}");
+    // An edit on disk not yet reloaded is not overwritten by a save; after a reload it is kept.
+    let edited = format!("{saved}\n# an edit on disk\n");
+    std::fs::write(&conf, &edited).unwrap();
+    let o = ctl(&sock, &["save"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("changed since the target read it"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), edited);
+    let o = ctl(&sock, &["reload"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&conf)
+        .unwrap()
+        .contains("# an edit on disk"));
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -725,4 +743,97 @@ fn a_target_started_from_flags_saves_only_where_told() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn a_file_lun_grows_while_the_target_runs_and_is_saved_at_its_new_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let img = dir.path().join("lun0.img");
+    let port = free_port();
+    std::fs::write(
+        &conf,
+        format!(
+            "listen = [\"127.0.0.1:{port}\"]\ncontrol = \"{}\"\n[[targets]]\niqn = \"{IQN}\"\nluns = [{{ backend = \"file:{}:16MiB\" }}]\n",
+            sock.display(),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let mut child = spawn_config(&conf, port, &sock);
+    let blocks = |sock: &Path| {
+        let o = ctl(sock, &["--json", "targets"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["result"][0]["luns"][0]["blocks"].as_u64().unwrap()
+    };
+    assert_eq!(blocks(&sock), 32768);
+    let o = ctl(&sock, &["grow-lun", "0", "--size", "8MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("only grows"), "{}", stderr(&o));
+    let o = ctl(&sock, &["grow-lun", "0", "--size", "32MiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("65536 blocks, was 32768"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(blocks(&sock), 65536);
+    // The new blocks serve I/O: a verified write run over the whole grown LUN.
+    let o = Command::new(BIN)
+        .args(["bench", &format!("iscsi://127.0.0.1:{port}/{IQN}/0")])
+        .args(["--rw", "write", "--bs", "1MiB", "--verify", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mcsi"]["verify"]["blocks_checked"], 32, "{v}");
+    // Saved, the file opens the LUN at its new size after a restart.
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    assert!(saved.contains(":33554432\""), "{saved}");
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut child = spawn_config(&conf, port, &sock);
+    assert_eq!(blocks(&sock), 65536);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn access_given_on_the_command_line_is_not_saved_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let port = free_port();
+    let text = format!(
+        "{}[targets.auth]\nallow_initiators = [\"iqn.2026-01.org.x:only\"]\n",
+        file(port, &sock, "")
+    );
+    std::fs::write(&conf, &text).unwrap();
+    let _ = std::fs::remove_file(&sock);
+    let mut child = Command::new(BIN)
+        .args(["target", "--config"])
+        .arg(&conf)
+        .arg("--allow-any")
+        .env("MCSI_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // --allow-any opened the target; saved, the file would lose its ACL for good.
+    let o = ctl(&sock, &["save"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("command line"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), text);
 }

@@ -276,12 +276,12 @@ impl LogicalUnit {
             self.publish(&st);
         }
         let total = match &work {
-            Work::Overwrite { passes, .. } => self.blocks * self.block_size * u64::from(*passes),
-            Work::Erase => self.blocks * self.block_size,
+            Work::Overwrite { passes, .. } => self.blocks() * self.block_size * u64::from(*passes),
+            Work::Erase => self.blocks() * self.block_size,
         };
         job.lock().total = total;
         let backend = self.backend.clone();
-        let size = self.blocks * self.block_size;
+        let size = self.blocks() * self.block_size;
         let rate = self.cfg.sanitize_rate;
         let runner = job.clone();
         let spawned = std::thread::Builder::new()

@@ -179,7 +179,7 @@ impl LogicalUnit {
                 return Err(aborted(i, UNREACHABLE_COPY_TARGET));
             };
             let ok = |lu: &LogicalUnit, lba: u64| {
-                lba.checked_add(s.blocks).is_some_and(|e| e <= lu.blocks)
+                lba.checked_add(s.blocks).is_some_and(|e| e <= lu.blocks())
             };
             if !ok(src, s.src_lba) || !ok(dst, s.dst_lba) {
                 return Err(aborted(i, asc::NO_ADDITIONAL_SENSE));

@@ -113,6 +113,7 @@ fn config() -> ServerConfig {
         mptcp: false,
         control: None,
         source: None,
+        access_from_flags: false,
     }
 }
 

@@ -46,6 +46,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
         mptcp: false,
         control: None,
         source: None,
+        access_from_flags: false,
     }
 }
 

@@ -44,6 +44,14 @@ pub enum Request {
         lun: u16,
         spec: String,
     },
+    /// Grow LUN `lun` of `target` to `size` (e.g. "20GiB"), or to its file's size now.
+    GrowLun {
+        #[serde(default)]
+        target: Option<String>,
+        lun: u16,
+        #[serde(default)]
+        size: Option<String>,
+    },
     /// Remove LUN `lun` of `target`.
     RemoveLun {
         #[serde(default)]
@@ -306,6 +314,18 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
                 Err(e) => Reply::err(e),
             }
         }
+        Request::GrowLun { target, lun, size } => {
+            let size = match size.as_deref().map(mcsi_units::parse_size).transpose() {
+                Ok(s) => s,
+                Err(e) => return Reply::err(format!("size: {e} (e.g. 20GiB)")),
+            };
+            match admin.grow_lun(target.as_deref(), lun, size).await {
+                Ok((old, new)) => {
+                    Reply::ok(serde_json::json!({ "lun": lun, "old_blocks": old, "blocks": new }))
+                }
+                Err(e) => Reply::err(e),
+            }
+        }
         Request::RemoveLun { target, lun } => {
             match admin.remove_lun(target.as_deref(), lun).await {
                 Ok(()) => Reply::ok(serde_json::json!({ "lun": lun, "removed": true })),
@@ -413,6 +433,19 @@ enum What {
         /// The LUN, as `mcsi target --lun` takes it: ram:SIZE, file:PATH[:SIZE], block:PATH,
         /// rbd:POOL/IMAGE, with ,block_size=N ,read_only ,serial=S ...
         spec: String,
+    },
+    /// Grow a LUN while the target runs (file LUNs): to --size, or to the size its file has
+    /// now; its sessions are told (unit attention CAPACITY DATA HAS CHANGED) and go on. A LUN
+    /// never shrinks.
+    GrowLun {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The LUN number.
+        lun: u16,
+        /// The new size (e.g. 20GiB); without it, the size the LUN's file has now.
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
     },
     /// Remove a LUN while the target runs: commands on it finish, it is flushed, and it then
     /// answers as absent; its sessions are told that the LUN inventory changed.
@@ -616,6 +649,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             lun: *lun,
             spec: spec.clone(),
         },
+        What::GrowLun { target, lun, size } => Request::GrowLun {
+            target: target.clone(),
+            lun: *lun,
+            size: size.clone(),
+        },
         What::RemoveLun { target, lun } => Request::RemoveLun {
             target: target.clone(),
             lun: *lun,
@@ -758,6 +796,11 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
         }
         Request::AddLun { lun, spec, .. } => println!("LUN {lun} added: {spec}"),
         Request::RemoveLun { lun, .. } => println!("LUN {lun} removed"),
+        Request::GrowLun { lun, .. } => println!(
+            "LUN {lun}: {} blocks, was {}",
+            text(&v["blocks"]),
+            text(&v["old_blocks"])
+        ),
         Request::AllowInitiator { initiator, .. } => println!("{initiator} allowed"),
         Request::DisallowInitiator { initiator, .. } => {
             println!("{initiator} no longer allowed (its sessions, if any, stay)")

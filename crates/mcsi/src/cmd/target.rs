@@ -170,6 +170,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             mptcp: false,
             control: None,
             source: None,
+            access_from_flags: false,
         }
     };
     if let Some(n) = args.session_threads {
@@ -232,6 +233,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     for (i, n) in args.allow_initiator.iter().enumerate() {
         mcsi_target::name::validate(n).with_context(|| format!("--allow-initiator #{}", i + 1))?;
     }
+    cfg.access_from_flags = !chap.is_empty() || !args.allow_initiator.is_empty() || args.allow_any;
     let auths = cfg
         .targets
         .iter_mut()
