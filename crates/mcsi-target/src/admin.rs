@@ -670,6 +670,55 @@ impl Admin {
         Ok(())
     }
 
+    /// Allows logins from a source network (`10.0.0.0/8`, `2001:db8::/32`, or an address) to a
+    /// target. The first network allowed closes the target to sources outside the list.
+    pub async fn allow_network(&self, target: Option<&str>, net: &str) -> Result<(), AdminError> {
+        let n = crate::config::Network::parse(net)
+            .map_err(|e| AdminError::BadSpec(format!("network {net:?}: {e}")))?;
+        self.change_access(target, |t, a| {
+            if a.allow_networks.contains(&n) {
+                return Err(AdminError::BadSpec(format!(
+                    "target {t}: {n} is already allowed"
+                )));
+            }
+            a.allow_networks.push(n);
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = ?target, network = %n, "the administrator allowed a network");
+        Ok(())
+    }
+
+    /// Takes a source network off a target's list (sessions from it stay). An empty list admits
+    /// any source, so the last network goes only with `open`.
+    pub async fn disallow_network(
+        &self,
+        target: Option<&str>,
+        net: &str,
+        open: bool,
+    ) -> Result<(), AdminError> {
+        let n = crate::config::Network::parse(net)
+            .map_err(|e| AdminError::BadSpec(format!("network {net:?}: {e}")))?;
+        self.change_access(target, |t, a| {
+            let before = a.allow_networks.len();
+            a.allow_networks.retain(|x| *x != n);
+            if a.allow_networks.len() == before {
+                return Err(AdminError::BadSpec(format!(
+                    "target {t}: {n} is not on its list of allowed networks"
+                )));
+            }
+            if a.allow_networks.is_empty() && !open {
+                return Err(AdminError::WouldOpen(format!(
+                    "target {t}: {n} is the last allowed network, and an empty list admits any source; allow another first, or say --open"
+                )));
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = ?target, network = %n, "the administrator took a network off the allowed list");
+        Ok(())
+    }
+
     /// Adds a CHAP user to a target; its secret must be 12 bytes or more (RFC 7143 9.2.1). The
     /// first user makes CHAP required for new logins.
     pub async fn add_chap_user(

@@ -837,3 +837,55 @@ fn access_given_on_the_command_line_is_not_saved_over_the_file() {
     assert!(stderr(&o).contains("command line"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), text);
 }
+
+#[test]
+fn allowed_networks_change_live_and_the_last_goes_only_with_open() {
+    let t = start();
+    let url = format!("iscsi://127.0.0.1:{}/{IQN}/0", t.port);
+    let bench = || {
+        Command::new(BIN)
+            .args(["bench", &url, "--runtime", "0.2", "--rw", "randread"])
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&t.sock, &["allow-network", "10.9.0.0/16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Loopback is not in the list now: the login is refused (authorization).
+    let o = bench();
+    assert!(
+        !o.status.success(),
+        "a login from outside the allowed networks went in"
+    );
+    let o = ctl(&t.sock, &["allow-network", "127.0.0.1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = bench();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["targets"]);
+    assert!(
+        stdout(&o).contains("networks 10.9.0.0/16 127.0.0.1/32"),
+        "{}",
+        stdout(&o)
+    );
+    for (args, why) in [
+        (&["allow-network", "10.9.0.0/16"][..], "already allowed"),
+        (&["allow-network", "10.9.0.0/99"][..], "network"),
+        (&["disallow-network", "192.0.2.0/24"][..], "not on its list"),
+    ] {
+        let o = ctl(&t.sock, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+    let o = ctl(&t.sock, &["disallow-network", "10.9.0.0/16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["disallow-network", "127.0.0.1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("last allowed network"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&t.sock, &["disallow-network", "--open", "127.0.0.1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&t.sock, &["targets"]);
+    assert!(stdout(&o).contains("networks any"), "{}", stdout(&o));
+}

@@ -72,6 +72,20 @@ pub enum Request {
         #[serde(default)]
         open: bool,
     },
+    /// Allow a source network (`10.0.0.0/8`, or an address) to log in to `target`.
+    AllowNetwork {
+        #[serde(default)]
+        target: Option<String>,
+        network: String,
+    },
+    /// Take a source network off `target`'s list (the last only with `open`).
+    DisallowNetwork {
+        #[serde(default)]
+        target: Option<String>,
+        network: String,
+        #[serde(default)]
+        open: bool,
+    },
     /// Add a CHAP user to `target`.
     AddChapUser {
         #[serde(default)]
@@ -344,6 +358,18 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
                 .disallow_initiator(target.as_deref(), &initiator, open)
                 .await,
         ),
+        Request::AllowNetwork { target, network } => {
+            done(admin.allow_network(target.as_deref(), &network).await)
+        }
+        Request::DisallowNetwork {
+            target,
+            network,
+            open,
+        } => done(
+            admin
+                .disallow_network(target.as_deref(), &network, open)
+                .await,
+        ),
         Request::AddChapUser {
             target,
             user,
@@ -477,6 +503,27 @@ enum What {
         #[arg(long)]
         open: bool,
     },
+    /// Allow logins from a source network (10.0.0.0/8, 2001:db8::/32, or an address; the
+    /// first closes the target to sources outside the list; sessions already in stay).
+    AllowNetwork {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The network, ADDR/PREFIX or an address.
+        network: String,
+    },
+    /// Take a source network off the allowed list (its sessions stay; the last goes only with
+    /// --open, as an empty list admits any source).
+    DisallowNetwork {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The network, as it was allowed.
+        network: String,
+        /// Let the last network go, which opens the target to any source.
+        #[arg(long)]
+        open: bool,
+    },
     /// Add a CHAP user (the first makes CHAP required for new logins). The secret, 12 bytes or
     /// more, comes from a file or a variable, never the command line.
     AddChapUser {
@@ -605,6 +652,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .map(std::path::absolute)
                 .transpose()
                 .context("--to")?,
+        },
+        What::AllowNetwork { target, network } => Request::AllowNetwork {
+            target: target.clone(),
+            network: network.clone(),
+        },
+        What::DisallowNetwork {
+            target,
+            network,
+            open,
+        } => Request::DisallowNetwork {
+            target: target.clone(),
+            network: network.clone(),
+            open: *open,
         },
         What::AllowInitiator { target, initiator } => Request::AllowInitiator {
             target: target.clone(),
@@ -802,6 +862,10 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
             text(&v["old_blocks"])
         ),
         Request::AllowInitiator { initiator, .. } => println!("{initiator} allowed"),
+        Request::AllowNetwork { network, .. } => println!("network {network} allowed"),
+        Request::DisallowNetwork { network, .. } => {
+            println!("network {network} no longer allowed (its sessions, if any, stay)")
+        }
         Request::DisallowInitiator { initiator, .. } => {
             println!("{initiator} no longer allowed (its sessions, if any, stay)")
         }
