@@ -131,7 +131,7 @@ impl Applied {
             luns: cfg
                 .targets
                 .iter()
-                .map(|t| (t.iqn.clone(), numbered(&t.luns)))
+                .map(|t| (t.iqn.clone(), t.luns_by_number()))
                 .collect(),
             auth: cfg
                 .targets
@@ -140,19 +140,6 @@ impl Applied {
                 .collect(),
         }
     }
-}
-
-/// A target's LUNs by number, each spec without its number (the key is the number, so a LUN
-/// given `lun = N` in the file compares equal to the same LUN numbered by its place).
-fn numbered(luns: &[LunSpec]) -> BTreeMap<u16, LunSpec> {
-    crate::config::numbered(luns)
-        .into_iter()
-        .map(|(n, l)| {
-            let mut l = l.clone();
-            l.lun = None;
-            (n, l)
-        })
-        .collect()
 }
 
 /// `file:PATH:SIZE` with its size replaced by `bytes`; None for other specs (a file without a
@@ -291,6 +278,8 @@ impl Admin {
                 target: t.name.clone(),
                 lun,
             })?;
+        // The unit's own block size, from the unit that grows (not looked up again).
+        let bs = u64::from(lu.block_size());
         let (old, new) = tokio::task::spawn_blocking(move || lu.grow(size))
             .await
             .map_err(|e| AdminError::Backend {
@@ -301,14 +290,7 @@ impl Admin {
                 lun,
                 why: e.to_string(),
             })?;
-        let bytes = new
-            * u64::from(
-                t.dev
-                    .luns()
-                    .iter()
-                    .find(|(i, _)| *i == lun)
-                    .map_or(512, |(_, l)| l.block_size()),
-            );
+        let bytes = new * bs;
         let mut a = self.applied();
         if let Some(spec) = a.luns.get_mut(&t.name).and_then(|m| m.get_mut(&lun)) {
             if let crate::config::LunBackend::Spec(s) = &spec.backend {
@@ -485,7 +467,7 @@ impl Admin {
                 return restart(format!("target {}: its negotiation limits or QoS", t.iqn));
             }
             let running = now.luns.get(&t.iqn).cloned().unwrap_or_default();
-            let wanted = numbered(&t.luns);
+            let wanted = t.luns_by_number();
             for (n, spec) in &wanted {
                 match running.get(n) {
                     None => adds.push((t.iqn.clone(), *n, spec.clone())),

@@ -702,6 +702,11 @@ pub struct Redirect {
 }
 
 impl Redirect {
+    /// Whether `to` is `local` itself (a login that arrived there is served, never sent on).
+    pub fn points_at(&self, local: SocketAddr) -> bool {
+        self.to.parse::<SocketAddr>().is_ok_and(|to| to == local)
+    }
+
     /// Whether a login that arrived on `local` is redirected.
     pub fn applies(&self, local: SocketAddr) -> bool {
         self.from.is_empty()
@@ -1229,6 +1234,20 @@ impl TargetSpec {
     /// given twice.
     pub fn numbered(&self) -> Vec<(u16, &LunSpec)> {
         numbered(&self.luns)
+    }
+
+    /// The LUNs by number, each spec without its `lun` (the key is the number): what a reload
+    /// compares and a save checks, so that a LUN given `lun = N` equals the same LUN numbered
+    /// by its place.
+    pub fn luns_by_number(&self) -> std::collections::BTreeMap<u16, LunSpec> {
+        self.numbered()
+            .into_iter()
+            .map(|(n, l)| {
+                let mut l = l.clone();
+                l.lun = None;
+                (n, l)
+            })
+            .collect()
     }
 
     /// The QoS of a session of `initiator`: its own if named (in any case), else the

@@ -300,11 +300,10 @@ impl LoginEnv for Env<'_> {
                 // that already arrived where `to` points is served (no loop, whatever the
                 // configuration).
                 let leading = matches!(self.first, Some((_, 0)));
-                let here = r_to_is(&t, self.local);
                 if let Some(r) = t
                     .redirect
                     .as_ref()
-                    .filter(|r| leading && !here && r.applies(self.local))
+                    .filter(|r| leading && r.applies(self.local) && !r.points_at(self.local))
                 {
                     // RFC 7143 11.13.5: "target moved", and where to log in instead; a
                     // redirection's TargetAddress carries no portal group tag (13.8).
@@ -656,12 +655,4 @@ pub async fn send_refusal<S: Stream>(
     r.status_detail = st.1;
     r.data = bytes::Bytes::new();
     send(stream, r).await
-}
-
-/// Whether a login that arrived on `local` already is where the target's redirection points.
-fn r_to_is(t: &Target, local: SocketAddr) -> bool {
-    t.redirect
-        .as_ref()
-        .and_then(|r| r.to.parse::<SocketAddr>().ok())
-        .is_some_and(|to| to == local)
 }

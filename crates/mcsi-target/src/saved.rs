@@ -7,7 +7,7 @@
 //! way the text is read back and compared with what runs before it is written, and it is
 //! written whole or not at all (a temporary file beside it, synced, then renamed).
 
-use crate::config::{numbered, AuthSpec, ChapUser, LunBackend, LunSpec, ServerConfig};
+use crate::config::{AuthSpec, ChapUser, LunBackend, LunSpec, ServerConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -295,15 +295,7 @@ pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
     let back = ServerConfig::from_toml(text)
         .map_err(|e| format!("the text written would not load: {e}"))?;
     for t in &back.targets {
-        let luns: BTreeMap<u16, LunSpec> = numbered(&t.luns)
-            .into_iter()
-            .map(|(n, l)| {
-                let mut l = l.clone();
-                l.lun = None;
-                (n, l)
-            })
-            .collect();
-        if r.luns.get(&t.iqn) != Some(&luns) {
+        if r.luns.get(&t.iqn) != Some(&t.luns_by_number()) {
             return Err(format!(
                 "target {}: the LUNs written do not read back as the running ones",
                 t.iqn
@@ -385,17 +377,7 @@ mod tests {
         let luns = cfg
             .targets
             .iter()
-            .map(|t| {
-                let m = numbered(&t.luns)
-                    .into_iter()
-                    .map(|(n, l)| {
-                        let mut l = l.clone();
-                        l.lun = None;
-                        (n, l)
-                    })
-                    .collect();
-                (t.iqn.clone(), m)
-            })
+            .map(|t| (t.iqn.clone(), t.luns_by_number()))
             .collect();
         let auth = cfg
             .targets

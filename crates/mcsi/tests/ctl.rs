@@ -482,20 +482,7 @@ fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
     let conf = dir.path().join("mcsi.toml");
     let port = free_port();
     std::fs::write(&conf, file(port, &sock, "")).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["target", "--config"])
-        .arg(&conf)
-        .env("MCSI_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(port);
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no control socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = spawn_config(&conf, port, &sock, &[]);
     let luns = || {
         let o = ctl(&sock, &["--json", "targets"]);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -567,12 +554,14 @@ fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
     let _ = child.wait();
 }
 
-/// `mcsi target --config FILE`, waited for until it listens on `port` and `sock` exists.
-fn spawn_config(conf: &Path, port: u16, sock: &Path) -> Child {
+/// `mcsi target --config FILE` with `extra` arguments, waited for until it listens on `port`
+/// and `sock` exists.
+fn spawn_config(conf: &Path, port: u16, sock: &Path, extra: &[&str]) -> Child {
     let _ = std::fs::remove_file(sock);
     let child = Command::new(BIN)
         .args(["target", "--config"])
         .arg(conf)
+        .args(extra)
         .env("MCSI_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -595,7 +584,7 @@ fn a_saved_configuration_is_what_a_restart_serves() {
     let port = free_port();
     let text = format!("# the site's own comment\n{}", file(port, &sock, ""));
     std::fs::write(&conf, &text).unwrap();
-    let mut child = spawn_config(&conf, port, &sock);
+    let mut child = spawn_config(&conf, port, &sock, &[]);
     let o = ctl(
         &sock,
         &["add-lun", "5", "ram:16MiB,block_size=4096,serial=five"],
@@ -668,7 +657,7 @@ fn a_saved_configuration_is_what_a_restart_serves() {
     // SAFETY: kill has no memory preconditions; the pid is our child's.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
-    let mut child = spawn_config(&conf, port, &sock);
+    let mut child = spawn_config(&conf, port, &sock, &[]);
     let o = ctl(&sock, &["--json", "targets"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let t = &v["result"][0];
@@ -761,7 +750,7 @@ fn a_file_lun_grows_while_the_target_runs_and_is_saved_at_its_new_size() {
         ),
     )
     .unwrap();
-    let mut child = spawn_config(&conf, port, &sock);
+    let mut child = spawn_config(&conf, port, &sock, &[]);
     let blocks = |sock: &Path| {
         let o = ctl(sock, &["--json", "targets"]);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -796,7 +785,7 @@ fn a_file_lun_grows_while_the_target_runs_and_is_saved_at_its_new_size() {
     // SAFETY: kill has no memory preconditions; the pid is our child's.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
-    let mut child = spawn_config(&conf, port, &sock);
+    let mut child = spawn_config(&conf, port, &sock, &[]);
     assert_eq!(blocks(&sock), 65536);
     let _ = child.kill();
     let _ = child.wait();
@@ -813,22 +802,7 @@ fn access_given_on_the_command_line_is_not_saved_over_the_file() {
         file(port, &sock, "")
     );
     std::fs::write(&conf, &text).unwrap();
-    let _ = std::fs::remove_file(&sock);
-    let mut child = Command::new(BIN)
-        .args(["target", "--config"])
-        .arg(&conf)
-        .arg("--allow-any")
-        .env("MCSI_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(port);
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no control socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = spawn_config(&conf, port, &sock, &["--allow-any"]);
     // --allow-any opened the target; saved, the file would lose its ACL for good.
     let o = ctl(&sock, &["save"]);
     let _ = child.kill();
