@@ -20,6 +20,13 @@ pub enum AdminError {
     NoSession(u16),
     #[error("no target named {0} (`mcsi ctl targets` lists them)")]
     NoTarget(String),
+    #[error("a target named {0} is served already")]
+    TargetExists(String),
+    #[error("cannot listen on {addr}: {why}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        why: String,
+    },
     #[error("name the target: this server has {0} (`mcsi ctl targets` lists them)")]
     WhichTarget(usize),
     #[error(
@@ -104,7 +111,12 @@ pub struct Admin {
     pub(crate) shared: Arc<Shared>,
     pub(crate) metrics: Arc<crate::stats::Metrics>,
     pub(crate) applied: Arc<std::sync::Mutex<Applied>>,
+    pub(crate) gate: Arc<crate::admission::Gate>,
+    pub(crate) portals: Arc<crate::portals::Portals>,
 }
+
+/// How long the sessions of a target removed by a reload are given to log out.
+pub const REMOVE_TARGET_GRACE: Duration = Duration::from_secs(5);
 
 /// The configuration the server runs, as a reload compares it with the file: the file's
 /// configuration it started from, with each target's LUNs by number and access as changed
@@ -125,20 +137,38 @@ impl Applied {
         }
     }
 
-    pub(crate) fn new(cfg: &ServerConfig) -> Applied {
+    /// A server that runs `cfg`'s server-wide settings and no target yet: what starting
+    /// applies `cfg` to.
+    pub(crate) fn empty(cfg: &ServerConfig) -> Applied {
+        let mut base = cfg.clone();
+        base.targets.clear();
+        base.source = None;
         Applied {
-            base: cfg.clone(),
-            luns: cfg
-                .targets
-                .iter()
-                .map(|t| (t.iqn.clone(), t.luns_by_number()))
-                .collect(),
-            auth: cfg
-                .targets
-                .iter()
-                .map(|t| (t.iqn.clone(), t.auth.clone()))
-                .collect(),
+            base,
+            luns: BTreeMap::new(),
+            auth: BTreeMap::new(),
         }
+    }
+
+    /// What runs, as a configuration: applying it changes nothing, and a change made to it
+    /// and applied is the change an administrator asked for.
+    pub fn config(&self) -> ServerConfig {
+        let mut c = self.base.clone();
+        for t in c.targets.iter_mut() {
+            if let Some(m) = self.luns.get(&t.iqn) {
+                t.luns = m
+                    .iter()
+                    .map(|(n, l)| LunSpec {
+                        lun: Some(*n),
+                        ..l.clone()
+                    })
+                    .collect();
+            }
+            if let Some(a) = self.auth.get(&t.iqn) {
+                t.auth = a.clone();
+            }
+        }
+        c
     }
 }
 
@@ -156,6 +186,10 @@ fn file_spec_with_size(spec: &str, bytes: u64) -> Option<String> {
 pub struct Changes {
     pub luns_added: Vec<(String, u16)>,
     pub luns_removed: Vec<(String, u16)>,
+    pub targets_added: Vec<String>,
+    pub targets_removed: Vec<String>,
+    /// Targets whose portals changed.
+    pub portals_changed: Vec<String>,
     /// Targets whose access (allowed initiators and networks, CHAP users) was replaced.
     pub access_changed: Vec<String>,
 }
@@ -172,13 +206,13 @@ impl Admin {
     pub fn targets(&self) -> Vec<TargetView> {
         let sessions = self.shared.all_sessions();
         self.shared
-            .targets
+            .targets()
             .iter()
             .map(|t| (t, t.auth.load()))
             .map(|(t, auth)| TargetView {
                 name: t.name.clone(),
                 alias: t.alias.clone(),
-                portals: t.portals.iter().map(|p| p.to_string()).collect(),
+                portals: t.portals.load().iter().map(|p| p.to_string()).collect(),
                 luns: t
                     .dev
                     .luns()
@@ -205,7 +239,7 @@ impl Admin {
 
     /// The target named `name`, or the only one when `name` is None.
     fn target(&self, name: Option<&str>) -> Result<Arc<crate::session::Target>, AdminError> {
-        let ts = &self.shared.targets;
+        let ts = self.shared.targets();
         match name {
             Some(n) => ts
                 .iter()
@@ -318,20 +352,7 @@ impl Admin {
             lun,
         })?;
         self.record_lun(&t, lun, None);
-        lu.stop_background();
-        // The commands that looked the unit up before it went hold it (or the inventory it was
-        // in); a write acknowledged after the flush would not be on disk.
-        let until = Instant::now() + REMOVE_DRAIN;
-        while Arc::strong_count(&lu) > 1 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if Arc::strong_count(&lu) > 1 {
-            tracing::warn!(target = %t.name, lun, "commands still hold the removed LUN after {REMOVE_DRAIN:?}; flushing it anyway");
-        }
-        let flushed = tokio::task::spawn_blocking(move || lu.flush()).await;
-        if let Ok(Err(e)) = flushed {
-            tracing::warn!(target = %t.name, lun, "the removed LUN's flush failed: {e}");
-        }
+        drain_and_flush(&t.name, lun, lu).await;
         tracing::info!(target = %t.name, lun, "the administrator removed a LUN");
         Ok(())
     }
@@ -405,14 +426,26 @@ impl Admin {
         };
     }
 
-    /// Applies `next` (the file, read again) to the running server: LUNs added and removed,
-    /// each target's access replaced. Everything is checked, and every new LUN opened, before
-    /// anything changes; a change that needs a restart (a target added or removed, portals,
-    /// negotiation limits, server-wide settings) or a LUN whose spec changed in place is
-    /// refused whole. Sessions of targets and LUNs it does not touch go on without a pause.
+    /// Applies `next` (the file, read again, or what runs with one change) to the running
+    /// server: targets added and removed, their portals moved, LUNs added and removed, each
+    /// target's access replaced. Everything is checked, every new LUN opened and every new
+    /// portal bound before anything changes; a change that needs a restart (server-wide
+    /// settings) or a LUN or target whose settings changed in place is refused whole. Sessions
+    /// of targets and LUNs it does not touch go on without a pause. Starting the server is
+    /// this, applied to a server with no target.
     pub async fn apply(&self, next: &ServerConfig) -> Result<Changes, AdminError> {
         // The plan and its changes under one lock: no other change comes between.
         let _one = self.shared.admin_lock().await;
+        self.apply_locked(next, REMOVE_TARGET_GRACE).await
+    }
+
+    /// [`Admin::apply`] under the lock; the sessions of a target removed get `grace` to log
+    /// out.
+    async fn apply_locked(
+        &self,
+        next: &ServerConfig,
+        grace: Duration,
+    ) -> Result<Changes, AdminError> {
         let now = self.applied().clone();
         let restart = |what: String| Err(AdminError::NeedsRestart(what));
         let base = &now.base;
@@ -431,40 +464,47 @@ impl Admin {
         if next.control != base.control {
             return restart("control".into());
         }
-        let names =
-            |c: &ServerConfig| -> Vec<String> { c.targets.iter().map(|t| t.iqn.clone()).collect() };
-        for n in names(next) {
-            if !names(base).contains(&n) {
-                return restart(format!("a new target ({n})"));
+        for (i, t) in next.targets.iter().enumerate() {
+            if next.targets[..i].iter().any(|x| x.iqn == t.iqn) {
+                return Err(AdminError::TargetExists(t.iqn.clone()));
+            }
+            if t.portals.is_empty() {
+                return Err(AdminError::BadSpec(format!(
+                    "target {}: no portal; it needs at least one",
+                    t.iqn
+                )));
             }
         }
-        for n in names(base) {
-            if !names(next).contains(&n) {
-                return restart(format!("removing target {n}"));
-            }
-        }
-        // Plan: (target, LUN, spec) to add, (target, LUN) to remove, access to replace.
+        // Plan: targets to add and remove, (target, LUN, spec) to add, (target, LUN) to
+        // remove, access to replace, targets whose portals move.
+        let mut new_targets = Vec::new();
+        let mut gone_targets = Vec::new();
         let mut adds = Vec::new();
         let mut removes = Vec::new();
         let mut access = Vec::new();
+        let mut moved = Vec::new();
         for t in &next.targets {
             let Some(was) = base.targets.iter().find(|b| b.iqn == t.iqn) else {
+                new_targets.push(t);
                 continue;
             };
-            if t.portals != was.portals {
-                return restart(format!("target {}: its portals", t.iqn));
-            }
+            let in_place = |what: &str| {
+                Err(AdminError::BadSpec(format!(
+                    "target {}: {what} cannot change while it is served: remove the target and add it again (its sessions end), or restart",
+                    t.iqn
+                )))
+            };
             if t.alias != was.alias {
-                return restart(format!("target {}: its alias", t.iqn));
+                return in_place("its alias");
             }
             if t.advertise != was.advertise || t.redirect != was.redirect {
-                return restart(format!(
-                    "target {}: its advertised addresses or redirection",
-                    t.iqn
-                ));
+                return in_place("its advertised addresses or redirection");
             }
             if t.limits != was.limits || t.qos_initiators != was.qos_initiators {
-                return restart(format!("target {}: its negotiation limits or QoS", t.iqn));
+                return in_place("its negotiation limits or QoS");
+            }
+            if t.portals != was.portals {
+                moved.push(t);
             }
             let running = now.luns.get(&t.iqn).cloned().unwrap_or_default();
             let wanted = t.luns_by_number();
@@ -489,11 +529,35 @@ impl Admin {
                 access.push((t.iqn.clone(), t.auth.clone()));
             }
         }
-        // Open every new LUN first: one that cannot open changes nothing.
-        let mut opened = Vec::new();
-        for (iqn, n, spec) in adds {
+        for b in &base.targets {
+            if !next.targets.iter().any(|t| t.iqn == b.iqn) {
+                gone_targets.push(b.iqn.clone());
+            }
+        }
+        // Bind every new portal first: one that cannot bind changes nothing (the sockets
+        // bound so far close unserved).
+        let had = base.portals();
+        let wanted = next.portals();
+        let mut bound = Vec::new();
+        for a in wanted.iter().filter(|a| !had.contains(a)) {
+            let b = self.portals.bind(*a).map_err(|e| AdminError::Listen {
+                addr: *a,
+                why: e.to_string(),
+            })?;
+            bound.push(b);
+        }
+        let local = |a: &std::net::SocketAddr| -> std::net::SocketAddr {
+            bound
+                .iter()
+                .find(|b| b.asked == *a)
+                .map(|b| b.local)
+                .or_else(|| self.portals.local(*a))
+                .unwrap_or(*a)
+        };
+        // Open every new LUN, of the targets served and of the new ones, likewise.
+        let open = |iqn: String, n: u16, spec: LunSpec| async move {
             let (i2, s2) = (iqn.clone(), spec.clone());
-            let lu = tokio::task::spawn_blocking(move || crate::units::build_lu(&i2, n, &s2))
+            tokio::task::spawn_blocking(move || crate::units::build_lu(&i2, n, &s2))
                 .await
                 .map_err(|e| AdminError::Backend {
                     lun: n,
@@ -502,10 +566,32 @@ impl Admin {
                 .map_err(|e| AdminError::Backend {
                     lun: n,
                     why: format!("target {iqn}: {e:#}"),
-                })?;
+                })
+        };
+        let mut opened = Vec::new();
+        for (iqn, n, spec) in adds {
+            let lu = open(iqn.clone(), n, spec.clone()).await?;
             opened.push((iqn, n, spec, lu));
         }
+        let mut built = Vec::new();
+        for t in &new_targets {
+            let mut luns = Vec::new();
+            for (n, spec) in t.luns_by_number() {
+                luns.push((n, open(t.iqn.clone(), n, spec).await?));
+            }
+            let portals = t.portals.iter().map(local).collect();
+            let metrics: Vec<_> = luns
+                .iter()
+                .map(|(n, _)| (*n, self.metrics.lun(&t.iqn, *n)))
+                .collect();
+            built.push(crate::session::Target::new(t, luns, portals, &metrics));
+        }
+        // Nothing below fails on what the plan checked.
         let mut changes = Changes::default();
+        for name in gone_targets {
+            self.remove_target_locked(&name, grace).await?;
+            changes.targets_removed.push(name);
+        }
         for (iqn, n) in removes {
             self.remove_lun_locked(Some(&iqn), n).await?;
             changes.luns_removed.push((iqn, n));
@@ -522,10 +608,207 @@ impl Admin {
             })?;
             changes.access_changed.push(iqn);
         }
-        // The file as read is what the next save edits.
-        self.applied().base.source = next.source.clone();
+        for t in &moved {
+            let running = self.target(Some(&t.iqn))?;
+            running
+                .portals
+                .store(Arc::new(t.portals.iter().map(local).collect()));
+            changes.portals_changed.push(t.iqn.clone());
+        }
+        for t in built {
+            self.gate.open_target(&t);
+            self.shared.set_targets(|v| {
+                let mut v = v.to_vec();
+                v.push(t.clone());
+                v
+            });
+            changes.targets_added.push(t.name.clone());
+        }
+        for b in bound {
+            self.portals.start(b);
+        }
+        let mut closed = Vec::new();
+        for a in had.iter().filter(|a| !wanted.contains(a)) {
+            closed.extend(self.portals.close(*a));
+        }
+        for c in closed {
+            let _ = c.await;
+        }
+        // What runs now: the targets as `next` has them (their LUNs and access in the maps).
+        {
+            let mut a = self.applied();
+            a.base.targets = next.targets.clone();
+            for t in &next.targets {
+                if changes.targets_added.contains(&t.iqn) {
+                    a.luns.insert(t.iqn.clone(), t.luns_by_number());
+                    a.auth.insert(t.iqn.clone(), t.auth.clone());
+                }
+            }
+            for name in &changes.targets_removed {
+                a.luns.remove(name);
+                a.auth.remove(name);
+            }
+            // The file as read is what the next save edits.
+            a.base.source = next.source.clone();
+            a.base.access_from_flags = next.access_from_flags;
+        }
         tracing::info!(?changes, "configuration applied");
         Ok(changes)
+    }
+
+    /// Stops serving target `name`: new logins to it are refused at once, its sessions are
+    /// asked to log out within `grace` and dropped after it, and its LUNs are flushed once the
+    /// commands on them are done (each as [`Admin::remove_lun`] does).
+    async fn remove_target_locked(&self, name: &str, grace: Duration) -> Result<(), AdminError> {
+        let t = self.target(Some(name))?;
+        // Closed to sessions first, then unlisted: a login under way is refused by one or the
+        // other, and none registers a session after this.
+        self.gate.close_target(name);
+        self.shared
+            .set_targets(|v| v.iter().filter(|x| !Arc::ptr_eq(x, &t)).cloned().collect());
+        let of_t = || -> Vec<Arc<crate::session::Session>> {
+            self.shared
+                .all_sessions()
+                .into_iter()
+                .filter(|s| s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, &t)))
+                .collect()
+        };
+        for s in of_t() {
+            s.request_logout(grace);
+        }
+        let until = Instant::now() + grace;
+        while !of_t().is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for s in of_t() {
+            s.close(SessionEnd::Administrator).await;
+        }
+        let luns: Vec<u16> = t.dev.luns().iter().map(|(n, _)| *n).collect();
+        for n in luns {
+            if let Ok(lu) = t.dev.remove(n) {
+                drain_and_flush(&t.name, n, lu).await;
+            }
+        }
+        tracing::info!(target = %t.name, "the target is no longer served");
+        Ok(())
+    }
+
+    /// What runs as a configuration, changed by `change` and applied: the one way a request
+    /// about targets and portals takes.
+    async fn apply_change(
+        &self,
+        grace: Duration,
+        change: impl FnOnce(&mut ServerConfig) -> Result<(), AdminError>,
+    ) -> Result<Changes, AdminError> {
+        let _one = self.shared.admin_lock().await;
+        let mut next = self.applied().config();
+        change(&mut next)?;
+        self.apply_locked(&next, grace).await
+    }
+
+    /// Serves a new target: its LUNs opened and its portals bound (each already open, or
+    /// opened now) before it is listed; it takes logins at once. A target with no portal
+    /// given takes the server's (every portal some target has).
+    pub async fn add_target(
+        &self,
+        mut spec: crate::config::TargetSpec,
+    ) -> Result<Changes, AdminError> {
+        crate::name::validate(&spec.iqn)
+            .map_err(|e| AdminError::BadSpec(format!("target name {:?}: {e}", spec.iqn)))?;
+        if spec.luns.is_empty() {
+            return Err(AdminError::BadSpec(format!(
+                "target {}: a target needs at least one LUN",
+                spec.iqn
+            )));
+        }
+        let c = self
+            .apply_change(REMOVE_TARGET_GRACE, |next| {
+                if next.targets.iter().any(|t| t.iqn == spec.iqn) {
+                    return Err(AdminError::TargetExists(spec.iqn.clone()));
+                }
+                if spec.portals.is_empty() {
+                    spec.portals = next.portals();
+                }
+                next.targets.push(spec);
+                Ok(())
+            })
+            .await?;
+        tracing::info!(targets = ?c.targets_added, "the administrator added a target");
+        Ok(c)
+    }
+
+    /// Stops serving a target ([`Admin::apply`]'s removal, with `grace` for its sessions to
+    /// log out). Portals no other target has are closed.
+    pub async fn remove_target(&self, name: &str, grace: Duration) -> Result<(), AdminError> {
+        self.apply_change(grace, |next| {
+            let before = next.targets.len();
+            next.targets.retain(|t| t.iqn != name);
+            if next.targets.len() == before {
+                return Err(AdminError::NoTarget(name.into()));
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = name, "the administrator removed a target");
+        Ok(())
+    }
+
+    /// Adds a portal to a target (the only one when `target` is None): bound now unless
+    /// another target listens there already.
+    pub async fn add_portal(
+        &self,
+        target: Option<&str>,
+        addr: std::net::SocketAddr,
+    ) -> Result<Vec<String>, AdminError> {
+        let name = self.target(target)?.name.clone();
+        self.apply_change(REMOVE_TARGET_GRACE, |next| {
+            let t = target_spec(next, &name)?;
+            if t.portals.contains(&addr) {
+                return Err(AdminError::BadSpec(format!(
+                    "target {name}: {addr} is one of its portals already"
+                )));
+            }
+            t.portals.push(addr);
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = name, %addr, "the administrator added a portal");
+        Ok(self
+            .target(Some(&name))?
+            .portals
+            .load()
+            .iter()
+            .map(|p| p.to_string())
+            .collect())
+    }
+
+    /// Takes a portal from a target: no new login reaches it there (its sessions stay), and
+    /// the socket closes once no target has it. A target keeps at least one portal.
+    pub async fn remove_portal(
+        &self,
+        target: Option<&str>,
+        addr: std::net::SocketAddr,
+    ) -> Result<(), AdminError> {
+        let name = self.target(target)?.name.clone();
+        self.apply_change(REMOVE_TARGET_GRACE, |next| {
+            let t = target_spec(next, &name)?;
+            let before = t.portals.len();
+            t.portals.retain(|p| *p != addr);
+            if t.portals.len() == before {
+                return Err(AdminError::BadSpec(format!(
+                    "target {name}: {addr} is not one of its portals (`mcsi ctl targets` lists them, as configured)"
+                )));
+            }
+            if t.portals.is_empty() {
+                return Err(AdminError::BadSpec(format!(
+                    "target {name}: {addr} is its last portal; add another first, or remove the target"
+                )));
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = name, %addr, "the administrator removed a portal");
+        Ok(())
     }
 
     /// The running configuration as TOML (see [`crate::saved`]), CHAP secrets shown only when
@@ -810,5 +1093,39 @@ impl Admin {
         self.shared
             .session(s.tsih)
             .is_some_and(|x| Arc::ptr_eq(&x, s))
+    }
+}
+
+/// The target `name` in a configuration being changed.
+fn target_spec<'a>(
+    c: &'a mut ServerConfig,
+    name: &str,
+) -> Result<&'a mut crate::config::TargetSpec, AdminError> {
+    c.targets
+        .iter_mut()
+        .find(|t| t.iqn == name)
+        .ok_or_else(|| AdminError::NoTarget(name.into()))
+}
+
+/// A LUN taken out of its target's inventory: its background work stopped, the commands
+/// still on it finished (for at most [`REMOVE_DRAIN`]), then flushed.
+async fn drain_and_flush(target: &str, lun: u16, lu: Arc<mcsi_scsi::LogicalUnit>) {
+    lu.stop_background();
+    // The commands that looked the unit up before it went hold it (or the inventory it was
+    // in); a write acknowledged after the flush would not be on disk.
+    let until = Instant::now() + REMOVE_DRAIN;
+    while Arc::strong_count(&lu) > 1 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if Arc::strong_count(&lu) > 1 {
+        tracing::warn!(
+            target,
+            lun,
+            "commands still hold the removed LUN after {REMOVE_DRAIN:?}; flushing it anyway"
+        );
+    }
+    let flushed = tokio::task::spawn_blocking(move || lu.flush()).await;
+    if let Ok(Err(e)) = flushed {
+        tracing::warn!(target, lun, "the removed LUN's flush failed: {e}");
     }
 }

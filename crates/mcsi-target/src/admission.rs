@@ -361,36 +361,56 @@ pub struct Gate {
     pub refusing: PerSource,
     /// Every TCP connection the server holds.
     pub connections: Slots,
-    /// Full feature phase connections per target (by name).
-    target_connections: HashMap<String, Slots>,
+    /// Full feature phase connections per target served (by name): a target has an entry from
+    /// [`Gate::open_target`] to [`Gate::close_target`], and a login to one without is refused.
+    target_connections: Mutex<HashMap<String, Arc<Slots>>>,
     /// Held while a new session is counted and registered.
     admission: Mutex<()>,
 }
 
 impl Gate {
-    pub fn new(limits: ServerLimits, targets: &[Arc<Target>]) -> Self {
+    pub fn new(limits: ServerLimits) -> Self {
         Gate {
             limits,
             logins: LoginRate::new(limits.login_rate, limits.login_burst),
             in_login: InLogin::new(limits.max_logins_per_source),
             refusing: PerSource::new(REFUSING_PER_SOURCE),
             connections: Slots::new(limits.max_server_connections as usize),
-            target_connections: targets
-                .iter()
-                .map(|t| {
-                    let max = t.limits.max_target_connections as usize;
-                    (t.name.clone(), Slots::new(max))
-                })
-                .collect(),
+            target_connections: Mutex::new(HashMap::new()),
             admission: Mutex::new(()),
         }
     }
 
-    fn slots(&self, target: &Target) -> Result<&Slots, Denied> {
-        self.target_connections.get(&target.name).ok_or(Denied {
-            status: status::TARGET_ERROR,
-            why: format!("no connection count for target {}", target.name),
-        })
+    /// Counts the connections of `target` from now on (a target begins to be served).
+    pub fn open_target(&self, target: &Target) {
+        let max = target.limits.max_target_connections as usize;
+        self.target_connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(target.name.clone(), Arc::new(Slots::new(max)));
+    }
+
+    /// Stops admitting sessions and connections to the target `name`. Once this returns, no
+    /// session of it is registered by a login that was under way: [`Gate::admit_session`]
+    /// registers under the same lock.
+    pub fn close_target(&self, name: &str) {
+        let _g = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        self.target_connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+
+    fn slots(&self, target: &Target) -> Result<Arc<Slots>, Denied> {
+        self.target_connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&target.name)
+            .cloned()
+            .ok_or(Denied {
+                status: status::NOT_FOUND,
+                why: format!("target {} is no longer served", target.name),
+            })
     }
 
     /// Whether `target` has room for one more session and its first connection; `reinstates`:
@@ -414,7 +434,7 @@ impl Gate {
         }
         let slots = self.slots(target)?;
         if !reinstates && slots.used() >= slots.max() {
-            return Err(full(target, slots, status::OUT_OF_RESOURCES));
+            return Err(full(target, &slots, status::OUT_OF_RESOURCES));
         }
         Ok(())
     }
@@ -438,7 +458,7 @@ impl Gate {
         } else {
             slots
                 .try_take()
-                .ok_or_else(|| full(target, slots, status::OUT_OF_RESOURCES))?
+                .ok_or_else(|| full(target, &slots, status::OUT_OF_RESOURCES))?
         };
         insert();
         Ok(slot)
@@ -451,7 +471,7 @@ impl Gate {
     pub fn check_connection(&self, target: &Target) -> Result<(), Denied> {
         let slots = self.slots(target)?;
         if slots.used() >= slots.max() {
-            return Err(full(target, slots, status::TOO_MANY_CONNECTIONS));
+            return Err(full(target, &slots, status::TOO_MANY_CONNECTIONS));
         }
         Ok(())
     }
@@ -465,7 +485,7 @@ impl Gate {
         }
         slots
             .try_take()
-            .ok_or_else(|| full(target, slots, status::TOO_MANY_CONNECTIONS))
+            .ok_or_else(|| full(target, &slots, status::TOO_MANY_CONNECTIONS))
     }
 }
 

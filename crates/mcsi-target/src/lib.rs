@@ -14,7 +14,9 @@
 //!   stream handed to [`Server::serve`] (an in-process pipe; tests use `tokio::io::duplex`). `login`: the login phase over the socket, driving mcsi-proto's `TargetLogin`
 //!   (negotiation, CHAP) and answering its `LoginEnv` questions (targets, access, TSIHs).
 //!   `admission`: limits a peer cannot exceed (logins per second per source, connections of
-//!   the server, sessions and connections per target).
+//!   the server, sessions and connections per target). `portals`: the listening sockets,
+//!   bound and closed while the server runs. [`admin`]: what changes a running server,
+//!   starting it included (the configuration applied to an empty server).
 //! - The session core is the crate `mcsi-target-core`, re-exported here as [`session_core`],
 //!   [`keepalive`] and [`transfer`]: what a session decides, with no I/O (no async runtime,
 //!   sockets, clock reads or threads; its own tests check its source and dependency graph):
@@ -43,6 +45,7 @@ pub(crate) mod control;
 pub(crate) mod counters;
 pub(crate) mod login;
 pub mod name;
+pub(crate) mod portals;
 pub mod saved;
 pub(crate) mod scsi;
 pub mod server;

@@ -285,8 +285,7 @@ impl LoginEnv for Env<'_> {
                 let Some(t) = self
                     .shared
                     .target(name)
-                    .filter(|t| t.portals.iter().any(|p| p.port() == port))
-                    .cloned()
+                    .filter(|t| t.portals.load().iter().any(|p| p.port() == port))
                 else {
                     return Err(self.refuse(
                         status::NOT_FOUND,

@@ -54,9 +54,51 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
     {
         auth_keys(a, &r.base.discovery_auth, secrets);
     }
+    // The portals each target of the file has there (its own `listen`, or the top level's).
+    let file_portals: BTreeMap<String, Vec<std::net::SocketAddr>> = match &r.base.source {
+        Some(src) => ServerConfig::from_toml(&src.text)
+            .map(|c| c.targets.into_iter().map(|t| (t.iqn, t.portals)).collect())
+            .unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
+    let iqn_of = |t: &dyn TableLike| t.get("iqn").and_then(Item::as_str).map(str::to_string);
+    let runs = |t: &dyn TableLike| iqn_of(t).is_none_or(|n| r.luns.contains_key(&n));
+    // Targets removed since go; targets added since are written as a new one is.
+    let mut in_file = Vec::new();
+    match doc.get_mut("targets") {
+        Some(Item::ArrayOfTables(a)) => {
+            a.retain(|t| runs(t));
+            in_file.extend(a.iter().filter_map(|t| iqn_of(t)));
+        }
+        Some(Item::Value(Value::Array(a))) => {
+            a.retain(|v| v.as_inline_table().is_none_or(|t| runs(t)));
+            in_file.extend(
+                a.iter()
+                    .filter_map(|v| v.as_inline_table().and_then(|t| iqn_of(t))),
+            );
+        }
+        _ => {}
+    }
+    for t in &r.base.targets {
+        if in_file.contains(&t.iqn) {
+            continue;
+        }
+        let tt = target_table(t, &mut notes);
+        match doc.get_mut("targets") {
+            Some(Item::Value(Value::Array(a))) => {
+                a.push(Value::InlineTable(tt.into_inline_table()))
+            }
+            Some(Item::ArrayOfTables(a)) => a.push(tt),
+            _ => {
+                let mut a = toml_edit::ArrayOfTables::new();
+                a.push(tt);
+                doc.insert("targets", Item::ArrayOfTables(a));
+            }
+        }
+    }
     let mut seen = Vec::new();
     let mut each = |t: &mut dyn TableLike, inline: bool| -> Result<(), String> {
-        let Some(iqn) = t.get("iqn").and_then(Item::as_str).map(str::to_string) else {
+        let Some(iqn) = iqn_of(t) else {
             return Ok(());
         };
         let luns = r
@@ -66,6 +108,13 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
         set(t, "luns", Item::Value(Value::Array(lun_array(luns)?)));
         let auth = r.auth.get(&iqn).cloned().unwrap_or_default();
         set_auth(t, &auth, secrets, inline);
+        // Portals moved since: the target's own `listen` says where it runs now.
+        if let Some(spec) = r.base.targets.iter().find(|x| x.iqn == iqn) {
+            if file_portals.get(&iqn) != Some(&spec.portals) {
+                let p: Array = spec.portals.iter().map(|p| p.to_string()).collect();
+                set(t, "listen", Item::Value(Value::Array(p)));
+            }
+        }
         seen.push(iqn);
         Ok(())
     };
@@ -87,7 +136,7 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
     for name in r.luns.keys() {
         if !seen.contains(name) {
             return Err(format!(
-                "target {name} runs but its [[targets]] entry is not in the file"
+                "target {name} runs but its [[targets]] entry could not be written"
             ));
         }
     }
@@ -127,35 +176,41 @@ fn fresh(base: &ServerConfig, secrets: bool, notes: &mut Vec<String>) -> Documen
     }
     let mut targets = toml_edit::ArrayOfTables::new();
     for t in &base.targets {
-        let mut tt = Table::new();
-        tt.insert("iqn", toml_edit::value(t.iqn.clone()));
-        if let Some(a) = &t.alias {
-            tt.insert("alias", toml_edit::value(a.clone()));
-        }
-        let mut portals = Array::new();
-        for p in &t.portals {
-            portals.push(p.to_string());
-        }
-        tt.insert("listen", Item::Value(Value::Array(portals)));
-        if !t.advertise.is_empty() {
-            let a: Array = t.advertise.iter().map(String::as_str).collect();
-            tt.insert("advertise", Item::Value(Value::Array(a)));
-        }
-        if t.redirect.is_some() {
-            notes.push(format!("target {}: its redirection", t.iqn));
-        }
-        // Filled in by render, from what runs.
-        tt.insert("luns", Item::Value(Value::Array(Array::new())));
-        if t.limits != crate::config::Limits::default() || !t.qos_initiators.is_empty() {
-            notes.push(format!(
-                "target {}: its negotiation limits, timers or QoS given on the command line",
-                t.iqn
-            ));
-        }
-        targets.push(tt);
+        targets.push(target_table(t, notes));
     }
     doc.insert("targets", Item::ArrayOfTables(targets));
     doc
+}
+
+/// A `[[targets]]` entry for a target: its name, alias, portals and advertised addresses (its
+/// LUNs and access are filled in by render). What it cannot hold is named in `notes`.
+fn target_table(t: &crate::config::TargetSpec, notes: &mut Vec<String>) -> Table {
+    let mut tt = Table::new();
+    tt.insert("iqn", toml_edit::value(t.iqn.clone()));
+    if let Some(a) = &t.alias {
+        tt.insert("alias", toml_edit::value(a.clone()));
+    }
+    let mut portals = Array::new();
+    for p in &t.portals {
+        portals.push(p.to_string());
+    }
+    tt.insert("listen", Item::Value(Value::Array(portals)));
+    if !t.advertise.is_empty() {
+        let a: Array = t.advertise.iter().map(String::as_str).collect();
+        tt.insert("advertise", Item::Value(Value::Array(a)));
+    }
+    if t.redirect.is_some() {
+        notes.push(format!("target {}: its redirection", t.iqn));
+    }
+    // Filled in by render, from what runs.
+    tt.insert("luns", Item::Value(Value::Array(Array::new())));
+    if t.limits != crate::config::Limits::default() || !t.qos_initiators.is_empty() {
+        notes.push(format!(
+            "target {}: its negotiation limits, timers or QoS given on the command line",
+            t.iqn
+        ));
+    }
+    tt
 }
 
 /// Sets `key` in a table, keeping the key (and the comment above it) when it is there.
@@ -310,6 +365,15 @@ pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
     }
     if back.targets.len() != r.luns.len() {
         return Err("the targets written are not the running ones".into());
+    }
+    for t in &r.base.targets {
+        let written = back.targets.iter().find(|b| b.iqn == t.iqn);
+        if written.map(|b| &b.portals) != Some(&t.portals) {
+            return Err(format!(
+                "target {}: the portals written do not read back as the running ones",
+                t.iqn
+            ));
+        }
     }
     Ok(())
 }

@@ -11,13 +11,11 @@ use crate::session::{
 use crate::shard::Shards;
 use crate::stats::{Metrics, SessionSnapshot};
 use bytes::BytesMut;
-use mcsi_scsi::DeviceServer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
 /// How long a connection refused for the login rate may take to send the Login Request the
@@ -27,13 +25,9 @@ const REFUSAL_WAIT: Duration = Duration::from_secs(2);
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("targets[{target}].luns[{lun}].backend")]
-    Backend {
-        target: usize,
-        lun: usize,
-        #[source]
-        source: mcsi_scsi::backend::BackendError,
-    },
+    /// A LUN that does not open, or a configuration the server cannot take.
+    #[error(transparent)]
+    Config(crate::admin::AdminError),
     #[error("cannot start the session threads")]
     Threads(#[source] std::io::Error),
     #[error("cannot listen on {addr}")]
@@ -53,9 +47,8 @@ pub struct Server {
     /// The threads sessions run on.
     shards: Arc<Shards>,
     metrics: Arc<Metrics>,
-    local_addrs: Vec<SocketAddr>,
-    stop: watch::Sender<bool>,
-    accept: JoinSet<()>,
+    /// The listening sockets.
+    portals: Arc<crate::portals::Portals>,
     /// The configuration as applied: what a reload compares the file with.
     applied: Arc<std::sync::Mutex<crate::admin::Applied>>,
 }
@@ -77,122 +70,47 @@ impl Observer {
     }
 }
 
-/// Opens the LUNs of every target.
-pub fn build_targets(
-    cfg: &ServerConfig,
-    metrics: &Metrics,
-) -> Result<Vec<Arc<Target>>, StartError> {
-    let mut out = Vec::new();
-    for (ti, t) in cfg.targets.iter().enumerate() {
-        let mut luns = Vec::new();
-        for (li, (n, l)) in t.numbered().into_iter().enumerate() {
-            let lu =
-                crate::units::build_lu(&t.iqn, n, l).map_err(|source| StartError::Backend {
-                    target: ti,
-                    lun: li,
-                    source,
-                })?;
-            luns.push((n, lu));
-        }
-        let lun_metrics = luns
-            .iter()
-            .map(|(i, _)| (*i, metrics.lun(&t.iqn, *i)))
-            .collect();
-        out.push(Arc::new(Target {
-            lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics),
-            name: t.iqn.clone(),
-            alias: t.alias.clone(),
-            portals: t.portals.clone(),
-            advertise: t.advertise.clone(),
-            redirect: t.redirect.clone(),
-            tpgt: 1,
-            limits: t.limits,
-            auth: arc_swap::ArcSwap::from_pointee(t.auth.clone()),
-            dev: Arc::new(DeviceServer::new(luns)),
-            qos_admitted: Arc::default(),
-            qos_initiators: t.qos_initiators.clone(),
-        }));
-    }
-    Ok(out)
-}
-
-/// A listener on `addr`, with Multipath TCP when `mptcp` (the kernel falls back to TCP for
-/// initiators that do not speak it).
-fn listen(addr: SocketAddr, mptcp: bool) -> std::io::Result<TcpListener> {
-    let sock = if mptcp {
-        mcsi_tcp::mptcp::socket(&addr).map_err(std::io::Error::other)?
-    } else {
-        socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?
-    };
-    // As tokio's own bind: SO_REUSEADDR, a backlog of 1024.
-    sock.set_reuse_address(true)?;
-    sock.set_nonblocking(true)?;
-    sock.bind(&addr.into())?;
-    sock.listen(1024)?;
-    TcpListener::from_std(sock.into())
-}
-
 impl Server {
-    /// Opens every LUN and listens on every portal. A portal with port 0 gets an ephemeral port;
-    /// [`Server::local_addrs`] tells which, and the targets' portal lists are updated.
+    /// Opens every LUN and listens on every portal: the configuration applied to an empty
+    /// server, as a reload applies a difference ([`crate::admin::Admin::apply`]). A portal with
+    /// port 0 gets an ephemeral port; [`Server::local_addrs`] tells which, and the targets'
+    /// portal lists have it.
     pub async fn start(cfg: &ServerConfig) -> Result<Server, StartError> {
-        let applied = Arc::new(std::sync::Mutex::new(crate::admin::Applied::new(cfg)));
-        let mut cfg = cfg.clone();
-        let mut listeners = Vec::new();
-        let mut local_addrs = Vec::new();
-        for addr in cfg.portals() {
-            let l =
-                listen(addr, cfg.mptcp).map_err(|source| StartError::Listen { addr, source })?;
-            let local = l
-                .local_addr()
-                .map_err(|source| StartError::Listen { addr, source })?;
-            for t in cfg.targets.iter_mut() {
-                for p in t.portals.iter_mut() {
-                    if *p == addr {
-                        *p = local;
-                    }
-                }
-            }
-            local_addrs.push(local);
-            listeners.push(l);
-        }
         let metrics = Arc::new(Metrics::new());
         let shared = Arc::new(Shared::with_budgets(
-            build_targets(&cfg, &metrics)?,
+            Vec::new(),
             cfg.discovery_auth.clone(),
             &cfg.limits,
         ));
-        let gate = Arc::new(Gate::new(cfg.limits, &shared.targets));
+        let gate = Arc::new(Gate::new(cfg.limits));
         let shards = Arc::new(Shards::start(cfg.session_threads).map_err(StartError::Threads)?);
-        let (stop, stop_rx) = watch::channel(false);
-        let mut accept = JoinSet::new();
-        for l in listeners {
-            accept.spawn(accept_loop(
-                l,
-                shared.clone(),
-                gate.clone(),
-                shards.clone(),
-                stop_rx.clone(),
-            ));
-        }
-        Ok(Server {
+        let (s2, g2, sh2) = (shared.clone(), gate.clone(), shards.clone());
+        let run: crate::portals::AcceptLoop = Arc::new(move |l, stop| {
+            tokio::spawn(accept_loop(l, s2.clone(), g2.clone(), sh2.clone(), stop))
+        });
+        let portals = Arc::new(crate::portals::Portals::new(cfg.mptcp, run));
+        let applied = Arc::new(std::sync::Mutex::new(crate::admin::Applied::empty(cfg)));
+        let server = Server {
             shared,
             gate,
             shards,
             metrics,
-            local_addrs,
-            stop,
-            accept,
+            portals,
             applied,
-        })
+        };
+        server.admin().apply(cfg).await.map_err(|e| match e {
+            crate::admin::AdminError::Listen { addr, why } => StartError::Listen {
+                addr,
+                source: std::io::Error::other(why),
+            },
+            e => StartError::Config(e),
+        })?;
+        Ok(server)
     }
 
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.local_addrs
+    /// The addresses the server listens on now, in the order they were opened.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.portals.locals()
     }
 
     /// Serves one connection that did not come through a portal: login, session, full feature
@@ -214,8 +132,9 @@ impl Server {
         true
     }
 
-    pub fn targets(&self) -> &[Arc<Target>] {
-        &self.shared.targets
+    /// The targets served now.
+    pub fn targets(&self) -> Arc<Vec<Arc<Target>>> {
+        self.shared.targets()
     }
 
     /// Every session's connections with their counters and TCP state, sampled now.
@@ -234,6 +153,8 @@ impl Server {
             shared: self.shared.clone(),
             metrics: self.metrics.clone(),
             applied: self.applied.clone(),
+            gate: self.gate.clone(),
+            portals: self.portals.clone(),
         }
     }
 
@@ -247,14 +168,13 @@ impl Server {
     }
 
     /// Stops accepting, closes every session, flushes every LU.
-    pub async fn shutdown(mut self) -> Result<(), mcsi_scsi::backend::BackendError> {
-        let _ = self.stop.send(true);
-        while self.accept.join_next().await.is_some() {}
+    pub async fn shutdown(self) -> Result<(), mcsi_scsi::backend::BackendError> {
+        self.portals.close_all().await;
         for s in self.shared.all_sessions() {
             s.close(SessionEnd::Shutdown).await;
         }
         let mut res = Ok(());
-        for t in &self.shared.targets {
+        for t in self.shared.targets().iter() {
             // A sanitize still running stops here (a command waiting for it then ends); it is
             // not resumed by the next start, and the LU is left partly sanitized.
             if t.dev.stop_background() > 0 {
@@ -785,4 +705,48 @@ async fn attach(
     };
     debug!(parent: &s.span, cid = n.cid, "connection joins the session");
     Ok((s, old, slot))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn target(metrics: &[(u16, crate::counters::LunMetrics)]) -> Arc<Target> {
+        let cfg = ServerConfig::from_toml(
+            "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn=\"iqn.2026-01.org.x:t\"\nluns=[{backend=\"ram:1MiB\"}]\n",
+        )
+        .unwrap();
+        Target::new(&cfg.targets[0], Vec::new(), Vec::new(), metrics)
+    }
+
+    /// The race of a login with the target's removal: the login looked its target up before
+    /// the removal and asks to register its session after it. No session registers, and no
+    /// connection joins; a target of the same name served again counts afresh.
+    #[test]
+    fn a_login_that_found_its_target_before_it_went_registers_nothing() {
+        let metrics = Vec::new();
+        let t = target(&metrics);
+        let shared = Shared::new(vec![t.clone()], Default::default());
+        let gate = Gate::new(Default::default());
+        gate.open_target(&t);
+        // The login has its target, and the target has room ...
+        gate.check_session(&shared, &t, false).unwrap();
+        // ... when the administrator removes it.
+        gate.close_target(&t.name);
+        let mut registered = false;
+        let denied = gate
+            .admit_session(&shared, &t, false, || registered = true)
+            .unwrap_err();
+        assert_eq!(denied.status, login::status::NOT_FOUND);
+        assert!(!registered);
+        assert_eq!(
+            gate.check_connection(&t).unwrap_err().status,
+            login::status::NOT_FOUND
+        );
+        let again = target(&metrics);
+        gate.open_target(&again);
+        let slot = gate.admit_session(&shared, &again, false, || registered = true);
+        assert!(slot.is_ok() && registered);
+    }
 }

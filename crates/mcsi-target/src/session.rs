@@ -31,7 +31,9 @@ pub const TCP_SAMPLE_PERIOD: std::time::Duration = std::time::Duration::from_mil
 pub struct Target {
     pub name: String,
     pub alias: Option<String>,
-    pub portals: Vec<SocketAddr>,
+    /// The addresses it is served on (bound: a portal asked with port 0 has its port here).
+    /// `mcsi ctl` and a reload may change them while the target runs.
+    pub portals: arc_swap::ArcSwap<Vec<SocketAddr>>,
     /// What SendTargets gives in place of the portals (empty: the portals).
     pub advertise: Vec<String>,
     /// Where logins are sent instead of being served (none: served).
@@ -105,6 +107,30 @@ impl Target {
 }
 
 impl Target {
+    /// A target as it is served, with its LUNs opened (`luns`: by number, with their metric
+    /// handles in `lun_metrics`) and its portals as bound.
+    pub(crate) fn new(
+        t: &crate::config::TargetSpec,
+        luns: Vec<(u16, Arc<mcsi_scsi::LogicalUnit>)>,
+        portals: Vec<SocketAddr>,
+        lun_metrics: &[(u16, LunMetrics)],
+    ) -> Arc<Target> {
+        Arc::new(Target {
+            lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics.to_vec()),
+            name: t.iqn.clone(),
+            alias: t.alias.clone(),
+            portals: arc_swap::ArcSwap::from_pointee(portals),
+            advertise: t.advertise.clone(),
+            redirect: t.redirect.clone(),
+            tpgt: 1,
+            limits: t.limits,
+            auth: arc_swap::ArcSwap::from_pointee(t.auth.clone()),
+            dev: Arc::new(mcsi_scsi::DeviceServer::new(luns)),
+            qos_admitted: Arc::default(),
+            qos_initiators: t.qos_initiators.clone(),
+        })
+    }
+
     /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
     /// `f` with them (the handles are borrowed from the inventory of the moment).
     pub fn with_lun_metrics<R>(&self, raw: u64, f: impl FnOnce(Option<&LunMetrics>) -> R) -> R {
@@ -119,7 +145,7 @@ impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Target")
             .field("name", &self.name)
-            .field("portals", &self.portals)
+            .field("portals", &self.portals.load())
             .finish()
     }
 }
@@ -131,7 +157,8 @@ pub async fn flag_set(rx: &mut watch::Receiver<bool>) {
 
 /// State shared by every connection of the server.
 pub struct Shared {
-    pub targets: Vec<Arc<Target>>,
+    /// The targets served ([`Shared::targets`]); the administration adds and removes them.
+    targets: arc_swap::ArcSwap<Vec<Arc<Target>>>,
     /// Authentication and access control of discovery sessions.
     pub discovery_auth: AuthSpec,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
@@ -297,7 +324,7 @@ impl Shared {
         limits: &crate::config::ServerLimits,
     ) -> Self {
         Shared {
-            targets,
+            targets: arc_swap::ArcSwap::from_pointee(targets),
             discovery_auth,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
@@ -316,8 +343,18 @@ impl Shared {
         self.admin.lock().await
     }
 
-    pub fn target(&self, name: &str) -> Option<&Arc<Target>> {
-        self.targets.iter().find(|t| t.name == name)
+    /// The targets served now (one read: a change meanwhile shows whole or not at all).
+    pub fn targets(&self) -> Arc<Vec<Arc<Target>>> {
+        self.targets.load_full()
+    }
+
+    pub fn target(&self, name: &str) -> Option<Arc<Target>> {
+        self.targets.load().iter().find(|t| t.name == name).cloned()
+    }
+
+    /// Replaces the list of targets with `f` of it (the administration, under its lock).
+    pub(crate) fn set_targets(&self, f: impl Fn(&[Arc<Target>]) -> Vec<Arc<Target>>) {
+        self.targets.rcu(|v| f(v));
     }
 
     fn sessions(&self) -> MutexGuard<'_, HashMap<u16, Arc<Session>>> {

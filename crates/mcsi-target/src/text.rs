@@ -35,16 +35,13 @@ pub fn send_targets(
 ) -> Vec<u8> {
     let own = session.target.as_ref();
     let visible = |t: &&Arc<Target>| t.auth.load().allows(&session.initiator_name, peer);
+    let targets = shared.targets();
     let list: Vec<&Target> = match value {
-        "All" if session.is_discovery() => shared
-            .targets
-            .iter()
-            .filter(visible)
-            .map(|t| t.as_ref())
-            .collect(),
+        "All" if session.is_discovery() => {
+            targets.iter().filter(visible).map(|t| t.as_ref()).collect()
+        }
         "All" | "" => own.map(|t| vec![t.as_ref()]).unwrap_or_default(),
-        name => shared
-            .targets
+        name => targets
             .iter()
             .filter(visible)
             .filter(|t| {
@@ -57,7 +54,7 @@ pub fn send_targets(
     for t in list {
         pairs.push(("TargetName", t.name.clone()));
         if t.advertise.is_empty() {
-            for p in &t.portals {
+            for p in t.portals.load().iter() {
                 pairs.push(("TargetAddress", portal_text(*p, local, t.tpgt)));
             }
         } else {

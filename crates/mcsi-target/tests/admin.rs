@@ -285,28 +285,33 @@ async fn apply_changes_what_differs_or_nothing() {
         vec!["iqn.2026-01.org.mcsi:only".to_string()]
     );
 
-    // Refused whole: a LUN that cannot open beside an access change; a new target; a portal.
+    // Refused whole: a LUN that cannot open beside an access change and a new target; a
+    // portal that cannot bind beside a new target; a server-wide setting.
     let mut bad = next.clone();
     bad.targets[0]
         .luns
         .push(mcsi_target::config::LunSpec::new("file:/nonexistent/x.img"));
     bad.targets[0].auth.allow_initiators.clear();
+    let mut t2 = next.targets[0].clone();
+    t2.iqn = "iqn.2026-01.org.mcsi:second".into();
+    bad.targets.push(t2.clone());
     assert!(matches!(
         admin.apply(&bad).await,
         Err(AdminError::Backend { lun: 2, .. })
     ));
-    let mut more = next.clone();
-    let mut t2 = more.targets[0].clone();
-    t2.iqn = "iqn.2026-01.org.mcsi:second".into();
-    more.targets.push(t2);
+    let mut unbound = next.clone();
+    // TEST-NET-1: no interface of this host has it.
+    t2.portals = vec!["192.0.2.1:3260".parse().unwrap()];
+    unbound.targets.push(t2);
     assert!(
-        matches!(admin.apply(&more).await, Err(AdminError::NeedsRestart(w)) if w.contains("new target"))
+        matches!(admin.apply(&unbound).await, Err(AdminError::Listen { addr, .. }) if addr.port() == 3260),
     );
-    let mut moved = next.clone();
-    moved.targets[0].portals = vec!["127.0.0.1:1".parse().unwrap()];
+    let mut wide = next.clone();
+    wide.mptcp = !wide.mptcp;
     assert!(
-        matches!(admin.apply(&moved).await, Err(AdminError::NeedsRestart(w)) if w.contains("portals"))
+        matches!(admin.apply(&wide).await, Err(AdminError::NeedsRestart(w)) if w.contains("mptcp"))
     );
+    assert_eq!(admin.targets().len(), 1, "no target added");
     let mut changed = next.clone();
     changed.targets[0].luns[1] = mcsi_target::config::LunSpec::new("ram:8MiB");
     assert!(
@@ -320,4 +325,112 @@ async fn apply_changes_what_differs_or_nothing() {
     let c = admin.apply(&cfg).await.unwrap();
     assert_eq!(c.luns_removed, vec![(IQN.to_string(), 1)]);
     assert!(admin.targets()[0].allowed_initiators.is_empty());
+}
+
+/// The one target's TCP portal, as bound.
+fn portal_of(admin: &mcsi_target::admin::Admin, name: &str) -> Vec<std::net::SocketAddr> {
+    admin
+        .targets()
+        .into_iter()
+        .find(|t| t.name == name)
+        .map(|t| t.portals.iter().map(|p| p.parse().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// A login to `target` at `addr`: its status class and detail, or None if the connection was
+/// refused or closed.
+async fn login_at(addr: std::net::SocketAddr, target: &str) -> Option<(u8, u8)> {
+    let mut c = Client::at(addr).await.ok()?;
+    let r = c
+        .try_login(
+            [0x80, 7, 7, 7, 7, 7],
+            0,
+            0,
+            &[("TargetName", target), ("SessionType", "Normal")],
+        )
+        .await?;
+    Some((r.status_class, r.status_detail))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_and_portals_come_and_go_while_sessions_of_others_run() {
+    const SECOND: &str = "iqn.2026-01.org.mcsi:second";
+    let server = start(|_| {}).await;
+    let admin = server.admin();
+    let mut a = Client::normal(&server, &[]).await;
+    let first = server.local_addrs()[0];
+
+    // A second target on a portal of its own (127.0.0.2, port chosen by the kernel).
+    let mut spec = server_config_target(SECOND);
+    spec.portals = vec!["127.0.0.2:0".parse().unwrap()];
+    let c = admin.add_target(spec.clone()).await.unwrap();
+    assert_eq!(c.targets_added, vec![SECOND.to_string()]);
+    let p2 = portal_of(&admin, SECOND)[0];
+    assert_eq!(p2.ip().to_string(), "127.0.0.2");
+    assert_ne!(p2.port(), 0, "the portal lists the port it got");
+    assert_eq!(login_at(p2, SECOND).await, Some((0, 0)));
+    // Each target only at its portals.
+    assert_eq!(login_at(p2, IQN).await, Some((2, 3)));
+    assert_eq!(login_at(first, SECOND).await, Some((2, 3)));
+    assert_eq!(
+        admin.add_target(spec).await.unwrap_err(),
+        AdminError::TargetExists(SECOND.into())
+    );
+
+    // The first target gains that portal too, then loses it again.
+    admin
+        .add_portal(Some(IQN), "127.0.0.2:0".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(login_at(p2, IQN).await, Some((0, 0)));
+    admin
+        .remove_portal(Some(IQN), "127.0.0.2:0".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(login_at(p2, IQN).await, Some((2, 3)));
+    assert!(matches!(
+        admin.remove_portal(Some(IQN), "127.0.0.1:0".parse().unwrap()).await,
+        Err(AdminError::BadSpec(w)) if w.contains("last portal")
+    ));
+
+    // The second target goes: its session is asked to log out, and dropped after the grace;
+    // its portal closes, as no other target has it.
+    let mut s2 = Client::at(p2).await.unwrap();
+    let r = s2
+        .login(
+            [0x80, 8, 8, 8, 8, 8],
+            0,
+            0,
+            &[("TargetName", SECOND), ("SessionType", "Normal")],
+        )
+        .await;
+    assert_eq!(r.status_class, 0);
+    let t0 = Instant::now();
+    admin
+        .remove_target(SECOND, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(t0.elapsed() >= Duration::from_secs(1), "it had its grace");
+    assert_eq!(async_message(&mut s2).await.0, 1, "asked to log out");
+    assert!(s2.closed_within(Duration::from_secs(2)).await);
+    assert!(
+        tokio::net::TcpStream::connect(p2).await.is_err(),
+        "the portal closed"
+    );
+    assert_eq!(
+        admin.remove_target(SECOND, Duration::from_secs(1)).await,
+        Err(AdminError::NoTarget(SECOND.into()))
+    );
+    assert_eq!(admin.targets().len(), 1);
+
+    // The first target's session ran throughout.
+    let (status, _, _) = run(&mut a, 0, &TUR, 0).await;
+    assert_eq!(status, 0);
+}
+
+/// A target like the test server's, named `name`.
+fn server_config_target(name: &str) -> mcsi_target::config::TargetSpec {
+    let mut t = config(|_| {}).targets[0].clone();
+    t.iqn = name.into();
+    t
 }

@@ -512,10 +512,13 @@ fn a_reload_applies_the_edited_file_and_refuses_what_needs_a_restart() {
     // A change that needs a restart, and a file that does not parse: refused, nothing changes.
     std::fs::write(
         &conf,
-        file(
-            free_port(),
-            &sock,
-            "  { backend = \"ram:16MiB\" },\n  { backend = \"ram:8MiB\" },\n",
+        format!(
+            "session_threads = 7\n{}",
+            file(
+                port,
+                &sock,
+                "  { backend = \"ram:16MiB\" },\n  { backend = \"ram:8MiB\" },\n",
+            )
         ),
     )
     .unwrap();
@@ -862,4 +865,118 @@ fn allowed_networks_change_live_and_the_last_goes_only_with_open() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = ctl(&t.sock, &["targets"]);
     assert!(stdout(&o).contains("networks any"), "{}", stdout(&o));
+}
+
+/// The targets a server lists: (name, portals).
+fn targets_of(sock: &Path) -> Vec<(String, Vec<String>)> {
+    let o = ctl(sock, &["--json", "targets"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let p = t["portals"].as_array().unwrap();
+            (
+                t["name"].as_str().unwrap().to_string(),
+                p.iter().map(|x| x.as_str().unwrap().to_string()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn targets_and_portals_added_live_are_saved_and_served_after_a_restart() {
+    const TWO: &str = "iqn.2026-01.org.mcsi:two";
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let (p1, p2, p3) = (free_port(), free_port(), free_port());
+    std::fs::write(&conf, file(p1, &sock, "")).unwrap();
+    let mut child = spawn_config(&conf, p1, &sock, &[]);
+    let url = format!("iscsi://127.0.0.1:{p1}/{IQN}/0");
+    let bench = spawn_bench(&url, 8, true);
+
+    // A second target on a portal of its own, served at once.
+    let a2 = format!("127.0.0.1:{p2}");
+    let o = ctl(
+        &sock,
+        &["add-target", TWO, "--lun", "ram:8MiB", "--listen", &a2],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&a2), "{}", stdout(&o));
+    let two = spawn_bench(&format!("iscsi://{a2}/{TWO}/0"), 1, true)
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        two.status.success(),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
+    assert!(String::from_utf8_lossy(&two.stdout).contains(" 0 errors"));
+    // Refused, nothing changed: the same name again; a portal that cannot bind; no target named.
+    let o = ctl(&sock, &["add-target", TWO, "--lun", "ram:8MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("served already"), "{}", stderr(&o));
+    let o = ctl(&sock, &["add-portal", "--target", IQN, "192.0.2.1:3260"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot listen on 192.0.2.1:3260"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ctl(&sock, &["add-portal", &format!("127.0.0.1:{p3}")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("name the target"), "{}", stderr(&o));
+    // The first target gets a second portal.
+    let a3 = format!("127.0.0.1:{p3}");
+    let o = ctl(&sock, &["add-portal", "--target", IQN, &a3]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let a1 = format!("127.0.0.1:{p1}");
+    assert_eq!(
+        targets_of(&sock),
+        vec![
+            (IQN.to_string(), vec![a1.clone(), a3.clone()]),
+            (TWO.to_string(), vec![a2.clone()])
+        ]
+    );
+
+    // Saved, and a restart serves the same.
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    assert!(saved.contains(TWO) && saved.contains(&a3), "{saved}");
+    let out = bench.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0 errors"), "{text}");
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut child = spawn_config(&conf, p1, &sock, &[]);
+    assert_eq!(
+        targets_of(&sock),
+        vec![
+            (IQN.to_string(), vec![a1.clone(), a3.clone()]),
+            (TWO.to_string(), vec![a2.clone()])
+        ]
+    );
+
+    // The second target goes, and its portal with it; the file keeps it until saved.
+    let o = ctl(&sock, &["remove-target", TWO, "--grace", "1s"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(targets_of(&sock).len(), 1);
+    assert!(
+        std::net::TcpStream::connect(&a2).is_err(),
+        "{a2} still listens"
+    );
+    let o = ctl(&sock, &["remove-portal", "--target", IQN, &a3]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    assert!(!saved.contains(TWO) && !saved.contains(&a3), "{saved}");
+    let o = ctl(&sock, &["reload"]);
+    assert!(stdout(&o).contains("no change"), "{}", stdout(&o));
+    let _ = child.kill();
+    let _ = child.wait();
 }

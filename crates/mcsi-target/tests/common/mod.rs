@@ -87,6 +87,22 @@ impl Client {
         Self::open(server, Via::Tcp).await
     }
 
+    /// A TCP connection to `addr` (a portal other than the server's first), not logged in.
+    #[allow(dead_code)]
+    pub async fn at(addr: std::net::SocketAddr) -> std::io::Result<Client> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        Ok(Client {
+            s: Box::new(s),
+            buf: BytesMut::new(),
+            framing: Framing::default(),
+            cmd_sn: 1,
+            itt: 1,
+            tsih: 0,
+            login_keys: Vec::new(),
+        })
+    }
+
     pub async fn open(server: &Server, via: Via) -> Client {
         let s: Box<dyn Io> = match via {
             Via::Tcp => {

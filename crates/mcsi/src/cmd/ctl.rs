@@ -106,6 +106,32 @@ pub enum Request {
         #[serde(default)]
         open: bool,
     },
+    /// Serve a new target, with LUNs 0, 1, ... from `luns` (`--lun` specs), on `portals`
+    /// (none: the server's), open to `allow_initiators` (none: any initiator).
+    AddTarget {
+        iqn: String,
+        #[serde(default)]
+        alias: Option<String>,
+        #[serde(default)]
+        portals: Vec<String>,
+        luns: Vec<String>,
+        #[serde(default)]
+        allow_initiators: Vec<String>,
+    },
+    /// Stop serving a target: its sessions are asked to log out within `grace_ms`.
+    RemoveTarget { target: String, grace_ms: u64 },
+    /// Add a portal (ADDR:PORT) to `target`.
+    AddPortal {
+        #[serde(default)]
+        target: Option<String>,
+        portal: String,
+    },
+    /// Take a portal from `target`.
+    RemovePortal {
+        #[serde(default)]
+        target: Option<String>,
+        portal: String,
+    },
     /// Read the configuration file again and apply the difference.
     Reload,
     /// The running configuration as TOML (CHAP secrets only when `secrets`).
@@ -177,6 +203,15 @@ pub async fn reload(admin: &Admin, r: &Reload) -> anyhow::Result<String> {
     }
     for t in &c.access_changed {
         parts.push(format!("{t} access replaced"));
+    }
+    for t in &c.targets_added {
+        parts.push(format!("target {t} added"));
+    }
+    for t in &c.targets_removed {
+        parts.push(format!("target {t} removed"));
+    }
+    for t in &c.portals_changed {
+        parts.push(format!("{t} portals changed"));
     }
     Ok(if parts.is_empty() {
         String::from("no change")
@@ -397,6 +432,53 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
         Request::RemoveChapUser { target, user, open } => {
             done(admin.remove_chap_user(target.as_deref(), &user, open).await)
         }
+        Request::AddTarget {
+            iqn,
+            alias,
+            portals,
+            luns,
+            allow_initiators,
+        } => match target_spec(iqn, alias, &portals, &luns, allow_initiators) {
+            Ok(spec) => match admin.add_target(spec).await {
+                Ok(c) => {
+                    let bound: Vec<String> = admin
+                        .targets()
+                        .into_iter()
+                        .filter(|t| c.targets_added.contains(&t.name))
+                        .flat_map(|t| t.portals)
+                        .collect();
+                    Reply::ok(serde_json::json!({ "added": c.targets_added, "portals": bound }))
+                }
+                Err(e) => Reply::err(e),
+            },
+            Err(e) => Reply::err(e),
+        },
+        Request::RemoveTarget { target, grace_ms } => {
+            let grace = Duration::from_millis(grace_ms);
+            if grace > MAX_GRACE || grace < Duration::from_secs(1) {
+                return Reply::err(format!(
+                    "grace: {grace:?} is outside 1 s to {} s",
+                    MAX_GRACE.as_secs()
+                ));
+            }
+            match admin.remove_target(&target, grace).await {
+                Ok(()) => Reply::ok(serde_json::json!({ "removed": target })),
+                Err(e) => Reply::err(e),
+            }
+        }
+        Request::AddPortal { target, portal } => match mcsi_target::config::parse_portal(&portal) {
+            Ok(a) => match admin.add_portal(target.as_deref(), a).await {
+                Ok(p) => Reply::ok(serde_json::json!({ "portals": p })),
+                Err(e) => Reply::err(e),
+            },
+            Err(e) => Reply::err(format!("portal {portal:?}: {e}")),
+        },
+        Request::RemovePortal { target, portal } => {
+            match mcsi_target::config::parse_portal(&portal) {
+                Ok(a) => done(admin.remove_portal(target.as_deref(), a).await),
+                Err(e) => Reply::err(format!("portal {portal:?}: {e}")),
+            }
+        }
         Request::Reload => Reply::err("a reload needs the server's file; ask the server"),
         Request::ShowConfig { secrets } => match admin.show_config(secrets).await {
             Ok(r) => Reply::ok(serde_json::json!({ "toml": r.text, "not_saved": r.notes })),
@@ -412,6 +494,44 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
             }
         }
     }
+}
+
+/// A new target from an add-target request: its LUNs numbered from 0 in the order given, the
+/// target's limits and timers the defaults (a target that needs others goes in the file).
+fn target_spec(
+    iqn: String,
+    alias: Option<String>,
+    portals: &[String],
+    luns: &[String],
+    allow_initiators: Vec<String>,
+) -> anyhow::Result<mcsi_target::config::TargetSpec> {
+    let portals = mcsi_target::config::parse_portals("portal", portals)?;
+    let luns = luns
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut spec = mcsi_target::config::parse_lun_arg(&format!("LUN {i}"), l)?;
+            spec.lun = Some(i as u16);
+            Ok(spec)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for n in &allow_initiators {
+        mcsi_target::name::validate(n).with_context(|| format!("initiator name {n:?}"))?;
+    }
+    Ok(mcsi_target::config::TargetSpec {
+        iqn,
+        alias,
+        portals,
+        advertise: Vec::new(),
+        redirect: None,
+        luns,
+        limits: Default::default(),
+        auth: mcsi_target::config::AuthSpec {
+            allow_initiators,
+            ..Default::default()
+        },
+        qos_initiators: Vec::new(),
+    })
 }
 
 fn done(r: Result<(), mcsi_target::admin::AdminError>) -> Reply {
@@ -559,8 +679,55 @@ enum What {
         #[arg(long, value_name = "VAR", requires = "mutual_user")]
         mutual_secret_env: Option<String>,
     },
+    /// Serve a new target while the server runs: its LUNs open and its portals listen before
+    /// it takes logins. Its negotiation limits and timers are the defaults (for others, add it
+    /// to the file and reload).
+    AddTarget {
+        /// The target's name (iqn., eui. or naa.).
+        iqn: String,
+        /// A LUN, as `mcsi target --lun` takes it; LUNs 0, 1, ... in the order given.
+        #[arg(long = "lun", value_name = "SPEC", required = true)]
+        luns: Vec<String>,
+        /// A portal, ADDR[:PORT] (repeat it for several; default: the server's portals).
+        #[arg(long = "listen", value_name = "ADDR:PORT")]
+        portals: Vec<String>,
+        /// Allow only this initiator (repeat it; default: any initiator).
+        #[arg(long = "allow-initiator", value_name = "IQN")]
+        allow_initiators: Vec<String>,
+        /// The target's alias (TargetAlias).
+        #[arg(long)]
+        alias: Option<String>,
+    },
+    /// Stop serving a target: new logins to it are refused, its sessions are asked to log
+    /// out (and dropped after the grace time), and its LUNs are flushed. Portals no other
+    /// target has close.
+    RemoveTarget {
+        /// The target's name.
+        iqn: String,
+        /// How long its initiators have to log out (e.g. 5s; 1s to 300s).
+        #[arg(long, default_value = "5s")]
+        grace: String,
+    },
+    /// Add a portal to a target: it listens there from now on (sessions elsewhere go on).
+    AddPortal {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// ADDR[:PORT] (port 3260 when not given).
+        portal: String,
+    },
+    /// Take a portal from a target: no new login reaches it there (sessions through it stay);
+    /// the socket closes once no target has it. A target keeps at least one portal.
+    RemovePortal {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The portal as configured (`mcsi ctl show-config` shows it).
+        portal: String,
+    },
     /// Read the target's configuration file again and apply the difference (as SIGHUP does):
-    /// LUNs added and removed, access replaced; a change that needs a restart is refused whole.
+    /// targets, portals and LUNs added and removed, access replaced; a change that needs a
+    /// restart is refused whole.
     Reload,
     /// Print the running configuration as TOML: the file the target read, with its LUNs and
     /// access as they run now (CHAP secrets hidden unless --secrets).
@@ -718,6 +885,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             target: target.clone(),
             lun: *lun,
         },
+        What::AddTarget {
+            iqn,
+            luns,
+            portals,
+            allow_initiators,
+            alias,
+        } => Request::AddTarget {
+            iqn: iqn.clone(),
+            alias: alias.clone(),
+            portals: portals.clone(),
+            luns: luns.clone(),
+            allow_initiators: allow_initiators.clone(),
+        },
+        What::RemoveTarget { iqn, grace } => {
+            let d = mcsi_units::parse_duration(grace, mcsi_units::BareUnit::Refuse)
+                .map_err(|e| anyhow::anyhow!("--grace {grace}: {e}"))?;
+            Request::RemoveTarget {
+                target: iqn.clone(),
+                grace_ms: d.as_millis() as u64,
+            }
+        }
+        What::AddPortal { target, portal } => Request::AddPortal {
+            target: target.clone(),
+            portal: portal.clone(),
+        },
+        What::RemovePortal { target, portal } => Request::RemovePortal {
+            target: target.clone(),
+            portal: portal.clone(),
+        },
         What::Targets => Request::Targets,
         What::Sessions => Request::Sessions,
         What::EndSession { tsih, grace } => {
@@ -871,6 +1067,23 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
         }
         Request::AddChapUser { user, .. } => println!("CHAP user {user} added"),
         Request::Reload => println!("reloaded: {}", text(&v["reloaded"])),
+        Request::AddTarget { iqn, luns, .. } => {
+            let p: Vec<String> = list(&v["portals"]).iter().map(text).collect();
+            println!(
+                "target {iqn} added with {} LUN(s), on {}",
+                luns.len(),
+                p.join(" ")
+            )
+        }
+        Request::RemoveTarget { target, .. } => println!("target {target} removed"),
+        Request::AddPortal { portal, .. } => {
+            let p: Vec<String> = list(&v["portals"]).iter().map(text).collect();
+            println!(
+                "portal {portal} added; the target listens on {}",
+                p.join(" ")
+            )
+        }
+        Request::RemovePortal { portal, .. } => println!("portal {portal} removed"),
         Request::ShowConfig { .. } => {
             print!("{}", v["toml"].as_str().unwrap_or(""));
             not_saved(&v["not_saved"]);

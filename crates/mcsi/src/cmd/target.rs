@@ -301,8 +301,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
 fn print_ready(server: &mcsi_target::Server) {
     let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
     println!("mcsi target listening on {}", addrs.join(" "));
-    for t in server.targets() {
-        let Some(p) = t.portals.first() else { continue };
+    for t in server.targets().iter() {
+        let portals = t.portals.load();
+        let Some(p) = portals.first() else { continue };
         let luns: Vec<u16> = t.dev.luns().iter().map(|(i, _)| *i).collect();
         println!();
         println!("target {} (LUNs {:?})", t.name, luns);
