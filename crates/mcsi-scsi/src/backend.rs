@@ -110,7 +110,7 @@ pub trait Backend: Send + Sync + 'static {
     fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
         let _ = size;
         Err(BackendError::Resize(format!(
-            "{} cannot change size (file LUNs can)",
+            "{} cannot change size (file, block and rbd LUNs can)",
             self.describe()
         )))
     }
@@ -725,7 +725,8 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 pub struct BlockBackend {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// The size served: the device's when opened, or when it last grew.
+    size: AtomicU64,
     discard: AtomicBool,
 }
 
@@ -747,41 +748,70 @@ impl BlockBackend {
                 "not a block device (use file:PATH for regular files)".into(),
             ));
         }
-        let mut size: u64 = 0;
-        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `size`.
-        let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
-        if rc != 0 {
-            return Err(open_err(format!(
-                "BLKGETSIZE64 failed: {}",
-                io::Error::last_os_error()
-            )));
-        }
+        let size = device_size(&file).map_err(|e| open_err(e.to_string()))?;
         if size == 0 {
             return Err(open_err("device has zero size".into()));
         }
         Ok(BlockBackend {
             file,
             path: path.to_path_buf(),
-            size,
+            size: AtomicU64::new(size),
             discard: AtomicBool::new(true),
         })
     }
 }
 
+/// A block device's size now (BLKGETSIZE64).
+fn device_size(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `size`.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc != 0 {
+        return Err(io::Error::other(format!(
+            "BLKGETSIZE64 failed: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(size)
+}
+
 impl Backend for BlockBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// A block device grows by its own tools (`lvextend`, `losetup -c`, a SAN's resize): this
+    /// takes its size now, or `size` when the device has that much.
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        let now = self.size();
+        let dev = device_size(&self.file)
+            .map_err(|e| BackendError::Resize(format!("{}: {e}", self.path.display())))?;
+        let new = size.unwrap_or(dev);
+        if new > dev {
+            return Err(BackendError::Resize(format!(
+                "{} is {dev} bytes: grow the device itself (lvextend, losetup -c, ...), then grow the LUN without --size",
+                self.path.display()
+            )));
+        }
+        if new < now {
+            return Err(BackendError::Resize(format!(
+                "{} is served as {now} bytes; a LUN only grows (asked for {new})",
+                self.path.display()
+            )));
+        }
+        self.size.store(new, Ordering::Release);
+        Ok(new)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        check_range("read", offset, buf.len() as u64, self.size)?;
+        check_range("read", offset, buf.len() as u64, self.size())?;
         self.file
             .read_exact_at(buf, offset)
             .map_err(io_err("read", offset))
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        check_range("write", offset, data.len() as u64, self.size)?;
+        check_range("write", offset, data.len() as u64, self.size())?;
         self.file
             .write_all_at(data, offset)
             .map_err(io_err("write", offset))
@@ -792,7 +822,7 @@ impl Backend for BlockBackend {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        check_range("unmap", offset, len, self.size)?;
+        check_range("unmap", offset, len, self.size())?;
         if len == 0 {
             return Ok(());
         }
@@ -810,7 +840,7 @@ impl Backend for BlockBackend {
     }
 
     fn mapped(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, BackendError> {
-        check_range("mapped", offset, len, self.size)?;
+        check_range("mapped", offset, len, self.size())?;
         let mut out = Vec::new();
         push_extent(&mut out, offset, len, true);
         Ok(out)
@@ -821,7 +851,11 @@ impl Backend for BlockBackend {
     }
 
     fn describe(&self) -> String {
-        format!("block device {} ({} bytes)", self.path.display(), self.size)
+        format!(
+            "block device {} ({} bytes)",
+            self.path.display(),
+            self.size()
+        )
     }
 }
 

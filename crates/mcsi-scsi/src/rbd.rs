@@ -51,6 +51,7 @@ extern "C" {
     ) -> c_int;
     fn rbd_close(image: rbd_image_t) -> c_int;
     fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
     fn rbd_get_stripe_unit(image: rbd_image_t, stripe_unit: *mut u64) -> c_int;
     fn rbd_get_id(image: rbd_image_t, id: *mut c_char, id_len: usize) -> c_int;
     fn rbd_get_block_name_prefix(
@@ -172,7 +173,8 @@ pub struct RbdBackend {
     cluster: rados_t,
     ioctx: rados_ioctx_t,
     image: rbd_image_t,
-    size: u64,
+    /// The image's size as served (it only grows, by [`Backend::grow`]).
+    size: std::sync::atomic::AtomicU64,
     /// The image's stripe unit (its object size unless striped): librbd does COMPARE AND
     /// WRITE atomically only within one.
     stripe_unit: u64,
@@ -223,7 +225,7 @@ impl RbdBackend {
             cluster: std::ptr::null_mut(),
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
-            size: 0,
+            size: std::sync::atomic::AtomicU64::new(0),
             stripe_unit: 0,
             identity: String::new(),
         };
@@ -291,7 +293,7 @@ impl RbdBackend {
                     errno(rc.into()).to_string(),
                 ));
             }
-            let rc = rbd_get_size(b.image, &mut b.size);
+            let rc = rbd_get_size(b.image, b.size.get_mut());
             if rc < 0 {
                 return Err(fail(
                     "reading the image's size",
@@ -338,7 +340,7 @@ impl RbdBackend {
                 text(&image_id)
             );
         }
-        if b.size == 0 {
+        if *b.size.get_mut() == 0 {
             return Err(fail("the image", "is empty (0 bytes)".into()));
         }
         Ok(b)
@@ -354,12 +356,12 @@ impl RbdBackend {
 
     fn check(&self, op: &'static str, offset: u64, len: u64) -> Result<(), BackendError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(BackendError::OutOfRange {
                 op,
                 offset,
                 len,
-                size: self.size,
+                size: self.size(),
             }),
         }
     }
@@ -398,7 +400,48 @@ extern "C" fn diff_cb(offset: u64, len: usize, exists: c_int, arg: *mut c_void) 
 
 impl Backend for RbdBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn grow(&self, size: Option<u64>) -> Result<u64, BackendError> {
+        let now = self.size();
+        let fail = |step: &str, rc: c_int| {
+            BackendError::Resize(format!(
+                "{}: {step}: {}",
+                self.spec.describe(),
+                errno(rc.into())
+            ))
+        };
+        let new = match size {
+            Some(n) => {
+                if n > now {
+                    // SAFETY: the image handle is open for the backend's life.
+                    let rc = unsafe { rbd_resize(self.image, n) };
+                    if rc < 0 {
+                        return Err(fail("rbd_resize", rc));
+                    }
+                }
+                n
+            }
+            None => {
+                let mut n = 0u64;
+                // SAFETY: as above; librbd writes one u64 through the pointer. It reads the
+                // image's header again when another client (`rbd resize`) changed it.
+                let rc = unsafe { rbd_get_size(self.image, &mut n) };
+                if rc < 0 {
+                    return Err(fail("rbd_get_size", rc));
+                }
+                n
+            }
+        };
+        if new < now {
+            return Err(BackendError::Resize(format!(
+                "{} is {now} bytes; a LUN only grows (the image is {new})",
+                self.spec.describe()
+            )));
+        }
+        self.size.store(new, std::sync::atomic::Ordering::Release);
+        Ok(new)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
@@ -530,7 +573,7 @@ impl Backend for RbdBackend {
     }
 
     fn describe(&self) -> String {
-        format!("{} ({} bytes)", self.spec.describe(), self.size)
+        format!("{} ({} bytes)", self.spec.describe(), self.size())
     }
 
     fn aio(&self) -> Option<&dyn AsyncBackend> {

@@ -439,6 +439,18 @@ impl Admin {
         self.apply_locked(next, REMOVE_TARGET_GRACE).await
     }
 
+    /// Reads the configuration with `read` (the file, again) and applies it, the read and the
+    /// change under the one lock: a save or another change cannot come between them, so what
+    /// is applied is the file as it is, and the file a save later compares is the one read.
+    pub async fn reload<E>(
+        &self,
+        read: impl FnOnce() -> Result<ServerConfig, E>,
+    ) -> Result<Result<Changes, AdminError>, E> {
+        let _one = self.shared.admin_lock().await;
+        let next = read()?;
+        Ok(self.apply_locked(&next, REMOVE_TARGET_GRACE).await)
+    }
+
     /// [`Admin::apply`] under the lock; the sessions of a target removed get `grace` to log
     /// out.
     async fn apply_locked(

@@ -434,3 +434,46 @@ fn server_config_target(name: &str) -> mcsi_target::config::TargetSpec {
     t.iqn = name.into();
     t
 }
+
+/// The race of a reload with another change: the reload has read its file and not yet applied
+/// it when `mcsi ctl` asks for a change (or a save). The change waits until the reload has
+/// applied what it read, so neither undoes the other unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reads_its_file_under_the_lock_other_changes_take() {
+    let cfg = config(|_| {});
+    let server = mcsi_target::Server::start(&cfg).await.unwrap();
+    let admin = server.admin();
+    let (reading_tx, reading_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let reloading = {
+        let (admin, cfg) = (admin.clone(), cfg.clone());
+        tokio::spawn(async move {
+            admin
+                .reload(move || {
+                    reading_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok::<_, String>(cfg)
+                })
+                .await
+        })
+    };
+    tokio::task::spawn_blocking(move || reading_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let adding = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.add_lun(None, 1, "ram:4MiB").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !adding.is_finished(),
+        "a change came between the reload's read and its apply"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(
+        reloading.await.unwrap().unwrap().unwrap(),
+        Default::default()
+    );
+    adding.await.unwrap().unwrap();
+    assert_eq!(admin.targets()[0].luns.len(), 2, "the change came after");
+}

@@ -980,3 +980,88 @@ fn targets_and_portals_added_live_are_saved_and_served_after_a_restart() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A loop device over a file of `bytes`, detached when dropped.
+struct Loop {
+    dev: String,
+    file: PathBuf,
+}
+
+impl Loop {
+    fn new(file: PathBuf, bytes: u64) -> Result<Loop, String> {
+        let f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
+        f.set_len(bytes).map_err(|e| e.to_string())?;
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&file)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        Ok(Loop { dev, file })
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+#[test]
+fn a_block_lun_grows_after_its_device_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = match Loop::new(dir.path().join("dev.img"), 16 << 20) {
+        Ok(l) => l,
+        Err(why) => return skip("a_block_lun_grows_after_its_device_did", &why),
+    };
+    let t = start();
+    let o = ctl(&t.sock, &["add-lun", "1", &format!("block:{}", lo.dev)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let blocks = || {
+        let o = ctl(&t.sock, &["--json", "targets"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["result"][0]["luns"][1]["blocks"].as_u64().unwrap()
+    };
+    assert_eq!(blocks(), 32768);
+    // mcsi does not grow a device: it says how, and changes nothing.
+    let o = ctl(&t.sock, &["grow-lun", "1", "--size", "32MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("grow the device itself"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(blocks(), 32768);
+    // The device grows (its file, then the loop driver told), and the LUN follows.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lo.file)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let o = Command::new("losetup")
+        .args(["-c", &lo.dev])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = ctl(&t.sock, &["grow-lun", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(blocks(), 65536);
+    // The new blocks serve I/O: a verified write run over the whole grown LUN.
+    let o = Command::new(BIN)
+        .args(["bench", &format!("iscsi://127.0.0.1:{}/{IQN}/1", t.port)])
+        .args(["--rw", "write", "--bs", "1MiB", "--verify", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mcsi"]["verify"]["blocks_checked"], 32, "{v}");
+    let o = ctl(&t.sock, &["remove-lun", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

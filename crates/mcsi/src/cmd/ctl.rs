@@ -192,8 +192,7 @@ pub type Reload = std::sync::Arc<dyn Fn() -> anyhow::Result<ServerConfig> + Send
 
 /// Reads the configuration again and applies the difference; a summary of what changed.
 pub async fn reload(admin: &Admin, r: &Reload) -> anyhow::Result<String> {
-    let cfg = r()?;
-    let c = admin.apply(&cfg).await?;
+    let c = admin.reload(|| r()).await??;
     let mut parts = Vec::new();
     for (t, l) in &c.luns_added {
         parts.push(format!("{t} LUN {l} added"));
@@ -580,16 +579,16 @@ enum What {
         /// rbd:POOL/IMAGE, with ,block_size=N ,read_only ,serial=S ...
         spec: String,
     },
-    /// Grow a LUN while the target runs (file LUNs): to --size, or to the size its file has
-    /// now; its sessions are told (unit attention CAPACITY DATA HAS CHANGED) and go on. A LUN
-    /// never shrinks.
+    /// Grow a LUN while the target runs: a file or rbd LUN to --size, or any LUN to the size
+    /// its file, block device or rbd image has now (grown by its own tools); its sessions are
+    /// told (unit attention CAPACITY DATA HAS CHANGED) and go on. A LUN never shrinks.
     GrowLun {
         /// The target (needed when the server has several).
         #[arg(long, value_name = "IQN")]
         target: Option<String>,
         /// The LUN number.
         lun: u16,
-        /// The new size (e.g. 20GiB); without it, the size the LUN's file has now.
+        /// The new size (e.g. 20GiB); without it, the size the LUN's storage has now.
         #[arg(long, value_name = "SIZE")]
         size: Option<String>,
     },
