@@ -20,6 +20,7 @@ pub use backend::{
     BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend,
 };
 pub use lu::{LogicalUnit, Pending, Prepared, Step};
+pub use pr::MAX_REGISTRATIONS;
 pub use sense::Sense;
 pub use server::DeviceServer;
 
@@ -143,6 +144,10 @@ pub struct LuConfig {
     /// an unsupported command (and left out of REPORT SUPPORTED OPERATION CODES) unless the
     /// LUN's configuration allows it.
     pub allow_sanitize: bool,
+    /// Where persistent reservations made with APTPL are kept, written and synced before the
+    /// command that changed them completes, and read back by
+    /// [`LogicalUnit::load_reservations`] (none: APTPL is refused, PTPL_C = 0).
+    pub pr_file: Option<std::path::PathBuf>,
 }
 
 impl Default for LuConfig {
@@ -161,6 +166,7 @@ impl Default for LuConfig {
             write_cache: true,
             sanitize_rate: 0,
             allow_sanitize: false,
+            pr_file: None,
         }
     }
 }

@@ -369,6 +369,7 @@ impl LogicalUnit {
             512
         };
         let blocks = backend.size() / bs;
+        let ptpl_capable = cfg.pr_file.is_some();
         let mode = ModeState {
             wce: cfg.write_cache,
             d_sense: false,
@@ -382,7 +383,7 @@ impl LogicalUnit {
             state: Mutex::new(State {
                 seen: AHashSet::new(),
                 ua: AHashMap::new(),
-                pr: PrState::default(),
+                pr: PrState::new(ptpl_capable),
                 spc2: None,
                 mode,
                 prevent: AHashSet::new(),
@@ -394,6 +395,27 @@ impl LogicalUnit {
             sanitize: Mutex::default(),
             sanitize_pending: std::sync::atomic::AtomicBool::new(false),
             copy: Mutex::new(None),
+        }
+    }
+
+    /// Reads the persistent reservations this unit persisted (`LuConfig::pr_file`) before it
+    /// serves: true if there were any. A file that cannot be read is an error, as serving
+    /// without the reservations initiators relied on would break their promise.
+    pub fn load_reservations(&self) -> Result<bool, BackendError> {
+        let Some(path) = &self.cfg.pr_file else {
+            return Ok(false);
+        };
+        let loaded = PrState::load(path).map_err(|e| BackendError::Open {
+            path: path.clone(),
+            why: format!("persistent reservations: {e} (move the file away to start without them)"),
+        })?;
+        let mut st = self.st();
+        match loaded {
+            Some(pr) => {
+                st.pr = pr;
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 
@@ -1434,11 +1456,24 @@ impl LogicalUnit {
         if st.spc2.is_some() {
             return Err(Fail::Status(status::RESERVATION_CONFLICT));
         }
+        let before = st.pr.clone();
         match st
             .pr
             .pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len])
         {
             Ok(uas) => {
+                // Persisted (or, APTPL turned off, removed) before GOOD; a unit that cannot
+                // write it keeps the state it had and fails the command.
+                if let (Some(path), true) = (&self.cfg.pr_file, before.aptpl || st.pr.aptpl) {
+                    if let Err(e) = st.pr.persist(path) {
+                        tracing::error!(file = %path.display(), "persistent reservations not saved: {e}");
+                        st.pr = before;
+                        return Err(Fail::Sense(Sense::new(
+                            key::ILLEGAL_REQUEST,
+                            asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+                        )));
+                    }
+                }
                 for (n, s) in uas {
                     push_ua(&mut st, &n, s);
                 }

@@ -1,8 +1,20 @@
 //! Persistent reservations (SPC-4 5.9, PERSISTENT RESERVE IN/OUT) and the SPC-2 RESERVE/RELEASE
 //! reservation, kept per logical unit.
+//!
+//! A unit given a file for them (`LuConfig::pr_file`) persists through power loss (PTPL_C = 1):
+//! while the last REGISTER had APTPL set, every change is written to the file and synced before
+//! the command completes, and the state is read back when the unit opens (SPC-4 5.9.5). A
+//! REGISTER with APTPL = 0 removes the file. Without a file, APTPL is refused.
 
 use crate::sense::{asc, key, Sense};
 use crate::Nexus;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Registrations a unit holds at most (one per I_T nexus): a REGISTER of one more is refused
+/// with INSUFFICIENT REGISTRATION RESOURCES, so a peer cannot grow the state (or its file)
+/// without bound.
+pub const MAX_REGISTRATIONS: usize = 1024;
 
 /// Reservation types (SPC-4 table 175).
 pub(crate) mod ty {
@@ -39,12 +51,93 @@ struct Reservation {
 }
 
 /// Persistent reservation state of one logical unit.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct PrState {
     generation: u32,
     /// Registered keys, one per I_T nexus, in registration order.
     regs: Vec<(Nexus, u64)>,
     res: Option<Reservation>,
+    /// APTPL of the last successful REGISTER: the state persists through power loss (PTPL_A).
+    pub(crate) aptpl: bool,
+    /// The unit can persist it (PTPL_C): it has a file for it.
+    pub(crate) ptpl_capable: bool,
+}
+
+/// An I_T nexus as the file keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct SavedNexus {
+    initiator_port: String,
+    target_port: String,
+    relative_port: u16,
+}
+
+impl SavedNexus {
+    fn of(n: &Nexus) -> SavedNexus {
+        SavedNexus {
+            initiator_port: n.initiator_port.to_string(),
+            target_port: n.target_port.to_string(),
+            relative_port: n.relative_port,
+        }
+    }
+
+    fn nexus(&self) -> Nexus {
+        Nexus {
+            initiator_port: self.initiator_port.as_str().into(),
+            target_port: self.target_port.as_str().into(),
+            relative_port: self.relative_port,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedReg {
+    #[serde(flatten)]
+    nexus: SavedNexus,
+    key: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedRes {
+    #[serde(flatten)]
+    holder: SavedNexus,
+    #[serde(rename = "type")]
+    ty: u8,
+}
+
+/// The file's contents (JSON).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    version: u32,
+    generation: u32,
+    registrations: Vec<SavedReg>,
+    reservation: Option<SavedRes>,
+}
+
+const SAVED_VERSION: u32 = 1;
+
+/// Writes `bytes` to `path` whole or not at all: a temporary file beside it (owner-only),
+/// synced, renamed over it, and the directory synced.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// What a PERSISTENT RESERVE OUT did to other nexuses: unit attentions to queue.
@@ -70,6 +163,88 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 impl PrState {
+    /// No registration; `ptpl_capable`: the unit can persist through power loss.
+    pub(crate) fn new(ptpl_capable: bool) -> PrState {
+        PrState {
+            ptpl_capable,
+            ..PrState::default()
+        }
+    }
+
+    /// Writes the state to `path` while APTPL is set, or removes the file when it is not: what
+    /// a PERSISTENT RESERVE OUT that changed the state does before it completes.
+    pub(crate) fn persist(&self, path: &Path) -> std::io::Result<()> {
+        if !self.aptpl {
+            return match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let saved = Saved {
+            version: SAVED_VERSION,
+            generation: self.generation,
+            registrations: self
+                .regs
+                .iter()
+                .map(|(n, k)| SavedReg {
+                    nexus: SavedNexus::of(n),
+                    key: *k,
+                })
+                .collect(),
+            reservation: self.res.as_ref().map(|r| SavedRes {
+                holder: SavedNexus::of(&r.holder),
+                ty: r.ty,
+            }),
+        };
+        let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
+        write_atomic(path, &bytes)
+    }
+
+    /// The state a unit persisted in `path` (None: no file, nothing persisted). A file that
+    /// does not parse, or names a reservation type or more registrations than a unit takes,
+    /// is an error: starting without the reservations it holds would break the promise made
+    /// to the initiators that set APTPL.
+    pub(crate) fn load(path: &Path) -> std::io::Result<Option<PrState>> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        let s: Saved = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        if s.version != SAVED_VERSION {
+            return Err(bad(format!(
+                "version {} (this mcsi reads {SAVED_VERSION})",
+                s.version
+            )));
+        }
+        if s.registrations.len() > MAX_REGISTRATIONS {
+            return Err(bad(format!(
+                "{} registrations, more than a unit takes ({MAX_REGISTRATIONS})",
+                s.registrations.len()
+            )));
+        }
+        if let Some(r) = &s.reservation {
+            if !valid_type(r.ty) {
+                return Err(bad(format!("reservation type {}", r.ty)));
+            }
+        }
+        Ok(Some(PrState {
+            generation: s.generation,
+            regs: s
+                .registrations
+                .iter()
+                .map(|r| (r.nexus.nexus(), r.key))
+                .collect(),
+            res: s.reservation.map(|r| Reservation {
+                holder: r.holder.nexus(),
+                ty: r.ty,
+            }),
+            aptpl: true,
+            ptpl_capable: true,
+        }))
+    }
+
     fn key_of(&self, n: &Nexus) -> Option<u64> {
         self.regs.iter().find(|(r, _)| r == n).map(|(_, k)| *k)
     }
@@ -143,9 +318,9 @@ impl PrState {
             0x02 => {
                 out.clear();
                 out.extend_from_slice(&8u16.to_be_bytes());
-                // CRH=0, SIP_C=0, ATP_C=0, PTPL_C=0; TMV=1, ALLOW COMMANDS=0, PTPL_A=0.
-                out.push(0x00);
-                out.push(0x80);
+                // CRH=0, SIP_C=0, ATP_C=0, PTPL_C; TMV=1, ALLOW COMMANDS=0, PTPL_A.
+                out.push(u8::from(self.ptpl_capable));
+                out.push(0x80 | u8::from(self.aptpl));
                 // Persistent reservation type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX,
                 // then EX_AC_AR.
                 out.push(0x80 | 0x40 | 0x20 | 0x08 | 0x02);
@@ -219,12 +394,25 @@ impl PrState {
             // REGISTER / REGISTER AND IGNORE EXISTING KEY (SPC-4 5.9.7)
             0x00 | 0x06 => {
                 let ignore = sa == 0x06;
+                let aptpl = flags & 0x01 != 0;
+                if aptpl && !self.ptpl_capable {
+                    // SPC-4 6.14.3: a unit that cannot persist refuses APTPL, rather than
+                    // accept a promise it would not keep.
+                    return Err(Sense::invalid_param_field(20, Some(0)).into());
+                }
                 match mine {
                     None => {
                         if !ignore && rk != 0 {
                             return Err(PrError::Conflict);
                         }
                         if sark != 0 {
+                            if self.regs.len() >= MAX_REGISTRATIONS {
+                                return Err(Sense::new(
+                                    key::ILLEGAL_REQUEST,
+                                    asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+                                )
+                                .into());
+                            }
                             self.regs.push((n.clone(), sark));
                         }
                     }
@@ -239,6 +427,7 @@ impl PrState {
                         }
                     }
                 }
+                self.aptpl = aptpl;
                 self.generation = self.generation.wrapping_add(1);
             }
             // RESERVE (SPC-4 5.9.9)

@@ -274,16 +274,19 @@ impl Admin {
         let l2 = l.clone();
         // Opening a backend may wait on a disk or a cluster.
         let iqn = t.name.clone();
-        let lu = tokio::task::spawn_blocking(move || crate::units::build_lu(&iqn, lun, &l))
-            .await
-            .map_err(|e| AdminError::Backend {
-                lun,
-                why: e.to_string(),
-            })?
-            .map_err(|e| AdminError::Backend {
-                lun,
-                why: format!("{e:#}"),
-            })?;
+        let dir = self.applied().base.state_dir.clone();
+        let lu = tokio::task::spawn_blocking(move || {
+            crate::units::build_lu(&iqn, lun, &l, dir.as_deref())
+        })
+        .await
+        .map_err(|e| AdminError::Backend {
+            lun,
+            why: e.to_string(),
+        })?
+        .map_err(|e| AdminError::Backend {
+            lun,
+            why: format!("{e:#}"),
+        })?;
         self.install_lun(&t, lun, lu, l2)?;
         tracing::info!(target = %t.name, lun, spec, "the administrator added a LUN");
         Ok(())
@@ -476,6 +479,9 @@ impl Admin {
         if next.control != base.control {
             return restart("control".into());
         }
+        if next.state_dir != base.state_dir {
+            return restart("state_dir".into());
+        }
         for (i, t) in next.targets.iter().enumerate() {
             if next.targets[..i].iter().any(|x| x.iqn == t.iqn) {
                 return Err(AdminError::TargetExists(t.iqn.clone()));
@@ -567,9 +573,14 @@ impl Admin {
                 .unwrap_or(*a)
         };
         // Open every new LUN, of the targets served and of the new ones, likewise.
-        let open = |iqn: String, n: u16, spec: LunSpec| async move {
-            let (i2, s2) = (iqn.clone(), spec.clone());
-            tokio::task::spawn_blocking(move || crate::units::build_lu(&i2, n, &s2))
+        let dir = base.state_dir.clone();
+        let open = |iqn: String, n: u16, spec: LunSpec| {
+            let dir = dir.clone();
+            async move {
+                let (i2, s2) = (iqn.clone(), spec.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::units::build_lu(&i2, n, &s2, dir.as_deref())
+                })
                 .await
                 .map_err(|e| AdminError::Backend {
                     lun: n,
@@ -579,6 +590,7 @@ impl Admin {
                     lun: n,
                     why: format!("target {iqn}: {e:#}"),
                 })
+            }
         };
         let mut opened = Vec::new();
         for (iqn, n, spec) in adds {

@@ -354,6 +354,8 @@ pub struct FileConfig {
     pub mptcp: bool,
     /// The control socket of `mcsi ctl` (a path; created owner-only).
     pub control: Option<String>,
+    /// Where persistent reservations made with APTPL are kept (a directory).
+    pub state_dir: Option<String>,
     /// The addresses SendTargets gives for every target that has no `advertise` of its own,
     /// in place of its portals ("HOST:PORT"; behind NAT, the public address).
     #[serde(default)]
@@ -1322,6 +1324,9 @@ pub struct ServerConfig {
     pub mptcp: bool,
     /// The control socket `mcsi ctl` talks to (none: no live administration).
     pub control: Option<std::path::PathBuf>,
+    /// Where state that outlives the process is kept: persistent reservations made with
+    /// APTPL (none: APTPL is refused, PTPL_C = 0).
+    pub state_dir: Option<std::path::PathBuf>,
     /// The file this configuration was read from, as read (none: built from flags or code).
     pub source: Option<ConfigSource>,
     /// Access (CHAP users, allowed initiators) was set on the command line over the file's:
@@ -1586,6 +1591,16 @@ impl ServerConfig {
                     return Err(cerr(
                         "control",
                         "an empty path; name the socket's file, e.g. /run/mcsi/control.sock",
+                    ))
+                }
+                Some(p) => Some(std::path::PathBuf::from(p)),
+            },
+            state_dir: match file.state_dir.as_deref() {
+                None => None,
+                Some("") => {
+                    return Err(cerr(
+                        "state_dir",
+                        "an empty path; name a directory, e.g. /var/lib/mcsi",
                     ))
                 }
                 Some(p) => Some(std::path::PathBuf::from(p)),

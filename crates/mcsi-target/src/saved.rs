@@ -160,6 +160,9 @@ fn fresh(base: &ServerConfig, secrets: bool, notes: &mut Vec<String>) -> Documen
     if base.mptcp {
         doc["mptcp"] = toml_edit::value(true);
     }
+    if let Some(d) = &base.state_dir {
+        doc["state_dir"] = toml_edit::value(d.display().to_string());
+    }
     if base.session_threads != crate::config::default_session_threads() {
         doc["session_threads"] = toml_edit::value(base.session_threads as i64);
     }

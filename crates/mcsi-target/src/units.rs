@@ -9,7 +9,15 @@ use std::sync::Arc;
 /// Opens the backend of LUN `lun` of target `iqn` and makes its logical unit. A stable
 /// identity: serial and NAA from a hash of the stored data's own name where it has one (an RBD
 /// image, the same through every gateway), else of the target's name and the LUN number.
-pub fn build_lu(iqn: &str, lun: u16, l: &LunSpec) -> Result<Arc<LogicalUnit>, BackendError> {
+/// `state_dir`: where the unit keeps persistent reservations made with APTPL (a file named
+/// by its NAA identifier under `pr/`), and reloads them from when it opens; none: APTPL is
+/// refused.
+pub fn build_lu(
+    iqn: &str,
+    lun: u16,
+    l: &LunSpec,
+    state_dir: Option<&std::path::Path>,
+) -> Result<Arc<LogicalUnit>, BackendError> {
     let backend = match &l.backend {
         LunBackend::Spec(spec) => open_backend(spec)?,
         LunBackend::Opened(b) => b.clone(),
@@ -42,9 +50,15 @@ pub fn build_lu(iqn: &str, lun: u16, l: &LunSpec) -> Result<Arc<LogicalUnit>, Ba
         naa_id: naa,
         sanitize_rate: l.sanitize_rate,
         allow_sanitize: l.allow_sanitize,
+        pr_file: state_dir.map(|d| {
+            let hex: String = naa.iter().map(|b| format!("{b:02x}")).collect();
+            d.join("pr").join(format!("{hex}.json"))
+        }),
         ..LuConfig::default()
     };
-    Ok(Arc::new(LogicalUnit::new(backend, lu_cfg)))
+    let lu = LogicalUnit::new(backend, lu_cfg);
+    lu.load_reservations()?;
+    Ok(Arc::new(lu))
 }
 
 fn fnv1a(b: &[u8]) -> u64 {

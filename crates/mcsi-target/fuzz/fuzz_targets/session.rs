@@ -112,6 +112,7 @@ fn config() -> ServerConfig {
         session_threads: 0,
         mptcp: false,
         control: None,
+        state_dir: None,
         source: None,
         access_from_flags: false,
     }

@@ -45,6 +45,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
         session_threads: 2,
         mptcp: false,
         control: None,
+        state_dir: None,
         source: None,
         access_from_flags: false,
     }

@@ -51,6 +51,11 @@ pub struct Args {
     /// `control = "PATH"` in the file), e.g. /run/mcsi/control.sock.
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Keep persistent reservations made with APTPL in this directory, so that they survive a
+    /// restart (as `state_dir = "PATH"` in the file), e.g. /var/lib/mcsi. Without it, APTPL is
+    /// refused.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Drop a connection that does not answer a NOP-In ping within this time (e.g. 15s).
     #[arg(long, value_name = "DURATION")]
     nop_timeout: Option<String>,
@@ -169,6 +174,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             session_threads: config::default_session_threads(),
             mptcp: false,
             control: None,
+            state_dir: None,
             source: None,
             access_from_flags: false,
         }
@@ -179,6 +185,9 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
     cfg.mptcp |= args.mptcp;
     if args.control.is_some() {
         cfg.control = args.control.clone();
+    }
+    if args.state_dir.is_some() {
+        cfg.state_dir = args.state_dir.clone();
     }
     let nop_interval = args
         .nop_interval

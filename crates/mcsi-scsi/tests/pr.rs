@@ -1,0 +1,187 @@
+//! Persistent reservations that persist through power loss (SPC-4 5.9.5): APTPL refused by a
+//! unit that cannot keep it, and kept (written before GOOD, read back at open) by one that can.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use mcsi_scsi::backend::RamBackend;
+use mcsi_scsi::{status, LogicalUnit, LuConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+const ILLEGAL_REQUEST: u8 = 0x5;
+
+fn unit(pr_file: Option<&Path>) -> LogicalUnit {
+    let cfg = LuConfig {
+        pr_file: pr_file.map(Path::to_path_buf),
+        ..LuConfig::default()
+    };
+    let lu = LogicalUnit::new(Arc::new(RamBackend::new(1 << 20).unwrap()), cfg);
+    lu.load_reservations().unwrap();
+    for i in 0..10 {
+        seen(&lu, &nexus(i));
+    }
+    lu
+}
+
+/// The power-on unit attention taken by a TEST UNIT READY from `n`.
+fn seen(lu: &LogicalUnit, n: &mcsi_scsi::Nexus) {
+    run(lu, n, &[0; 6], &[]);
+}
+
+/// PERSISTENT RESERVE OUT: `sa` with `type`, reservation key, service action key, APTPL.
+fn pr_out(lu: &LogicalUnit, i: u8, sa: u8, ty: u8, rk: u64, sark: u64, aptpl: bool) -> u8 {
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&rk.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    p[20] = u8::from(aptpl);
+    let cdb = [0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    run(lu, &nexus(i), &cdb, &p).status
+}
+
+/// PERSISTENT RESERVE IN `sa`: its data.
+fn pr_in(lu: &LogicalUnit, sa: u8) -> Vec<u8> {
+    let o = run(lu, &nexus(9), &[0x5e, sa, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    o.data_in.to_vec()
+}
+
+/// REPORT CAPABILITIES' PTPL_C and PTPL_A.
+fn ptpl(lu: &LogicalUnit) -> (bool, bool) {
+    let d = pr_in(lu, 2);
+    (d[2] & 1 != 0, d[3] & 1 != 0)
+}
+
+/// READ KEYS: the keys, and READ RESERVATION: the holder's key and type.
+fn keys_and_reservation(lu: &LogicalUnit) -> (Vec<u64>, Option<(u64, u8)>) {
+    let k = pr_in(lu, 0);
+    let n = u32::from_be_bytes(k[4..8].try_into().unwrap()) as usize / 8;
+    let keys = (0..n)
+        .map(|i| u64::from_be_bytes(k[8 + 8 * i..16 + 8 * i].try_into().unwrap()))
+        .collect();
+    let r = pr_in(lu, 1);
+    let res = (u32::from_be_bytes(r[4..8].try_into().unwrap()) == 16).then(|| {
+        (
+            u64::from_be_bytes(r[8..16].try_into().unwrap()),
+            r[21] & 0x0f,
+        )
+    });
+    (keys, res)
+}
+
+#[test]
+fn a_unit_that_cannot_persist_refuses_aptpl() {
+    let lu = unit(None);
+    assert_eq!(ptpl(&lu), (false, false));
+    let o = {
+        let mut p = [0u8; 24];
+        p[8..16].copy_from_slice(&7u64.to_be_bytes());
+        p[20] = 1;
+        run(&lu, &nexus(1), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p)
+    };
+    let s = expect(&o, ILLEGAL_REQUEST, (0x26, 0x00));
+    assert_eq!(keys_and_reservation(&lu), (vec![], None), "{s:?}");
+    // Without APTPL it registers as before.
+    assert_eq!(pr_out(&lu, 1, 0, 0, 0, 7, false), status::GOOD);
+    assert_eq!(keys_and_reservation(&lu).0, vec![7]);
+}
+
+#[test]
+fn aptpl_state_is_on_disk_when_good_comes_back_and_read_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pr").join("lu.json");
+    let lu = unit(Some(&file));
+    assert_eq!(ptpl(&lu), (true, false));
+    // Two initiators register (one with APTPL), one holds WRITE EXCLUSIVE, REGISTRANTS ONLY.
+    assert_eq!(pr_out(&lu, 1, 0, 0, 0, 0xaaaa, true), status::GOOD);
+    assert!(file.exists(), "written before GOOD");
+    assert_eq!(ptpl(&lu), (true, true));
+    assert_eq!(pr_out(&lu, 2, 0, 0, 0, 0xbbbb, true), status::GOOD);
+    assert_eq!(pr_out(&lu, 1, 1, 5, 0xaaaa, 0, false), status::GOOD);
+    let before = keys_and_reservation(&lu);
+    assert_eq!(before, (vec![0xaaaa, 0xbbbb], Some((0xaaaa, 5))));
+    // The unit goes away without a word (power loss: no flush, no shutdown) and opens again.
+    drop(lu);
+    let lu = unit(Some(&file));
+    assert_eq!(keys_and_reservation(&lu), before);
+    assert_eq!(ptpl(&lu), (true, true));
+    // Restored, it is enforced: an unregistered initiator's write conflicts, the holder's not.
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let block = [0u8; 512];
+    assert_eq!(
+        run(&lu, &nexus(3), &write, &block).status,
+        status::RESERVATION_CONFLICT
+    );
+    assert_eq!(run(&lu, &nexus(1), &write, &block).status, status::GOOD);
+    // Initiator 2 preempts initiator 1; that is on disk too.
+    assert_eq!(pr_out(&lu, 2, 4, 5, 0xbbbb, 0xaaaa, false), status::GOOD);
+    drop(lu);
+    let lu = unit(Some(&file));
+    assert_eq!(keys_and_reservation(&lu), (vec![0xbbbb], Some((0xbbbb, 5))));
+    // A REGISTER with APTPL = 0 ends persistence: the file goes, and with it the state at
+    // the next open.
+    assert_eq!(pr_out(&lu, 2, 0, 0, 0xbbbb, 0xcccc, false), status::GOOD);
+    assert!(!file.exists());
+    assert_eq!(ptpl(&lu), (true, false));
+    drop(lu);
+    let lu = unit(Some(&file));
+    assert_eq!(keys_and_reservation(&lu), (vec![], None));
+}
+
+#[test]
+fn a_damaged_file_stops_the_unit_from_opening_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lu.json");
+    std::fs::write(&file, "{ not json").unwrap();
+    let cfg = LuConfig {
+        pr_file: Some(file.clone()),
+        ..LuConfig::default()
+    };
+    let lu = LogicalUnit::new(Arc::new(RamBackend::new(1 << 20).unwrap()), cfg);
+    let e = lu.load_reservations().unwrap_err().to_string();
+    assert!(e.contains("persistent reservations"), "{e}");
+    assert!(e.contains("move the file away"), "{e}");
+}
+
+#[test]
+fn a_unit_that_cannot_write_its_file_keeps_its_state_and_fails_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's directory is a file: nothing can be written under it.
+    let blocker = dir.path().join("pr");
+    std::fs::write(&blocker, "").unwrap();
+    let cfg = LuConfig {
+        pr_file: Some(blocker.join("lu.json")),
+        ..LuConfig::default()
+    };
+    let lu = LogicalUnit::new(Arc::new(RamBackend::new(1 << 20).unwrap()), cfg);
+    seen(&lu, &nexus(1));
+    seen(&lu, &nexus(9));
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&5u64.to_be_bytes());
+    p[20] = 1;
+    let o = run(&lu, &nexus(1), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p);
+    expect(&o, ILLEGAL_REQUEST, (0x55, 0x04));
+    assert_eq!(keys_and_reservation(&lu), (vec![], None), "nothing changed");
+}
+
+#[test]
+fn registrations_are_bounded() {
+    let lu = unit(None);
+    for i in 0..mcsi_scsi::MAX_REGISTRATIONS {
+        let n = mcsi_scsi::Nexus {
+            initiator_port: format!("iqn.2026-01.test:many,i,0x{i:012x}").into(),
+            target_port: "iqn.2026-01.test:disk,t,0x0001".into(),
+            relative_port: 1,
+        };
+        seen(&lu, &n);
+        let mut p = [0u8; 24];
+        p[8..16].copy_from_slice(&1u64.to_be_bytes());
+        let o = run(&lu, &n, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p);
+        assert_eq!(o.status, status::GOOD);
+    }
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&1u64.to_be_bytes());
+    let o = run(&lu, &nexus(1), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p);
+    expect(&o, ILLEGAL_REQUEST, (0x55, 0x04));
+}
