@@ -103,6 +103,8 @@ pub struct LunView {
     pub block_size: u32,
     pub read_only: bool,
     pub serial: String,
+    /// The NAA identifier of VPD 83h, 32 hex digits.
+    pub naa: String,
 }
 
 /// A handle on a running server for its administration ([`crate::Server::admin`]).
@@ -223,6 +225,7 @@ impl Admin {
                         block_size: lu.block_size(),
                         read_only: lu.config().read_only,
                         serial: lu.config().serial.clone(),
+                        naa: crate::config::naa_text(&lu.config().naa_id),
                     })
                     .collect(),
                 sessions: sessions
@@ -397,6 +400,7 @@ impl Admin {
         unit: Arc<mcsi_scsi::LogicalUnit>,
         spec: LunSpec,
     ) -> Result<(), AdminError> {
+        let spec = spec.with_identity(&unit.config().serial, unit.config().naa_id);
         t.dev.add(lun, unit).map_err(|_| AdminError::LunInUse {
             target: t.name.clone(),
             lun,
@@ -529,7 +533,7 @@ impl Admin {
             for (n, spec) in &wanted {
                 match running.get(n) {
                     None => adds.push((t.iqn.clone(), *n, spec.clone())),
-                    Some(r) if r != spec => {
+                    Some(r) if !r.matches(spec) => {
                         return Err(AdminError::BadSpec(format!(
                             "target {}: LUN {n} changed in place; remove it (one reload), then add it back (another), or use mcsi ctl",
                             t.iqn
@@ -598,12 +602,27 @@ impl Admin {
             opened.push((iqn, n, spec, lu));
         }
         let mut built = Vec::new();
+        let mut identities = BTreeMap::new();
         for t in &new_targets {
             let mut luns = Vec::new();
             for (n, spec) in t.luns_by_number() {
                 luns.push((n, open(t.iqn.clone(), n, spec).await?));
             }
             let portals = t.portals.iter().map(local).collect();
+            // Recorded with the identity each unit has, so that a save keeps it.
+            identities.insert(
+                t.iqn.clone(),
+                t.luns_by_number()
+                    .into_iter()
+                    .filter_map(|(n, spec)| {
+                        let (_, lu) = luns.iter().find(|(m, _)| *m == n)?;
+                        Some((
+                            n,
+                            spec.with_identity(&lu.config().serial, lu.config().naa_id),
+                        ))
+                    })
+                    .collect::<BTreeMap<u16, LunSpec>>(),
+            );
             let metrics: Vec<_> = luns
                 .iter()
                 .map(|(n, _)| (*n, self.metrics.lun(&t.iqn, *n)))
@@ -663,8 +682,8 @@ impl Admin {
             let mut a = self.applied();
             a.base.targets = next.targets.clone();
             for t in &next.targets {
-                if changes.targets_added.contains(&t.iqn) {
-                    a.luns.insert(t.iqn.clone(), t.luns_by_number());
+                if let Some(luns) = identities.remove(&t.iqn) {
+                    a.luns.insert(t.iqn.clone(), luns);
                     a.auth.insert(t.iqn.clone(), t.auth.clone());
                 }
             }

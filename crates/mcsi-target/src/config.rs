@@ -760,6 +760,9 @@ pub struct FileLun {
     #[serde(default)]
     pub read_only: bool,
     pub serial: Option<String>,
+    /// The LUN's NAA identifier in VPD 83h (32 hex digits, NAA type 6): with `serial`, its
+    /// identity, kept wherever the LUN moves (`mcsi ctl save` writes both).
+    pub naa: Option<String>,
     /// The most a SANITIZE OVERWRITE writes per second ("64MiB"; unset: as fast as the
     /// backend goes).
     pub sanitize_rate: Option<SizeValue>,
@@ -1188,6 +1191,9 @@ pub struct LunSpec {
     pub physical_block_size: Option<u32>,
     pub read_only: bool,
     pub serial: Option<String>,
+    /// The NAA identifier (VPD 83h); none: derived from the rbd image, or from the target's
+    /// name and the LUN's number.
+    pub naa: Option<[u8; 16]>,
     /// Bytes per second a SANITIZE OVERWRITE may write (0: no limit).
     pub sanitize_rate: u64,
     /// Honour SANITIZE (any admitted initiator could otherwise erase the LUN).
@@ -1206,11 +1212,58 @@ impl LunSpec {
             physical_block_size: None,
             read_only: false,
             serial: None,
+            naa: None,
             sanitize_rate: 0,
             allow_sanitize: false,
             service_time: Duration::ZERO,
         }
     }
+
+    /// This spec with the identity a unit opened from it has (`serial`, `naa`): what the
+    /// running configuration records, so that a saved file keeps the LUN's identity wherever
+    /// it moves.
+    pub fn with_identity(&self, serial: &str, naa: [u8; 16]) -> LunSpec {
+        LunSpec {
+            serial: Some(serial.to_string()),
+            naa: Some(naa),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the running LUN `self` is the one `wanted` (from a file) describes: the same in
+    /// everything, its identity included where `wanted` names one.
+    pub fn matches(&self, wanted: &LunSpec) -> bool {
+        let bare = |l: &LunSpec| LunSpec {
+            serial: None,
+            naa: None,
+            ..l.clone()
+        };
+        bare(self) == bare(wanted)
+            && wanted
+                .serial
+                .as_ref()
+                .is_none_or(|s| self.serial.as_ref() == Some(s))
+            && wanted.naa.is_none_or(|n| self.naa == Some(n))
+    }
+}
+
+/// A NAA identifier as written: 32 hex digits, NAA type 6 (registered extended).
+pub fn parse_naa(s: &str) -> Result<[u8; 16], String> {
+    let bad =
+        || format!("'{s}' is not 32 hex digits beginning with 6 (NAA type 6, registered extended)");
+    if s.len() != 32 || !s.starts_with('6') {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// A NAA identifier as [`parse_naa`] reads it.
+pub fn naa_text(naa: &[u8; 16]) -> String {
+    naa.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One target, validated.
@@ -1484,6 +1537,12 @@ impl ServerConfig {
                     physical_block_size: l.physical_block_size,
                     read_only: l.read_only,
                     serial: l.serial.clone(),
+                    naa: l
+                        .naa
+                        .as_deref()
+                        .map(parse_naa)
+                        .transpose()
+                        .map_err(|e| cerr(f("naa"), e))?,
                     sanitize_rate,
                     allow_sanitize: l.allow_sanitize,
                     service_time,
@@ -1916,6 +1975,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 })?)
             }
             Some(("serial", v)) if !v.is_empty() && v.len() <= 32 => lun.serial = Some(v.into()),
+            Some(("naa", v)) => lun.naa = Some(parse_naa(v).map_err(|e| cerr(field, e))?),
             Some(("sanitize_rate", v)) => {
                 lun.sanitize_rate = mcsi_units::parse_size(v).map_err(|e| {
                     cerr(
@@ -1940,7 +2000,7 @@ pub fn parse_lun_arg(field: &str, arg: &str) -> Result<LunSpec, ConfigError> {
                 return Err(cerr(
                     field,
                     format!(
-                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, sanitize_rate=SIZE, allow_sanitize, service_time=DURATION; for rbd: conf=PATH, id=NAME, cache=on|off)"
+                        "unknown option '{p}' (use block_size=N, physical_block_size=N, read_only, serial=S, naa=HEX, sanitize_rate=SIZE, allow_sanitize, service_time=DURATION; for rbd: conf=PATH, id=NAME, cache=on|off)"
                     ),
                 ))
             }
@@ -2581,7 +2641,14 @@ mod tests {
 
     #[test]
     fn lun_args_and_portals() {
-        let l = parse_lun_arg("--lun", "ram:1GiB,bs=4096,ro,serial=abc").unwrap();
+        let l = parse_lun_arg(
+            "--lun",
+            "ram:1GiB,bs=4096,ro,serial=abc,naa=600000000000000000000000000000a1",
+        )
+        .unwrap();
+        let mut naa = [0u8; 16];
+        naa[0] = 0x60;
+        naa[15] = 0xa1;
         assert_eq!(
             l,
             LunSpec {
@@ -2591,12 +2658,21 @@ mod tests {
                 physical_block_size: None,
                 read_only: true,
                 serial: Some("abc".into()),
+                naa: Some(naa),
                 sanitize_rate: 0,
                 allow_sanitize: false,
                 service_time: Duration::ZERO,
             }
         );
         assert!(parse_lun_arg("--lun", "ram:1GiB,bs=333").is_err());
+        for bad in [
+            "12",
+            "500000000000000000000000000000a1",
+            "6000000000000000000000000000000g",
+        ] {
+            let e = parse_lun_arg("--lun", &format!("ram:1GiB,naa={bad}")).unwrap_err();
+            assert!(e.to_string().contains("NAA type 6"), "{e}");
+        }
         assert!(
             parse_lun_arg("--lun", "ram:1GiB,allow_sanitize")
                 .unwrap()

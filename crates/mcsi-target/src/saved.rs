@@ -250,6 +250,9 @@ fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, String> {
         if let Some(s) = &l.serial {
             it.insert("serial", s.as_str().into());
         }
+        if let Some(n) = &l.naa {
+            it.insert("naa", crate::config::naa_text(n).into());
+        }
         if l.sanitize_rate != 0 {
             let rate = i64::try_from(l.sanitize_rate).map_err(|_| "sanitize_rate too large")?;
             it.insert("sanitize_rate", rate.into());

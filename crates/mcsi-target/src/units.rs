@@ -34,10 +34,13 @@ pub fn build_lu(
         }
         None => (fnv1a(format!("{iqn}/{lun}").as_bytes()), lun),
     };
-    let mut naa = [0u8; 16];
-    naa[0] = 0x60 | ((h >> 60) as u8 & 0x0f);
-    naa[1..9].copy_from_slice(&h.to_be_bytes());
-    naa[9..11].copy_from_slice(&tail.to_be_bytes());
+    let naa = l.naa.unwrap_or_else(|| {
+        let mut naa = [0u8; 16];
+        naa[0] = 0x60 | ((h >> 60) as u8 & 0x0f);
+        naa[1..9].copy_from_slice(&h.to_be_bytes());
+        naa[9..11].copy_from_slice(&tail.to_be_bytes());
+        naa
+    });
     let lbppb = l.physical_block_size.map_or(1, |p| p / l.block_size);
     let lu_cfg = LuConfig {
         block_size: l.block_size,
@@ -51,7 +54,7 @@ pub fn build_lu(
         sanitize_rate: l.sanitize_rate,
         allow_sanitize: l.allow_sanitize,
         pr_file: state_dir.map(|d| {
-            let hex: String = naa.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = crate::config::naa_text(&naa);
             d.join("pr").join(format!("{hex}.json"))
         }),
         ..LuConfig::default()

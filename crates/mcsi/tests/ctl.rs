@@ -1065,3 +1065,77 @@ fn a_block_lun_grows_after_its_device_did() {
     let o = ctl(&t.sock, &["remove-lun", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// A LUN's identity as an initiator reads it: VPD 80h (serial) and the logical unit's
+/// designators of VPD 83h, through libiscsi's iscsi-inq.
+fn identity(port: u16, iqn: &str, lun: u16) -> String {
+    let url = format!("iscsi://127.0.0.1:{port}/{iqn}/{lun}");
+    let mut out = String::new();
+    for page in ["128", "131"] {
+        let o = Command::new("iscsi-inq")
+            .args(["-e", "1", "-c", page, &url])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    // VPD 83h also names the target port (it follows the target's name): the LU's part only.
+    let mut lu = false;
+    let mut keep = Vec::new();
+    for l in out.lines() {
+        if l.starts_with("Association:") {
+            lu = l.contains("LOGICAL_UNIT");
+        }
+        if l.contains("Serial") || (lu && l.starts_with("Designator")) {
+            keep.push(l);
+        }
+    }
+    keep.join("\n")
+}
+
+#[test]
+fn a_saved_lun_keeps_its_identity_when_it_moves() {
+    if !runs(
+        "a_saved_lun_keeps_its_identity_when_it_moves",
+        (!have("iscsi-inq")).then(|| "no iscsi-inq (libiscsi-bin)".to_string()),
+    ) {
+        return;
+    }
+    const MOVED: &str = "iqn.2026-01.org.mcsi:renamed";
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let img = dir.path().join("lun1.img");
+    let port = free_port();
+    let lun1 = format!("  {{ backend = \"file:{}:16MiB\" }},\n", img.display());
+    std::fs::write(&conf, file(port, &sock, &lun1)).unwrap();
+    let mut child = spawn_config(&conf, port, &sock, &[]);
+    let first = identity(port, IQN, 1);
+    assert!(first.contains("Designator"), "{first}");
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    assert!(saved.contains("naa = \"6"), "{saved}");
+
+    // Unsaved, a LUN's identity follows its number and its target's name: the control.
+    let unsaved = file(port, &sock, &lun1)
+        .replace(IQN, MOVED)
+        .replace("{ backend = \"file:", "{ lun = 7, backend = \"file:");
+    std::fs::write(&conf, &unsaved).unwrap();
+    let mut child = spawn_config(&conf, port, &sock, &[]);
+    assert_ne!(identity(port, MOVED, 7), first);
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Saved, it keeps it under another number and another target name.
+    let moved = saved.replace(IQN, MOVED).replace("lun = 1,", "lun = 7,");
+    assert_ne!(moved, saved.replace(IQN, MOVED), "the LUN moved");
+    std::fs::write(&conf, &moved).unwrap();
+    let mut child = spawn_config(&conf, port, &sock, &[]);
+    assert_eq!(identity(port, MOVED, 7), first);
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -995,7 +995,7 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                 );
                 for l in t["luns"].as_array().unwrap_or(&empty) {
                     println!(
-                        "  LUN {:<3} {:>12} blocks of {:>4} B  {}  serial {}",
+                        "  LUN {:<3} {:>12} blocks of {:>4} B  {}  serial {}  naa {}",
                         text(&l["lun"]),
                         text(&l["blocks"]),
                         text(&l["block_size"]),
@@ -1004,7 +1004,8 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                         } else {
                             "rw"
                         },
-                        text(&l["serial"])
+                        text(&l["serial"]),
+                        text(&l["naa"])
                     );
                 }
             }
