@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy)
+VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy pr)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -145,6 +145,30 @@ test_xcopy() {
   stop_target || die "the target did not stop cleanly"
   cmp -n $((mib * 1048576)) "$src" "$dst" || die "the destination LUN differs from the source"
   log "$mib MiB copied inside the target, byte-exact"
+}
+
+# test_pr: persistent reservations made with APTPL by the kernel (sg_persist over open-iscsi)
+# survive SIGKILL of the target: the restarted target (same --state-dir) serves the same keys
+# and reservation.
+test_pr() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-pr port=3260
+  local args=(--listen "$HOST_IP:$port" --iqn "$iqn" --state-dir "$RUN/state" --lun "file:$RUN/pr.img:64MiB")
+  ns_target "$RUN/target1.log" "${args[@]}"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/pr.sh PORT=$port IQN=$iqn
+  vm_expect registered 240
+  ls "$RUN"/state/pr/*.json >/dev/null 2>&1 || die "no reservation file under $RUN/state/pr"
+  kill -KILL "$TARGET_PID"
+  wait "$TARGET_PID" 2>/dev/null || true
+  log "the target was killed with SIGKILL; starting it again"
+  ns_target "$RUN/target2.log" "${args[@]}"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_send restarted
+  vm_expect checked 240
+  vm_send logout
+  vm_finish 240 || return
+  stop_target || die "the target did not stop cleanly"
+  log "sg_persist read the same keys and reservation after SIGKILL of the target"
 }
 
 # test_lio: LIO in the VM (MaxConnections=4; ErrorRecoveryLevel 0, LIO's default) against mcsi's
