@@ -122,11 +122,17 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let tmp = path.with_extension("tmp");
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        // The new directory's entry in its parent, durable too.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -176,8 +182,13 @@ impl PrState {
     pub(crate) fn persist(&self, path: &Path) -> std::io::Result<()> {
         if !self.aptpl {
             return match std::fs::remove_file(path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+                // The removal durable: a power loss must not bring the state back.
+                Ok(()) => match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(dir) => std::fs::File::open(dir)?.sync_all(),
+                    None => Ok(()),
+                },
             };
         }
         let saved = Saved {
@@ -405,16 +416,19 @@ impl PrState {
                         if !ignore && rk != 0 {
                             return Err(PrError::Conflict);
                         }
-                        if sark != 0 {
-                            if self.regs.len() >= MAX_REGISTRATIONS {
-                                return Err(Sense::new(
-                                    key::ILLEGAL_REQUEST,
-                                    asc::INSUFFICIENT_REGISTRATION_RESOURCES,
-                                )
-                                .into());
-                            }
-                            self.regs.push((n.clone(), sark));
+                        if sark == 0 {
+                            // An unregistered nexus unregistering: GOOD, and nothing changes
+                            // (SPC-4 5.9.7), APTPL and the generation included.
+                            return Ok(uas);
                         }
+                        if self.regs.len() >= MAX_REGISTRATIONS {
+                            return Err(Sense::new(
+                                key::ILLEGAL_REQUEST,
+                                asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+                            )
+                            .into());
+                        }
+                        self.regs.push((n.clone(), sark));
                     }
                     Some(cur) => {
                         if !ignore && rk != cur {

@@ -412,10 +412,25 @@ impl Backend for RbdBackend {
                 errno(rc.into())
             ))
         };
+        // The image's size now: another gateway or `rbd resize` may have grown it already.
+        let mut image = 0u64;
+        // SAFETY: the image handle is open for the backend's life; librbd writes one u64
+        // through the pointer, reading the image's header again when another client changed it.
+        let rc = unsafe { rbd_get_size(self.image, &mut image) };
+        if rc < 0 {
+            return Err(fail("rbd_get_size", rc));
+        }
         let new = match size {
+            // rbd_resize also shrinks: never below what the image has, whoever grew it.
+            Some(n) if n < image => {
+                return Err(BackendError::Resize(format!(
+                    "{} is {image} bytes already (grown elsewhere); a LUN only grows: grow-lun without --size takes that size",
+                    self.spec.describe()
+                )))
+            }
             Some(n) => {
-                if n > now {
-                    // SAFETY: the image handle is open for the backend's life.
+                if n > image {
+                    // SAFETY: as above.
                     let rc = unsafe { rbd_resize(self.image, n) };
                     if rc < 0 {
                         return Err(fail("rbd_resize", rc));
@@ -423,16 +438,7 @@ impl Backend for RbdBackend {
                 }
                 n
             }
-            None => {
-                let mut n = 0u64;
-                // SAFETY: as above; librbd writes one u64 through the pointer. It reads the
-                // image's header again when another client (`rbd resize`) changed it.
-                let rc = unsafe { rbd_get_size(self.image, &mut n) };
-                if rc < 0 {
-                    return Err(fail("rbd_get_size", rc));
-                }
-                n
-            }
+            None => image,
         };
         if new < now {
             return Err(BackendError::Resize(format!(

@@ -185,3 +185,19 @@ fn registrations_are_bounded() {
     let o = run(&lu, &nexus(1), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p);
     expect(&o, ILLEGAL_REQUEST, (0x55, 0x04));
 }
+
+#[test]
+fn an_unregistered_initiator_unregistering_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lu.json");
+    let lu = unit(Some(&file));
+    assert_eq!(pr_out(&lu, 1, 0, 0, 0, 0xaaaa, true), status::GOOD);
+    let gen = |lu: &LogicalUnit| u32::from_be_bytes(pr_in(lu, 0)[0..4].try_into().unwrap());
+    let g = gen(&lu);
+    // A fencing idiom: REGISTER AND IGNORE EXISTING KEY with key 0, from a nexus that holds no
+    // registration, APTPL clear. GOOD, and APTPL stays on, the file stays.
+    assert_eq!(pr_out(&lu, 2, 6, 0, 0, 0, false), status::GOOD);
+    assert_eq!(ptpl(&lu), (true, true));
+    assert_eq!(gen(&lu), g);
+    assert!(file.exists());
+}

@@ -274,6 +274,22 @@ impl Admin {
         }
         let l = crate::config::parse_lun_arg(&format!("LUN {lun}"), spec)
             .map_err(|e| AdminError::BadSpec(e.to_string()))?;
+        if let Some(naa) = l.naa {
+            for other in self.shared.targets().iter() {
+                if let Some((n, _)) = other
+                    .dev
+                    .luns()
+                    .iter()
+                    .find(|(_, u)| u.config().naa_id == naa)
+                {
+                    return Err(AdminError::BadSpec(format!(
+                        "LUN {n} of target {} has naa {} already; an identity names one LUN",
+                        other.name,
+                        crate::config::naa_text(&naa)
+                    )));
+                }
+            }
+        }
         let l2 = l.clone();
         // Opening a backend may wait on a disk or a cluster.
         let iqn = t.name.clone();
@@ -495,6 +511,21 @@ impl Admin {
                     "target {}: no portal; it needs at least one",
                     t.iqn
                 )));
+            }
+        }
+        // An identity names one LUN: two with the same NAA would be one disk to a multipath
+        // initiator, and would share their persistent reservations.
+        let mut named: BTreeMap<[u8; 16], (String, u16)> = BTreeMap::new();
+        for t in &next.targets {
+            for (n, l) in t.luns_by_number() {
+                let Some(naa) = l.naa else { continue };
+                if let Some((t0, n0)) = named.insert(naa, (t.iqn.clone(), n)) {
+                    return Err(AdminError::BadSpec(format!(
+                        "target {}: LUN {n} has the naa of LUN {n0} of target {t0} ({}); an identity names one LUN",
+                        t.iqn,
+                        crate::config::naa_text(&naa)
+                    )));
+                }
             }
         }
         // Plan: targets to add and remove, (target, LUN, spec) to add, (target, LUN) to

@@ -451,6 +451,17 @@ impl Gate {
         insert: impl FnOnce(),
     ) -> Result<Slot, Denied> {
         let _g = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        // The target the login found must still be the one served under its name: removed
+        // (and perhaps added again) meanwhile, the login is refused.
+        if !shared
+            .target(&target.name)
+            .is_some_and(|t| Arc::ptr_eq(&t, target))
+        {
+            return Err(Denied {
+                status: status::NOT_FOUND,
+                why: format!("target {} is no longer served", target.name),
+            });
+        }
         self.check_session(shared, target, false)?;
         let slots = self.slots(target)?;
         let slot = if reinstates {

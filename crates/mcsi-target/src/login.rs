@@ -281,12 +281,14 @@ impl LoginEnv for Env<'_> {
                 })
             }
             (SessionType::Normal, Some(name)) => {
-                let port = self.local.port();
-                let Some(t) = self
-                    .shared
-                    .target(name)
-                    .filter(|t| t.portals.load().iter().any(|p| p.port() == port))
-                else {
+                let local = self.local;
+                // At one of its portals: that address, or a wildcard portal on its port.
+                let Some(t) = self.shared.target(name).filter(|t| {
+                    t.portals.load().iter().any(|p| {
+                        p.port() == local.port()
+                            && (p.ip() == local.ip() || p.ip().is_unspecified())
+                    })
+                }) else {
                     return Err(self.refuse(
                         status::NOT_FOUND,
                         format!("no target '{name}' on portal {}", self.local),

@@ -722,7 +722,7 @@ mod tests {
 
     /// The race of a login with the target's removal: the login looked its target up before
     /// the removal and asks to register its session after it. No session registers, and no
-    /// connection joins; a target of the same name served again counts afresh.
+    /// connection joins, even once a target of the same name is served again.
     #[test]
     fn a_login_that_found_its_target_before_it_went_registers_nothing() {
         let metrics = Vec::new();
@@ -744,8 +744,16 @@ mod tests {
             gate.check_connection(&t).unwrap_err().status,
             login::status::NOT_FOUND
         );
+        // The same name served again: the login that found the old target is still refused,
+        // a login that finds the new one is admitted.
         let again = target(&metrics);
+        shared.set_targets(|_| vec![again.clone()]);
         gate.open_target(&again);
+        let denied = gate
+            .admit_session(&shared, &t, false, || registered = true)
+            .unwrap_err();
+        assert_eq!(denied.status, login::status::NOT_FOUND);
+        assert!(!registered);
         let slot = gate.admit_session(&shared, &again, false, || registered = true);
         assert!(slot.is_ok() && registered);
     }

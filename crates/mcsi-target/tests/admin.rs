@@ -477,3 +477,52 @@ async fn a_reload_reads_its_file_under_the_lock_other_changes_take() {
     adding.await.unwrap().unwrap();
     assert_eq!(admin.targets()[0].luns.len(), 2, "the change came after");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_luns_with_one_identity_are_refused() {
+    let cfg = config(|_| {});
+    let server = mcsi_target::Server::start(&cfg).await.unwrap();
+    let admin = server.admin();
+    let mut next = cfg.clone();
+    let naa = mcsi_target::config::parse_naa("6000000000000000000000000000abcd").unwrap();
+    for _ in 0..2 {
+        let mut l = mcsi_target::config::LunSpec::new("ram:4MiB");
+        l.naa = Some(naa);
+        next.targets[0].luns.push(l);
+    }
+    assert!(matches!(
+        admin.apply(&next).await,
+        Err(AdminError::BadSpec(w)) if w.contains("an identity names one LUN")
+    ));
+    assert_eq!(admin.targets()[0].luns.len(), 1, "nothing changed");
+}
+
+/// A target is reached at its own portals: on a socket it shares with another target, a login
+/// to it on an address it no longer has is refused, though it has another on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_taken_from_a_target_refuses_it_though_the_socket_stays() {
+    const SECOND: &str = "iqn.2026-01.org.mcsi:second";
+    let server = start(|_| {}).await;
+    let admin = server.admin();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let shared: std::net::SocketAddr = format!("127.0.0.3:{port}").parse().unwrap();
+    let own: std::net::SocketAddr = format!("127.0.0.4:{port}").parse().unwrap();
+    let mut spec = server_config_target(SECOND);
+    spec.portals = vec![shared];
+    admin.add_target(spec).await.unwrap();
+    admin.add_portal(Some(IQN), own).await.unwrap();
+    admin.add_portal(Some(IQN), shared).await.unwrap();
+    assert_eq!(login_at(shared, IQN).await, Some((0, 0)));
+    admin.remove_portal(Some(IQN), shared).await.unwrap();
+    assert_eq!(
+        login_at(shared, IQN).await,
+        Some((2, 3)),
+        "not its portal any more"
+    );
+    assert_eq!(login_at(own, IQN).await, Some((0, 0)));
+    assert_eq!(login_at(shared, SECOND).await, Some((0, 0)));
+}
