@@ -13,11 +13,14 @@ fail() {
 }
 
 stty -F /dev/ttyS1 raw -echo 2>/dev/null || true
+# Held open for the script's life: a line the host sends while no read has the port open would
+# otherwise lose its first bytes (seen: "logout" read as "gout").
+exec 8<>/dev/ttyS1 2>/dev/null || true
 
 # wait_host: the next line the host sends with vm_send (on /dev/ttyS1), on stdout.
 wait_host() {
   local line
-  IFS= read -r line </dev/ttyS1
+  IFS= read -r line <&8
   printf '%s\n' "${line%$'\r'}"
 }
 

@@ -56,6 +56,9 @@ pub(crate) struct PrState {
     generation: u32,
     /// Registered keys, one per I_T nexus, in registration order.
     regs: Vec<(Nexus, u64)>,
+    /// Registrations made with ALL_TG_PT (READ FULL STATUS reports the bit). A target has one
+    /// target port (one portal group), so such a registration is the same as one made on it.
+    all_tg_pt: Vec<Nexus>,
     res: Option<Reservation>,
     /// APTPL of the last successful REGISTER: the state persists through power loss (PTPL_A).
     pub(crate) aptpl: bool,
@@ -94,6 +97,8 @@ struct SavedReg {
     #[serde(flatten)]
     nexus: SavedNexus,
     key: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    all_tg_pt: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -200,6 +205,7 @@ impl PrState {
                 .map(|(n, k)| SavedReg {
                     nexus: SavedNexus::of(n),
                     key: *k,
+                    all_tg_pt: self.all_tg_pt.contains(n),
                 })
                 .collect(),
             reservation: self.res.as_ref().map(|r| SavedRes {
@@ -246,6 +252,12 @@ impl PrState {
                 .registrations
                 .iter()
                 .map(|r| (r.nexus.nexus(), r.key))
+                .collect(),
+            all_tg_pt: s
+                .registrations
+                .iter()
+                .filter(|r| r.all_tg_pt)
+                .map(|r| r.nexus.nexus())
                 .collect(),
             res: s.reservation.map(|r| Reservation {
                 holder: r.holder.nexus(),
@@ -329,8 +341,8 @@ impl PrState {
             0x02 => {
                 out.clear();
                 out.extend_from_slice(&8u16.to_be_bytes());
-                // CRH=0, SIP_C=0, ATP_C=0, PTPL_C; TMV=1, ALLOW COMMANDS=0, PTPL_A.
-                out.push(u8::from(self.ptpl_capable));
+                // CRH=0, SIP_C=0, ATP_C=1, PTPL_C; TMV=1, ALLOW COMMANDS=0, PTPL_A.
+                out.push(0x04 | u8::from(self.ptpl_capable));
                 out.push(0x80 | u8::from(self.aptpl));
                 // Persistent reservation type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX,
                 // then EX_AC_AR.
@@ -346,8 +358,13 @@ impl PrState {
                     d.extend_from_slice(&k.to_be_bytes());
                     d.extend_from_slice(&[0; 4]);
                     let holder = self.is_holder(reg);
-                    // ALL_TG_PT=0, R_HOLDER
-                    d.push(if holder { 0x01 } else { 0x00 });
+                    // ALL_TG_PT, R_HOLDER
+                    let all = if self.all_tg_pt.contains(reg) {
+                        0x02
+                    } else {
+                        0
+                    };
+                    d.push(all | u8::from(holder));
                     let t = match (&self.res, holder) {
                         (Some(r), true) => r.ty & 0x0F,
                         _ => 0,
@@ -390,13 +407,12 @@ impl PrState {
         let rk = be64(params, 0);
         let sark = be64(params, 8);
         let flags = params[20];
-        // SPEC_I_PT and ALL_TG_PT are not supported.
+        // SPEC_I_PT is not supported. ALL_TG_PT (REGISTER and REGISTER AND IGNORE EXISTING
+        // KEY only; ignored by the others) is taken: a target has one target port.
         if flags & 0x08 != 0 {
             return Err(Sense::invalid_param_field(20, Some(3)).into());
         }
-        if flags & 0x04 != 0 {
-            return Err(Sense::invalid_param_field(20, Some(2)).into());
-        }
+        let all_tg_pt = flags & 0x04 != 0;
         let prtype = scope_type & 0x0F;
         let scope = scope_type >> 4;
         let mine = self.key_of(n);
@@ -429,6 +445,9 @@ impl PrState {
                             .into());
                         }
                         self.regs.push((n.clone(), sark));
+                        if all_tg_pt {
+                            self.all_tg_pt.push(n.clone());
+                        }
                     }
                     Some(cur) => {
                         if !ignore && rk != cur {
@@ -571,6 +590,9 @@ impl PrState {
             }
             _ => return Err(Sense::invalid_cdb_field(1, Some(4)).into()),
         }
+        // Only registered nexuses keep the flag.
+        let regs = &self.regs;
+        self.all_tg_pt.retain(|a| regs.iter().any(|(r, _)| r == a));
         Ok(uas)
     }
 

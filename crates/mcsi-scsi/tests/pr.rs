@@ -201,3 +201,56 @@ fn an_unregistered_initiator_unregistering_changes_nothing() {
     assert_eq!(gen(&lu), g);
     assert!(file.exists());
 }
+
+/// PERSISTENT RESERVE OUT with the parameter list's byte 20 as given.
+fn pr_out_flags(lu: &LogicalUnit, i: u8, sa: u8, ty: u8, rk: u64, sark: u64, flags: u8) -> u8 {
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&rk.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    p[20] = flags;
+    run(lu, &nexus(i), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p).status
+}
+
+/// READ FULL STATUS: each registration's key and its ALL_TG_PT and R_HOLDER bits.
+fn full_status(lu: &LogicalUnit) -> Vec<(u64, bool, bool)> {
+    let d = pr_in(lu, 3);
+    let len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at < 8 + len {
+        let key = u64::from_be_bytes(d[at..at + 8].try_into().unwrap());
+        let bits = d[at + 12];
+        out.push((key, bits & 0x02 != 0, bits & 0x01 != 0));
+        let tid = u32::from_be_bytes(d[at + 20..at + 24].try_into().unwrap()) as usize;
+        at += 24 + tid;
+    }
+    out
+}
+
+#[test]
+fn all_target_ports_registrations_are_taken_reported_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lu.json");
+    let lu = unit(Some(&file));
+    assert_eq!(pr_in(&lu, 2)[2] & 0x04, 0x04, "ATP_C");
+    // ALL_TG_PT with APTPL, and a plain registration beside it.
+    assert_eq!(pr_out_flags(&lu, 1, 0, 0, 0, 0x11, 0x05), status::GOOD);
+    assert_eq!(pr_out_flags(&lu, 2, 0, 0, 0, 0x22, 0x01), status::GOOD);
+    // The bit means nothing to RESERVE: ignored, not refused.
+    assert_eq!(pr_out_flags(&lu, 1, 1, 1, 0x11, 0, 0x04), status::GOOD);
+    let want = vec![(0x11, true, true), (0x22, false, false)];
+    assert_eq!(full_status(&lu), want);
+    drop(lu);
+    let lu = unit(Some(&file));
+    assert_eq!(full_status(&lu), want, "kept through a restart");
+    // Unregistered, the flag goes with the registration.
+    assert_eq!(pr_out_flags(&lu, 1, 2, 1, 0x11, 0, 0x01), status::GOOD);
+    assert_eq!(pr_out_flags(&lu, 1, 0, 0, 0x11, 0, 0x01), status::GOOD);
+    assert_eq!(pr_out_flags(&lu, 1, 0, 0, 0, 0x33, 0x01), status::GOOD);
+    assert_eq!(
+        full_status(&lu),
+        vec![(0x22, false, false), (0x33, false, false)]
+    );
+    // SPEC_I_PT is still refused.
+    assert_ne!(pr_out_flags(&lu, 3, 0, 0, 0, 0x44, 0x08), status::GOOD);
+}
