@@ -13,11 +13,14 @@ use std::process::{Child, Command as Proc, Stdio};
 const BIN: &str = env!("CARGO_BIN_EXE_mcsi");
 const IQN: &str = "iqn.2026-01.org.mcsi:target";
 
-fn spawn(port: u16, state: &Path, img: &Path) -> Child {
-    let child = Proc::new(BIN)
-        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--state-dir")
-        .arg(state)
+/// `mcsi target` on `port` with a file LUN, and a state directory when `state` is given.
+fn spawn(port: u16, state: Option<&Path>, img: &Path) -> Child {
+    let mut cmd = Proc::new(BIN);
+    cmd.args(["target", "--listen", &format!("127.0.0.1:{port}")]);
+    if let Some(dir) = state {
+        cmd.arg("--state-dir").arg(dir);
+    }
+    let child = cmd
         .arg("--lun")
         .arg(format!("file:{}:16MiB", img.display()))
         .env("MCSI_LOG", "warn")
@@ -118,7 +121,7 @@ async fn aptpl_reservations_survive_sigkill_of_the_target() {
     let dir = tempfile::tempdir().unwrap();
     let (state_dir, img) = (dir.path().join("state"), dir.path().join("lun0.img"));
     let port = free_port();
-    let mut target = spawn(port, &state_dir, &img);
+    let mut target = spawn(port, Some(&state_dir), &img);
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{IQN}/0").parse().unwrap();
     const HOST_A: &str = "iqn.2026-01.org.mcsi:host-a";
     const HOST_B: &str = "iqn.2026-01.org.mcsi:host-b";
@@ -140,7 +143,7 @@ async fn aptpl_reservations_survive_sigkill_of_the_target() {
     // SIGKILL: no shutdown, no flush; then the same target again.
     target.kill().unwrap();
     target.wait().unwrap();
-    let mut target = spawn(port, &state_dir, &img);
+    let mut target = spawn(port, Some(&state_dir), &img);
     let a = reinstate(&url, options(HOST_A), isid_a).await.unwrap();
     assert_eq!(
         state(&a).await,
@@ -166,16 +169,7 @@ async fn aptpl_reservations_survive_sigkill_of_the_target() {
 async fn without_a_state_dir_aptpl_is_refused() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let mut target = Proc::new(BIN)
-        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--lun")
-        .arg(format!("file:{}:16MiB", dir.path().join("x.img").display()))
-        .env("MCSI_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(port);
+    let mut target = spawn(port, None, &dir.path().join("x.img"));
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{IQN}/0").parse().unwrap();
     let a = connect(&url, ConnectOptions::default()).await.unwrap();
     state(&a).await;

@@ -93,15 +93,20 @@ impl Client {
     pub async fn at(addr: std::net::SocketAddr) -> std::io::Result<Client> {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
-        Ok(Client {
-            s: Box::new(s),
+        Ok(Self::over(Box::new(s)))
+    }
+
+    /// A client over `s`, not logged in.
+    fn over(s: Box<dyn Io>) -> Client {
+        Client {
+            s,
             buf: BytesMut::new(),
             framing: Framing::default(),
             cmd_sn: 1,
             itt: 1,
             tsih: 0,
             login_keys: Vec::new(),
-        })
+        }
     }
 
     pub async fn open(server: &Server, via: Via) -> Client {
@@ -123,15 +128,7 @@ impl Client {
                 Box::new(ours)
             }
         };
-        Client {
-            s,
-            buf: BytesMut::new(),
-            framing: Framing::default(),
-            cmd_sn: 1,
-            itt: 1,
-            tsih: 0,
-            login_keys: Vec::new(),
-        }
+        Self::over(s)
     }
 
     pub async fn send(&mut self, p: Pdu) {
