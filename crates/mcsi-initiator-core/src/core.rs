@@ -192,6 +192,8 @@ struct ConnState {
     tcp: Option<TcpState>,
     /// Bytes per second completed while busy, as the session measures it.
     rate: Option<f64>,
+    /// The highest of those over the last few seconds.
+    peak: Option<f64>,
     /// The target's sending side, as it last reported it.
     target_tcp: Option<TcpState>,
     /// When it last received something or had nothing outstanding ([`SessionCore::conn_heard`],
@@ -229,6 +231,7 @@ impl ConnState {
             data_in_bytes: 0,
             tcp: None,
             rate: None,
+            peak: None,
             target_tcp: None,
             heard: None,
             pinged: false,
@@ -734,10 +737,12 @@ impl<C> SessionCore<C> {
         }
     }
 
-    /// Record the rate a connection completes data at while busy ([`crate::sched::RateMeter`]).
-    pub fn set_rate(&mut self, conn: usize, rate: Option<f64>) {
+    /// Record the rate a connection completes data at while busy, and the highest of the last
+    /// few seconds ([`crate::sched::RateMeter::rate`], [`crate::sched::RateMeter::peak`]).
+    pub fn set_rate(&mut self, conn: usize, rate: Option<f64>, peak: Option<f64>) {
         if let Some(c) = self.conns.get_mut(conn) {
             c.rate = rate;
+            c.peak = peak;
         }
     }
 
@@ -949,6 +954,7 @@ impl<C> SessionCore<C> {
                 outstanding_bytes: c.outstanding_bytes,
                 tcp: c.tcp,
                 rate: c.rate,
+                peak: c.peak,
                 target_tcp: c.target_tcp,
             })
             .collect()

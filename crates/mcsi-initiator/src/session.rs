@@ -1175,7 +1175,7 @@ async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
                 c.bytes.saturating_sub(c.outstanding_bytes),
                 c.outstanding_tasks > 0,
             );
-            inner.core.set_rate(i, m.rate());
+            inner.core.set_rate(i, m.rate(), m.peak());
         }
     }
 }

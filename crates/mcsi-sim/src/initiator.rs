@@ -336,7 +336,7 @@ impl Initiator {
                 c.bytes.saturating_sub(c.outstanding_bytes),
                 c.outstanding_tasks > 0,
             );
-            self.core.set_rate(i, m.rate());
+            self.core.set_rate(i, m.rate(), m.peak());
         }
         self.next_sample = Some(now + TCP_SAMPLE);
     }

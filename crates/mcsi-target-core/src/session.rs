@@ -2027,6 +2027,7 @@ fn pick_reply_by_policy<C: CoreConn, T>(
             outstanding_bytes: in_socket,
             tcp,
             rate: None,
+            peak: None,
             target_tcp: None,
         });
     }

@@ -25,6 +25,9 @@ pub struct ConnLoad {
     /// Bytes per second the connection completes while it has tasks ([`RateMeter`]), in either
     /// direction; None until measured.
     pub rate: Option<f64>,
+    /// The highest of those rates over the last few seconds ([`RateMeter::peak`]): what the
+    /// connection can carry, where `rate` is what it carried at the load it was given.
+    pub peak: Option<f64>,
     /// The target's sending side of the connection, when an mcsi target reports it.
     pub target_tcp: Option<crate::TcpState>,
 }
@@ -155,9 +158,24 @@ impl TcpAware {
 /// Seconds until a task of `bytes` would complete on the usable connection expected to finish
 /// it first, by [`TcpAware`]'s estimate; None while no connection's rate is known. A volume
 /// compares this across sessions to send a mirror's read where it finishes first.
+///
+/// Unlike placement within a session, this costs each connection at its peak rate of the last
+/// few seconds ([`ConnLoad::peak`]). A path bounded by latency rather than bandwidth (a
+/// gateway whose storage answers in a millisecond) completes data in proportion to the
+/// commands it is given: measured at two commands in flight it shows a quarter of the rate it
+/// shows at eight, so a volume comparing the measured rates would keep sending to the member
+/// it already loads most, and starve an equal one. The peak is what the member showed it can
+/// carry; a member that gets fewer commands keeps it, and with it its share.
 pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
-    let best = TcpAware::best_rate(conns)?;
-    conns
+    let capacity: Vec<ConnLoad> = conns
+        .iter()
+        .map(|c| ConnLoad {
+            rate: c.peak.or(c.rate),
+            ..c.clone()
+        })
+        .collect();
+    let best = TcpAware::best_rate(&capacity)?;
+    capacity
         .iter()
         .filter(|c| c.usable)
         .filter_map(|c| TcpAware::cost(c, bytes, Some(best)))
@@ -261,11 +279,17 @@ pub struct RateMeter {
     last: Option<(f64, u64, bool)>,
     /// (busy seconds, bytes) per sampling interval that started busy, newest last.
     window: std::collections::VecDeque<(f64, u64)>,
+    /// (time, rate) of the rates measured over the last [`Self::PEAK_SPAN`], decreasing from
+    /// the front: a running maximum, as BBR keeps its bottleneck bandwidth.
+    peaks: std::collections::VecDeque<(f64, f64)>,
 }
 
 impl RateMeter {
     /// Busy time the estimate looks back over.
     const SPAN: f64 = 1.0;
+    /// Time the peak looks back over: long enough to outlast a few seconds of a light load,
+    /// short enough to forget a route that slowed.
+    const PEAK_SPAN: f64 = 5.0;
 
     /// A sample at `now` (seconds): the connection's completed bytes so far and whether it has
     /// tasks outstanding.
@@ -283,6 +307,25 @@ impl RateMeter {
             }
         }
         self.last = Some((now, completed, busy));
+        while self
+            .peaks
+            .front()
+            .is_some_and(|p| now - p.0 > Self::PEAK_SPAN)
+        {
+            self.peaks.pop_front();
+        }
+        if let Some(r) = self.rate() {
+            while self.peaks.back().is_some_and(|p| p.1 <= r) {
+                self.peaks.pop_back();
+            }
+            self.peaks.push_back((now, r));
+        }
+    }
+
+    /// The highest [`Self::rate`] of the last five seconds: what the connection showed it can
+    /// carry. None until a rate is measured, or after five seconds without one.
+    pub fn peak(&self) -> Option<f64> {
+        self.peaks.front().map(|p| p.1)
     }
 
     /// Bytes per second, once at least 50 ms of busy time with data has been seen.
@@ -342,6 +385,7 @@ mod tests {
             outstanding_bytes: bytes,
             tcp: None,
             rate: None,
+            peak: None,
             target_tcp: None,
         }
     }
@@ -386,6 +430,54 @@ mod tests {
         // A connection not yet measured is costed at the best known rate.
         let conns = [rated(4_000_000, 1e6), load(true, 0, 0)];
         assert_eq!(expected_completion(&conns, 1_000_000), Some(1.0));
+    }
+
+    #[test]
+    fn a_lightly_loaded_path_keeps_its_peak() {
+        // A path bounded by latency: each command takes 1 ms whatever the load. At 8 commands
+        // of 4 KiB it completes 32 MB/s; then for two seconds at 2 commands, 8 MB/s.
+        let mut m = RateMeter::default();
+        let mut done = 0u64;
+        let mut t = 0.0;
+        for _ in 0..50 {
+            t += 0.02;
+            done += 8 * 4096 * 20;
+            m.sample(t, done, true);
+        }
+        let high = m.rate().unwrap();
+        for _ in 0..100 {
+            t += 0.02;
+            done += 2 * 4096 * 20;
+            m.sample(t, done, true);
+        }
+        let low = m.rate().unwrap();
+        assert!(low < high / 3.0, "rate {low} after {high}");
+        let peak = m.peak().unwrap();
+        assert!(
+            (peak - high).abs() < 1.0,
+            "peak {peak}, highest rate {high}"
+        );
+        // A volume sends the next read to the path with fewer commands queued, not to the one
+        // whose measured rate its own load made higher.
+        let member = |tasks: u32, rate: f64, peak: Option<f64>| ConnLoad {
+            rate: Some(rate),
+            peak,
+            ..load(true, tasks, u64::from(tasks) * 4096)
+        };
+        // The other member, at 14 commands of 1 ms each, completes 57 MB/s.
+        let rate14 = 14.0 * 4096.0 * 1000.0;
+        let busy = expected_completion(&[member(14, rate14, Some(rate14))], 4096).unwrap();
+        let idle = expected_completion(&[member(2, low, Some(high))], 4096).unwrap();
+        assert!(idle < busy, "{idle} vs {busy}");
+        let naive = expected_completion(&[member(2, low, None)], 4096).unwrap();
+        assert!(naive > busy, "the measured rate alone: {naive} vs {busy}");
+        // Five seconds later, with nothing higher since, the peak is the rate measured now.
+        for _ in 0..300 {
+            t += 0.02;
+            done += 2 * 4096 * 20;
+            m.sample(t, done, true);
+        }
+        assert!(m.peak().unwrap() < high / 3.0);
     }
 
     #[test]
