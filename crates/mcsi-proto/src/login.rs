@@ -152,6 +152,9 @@ pub struct TargetAccess {
     pub authenticator: Box<dyn Authenticator>,
     /// Declared in the first response of a normal session, if set.
     pub target_alias: Option<String>,
+    /// The target's portal group tag, declared in the first response of a normal session
+    /// (None: [`TargetLoginConfig::portal_group_tag`]).
+    pub portal_group_tag: Option<u16>,
     /// Vendor keys this target registers, with its values, beyond the server-wide
     /// [`TargetLoginConfig::extensions`] (a key registered in both keeps the server-wide value).
     pub extensions: Vec<(KeyDef, String)>,
@@ -492,6 +495,9 @@ impl TargetLogin {
         self.target_name = target;
         self.session_type = session_type;
         self.target_alias = access.target_alias;
+        if let Some(t) = access.portal_group_tag {
+            self.cfg.portal_group_tag = t;
+        }
         self.auth = Some(access.authenticator);
         let mut neg = Negotiator::new(Role::Target, access.params);
         neg.set_session_type(session_type);

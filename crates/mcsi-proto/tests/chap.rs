@@ -89,6 +89,7 @@ impl LoginEnv for Env {
             params: LocalParams::default(),
             authenticator: Box::new(auth),
             target_alias: None,
+            portal_group_tag: None,
             extensions: Vec::new(),
         })
     }

@@ -70,6 +70,7 @@ impl LoginEnv for Env {
             params: self.params.clone(),
             authenticator: Box::new(TestAuth(self.methods.clone())),
             target_alias: Some("disk one".into()),
+            portal_group_tag: None,
             extensions: Vec::new(),
         })
     }

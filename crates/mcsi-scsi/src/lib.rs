@@ -4,6 +4,7 @@
 //! It knows nothing of iSCSI. The transport hands it a [`Command`] (CDB, the data-out buffer, the
 //! I_T nexus it came from) and gets back an [`Outcome`] (status, sense, data-in).
 
+pub mod alua;
 pub mod backend;
 pub mod lun;
 #[cfg(feature = "rbd")]

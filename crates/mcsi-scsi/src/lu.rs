@@ -73,6 +73,7 @@ pub(crate) mod op {
     pub const SA_GET_LBA_STATUS: u8 = 0x12;
     pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
     pub const SA_REPORT_SUPPORTED_TMF: u8 = 0x0D;
+    pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
 }
 
 /// Limits advertised in the Block Limits VPD page (SBC-3 6.5.3) and enforced.
@@ -243,6 +244,10 @@ struct State {
     prevent: AHashSet<Nexus>,
     /// EXTENDED COPY results held for RECEIVE COPY RESULTS, bounded.
     copies: VecDeque<xcopy::CopyRecord>,
+    /// Target port groups and their access states (none: no ALUA, TPGS 0).
+    alua: Option<Arc<crate::alua::Alua>>,
+    /// Groups whose state the configuration changed (STATUS CODE 02h in their descriptor).
+    alua_changed: Vec<u16>,
 }
 
 impl Drop for LogicalUnit {
@@ -388,6 +393,8 @@ impl LogicalUnit {
                 mode,
                 prevent: AHashSet::new(),
                 copies: VecDeque::new(),
+                alua: None,
+                alua_changed: Vec::new(),
             }),
             ranges: RangeLocks::default(),
             atomic_active: AtomicUsize::new(0),
@@ -648,6 +655,34 @@ impl LogicalUnit {
         }
     }
 
+    /// Sets the target port groups and their states (None: no ALUA). A change of any group's
+    /// state, or of the groups, tells every nexus this unit has seen with the unit attention
+    /// ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.15.2.6); commands see the new states from
+    /// then on. True if something changed.
+    pub fn set_alua(&self, next: Option<crate::alua::Alua>) -> bool {
+        let mut st = self.st();
+        if st.alua.as_deref() == next.as_ref() {
+            return false;
+        }
+        let changed = match (&st.alua, &next) {
+            (Some(was), Some(now)) => was.changed_groups(now),
+            _ => Vec::new(),
+        };
+        st.alua = next.map(Arc::new);
+        st.alua_changed = changed;
+        let seen: Vec<Nexus> = st.seen.iter().cloned().collect();
+        let s = Sense::new(key::UNIT_ATTENTION, asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+        for n in &seen {
+            push_ua(&mut st, n, s);
+        }
+        true
+    }
+
+    /// The target port groups, if the unit has them.
+    pub fn alua(&self) -> Option<Arc<crate::alua::Alua>> {
+        self.st().alua.clone()
+    }
+
     /// A unit attention for each of `nexuses` (whether or not this unit has seen them).
     pub fn unit_attention_for(&self, nexuses: &[Nexus], s: Sense) {
         if nexuses.is_empty() {
@@ -777,6 +812,25 @@ impl LogicalUnit {
                     });
                 }
             }
+            // A port in standby or unavailable refuses media access (SPC-4 5.15.2.4).
+            if let Some(a) = &st.alua {
+                let state = a.state_of(cmd.nexus.relative_port);
+                if !crate::alua::allowed(state, opc, c.sa()) {
+                    use crate::alua::AccessState;
+                    let code = if state == AccessState::Standby {
+                        asc::TARGET_PORT_IN_STANDBY_STATE
+                    } else {
+                        asc::TARGET_PORT_IN_UNAVAILABLE_STATE
+                    };
+                    let d = st.mode.d_sense;
+                    return Some(Outcome {
+                        status: status::CHECK_CONDITION,
+                        sense: Some(Sense::new(key::NOT_READY, code).encode(d)),
+                        data_in: Bytes::new(),
+                        data_in_unread: 0,
+                    });
+                }
+            }
             if self.conflicts(&st, cmd.nexus, c) {
                 return Some(Outcome::status(status::RESERVATION_CONFLICT));
             }
@@ -893,6 +947,7 @@ impl LogicalUnit {
             op::MAINTENANCE_IN => match c.sa() {
                 op::SA_REPORT_SUPPORTED_OPCODES => self.report_opcodes(c),
                 op::SA_REPORT_SUPPORTED_TMF => self.report_tmf(c),
+                op::SA_REPORT_TARGET_PORT_GROUPS => self.report_target_port_groups(c),
                 _ => Err(bad_cdb(1, Some(4))),
             },
             _ => Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE)),
@@ -947,6 +1002,9 @@ impl LogicalUnit {
         d[3] = 0x12; // HISUP, response data format 2
         d[4] = (d.len() - 5) as u8;
         d[5] = 0x08; // 3PC: EXTENDED COPY
+        if self.st().alua.is_some() {
+            d[5] |= 0x10; // TPGS 01b: implicit asymmetric access
+        }
         d[6] = 0x00;
         d[7] = 0x02; // CMDQUE
         pad_into(&mut d[8..16], &self.cfg.vendor);
@@ -1039,6 +1097,16 @@ impl LogicalUnit {
         // Relative target port designator (PIV=1, association target port, iSCSI).
         d.extend_from_slice(&[0x51, 0x94, 0x00, 0x04, 0, 0]);
         d.extend_from_slice(&nexus.relative_port.to_be_bytes());
+        // Target port group designator (association target port, binary).
+        if let Some(g) = self
+            .st()
+            .alua
+            .as_ref()
+            .and_then(|a| a.group_of(nexus.relative_port).map(|g| g.id))
+        {
+            d.extend_from_slice(&[0x01, 0x15, 0x00, 0x04, 0, 0]);
+            d.extend_from_slice(&g.to_be_bytes());
+        }
         // SCSI name string of the target port, UTF-8, NUL-terminated, padded to 4.
         let name = nexus.target_port.as_bytes();
         let name = &name[..name.len().min(220)];
@@ -1047,6 +1115,25 @@ impl LogicalUnit {
         let start = d.len();
         d.extend_from_slice(name);
         d.resize(start + n, 0);
+    }
+
+    /// REPORT TARGET PORT GROUPS (SPC-4 6.37), where the unit has target port groups.
+    fn report_target_port_groups(&self, c: &Cdb) -> Res {
+        let (alua, changed) = {
+            let st = self.st();
+            (st.alua.clone(), st.alua_changed.clone())
+        };
+        let Some(alua) = alua else {
+            return Err(bad_cdb(1, Some(4)));
+        };
+        let format = c.b(1) >> 5;
+        if format > 1 {
+            return Err(bad_cdb(1, Some(7)));
+        }
+        let alloc = c.u32(6) as usize;
+        let mut d = alua.report(format == 1, 0, &changed);
+        d.truncate(alloc);
+        Ok(Outcome::good(Bytes::from(d)))
     }
 
     fn report_tmf(&self, c: &Cdb) -> Res {
@@ -1064,7 +1151,7 @@ impl LogicalUnit {
         let req_sa = c.u16(4);
         let alloc = c.u32(6) as usize;
         let mut table: Vec<&crate::opcodes::Entry> =
-            crate::opcodes::supported(self.cfg.thin_provisioning);
+            crate::opcodes::supported(self.cfg.thin_provisioning, self.st().alua.is_some());
         if !self.cfg.allow_sanitize {
             table.retain(|e| e.op != op::SANITIZE);
         }

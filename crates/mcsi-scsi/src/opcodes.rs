@@ -322,11 +322,21 @@ static THIN: &[Entry] = &[
     ),
 ];
 
+/// REPORT TARGET PORT GROUPS, where the unit has target port groups.
+const ALUA: &[Entry] = &[e(
+    0xA3,
+    Some(0x0A),
+    &[0xA3, 0xEA, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04],
+)];
+
 /// Supported commands, in opcode order.
-pub(crate) fn supported(thin: bool) -> Vec<&'static Entry> {
+pub(crate) fn supported(thin: bool, alua: bool) -> Vec<&'static Entry> {
     let mut v: Vec<&'static Entry> = ALWAYS.iter().collect();
     if thin {
         v.extend(THIN.iter());
+    }
+    if alua {
+        v.extend(ALUA.iter());
     }
     v.sort_by_key(|e| (e.op, e.sa));
     v

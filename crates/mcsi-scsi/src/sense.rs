@@ -47,6 +47,9 @@ pub mod asc {
     pub const RESERVATIONS_RELEASED: (u8, u8) = (0x2A, 0x04);
     pub const REGISTRATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x05);
     pub const CAPACITY_DATA_CHANGED: (u8, u8) = (0x2A, 0x09);
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
+    pub const TARGET_PORT_IN_STANDBY_STATE: (u8, u8) = (0x04, 0x0B);
+    pub const TARGET_PORT_IN_UNAVAILABLE_STATE: (u8, u8) = (0x04, 0x0C);
     pub const COMMAND_SEQUENCE_ERROR: (u8, u8) = (0x2C, 0x00);
     pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: (u8, u8) = (0x2F, 0x00);
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);

@@ -187,6 +187,7 @@ impl LoginEnv for Env<'_> {
             params: self.params.clone(),
             authenticator: Box::new(NoAuth),
             target_alias: None,
+            portal_group_tag: None,
             extensions: Vec::new(),
         })
     }

@@ -194,6 +194,8 @@ pub struct Changes {
     pub portals_changed: Vec<String>,
     /// Targets whose access (allowed initiators and networks, CHAP users) was replaced.
     pub access_changed: Vec<String>,
+    /// Targets whose ALUA target port groups or states changed.
+    pub port_groups_changed: Vec<String>,
 }
 
 impl Admin {
@@ -417,6 +419,7 @@ impl Admin {
         spec: LunSpec,
     ) -> Result<(), AdminError> {
         let spec = spec.with_identity(&unit.config().serial, unit.config().naa_id);
+        unit.set_alua(t.alua.load().as_deref().cloned());
         t.dev.add(lun, unit).map_err(|_| AdminError::LunInUse {
             target: t.name.clone(),
             lun,
@@ -536,6 +539,7 @@ impl Admin {
         let mut removes = Vec::new();
         let mut access = Vec::new();
         let mut moved = Vec::new();
+        let mut port_groups = Vec::new();
         for t in &next.targets {
             let Some(was) = base.targets.iter().find(|b| b.iqn == t.iqn) else {
                 new_targets.push(t);
@@ -556,8 +560,14 @@ impl Admin {
             if t.limits != was.limits || t.qos_initiators != was.qos_initiators {
                 return in_place("its negotiation limits or QoS");
             }
+            if t.tpgt != was.tpgt {
+                return in_place("its portal_group_tag");
+            }
             if t.portals != was.portals {
                 moved.push(t);
+            }
+            if t.alua != was.alua {
+                port_groups.push(t);
             }
             let running = now.luns.get(&t.iqn).cloned().unwrap_or_default();
             let wanted = t.luns_by_number();
@@ -688,6 +698,11 @@ impl Admin {
                 .portals
                 .store(Arc::new(t.portals.iter().map(local).collect()));
             changes.portals_changed.push(t.iqn.clone());
+        }
+        for t in &port_groups {
+            let running = self.target(Some(&t.iqn))?;
+            running.set_alua(t.alua.clone());
+            changes.port_groups_changed.push(t.iqn.clone());
         }
         for t in built {
             self.gate.open_target(&t);

@@ -676,6 +676,29 @@ pub struct FileTarget {
     /// A write that was asked for its data and receives none for this long ends its
     /// connection ("20s"; "0": never).
     pub data_out_timeout: Option<String>,
+    /// This gateway's target portal group tag (1 to 65535, default 1): the relative target
+    /// port identifier of its port, which VPD 83h and REPORT TARGET PORT GROUPS name. Gateways
+    /// of one LUN each take their own.
+    pub portal_group_tag: Option<u16>,
+    /// ALUA target port groups (`[[targets.port_groups]]`): every gateway of the LUN, grouped,
+    /// each group in an access state. Absent: no ALUA (TPGS 0).
+    #[serde(default)]
+    pub port_groups: Vec<FilePortGroup>,
+}
+
+/// `[[targets.port_groups]]`: one ALUA target port group.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePortGroup {
+    /// The group's identifier (1 to 65535).
+    pub id: u16,
+    /// "active/optimized", "active/non-optimized", "standby" or "unavailable".
+    pub state: String,
+    /// The portal group tags of the gateways in the group.
+    pub ports: Vec<u16>,
+    /// The PREF bit: the initiator's preferred group among the active ones.
+    #[serde(default)]
+    pub preferred: bool,
 }
 
 /// `[targets.redirect]`: logins that arrive on `from` (default: every portal of the target)
@@ -1266,6 +1289,43 @@ pub fn naa_text(naa: &[u8; 16]) -> String {
     naa.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `[[targets.port_groups]]` checked: None when there are none; else every group valid
+/// ([`mcsi_scsi::alua::Alua::new`]) and this gateway's `tpgt` in one of them.
+fn port_groups(
+    groups: &[FilePortGroup],
+    tpgt: u16,
+) -> Result<Option<mcsi_scsi::alua::Alua>, String> {
+    use mcsi_scsi::alua::{AccessState, Alua, PortGroup};
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for g in groups {
+        let state = AccessState::parse(&g.state).ok_or_else(|| {
+            let names: Vec<&str> = AccessState::NAMES.iter().map(|(n, _)| *n).collect();
+            format!(
+                "group {}: state {:?}; use one of {}",
+                g.id,
+                g.state,
+                names.join(", ")
+            )
+        })?;
+        out.push(PortGroup {
+            id: g.id,
+            state,
+            preferred: g.preferred,
+            ports: g.ports.clone(),
+        });
+    }
+    let alua = Alua::new(out).map_err(|e| e.0)?;
+    if alua.group_of(tpgt).is_none() {
+        return Err(format!(
+            "this gateway's portal_group_tag {tpgt} is in no group; add it to the `ports` of its group"
+        ));
+    }
+    Ok(Some(alua))
+}
+
 /// One target, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetSpec {
@@ -1281,6 +1341,10 @@ pub struct TargetSpec {
     pub auth: AuthSpec,
     /// QoS of the sessions of the initiators named here, in place of `limits.qos`.
     pub qos_initiators: Vec<(String, QosSpec)>,
+    /// Target portal group tag: the relative target port identifier of this gateway's port.
+    pub tpgt: u16,
+    /// ALUA target port groups (None: no ALUA); `tpgt` is in one of them.
+    pub alua: Option<mcsi_scsi::alua::Alua>,
 }
 
 impl TargetSpec {
@@ -1608,6 +1672,17 @@ impl ServerConfig {
                     })
                 }
             };
+            let tpgt = match t.portal_group_tag {
+                None => 1,
+                Some(0) => {
+                    return Err(cerr(
+                        at("portal_group_tag"),
+                        "0; portal group tags start at 1",
+                    ))
+                }
+                Some(n) => n,
+            };
+            let alua = port_groups(&t.port_groups, tpgt).map_err(|e| cerr(at("port_groups"), e))?;
             targets.push(TargetSpec {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
@@ -1618,6 +1693,8 @@ impl ServerConfig {
                 limits,
                 auth,
                 qos_initiators,
+                tpgt,
+                alua,
             });
         }
         let discovery_auth = match file.discovery.as_ref().and_then(|d| d.auth.as_ref()) {
@@ -2060,6 +2137,62 @@ mod tests {
         assert!(parse_lun_arg("--lun", "ram:1MiB,conf=/c").is_err());
         let e = parse_lun_arg("--lun", "rbd:disk").unwrap_err();
         assert!(e.to_string().contains("rbd:POOL/IMAGE"), "{e}");
+    }
+
+    #[test]
+    fn port_groups_are_read_and_checked() {
+        let file = |groups: &str, tag: &str| {
+            ServerConfig::from_toml(&format!(
+                r#"
+                listen = ["127.0.0.1:3261"]
+                [[targets]]
+                iqn = "iqn.2026-01.org.mcsi:a"
+                {tag}
+                luns = [{{ backend = "ram:1MiB" }}]
+                {groups}
+                "#
+            ))
+        };
+        let two = r#"
+            [[targets.port_groups]]
+            id = 1
+            state = "active/optimized"
+            ports = [1]
+            preferred = true
+            [[targets.port_groups]]
+            id = 2
+            state = "Standby"
+            ports = [2, 3]
+        "#;
+        let c = file(two, "portal_group_tag = 3").unwrap();
+        let t = &c.targets[0];
+        assert_eq!(t.tpgt, 3);
+        let a = t.alua.as_ref().unwrap();
+        assert_eq!(a.state_of(3), mcsi_scsi::alua::AccessState::Standby);
+        assert!(a.groups()[0].preferred);
+        let c = file("", "").unwrap();
+        assert_eq!((c.targets[0].tpgt, c.targets[0].alua.is_none()), (1, true));
+        for (groups, tag, why) in [
+            (
+                two,
+                "portal_group_tag = 4",
+                "portal_group_tag 4 is in no group",
+            ),
+            (two, "portal_group_tag = 0", "portal group tags start at 1"),
+            (
+                "[[targets.port_groups]]\nid = 1\nstate = \"primary\"\nports = [1]",
+                "",
+                "use one of active/optimized",
+            ),
+            (
+                "[[targets.port_groups]]\nid = 1\nstate = \"standby\"\nports = []",
+                "",
+                "has no port",
+            ),
+        ] {
+            let e = file(groups, tag).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("targets[0]"), "{e}");
+        }
     }
 
     #[test]

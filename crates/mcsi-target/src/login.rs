@@ -277,6 +277,7 @@ impl LoginEnv for Env<'_> {
                     params: Limits::default().local_params(),
                     authenticator,
                     target_alias: None,
+                    portal_group_tag: None,
                     extensions: Vec::new(),
                 })
             }
@@ -332,6 +333,7 @@ impl LoginEnv for Env<'_> {
                     params: t.limits.local_params(),
                     authenticator,
                     target_alias: t.alias.clone(),
+                    portal_group_tag: Some(t.tpgt),
                     extensions: vendor_keys(&t.limits),
                 };
                 self.target = Some(t);
@@ -450,7 +452,8 @@ async fn run_inner<S: Stream>(
         initiator: None,
     };
     let mut machine = TargetLogin::new(TargetLoginConfig {
-        // One portal group per target (crate::session::Target::tpgt).
+        // One portal group per target: its own tag replaces this once the login names it
+        // (TargetAccess::portal_group_tag).
         portal_group_tag: 1,
         ..TargetLoginConfig::default()
     });

@@ -38,8 +38,12 @@ pub struct Target {
     pub advertise: Vec<String>,
     /// Where logins are sent instead of being served (none: served).
     pub redirect: Option<crate::config::Redirect>,
-    /// Target portal group tag (one group per target).
+    /// Target portal group tag (one portal group per target): the relative target port
+    /// identifier of its port.
     pub tpgt: u16,
+    /// ALUA target port groups, given to each of its LUNs (none: no ALUA). A reload may change
+    /// them while the target runs ([`Target::set_alua`]).
+    pub alua: arc_swap::ArcSwapOption<mcsi_scsi::alua::Alua>,
     pub limits: Limits,
     /// Authentication and access control of this target (each login reads it once; `mcsi
     /// ctl` may replace it while the target runs).
@@ -115,6 +119,9 @@ impl Target {
         portals: Vec<SocketAddr>,
         lun_metrics: &[(u16, LunMetrics)],
     ) -> Arc<Target> {
+        for (_, lu) in &luns {
+            lu.set_alua(t.alua.clone());
+        }
         Arc::new(Target {
             lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics.to_vec()),
             name: t.iqn.clone(),
@@ -122,13 +129,27 @@ impl Target {
             portals: arc_swap::ArcSwap::from_pointee(portals),
             advertise: t.advertise.clone(),
             redirect: t.redirect.clone(),
-            tpgt: 1,
+            tpgt: t.tpgt,
+            alua: arc_swap::ArcSwapOption::from(t.alua.clone().map(Arc::new)),
             limits: t.limits,
             auth: arc_swap::ArcSwap::from_pointee(t.auth.clone()),
             dev: Arc::new(mcsi_scsi::DeviceServer::new(luns)),
             qos_admitted: Arc::default(),
             qos_initiators: t.qos_initiators.clone(),
         })
+    }
+
+    /// Changes the ALUA target port groups of the target and every LUN it has: a LUN whose
+    /// groups change tells its nexuses (ASYMMETRIC ACCESS STATE CHANGED). True if they changed.
+    pub fn set_alua(&self, next: Option<mcsi_scsi::alua::Alua>) -> bool {
+        if self.alua.load().as_deref() == next.as_ref() {
+            return false;
+        }
+        self.alua.store(next.clone().map(Arc::new));
+        for (_, lu) in self.dev.luns().iter() {
+            lu.set_alua(next.clone());
+        }
+        true
     }
 
     /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).

@@ -526,3 +526,102 @@ async fn a_portal_taken_from_a_target_refuses_it_though_the_socket_stays() {
     assert_eq!(login_at(own, IQN).await, Some((0, 0)));
     assert_eq!(login_at(shared, SECOND).await, Some((0, 0)));
 }
+
+/// REPORT TARGET PORT GROUPS on `lun`: (group, state code) of each descriptor.
+async fn port_group_states(c: &mut Client, lun: u16) -> Vec<(u16, u8)> {
+    let (status, sense, d) = run(c, lun, &[0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], 256).await;
+    assert_eq!(status, 0, "REPORT TARGET PORT GROUPS: {sense:02x?}");
+    let mut out = Vec::new();
+    let mut i = 4;
+    while i + 8 <= d.len() {
+        out.push((u16::from_be_bytes([d[i + 2], d[i + 3]]), d[i] & 0x0F));
+        i += 8 + 4 * d[i + 7] as usize;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_group_states_change_live_and_each_lun_tells_its_sessions() {
+    use mcsi_scsi::alua::{AccessState, Alua, PortGroup};
+    // This gateway is port 2 of group 20; the other gateway (port 1, group 10) is elsewhere.
+    let groups = |ours: AccessState, theirs: AccessState| {
+        Some(
+            Alua::new(vec![
+                PortGroup {
+                    id: 10,
+                    state: theirs,
+                    preferred: false,
+                    ports: vec![1],
+                },
+                PortGroup {
+                    id: 20,
+                    state: ours,
+                    preferred: false,
+                    ports: vec![2],
+                },
+            ])
+            .unwrap(),
+        )
+    };
+    let mut cfg = config(|_| {});
+    cfg.targets[0].tpgt = 2;
+    cfg.targets[0].alua = groups(
+        AccessState::ActiveNonOptimized,
+        AccessState::ActiveOptimized,
+    );
+    let server = mcsi_target::Server::start(&cfg).await.unwrap();
+    let admin = server.admin();
+    let mut c = Client::normal(&server, &[]).await;
+    settle(&mut c, 0).await;
+    assert_eq!(port_group_states(&mut c, 0).await, vec![(10, 0), (20, 1)]);
+    let (_, _, inq) = run(&mut c, 0, &[0x12, 0, 0, 0, 96, 0], 96).await;
+    assert_eq!((inq[5] >> 4) & 3, 1, "TPGS: implicit ALUA");
+
+    // Failover: the other gateway goes unavailable and this one becomes active/optimized;
+    // a LUN is added at the same time and has the same groups.
+    let mut next = cfg.clone();
+    next.targets[0].alua = groups(AccessState::ActiveOptimized, AccessState::Unavailable);
+    next.targets[0]
+        .luns
+        .push(mcsi_target::config::LunSpec::new("ram:4MiB"));
+    let ch = admin.apply(&next).await.unwrap();
+    assert_eq!(ch.port_groups_changed, vec![IQN.to_string()]);
+    assert_eq!(ch.luns_added, vec![(IQN.to_string(), 1)]);
+    // Each unit attention once: the LUN inventory's and the states'.
+    let mut told = Vec::new();
+    for _ in 0..4 {
+        match run(&mut c, 0, &TUR, 0).await {
+            (0, _, _) => break,
+            (_, sense, _) => told.push(sense),
+        }
+    }
+    told.sort();
+    assert_eq!(told, vec![Some((0x2A, 0x06)), REPORTED_LUNS_CHANGED]);
+    assert_eq!(port_group_states(&mut c, 0).await, vec![(10, 3), (20, 0)]);
+    settle(&mut c, 1).await;
+    assert_eq!(port_group_states(&mut c, 1).await, vec![(10, 3), (20, 0)]);
+
+    // This gateway to standby: media access refused, the session stays.
+    let mut standby = next.clone();
+    standby.targets[0].alua = groups(AccessState::Standby, AccessState::ActiveOptimized);
+    admin.apply(&standby).await.unwrap();
+    assert_eq!(run(&mut c, 0, &TUR, 0).await.1, Some((0x2A, 0x06)));
+    let (s, sense, _) = run(&mut c, 0, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512).await;
+    assert_eq!(
+        (s, sense),
+        (2, Some((0x04, 0x0B))),
+        "TARGET PORT IN STANDBY STATE"
+    );
+    // The same again changes nothing; a changed portal group tag is refused.
+    assert!(admin
+        .apply(&standby)
+        .await
+        .unwrap()
+        .port_groups_changed
+        .is_empty());
+    let mut moved = standby.clone();
+    moved.targets[0].tpgt = 3;
+    assert!(
+        matches!(admin.apply(&moved).await, Err(AdminError::BadSpec(w)) if w.contains("portal_group_tag"))
+    );
+}

@@ -53,6 +53,7 @@ impl LoginEnv for Env {
             params: LocalParams::default(),
             authenticator,
             target_alias: Some("fuzz".into()),
+            portal_group_tag: None,
             extensions: Vec::new(),
         })
     }

@@ -100,6 +100,8 @@ fn config() -> ServerConfig {
             limits,
             auth: AuthSpec::default(),
             qos_initiators: Vec::new(),
+            tpgt: 1,
+            alua: None,
         }],
         discovery_auth: AuthSpec::default(),
         limits: ServerLimits {

@@ -38,6 +38,8 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             limits: l,
             auth: Default::default(),
             qos_initiators: Vec::new(),
+            tpgt: 1,
+            alua: None,
         }],
         discovery_auth: Default::default(),
         limits: Default::default(),

@@ -212,6 +212,9 @@ pub async fn reload(admin: &Admin, r: &Reload) -> anyhow::Result<String> {
     for t in &c.portals_changed {
         parts.push(format!("{t} portals changed"));
     }
+    for t in &c.port_groups_changed {
+        parts.push(format!("{t} ALUA port groups changed"));
+    }
     Ok(if parts.is_empty() {
         String::from("no change")
     } else {
@@ -530,6 +533,8 @@ fn target_spec(
             ..Default::default()
         },
         qos_initiators: Vec::new(),
+        tpgt: 1,
+        alua: None,
     })
 }
 

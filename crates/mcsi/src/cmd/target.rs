@@ -168,6 +168,8 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 limits: Limits::default(),
                 auth: Default::default(),
                 qos_initiators: Vec::new(),
+                tpgt: 1,
+                alua: None,
             }],
             discovery_auth: Default::default(),
             limits: Default::default(),

@@ -1,0 +1,347 @@
+//! Asymmetric logical unit access (SPC-4 5.15): the target port groups through which a logical
+//! unit is reached, each in an access state. A multipath initiator reads them with REPORT
+//! TARGET PORT GROUPS and sends its I/O through the active/optimized group; a port in standby
+//! or unavailable refuses media access, so an initiator that ignores the states cannot write
+//! through the wrong gateway.
+//!
+//! mcsi reports the states and changes them when the configuration says so (implicit ALUA,
+//! TPGS 01b): a group's state is what the administrator or a cluster manager sets, in every
+//! gateway alike. SET TARGET PORT GROUPS (explicit ALUA) is not supported: a gateway could
+//! change only its own copy of the states.
+
+use std::fmt;
+
+/// A target port group's asymmetric access state (SPC-4 table 148).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AccessState {
+    ActiveOptimized,
+    ActiveNonOptimized,
+    Standby,
+    Unavailable,
+}
+
+impl AccessState {
+    /// Every state and its name, as the configuration spells it.
+    pub const NAMES: [(&'static str, AccessState); 4] = [
+        ("active/optimized", AccessState::ActiveOptimized),
+        ("active/non-optimized", AccessState::ActiveNonOptimized),
+        ("standby", AccessState::Standby),
+        ("unavailable", AccessState::Unavailable),
+    ];
+
+    /// Parses a configured name.
+    pub fn parse(s: &str) -> Option<AccessState> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(s))
+            .map(|(_, a)| *a)
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("?", |(n, _)| n)
+    }
+
+    /// The ASYMMETRIC ACCESS STATE field's code.
+    pub fn code(self) -> u8 {
+        match self {
+            AccessState::ActiveOptimized => 0x0,
+            AccessState::ActiveNonOptimized => 0x1,
+            AccessState::Standby => 0x2,
+            AccessState::Unavailable => 0x3,
+        }
+    }
+}
+
+impl fmt::Display for AccessState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One target port group: its identifier, state, and the relative target port identifiers of
+/// its ports (for iSCSI, each gateway's target portal group tag).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PortGroup {
+    pub id: u16,
+    pub state: AccessState,
+    /// The PREF bit: a preferred group for the initiator's I/O when several are active.
+    pub preferred: bool,
+    pub ports: Vec<u16>,
+}
+
+/// Why a set of port groups cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AluaError(pub String);
+
+/// The target port groups of a logical unit, checked: at least one group, identifiers unique
+/// and not 0, each port in one group only, each group with at least one port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Alua {
+    groups: Vec<PortGroup>,
+}
+
+/// How many groups, and ports in all, a unit may have: REPORT TARGET PORT GROUPS counts a
+/// group's ports in one byte, and a list this long is already far beyond a real cluster's.
+pub const MAX_GROUPS: usize = 64;
+pub const MAX_PORTS: usize = 255;
+
+impl Alua {
+    pub fn new(groups: Vec<PortGroup>) -> Result<Alua, AluaError> {
+        if groups.is_empty() {
+            return Err(AluaError("no target port group".into()));
+        }
+        if groups.len() > MAX_GROUPS {
+            return Err(AluaError(format!(
+                "{} target port groups; at most {MAX_GROUPS}",
+                groups.len()
+            )));
+        }
+        let mut ports = std::collections::BTreeMap::new();
+        for (i, g) in groups.iter().enumerate() {
+            if g.id == 0 {
+                return Err(AluaError(
+                    "target port group 0: identifiers start at 1".into(),
+                ));
+            }
+            if groups[..i].iter().any(|h| h.id == g.id) {
+                return Err(AluaError(format!(
+                    "target port group {} is given twice",
+                    g.id
+                )));
+            }
+            if g.ports.is_empty() {
+                return Err(AluaError(format!(
+                    "target port group {} has no port; list the portal group tags of its gateways in `ports`",
+                    g.id
+                )));
+            }
+            if g.ports.len() > MAX_PORTS {
+                return Err(AluaError(format!(
+                    "target port group {} has {} ports; at most {MAX_PORTS}",
+                    g.id,
+                    g.ports.len()
+                )));
+            }
+            for &p in &g.ports {
+                if p == 0 {
+                    return Err(AluaError(format!(
+                        "target port group {}: port 0; relative target port identifiers (portal group tags) start at 1",
+                        g.id
+                    )));
+                }
+                if let Some(other) = ports.insert(p, g.id) {
+                    return Err(AluaError(format!(
+                        "port {p} is in target port groups {other} and {}; a port is in one group",
+                        g.id
+                    )));
+                }
+            }
+        }
+        Ok(Alua { groups })
+    }
+
+    pub fn groups(&self) -> &[PortGroup] {
+        &self.groups
+    }
+
+    /// The group that relative target port `port` is in.
+    pub fn group_of(&self, port: u16) -> Option<&PortGroup> {
+        self.groups.iter().find(|g| g.ports.contains(&port))
+    }
+
+    /// The access state seen through `port`: that of its group; a port in no group is served
+    /// as active/optimized.
+    pub fn state_of(&self, port: u16) -> AccessState {
+        self.group_of(port)
+            .map_or(AccessState::ActiveOptimized, |g| g.state)
+    }
+
+    /// REPORT TARGET PORT GROUPS parameter data (SPC-4 6.37), in the length-only format or the
+    /// extended one (with an implicit transition time of `transition_secs`). `changed` are the
+    /// groups whose state the configuration changed, reported with STATUS CODE 02h.
+    pub fn report(&self, extended: bool, transition_secs: u8, changed: &[u16]) -> Vec<u8> {
+        let mut d = vec![0u8; if extended { 8 } else { 4 }];
+        if extended {
+            d[4] = 0x10; // FORMAT TYPE 001b
+            d[5] = transition_secs;
+        }
+        for g in &self.groups {
+            let mut h = [0u8; 8];
+            h[0] = (u8::from(g.preferred) << 7) | g.state.code();
+            // Supported: active/optimized, active/non-optimized, standby, unavailable.
+            h[1] = 0x0F;
+            h[2..4].copy_from_slice(&g.id.to_be_bytes());
+            h[5] = if changed.contains(&g.id) { 0x02 } else { 0x00 };
+            h[7] = g.ports.len() as u8;
+            d.extend_from_slice(&h);
+            for p in &g.ports {
+                d.extend_from_slice(&[0, 0]);
+                d.extend_from_slice(&p.to_be_bytes());
+            }
+        }
+        let len = (d.len() - 4) as u32;
+        d[0..4].copy_from_slice(&len.to_be_bytes());
+        d
+    }
+
+    /// Groups whose state differs between `self` and `next` (or that only one has).
+    pub fn changed_groups(&self, next: &Alua) -> Vec<u16> {
+        let mut out: Vec<u16> = next
+            .groups
+            .iter()
+            .filter(|g| self.groups.iter().find(|h| h.id == g.id) != Some(g))
+            .map(|g| g.id)
+            .collect();
+        out.extend(
+            self.groups
+                .iter()
+                .filter(|h| !next.groups.iter().any(|g| g.id == h.id))
+                .map(|h| h.id),
+        );
+        out
+    }
+}
+
+/// Whether a command with operation code `op` (service action `sa`) may run through a port in
+/// `state` (SPC-4 5.15.2.4): every command in the active states; in standby, those that
+/// identify the unit, its modes and logs, its reservations and its port groups; in the
+/// unavailable state, only those that identify the unit and its port groups.
+pub fn allowed(state: AccessState, op: u8, sa: u8) -> bool {
+    const INQUIRY: u8 = 0x12;
+    const REPORT_LUNS: u8 = 0xA0;
+    const REQUEST_SENSE: u8 = 0x03;
+    const MAINTENANCE_IN: u8 = 0xA3;
+    const MAINTENANCE_OUT: u8 = 0xA4;
+    const SA_TARGET_PORT_GROUPS: u8 = 0x0A;
+    let port_groups = matches!(op, MAINTENANCE_IN | MAINTENANCE_OUT) && sa == SA_TARGET_PORT_GROUPS;
+    let identify = matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE) || port_groups;
+    match state {
+        AccessState::ActiveOptimized | AccessState::ActiveNonOptimized => true,
+        AccessState::Standby => {
+            identify
+                || matches!(
+                    op,
+                    0x4C | 0x4D // LOG SELECT, LOG SENSE
+                    | 0x15 | 0x55 | 0x1A | 0x5A // MODE SELECT, MODE SENSE (6, 10)
+                    | 0x1C | 0x1D // RECEIVE DIAGNOSTIC RESULTS, SEND DIAGNOSTIC
+                    | 0x5E | 0x5F // PERSISTENT RESERVE IN, OUT
+                )
+                // REPORT SUPPORTED OPERATION CODES and TASK MANAGEMENT FUNCTIONS.
+                || (op == MAINTENANCE_IN && matches!(sa, 0x0C | 0x0D))
+        }
+        AccessState::Unavailable => identify,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(id: u16, state: AccessState, ports: &[u16]) -> PortGroup {
+        PortGroup {
+            id,
+            state,
+            preferred: false,
+            ports: ports.to_vec(),
+        }
+    }
+
+    #[test]
+    fn groups_are_checked_whole() {
+        use AccessState::*;
+        let bad = [
+            (vec![], "no target port group"),
+            (vec![group(0, Standby, &[1])], "start at 1"),
+            (
+                vec![group(1, Standby, &[1]), group(1, Standby, &[2])],
+                "given twice",
+            ),
+            (vec![group(1, Standby, &[])], "no port"),
+            (vec![group(1, Standby, &[0])], "port 0"),
+            (
+                vec![group(1, Standby, &[1, 2]), group(2, Standby, &[2])],
+                "port 2 is in target port groups 1 and 2",
+            ),
+        ];
+        for (groups, why) in bad {
+            let e = Alua::new(groups.clone()).unwrap_err();
+            assert!(e.0.contains(why), "{groups:?}: {e}");
+        }
+        let a = Alua::new(vec![
+            group(1, ActiveOptimized, &[1]),
+            group(2, Standby, &[2, 3]),
+        ])
+        .unwrap();
+        assert_eq!(a.state_of(3), Standby);
+        assert_eq!(a.state_of(1), ActiveOptimized);
+        assert_eq!(a.state_of(9), ActiveOptimized);
+    }
+
+    #[test]
+    fn report_has_one_descriptor_per_group() {
+        use AccessState::*;
+        let a = Alua::new(vec![
+            PortGroup {
+                preferred: true,
+                ..group(1, ActiveOptimized, &[1])
+            },
+            group(7, ActiveNonOptimized, &[2, 0x0102]),
+        ])
+        .unwrap();
+        let d = a.report(false, 0, &[7]);
+        assert_eq!(
+            u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize,
+            d.len() - 4
+        );
+        assert_eq!(&d[4..12], &[0x80, 0x0F, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(&d[12..16], &[0, 0, 0, 1]);
+        assert_eq!(&d[16..24], &[0x01, 0x0F, 0, 7, 0, 0x02, 0, 2]);
+        assert_eq!(&d[24..32], &[0, 0, 0, 2, 0, 0, 1, 2]);
+        assert_eq!(d.len(), 32);
+        let e = a.report(true, 10, &[]);
+        assert_eq!(&e[4..8], &[0x10, 10, 0, 0]);
+        assert_eq!(e.len(), 36);
+        assert_eq!(u32::from_be_bytes(e[0..4].try_into().unwrap()), 32);
+    }
+
+    #[test]
+    fn standby_and_unavailable_refuse_media_access() {
+        use AccessState::*;
+        let read10 = 0x28;
+        let write10 = 0x2A;
+        let tur = 0x00;
+        for s in [ActiveOptimized, ActiveNonOptimized] {
+            assert!(allowed(s, read10, 0) && allowed(s, write10, 0) && allowed(s, tur, 0));
+        }
+        for s in [Standby, Unavailable] {
+            assert!(!allowed(s, read10, 0) && !allowed(s, write10, 0) && !allowed(s, tur, 0));
+            assert!(allowed(s, 0x12, 0) && allowed(s, 0xA0, 0) && allowed(s, 0xA3, 0x0A));
+            assert!(!allowed(s, 0xA3, 0x00));
+        }
+        assert!(allowed(Standby, 0x5F, 0) && !allowed(Unavailable, 0x5F, 0));
+        assert!(allowed(Standby, 0x1A, 0) && !allowed(Unavailable, 0x1A, 0));
+    }
+
+    #[test]
+    fn changed_groups_are_those_that_differ() {
+        use AccessState::*;
+        let a = Alua::new(vec![
+            group(1, ActiveOptimized, &[1]),
+            group(2, Standby, &[2]),
+        ])
+        .unwrap();
+        let b = Alua::new(vec![
+            group(1, ActiveOptimized, &[1]),
+            group(2, ActiveNonOptimized, &[2]),
+        ])
+        .unwrap();
+        assert_eq!(a.changed_groups(&b), vec![2]);
+        assert_eq!(a.changed_groups(&a), Vec::<u16>::new());
+        let c = Alua::new(vec![group(1, ActiveOptimized, &[1])]).unwrap();
+        assert_eq!(a.changed_groups(&c), vec![2]);
+    }
+}
