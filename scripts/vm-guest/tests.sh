@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy pr)
+VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy pr alua)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -169,6 +169,62 @@ test_pr() {
   vm_finish 240 || return
   stop_target || die "the target did not stop cleanly"
   log "sg_persist read the same keys and reservation after SIGKILL of the target"
+}
+
+# alua_conf FILE TAG PORT STATE1 STATE2: a gateway's file: the LUN (one file, one identity for
+# both gateways), its portal group tag, and the two port groups' states.
+alua_conf() {
+  cat >"$1" <<EOF
+listen = ["$HOST_IP:$3"]
+[[targets]]
+iqn = "iqn.2026-01.org.mcsi:vm-alua"
+portal_group_tag = $2
+luns = [{ backend = "file:$RUN/alua.img", serial = "vmalua", naa = "6001405a1a2a3a4a5a6a7a8a9aaabaca" }]
+[[targets.port_groups]]
+id = 1
+state = "$4"
+ports = [1]
+[[targets.port_groups]]
+id = 2
+state = "$5"
+ports = [2]
+EOF
+}
+
+# test_alua: two gateways of one LUN in port groups 1 (active/optimized) and 2
+# (active/non-optimized), through the kernel's ALUA handler; a reload of both swaps them
+# (gateway 1 standby, gateway 2 active/optimized) while the sessions run.
+test_alua() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-alua pid1 pid2 i
+  truncate -s 64M "$RUN/alua.img"
+  alua_conf "$RUN/gw1.toml" 1 3260 active/optimized active/non-optimized
+  alua_conf "$RUN/gw2.toml" 2 3261 active/optimized active/non-optimized
+  ns_target "$RUN/target1.log" --config "$RUN/gw1.toml"
+  pid1=$TARGET_PID
+  in_ns_wait_port 3260 "$HOST_IP"
+  ns_target "$RUN/target2.log" --config "$RUN/gw2.toml"
+  pid2=$TARGET_PID
+  in_ns_wait_port 3261 "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/alua.sh IQN=$iqn
+  vm_expect ready 240
+  alua_conf "$RUN/gw1.toml" 1 3260 standby active/optimized
+  alua_conf "$RUN/gw2.toml" 2 3261 standby active/optimized
+  kill -HUP "$pid1" "$pid2"
+  for i in $(seq 100); do
+    grep -q "ALUA port groups changed" "$RUN/target1.log" &&
+      grep -q "ALUA port groups changed" "$RUN/target2.log" && break
+    [ "$i" -lt 100 ] || die "the gateways did not reload their port groups (logs: $RUN/target*.log)"
+    sleep 0.1
+  done
+  log "both gateways reloaded: gateway 1 standby, gateway 2 active/optimized"
+  vm_send swapped
+  vm_expect checked 240
+  vm_send logout
+  vm_finish 240 || return
+  stop_target || die "gateway 2 did not stop cleanly"
+  TARGET_PID=$pid1
+  stop_target || die "gateway 1 did not stop cleanly"
+  log "the kernel followed the port groups' states through a reload, the sessions staying"
 }
 
 # test_lio: LIO in the VM (MaxConnections=4; ErrorRecoveryLevel 0, LIO's default) against mcsi's
