@@ -192,10 +192,10 @@ EOF
 }
 
 # test_alua: two gateways of one LUN in port groups 1 (active/optimized) and 2
-# (active/non-optimized), through the kernel's ALUA handler; a reload of both swaps them
-# (gateway 1 standby, gateway 2 active/optimized) while the sessions run.
+# (active/non-optimized), through the kernel's ALUA handler and dm-multipath; under fio with
+# verify, a reload of both sets gateway 1 unavailable and gateway 2 active/optimized, then back.
 test_alua() {
-  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-alua pid1 pid2 i
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-alua pid1 pid2 reloads=0
   truncate -s 64M "$RUN/alua.img"
   alua_conf "$RUN/gw1.toml" 1 3260 active/optimized active/non-optimized
   alua_conf "$RUN/gw2.toml" 2 3261 active/optimized active/non-optimized
@@ -205,26 +205,34 @@ test_alua() {
   ns_target "$RUN/target2.log" --config "$RUN/gw2.toml"
   pid2=$TARGET_PID
   in_ns_wait_port 3261 "$HOST_IP"
+  # states STATE1 STATE2 WORD: both gateways' files, reloaded; then WORD to the guest.
+  states() {
+    local i
+    alua_conf "$RUN/gw1.toml" 1 3260 "$1" "$2"
+    alua_conf "$RUN/gw2.toml" 2 3261 "$1" "$2"
+    reloads=$((reloads + 1))
+    kill -HUP "$pid1" "$pid2"
+    for i in $(seq 100); do
+      [ "$(grep -c "ALUA port groups changed" "$RUN/target1.log")" -ge $reloads ] &&
+        [ "$(grep -c "ALUA port groups changed" "$RUN/target2.log")" -ge $reloads ] && break
+      [ "$i" -lt 100 ] || die "the gateways did not reload their port groups (logs: $RUN/target*.log)"
+      sleep 0.1
+    done
+    log "both gateways reloaded: gateway 1 $1, gateway 2 $2"
+    vm_send "$3"
+  }
   vm_boot "$img" scripts/vm-guest/alua.sh IQN=$iqn
-  vm_expect ready 240
-  alua_conf "$RUN/gw1.toml" 1 3260 standby active/optimized
-  alua_conf "$RUN/gw2.toml" 2 3261 standby active/optimized
-  kill -HUP "$pid1" "$pid2"
-  for i in $(seq 100); do
-    grep -q "ALUA port groups changed" "$RUN/target1.log" &&
-      grep -q "ALUA port groups changed" "$RUN/target2.log" && break
-    [ "$i" -lt 100 ] || die "the gateways did not reload their port groups (logs: $RUN/target*.log)"
-    sleep 0.1
-  done
-  log "both gateways reloaded: gateway 1 standby, gateway 2 active/optimized"
-  vm_send swapped
-  vm_expect checked 240
+  vm_expect io-running 240
+  states unavailable active/optimized failed-over
+  vm_expect moved 120
+  states active/optimized active/non-optimized failed-back
+  vm_expect checked 120
   vm_send logout
   vm_finish 240 || return
   stop_target || die "gateway 2 did not stop cleanly"
   TARGET_PID=$pid1
   stop_target || die "gateway 1 did not stop cleanly"
-  log "the kernel followed the port groups' states through a reload, the sessions staying"
+  log "dm-multipath followed the port groups through two reloads under fio with verify, no error"
 }
 
 # test_lio: LIO in the VM (MaxConnections=4; ErrorRecoveryLevel 0, LIO's default) against mcsi's
