@@ -78,6 +78,15 @@ impl DeviceServer {
         find(&self.luns.load(), raw).cloned()
     }
 
+    /// The raw 8-byte LUN this inventory gives `unit`, if it has it.
+    pub fn raw_lun_of(&self, unit: &Arc<LogicalUnit>) -> Option<u64> {
+        self.luns
+            .load()
+            .iter()
+            .find(|(_, u)| Arc::ptr_eq(u, unit))
+            .map(|(i, _)| crate::lun::encode(*i))
+    }
+
     /// `(index, unit)` pairs in index order, as the inventory is now.
     pub fn luns(&self) -> Arc<Vec<(u16, Arc<LogicalUnit>)>> {
         self.luns.load_full()

@@ -375,6 +375,7 @@ impl Admin {
             target: t.name.clone(),
             lun,
         })?;
+        t.lun_removed(lun);
         self.record_lun(&t, lun, None);
         drain_and_flush(&t.name, lun, lu).await;
         tracing::info!(target = %t.name, lun, "the administrator removed a LUN");
@@ -420,10 +421,13 @@ impl Admin {
     ) -> Result<(), AdminError> {
         let spec = spec.with_identity(&unit.config().serial, unit.config().naa_id);
         unit.set_alua(t.alua.load().as_deref().cloned());
-        t.dev.add(lun, unit).map_err(|_| AdminError::LunInUse {
-            target: t.name.clone(),
-            lun,
-        })?;
+        t.dev
+            .add(lun, unit.clone())
+            .map_err(|_| AdminError::LunInUse {
+                target: t.name.clone(),
+                lun,
+            })?;
+        t.lun_added(lun, &unit);
         self.record_lun(t, lun, Some((spec, self.metrics.lun(&t.name, lun))));
         Ok(())
     }
@@ -562,6 +566,9 @@ impl Admin {
             }
             if t.tpgt != was.tpgt {
                 return in_place("its portal_group_tag");
+            }
+            if t.lun_maps != was.lun_maps {
+                return in_place("its LUN maps");
             }
             if t.portals != was.portals {
                 moved.push(t);
@@ -775,6 +782,7 @@ impl Admin {
         let luns: Vec<u16> = t.dev.luns().iter().map(|(n, _)| *n).collect();
         for n in luns {
             if let Ok(lu) = t.dev.remove(n) {
+                t.lun_removed(n);
                 drain_and_flush(&t.name, n, lu).await;
             }
         }

@@ -684,6 +684,76 @@ pub struct FileTarget {
     /// each group in an access state. Absent: no ALUA (TPGS 0).
     #[serde(default)]
     pub port_groups: Vec<FilePortGroup>,
+    /// Per-initiator LUN maps (`[[targets.lun_maps]]`): an initiator named in one sees only its
+    /// mapped LUNs, under its own numbers; the others see every LUN.
+    #[serde(default)]
+    pub lun_maps: Vec<FileLunMap>,
+}
+
+/// `[[targets.lun_maps]]`: which LUNs one initiator sees, and under which numbers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLunMap {
+    /// The initiator's iSCSI name.
+    pub initiator: String,
+    /// The initiator's LUN number = the target's LUN number: `luns = { 0 = 3, 1 = 5 }`.
+    pub luns: std::collections::BTreeMap<String, u16>,
+}
+
+/// A validated LUN map: the initiator (lower case, as names compare) and its LUNs, by the
+/// number it sees them under, to the target's number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LunMap {
+    pub initiator: String,
+    pub luns: std::collections::BTreeMap<u16, u16>,
+}
+
+/// `[[targets.lun_maps]]` checked against the target's LUN numbers `have`.
+fn lun_maps(maps: &[FileLunMap], have: &[u16], at: &str) -> Result<Vec<LunMap>, ConfigError> {
+    let mut out: Vec<LunMap> = Vec::with_capacity(maps.len());
+    for (k, m) in maps.iter().enumerate() {
+        let f = |x: &str| format!("{at}[{k}].{x}");
+        let initiator = m.initiator.trim().to_ascii_lowercase();
+        if initiator.is_empty() {
+            return Err(cerr(f("initiator"), "empty; name the initiator (iqn....)"));
+        }
+        if out.iter().any(|o| o.initiator == initiator) {
+            return Err(cerr(
+                f("initiator"),
+                format!("{initiator} has two maps; give it one"),
+            ));
+        }
+        let mut luns = std::collections::BTreeMap::new();
+        for (seen_as, &target_lun) in &m.luns {
+            let n: u16 = seen_as.parse().ok().filter(|n| *n < 16384).ok_or_else(|| {
+                cerr(
+                    f("luns"),
+                    format!("'{seen_as}' is not a LUN number (0 to 16383): write `luns = {{ 0 = 3 }}` for the target's LUN 3 seen as LUN 0"),
+                )
+            })?;
+            if !have.contains(&target_lun) {
+                return Err(cerr(
+                    f("luns"),
+                    format!("LUN {target_lun} is not one of this target's LUNs ({have:?})"),
+                ));
+            }
+            if let Some((other, _)) = luns.iter().find(|(_, t)| **t == target_lun) {
+                return Err(cerr(
+                    f("luns"),
+                    format!("the target's LUN {target_lun} is mapped twice (as {other} and {n})"),
+                ));
+            }
+            luns.insert(n, target_lun);
+        }
+        if luns.is_empty() {
+            return Err(cerr(
+                f("luns"),
+                "no LUN: an initiator that should see none belongs out of allow_initiators",
+            ));
+        }
+        out.push(LunMap { initiator, luns });
+    }
+    Ok(out)
 }
 
 /// `[[targets.port_groups]]`: one ALUA target port group.
@@ -1345,6 +1415,8 @@ pub struct TargetSpec {
     pub tpgt: u16,
     /// ALUA target port groups (None: no ALUA); `tpgt` is in one of them.
     pub alua: Option<mcsi_scsi::alua::Alua>,
+    /// Per-initiator LUN maps.
+    pub lun_maps: Vec<LunMap>,
 }
 
 impl TargetSpec {
@@ -1683,6 +1755,8 @@ impl ServerConfig {
                 Some(n) => n,
             };
             let alua = port_groups(&t.port_groups, tpgt).map_err(|e| cerr(at("port_groups"), e))?;
+            let have: Vec<u16> = numbered(&luns).into_iter().map(|(n, _)| n).collect();
+            let lun_maps = lun_maps(&t.lun_maps, &have, &at("lun_maps"))?;
             targets.push(TargetSpec {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
@@ -1695,6 +1769,7 @@ impl ServerConfig {
                 qos_initiators,
                 tpgt,
                 alua,
+                lun_maps,
             });
         }
         let discovery_auth = match file.discovery.as_ref().and_then(|d| d.auth.as_ref()) {
@@ -2193,6 +2268,43 @@ mod tests {
             let e = file(groups, tag).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains("targets[0]"), "{e}");
         }
+    }
+
+    #[test]
+    fn lun_maps_are_read_and_checked() {
+        let file = |maps: &str| {
+            ServerConfig::from_toml(&format!(
+                r#"
+                listen = ["127.0.0.1:3261"]
+                [[targets]]
+                iqn = "iqn.2026-01.org.mcsi:a"
+                luns = [{{ backend = "ram:1MiB" }}, {{ backend = "ram:1MiB", lun = 3 }}]
+                {maps}
+                "#
+            ))
+        };
+        let c = file(
+            "[[targets.lun_maps]]\ninitiator = \"IQN.2026-01.org.mcsi:Host\"\nluns = { 0 = 3, 7 = 0 }",
+        )
+        .unwrap();
+        let m = &c.targets[0].lun_maps[0];
+        assert_eq!(m.initiator, "iqn.2026-01.org.mcsi:host");
+        assert_eq!(m.luns, [(0, 3), (7, 0)].into_iter().collect());
+        for (maps, why) in [
+            ("luns = { 0 = 4 }", "LUN 4 is not one of this target's LUNs"),
+            ("luns = { 0 = 3, 1 = 3 }", "mapped twice"),
+            ("luns = { x = 3 }", "'x' is not a LUN number"),
+            ("luns = {}", "no LUN"),
+        ] {
+            let e = file(&format!(
+                "[[targets.lun_maps]]\ninitiator = \"iqn.2026-01.org.mcsi:h\"\n{maps}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(why) && e.contains("lun_maps[0]"), "{e}");
+        }
+        let twice = "[[targets.lun_maps]]\ninitiator = \"iqn.x:h\"\nluns = { 0 = 3 }\n[[targets.lun_maps]]\ninitiator = \"IQN.x:H\"\nluns = { 0 = 0 }";
+        assert!(file(twice).unwrap_err().to_string().contains("two maps"));
     }
 
     #[test]

@@ -500,22 +500,14 @@ impl Reader {
     fn carry_out(&mut self, a: Arrival) -> Result<(), ConnEnd> {
         match a {
             Arrival::Now(now) => {
-                if let Some(target) = &self.session.target {
+                if let Some(units) = &self.session.units {
                     let RunNow {
                         cmd,
                         phase,
                         data,
                         claim,
                     } = now;
-                    scsi::run_inline(
-                        &self.session,
-                        &target.dev,
-                        &self.conn,
-                        &cmd,
-                        phase,
-                        data,
-                        claim,
-                    );
+                    scsi::run_inline(&self.session, units, &self.conn, &cmd, phase, data, claim);
                 }
             }
             Arrival::Taken { runs, note } => {

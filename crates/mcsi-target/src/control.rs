@@ -46,10 +46,10 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
     match r {
         Run::Control(c, p) => run(session, c, p),
         Run::Inline(d, claim) => {
-            if let Some(t) = &session.target {
+            if let Some(units) = &session.units {
                 crate::scsi::run_inline(
                     session,
-                    &t.dev,
+                    units,
                     &d.conn,
                     &d.cmd,
                     d.phase,
@@ -180,7 +180,10 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
         ));
         return;
     };
-    let mut plan = Tmf::plan(&t, target.dev.lu(t.lun).is_some());
+    let Some(units) = session.units.clone() else {
+        return;
+    };
+    let mut plan = Tmf::plan(&t, units.lu(t.lun).is_some());
     if matches!(
         plan,
         Tmf::AbortOnTarget {
@@ -260,7 +263,7 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
                 match reset {
                     Reset::Nothing => {}
                     Reset::Lun(lun) => {
-                        if let Some(lu) = target.dev.lu(lun) {
+                        if let Some(lu) = units.lu(lun) {
                             lu.reset();
                         }
                     }
@@ -318,16 +321,30 @@ async fn close_target_sessions(session: &Arc<Session>, target: &Arc<Target>) {
 /// statuses are not sent).
 async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, plan: &Tmf) {
     let mut waits = Vec::new();
-    let cleared = match *plan {
+    // The unit the request addresses, by this session's numbers; each other session addresses
+    // it under its own (a LUN map may number it otherwise, or not show it at all).
+    let (unit, reset) = match *plan {
         Tmf::AbortOnTarget {
             lun: Some(lun),
-            reset: Reset::Nothing,
-        } => target.dev.lu(lun),
-        _ => None,
+            reset,
+        } => (session.units.as_ref().and_then(|u| u.lu(lun)), reset),
+        Tmf::AbortOnTarget { lun: None, reset } => (None, reset),
+        _ => (None, Reset::Nothing),
     };
+    let cleared = unit.clone().filter(|_| reset == Reset::Nothing);
     for s in session.shared.all_sessions() {
         if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
-            let aborted = s.abort_where(|e| plan.aborts(e));
+            let theirs = match (&unit, Arc::ptr_eq(&s, session)) {
+                (Some(lu), false) => match s.units.as_ref().and_then(|u| u.raw_lun_of(lu)) {
+                    Some(lun) => Tmf::AbortOnTarget {
+                        lun: Some(lun),
+                        reset,
+                    },
+                    None => continue,
+                },
+                _ => *plan,
+            };
+            let aborted = s.abort_where(|e| theirs.aborts(e));
             if let Some(lu) = &cleared {
                 if aborted.found > 0 && !Arc::ptr_eq(&s, session) {
                     lu.tasks_cleared_by_another(&s.nexus);

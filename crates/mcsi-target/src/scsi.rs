@@ -176,7 +176,14 @@ fn account(
         )
     };
     match &session.target {
-        Some(t) => t.with_lun_metrics(cmd.lun, account),
+        // A LUN map's number counts for the target's LUN it names.
+        Some(t) => t.with_lun_metrics(
+            session
+                .view
+                .as_ref()
+                .map_or(cmd.lun, |v| v.target_lun(cmd.lun)),
+            account,
+        ),
         None => account(None),
     }
 }

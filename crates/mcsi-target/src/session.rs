@@ -44,6 +44,9 @@ pub struct Target {
     /// ALUA target port groups, given to each of its LUNs (none: no ALUA). A reload may change
     /// them while the target runs ([`Target::set_alua`]).
     pub alua: arc_swap::ArcSwapOption<mcsi_scsi::alua::Alua>,
+    /// The LUN maps: for each mapped initiator, the units of `dev` it sees, under its numbers.
+    /// A LUN added to or removed from the target is added to or removed from them too.
+    pub views: Vec<Arc<LunView>>,
     pub limits: Limits,
     /// Authentication and access control of this target (each login reads it once; `mcsi
     /// ctl` may replace it while the target runs).
@@ -55,6 +58,26 @@ pub struct Target {
     pub qos_admitted: Arc<Mutex<QosLedger>>,
     /// QoS of the sessions of the initiators named here, in place of `limits.qos`.
     pub qos_initiators: Vec<(String, crate::config::QosSpec)>,
+}
+
+/// One initiator's view of a target's LUNs ([`crate::config::LunMap`]).
+pub struct LunView {
+    /// The initiator's name, lower case.
+    pub initiator: String,
+    /// Its LUN numbers, each to the target's.
+    pub map: std::collections::BTreeMap<u16, u16>,
+    /// The mapped units under its numbers: what its sessions address.
+    pub dev: Arc<DeviceServer>,
+}
+
+impl LunView {
+    /// The target's raw LUN for the raw LUN this initiator addressed (an unmapped one stays
+    /// as it is, and finds nothing in `dev`).
+    pub fn target_lun(&self, raw: u64) -> u64 {
+        mcsi_scsi::lun::decode(raw)
+            .and_then(|n| self.map.get(&n))
+            .map_or(raw, |t| mcsi_scsi::lun::encode(*t))
+    }
 }
 
 /// Bytes per second reserved by the sessions in, each way.
@@ -122,7 +145,27 @@ impl Target {
         for (_, lu) in &luns {
             lu.set_alua(t.alua.clone());
         }
+        let views = t
+            .lun_maps
+            .iter()
+            .map(|m| {
+                let units = m
+                    .luns
+                    .iter()
+                    .filter_map(|(seen, n)| {
+                        let (_, lu) = luns.iter().find(|(i, _)| i == n)?;
+                        Some((*seen, lu.clone()))
+                    })
+                    .collect();
+                Arc::new(LunView {
+                    initiator: m.initiator.clone(),
+                    map: m.luns.clone(),
+                    dev: Arc::new(DeviceServer::new(units)),
+                })
+            })
+            .collect();
         Arc::new(Target {
+            views,
             lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics.to_vec()),
             name: t.iqn.clone(),
             alias: t.alias.clone(),
@@ -150,6 +193,39 @@ impl Target {
             lu.set_alua(next.clone());
         }
         true
+    }
+
+    /// The LUN map of `initiator`, if it has one.
+    pub fn view_of(&self, initiator: &str) -> Option<Arc<LunView>> {
+        self.views
+            .iter()
+            .find(|v| v.initiator.eq_ignore_ascii_case(initiator))
+            .cloned()
+    }
+
+    /// What a session of `initiator` addresses: its LUN map's units, or every unit.
+    pub fn units_for(&self, initiator: &str) -> Arc<DeviceServer> {
+        self.view_of(initiator)
+            .map_or_else(|| self.dev.clone(), |v| v.dev.clone())
+    }
+
+    /// LUN `n` was added to the target: the maps that name it see it too (with REPORTED LUNS
+    /// DATA HAS CHANGED).
+    pub fn lun_added(&self, n: u16, unit: &Arc<mcsi_scsi::LogicalUnit>) {
+        for v in &self.views {
+            for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
+                let _ = v.dev.add(*seen, unit.clone());
+            }
+        }
+    }
+
+    /// LUN `n` was removed from the target: from the maps that name it too.
+    pub fn lun_removed(&self, n: u16) {
+        for v in &self.views {
+            for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
+                let _ = v.dev.remove(*seen);
+            }
+        }
     }
 
     /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
@@ -861,6 +937,10 @@ pub struct Session {
     pub isid: Isid,
     pub initiator_name: String,
     pub target: Option<Arc<Target>>,
+    /// The units this session addresses: its initiator's LUN map's, or the target's.
+    pub units: Option<Arc<DeviceServer>>,
+    /// Its initiator's LUN map, if it has one.
+    pub view: Option<Arc<LunView>>,
     pub ops: SessionOps,
     pub nexus: Nexus,
     pub shared: Arc<Shared>,
@@ -1011,7 +1091,14 @@ impl Session {
                 .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout),
         );
         let window = AtomicU64::new(pack_window(core.cmd_sns()));
+        let view = target.as_ref().and_then(|t| t.view_of(&initiator_name));
+        let units = target.as_ref().map(|t| {
+            view.as_ref()
+                .map_or_else(|| t.dev.clone(), |v| v.dev.clone())
+        });
         Arc::new_cyclic(|me| Session {
+            units,
+            view,
             me: me.clone(),
             window,
             runner,
@@ -1280,7 +1367,7 @@ impl Session {
     #[inline]
     fn wake(&self, core: &mut Core) {
         while let Some(r) = core.poll_ready() {
-            let (Some(a), Some(t)) = (r.answer, &self.target) else {
+            let (Some(a), Some(units)) = (r.answer, &self.units) else {
                 continue;
             };
             let (cmd, phase) = (a.cmd.clone(), a.phase);
@@ -1293,7 +1380,7 @@ impl Session {
             (self.runner)(Started {
                 session: me,
                 conn: r.conn,
-                dev: t.dev.clone(),
+                dev: units.clone(),
                 attr: r.attr,
                 cmd,
                 phase,
@@ -1507,8 +1594,8 @@ impl Session {
     #[inline]
     pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> Arrival {
         let mut core = self.lock();
-        let a = match &self.target {
-            Some(t) => core.handle_pdu(conn, p, &*t.dev, TaskIo::default),
+        let a = match &self.units {
+            Some(u) => core.handle_pdu(conn, p, &**u, TaskIo::default),
             None => core.handle_pdu(conn, p, &crate::session_core::NoUnits, TaskIo::default),
         };
         if let Arrival::Taken { .. } = a {
@@ -1528,10 +1615,8 @@ impl Session {
         damaged: Option<mcsi_proto::pdu::Pdu>,
     ) -> Arrival {
         let mut core = self.lock();
-        let a = match &self.target {
-            Some(t) => {
-                core.handle_data_digest_error(conn, header, damaged, &*t.dev, TaskIo::default)
-            }
+        let a = match &self.units {
+            Some(u) => core.handle_data_digest_error(conn, header, damaged, &**u, TaskIo::default),
             None => core.handle_data_digest_error(
                 conn,
                 header,

@@ -625,3 +625,120 @@ async fn port_group_states_change_live_and_each_lun_tells_its_sessions() {
         matches!(admin.apply(&moved).await, Err(AdminError::BadSpec(w)) if w.contains("portal_group_tag"))
     );
 }
+
+/// WRITE(10) of one 512-byte block at LBA 0 of `lun`, its data sent with the command.
+async fn write0(c: &mut Client, lun: u16, fill: u8) -> u8 {
+    let cdb = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let mut cmd = c.command(
+        &cdb,
+        false,
+        true,
+        512,
+        bytes::Bytes::from(vec![fill; 512]),
+        true,
+    );
+    cmd.lun = mcsi_scsi::lun::encode(lun);
+    let itt = cmd.itt;
+    c.send(Pdu::ScsiCommand(cmd)).await;
+    loop {
+        match c.recv().await {
+            Pdu::ScsiResponse(r) if r.itt == itt => return r.status,
+            Pdu::R2t(_) => panic!("the write's data went with it"),
+            _ => {}
+        }
+    }
+}
+
+/// The first byte of LBA 0 of `lun`.
+async fn read0(c: &mut Client, lun: u16) -> Result<u8, Option<(u8, u8)>> {
+    match run(c, lun, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512).await {
+        (0, _, d) => Ok(d[0]),
+        (_, sense, _) => Err(sense),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_with_a_lun_map_sees_its_luns_under_its_numbers_only() {
+    const HOST: &str = "iqn.2026-01.org.mcsi:host1";
+    let mut cfg = config(|_| {});
+    cfg.targets[0].luns = (0..3)
+        .map(|_| mcsi_target::config::LunSpec::new("ram:1MiB"))
+        .collect();
+    // host1 sees the target's LUN 2 as its LUN 0 and LUN 1 as its LUN 5, and nothing else.
+    cfg.targets[0].lun_maps = vec![mcsi_target::config::LunMap {
+        initiator: HOST.into(),
+        luns: [(0, 2), (5, 1)].into_iter().collect(),
+    }];
+    let server = mcsi_target::Server::start(&cfg).await.unwrap();
+    let admin = server.admin();
+    let mut all = Client::normal(&server, &[]).await;
+    let mut host =
+        Client::normal_isid(&server, [0x80, 9, 9, 9, 9, 9], &[("InitiatorName", HOST)]).await;
+    for (c, luns) in [(&mut all, [0u16, 1, 2].as_slice()), (&mut host, &[0, 5])] {
+        for &l in luns {
+            settle(c, l).await;
+        }
+    }
+    assert_eq!(reported(&mut all).await, vec![0, 1, 2]);
+    assert_eq!(reported(&mut host).await, vec![0, 5]);
+    assert_eq!(write0(&mut all, 1, 0x11).await, 0);
+    assert_eq!(write0(&mut all, 2, 0x22).await, 0);
+    assert_eq!(
+        read0(&mut host, 0).await,
+        Ok(0x22),
+        "host1's LUN 0 is the target's LUN 2"
+    );
+    assert_eq!(
+        read0(&mut host, 5).await,
+        Ok(0x11),
+        "host1's LUN 5 is the target's LUN 1"
+    );
+    assert_eq!(write0(&mut host, 5, 0x55).await, 0);
+    assert_eq!(read0(&mut all, 1).await, Ok(0x55));
+    // A LUN it is not mapped to is not there for it: LOGICAL UNIT NOT SUPPORTED, and INQUIRY
+    // says no unit (peripheral qualifier 011b).
+    assert_eq!(read0(&mut host, 1).await, Err(Some((0x25, 0x00))));
+    assert_eq!(read0(&mut host, 2).await, Err(Some((0x25, 0x00))));
+    let (s, _, inq) = run(&mut host, 2, &[0x12, 0, 0, 0, 36, 0], 36).await;
+    assert_eq!((s, inq[0]), (0, 0x7F));
+
+    // LUN RESET of host1's LUN 0 resets the target's LUN 2: the other initiator sees it there
+    // (a unit attention), not on LUN 1.
+    let tmf = Pdu::TaskMgmtRequest(mcsi_proto::pdu::TaskMgmtRequest {
+        immediate: true,
+        function: 5,
+        lun: mcsi_scsi::lun::encode(0),
+        itt: 900,
+        referenced_task_tag: 0xFFFF_FFFF,
+        cmd_sn: host.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: host.cmd_sn,
+        exp_data_sn: 0,
+    });
+    host.send(tmf).await;
+    let Pdu::TaskMgmtResponse(r) = host.recv().await else {
+        panic!("no answer to LUN RESET")
+    };
+    assert_eq!(r.response, 0);
+    assert_eq!(run(&mut all, 1, &TUR, 0).await.0, 0, "LUN 1 was not reset");
+    let (s, sense, _) = run(&mut all, 2, &TUR, 0).await;
+    assert_eq!((s, sense.map(|x| x.0)), (2, Some(0x29)), "LUN 2 was reset");
+
+    // The target's LUN 2 removed and added back live: host1 is told and sees it go and come
+    // back as its LUN 0.
+    admin.remove_lun(None, 2).await.unwrap();
+    assert_eq!(run(&mut host, 5, &TUR, 0).await.1, REPORTED_LUNS_CHANGED);
+    assert_eq!(reported(&mut host).await, vec![5]);
+    admin.add_lun(None, 2, "ram:1MiB").await.unwrap();
+    assert_eq!(run(&mut host, 5, &TUR, 0).await.1, REPORTED_LUNS_CHANGED);
+    assert_eq!(reported(&mut host).await, vec![0, 5]);
+    settle(&mut host, 0).await;
+    assert_eq!(read0(&mut host, 0).await, Ok(0x00), "a new unit: zeros");
+
+    // Maps do not change in place.
+    let mut next = cfg.clone();
+    next.targets[0].lun_maps.clear();
+    assert!(
+        matches!(admin.apply(&next).await, Err(AdminError::BadSpec(w)) if w.contains("LUN maps"))
+    );
+}

@@ -102,6 +102,7 @@ fn config() -> ServerConfig {
             qos_initiators: Vec::new(),
             tpgt: 1,
             alua: None,
+            lun_maps: Vec::new(),
         }],
         discovery_auth: AuthSpec::default(),
         limits: ServerLimits {

@@ -40,6 +40,7 @@ pub fn config(limits: impl FnOnce(&mut mcsi_target::config::Limits)) -> ServerCo
             qos_initiators: Vec::new(),
             tpgt: 1,
             alua: None,
+            lun_maps: Vec::new(),
         }],
         discovery_auth: Default::default(),
         limits: Default::default(),

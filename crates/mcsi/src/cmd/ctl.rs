@@ -535,6 +535,7 @@ fn target_spec(
         qos_initiators: Vec::new(),
         tpgt: 1,
         alua: None,
+        lun_maps: Vec::new(),
     })
 }
 

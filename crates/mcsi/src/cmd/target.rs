@@ -170,6 +170,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
                 qos_initiators: Vec::new(),
                 tpgt: 1,
                 alua: None,
+                lun_maps: Vec::new(),
             }],
             discovery_auth: Default::default(),
             limits: Default::default(),
