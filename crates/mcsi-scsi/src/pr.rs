@@ -165,6 +165,41 @@ impl From<Sense> for PrError {
     }
 }
 
+/// An iSCSI TransportID (SPC-4 7.6.4.6) at the start of `b` (`at`: its offset in the
+/// parameter list, for the sense's field pointer): the SCSI initiator port name it names
+/// ("<name>,i,0x<ISID>", as this target names its nexuses) and its length. Only the form with
+/// an ISID (format 01b) names one initiator port; the name alone is refused.
+fn transport_id(b: &[u8], at: usize) -> Result<(String, usize), Sense> {
+    if b.len() < 4 {
+        return Err(Sense::new(
+            key::ILLEGAL_REQUEST,
+            asc::PARAMETER_LIST_LENGTH_ERROR,
+        ));
+    }
+    let field = |byte: usize, bit: Option<u8>| Sense::invalid_param_field((at + byte) as u16, bit);
+    if b[0] & 0x0F != 0x05 {
+        return Err(field(0, Some(3)));
+    }
+    if b[0] >> 6 != 0b01 {
+        return Err(field(0, Some(7)));
+    }
+    let add = u16::from_be_bytes([b[2], b[3]]) as usize;
+    if add < 20 || !add.is_multiple_of(4) || 4 + add > b.len() {
+        return Err(field(2, None));
+    }
+    let text = &b[4..4 + add];
+    let text = &text[..text.iter().position(|&c| c == 0).unwrap_or(text.len())];
+    let text = std::str::from_utf8(text).map_err(|_| field(4, None))?;
+    let (name, isid) = text
+        .rsplit_once(",i,0x")
+        .or_else(|| text.rsplit_once(",I,0X"))
+        .ok_or_else(|| field(4, None))?;
+    if name.is_empty() || isid.len() != 12 || !isid.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(field(4, None));
+    }
+    Ok((format!("{name},i,0x{}", isid.to_ascii_lowercase()), 4 + add))
+}
+
 fn be64(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     if let Some(s) = b.get(at..at + 8) {
@@ -341,8 +376,8 @@ impl PrState {
             0x02 => {
                 out.clear();
                 out.extend_from_slice(&8u16.to_be_bytes());
-                // CRH=0, SIP_C=0, ATP_C=1, PTPL_C; TMV=1, ALLOW COMMANDS=0, PTPL_A.
-                out.push(0x04 | u8::from(self.ptpl_capable));
+                // CRH=0, SIP_C=1, ATP_C=1, PTPL_C; TMV=1, ALLOW COMMANDS=0, PTPL_A.
+                out.push(0x08 | 0x04 | u8::from(self.ptpl_capable));
                 out.push(0x80 | u8::from(self.aptpl));
                 // Persistent reservation type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX,
                 // then EX_AC_AR.
@@ -401,16 +436,50 @@ impl PrState {
         scope_type: u8,
         params: &[u8],
     ) -> Result<UaList, PrError> {
+        let length_error = || Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR);
         if params.len() < 24 {
-            return Err(Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR).into());
+            return Err(length_error().into());
+        }
+        if sa == 0x07 {
+            return self.register_and_move(n, params);
         }
         let rk = be64(params, 0);
         let sark = be64(params, 8);
         let flags = params[20];
-        // SPEC_I_PT is not supported. ALL_TG_PT (REGISTER and REGISTER AND IGNORE EXISTING
+        // SPEC_I_PT (REGISTER only): the initiator ports listed after the basic list are
+        // registered with the same key. ALL_TG_PT (REGISTER and REGISTER AND IGNORE EXISTING
         // KEY only; ignored by the others) is taken: a target has one target port.
-        if flags & 0x08 != 0 {
-            return Err(Sense::invalid_param_field(20, Some(3)).into());
+        let spec_i_pt = flags & 0x08 != 0;
+        let mut also = Vec::new();
+        if spec_i_pt {
+            if sa != 0x00 || self.key_of(n).is_some() || sark == 0 {
+                // SPC-4 5.9.7: only a REGISTER by an unregistered I_T nexus names others.
+                return Err(Sense::invalid_param_field(20, Some(3)).into());
+            }
+            if params.len() < 28 {
+                return Err(length_error().into());
+            }
+            let tlen =
+                u32::from_be_bytes([params[24], params[25], params[26], params[27]]) as usize;
+            if params.len() != 28 + tlen {
+                return Err(length_error().into());
+            }
+            let mut at = 28;
+            while at < params.len() {
+                let (port, len) = transport_id(&params[at..], at)?;
+                let dest = Nexus {
+                    initiator_port: port.into(),
+                    target_port: n.target_port.clone(),
+                    relative_port: n.relative_port,
+                };
+                // One already registered keeps its key (as LIO does).
+                if dest != *n && self.key_of(&dest).is_none() && !also.contains(&dest) {
+                    also.push(dest);
+                }
+                at += len;
+            }
+        } else if params.len() != 24 {
+            return Err(length_error().into());
         }
         let all_tg_pt = flags & 0x04 != 0;
         let prtype = scope_type & 0x0F;
@@ -437,16 +506,18 @@ impl PrState {
                             // (SPC-4 5.9.7), APTPL and the generation included.
                             return Ok(uas);
                         }
-                        if self.regs.len() >= MAX_REGISTRATIONS {
+                        if self.regs.len() + 1 + also.len() > MAX_REGISTRATIONS {
                             return Err(Sense::new(
                                 key::ILLEGAL_REQUEST,
                                 asc::INSUFFICIENT_REGISTRATION_RESOURCES,
                             )
                             .into());
                         }
-                        self.regs.push((n.clone(), sark));
-                        if all_tg_pt {
-                            self.all_tg_pt.push(n.clone());
+                        for r in std::iter::once(n).chain(also.iter()) {
+                            self.regs.push((r.clone(), sark));
+                            if all_tg_pt {
+                                self.all_tg_pt.push(r.clone());
+                            }
                         }
                     }
                     Some(cur) => {
@@ -594,6 +665,73 @@ impl PrState {
         let regs = &self.regs;
         self.all_tg_pt.retain(|a| regs.iter().any(|(r, _)| r == a));
         Ok(uas)
+    }
+
+    /// REGISTER AND MOVE (SPC-4 5.9.8): the holder registers another I_T nexus with the
+    /// service action key and hands it the reservation, unregistering itself if UNREG is set.
+    fn register_and_move(&mut self, n: &Nexus, params: &[u8]) -> Result<UaList, PrError> {
+        let rk = be64(params, 0);
+        let sark = be64(params, 8);
+        let flags = params[17];
+        let (unreg, aptpl) = (flags & 0x02 != 0, flags & 0x01 != 0);
+        let rel = u16::from_be_bytes([params[18], params[19]]);
+        let tlen = u32::from_be_bytes([params[20], params[21], params[22], params[23]]) as usize;
+        if params.len() != 24 + tlen || tlen == 0 {
+            return Err(Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR).into());
+        }
+        // The holder, by its key, of a reservation that has one holder.
+        if self.key_of(n) != Some(rk) || rk == 0 {
+            return Err(PrError::Conflict);
+        }
+        match &self.res {
+            Some(r) if self.is_holder(n) && !all_registrants(r.ty) => {}
+            _ => return Err(PrError::Conflict),
+        }
+        if sark == 0 {
+            return Err(Sense::invalid_param_field(8, None).into());
+        }
+        if aptpl && !self.ptpl_capable {
+            return Err(Sense::invalid_param_field(17, Some(0)).into());
+        }
+        if rel != n.relative_port {
+            // The target has one target port: the one this command came through.
+            return Err(Sense::invalid_param_field(18, None).into());
+        }
+        let (port, len) = transport_id(&params[24..], 24)?;
+        if len != tlen {
+            return Err(Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR).into());
+        }
+        let dest = Nexus {
+            initiator_port: port.into(),
+            target_port: n.target_port.clone(),
+            relative_port: n.relative_port,
+        };
+        if dest == *n {
+            return Err(Sense::invalid_param_field(24, None).into());
+        }
+        match self.regs.iter_mut().find(|(r, _)| *r == dest) {
+            Some(e) => e.1 = sark,
+            None => {
+                if self.regs.len() >= MAX_REGISTRATIONS {
+                    return Err(Sense::new(
+                        key::ILLEGAL_REQUEST,
+                        asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+                    )
+                    .into());
+                }
+                self.regs.push((dest.clone(), sark));
+            }
+        }
+        if let Some(r) = self.res.as_mut() {
+            r.holder = dest;
+        }
+        if unreg {
+            self.regs.retain(|(r, _)| r != n);
+            self.all_tg_pt.retain(|a| a != n);
+        }
+        self.aptpl = aptpl;
+        self.generation = self.generation.wrapping_add(1);
+        Ok(UaList::new())
     }
 
     fn unregister(&mut self, n: &Nexus, uas: &mut UaList) {

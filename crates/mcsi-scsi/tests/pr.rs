@@ -251,6 +251,144 @@ fn all_target_ports_registrations_are_taken_reported_and_kept() {
         full_status(&lu),
         vec![(0x22, false, false), (0x33, false, false)]
     );
-    // SPEC_I_PT is still refused.
+    // SPEC_I_PT without its list of TransportIDs is refused.
     assert_ne!(pr_out_flags(&lu, 3, 0, 0, 0, 0x44, 0x08), status::GOOD);
+}
+
+/// An iSCSI TransportID with an ISID (format 01b) naming `nexus(i)`'s initiator port.
+fn transport_id(i: u8) -> Vec<u8> {
+    // The ISID in upper case: hex digits compare without regard to case.
+    let port = nexus(i).initiator_port.to_string();
+    let (name, isid) = port.rsplit_once(",i,0x").unwrap();
+    let mut name = format!("{name},i,0x{}", isid.to_uppercase()).into_bytes();
+    name.push(0);
+    name.resize(name.len().div_ceil(4).max(5) * 4, 0);
+    let mut t = vec![0x45, 0];
+    t.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    t.extend_from_slice(&name);
+    t
+}
+
+#[test]
+fn spec_i_pt_registers_the_listed_initiator_ports_with_the_same_key() {
+    let lu = unit(None);
+    assert_eq!(pr_in(&lu, 2)[2] & 0x08, 0x08, "SIP_C");
+    let tids: Vec<u8> = [4u8, 5, 4].iter().flat_map(|i| transport_id(*i)).collect();
+    let mut p = vec![0u8; 28];
+    p[8..16].copy_from_slice(&0x77u64.to_be_bytes());
+    p[20] = 0x08;
+    p[24..28].copy_from_slice(&(tids.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tids);
+    let cdb = |len: usize| {
+        let mut c = vec![0x5f, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        c[5..9].copy_from_slice(&(len as u32).to_be_bytes());
+        c
+    };
+    assert_eq!(run(&lu, &nexus(1), &cdb(p.len()), &p).status, status::GOOD);
+    // Nexus 1 and the two listed (one listed twice) hold the key; nexus 4 reserves with it.
+    assert_eq!(keys_and_reservation(&lu).0, vec![0x77, 0x77, 0x77]);
+    assert_eq!(pr_out(&lu, 4, 1, 1, 0x77, 0, false), status::GOOD);
+    assert_eq!(
+        pr_out(&lu, 6, 1, 1, 0x77, 0, false),
+        status::RESERVATION_CONFLICT
+    );
+    // A registered nexus cannot name others; a TransportID without an ISID is refused; a
+    // list whose length does not add up is refused.
+    assert_eq!(
+        run(&lu, &nexus(1), &cdb(p.len()), &p).status,
+        status::CHECK_CONDITION
+    );
+    let mut bare = transport_id(7);
+    bare[0] = 0x05;
+    let mut q = p[..28].to_vec();
+    q[24..28].copy_from_slice(&(bare.len() as u32).to_be_bytes());
+    q.extend_from_slice(&bare);
+    let o = run(&lu, &nexus(8), &cdb(q.len()), &q);
+    expect(&o, 0x5, (0x26, 0x00));
+    let mut short = p.clone();
+    short[27] += 4;
+    let o = run(&lu, &nexus(9), &cdb(short.len()), &short);
+    expect(&o, 0x5, (0x1A, 0x00));
+    assert_eq!(
+        keys_and_reservation(&lu).0.len(),
+        3,
+        "nothing registered by the refusals"
+    );
+}
+
+/// REGISTER AND MOVE's parameter list: keys, UNREG and APTPL, relative target port 1, and
+/// `nexus(dest)`'s TransportID.
+fn move_params(rk: u64, sark: u64, unreg: bool, dest: u8) -> Vec<u8> {
+    let tid = transport_id(dest);
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&rk.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    p[17] = if unreg { 0x02 } else { 0 };
+    p[18..20].copy_from_slice(&1u16.to_be_bytes());
+    p[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tid);
+    p
+}
+
+fn register_and_move(lu: &LogicalUnit, i: u8, p: &[u8]) -> mcsi_scsi::Outcome {
+    let mut c = vec![0x5f, 0x07, 0x01, 0, 0, 0, 0, 0, 0, 0];
+    c[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    run(lu, &nexus(i), &c, p)
+}
+
+#[test]
+fn register_and_move_hands_the_reservation_to_another_initiator_port() {
+    let lu = unit(None);
+    assert_eq!(pr_out(&lu, 1, 0, 0, 0, 0xA1, false), status::GOOD);
+    assert_eq!(pr_out(&lu, 2, 0, 0, 0, 0xB2, false), status::GOOD);
+    // Not the holder: conflict. Nothing reserved yet.
+    let o = register_and_move(&lu, 1, &move_params(0xA1, 0xC3, false, 3));
+    assert_eq!(o.status, status::RESERVATION_CONFLICT);
+    assert_eq!(pr_out(&lu, 1, 1, 1, 0xA1, 0, false), status::GOOD);
+    let o = register_and_move(&lu, 2, &move_params(0xB2, 0xC3, false, 3));
+    assert_eq!(
+        o.status,
+        status::RESERVATION_CONFLICT,
+        "only the holder moves it"
+    );
+    // To itself, with a zero key, or through another relative port: refused.
+    expect(
+        &register_and_move(&lu, 1, &move_params(0xA1, 0xC3, false, 1)),
+        0x5,
+        (0x26, 0x00),
+    );
+    expect(
+        &register_and_move(&lu, 1, &move_params(0xA1, 0, false, 3)),
+        0x5,
+        (0x26, 0x00),
+    );
+    let mut other_port = move_params(0xA1, 0xC3, false, 3);
+    other_port[19] = 2;
+    expect(&register_and_move(&lu, 1, &other_port), 0x5, (0x26, 0x00));
+    // Moved to nexus 3 (registered with 0xC3), nexus 1 staying registered.
+    let o = register_and_move(&lu, 1, &move_params(0xA1, 0xC3, false, 3));
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    assert_eq!(
+        keys_and_reservation(&lu),
+        (vec![0xA1, 0xB2, 0xC3], Some((0xC3, 1)))
+    );
+    // Nexus 1 no longer holds it: its WRITE conflicts, nexus 3's goes through.
+    let write = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(
+        run(&lu, &nexus(1), &write, &[0; 512]).status,
+        status::RESERVATION_CONFLICT
+    );
+    assert_eq!(run(&lu, &nexus(3), &write, &[0; 512]).status, status::GOOD);
+    // Moved on to nexus 2, already registered (its key replaced), with UNREG: nexus 3 goes.
+    let o = register_and_move(&lu, 3, &move_params(0xC3, 0xD4, true, 2));
+    assert_eq!(o.status, status::GOOD);
+    assert_eq!(
+        keys_and_reservation(&lu),
+        (vec![0xA1, 0xD4], Some((0xD4, 1)))
+    );
+    // An all-registrants reservation has no one holder to move it.
+    assert_eq!(pr_out(&lu, 2, 2, 1, 0xD4, 0, false), status::GOOD);
+    assert_eq!(pr_out(&lu, 2, 1, 7, 0xD4, 0, false), status::GOOD);
+    let o = register_and_move(&lu, 2, &move_params(0xD4, 0xE5, false, 5));
+    assert_eq!(o.status, status::RESERVATION_CONFLICT);
 }
