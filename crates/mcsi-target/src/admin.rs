@@ -94,6 +94,27 @@ pub struct TargetView {
     pub allowed_networks: Vec<String>,
     /// CHAP user names (empty: no CHAP); secrets are never shown.
     pub chap_users: Vec<String>,
+    /// This gateway's portal group tag.
+    pub portal_group_tag: u16,
+    /// ALUA target port groups and their states (empty: no ALUA).
+    pub port_groups: Vec<PortGroupView>,
+    /// Per-initiator LUN maps: initiator, and its LUN numbers to the target's.
+    pub lun_maps: Vec<LunMapView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PortGroupView {
+    pub id: u16,
+    pub state: String,
+    pub preferred: bool,
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LunMapView {
+    pub initiator: String,
+    /// (the initiator's LUN, the target's LUN)
+    pub luns: Vec<(u16, u16)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -238,6 +259,31 @@ impl Admin {
                 allowed_initiators: auth.allow_initiators.clone(),
                 allowed_networks: auth.allow_networks.iter().map(|n| n.to_string()).collect(),
                 chap_users: auth.chap.iter().map(|u| u.user.clone()).collect(),
+                portal_group_tag: t.tpgt,
+                port_groups: t
+                    .alua
+                    .load()
+                    .as_deref()
+                    .map(|a| {
+                        a.groups()
+                            .iter()
+                            .map(|g| PortGroupView {
+                                id: g.id,
+                                state: g.state.name().to_string(),
+                                preferred: g.preferred,
+                                ports: g.ports.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                lun_maps: t
+                    .views
+                    .iter()
+                    .map(|v| LunMapView {
+                        initiator: v.initiator.clone(),
+                        luns: v.map.iter().map(|(a, b)| (*a, *b)).collect(),
+                    })
+                    .collect(),
             })
             .collect()
     }

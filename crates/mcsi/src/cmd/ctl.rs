@@ -999,6 +999,32 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                         names("chap_users")
                     }
                 );
+                for g in t["port_groups"].as_array().unwrap_or(&empty) {
+                    let ports: Vec<String> = list(&g["ports"]).iter().map(text).collect();
+                    println!(
+                        "  port group {} {}{}  ports {}{}",
+                        text(&g["id"]),
+                        text(&g["state"]),
+                        if g["preferred"].as_bool() == Some(true) {
+                            " (preferred)"
+                        } else {
+                            ""
+                        },
+                        ports.join(" "),
+                        if list(&g["ports"]).contains(&t["portal_group_tag"]) {
+                            "  (this gateway)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                for m in t["lun_maps"].as_array().unwrap_or(&empty) {
+                    let luns: Vec<String> = list(&m["luns"])
+                        .iter()
+                        .map(|p| format!("{}={}", text(&p[0]), text(&p[1])))
+                        .collect();
+                    println!("  LUN map {}  {}", text(&m["initiator"]), luns.join(" "));
+                }
                 for l in t["luns"].as_array().unwrap_or(&empty) {
                     println!(
                         "  LUN {:<3} {:>12} blocks of {:>4} B  {}  serial {}  naa {}",
