@@ -1533,8 +1533,9 @@ impl LogicalUnit {
     fn pr_out(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
         let len = c.u32(5) as usize;
         // The basic list is 24 bytes; SPEC_I_PT and REGISTER AND MOVE add TransportIDs, which the
-        // reservation state checks ([`crate::pr`]). A unit takes at most 1,024 of them.
-        if !(24..=24 + 1024 * 228).contains(&len) {
+        // reservation state checks ([`crate::pr`]). A unit takes at most 1,024 of them, each at
+        // most 248 bytes (a 223-byte name, its ISID and padding).
+        if !(24..=28 + 1024 * 248).contains(&len) {
             return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
         }
         if cmd.data_out.len() < len {

@@ -176,7 +176,11 @@ fn transport_id(b: &[u8], at: usize) -> Result<(String, usize), Sense> {
             asc::PARAMETER_LIST_LENGTH_ERROR,
         ));
     }
-    let field = |byte: usize, bit: Option<u8>| Sense::invalid_param_field((at + byte) as u16, bit);
+    // The field pointer holds 16 bits: past that, the sense says which field without where.
+    let field = |byte: usize, bit: Option<u8>| match u16::try_from(at + byte) {
+        Ok(p) => Sense::invalid_param_field(p, bit),
+        Err(_) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_PARAMETER_LIST),
+    };
     if b[0] & 0x0F != 0x05 {
         return Err(field(0, Some(3)));
     }
@@ -194,10 +198,23 @@ fn transport_id(b: &[u8], at: usize) -> Result<(String, usize), Sense> {
         .rsplit_once(",i,0x")
         .or_else(|| text.rsplit_once(",I,0X"))
         .ok_or_else(|| field(4, None))?;
-    if name.is_empty() || isid.len() != 12 || !isid.bytes().all(|c| c.is_ascii_hexdigit()) {
+    // An iSCSI name is at most 223 bytes (RFC 7143 4.2.7.1), and lower case once normalized
+    // (RFC 3722), as initiators send it at login.
+    if name.is_empty()
+        || name.len() > 223
+        || isid.len() != 12
+        || !isid.bytes().all(|c| c.is_ascii_hexdigit())
+    {
         return Err(field(4, None));
     }
-    Ok((format!("{name},i,0x{}", isid.to_ascii_lowercase()), 4 + add))
+    Ok((
+        format!(
+            "{},i,0x{}",
+            name.to_ascii_lowercase(),
+            isid.to_ascii_lowercase()
+        ),
+        4 + add,
+    ))
 }
 
 fn be64(b: &[u8], at: usize) -> u64 {
@@ -451,6 +468,10 @@ impl PrState {
         // KEY only; ignored by the others) is taken: a target has one target port.
         let spec_i_pt = flags & 0x08 != 0;
         let mut also = Vec::new();
+        if spec_i_pt && sa == 0x00 && sark == 0 && self.key_of(n).is_none() {
+            // An unregistered nexus unregistering: GOOD, and nothing changes (SPC-4 5.9.7).
+            return Ok(UaList::new());
+        }
         if spec_i_pt {
             if sa != 0x00 || self.key_of(n).is_some() || sark == 0 {
                 // SPC-4 5.9.7: only a REGISTER by an unregistered I_T nexus names others.

@@ -314,6 +314,14 @@ fn spec_i_pt_registers_the_listed_initiator_ports_with_the_same_key() {
         3,
         "nothing registered by the refusals"
     );
+    // An unregistered nexus "unregistering" with a list: GOOD, and nothing changes.
+    let mut zero = p.clone();
+    zero[8..16].fill(0);
+    assert_eq!(
+        run(&lu, &nexus(9), &cdb(zero.len()), &zero).status,
+        status::GOOD
+    );
+    assert_eq!(keys_and_reservation(&lu).0.len(), 3);
 }
 
 /// REGISTER AND MOVE's parameter list: keys, UNREG and APTPL, relative target port 1, and

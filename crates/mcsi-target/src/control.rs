@@ -9,7 +9,7 @@ use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf, TmfStep};
 use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
 use std::sync::Arc;
-use tracing::{debug, info, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 /// Runs what came up in CmdSN order: control requests, and held SCSI commands (on this
 /// reader, or as tasks of their own when an ORDERED task is pending). A held command whose
@@ -183,7 +183,10 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     let Some(units) = session.units.clone() else {
         return;
     };
-    let mut plan = Tmf::plan(&t, units.lu(t.lun).is_some());
+    // The unit the request addresses, looked up once: a LUN removed meanwhile is then not
+    // mistaken for another by its number.
+    let unit = units.lu(t.lun);
+    let mut plan = Tmf::plan(&t, unit.is_some());
     if matches!(
         plan,
         Tmf::AbortOnTarget {
@@ -193,6 +196,19 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     ) && !target.limits.allow_cold_reset
     {
         // It would end every initiator's sessions: only where the operator allows it.
+        plan = Tmf::Respond(tmf_response::AUTH_FAILED);
+    }
+    if matches!(
+        plan,
+        Tmf::AbortOnTarget {
+            reset: Reset::Target | Reset::TargetCold,
+            ..
+        }
+    ) && session.view.is_some()
+    {
+        // An initiator with a LUN map sees only some of the target's units: a reset of the
+        // whole target would reach the others' LUNs.
+        warn!(initiator = %session.initiator_name, "target reset refused: the initiator has a LUN map");
         plan = Tmf::Respond(tmf_response::AUTH_FAILED);
     }
     // TASK REASSIGN of a task that had ended when its connection failed (ErrorRecoveryLevel
@@ -258,12 +274,12 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
             }
         }
         TmfStep::OnTarget => {
-            abort_on_target(session, &target, &plan).await;
+            abort_on_target(session, &target, &plan, unit.as_ref()).await;
             if let Tmf::AbortOnTarget { reset, .. } = plan {
                 match reset {
                     Reset::Nothing => {}
-                    Reset::Lun(lun) => {
-                        if let Some(lu) = units.lu(lun) {
+                    Reset::Lun(_) => {
+                        if let Some(lu) = &unit {
                             lu.reset();
                         }
                     }
@@ -319,30 +335,34 @@ async fn close_target_sessions(session: &Arc<Session>, target: &Arc<Target>) {
 /// Aborts the tasks of every session of this target that `plan` covers. A CLEAR TASK SET
 /// tells each other session whose tasks it aborted with a unit attention (TAS is 0: their
 /// statuses are not sent).
-async fn abort_on_target(session: &Arc<Session>, target: &Arc<Target>, plan: &Tmf) {
+async fn abort_on_target(
+    session: &Arc<Session>,
+    target: &Arc<Target>,
+    plan: &Tmf,
+    unit: Option<&Arc<mcsi_scsi::LogicalUnit>>,
+) {
     let mut waits = Vec::new();
-    // The unit the request addresses, by this session's numbers; each other session addresses
-    // it under its own (a LUN map may number it otherwise, or not show it at all).
-    let (unit, reset) = match *plan {
-        Tmf::AbortOnTarget {
-            lun: Some(lun),
-            reset,
-        } => (session.units.as_ref().and_then(|u| u.lu(lun)), reset),
-        Tmf::AbortOnTarget { lun: None, reset } => (None, reset),
-        _ => (None, Reset::Nothing),
+    // `unit`: the one the request addresses, by this session's numbers; each other session
+    // addresses it under its own (a LUN map may number it otherwise, or not show it at all).
+    let (by_lun, reset) = match *plan {
+        Tmf::AbortOnTarget { lun, reset } => (lun.is_some(), reset),
+        _ => (false, Reset::Nothing),
     };
-    let cleared = unit.clone().filter(|_| reset == Reset::Nothing);
+    let cleared = unit.filter(|_| by_lun && reset == Reset::Nothing);
     for s in session.shared.all_sessions() {
         if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, target)) {
-            let theirs = match (&unit, Arc::ptr_eq(&s, session)) {
-                (Some(lu), false) => match s.units.as_ref().and_then(|u| u.raw_lun_of(lu)) {
+            let mine = Arc::ptr_eq(&s, session);
+            let theirs = match (by_lun, unit, mine) {
+                (_, _, true) | (false, _, _) => *plan,
+                (true, Some(lu), false) => match s.units.as_ref().and_then(|u| u.raw_lun_of(lu)) {
                     Some(lun) => Tmf::AbortOnTarget {
                         lun: Some(lun),
                         reset,
                     },
                     None => continue,
                 },
-                _ => *plan,
+                // The unit went away: only this session's tasks by that number.
+                (true, None, false) => continue,
             };
             let aborted = s.abort_where(|e| theirs.aborts(e));
             if let Some(lu) = &cleared {

@@ -723,6 +723,25 @@ async fn an_initiator_with_a_lun_map_sees_its_luns_under_its_numbers_only() {
     assert_eq!(run(&mut all, 1, &TUR, 0).await.0, 0, "LUN 1 was not reset");
     let (s, sense, _) = run(&mut all, 2, &TUR, 0).await;
     assert_eq!((s, sense.map(|x| x.0)), (2, Some(0x29)), "LUN 2 was reset");
+    // A TARGET WARM RESET from host1 would reach LUNs it does not see: refused (function
+    // authorization failed), and LUN 1 untouched.
+    host.send(Pdu::TaskMgmtRequest(mcsi_proto::pdu::TaskMgmtRequest {
+        immediate: true,
+        function: 6,
+        lun: 0,
+        itt: 901,
+        referenced_task_tag: 0xFFFF_FFFF,
+        cmd_sn: host.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: host.cmd_sn,
+        exp_data_sn: 0,
+    }))
+    .await;
+    let Pdu::TaskMgmtResponse(r) = host.recv().await else {
+        panic!("no answer to TARGET WARM RESET")
+    };
+    assert_eq!(r.response, 6);
+    assert_eq!(run(&mut all, 1, &TUR, 0).await.0, 0, "LUN 1 was not reset");
 
     // The target's LUN 2 removed and added back live: host1 is told and sees it go and come
     // back as its LUN 0.
