@@ -115,7 +115,8 @@ devices {
 CONF
 multipathd
 for i in $(seq 100); do
-  multipath -ll 2>/dev/null | grep -q "status=enabled" && break
+  multipath -ll 2>/dev/null >/tmp/ll0 || true
+  grep -q "prio=50 status=active" /tmp/ll0 && grep -q "prio=10 status=enabled" /tmp/ll0 && break
   sleep 0.2
 done
 multipath -ll | tee /tmp/ll
