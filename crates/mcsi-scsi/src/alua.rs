@@ -84,7 +84,7 @@ pub struct Alua {
     groups: Vec<PortGroup>,
 }
 
-/// How many groups, and ports in all, a unit may have: REPORT TARGET PORT GROUPS counts a
+/// How many groups a unit may have, and ports a group: REPORT TARGET PORT GROUPS counts a
 /// group's ports in one byte, and a list this long is already far beyond a real cluster's.
 pub const MAX_GROUPS: usize = 64;
 pub const MAX_PORTS: usize = 255;
@@ -161,13 +161,12 @@ impl Alua {
     }
 
     /// REPORT TARGET PORT GROUPS parameter data (SPC-4 6.37), in the length-only format or the
-    /// extended one (with an implicit transition time of `transition_secs`). `changed` are the
-    /// groups whose state the configuration changed, reported with STATUS CODE 02h.
-    pub fn report(&self, extended: bool, transition_secs: u8, changed: &[u16]) -> Vec<u8> {
+    /// extended one (IMPLICIT TRANSITION TIME 0: a change takes effect at once). `changed` are
+    /// the groups whose state the configuration changed, reported with STATUS CODE 02h.
+    pub fn report(&self, extended: bool, changed: &[u16]) -> Vec<u8> {
         let mut d = vec![0u8; if extended { 8 } else { 4 }];
         if extended {
             d[4] = 0x10; // FORMAT TYPE 001b
-            d[5] = transition_secs;
         }
         for g in &self.groups {
             let mut h = [0u8; 8];
@@ -210,28 +209,30 @@ impl Alua {
 /// `state` (SPC-4 5.15.2.4): every command in the active states; in standby, those that
 /// identify the unit, its modes and logs, its reservations and its port groups; in the
 /// unavailable state, only those that identify the unit and its port groups.
-pub fn allowed(state: AccessState, op: u8, sa: u8) -> bool {
-    const INQUIRY: u8 = 0x12;
-    const REPORT_LUNS: u8 = 0xA0;
-    const REQUEST_SENSE: u8 = 0x03;
-    const MAINTENANCE_IN: u8 = 0xA3;
-    const MAINTENANCE_OUT: u8 = 0xA4;
-    const SA_TARGET_PORT_GROUPS: u8 = 0x0A;
-    let port_groups = matches!(op, MAINTENANCE_IN | MAINTENANCE_OUT) && sa == SA_TARGET_PORT_GROUPS;
-    let identify = matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE) || port_groups;
+pub fn allowed(state: AccessState, opc: u8, sa: u8) -> bool {
+    use crate::lu::op::*;
+    let port_groups =
+        matches!(opc, MAINTENANCE_IN | MAINTENANCE_OUT) && sa == SA_REPORT_TARGET_PORT_GROUPS;
+    let identify = matches!(opc, INQUIRY | REPORT_LUNS | REQUEST_SENSE) || port_groups;
     match state {
         AccessState::ActiveOptimized | AccessState::ActiveNonOptimized => true,
         AccessState::Standby => {
             identify
                 || matches!(
-                    op,
-                    0x4C | 0x4D // LOG SELECT, LOG SENSE
-                    | 0x15 | 0x55 | 0x1A | 0x5A // MODE SELECT, MODE SENSE (6, 10)
-                    | 0x1C | 0x1D // RECEIVE DIAGNOSTIC RESULTS, SEND DIAGNOSTIC
-                    | 0x5E | 0x5F // PERSISTENT RESERVE IN, OUT
+                    opc,
+                    LOG_SELECT
+                        | LOG_SENSE
+                        | MODE_SELECT_6
+                        | MODE_SELECT_10
+                        | MODE_SENSE_6
+                        | MODE_SENSE_10
+                        | RECEIVE_DIAGNOSTIC_RESULTS
+                        | SEND_DIAGNOSTIC
+                        | PERSISTENT_RESERVE_IN
+                        | PERSISTENT_RESERVE_OUT
                 )
-                // REPORT SUPPORTED OPERATION CODES and TASK MANAGEMENT FUNCTIONS.
-                || (op == MAINTENANCE_IN && matches!(sa, 0x0C | 0x0D))
+                || (opc == MAINTENANCE_IN
+                    && matches!(sa, SA_REPORT_SUPPORTED_OPCODES | SA_REPORT_SUPPORTED_TMF))
         }
         AccessState::Unavailable => identify,
     }
@@ -292,7 +293,7 @@ mod tests {
             group(7, ActiveNonOptimized, &[2, 0x0102]),
         ])
         .unwrap();
-        let d = a.report(false, 0, &[7]);
+        let d = a.report(false, &[7]);
         assert_eq!(
             u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize,
             d.len() - 4
@@ -302,8 +303,8 @@ mod tests {
         assert_eq!(&d[16..24], &[0x01, 0x0F, 0, 7, 0, 0x02, 0, 2]);
         assert_eq!(&d[24..32], &[0, 0, 0, 2, 0, 0, 1, 2]);
         assert_eq!(d.len(), 32);
-        let e = a.report(true, 10, &[]);
-        assert_eq!(&e[4..8], &[0x10, 10, 0, 0]);
+        let e = a.report(true, &[]);
+        assert_eq!(&e[4..8], &[0x10, 0, 0, 0]);
         assert_eq!(e.len(), 36);
         assert_eq!(u32::from_be_bytes(e[0..4].try_into().unwrap()), 32);
     }

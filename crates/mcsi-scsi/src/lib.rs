@@ -185,9 +185,14 @@ impl Outcome {
 
     /// CHECK CONDITION with fixed-format sense data.
     pub fn check(sense: &Sense) -> Self {
+        Self::check_as(sense, false)
+    }
+
+    /// CHECK CONDITION with `sense` in descriptor format (D_SENSE) or fixed.
+    pub fn check_as(sense: &Sense, descriptor: bool) -> Self {
         Outcome {
             status: status::CHECK_CONDITION,
-            sense: Some(sense.to_fixed()),
+            sense: Some(sense.encode(descriptor)),
             data_in: Bytes::new(),
             data_in_unread: 0,
         }

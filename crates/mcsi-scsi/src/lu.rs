@@ -64,6 +64,11 @@ pub(crate) mod op {
     pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
     pub const REPORT_LUNS: u8 = 0xA0;
     pub const MAINTENANCE_IN: u8 = 0xA3;
+    pub const MAINTENANCE_OUT: u8 = 0xA4;
+    pub const LOG_SELECT: u8 = 0x4C;
+    pub const LOG_SENSE: u8 = 0x4D;
+    pub const RECEIVE_DIAGNOSTIC_RESULTS: u8 = 0x1C;
+    pub const SEND_DIAGNOSTIC: u8 = 0x1D;
     pub const READ_12: u8 = 0xA8;
     pub const WRITE_12: u8 = 0xAA;
     pub const WRITE_VERIFY_12: u8 = 0xAE;
@@ -678,11 +683,6 @@ impl LogicalUnit {
         true
     }
 
-    /// The target port groups, if the unit has them.
-    pub fn alua(&self) -> Option<Arc<crate::alua::Alua>> {
-        self.st().alua.clone()
-    }
-
     /// A unit attention for each of `nexuses` (whether or not this unit has seen them).
     pub fn unit_attention_for(&self, nexuses: &[Nexus], s: Sense) {
         if nexuses.is_empty() {
@@ -803,13 +803,7 @@ impl LogicalUnit {
             }
             if !matches!(opc, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
                 if let Some(s) = pop_ua(&mut st, cmd.nexus) {
-                    let d = st.mode.d_sense;
-                    return Some(Outcome {
-                        status: status::CHECK_CONDITION,
-                        sense: Some(s.encode(d)),
-                        data_in: Bytes::new(),
-                        data_in_unread: 0,
-                    });
+                    return Some(Outcome::check_as(&s, st.mode.d_sense));
                 }
             }
             // A port in standby or unavailable refuses media access (SPC-4 5.15.2.4).
@@ -822,13 +816,8 @@ impl LogicalUnit {
                     } else {
                         asc::TARGET_PORT_IN_UNAVAILABLE_STATE
                     };
-                    let d = st.mode.d_sense;
-                    return Some(Outcome {
-                        status: status::CHECK_CONDITION,
-                        sense: Some(Sense::new(key::NOT_READY, code).encode(d)),
-                        data_in: Bytes::new(),
-                        data_in_unread: 0,
-                    });
+                    let s = Sense::new(key::NOT_READY, code);
+                    return Some(Outcome::check_as(&s, st.mode.d_sense));
                 }
             }
             if self.conflicts(&st, cmd.nexus, c) {
@@ -1131,7 +1120,7 @@ impl LogicalUnit {
             return Err(bad_cdb(1, Some(7)));
         }
         let alloc = c.u32(6) as usize;
-        let mut d = alua.report(format == 1, 0, &changed);
+        let mut d = alua.report(format == 1, &changed);
         d.truncate(alloc);
         Ok(Outcome::good(Bytes::from(d)))
     }

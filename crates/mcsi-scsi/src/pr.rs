@@ -165,16 +165,26 @@ impl From<Sense> for PrError {
     }
 }
 
+fn length_error() -> Sense {
+    Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR)
+}
+
+fn no_room() -> PrError {
+    Sense::new(
+        key::ILLEGAL_REQUEST,
+        asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+    )
+    .into()
+}
+
 /// An iSCSI TransportID (SPC-4 7.6.4.6) at the start of `b` (`at`: its offset in the
-/// parameter list, for the sense's field pointer): the SCSI initiator port name it names
-/// ("<name>,i,0x<ISID>", as this target names its nexuses) and its length. Only the form with
-/// an ISID (format 01b) names one initiator port; the name alone is refused.
-fn transport_id(b: &[u8], at: usize) -> Result<(String, usize), Sense> {
+/// parameter list, for the sense's field pointer): the I_T nexus of the initiator port it names
+/// ("<name>,i,0x<ISID>", as this target names its nexuses) through `n`'s target port (the
+/// target has one), and its length. Only the form with an ISID (format 01b) names one
+/// initiator port; the name alone is refused.
+fn transport_id(b: &[u8], at: usize, n: &Nexus) -> Result<(Nexus, usize), Sense> {
     if b.len() < 4 {
-        return Err(Sense::new(
-            key::ILLEGAL_REQUEST,
-            asc::PARAMETER_LIST_LENGTH_ERROR,
-        ));
+        return Err(length_error());
     }
     // The field pointer holds 16 bits: past that, the sense says which field without where.
     let field = |byte: usize, bit: Option<u8>| match u16::try_from(at + byte) {
@@ -207,14 +217,17 @@ fn transport_id(b: &[u8], at: usize) -> Result<(String, usize), Sense> {
     {
         return Err(field(4, None));
     }
-    Ok((
-        format!(
-            "{},i,0x{}",
-            name.to_ascii_lowercase(),
-            isid.to_ascii_lowercase()
-        ),
-        4 + add,
-    ))
+    let port = format!(
+        "{},i,0x{}",
+        name.to_ascii_lowercase(),
+        isid.to_ascii_lowercase()
+    );
+    let nexus = Nexus {
+        initiator_port: port.into(),
+        target_port: n.target_port.clone(),
+        relative_port: n.relative_port,
+    };
+    Ok((nexus, 4 + add))
 }
 
 fn be64(b: &[u8], at: usize) -> u64 {
@@ -453,7 +466,6 @@ impl PrState {
         scope_type: u8,
         params: &[u8],
     ) -> Result<UaList, PrError> {
-        let length_error = || Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR);
         if params.len() < 24 {
             return Err(length_error().into());
         }
@@ -487,14 +499,14 @@ impl PrState {
             }
             let mut at = 28;
             while at < params.len() {
-                let (port, len) = transport_id(&params[at..], at)?;
-                let dest = Nexus {
-                    initiator_port: port.into(),
-                    target_port: n.target_port.clone(),
-                    relative_port: n.relative_port,
-                };
+                let (dest, len) = transport_id(&params[at..], at, n)?;
                 // One already registered keeps its key (as LIO does).
                 if dest != *n && self.key_of(&dest).is_none() && !also.contains(&dest) {
+                    // Refused as soon as the list outgrows what the unit holds: the list may
+                    // name some 10,000 ports, each compared with those before it.
+                    if self.regs.len() + 1 + also.len() >= MAX_REGISTRATIONS {
+                        return Err(no_room());
+                    }
                     also.push(dest);
                 }
                 at += len;
@@ -528,11 +540,7 @@ impl PrState {
                             return Ok(uas);
                         }
                         if self.regs.len() + 1 + also.len() > MAX_REGISTRATIONS {
-                            return Err(Sense::new(
-                                key::ILLEGAL_REQUEST,
-                                asc::INSUFFICIENT_REGISTRATION_RESOURCES,
-                            )
-                            .into());
+                            return Err(no_room());
                         }
                         for r in std::iter::once(n).chain(also.iter()) {
                             self.regs.push((r.clone(), sark));
@@ -698,10 +706,11 @@ impl PrState {
         let rel = u16::from_be_bytes([params[18], params[19]]);
         let tlen = u32::from_be_bytes([params[20], params[21], params[22], params[23]]) as usize;
         if params.len() != 24 + tlen || tlen == 0 {
-            return Err(Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR).into());
+            return Err(length_error().into());
         }
-        // The holder, by its key, of a reservation that has one holder.
-        if self.key_of(n) != Some(rk) || rk == 0 {
+        // The holder, by its key, of a reservation that has one holder (a registered key is
+        // never 0).
+        if self.key_of(n) != Some(rk) {
             return Err(PrError::Conflict);
         }
         match &self.res {
@@ -718,15 +727,10 @@ impl PrState {
             // The target has one target port: the one this command came through.
             return Err(Sense::invalid_param_field(18, None).into());
         }
-        let (port, len) = transport_id(&params[24..], 24)?;
+        let (dest, len) = transport_id(&params[24..], 24, n)?;
         if len != tlen {
-            return Err(Sense::new(key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR).into());
+            return Err(length_error().into());
         }
-        let dest = Nexus {
-            initiator_port: port.into(),
-            target_port: n.target_port.clone(),
-            relative_port: n.relative_port,
-        };
         if dest == *n {
             return Err(Sense::invalid_param_field(24, None).into());
         }
@@ -734,11 +738,7 @@ impl PrState {
             Some(e) => e.1 = sark,
             None => {
                 if self.regs.len() >= MAX_REGISTRATIONS {
-                    return Err(Sense::new(
-                        key::ILLEGAL_REQUEST,
-                        asc::INSUFFICIENT_REGISTRATION_RESOURCES,
-                    )
-                    .into());
+                    return Err(no_room());
                 }
                 self.regs.push((dest.clone(), sark));
             }

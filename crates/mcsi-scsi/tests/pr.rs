@@ -260,7 +260,12 @@ fn transport_id(i: u8) -> Vec<u8> {
     // The ISID in upper case: hex digits compare without regard to case.
     let port = nexus(i).initiator_port.to_string();
     let (name, isid) = port.rsplit_once(",i,0x").unwrap();
-    let mut name = format!("{name},i,0x{}", isid.to_uppercase()).into_bytes();
+    tid_of(&format!("{name},i,0x{}", isid.to_uppercase()))
+}
+
+/// The iSCSI TransportID (format 01b) of initiator port `port` ("name,i,0xISID").
+fn tid_of(port: &str) -> Vec<u8> {
+    let mut name = port.as_bytes().to_vec();
     name.push(0);
     name.resize(name.len().div_ceil(4).max(5) * 4, 0);
     let mut t = vec![0x45, 0];
@@ -322,6 +327,24 @@ fn spec_i_pt_registers_the_listed_initiator_ports_with_the_same_key() {
         status::GOOD
     );
     assert_eq!(keys_and_reservation(&lu).0.len(), 3);
+}
+
+#[test]
+fn spec_i_pt_refuses_a_list_longer_than_the_unit_holds_and_registers_nothing() {
+    let lu = unit(None);
+    // 1,100 distinct initiator ports: more than the 1,024 registrations a unit holds.
+    let tids: Vec<u8> = (0..1100u32)
+        .flat_map(|i| tid_of(&format!("iqn.2026-01.test:many,i,0x0000{i:08x}")))
+        .collect();
+    let mut p = vec![0u8; 28];
+    p[8..16].copy_from_slice(&0x99u64.to_be_bytes());
+    p[20] = 0x08;
+    p[24..28].copy_from_slice(&(tids.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tids);
+    let mut c = vec![0x5f, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    expect(&run(&lu, &nexus(1), &c, &p), 0x5, (0x55, 0x04));
+    assert!(keys_and_reservation(&lu).0.is_empty(), "nothing registered");
 }
 
 /// REGISTER AND MOVE's parameter list: keys, UNREG and APTPL, relative target port 1, and
