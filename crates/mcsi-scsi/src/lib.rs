@@ -23,7 +23,7 @@ pub use backend::{
 pub use lu::{LogicalUnit, Pending, Prepared, Step};
 pub use pr::MAX_REGISTRATIONS;
 pub use sense::Sense;
-pub use server::DeviceServer;
+pub use server::{DeviceServer, InventoryError};
 
 use bytes::Bytes;
 use std::sync::Arc;

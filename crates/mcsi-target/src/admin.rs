@@ -417,11 +417,10 @@ impl Admin {
 
     async fn remove_lun_locked(&self, target: Option<&str>, lun: u16) -> Result<(), AdminError> {
         let t = self.target(target)?;
-        let lu = t.dev.remove(lun).map_err(|_| AdminError::NoLun {
+        let lu = t.remove_unit(lun).map_err(|_| AdminError::NoLun {
             target: t.name.clone(),
             lun,
         })?;
-        t.lun_removed(lun);
         self.record_lun(&t, lun, None);
         drain_and_flush(&t.name, lun, lu).await;
         tracing::info!(target = %t.name, lun, "the administrator removed a LUN");
@@ -466,14 +465,10 @@ impl Admin {
         spec: LunSpec,
     ) -> Result<(), AdminError> {
         let spec = spec.with_identity(&unit.config().serial, unit.config().naa_id);
-        unit.set_alua(t.alua.load().as_deref().cloned());
-        t.dev
-            .add(lun, unit.clone())
-            .map_err(|_| AdminError::LunInUse {
-                target: t.name.clone(),
-                lun,
-            })?;
-        t.lun_added(lun, &unit);
+        t.add_unit(lun, unit).map_err(|_| AdminError::LunInUse {
+            target: t.name.clone(),
+            lun,
+        })?;
         self.record_lun(t, lun, Some((spec, self.metrics.lun(&t.name, lun))));
         Ok(())
     }
@@ -827,8 +822,7 @@ impl Admin {
         }
         let luns: Vec<u16> = t.dev.luns().iter().map(|(n, _)| *n).collect();
         for n in luns {
-            if let Ok(lu) = t.dev.remove(n) {
-                t.lun_removed(n);
+            if let Ok(lu) = t.remove_unit(n) {
                 drain_and_flush(&t.name, n, lu).await;
             }
         }

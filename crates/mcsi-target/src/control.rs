@@ -173,14 +173,12 @@ fn remove_for_recovery(session: &Arc<Session>, conn: &Arc<Conn>, l: &LogoutReque
 /// response goes out only after they have ended: within the session the core sees to it
 /// ([`Session::task_management`]); what spans the target's sessions (and resets) is done here.
 async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
-    let Some(target) = session.target.clone() else {
+    // A normal session has both (Session::new); a discovery session neither.
+    let (Some(target), Some(units)) = (session.target.clone(), session.units.as_ref()) else {
         conn.send(Pdu::reject_of(
             reject_reason::PROTOCOL_ERROR,
             &Pdu::TaskMgmtRequest(t),
         ));
-        return;
-    };
-    let Some(units) = session.units.clone() else {
         return;
     };
     // The unit the request addresses, looked up once: a LUN removed meanwhile is then not
@@ -366,7 +364,7 @@ async fn abort_on_target(
             };
             let aborted = s.abort_where(|e| theirs.aborts(e));
             if let Some(lu) = &cleared {
-                if aborted.found > 0 && !Arc::ptr_eq(&s, session) {
+                if aborted.found > 0 && !mine {
                     lu.tasks_cleared_by_another(&s.nexus);
                 }
             }

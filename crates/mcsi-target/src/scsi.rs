@@ -176,14 +176,16 @@ fn account(
         )
     };
     match &session.target {
-        // A LUN map's number counts for the target's LUN it names.
-        Some(t) => t.with_lun_metrics(
-            session
-                .view
-                .as_ref()
-                .map_or(cmd.lun, |v| v.target_lun(cmd.lun)),
-            account,
-        ),
+        Some(t) => {
+            // A LUN map's number counts for the target's LUN it names; one it does not map,
+            // for none.
+            let lun = mcsi_scsi::lun::decode(cmd.lun);
+            let lun = match &session.view {
+                Some(v) => lun.and_then(|n| v.map.get(&n).copied()),
+                None => lun,
+            };
+            t.with_lun_metrics(lun, account)
+        }
         None => account(None),
     }
 }

@@ -70,16 +70,6 @@ pub struct LunView {
     pub dev: Arc<DeviceServer>,
 }
 
-impl LunView {
-    /// The target's raw LUN for the raw LUN this initiator addressed (an unmapped one stays
-    /// as it is, and finds nothing in `dev`).
-    pub fn target_lun(&self, raw: u64) -> u64 {
-        mcsi_scsi::lun::decode(raw)
-            .and_then(|n| self.map.get(&n))
-            .map_or(raw, |t| mcsi_scsi::lun::encode(*t))
-    }
-}
-
 /// Bytes per second reserved by the sessions in, each way.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct QosLedger {
@@ -203,37 +193,53 @@ impl Target {
             .cloned()
     }
 
-    /// What a session of `initiator` addresses: its LUN map's units, or every unit.
-    pub fn units_for(&self, initiator: &str) -> Arc<DeviceServer> {
-        self.view_of(initiator)
-            .map_or_else(|| self.dev.clone(), |v| v.dev.clone())
-    }
-
-    /// LUN `n` was added to the target: the maps that name it see it too (with REPORTED LUNS
-    /// DATA HAS CHANGED).
-    pub fn lun_added(&self, n: u16, unit: &Arc<mcsi_scsi::LogicalUnit>) {
+    /// Adds `unit` as LUN `n`: to the target's units, with the target's port groups, and to
+    /// the LUN maps that name `n` (each view tells its nexuses REPORTED LUNS DATA HAS CHANGED).
+    /// The views follow the inventory here and in [`Target::remove_unit`] only.
+    ///
+    /// The unit takes the port groups again once it is in the inventory: a [`Target::set_alua`]
+    /// between the two steps then reaches it either way. (The administration holds one lock
+    /// over both, so they do not interleave today; this keeps it right without that lock.)
+    pub fn add_unit(
+        &self,
+        n: u16,
+        unit: Arc<mcsi_scsi::LogicalUnit>,
+    ) -> Result<(), mcsi_scsi::InventoryError> {
+        unit.set_alua(self.alua.load().as_deref().cloned());
+        self.dev.add(n, unit.clone())?;
+        unit.set_alua(self.alua.load().as_deref().cloned());
         for v in &self.views {
             for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
                 let _ = v.dev.add(*seen, unit.clone());
             }
         }
+        Ok(())
     }
 
-    /// LUN `n` was removed from the target: from the maps that name it too.
-    pub fn lun_removed(&self, n: u16) {
+    /// Removes LUN `n` from the target's units and from the LUN maps that name it; returns
+    /// its unit (commands that hold it finish on it).
+    pub fn remove_unit(
+        &self,
+        n: u16,
+    ) -> Result<Arc<mcsi_scsi::LogicalUnit>, mcsi_scsi::InventoryError> {
+        let unit = self.dev.remove(n)?;
         for v in &self.views {
             for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
                 let _ = v.dev.remove(*seen);
             }
         }
+        Ok(unit)
     }
 
-    /// The metric handles of the LUN a command addresses (raw 8-byte LUN field).
-    /// `f` with them (the handles are borrowed from the inventory of the moment).
-    pub fn with_lun_metrics<R>(&self, raw: u64, f: impl FnOnce(Option<&LunMetrics>) -> R) -> R {
+    /// The metric handles of the target's LUN `lun` (None: no LUN), `f` with them (the
+    /// handles are borrowed from the inventory of the moment).
+    pub fn with_lun_metrics<R>(
+        &self,
+        lun: Option<u16>,
+        f: impl FnOnce(Option<&LunMetrics>) -> R,
+    ) -> R {
         let all = self.lun_metrics.load();
-        let m = mcsi_scsi::lun::decode(raw)
-            .and_then(|idx| all.iter().find(|(i, _)| *i == idx).map(|(_, m)| m));
+        let m = lun.and_then(|idx| all.iter().find(|(i, _)| *i == idx).map(|(_, m)| m));
         f(m)
     }
 }
@@ -1092,10 +1098,9 @@ impl Session {
         );
         let window = AtomicU64::new(pack_window(core.cmd_sns()));
         let view = target.as_ref().and_then(|t| t.view_of(&initiator_name));
-        let units = target.as_ref().map(|t| {
-            view.as_ref()
-                .map_or_else(|| t.dev.clone(), |v| v.dev.clone())
-        });
+        let units = target
+            .as_ref()
+            .map(|t| view.as_ref().map_or(&t.dev, |v| &v.dev).clone());
         Arc::new_cyclic(|me| Session {
             units,
             view,

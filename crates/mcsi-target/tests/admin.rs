@@ -697,8 +697,26 @@ async fn an_initiator_with_a_lun_map_sees_its_luns_under_its_numbers_only() {
     assert_eq!(read0(&mut all, 1).await, Ok(0x55));
     // A LUN it is not mapped to is not there for it: LOGICAL UNIT NOT SUPPORTED, and INQUIRY
     // says no unit (peripheral qualifier 011b).
+    let commands = |lun: u16| -> u64 {
+        let want = format!("lun=\"{lun}\"");
+        server
+            .metrics_text()
+            .lines()
+            .find(|l| l.starts_with("mcsi_target_lun_commands_total{") && l.contains(&want))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = (commands(1), commands(2));
     assert_eq!(read0(&mut host, 1).await, Err(Some((0x25, 0x00))));
     assert_eq!(read0(&mut host, 2).await, Err(Some((0x25, 0x00))));
+    // Those went to numbers host1's map does not name: no LUN of the target counts them.
+    assert_eq!((commands(1), commands(2)), before);
+    assert_eq!(read0(&mut host, 5).await, Ok(0x55));
+    assert_eq!(
+        commands(1),
+        before.0 + 1,
+        "host1's LUN 5 counts as the target's LUN 1"
+    );
     let (s, _, inq) = run(&mut host, 2, &[0x12, 0, 0, 0, 36, 0], 36).await;
     assert_eq!((s, inq[0]), (0, 0x7F));
 
