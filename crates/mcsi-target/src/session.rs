@@ -47,6 +47,10 @@ pub struct Target {
     /// The LUN maps: for each mapped initiator, the units of `dev` it sees, under its numbers.
     /// A LUN added to or removed from the target is added to or removed from them too.
     pub views: Vec<Arc<LunView>>,
+    /// Held through each change of the units and their port groups ([`Target::add_unit`],
+    /// [`Target::remove_unit`], [`Target::set_alua`]): each is one transition, so a unit added
+    /// while the port groups change cannot keep the old ones.
+    changing: Mutex<()>,
     pub limits: Limits,
     /// Authentication and access control of this target (each login reads it once; `mcsi
     /// ctl` may replace it while the target runs).
@@ -156,6 +160,7 @@ impl Target {
             .collect();
         Arc::new(Target {
             views,
+            changing: Mutex::new(()),
             lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics.to_vec()),
             name: t.iqn.clone(),
             alias: t.alias.clone(),
@@ -175,6 +180,7 @@ impl Target {
     /// Changes the ALUA target port groups of the target and every LUN it has: a LUN whose
     /// groups change tells its nexuses (ASYMMETRIC ACCESS STATE CHANGED). True if they changed.
     pub fn set_alua(&self, next: Option<mcsi_scsi::alua::Alua>) -> bool {
+        let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         if self.alua.load().as_deref() == next.as_ref() {
             return false;
         }
@@ -195,19 +201,16 @@ impl Target {
 
     /// Adds `unit` as LUN `n`: to the target's units, with the target's port groups, and to
     /// the LUN maps that name `n` (each view tells its nexuses REPORTED LUNS DATA HAS CHANGED).
-    /// The views follow the inventory here and in [`Target::remove_unit`] only.
-    ///
-    /// The unit takes the port groups again once it is in the inventory: a [`Target::set_alua`]
-    /// between the two steps then reaches it either way. (The administration holds one lock
-    /// over both, so they do not interleave today; this keeps it right without that lock.)
+    /// The views follow the inventory here and in [`Target::remove_unit`] only. The unit has
+    /// its port groups before any command reaches it.
     pub fn add_unit(
         &self,
         n: u16,
         unit: Arc<mcsi_scsi::LogicalUnit>,
     ) -> Result<(), mcsi_scsi::InventoryError> {
+        let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         unit.set_alua(self.alua.load().as_deref().cloned());
         self.dev.add(n, unit.clone())?;
-        unit.set_alua(self.alua.load().as_deref().cloned());
         for v in &self.views {
             for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
                 let _ = v.dev.add(*seen, unit.clone());
@@ -222,6 +225,7 @@ impl Target {
         &self,
         n: u16,
     ) -> Result<Arc<mcsi_scsi::LogicalUnit>, mcsi_scsi::InventoryError> {
+        let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         let unit = self.dev.remove(n)?;
         for v in &self.views {
             for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
@@ -1923,6 +1927,67 @@ pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// INQUIRY's TPGS field of `unit`: 1 while it has port groups, 0 without.
+    fn tpgs(unit: &mcsi_scsi::LogicalUnit) -> u8 {
+        let n = Nexus {
+            initiator_port: "iqn.2026-01.test:i,i,0x000000000001".into(),
+            target_port: "iqn.2026-01.test:t,t,0x0001".into(),
+            relative_port: 1,
+        };
+        let cdb = [0x12, 0, 0, 0, 96, 0];
+        let o = unit.execute(mcsi_scsi::Command {
+            nexus: &n,
+            cdb: &cdb,
+            data_out: bytes::Bytes::new(),
+            data_in_limit: 96,
+            attr: mcsi_scsi::TaskAttribute::Simple,
+            pace: None,
+        });
+        (o.data_in[5] >> 4) & 3
+    }
+
+    /// The interleaving a target's units and port groups must not have: a unit is being added
+    /// (it took the port groups of the moment, it is not in the inventory yet) when the port
+    /// groups change and every unit of the inventory is updated; the new unit would keep the
+    /// old ones. The change arrives in the middle of the addition here, and must wait for it.
+    #[test]
+    fn a_port_group_change_waits_for_a_unit_being_added() {
+        let cfg = crate::config::ServerConfig::from_toml(
+            r#"
+            listen = ["127.0.0.1:3260"]
+            [[targets]]
+            iqn = "iqn.2026-01.test:t"
+            luns = [{ backend = "ram:1MiB" }]
+            [[targets.port_groups]]
+            id = 1
+            state = "active/optimized"
+            ports = [1]
+            "#,
+        )
+        .unwrap();
+        let t = Target::new(&cfg.targets[0], Vec::new(), Vec::new(), &[]);
+        let unit = Arc::new(mcsi_scsi::LogicalUnit::new(
+            Arc::new(mcsi_scsi::backend::RamBackend::new(1 << 20).unwrap()),
+            mcsi_scsi::LuConfig::default(),
+        ));
+        std::thread::scope(|s| {
+            // The first half of an addition: the unit has the groups, not yet its place.
+            let adding = t.changing.lock().unwrap();
+            unit.set_alua(t.alua.load().as_deref().cloned());
+            let change = s.spawn(|| t.set_alua(None));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                t.alua.load().is_some(),
+                "the change went ahead mid-addition"
+            );
+            // The second half, then the change proceeds.
+            t.dev.add(1, unit.clone()).unwrap();
+            drop(adding);
+            assert!(change.join().unwrap());
+        });
+        assert_eq!(tpgs(&unit), 0, "the unit kept the old port groups");
+    }
 
     fn session(shared: &Arc<Shared>, tsih: u16, isid: u8, name: &str) -> Arc<Session> {
         Session::new(
