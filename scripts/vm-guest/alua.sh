@@ -21,32 +21,9 @@ done
 iscsiadm -m node -T "$IQN" --login
 udevadm settle || true
 
-# disk_of PORT: the disk of the session through the portal on PORT.
-disk_of() {
-  local d i
-  for i in $(seq 100); do
-    d=$(iscsiadm -m session -P 3 2>/dev/null |
-      awk -v p=":$1," '/Current Portal:/ { cur = index($3, p) > 0 } cur && /Attached scsi disk/ { print $4; exit }')
-    [ -n "$d" ] && [ -e "/dev/$d" ] && {
-      echo "$d"
-      return
-    }
-    sleep 0.1
-  done
-  fail "no disk attached to the session through port $1"
-}
-A=$(disk_of 3260)
-B=$(disk_of 3261)
+A=$(basename "$(session_disk :3260,)")
+B=$(basename "$(session_disk :3261,)")
 step "gateway 1: /dev/$A, gateway 2: /dev/$B"
-wait_for() {
-  local line i
-  for i in 1 2 3 4 5; do
-    line=$(wait_host) || true
-    [ "$line" = "$1" ] && return 0
-    echo "from the host: $(printf %q "$line"), waiting for $1"
-  done
-  fail "the host did not say $1"
-}
 state_of() { cat "/sys/block/$1/device/access_state" 2>/dev/null || echo "(no access_state)"; }
 # expect_states WANT_A WANT_B: polls until the kernel shows both (it reads them again after the
 # unit attention, which the I/O or a TEST UNIT READY on each path collects).

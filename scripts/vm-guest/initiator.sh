@@ -9,20 +9,6 @@ step "open-iscsi: $(iscsiadm --version)"
 
 node() { iscsiadm -m node -T "$IQN" -p "$P" "$@"; }
 set_node() { node -o update -n "$1" -v "$2" >/dev/null; }
-disk() {
-  local d i
-  for i in $(seq 100); do
-    d=$(iscsiadm -m session -P 3 2>/dev/null | awk '/Attached scsi disk/ {print $4; exit}')
-    [ -n "$d" ] && [ -e "/dev/$d" ] && {
-      echo "/dev/$d"
-      return
-    }
-    sleep 0.1
-  done
-  iscsiadm -m session -P 3 >&2 || true
-  dmesg | tail -n 20 >&2
-  fail "no disk attached to the session"
-}
 check_files() { (cd /mnt && sha256sum -c --quiet /tmp/sums) || fail "files differ after $1"; }
 
 step "discovery"
@@ -32,7 +18,7 @@ set_node node.session.timeo.replacement_timeout 60
 
 step "login"
 node --login
-DEV=$(disk)
+DEV=$(session_disk)
 echo "disk $DEV: $(cat /sys/block/${DEV#/dev/}/device/vendor) $(cat /sys/block/${DEV#/dev/}/device/model), $(blockdev --getsize64 $DEV) bytes"
 iscsiadm -m session -P 2 | grep -E 'Digest|MaxRecv|FirstBurst|MaxBurst|ImmediateData|InitialR2T|MaxOutstandingR2T'
 
@@ -110,7 +96,7 @@ if node --login >/tmp/login 2>&1; then fail "a target that proved the wrong secr
 echo "wrong target secret refused: $(grep -o 'iscsiadm: .*' /tmp/login | tail -n 1)"
 set_node node.session.auth.password_in "$TGT_SECRET"
 node --login
-DEV=$(disk)
+DEV=$(session_disk)
 iscsiadm -m session -P 2 | grep -E 'HeaderDigest|DataDigest'
 iscsiadm -m session -P 2 | grep -q 'HeaderDigest: CRC32C' || fail "header digest not CRC32C"
 iscsiadm -m session -P 2 | grep -q 'DataDigest: CRC32C' || fail "data digest not CRC32C"

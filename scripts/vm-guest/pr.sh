@@ -14,28 +14,7 @@ iscsiadm -m discovery -t sendtargets -p "$P" >/dev/null
 iscsiadm -m node -T "$IQN" -p "$P" -o update -n node.session.timeo.replacement_timeout -v 120 >/dev/null
 iscsiadm -m node -T "$IQN" -p "$P" --login
 
-disk() {
-  local d i
-  for i in $(seq 100); do
-    d=$(iscsiadm -m session -P 3 2>/dev/null | awk '/Attached scsi disk/ {print $4; exit}')
-    [ -n "$d" ] && [ -e "/dev/$d" ] && {
-      echo "/dev/$d"
-      return
-    }
-    sleep 0.1
-  done
-  fail "no disk attached to the session"
-}
-D=$(disk)
-wait_for() {
-  local line i
-  for i in 1 2 3 4 5; do
-    line=$(wait_host) || true
-    [ "$line" = "$1" ] && return 0
-    echo "from the host: $(printf %q "$line"), waiting for $1"
-  done
-  fail "the host did not say $1"
-}
+D=$(session_disk)
 # state: READ KEYS and READ RESERVATION as sg_persist prints them (the device line aside).
 state() {
   { sg_persist -n -k "$D" && sg_persist -n -r "$D"; } 2>&1

@@ -1,7 +1,7 @@
 # The host side of `scripts/vm test` (sourced by scripts/vm): each test boots the VM with its
 # guest script and drives mcsi inside the VM's network namespace.
 
-VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy pr alua)
+VM_TESTS=(initiator discovery service lio nbd nbdvol xcopy pr fence alua)
 # Run only when named: lio_erl2 reproduces an oops of LIO's ErrorRecoveryLevel 2, in Debian 12's
 # kernel (6.1) and in bookworm-backports' (6.12) alike (docs/error-recovery.md).
 VM_OPT_TESTS=(lio_erl2)
@@ -169,6 +169,19 @@ test_pr() {
   vm_finish 240 || return
   stop_target || die "the target did not stop cleanly"
   log "sg_persist read the same keys and reservation after SIGKILL of the target"
+}
+
+# test_fence: Pacemaker's fence_scsi fences one of two nodes (two sessions of the VM under two
+# initiator names) on a file LUN: its key is preempted and its writes get RESERVATION CONFLICT.
+test_fence() {
+  local img=$1 iqn=iqn.2026-01.org.mcsi:vm-fence port=3260
+  ns_target "$RUN/target1.log" --listen "$HOST_IP:$port" --iqn "$iqn" --lun "file:$RUN/fence.img:64MiB"
+  in_ns_wait_port "$port" "$HOST_IP"
+  vm_boot "$img" scripts/vm-guest/fence.sh PORT=$port IQN=$iqn
+  vm_expect fenced 300
+  vm_finish 120 || return
+  stop_target || die "the target did not stop cleanly"
+  log "fence_scsi fenced node 2: its key preempted, its writes refused with RESERVATION CONFLICT"
 }
 
 # alua_conf FILE TAG PORT STATE1 STATE2: a gateway's file: the LUN (one file, one identity for

@@ -12,21 +12,6 @@ step "open-iscsi: $(iscsiadm --version); $(sg_xcopy --version 2>&1 | head -n 1)"
 iscsiadm -m discovery -t sendtargets -p "$P" >/dev/null
 iscsiadm -m node -T "$IQN" -p "$P" --login
 
-# lun_disk N: the disk of the session's LUN N ("Lun: N" is followed by its "Attached scsi disk").
-lun_disk() {
-  local d i
-  for i in $(seq 100); do
-    d=$(iscsiadm -m session -P 3 2>/dev/null |
-      awk -v n="$1" '/Lun: / { lun = $NF } /Attached scsi disk/ && lun == n { print $4; exit }')
-    [ -n "$d" ] && [ -e "/dev/$d" ] && {
-      echo "/dev/$d"
-      return
-    }
-    sleep 0.1
-  done
-  iscsiadm -m session -P 3 >&2 || true
-  fail "no disk for LUN $1"
-}
 # sg_of DISK: the disk's SCSI generic node.
 sg_of() {
   local g
@@ -35,24 +20,14 @@ sg_of() {
   wait_dev "/dev/$g" 10
   echo "/dev/$g"
 }
-SRC=$(lun_disk 0)
-DST=$(lun_disk 1)
+SRC=$(session_disk "" 0)
+DST=$(session_disk "" 1)
 SRC_SG=$(sg_of "$SRC")
 DST_SG=$(sg_of "$DST")
 echo "source $SRC ($SRC_SG), destination $DST ($DST_SG)"
 sg_vpd -p tpc "$SRC" || fail "no Third-party Copy VPD page on $SRC"
 sg_copy_results --params "$SRC" || fail "RECEIVE COPY RESULTS (operating parameters) on $SRC"
 
-# wait_for WORD: the host's next line that is WORD; a few other lines (shown) are passed over.
-wait_for() {
-  local line i
-  for i in 1 2 3 4 5; do
-    line=$(wait_host) || true
-    [ "$line" = "$1" ] && return 0
-    echo "from the host: $(printf %q "$line"), waiting for $1"
-  done
-  fail "the host did not say $1"
-}
 
 say ready
 wait_for copy
