@@ -41,6 +41,10 @@ pub enum BackendError {
     /// The store cannot take the size asked for.
     #[error("{0}")]
     Resize(String),
+    /// The record shared by the gateways of the stored data ([`SharedState`]) could not be
+    /// read, stored or watched.
+    #[error("{0}")]
+    Shared(String),
 }
 
 impl BackendError {
@@ -125,6 +129,31 @@ pub trait Backend: Send + Sync + 'static {
     fn aio(&self) -> Option<&dyn AsyncBackend> {
         None
     }
+    /// Where the unit's persistent reservations live when every gateway of the stored data
+    /// must see the same ones (an RBD image): the unit then reads and changes them there
+    /// instead of in its memory and its own file. None for storage local to one machine.
+    fn shared_reservations(&self) -> Option<&dyn SharedState> {
+        None
+    }
+}
+
+/// A small record kept with the stored data, which every gateway on it reads and replaces
+/// (the persistent reservations of an RBD image): versioned, so that two gateways changing it
+/// at once cannot lose one change, and announced, so that each gateway hears of the others'
+/// changes before the change is acknowledged.
+pub trait SharedState: Send + Sync {
+    /// The stored bytes (empty: nothing stored yet) and their version.
+    fn read(&self) -> Result<(Vec<u8>, u64), BackendError>;
+    /// Stores `bytes` if the stored version is still `version`: false (nothing written) when
+    /// another gateway replaced it first.
+    fn replace(&self, bytes: &[u8], version: u64) -> Result<bool, BackendError>;
+    /// Tells every other gateway that the record changed, and returns once each has heard
+    /// (an error when one did not answer in time: it reads the record again once it does).
+    fn announce(&self) -> Result<(), BackendError>;
+    /// Calls `heard` on each announcement of another gateway, and when announcements may have
+    /// been missed (a broken watch): the unit then reads the record again before its next
+    /// command.
+    fn watch(&self, heard: Box<dyn Fn() + Send + Sync>) -> Result<(), BackendError>;
 }
 
 /// One operation of the asynchronous path.

@@ -18,7 +18,7 @@ mod server;
 
 pub use backend::{
     open_backend, AioCompletion, AioDone, AioOp, AioRamBackend, AsyncBackend, Backend,
-    BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend,
+    BackendError, BlockBackend, FailingBackend, FileBackend, RamBackend, SharedState,
 };
 pub use lu::{LogicalUnit, Pending, Prepared, Step};
 pub use pr::MAX_REGISTRATIONS;

@@ -1,6 +1,6 @@
 //! One logical unit: SPC-4/SBC-3 command handling over a [`Backend`].
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, SharedState};
 use crate::pr::{Access, PrError, PrState};
 use crate::sense::{asc, key, Sense};
 use crate::{status, Command, DataPhase, LuConfig, Nexus, Outcome};
@@ -243,6 +243,8 @@ struct State {
     seen: AHashSet<Nexus>,
     ua: AHashMap<Nexus, VecDeque<Sense>>,
     pr: PrState,
+    /// With reservations shared by gateways: the announcements heard when `pr` was read.
+    pr_heard: u64,
     /// SPC-2 RESERVE(6)/(10) holder.
     spc2: Option<Nexus>,
     mode: ModeState,
@@ -364,6 +366,10 @@ pub struct LogicalUnit {
     /// The EXTENDED COPY this unit's copy manager runs (TOTAL CONCURRENT COPIES is 1): its
     /// nexus, and the flag that stops it at its next chunk.
     copy: Mutex<Option<(Nexus, Arc<std::sync::atomic::AtomicBool>)>>,
+    /// With reservations shared by gateways ([`Backend::shared_reservations`]): the other
+    /// gateways' announcements heard so far; a command that finds more than its unit had when
+    /// it read the reservations reads them again first.
+    pr_heard: Arc<AtomicU64>,
 }
 
 impl LogicalUnit {
@@ -379,7 +385,7 @@ impl LogicalUnit {
             512
         };
         let blocks = backend.size() / bs;
-        let ptpl_capable = cfg.pr_file.is_some();
+        let ptpl_capable = cfg.pr_file.is_some() || backend.shared_reservations().is_some();
         let mode = ModeState {
             wce: cfg.write_cache,
             d_sense: false,
@@ -394,6 +400,7 @@ impl LogicalUnit {
                 seen: AHashSet::new(),
                 ua: AHashMap::new(),
                 pr: PrState::new(ptpl_capable),
+                pr_heard: 0,
                 spc2: None,
                 mode,
                 prevent: AHashSet::new(),
@@ -407,13 +414,28 @@ impl LogicalUnit {
             sanitize: Mutex::default(),
             sanitize_pending: std::sync::atomic::AtomicBool::new(false),
             copy: Mutex::new(None),
+            pr_heard: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// Reads the persistent reservations this unit persisted (`LuConfig::pr_file`) before it
     /// serves: true if there were any. A file that cannot be read is an error, as serving
     /// without the reservations initiators relied on would break their promise.
+    ///
+    /// With reservations shared by gateways ([`Backend::shared_reservations`]) they are read
+    /// from there instead, and the unit starts hearing the other gateways' changes.
     pub fn load_reservations(&self) -> Result<bool, BackendError> {
+        if let Some(sh) = self.backend.shared_reservations() {
+            let heard = self.pr_heard.clone();
+            sh.watch(Box::new(move || {
+                heard.fetch_add(1, Ordering::AcqRel);
+            }))?;
+            let pr = read_shared(sh)?;
+            let mut st = self.st();
+            let any = pr.active();
+            st.pr = pr;
+            return Ok(any);
+        }
         let Some(path) = &self.cfg.pr_file else {
             return Ok(false);
         };
@@ -791,6 +813,7 @@ impl LogicalUnit {
         // Unit attention and reservation checks (SAM-5 5.14, SPC-4 5.9.1, SPC-2 5.5.1).
         {
             let mut st = self.st();
+            self.sync_shared(&mut st);
             // A lookup before the insert: the common case (a known nexus) then costs one hash and
             // no clone.
             if !st.seen.contains(cmd.nexus) {
@@ -1513,7 +1536,15 @@ impl LogicalUnit {
 
     fn pr_in(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
         let alloc = c.u16(7) as usize;
-        let st = self.st();
+        let mut st = self.st();
+        // Shared reservations are read again for each report, announced or not: a gateway
+        // that did not answer an announcement in time still reports what is stored.
+        if let Some(sh) = self.backend.shared_reservations() {
+            let heard = self.pr_heard.load(Ordering::Acquire);
+            let pr = read_shared(sh).map_err(shared_failed)?;
+            take_shared(&mut st, pr);
+            st.pr_heard = heard;
+        }
         let mut d = st.pr.pr_in(cmd.nexus, c.sa()).map_err(Fail::Sense)?;
         d.truncate(alloc);
         Ok(Outcome::good(Bytes::from(d)))
@@ -1533,6 +1564,9 @@ impl LogicalUnit {
         let mut st = self.st();
         if st.spc2.is_some() {
             return Err(Fail::Status(status::RESERVATION_CONFLICT));
+        }
+        if let Some(sh) = self.backend.shared_reservations() {
+            return self.pr_out_shared(sh, st, cmd, c, len);
         }
         let before = st.pr.clone();
         match st
@@ -1559,6 +1593,82 @@ impl LogicalUnit {
             }
             Err(PrError::Conflict) => Err(Fail::Status(status::RESERVATION_CONFLICT)),
             Err(PrError::Sense(s)) => Err(Fail::Sense(s)),
+        }
+    }
+
+    /// PERSISTENT RESERVE OUT on reservations shared by gateways: the record is read, the
+    /// request applied to it, and the result stored only if no gateway replaced the record
+    /// meanwhile (else all again: BUSY after 8 tries). GOOD once the other gateways have
+    /// heard of it, so that a command through any of them afterwards meets the new state.
+    /// The unit's other commands wait only for the read and the store: the announcement,
+    /// which waits for every gateway (up to its timeout when one is gone), is made after the
+    /// unit's state is released.
+    fn pr_out_shared(
+        &self,
+        sh: &dyn SharedState,
+        mut st: MutexGuard<'_, State>,
+        cmd: &Command<'_>,
+        c: &Cdb,
+        len: usize,
+    ) -> Res {
+        let mut stored = false;
+        for _ in 0..8 {
+            let heard = self.pr_heard.load(Ordering::Acquire);
+            let (bytes, version) = sh.read().map_err(shared_failed)?;
+            let pr = parse_shared(&bytes).map_err(shared_failed)?;
+            take_shared(&mut st, pr);
+            st.pr_heard = heard;
+            let mut next = st.pr.clone();
+            let uas = match next.pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len]) {
+                Ok(uas) => uas,
+                Err(PrError::Conflict) => return Err(Fail::Status(status::RESERVATION_CONFLICT)),
+                Err(PrError::Sense(s)) => return Err(Fail::Sense(s)),
+            };
+            if !sh
+                .replace(&next.to_bytes(), version)
+                .map_err(shared_failed)?
+            {
+                continue;
+            }
+            st.pr = next;
+            // This gateway's nexuses now; the others' when their gateway reads the change.
+            for (n, s) in uas {
+                if st.seen.contains(&n) {
+                    push_ua(&mut st, &n, s);
+                }
+            }
+            stored = true;
+            break;
+        }
+        drop(st);
+        if !stored {
+            return Err(Fail::Status(status::BUSY));
+        }
+        if let Err(e) = sh.announce() {
+            tracing::warn!(backend = %self.backend.describe(), "persistent reservations changed, and a gateway did not hear it in time (it reads them again when it next does): {e}");
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    /// Reads the shared reservations again when another gateway announced a change since this
+    /// unit last read them (the command being admitted then meets the change). A record that
+    /// cannot be read leaves the state as it was, and the next command tries again.
+    fn sync_shared(&self, st: &mut State) {
+        let Some(sh) = self.backend.shared_reservations() else {
+            return;
+        };
+        let heard = self.pr_heard.load(Ordering::Acquire);
+        if heard == st.pr_heard {
+            return;
+        }
+        match read_shared(sh) {
+            Ok(pr) => {
+                take_shared(st, pr);
+                st.pr_heard = heard;
+            }
+            Err(e) => {
+                tracing::warn!(backend = %self.backend.describe(), "shared persistent reservations not read: {e}")
+            }
         }
     }
 
@@ -2172,6 +2282,43 @@ fn pop_ua(st: &mut State, n: &Nexus) -> Option<Sense> {
         st.ua.remove(n);
     }
     s
+}
+
+/// The shared reservations as stored (none stored yet: none, able to persist).
+fn read_shared(sh: &dyn SharedState) -> Result<PrState, BackendError> {
+    let (bytes, _) = sh.read()?;
+    parse_shared(&bytes)
+}
+
+fn parse_shared(bytes: &[u8]) -> Result<PrState, BackendError> {
+    if bytes.is_empty() {
+        return Ok(PrState::new(true));
+    }
+    PrState::from_bytes(bytes).map_err(|e| {
+        BackendError::Shared(format!(
+            "the shared persistent reservations do not parse: {e}"
+        ))
+    })
+}
+
+/// Takes the shared reservations as another gateway left them, with the unit attentions the
+/// change owes this gateway's nexuses (SPC-4 5.12.11).
+fn take_shared(st: &mut State, next: PrState) {
+    let uas = st.pr.changed_elsewhere(&next);
+    st.pr = next;
+    for (n, s) in uas {
+        if st.seen.contains(&n) {
+            push_ua(st, &n, s);
+        }
+    }
+}
+
+fn shared_failed(e: impl std::fmt::Display) -> Fail {
+    tracing::error!("shared persistent reservations: {e}");
+    Fail::Sense(Sense::new(
+        key::HARDWARE_ERROR,
+        asc::INTERNAL_TARGET_FAILURE,
+    ))
 }
 
 fn push_ua(st: &mut State, n: &Nexus, s: Sense) {

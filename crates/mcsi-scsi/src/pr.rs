@@ -117,6 +117,14 @@ struct Saved {
     generation: u32,
     registrations: Vec<SavedReg>,
     reservation: Option<SavedRes>,
+    /// APTPL of the last REGISTER. A file is kept only while it is set, so files written
+    /// before the field existed hold it set; a shared record keeps it either way.
+    #[serde(default = "yes")]
+    aptpl: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 const SAVED_VERSION: u32 = 1;
@@ -261,6 +269,11 @@ impl PrState {
                 },
             };
         }
+        write_atomic(path, &self.to_bytes())
+    }
+
+    /// The state as it is saved (JSON): in a file, or in a record shared by gateways.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let saved = Saved {
             version: SAVED_VERSION,
             generation: self.generation,
@@ -277,9 +290,10 @@ impl PrState {
                 holder: SavedNexus::of(&r.holder),
                 ty: r.ty,
             }),
+            aptpl: self.aptpl,
         };
-        let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
-        write_atomic(path, &bytes)
+        // Plain data with string keys: serialising cannot fail.
+        serde_json::to_vec_pretty(&saved).unwrap_or_default()
     }
 
     /// The state a unit persisted in `path` (None: no file, nothing persisted). A file that
@@ -292,8 +306,15 @@ impl PrState {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        PrState::from_bytes(&bytes).map(Some)
+    }
+
+    /// The state saved in `bytes` ([`PrState::to_bytes`]), able to persist (PTPL_C). Bytes
+    /// that do not parse, or name a reservation type or more registrations than a unit takes,
+    /// are an error.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> std::io::Result<PrState> {
         let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-        let s: Saved = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        let s: Saved = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
         if s.version != SAVED_VERSION {
             return Err(bad(format!(
                 "version {} (this mcsi reads {SAVED_VERSION})",
@@ -311,7 +332,7 @@ impl PrState {
                 return Err(bad(format!("reservation type {}", r.ty)));
             }
         }
-        Ok(Some(PrState {
+        Ok(PrState {
             generation: s.generation,
             regs: s
                 .registrations
@@ -328,9 +349,9 @@ impl PrState {
                 holder: r.holder.nexus(),
                 ty: r.ty,
             }),
-            aptpl: true,
+            aptpl: s.aptpl,
             ptpl_capable: true,
-        }))
+        })
     }
 
     fn key_of(&self, n: &Nexus) -> Option<u64> {
@@ -343,6 +364,47 @@ impl PrState {
             Some(r) => &r.holder == n,
             None => false,
         }
+    }
+
+    /// The unit attentions owed to the nexuses of this state when another gateway of a
+    /// shared state turned it into `next` (SPC-4 5.12.11): a registration that is gone was
+    /// preempted (REGISTRATIONS PREEMPTED), or cleared with all the others (RESERVATIONS
+    /// PREEMPTED); a registrants-only or all-registrants reservation that was released tells
+    /// the registrants left (RESERVATIONS RELEASED). A nexus changes its own registration only
+    /// through its own gateway, which owes it nothing.
+    pub(crate) fn changed_elsewhere(&self, next: &PrState) -> Vec<(Nexus, Sense)> {
+        let ua = |code| Sense::new(key::UNIT_ATTENTION, code);
+        let cleared = next.regs.is_empty() && next.generation != self.generation;
+        let mut out: Vec<(Nexus, Sense)> = self
+            .regs
+            .iter()
+            .filter(|(n, _)| next.key_of(n).is_none())
+            .map(|(n, _)| {
+                let code = if cleared {
+                    asc::RESERVATIONS_PREEMPTED
+                } else {
+                    asc::REGISTRATIONS_PREEMPTED
+                };
+                (n.clone(), ua(code))
+            })
+            .collect();
+        if let (Some(r), None) = (&self.res, &next.res) {
+            if matches!(
+                r.ty,
+                ty::WE_REGISTRANTS_ONLY
+                    | ty::EA_REGISTRANTS_ONLY
+                    | ty::WE_ALL_REGISTRANTS
+                    | ty::EA_ALL_REGISTRANTS
+            ) {
+                out.extend(
+                    next.regs
+                        .iter()
+                        .filter(|(n, _)| self.key_of(n).is_some())
+                        .map(|(n, _)| (n.clone(), ua(asc::RESERVATIONS_RELEASED))),
+                );
+            }
+        }
+        out
     }
 
     /// True when any registration or reservation exists (SPC-2 RESERVE then conflicts).

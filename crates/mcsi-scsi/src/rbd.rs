@@ -6,11 +6,15 @@
 //! synchronous calls on the transport's blocking pool. The image is opened once and shared by every I/O (librbd's handles are
 //! thread-safe).
 
-use crate::backend::{AioCompletion, AioDone, AioOp, AsyncBackend, Backend, BackendError};
+use crate::backend::{
+    AioCompletion, AioDone, AioOp, AsyncBackend, Backend, BackendError, SharedState,
+};
 use bytes::Bytes;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::path::PathBuf;
+
+mod record;
 
 #[allow(non_camel_case_types)]
 type rados_t = *mut c_void;
@@ -181,6 +185,8 @@ pub struct RbdBackend {
     /// The cluster's fsid, the pool's id and the image's id: the same through every gateway,
     /// and a new image of the same name gets another.
     identity: String,
+    /// The image's persistent reservations, shared by every gateway on it.
+    record: Option<record::Record>,
 }
 
 // librados and librbd handles may be used from any thread at once (librbd serialises what it
@@ -228,6 +234,7 @@ impl RbdBackend {
             size: std::sync::atomic::AtomicU64::new(0),
             stripe_unit: 0,
             identity: String::new(),
+            record: None,
         };
         // SAFETY: each call gets valid NUL-terminated strings and out-pointers to this
         // struct's fields; a handle is used only after the call that sets it succeeded, and
@@ -339,6 +346,7 @@ impl RbdBackend {
                 rados_ioctx_get_id(b.ioctx),
                 text(&image_id)
             );
+            b.record = Some(record::Record::open(b.cluster, b.ioctx, &text(&image_id))?);
         }
         if *b.size.get_mut() == 0 {
             return Err(fail("the image", "is empty (0 bytes)".into()));
@@ -369,6 +377,8 @@ impl RbdBackend {
 
 impl Drop for RbdBackend {
     fn drop(&mut self) {
+        // The record's watch goes first: it uses the pool context and the cluster.
+        drop(self.record.take());
         // SAFETY: each handle is non-null only if its open succeeded, and is released once.
         unsafe {
             if !self.image.is_null() {
@@ -588,6 +598,9 @@ impl Backend for RbdBackend {
 
     fn identity(&self) -> Option<String> {
         Some(self.identity.clone())
+    }
+    fn shared_reservations(&self) -> Option<&dyn SharedState> {
+        self.record.as_ref().map(|r| r as &dyn SharedState)
     }
 }
 

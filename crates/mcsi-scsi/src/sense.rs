@@ -57,6 +57,7 @@ pub mod asc {
     pub const MEDIUM_NOT_PRESENT: (u8, u8) = (0x3A, 0x00);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: (u8, u8) = (0x55, 0x04);
     pub const INSUFFICIENT_RESOURCES: (u8, u8) = (0x55, 0x03);
+    pub const INTERNAL_TARGET_FAILURE: (u8, u8) = (0x44, 0x00);
     pub const MEDIUM_REMOVAL_PREVENTED: (u8, u8) = (0x53, 0x02);
     pub const SANITIZE_IN_PROGRESS: (u8, u8) = (0x04, 0x1B);
     pub const SANITIZE_COMMAND_FAILED: (u8, u8) = (0x31, 0x03);

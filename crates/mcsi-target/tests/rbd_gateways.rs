@@ -3,7 +3,8 @@
 //! sockets: a write through one is read back through the other, and COMPARE AND WRITEs racing
 //! through both, each taking the same counter from v to v+1, let exactly one win every round
 //! (the other gets MISCOMPARE), because librbd runs COMPARE AND WRITE as one compare-and-write
-//! operation at the OSD.
+//! operation at the OSD. Persistent reservations made through one gateway are seen and
+//! enforced through the other, because both keep them in one RADOS object beside the image.
 //!
 //! It needs a Ceph cluster and a build with the rbd feature: `scripts/interop-rbd` runs it with
 //! `MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH` set (the image of at least 4 MiB, its blocks 0-8191
@@ -21,10 +22,18 @@ const GOOD: u8 = 0x00;
 const CHECK_CONDITION: u8 = 0x02;
 const BS: usize = 512;
 
-/// A target serving the image as LUN 0.
-async fn gateway(spec: &str) -> Server {
-    start_with(|c| c.targets[0].luns = vec![LunSpec::new(spec)]).await
+/// A target serving the image as LUN 0, its port's relative identifier `tpgt`.
+async fn gateway(spec: &str, tpgt: u16) -> Server {
+    start_with(|c| {
+        c.targets[0].luns = vec![LunSpec::new(spec)];
+        c.targets[0].tpgt = tpgt;
+    })
+    .await
 }
+
+/// The tests share one image: one at a time (a reservation left by one would refuse the
+/// other's writes).
+static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A session with all of a command's data sent with it (ImmediateData, a first burst of
 /// 64 KiB), the LUN's unit attention cleared.
@@ -90,9 +99,10 @@ async fn read0(c: &mut Client) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Ceph cluster and the rbd feature: scripts/interop-rbd runs it"]
 async fn compare_and_write_racing_through_two_gateways_lets_exactly_one_win() {
+    let _one = ONE.lock().await;
     let spec = std::env::var("MCSI_TEST_RBD")
         .expect("MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH names the image to test on");
-    let (ga, gb) = (gateway(&spec).await, gateway(&spec).await);
+    let (ga, gb) = (gateway(&spec, 1).await, gateway(&spec, 2).await);
     let mut a = session(&ga, 1).await;
     let mut b = session(&gb, 2).await;
 
@@ -168,6 +178,105 @@ async fn compare_and_write_racing_through_two_gateways_lets_exactly_one_win() {
     // Both gateways closed, their images and cluster handles released, while the runtime
     // lives: a librados client still running when the process exits can crash in Ceph's own
     // destructors (seen once: SIGSEGV after the test had passed).
+    drop((a, b));
+    ga.shutdown().await.unwrap();
+    gb.shutdown().await.unwrap();
+}
+
+/// PERSISTENT RESERVE OUT `sa`: (status, sense).
+async fn pr_out(c: &mut Client, sa: u8, ty: u8, rk: u64, sark: u64) -> (u8, Bytes) {
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&rk.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    let cdb = [0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    let (s, sense, _) = exec(c, &cdb, Bytes::from(p), 0).await;
+    (s, sense)
+}
+
+/// PERSISTENT RESERVE IN: READ KEYS, and READ RESERVATION's key and type.
+async fn keys_and_reservation(c: &mut Client) -> (Vec<u64>, Option<(u64, u8)>) {
+    let (s, sense, d) = exec(c, &[0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0], Bytes::new(), 256).await;
+    assert_eq!(s, GOOD, "READ KEYS: {sense:02x?}");
+    let n = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    let keys = d[8..8 + n]
+        .chunks(8)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+        .collect();
+    let (s, sense, d) = exec(c, &[0x5e, 1, 0, 0, 0, 0, 0, 1, 0, 0], Bytes::new(), 256).await;
+    assert_eq!(s, GOOD, "READ RESERVATION: {sense:02x?}");
+    let held = (u32::from_be_bytes(d[4..8].try_into().unwrap()) >= 16).then(|| {
+        (
+            u64::from_be_bytes(d[8..16].try_into().unwrap()),
+            d[21] & 0x0F,
+        )
+    });
+    (keys, held)
+}
+
+/// Commands until one is not a unit attention (what a change elsewhere owed the nexus).
+async fn settle(c: &mut Client) {
+    for _ in 0..4 {
+        if exec(c, &[0; 6], Bytes::new(), 0).await.0 == GOOD {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster and the rbd feature: scripts/interop-rbd runs it"]
+async fn reservations_made_through_one_gateway_are_seen_and_enforced_through_the_other() {
+    const RESERVATION_CONFLICT: u8 = 0x18;
+    const WRITE_EXCLUSIVE: u8 = 1;
+    let _one = ONE.lock().await;
+    let spec = std::env::var("MCSI_TEST_RBD")
+        .expect("MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH names the image to test on");
+    let (ga, gb) = (gateway(&spec, 1).await, gateway(&spec, 2).await);
+    let mut a = session(&ga, 3).await;
+    let mut b = session(&gb, 4).await;
+    let write = |lba| (rw10(0x2A, lba, 1), Bytes::from(vec![0x5a; BS]));
+
+    // Whatever an earlier run left on the image goes: A registers whatever the state, clears.
+    assert_eq!(pr_out(&mut a, 6, 0, 0, 0xa1).await.0, GOOD);
+    assert_eq!(pr_out(&mut a, 3, 0, 0xa1, 0).await.0, GOOD);
+    settle(&mut b).await;
+
+    // A registers and reserves WRITE EXCLUSIVE; B sees both, and B's write conflicts.
+    assert_eq!(pr_out(&mut a, 0, 0, 0, 0xa1).await.0, GOOD);
+    assert_eq!(pr_out(&mut a, 1, WRITE_EXCLUSIVE, 0xa1, 0).await.0, GOOD);
+    assert_eq!(
+        keys_and_reservation(&mut b).await,
+        (vec![0xa1], Some((0xa1, WRITE_EXCLUSIVE))),
+        "gateway B does not see gateway A's registration and reservation"
+    );
+    let (cdb, data) = write(16);
+    let (s, sense, _) = exec(&mut b, &cdb, data.clone(), 0).await;
+    assert_eq!(s, RESERVATION_CONFLICT, "B's write: {sense:02x?}");
+    let (s, _, _) = exec(&mut b, &rw10(0x28, 16, 1), Bytes::new(), BS as u32).await;
+    assert_eq!(s, GOOD, "B's read under WRITE EXCLUSIVE");
+    let (s, sense, _) = exec(&mut a, &cdb, data.clone(), 0).await;
+    assert_eq!(s, GOOD, "the holder's write: {sense:02x?}");
+
+    // B registers and preempts A: A hears of it (REGISTRATIONS PREEMPTED), then conflicts.
+    assert_eq!(pr_out(&mut b, 0, 0, 0, 0xb2).await.0, GOOD);
+    let (s, sense) = pr_out(&mut b, 4, WRITE_EXCLUSIVE, 0xb2, 0xa1).await;
+    assert_eq!(s, GOOD, "PREEMPT: {sense:02x?}");
+    let (s, sense, _) = exec(&mut a, &cdb, data.clone(), 0).await;
+    assert_eq!(s, CHECK_CONDITION, "A's first command after the preemption");
+    assert_eq!(
+        (sense[2] & 0x0F, sense[12], sense[13]),
+        (0x06, 0x2A, 0x05),
+        "REGISTRATIONS PREEMPTED: {sense:02x?}"
+    );
+    let (s, _, _) = exec(&mut a, &cdb, data.clone(), 0).await;
+    assert_eq!(s, RESERVATION_CONFLICT, "A's write after the preemption");
+    let (s, _, _) = exec(&mut b, &cdb, data, 0).await;
+    assert_eq!(s, GOOD, "the new holder's write");
+    assert_eq!(
+        keys_and_reservation(&mut a).await,
+        (vec![0xb2], Some((0xb2, WRITE_EXCLUSIVE)))
+    );
+    assert_eq!(pr_out(&mut b, 3, 0, 0xb2, 0).await.0, GOOD);
+    println!("reservations through two gateways: A's registration and reservation seen and enforced through B, B's preemption enforced through A");
     drop((a, b));
     ga.shutdown().await.unwrap();
     gb.shutdown().await.unwrap();
