@@ -217,6 +217,8 @@ pub struct Changes {
     pub access_changed: Vec<String>,
     /// Targets whose ALUA target port groups or states changed.
     pub port_groups_changed: Vec<String>,
+    /// Targets whose per-initiator LUN maps changed.
+    pub lun_maps_changed: Vec<String>,
 }
 
 impl Admin {
@@ -278,10 +280,11 @@ impl Admin {
                     .unwrap_or_default(),
                 lun_maps: t
                     .views
+                    .load()
                     .iter()
                     .map(|v| LunMapView {
                         initiator: v.initiator.clone(),
-                        luns: v.map.iter().map(|(a, b)| (*a, *b)).collect(),
+                        luns: v.map.load().iter().map(|(a, b)| (*a, *b)).collect(),
                     })
                     .collect(),
             })
@@ -585,6 +588,7 @@ impl Admin {
         let mut access = Vec::new();
         let mut moved = Vec::new();
         let mut port_groups = Vec::new();
+        let mut lun_maps = Vec::new();
         for t in &next.targets {
             let Some(was) = base.targets.iter().find(|b| b.iqn == t.iqn) else {
                 new_targets.push(t);
@@ -609,7 +613,7 @@ impl Admin {
                 return in_place("its portal_group_tag");
             }
             if t.lun_maps != was.lun_maps {
-                return in_place("its LUN maps");
+                lun_maps.push(t);
             }
             if t.portals != was.portals {
                 moved.push(t);
@@ -752,6 +756,12 @@ impl Admin {
             running.set_alua(t.alua.clone());
             changes.port_groups_changed.push(t.iqn.clone());
         }
+        // After the LUNs: a map names the target's LUNs as `next` has them.
+        for t in &lun_maps {
+            let running = self.target(Some(&t.iqn))?;
+            running.set_lun_maps(&t.lun_maps);
+            changes.lun_maps_changed.push(t.iqn.clone());
+        }
         for t in built {
             self.gate.open_target(&t);
             self.shared.set_targets(|v| {
@@ -887,6 +897,106 @@ impl Admin {
         })
         .await?;
         tracing::info!(target = name, "the administrator removed a target");
+        Ok(())
+    }
+
+    /// Maps the target's LUN `target_lun` as LUN `lun` of `initiator` (the target: the only
+    /// one when None). The initiator's first mapping gives it a map: from its next command it
+    /// sees only its mapped LUNs. Its sessions meet the change at their next command, with
+    /// REPORTED LUNS DATA HAS CHANGED; nothing else pauses.
+    pub async fn map_lun(
+        &self,
+        target: Option<&str>,
+        initiator: &str,
+        lun: u16,
+        target_lun: u16,
+    ) -> Result<(), AdminError> {
+        let iqn = self.target(target)?.name.clone();
+        // Names compare without regard to case (RFC 3722 folds them to lower case).
+        let name = initiator.to_ascii_lowercase();
+        crate::name::validate(&name)
+            .map_err(|e| AdminError::BadSpec(format!("initiator name {initiator:?}: {e}")))?;
+        if lun >= 16384 {
+            return Err(AdminError::BadSpec(format!(
+                "LUN {lun}: a LUN number is 0 to 16383"
+            )));
+        }
+        self.apply_change(Duration::ZERO, |next| {
+            let t = target_spec(next, &iqn)?;
+            if !t.luns_by_number().contains_key(&target_lun) {
+                return Err(AdminError::NoLun {
+                    target: iqn.clone(),
+                    lun: target_lun,
+                });
+            }
+            let i = match t.lun_maps.iter().position(|m| m.initiator == name) {
+                Some(i) => i,
+                None => {
+                    t.lun_maps.push(crate::config::LunMap {
+                        initiator: name.clone(),
+                        luns: Default::default(),
+                    });
+                    t.lun_maps.len() - 1
+                }
+            };
+            let m = &mut t.lun_maps[i];
+            if let Some(n) = m.luns.get(&lun) {
+                return Err(AdminError::BadSpec(format!(
+                    "target {iqn}: {name} sees the target's LUN {n} as its LUN {lun} already; unmap it first"
+                )));
+            }
+            if let Some((seen, _)) = m.luns.iter().find(|(_, n)| **n == target_lun) {
+                return Err(AdminError::BadSpec(format!(
+                    "target {iqn}: {name} sees the target's LUN {target_lun} as its LUN {seen} already; a map names a LUN once"
+                )));
+            }
+            m.luns.insert(lun, target_lun);
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = %iqn, initiator = %name, lun, target_lun, "the administrator mapped a LUN");
+        Ok(())
+    }
+
+    /// Takes LUN `lun` out of `initiator`'s map. With `whole`, the map itself goes instead and
+    /// the initiator sees every LUN of the target again; otherwise its last LUN leaves an empty
+    /// map (it sees none).
+    pub async fn unmap_lun(
+        &self,
+        target: Option<&str>,
+        initiator: &str,
+        lun: Option<u16>,
+    ) -> Result<(), AdminError> {
+        let iqn = self.target(target)?.name.clone();
+        let name = initiator.to_ascii_lowercase();
+        self.apply_change(Duration::ZERO, |next| {
+            let t = target_spec(next, &iqn)?;
+            let no_map = || {
+                AdminError::BadSpec(format!(
+                    "target {iqn}: {name} has no LUN map (`mcsi ctl targets` lists them)"
+                ))
+            };
+            let i = t
+                .lun_maps
+                .iter()
+                .position(|m| m.initiator == name)
+                .ok_or_else(no_map)?;
+            match lun {
+                None => {
+                    t.lun_maps.remove(i);
+                }
+                Some(l) => {
+                    if t.lun_maps[i].luns.remove(&l).is_none() {
+                        return Err(AdminError::BadSpec(format!(
+                            "target {iqn}: {name}'s map has no LUN {l}"
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(target = %iqn, initiator = %name, ?lun, "the administrator unmapped a LUN");
         Ok(())
     }
 

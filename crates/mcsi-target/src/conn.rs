@@ -500,7 +500,7 @@ impl Reader {
     fn carry_out(&mut self, a: Arrival) -> Result<(), ConnEnd> {
         match a {
             Arrival::Now(now) => {
-                if let Some(units) = &self.session.units {
+                if let Some(units) = self.session.units().as_ref() {
                     let RunNow {
                         cmd,
                         phase,

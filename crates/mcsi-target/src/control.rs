@@ -46,7 +46,7 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
     match r {
         Run::Control(c, p) => run(session, c, p),
         Run::Inline(d, claim) => {
-            if let Some(units) = &session.units {
+            if let Some(units) = session.units().as_ref() {
                 crate::scsi::run_inline(
                     session,
                     units,
@@ -174,7 +174,8 @@ fn remove_for_recovery(session: &Arc<Session>, conn: &Arc<Conn>, l: &LogoutReque
 /// ([`Session::task_management`]); what spans the target's sessions (and resets) is done here.
 async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     // A normal session has both (Session::new); a discovery session neither.
-    let (Some(target), Some(units)) = (session.target.clone(), session.units.as_ref()) else {
+    let units = session.units().clone();
+    let (Some(target), Some(units)) = (session.target.clone(), units.as_ref()) else {
         conn.send(Pdu::reject_of(
             reject_reason::PROTOCOL_ERROR,
             &Pdu::TaskMgmtRequest(t),
@@ -202,7 +203,7 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
             reset: Reset::Target | Reset::TargetCold,
             ..
         }
-    ) && session.view.is_some()
+    ) && session.view().is_some()
     {
         // An initiator with a LUN map sees only some of the target's units: a reset of the
         // whole target would reach the others' LUNs.
@@ -352,13 +353,15 @@ async fn abort_on_target(
             let mine = Arc::ptr_eq(&s, session);
             let theirs = match (by_lun, unit, mine) {
                 (_, _, true) | (false, _, _) => *plan,
-                (true, Some(lu), false) => match s.units.as_ref().and_then(|u| u.raw_lun_of(lu)) {
-                    Some(lun) => Tmf::AbortOnTarget {
-                        lun: Some(lun),
-                        reset,
-                    },
-                    None => continue,
-                },
+                (true, Some(lu), false) => {
+                    match s.units().as_ref().and_then(|u| u.raw_lun_of(lu)) {
+                        Some(lun) => Tmf::AbortOnTarget {
+                            lun: Some(lun),
+                            reset,
+                        },
+                        None => continue,
+                    }
+                }
                 // The unit went away: only this session's tasks by that number.
                 (true, None, false) => continue,
             };

@@ -54,10 +54,17 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
     {
         auth_keys(a, &r.base.discovery_auth, secrets);
     }
-    // The portals each target of the file has there (its own `listen`, or the top level's).
-    let file_portals: BTreeMap<String, Vec<std::net::SocketAddr>> = match &r.base.source {
+    // The portals each target of the file has there (its own `listen`, or the top level's),
+    // and its LUN maps.
+    type FileTarget = (Vec<std::net::SocketAddr>, Vec<crate::config::LunMap>);
+    let in_text: BTreeMap<String, FileTarget> = match &r.base.source {
         Some(src) => ServerConfig::from_toml(&src.text)
-            .map(|c| c.targets.into_iter().map(|t| (t.iqn, t.portals)).collect())
+            .map(|c| {
+                c.targets
+                    .into_iter()
+                    .map(|t| (t.iqn, (t.portals, t.lun_maps)))
+                    .collect()
+            })
             .unwrap_or_default(),
         None => BTreeMap::new(),
     };
@@ -110,9 +117,14 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
         set_auth(t, &auth, secrets, inline);
         // Portals moved since: the target's own `listen` says where it runs now.
         if let Some(spec) = r.base.targets.iter().find(|x| x.iqn == iqn) {
-            if file_portals.get(&iqn) != Some(&spec.portals) {
+            let file = in_text.get(&iqn);
+            if file.map(|f| &f.0) != Some(&spec.portals) {
                 let p: Array = spec.portals.iter().map(|p| p.to_string()).collect();
                 set(t, "listen", Item::Value(Value::Array(p)));
+            }
+            // LUN maps changed since (`mcsi ctl map-lun`): written as they run.
+            if file.map_or(&[][..], |f| &f.1[..]) != &spec.lun_maps[..] {
+                set_lun_maps(t, &spec.lun_maps, inline);
             }
         }
         seen.push(iqn);
@@ -214,6 +226,42 @@ fn target_table(t: &crate::config::TargetSpec, notes: &mut Vec<String>) -> Table
         ));
     }
     tt
+}
+
+/// A target's LUN maps: `[[targets.lun_maps]]` tables (inline tables in an inline target), or
+/// none.
+fn set_lun_maps(t: &mut dyn TableLike, maps: &[crate::config::LunMap], inline: bool) {
+    if maps.is_empty() {
+        t.remove("lun_maps");
+        return;
+    }
+    let luns = |m: &crate::config::LunMap| {
+        let mut l = InlineTable::new();
+        for (seen, n) in &m.luns {
+            l.insert(seen.to_string(), Value::from(i64::from(*n)));
+        }
+        l
+    };
+    let item = if inline {
+        let mut a = Array::new();
+        for m in maps {
+            let mut e = InlineTable::new();
+            e.insert("initiator", Value::from(m.initiator.clone()));
+            e.insert("luns", Value::InlineTable(luns(m)));
+            a.push(Value::InlineTable(e));
+        }
+        Item::Value(Value::Array(a))
+    } else {
+        let mut a = toml_edit::ArrayOfTables::new();
+        for m in maps {
+            let mut e = Table::new();
+            e.insert("initiator", toml_edit::value(m.initiator.clone()));
+            e.insert("luns", Item::Value(Value::InlineTable(luns(m))));
+            a.push(e);
+        }
+        Item::ArrayOfTables(a)
+    };
+    set(t, "lun_maps", item);
 }
 
 /// Sets `key` in a table, keeping the key (and the comment above it) when it is there.
@@ -359,6 +407,18 @@ pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
         if r.luns.get(&t.iqn) != Some(&t.luns_by_number()) {
             return Err(format!(
                 "target {}: the LUNs written do not read back as the running ones",
+                t.iqn
+            ));
+        }
+        let maps = r
+            .base
+            .targets
+            .iter()
+            .find(|x| x.iqn == t.iqn)
+            .map(|x| &x.lun_maps);
+        if maps.is_some_and(|m| *m != t.lun_maps) {
+            return Err(format!(
+                "target {}: the LUN maps written do not read back as the running ones",
                 t.iqn
             ));
         }

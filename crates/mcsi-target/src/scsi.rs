@@ -180,8 +180,8 @@ fn account(
             // A LUN map's number counts for the target's LUN it names; one it does not map,
             // for none.
             let lun = mcsi_scsi::lun::decode(cmd.lun);
-            let lun = match &session.view {
-                Some(v) => lun.and_then(|n| v.map.get(&n).copied()),
+            let lun = match &*session.view.load() {
+                Some(v) => lun.and_then(|n| v.map.load().get(&n).copied()),
                 None => lun,
             };
             t.with_lun_metrics(lun, account)

@@ -45,8 +45,13 @@ pub struct Target {
     /// them while the target runs ([`Target::set_alua`]).
     pub alua: arc_swap::ArcSwapOption<mcsi_scsi::alua::Alua>,
     /// The LUN maps: for each mapped initiator, the units of `dev` it sees, under its numbers.
-    /// A LUN added to or removed from the target is added to or removed from them too.
-    pub views: Vec<Arc<LunView>>,
+    /// A LUN added to or removed from the target is added to or removed from them too; a
+    /// reload or `mcsi ctl` changes them with [`Target::set_lun_maps`].
+    pub views: arc_swap::ArcSwap<Vec<Arc<LunView>>>,
+    /// Counts the changes of `views` that may switch an initiator between its map and the
+    /// whole target: a session that resolved its units before the last one resolves them again
+    /// ([`Session::units`]).
+    views_gen: AtomicU64,
     /// Held through each change of the units and their port groups ([`Target::add_unit`],
     /// [`Target::remove_unit`], [`Target::set_alua`]): each is one transition, so a unit added
     /// while the port groups change cannot keep the old ones.
@@ -68,10 +73,29 @@ pub struct Target {
 pub struct LunView {
     /// The initiator's name, lower case.
     pub initiator: String,
-    /// Its LUN numbers, each to the target's.
-    pub map: std::collections::BTreeMap<u16, u16>,
+    /// Its LUN numbers, each to the target's (changed in place by [`Target::set_lun_maps`]).
+    pub map: arc_swap::ArcSwap<std::collections::BTreeMap<u16, u16>>,
     /// The mapped units under its numbers: what its sessions address.
     pub dev: Arc<DeviceServer>,
+}
+
+impl LunView {
+    /// The view `m` gives of the units `luns` (by the target's numbers).
+    fn new(m: &crate::config::LunMap, luns: &[(u16, Arc<mcsi_scsi::LogicalUnit>)]) -> LunView {
+        let units = m
+            .luns
+            .iter()
+            .filter_map(|(seen, n)| {
+                let (_, lu) = luns.iter().find(|(i, _)| i == n)?;
+                Some((*seen, lu.clone()))
+            })
+            .collect();
+        LunView {
+            initiator: m.initiator.clone(),
+            map: arc_swap::ArcSwap::from_pointee(m.luns.clone()),
+            dev: Arc::new(DeviceServer::new(units)),
+        }
+    }
 }
 
 /// Bytes per second reserved by the sessions in, each way.
@@ -142,24 +166,11 @@ impl Target {
         let views = t
             .lun_maps
             .iter()
-            .map(|m| {
-                let units = m
-                    .luns
-                    .iter()
-                    .filter_map(|(seen, n)| {
-                        let (_, lu) = luns.iter().find(|(i, _)| i == n)?;
-                        Some((*seen, lu.clone()))
-                    })
-                    .collect();
-                Arc::new(LunView {
-                    initiator: m.initiator.clone(),
-                    map: m.luns.clone(),
-                    dev: Arc::new(DeviceServer::new(units)),
-                })
-            })
+            .map(|m| Arc::new(LunView::new(m, &luns)))
             .collect();
         Arc::new(Target {
-            views,
+            views: arc_swap::ArcSwap::from_pointee(views),
+            views_gen: AtomicU64::new(0),
             changing: Mutex::new(()),
             lun_metrics: arc_swap::ArcSwap::from_pointee(lun_metrics.to_vec()),
             name: t.iqn.clone(),
@@ -194,9 +205,63 @@ impl Target {
     /// The LUN map of `initiator`, if it has one.
     pub fn view_of(&self, initiator: &str) -> Option<Arc<LunView>> {
         self.views
+            .load()
             .iter()
             .find(|v| v.initiator.eq_ignore_ascii_case(initiator))
             .cloned()
+    }
+
+    /// Changes the LUN maps to `maps` (checked against the target's LUNs), as one transition
+    /// of the units. A map that stays changes in place: its initiator's sessions meet the LUNs
+    /// it gains and loses at their next command (REPORTED LUNS DATA HAS CHANGED). An initiator
+    /// that gains or loses a map has its sessions switched to it, or to the whole target, at
+    /// their next command, with the same unit attention. True if anything changed.
+    pub fn set_lun_maps(&self, maps: &[crate::config::LunMap]) -> bool {
+        let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.views.load_full();
+        let units = self.dev.luns();
+        let unit = |n: &u16| units.iter().find(|(i, _)| i == n).map(|(_, u)| u.clone());
+        let mut next = Vec::with_capacity(maps.len());
+        let mut changed = false;
+        let mut switched = false;
+        for m in maps {
+            let Some(v) = now
+                .iter()
+                .find(|v| v.initiator.eq_ignore_ascii_case(&m.initiator))
+            else {
+                next.push(Arc::new(LunView::new(m, &units)));
+                switched = true;
+                continue;
+            };
+            let was = v.map.load_full();
+            if *was != m.luns {
+                for (seen, n) in was.iter() {
+                    if m.luns.get(seen) != Some(n) {
+                        let _ = v.dev.remove(*seen);
+                    }
+                }
+                for (seen, n) in &m.luns {
+                    if was.get(seen) != Some(n) {
+                        if let Some(u) = unit(n) {
+                            let _ = v.dev.add(*seen, u);
+                        }
+                    }
+                }
+                v.map.store(Arc::new(m.luns.clone()));
+                changed = true;
+            }
+            next.push(v.clone());
+        }
+        switched |= now.iter().any(|v| {
+            !maps
+                .iter()
+                .any(|m| m.initiator.eq_ignore_ascii_case(&v.initiator))
+        });
+        if switched {
+            self.views.store(Arc::new(next));
+            self.views_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        changed || switched
     }
 
     /// Adds `unit` as LUN `n`: to the target's units, with the target's port groups, and to
@@ -211,8 +276,8 @@ impl Target {
         let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         unit.set_alua(self.alua.load().as_deref().cloned());
         self.dev.add(n, unit.clone())?;
-        for v in &self.views {
-            for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
+        for v in self.views.load().iter() {
+            for (seen, _) in v.map.load().iter().filter(|(_, t)| **t == n) {
                 let _ = v.dev.add(*seen, unit.clone());
             }
         }
@@ -227,8 +292,8 @@ impl Target {
     ) -> Result<Arc<mcsi_scsi::LogicalUnit>, mcsi_scsi::InventoryError> {
         let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         let unit = self.dev.remove(n)?;
-        for v in &self.views {
-            for (seen, _) in v.map.iter().filter(|(_, t)| **t == n) {
+        for v in self.views.load().iter() {
+            for (seen, _) in v.map.load().iter().filter(|(_, t)| **t == n) {
                 let _ = v.dev.remove(*seen);
             }
         }
@@ -947,10 +1012,13 @@ pub struct Session {
     pub isid: Isid,
     pub initiator_name: String,
     pub target: Option<Arc<Target>>,
-    /// The units this session addresses: its initiator's LUN map's, or the target's.
-    pub units: Option<Arc<DeviceServer>>,
+    /// The units this session addresses: its initiator's LUN map's, or the target's
+    /// ([`Session::units`] keeps them as the target's maps are).
+    units: arc_swap::ArcSwapOption<DeviceServer>,
     /// Its initiator's LUN map, if it has one.
-    pub view: Option<Arc<LunView>>,
+    pub(crate) view: arc_swap::ArcSwapOption<LunView>,
+    /// The target's `views_gen` when `units` and `view` were resolved.
+    views_seen: AtomicU64,
     pub ops: SessionOps,
     pub nexus: Nexus,
     pub shared: Arc<Shared>,
@@ -1101,13 +1169,18 @@ impl Session {
                 .map_or(std::time::Duration::ZERO, |t| t.limits.data_out_timeout),
         );
         let window = AtomicU64::new(pack_window(core.cmd_sns()));
+        // The generation before the maps: a change in between is met again at the first PDU.
+        let views_seen = target
+            .as_ref()
+            .map_or(0, |t| t.views_gen.load(Ordering::Acquire));
         let view = target.as_ref().and_then(|t| t.view_of(&initiator_name));
         let units = target
             .as_ref()
             .map(|t| view.as_ref().map_or(&t.dev, |v| &v.dev).clone());
         Arc::new_cyclic(|me| Session {
-            units,
-            view,
+            units: arc_swap::ArcSwapOption::new(units),
+            view: arc_swap::ArcSwapOption::new(view),
+            views_seen: AtomicU64::new(views_seen),
             me: me.clone(),
             window,
             runner,
@@ -1376,7 +1449,8 @@ impl Session {
     #[inline]
     fn wake(&self, core: &mut Core) {
         while let Some(r) = core.poll_ready() {
-            let (Some(a), Some(units)) = (r.answer, &self.units) else {
+            let units = self.units();
+            let (Some(a), Some(units)) = (r.answer, units.as_ref()) else {
                 continue;
             };
             let (cmd, phase) = (a.cmd.clone(), a.phase);
@@ -1603,7 +1677,8 @@ impl Session {
     #[inline]
     pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> Arrival {
         let mut core = self.lock();
-        let a = match &self.units {
+        let units = self.units();
+        let a = match units.as_ref() {
             Some(u) => core.handle_pdu(conn, p, &**u, TaskIo::default),
             None => core.handle_pdu(conn, p, &crate::session_core::NoUnits, TaskIo::default),
         };
@@ -1624,7 +1699,8 @@ impl Session {
         damaged: Option<mcsi_proto::pdu::Pdu>,
     ) -> Arrival {
         let mut core = self.lock();
-        let a = match &self.units {
+        let units = self.units();
+        let a = match units.as_ref() {
             Some(u) => core.handle_data_digest_error(conn, header, damaged, &**u, TaskIo::default),
             None => core.handle_data_digest_error(
                 conn,
@@ -1781,6 +1857,51 @@ impl Session {
             found
         };
         Aborted { found, waits }
+    }
+
+    /// The units this session addresses, as the target's LUN maps are now: its initiator's
+    /// map's, or the whole target's. A session whose initiator gained or lost a map since it
+    /// last looked switches here, and its I_T nexus is told REPORTED LUNS DATA HAS CHANGED by
+    /// the units it addresses now. One atomic load when nothing changed.
+    #[inline]
+    pub fn units(&self) -> arc_swap::Guard<Option<Arc<DeviceServer>>> {
+        if let Some(t) = &self.target {
+            let gen = t.views_gen.load(Ordering::Acquire);
+            if self.views_seen.load(Ordering::Acquire) != gen {
+                self.rebind(t, gen);
+            }
+        }
+        self.units.load()
+    }
+
+    /// Its initiator's LUN map, if it has one now.
+    pub fn view(&self) -> Option<Arc<LunView>> {
+        let _ = self.units();
+        self.view.load_full()
+    }
+
+    #[cold]
+    fn rebind(&self, t: &Target, gen: u64) {
+        let view = t.view_of(&self.initiator_name);
+        let same = match (&view, &*self.view.load()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        let units = view.as_ref().map_or(&t.dev, |v| &v.dev).clone();
+        if !same {
+            let s = mcsi_scsi::Sense::new(
+                mcsi_scsi::sense::key::UNIT_ATTENTION,
+                mcsi_scsi::sense::asc::REPORTED_LUNS_DATA_HAS_CHANGED,
+            );
+            for (_, lu) in units.luns().iter() {
+                lu.unit_attention_for(std::slice::from_ref(&self.nexus), s);
+            }
+            tracing::info!(initiator = %self.initiator_name, tsih = self.tsih, mapped = view.is_some(), "the session now sees the target through its initiator's LUN map as changed");
+        }
+        self.units.store(Some(units));
+        self.view.store(view);
+        self.views_seen.store(gen, Ordering::Release);
     }
 
     /// Asks the initiator to log out on every connection within `within` (an Async Message,
@@ -1987,6 +2108,68 @@ mod tests {
             assert!(change.join().unwrap());
         });
         assert_eq!(tpgs(&unit), 0, "the unit kept the old port groups");
+    }
+
+    /// The interleaving of a login and a change of the LUN maps: the session resolves its
+    /// units (no map: the whole target) before the map for its initiator is stored, and is
+    /// registered after the change. Its next command must see the map, not the whole target.
+    #[test]
+    fn a_session_resolved_before_a_lun_map_change_meets_the_change() {
+        let cfg = crate::config::ServerConfig::from_toml(
+            r#"
+            listen = ["127.0.0.1:3260"]
+            [[targets]]
+            iqn = "iqn.2026-01.test:t"
+            luns = [{ backend = "ram:1MiB" }, { backend = "ram:1MiB" }]
+            "#,
+        )
+        .unwrap();
+        let luns: Vec<_> = (0..2u16)
+            .map(|n| {
+                let lu = mcsi_scsi::LogicalUnit::new(
+                    Arc::new(mcsi_scsi::backend::RamBackend::new(1 << 20).unwrap()),
+                    mcsi_scsi::LuConfig::default(),
+                );
+                (n, Arc::new(lu))
+            })
+            .collect();
+        let t = Target::new(&cfg.targets[0], luns, Vec::new(), &[]);
+        let shared = Arc::new(Shared::new(vec![t.clone()], AuthSpec::default()));
+        let name = "iqn.2026-01.test:host";
+        let s = Session::new(
+            shared.clone(),
+            1,
+            Isid([0x80, 0, 0, 0, 0, 1]),
+            name.into(),
+            Some(t.clone()),
+            SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
+            1,
+            |_| {},
+        );
+        // Resolved at login: the whole target.
+        assert!(s.view.load().is_none());
+        let map = crate::config::LunMap {
+            initiator: name.into(),
+            luns: [(4, 1)].into_iter().collect(),
+        };
+        assert!(t.set_lun_maps(std::slice::from_ref(&map)));
+        // Registered now, after the change; its first look at its units meets it.
+        shared.insert(s.clone());
+        let units = s.units();
+        let numbers: Vec<u16> = units
+            .as_ref()
+            .unwrap()
+            .luns()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        assert_eq!(numbers, [4], "the session kept the whole target");
+        assert!(s.view().is_some());
+        // And the map gone, the whole target again.
+        assert!(t.set_lun_maps(&[]));
+        assert_eq!(s.units().as_ref().unwrap().luns().len(), 2);
+        assert!(s.view().is_none());
+        assert!(!t.set_lun_maps(&[]), "no change reported as one");
     }
 
     fn session(shared: &Arc<Shared>, tsih: u16, isid: u8, name: &str) -> Arc<Session> {

@@ -772,10 +772,56 @@ async fn an_initiator_with_a_lun_map_sees_its_luns_under_its_numbers_only() {
     settle(&mut host, 0).await;
     assert_eq!(read0(&mut host, 0).await, Ok(0x00), "a new unit: zeros");
 
-    // Maps do not change in place.
+    // The maps change live (a reload or `mcsi ctl` applies them this way). host1's map in
+    // place: it now sees the target's LUN 1 as its LUN 0 and LUN 0 as its LUN 3.
     let mut next = cfg.clone();
-    next.targets[0].lun_maps.clear();
+    next.targets[0].lun_maps[0].luns = [(0, 1), (3, 0)].into_iter().collect();
+    let c = admin.apply(&next).await.unwrap();
+    assert_eq!(c.lun_maps_changed, [cfg.targets[0].iqn.clone()]);
     assert!(
-        matches!(admin.apply(&next).await, Err(AdminError::BadSpec(w)) if w.contains("LUN maps"))
+        unit_attentions(&mut host, 0).await.contains(&(0x3F, 0x0E)),
+        "host1 was not told its LUNs changed"
     );
+    assert_eq!(reported(&mut host).await, vec![0, 3]);
+    assert_eq!(
+        read0(&mut host, 0).await,
+        Ok(0x55),
+        "host1's LUN 0 is now LUN 1"
+    );
+    assert_eq!(read0(&mut host, 5).await, Err(Some((0x25, 0x00))));
+    // The map goes: host1's session sees the whole target at its next command.
+    let mut bare = next.clone();
+    bare.targets[0].lun_maps.clear();
+    admin.apply(&bare).await.unwrap();
+    assert!(unit_attentions(&mut host, 1).await.contains(&(0x3F, 0x0E)));
+    assert_eq!(reported(&mut host).await, vec![0, 1, 2]);
+    assert_eq!(read0(&mut host, 1).await, Ok(0x55));
+    // A map for the other initiator, logged in without one: its session is held to it now.
+    let mut other = bare.clone();
+    other.targets[0].lun_maps = vec![mcsi_target::config::LunMap {
+        initiator: "iqn.2026-01.org.mcsi:client".into(),
+        luns: [(7, 1)].into_iter().collect(),
+    }];
+    admin.apply(&other).await.unwrap();
+    assert!(unit_attentions(&mut all, 7).await.contains(&(0x3F, 0x0E)));
+    assert_eq!(reported(&mut all).await, vec![7]);
+    assert_eq!(read0(&mut all, 7).await, Ok(0x55));
+    assert_eq!(read0(&mut all, 0).await, Err(Some((0x25, 0x00))));
+    // And what runs is what a save writes.
+    let shown = admin.targets();
+    assert_eq!(shown[0].lun_maps.len(), 1);
+    assert_eq!(shown[0].lun_maps[0].luns, vec![(7, 1)]);
+}
+
+/// The unit attentions `lun` gives until a TEST UNIT READY is GOOD.
+async fn unit_attentions(c: &mut Client, lun: u16) -> Vec<(u8, u8)> {
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        match run(c, lun, &TUR, 0).await {
+            (0, _, _) => return seen,
+            (_, Some(s), _) => seen.push(s),
+            other => panic!("LUN {lun}: {other:?}"),
+        }
+    }
+    panic!("LUN {lun} never became ready: {seen:02x?}");
 }

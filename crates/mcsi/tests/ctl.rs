@@ -1139,3 +1139,77 @@ fn a_saved_lun_keeps_its_identity_when_it_moves() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn lun_maps_change_live_are_saved_and_served_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("control.sock");
+    let conf = dir.path().join("mcsi.toml");
+    let port = free_port();
+    std::fs::write(
+        &conf,
+        format!(
+            "# kept\n{}",
+            file(port, &sock, "  { backend = \"ram:16MiB\" },\n")
+        ),
+    )
+    .unwrap();
+    let mut child = spawn_config(&conf, port, &sock, &[]);
+    let maps = || {
+        let o = ctl(&sock, &["--json", "targets"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["result"][0]["lun_maps"].clone()
+    };
+    const HOST: &str = "iqn.2026-01.org.x:Host1";
+    let o = ctl(&sock, &["map-lun", HOST, "0=1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("as its LUN 0"), "{}", stdout(&o));
+    let o = ctl(&sock, &["map-lun", HOST, "4=0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        maps(),
+        serde_json::json!([{"initiator": "iqn.2026-01.org.x:host1", "luns": [[0, 1], [4, 0]]}])
+    );
+    // Wrong requests say what is wrong and change nothing.
+    for (args, why) in [
+        (vec!["map-lun", HOST, "0=0"], "already"),
+        (vec!["map-lun", HOST, "1=1"], "names a LUN once"),
+        (vec!["map-lun", HOST, "2=9"], "no LUN 9"),
+        (vec!["map-lun", HOST, "2"], "e.g. 0=3"),
+        (vec!["unmap-lun", HOST, "7"], "has no LUN 7"),
+        (
+            vec!["unmap-lun", "iqn.2026-01.org.x:nobody", "--all"],
+            "has no LUN map",
+        ),
+    ] {
+        let o = ctl(&sock, &args);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+    assert_eq!(maps()[0]["luns"], serde_json::json!([[0, 1], [4, 0]]));
+    // Saved with the file's comment; a restart serves the map.
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = std::fs::read_to_string(&conf).unwrap();
+    assert!(
+        saved.contains("# kept") && saved.contains("[[targets.lun_maps]]"),
+        "{saved}"
+    );
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut child = spawn_config(&conf, port, &sock, &[]);
+    assert_eq!(maps()[0]["luns"], serde_json::json!([[0, 1], [4, 0]]));
+    // One LUN out, then the whole map: the initiator sees every LUN again.
+    let o = ctl(&sock, &["unmap-lun", HOST, "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(maps()[0]["luns"], serde_json::json!([[0, 1]]));
+    let o = ctl(&sock, &["unmap-lun", HOST, "--all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(maps(), serde_json::json!([]));
+    let o = ctl(&sock, &["save"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!std::fs::read_to_string(&conf).unwrap().contains("lun_maps"));
+    let _ = child.kill();
+    let _ = child.wait();
+}

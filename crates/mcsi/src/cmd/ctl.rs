@@ -106,6 +106,22 @@ pub enum Request {
         #[serde(default)]
         open: bool,
     },
+    /// Map the target's LUN `target_lun` as LUN `lun` of `initiator`.
+    MapLun {
+        #[serde(default)]
+        target: Option<String>,
+        initiator: String,
+        lun: u16,
+        target_lun: u16,
+    },
+    /// Take LUN `lun` out of `initiator`'s map, or (no `lun`) the map itself.
+    UnmapLun {
+        #[serde(default)]
+        target: Option<String>,
+        initiator: String,
+        #[serde(default)]
+        lun: Option<u16>,
+    },
     /// Serve a new target, with LUNs 0, 1, ... from `luns` (`--lun` specs), on `portals`
     /// (none: the server's), open to `allow_initiators` (none: any initiator).
     AddTarget {
@@ -214,6 +230,9 @@ pub async fn reload(admin: &Admin, r: &Reload) -> anyhow::Result<String> {
     }
     for t in &c.port_groups_changed {
         parts.push(format!("{t} ALUA port groups changed"));
+    }
+    for t in &c.lun_maps_changed {
+        parts.push(format!("{t} LUN maps changed"));
     }
     Ok(if parts.is_empty() {
         String::from("no change")
@@ -434,6 +453,21 @@ pub async fn answer(admin: &Admin, req: Request) -> Reply {
         Request::RemoveChapUser { target, user, open } => {
             done(admin.remove_chap_user(target.as_deref(), &user, open).await)
         }
+        Request::MapLun {
+            target,
+            initiator,
+            lun,
+            target_lun,
+        } => done(
+            admin
+                .map_lun(target.as_deref(), &initiator, lun, target_lun)
+                .await,
+        ),
+        Request::UnmapLun {
+            target,
+            initiator,
+            lun,
+        } => done(admin.unmap_lun(target.as_deref(), &initiator, lun).await),
         Request::AddTarget {
             iqn,
             alias,
@@ -684,6 +718,34 @@ enum What {
         #[arg(long, value_name = "VAR", requires = "mutual_user")]
         mutual_secret_env: Option<String>,
     },
+    /// Show an initiator the target's LUN TARGET_LUN as its LUN LUN (its first mapping gives it
+    /// a LUN map: from then on it sees only its mapped LUNs). Its sessions are told at their
+    /// next command (REPORTED LUNS DATA HAS CHANGED).
+    MapLun {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The initiator's name.
+        initiator: String,
+        /// The mapping, the initiator's LUN = the target's LUN (e.g. 0=3).
+        #[arg(value_name = "LUN=TARGET_LUN", value_parser = parse_mapping)]
+        mapping: (u16, u16),
+    },
+    /// Take a LUN out of an initiator's map (its last leaves an empty map: it sees none), or
+    /// with --all the map itself (it sees every LUN of the target again).
+    UnmapLun {
+        /// The target (needed when the server has several).
+        #[arg(long, value_name = "IQN")]
+        target: Option<String>,
+        /// The initiator's name.
+        initiator: String,
+        /// The initiator's LUN number to take out.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        lun: Option<u16>,
+        /// Remove the whole map.
+        #[arg(long)]
+        all: bool,
+    },
     /// Serve a new target while the server runs: its LUNs open and its portals listen before
     /// it takes logins. Its negotiation limits and timers are the defaults (for others, add it
     /// to the file and reload).
@@ -875,6 +937,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             target: target.clone(),
             user: user.clone(),
             open: *open,
+        },
+        What::MapLun {
+            target,
+            initiator,
+            mapping,
+        } => Request::MapLun {
+            target: target.clone(),
+            initiator: initiator.clone(),
+            lun: mapping.0,
+            target_lun: mapping.1,
+        },
+        What::UnmapLun {
+            target,
+            initiator,
+            lun,
+            ..
+        } => Request::UnmapLun {
+            target: target.clone(),
+            initiator: initiator.clone(),
+            lun: *lun,
         },
         What::AddLun { target, lun, spec } => Request::AddLun {
             target: target.clone(),
@@ -1108,6 +1190,16 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
             )
         }
         Request::RemoveTarget { target, .. } => println!("target {target} removed"),
+        Request::MapLun {
+            initiator,
+            lun,
+            target_lun,
+            ..
+        } => println!("{initiator} sees the target's LUN {target_lun} as its LUN {lun}"),
+        Request::UnmapLun { initiator, lun, .. } => match lun {
+            Some(l) => println!("LUN {l} taken out of {initiator}'s map"),
+            None => println!("{initiator}'s LUN map removed: it sees every LUN of the target"),
+        },
         Request::AddPortal { portal, .. } => {
             let p: Vec<String> = list(&v["portals"]).iter().map(text).collect();
             println!(
@@ -1133,4 +1225,19 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
         },
     }
     Ok(())
+}
+
+/// `LUN=TARGET_LUN` of `mcsi ctl map-lun`.
+fn parse_mapping(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}': write the initiator's LUN = the target's LUN, e.g. 0=3"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|n| *n < 16384)
+            .ok_or_else(|| format!("'{x}' is not a LUN number (0 to 16383)"))
+    };
+    Ok((num(a)?, num(b)?))
 }
