@@ -126,6 +126,11 @@ pub struct TcpAware {
 
 impl TcpAware {
     fn rate_of(c: &ConnLoad) -> Option<f64> {
+        Self::rate_with(c, c.rate)
+    }
+
+    /// [`TcpAware::rate_of`] with `measured` in place of the connection's measured rate.
+    fn rate_with(c: &ConnLoad, measured: Option<f64>) -> Option<f64> {
         let tcp_rate = c.tcp.and_then(|t| {
             t.delivery_rate
                 .filter(|_| !t.delivery_rate_app_limited)
@@ -134,7 +139,7 @@ impl TcpAware {
                     (t.rtt_us > 0).then(|| t.cwnd_bytes() as f64 / (f64::from(t.rtt_us) / 1e6))
                 })
         });
-        c.rate.or(tcp_rate).filter(|r| *r > 0.0)
+        measured.or(tcp_rate).filter(|r| *r > 0.0)
     }
 
     /// The fastest rate any usable connection is known to have.
@@ -149,7 +154,12 @@ impl TcpAware {
     /// Seconds until `c` would complete `bytes` more: what it has queued plus these at its rate
     /// (or `fallback`), plus its round-trip time. None when no rate is known.
     fn cost(c: &ConnLoad, bytes: u64, fallback: Option<f64>) -> Option<f64> {
-        let rate = Self::rate_of(c).or(fallback)?;
+        Self::cost_at(c, bytes, Self::rate_of(c).or(fallback))
+    }
+
+    /// Seconds until `c` would complete `bytes` more at `rate`.
+    fn cost_at(c: &ConnLoad, bytes: u64, rate: Option<f64>) -> Option<f64> {
+        let rate = rate?;
         let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
         Some((c.outstanding_bytes + bytes) as f64 / rate + rtt)
     }
@@ -167,18 +177,17 @@ impl TcpAware {
 /// it already loads most, and starve an equal one. The peak is what the member showed it can
 /// carry; a member that gets fewer commands keeps it, and with it its share.
 pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
-    let capacity: Vec<ConnLoad> = conns
-        .iter()
-        .map(|c| ConnLoad {
-            rate: c.peak.or(c.rate),
-            ..c.clone()
-        })
-        .collect();
-    let best = TcpAware::best_rate(&capacity)?;
-    capacity
+    // A read's path asks this for every member: no copy of the connections.
+    let capacity = |c: &ConnLoad| TcpAware::rate_with(c, c.peak.or(c.rate));
+    let best = conns
         .iter()
         .filter(|c| c.usable)
-        .filter_map(|c| TcpAware::cost(c, bytes, Some(best)))
+        .filter_map(capacity)
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))?;
+    conns
+        .iter()
+        .filter(|c| c.usable)
+        .filter_map(|c| TcpAware::cost_at(c, bytes, capacity(c).or(Some(best))))
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
 }
 
