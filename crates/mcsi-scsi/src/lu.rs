@@ -430,11 +430,9 @@ impl LogicalUnit {
             sh.watch(Box::new(move || {
                 heard.fetch_add(1, Ordering::AcqRel);
             }))?;
-            let pr = read_shared(sh)?;
             let mut st = self.st();
-            let any = pr.active();
-            st.pr = pr;
-            return Ok(any);
+            self.take_stored(sh, &mut st)?;
+            return Ok(st.pr.active());
         }
         let Some(path) = &self.cfg.pr_file else {
             return Ok(false);
@@ -1540,10 +1538,7 @@ impl LogicalUnit {
         // Shared reservations are read again for each report, announced or not: a gateway
         // that did not answer an announcement in time still reports what is stored.
         if let Some(sh) = self.backend.shared_reservations() {
-            let heard = self.pr_heard.load(Ordering::Acquire);
-            let pr = read_shared(sh).map_err(shared_failed)?;
-            take_shared(&mut st, pr);
-            st.pr_heard = heard;
+            self.take_stored(sh, &mut st).map_err(shared_failed)?;
         }
         let mut d = st.pr.pr_in(cmd.nexus, c.sa()).map_err(Fail::Sense)?;
         d.truncate(alloc);
@@ -1613,11 +1608,7 @@ impl LogicalUnit {
     ) -> Res {
         let mut stored = false;
         for _ in 0..8 {
-            let heard = self.pr_heard.load(Ordering::Acquire);
-            let (bytes, version) = sh.read().map_err(shared_failed)?;
-            let pr = parse_shared(&bytes).map_err(shared_failed)?;
-            take_shared(&mut st, pr);
-            st.pr_heard = heard;
+            let version = self.take_stored(sh, &mut st).map_err(shared_failed)?;
             let mut next = st.pr.clone();
             let uas = match next.pr_out(cmd.nexus, c.sa(), c.b(2), &cmd.data_out[..len]) {
                 Ok(uas) => uas,
@@ -1632,11 +1623,7 @@ impl LogicalUnit {
             }
             st.pr = next;
             // This gateway's nexuses now; the others' when their gateway reads the change.
-            for (n, s) in uas {
-                if st.seen.contains(&n) {
-                    push_ua(&mut st, &n, s);
-                }
-            }
+            push_ua_seen(&mut st, uas);
             stored = true;
             break;
         }
@@ -1657,19 +1644,27 @@ impl LogicalUnit {
         let Some(sh) = self.backend.shared_reservations() else {
             return;
         };
-        let heard = self.pr_heard.load(Ordering::Acquire);
-        if heard == st.pr_heard {
+        if self.pr_heard.load(Ordering::Acquire) == st.pr_heard {
             return;
         }
-        match read_shared(sh) {
-            Ok(pr) => {
-                take_shared(st, pr);
-                st.pr_heard = heard;
-            }
-            Err(e) => {
-                tracing::warn!(backend = %self.backend.describe(), "shared persistent reservations not read: {e}")
-            }
+        if let Err(e) = self.take_stored(sh, st) {
+            tracing::warn!(backend = %self.backend.describe(), "shared persistent reservations not read: {e}")
         }
+    }
+
+    /// Reads the shared reservations and takes them as another gateway left them, with the
+    /// unit attentions the change owes this gateway's nexuses (SPC-4 5.12.11); the version
+    /// read. The announcements heard are counted before the read, so that one arriving
+    /// during it makes the next command read again.
+    fn take_stored(&self, sh: &dyn SharedState, st: &mut State) -> Result<u64, BackendError> {
+        let heard = self.pr_heard.load(Ordering::Acquire);
+        let (bytes, version) = sh.read()?;
+        let next = parse_shared(&bytes)?;
+        let uas = st.pr.changed_elsewhere(&next);
+        st.pr = next;
+        st.pr_heard = heard;
+        push_ua_seen(st, uas);
+        Ok(version)
     }
 
     // ---- SBC --------------------------------------------------------------------------------
@@ -2284,12 +2279,7 @@ fn pop_ua(st: &mut State, n: &Nexus) -> Option<Sense> {
     s
 }
 
-/// The shared reservations as stored (none stored yet: none, able to persist).
-fn read_shared(sh: &dyn SharedState) -> Result<PrState, BackendError> {
-    let (bytes, _) = sh.read()?;
-    parse_shared(&bytes)
-}
-
+/// The shared reservations in `bytes` (none stored yet: none, able to persist).
 fn parse_shared(bytes: &[u8]) -> Result<PrState, BackendError> {
     if bytes.is_empty() {
         return Ok(PrState::new(true));
@@ -2301,11 +2291,9 @@ fn parse_shared(bytes: &[u8]) -> Result<PrState, BackendError> {
     })
 }
 
-/// Takes the shared reservations as another gateway left them, with the unit attentions the
-/// change owes this gateway's nexuses (SPC-4 5.12.11).
-fn take_shared(st: &mut State, next: PrState) {
-    let uas = st.pr.changed_elsewhere(&next);
-    st.pr = next;
+/// The unit attentions of a shared change for the nexuses this gateway has seen (the others
+/// are another gateway's: it raises theirs when it reads the change).
+fn push_ua_seen(st: &mut State, uas: Vec<(Nexus, Sense)>) {
     for (n, s) in uas {
         if st.seen.contains(&n) {
             push_ua(st, &n, s);

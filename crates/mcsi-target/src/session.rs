@@ -2049,6 +2049,14 @@ pub async fn wait_all(waits: Vec<watch::Receiver<()>>) {
 mod tests {
     use super::*;
 
+    /// A unit over 1 MiB of RAM.
+    fn ram_unit() -> Arc<mcsi_scsi::LogicalUnit> {
+        Arc::new(mcsi_scsi::LogicalUnit::new(
+            Arc::new(mcsi_scsi::backend::RamBackend::new(1 << 20).unwrap()),
+            mcsi_scsi::LuConfig::default(),
+        ))
+    }
+
     /// INQUIRY's TPGS field of `unit`: 1 while it has port groups, 0 without.
     fn tpgs(unit: &mcsi_scsi::LogicalUnit) -> u8 {
         let n = Nexus {
@@ -2088,10 +2096,7 @@ mod tests {
         )
         .unwrap();
         let t = Target::new(&cfg.targets[0], Vec::new(), Vec::new(), &[]);
-        let unit = Arc::new(mcsi_scsi::LogicalUnit::new(
-            Arc::new(mcsi_scsi::backend::RamBackend::new(1 << 20).unwrap()),
-            mcsi_scsi::LuConfig::default(),
-        ));
+        let unit = ram_unit();
         std::thread::scope(|s| {
             // The first half of an addition: the unit has the groups, not yet its place.
             let adding = t.changing.lock().unwrap();
@@ -2124,15 +2129,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let luns: Vec<_> = (0..2u16)
-            .map(|n| {
-                let lu = mcsi_scsi::LogicalUnit::new(
-                    Arc::new(mcsi_scsi::backend::RamBackend::new(1 << 20).unwrap()),
-                    mcsi_scsi::LuConfig::default(),
-                );
-                (n, Arc::new(lu))
-            })
-            .collect();
+        let luns: Vec<_> = (0..2u16).map(|n| (n, ram_unit())).collect();
         let t = Target::new(&cfg.targets[0], luns, Vec::new(), &[]);
         let shared = Arc::new(Shared::new(vec![t.clone()], AuthSpec::default()));
         let name = "iqn.2026-01.test:host";
