@@ -1448,8 +1448,10 @@ impl Session {
     /// in its order, while the lock is held (so that nothing sent later overtakes them).
     #[inline]
     fn wake(&self, core: &mut Core) {
+        // Resolved once per wake, and only when a task is ready: most wakes start none.
+        let mut units = None;
         while let Some(r) = core.poll_ready() {
-            let units = self.units();
+            let units = units.get_or_insert_with(|| self.units());
             let (Some(a), Some(units)) = (r.answer, units.as_ref()) else {
                 continue;
             };
