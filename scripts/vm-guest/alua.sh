@@ -91,20 +91,30 @@ devices {
 }
 CONF
 multipathd
-for i in $(seq 100); do
+# dm-multipath marks a path group active only once I/O has gone through the map, and the map's
+# first table may list the groups before multipathd has read both priorities: read one block
+# through the map each round until the prio 50 group is the active one (failback immediate
+# moves it there).
+MAP=
+for i in $(seq 150); do
   multipath -ll 2>/dev/null >/tmp/ll0 || true
+  MAP=$(awk 'NR == 1 { print $1 }' /tmp/ll0)
+  if [ -n "$MAP" ] && [ -e "/dev/mapper/$MAP" ]; then
+    dd if="/dev/mapper/$MAP" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || true
+  fi
   grep -q "prio=50 status=active" /tmp/ll0 && grep -q "prio=10 status=enabled" /tmp/ll0 && break
   sleep 0.2
 done
 multipath -ll | tee /tmp/ll
 MAP=$(awk 'NR == 1 { print $1 }' /tmp/ll)
 [ -e "/dev/mapper/$MAP" ] || fail "no multipath map"
-# The active group holds gateway 1's path (prio 50: active/optimized), the enabled one gateway
-# 2's (prio 10: active/non-optimized).
-awk '/prio=50 status=active/ { g = "ao" } /prio=10 status=enabled/ { g = "an" } / sd[a-z]+ / { for (i = 1; i <= NF; i++) if ($i ~ /^sd[a-z]+$/) print g, $i }' /tmp/ll >/tmp/groups
+# Gateway 1's path is in the prio 50 group (active/optimized), gateway 2's in the prio 10 one
+# (active/non-optimized); the prio 50 group is the active one.
+awk '/prio=50/ { g = "ao" } /prio=10/ { g = "an" } / sd[a-z]+ / { for (i = 1; i <= NF; i++) if ($i ~ /^sd[a-z]+$/) print g, $i }' /tmp/ll >/tmp/groups
 cat /tmp/groups
 grep -qx "ao $A" /tmp/groups || fail "gateway 1's path is not in the active/optimized group"
 grep -qx "an $B" /tmp/groups || fail "gateway 2's path is not in the active/non-optimized group"
+grep -q "prio=50 status=active" /tmp/ll || fail "the active/optimized group is not the active one"
 
 step "fio with verify through the map while the groups change"
 fio --name=alua --filename="/dev/mapper/$MAP" --direct=1 --ioengine=libaio --iodepth=8 \
