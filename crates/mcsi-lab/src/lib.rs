@@ -6,6 +6,7 @@
 pub mod model;
 pub mod params;
 pub mod plot;
+pub mod point;
 pub mod report;
 pub mod results;
 pub mod run;

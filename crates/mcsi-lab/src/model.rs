@@ -1,7 +1,7 @@
 //! The models a figure or claim can be set beside, evaluated with `mcsi-model` (the same
 //! functions as `mcsi model`) at a point's parameters. All return MB/s (10^6 bytes/s) of payload.
 
-use crate::spec::{Metric, ModelRef, Point};
+use crate::point::{Metric, ModelRef, Point};
 use mcsi_model::{tcp, wlan};
 
 /// The kinds of model known, with what each computes.

@@ -356,7 +356,7 @@ pub fn write(exp: &Experiment, dir: &Path) -> Result<Written, String> {
         .collect::<Vec<_>>()
         .join(", ");
     // An experiment whose points are all simulated does not touch the host's TCP.
-    let all_sim = !aggs.is_empty() && aggs.iter().all(|a| crate::run::simulated(&a.point));
+    let all_sim = !aggs.is_empty() && aggs.iter().all(|a| crate::point::simulated(&a.point));
     let tcp_note = if all_sim {
         "simulated (mcsi sim's Linux-like TCP, CUBIC unless set)".to_string()
     } else {
@@ -641,14 +641,14 @@ fn agreement(
     };
     let pairs: Vec<(&Aggregate, &Aggregate)> = aggs
         .iter()
-        .filter(|a| crate::run::simulated(&a.point))
+        .filter(|a| crate::point::simulated(&a.point))
         .filter_map(|a| {
             let name = a.point.series.strip_prefix("sim-")?;
             let want = others(&a.point);
             aggs.iter()
                 .find(|b| {
                     b.point.series == name
-                        && !crate::run::simulated(&b.point)
+                        && !crate::point::simulated(&b.point)
                         && others(&b.point) == want
                 })
                 .map(|b| (b, a))

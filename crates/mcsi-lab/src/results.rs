@@ -1,7 +1,7 @@
 //! The CSV files of an experiment: `runs.csv` (one row per run, appended as runs end) and
 //! `results.csv` (one row per point: median, min and max of each metric over the repetitions).
 
-use crate::run::param_columns;
+use crate::point::param_columns;
 use crate::spec::{Experiment, Metric, Point};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

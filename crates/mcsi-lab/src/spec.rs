@@ -3,8 +3,8 @@
 //! checked before a run starts, and every error names the field (`sweep.bs[2]`, `claim[1].at`).
 
 use crate::params::{self, Def, Value};
+pub use crate::point::{Metric, ModelRef, Params, Point};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// A spec error: the file, the field and what is wrong.
@@ -14,125 +14,6 @@ pub struct SpecError {
     pub file: String,
     pub field: String,
     pub message: String,
-}
-
-/// A measured quantity of one run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Metric {
-    /// Read plus write throughput, 10^6 bytes per second.
-    BwMbs,
-    Iops,
-    LatMeanMs,
-    LatP50Ms,
-    LatP99Ms,
-    /// Segments retransmitted by the initiator's connections.
-    Retransmits,
-    /// Segments retransmitted by the target's connections (as it reports them to mcsi bench).
-    TargetRetransmits,
-    /// Mean I/O size, KiB (it varies with bs_auto).
-    IoKib,
-    /// Times the session was logged in again after a failure.
-    Recoveries,
-    /// Commands issued again from the start after a failure.
-    Reissued,
-    /// With kill_every: the median over the run's kills of the longest I/O in flight across
-    /// each, ms.
-    KillPauseMs,
-    /// With kill_every: the longest I/O in flight across any kill, ms.
-    KillPauseMaxMs,
-    /// With kill_every: the longest time in the run without any I/O completing, ms.
-    StallMs,
-    /// With qos_q: I/Os completed as a percentage of those the rate's schedule asked for.
-    IopsPct,
-    /// With qos_q: mean response time as a percentage of the requirement's.
-    RtPct,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 15] = [
-        Metric::BwMbs,
-        Metric::Iops,
-        Metric::LatMeanMs,
-        Metric::LatP50Ms,
-        Metric::LatP99Ms,
-        Metric::Retransmits,
-        Metric::TargetRetransmits,
-        Metric::IoKib,
-        Metric::Recoveries,
-        Metric::Reissued,
-        Metric::KillPauseMs,
-        Metric::KillPauseMaxMs,
-        Metric::StallMs,
-        Metric::IopsPct,
-        Metric::RtPct,
-    ];
-
-    /// The CSV column.
-    pub fn column(self) -> &'static str {
-        match self {
-            Metric::BwMbs => "bw_mbs",
-            Metric::Iops => "iops",
-            Metric::LatMeanMs => "lat_mean_ms",
-            Metric::LatP50Ms => "lat_p50_ms",
-            Metric::LatP99Ms => "lat_p99_ms",
-            Metric::Retransmits => "retransmits",
-            Metric::TargetRetransmits => "target_retransmits",
-            Metric::IoKib => "io_kib",
-            Metric::Recoveries => "recoveries",
-            Metric::Reissued => "reissued",
-            Metric::KillPauseMs => "kill_pause_ms",
-            Metric::KillPauseMaxMs => "kill_pause_max_ms",
-            Metric::StallMs => "stall_ms",
-            Metric::IopsPct => "iops_pct",
-            Metric::RtPct => "rt_pct",
-        }
-    }
-
-    /// Axis label with unit.
-    pub fn axis(self) -> &'static str {
-        match self {
-            Metric::BwMbs => "throughput (MB/s, 10^6 bytes/s)",
-            Metric::Iops => "I/O operations per second",
-            Metric::LatMeanMs => "mean response time (ms)",
-            Metric::LatP50Ms => "median response time (ms)",
-            Metric::LatP99Ms => "99th percentile response time (ms)",
-            Metric::Retransmits => "TCP segments retransmitted",
-            Metric::TargetRetransmits => "TCP segments retransmitted by the target",
-            Metric::IoKib => "mean I/O size (KiB)",
-            Metric::Recoveries => "session logins after a failure",
-            Metric::Reissued => "commands issued again",
-            Metric::KillPauseMs => "longest I/O across a kill, median over kills (ms)",
-            Metric::KillPauseMaxMs => "longest I/O across any kill (ms)",
-            Metric::StallMs => "longest time without an I/O completing (ms)",
-            Metric::IopsPct => "I/Os done (% of those the requirement's rate asked for)",
-            Metric::RtPct => "mean response time (% of the requirement)",
-        }
-    }
-
-    /// Unit for tables.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Metric::BwMbs => "MB/s",
-            Metric::Iops => "IOPS",
-            Metric::LatMeanMs | Metric::LatP50Ms | Metric::LatP99Ms => "ms",
-            Metric::Retransmits | Metric::TargetRetransmits => "segments",
-            Metric::IoKib => "KiB",
-            Metric::Recoveries => "logins",
-            Metric::Reissued => "commands",
-            Metric::KillPauseMs | Metric::KillPauseMaxMs | Metric::StallMs => "ms",
-            Metric::IopsPct | Metric::RtPct => "%",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Metric, String> {
-        Metric::ALL
-            .into_iter()
-            .find(|m| m.column() == s)
-            .ok_or_else(|| {
-                let all: Vec<_> = Metric::ALL.iter().map(|m| m.column()).collect();
-                format!("unknown metric '{s}' (use {})", all.join(", "))
-            })
-    }
 }
 
 /// Parameters with the value every run gets unless the spec sets them.
@@ -149,22 +30,6 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("lun", "ram:64MiB"),
     ("mtu", "1500"),
 ];
-
-/// A set of parameter values, keyed by name, in the order of [`params::DEFS`].
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Params(pub BTreeMap<&'static str, Value>);
-
-impl Params {
-    pub fn get(&self, name: &str) -> Option<&Value> {
-        self.0.get(name)
-    }
-    /// The parameters that are set, in the order of [`params::DEFS`].
-    pub fn iter(&self) -> impl Iterator<Item = (&'static Def, &Value)> {
-        params::DEFS
-            .iter()
-            .filter_map(|d| self.0.get(d.name).map(|v| (d, v)))
-    }
-}
 
 /// One line of a figure: a named variant of the workload.
 #[derive(Debug, Clone)]
@@ -183,19 +48,6 @@ pub struct Published {
     pub label: String,
     /// `[x, y]` in the figure's axis units.
     pub points: Vec<[f64; 2]>,
-}
-
-/// A model curve or line on a figure, or a model value for a claim.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelRef {
-    pub label: String,
-    /// Which model: see [`crate::model`].
-    pub kind: String,
-    /// Connections the model's figure is multiplied by (several TCP flows); default: the
-    /// point's connections.
-    #[serde(default)]
-    pub connections: Option<u32>,
 }
 
 /// A selection of points: parameter values, and optionally a series by name.
@@ -436,37 +288,6 @@ pub struct Quick {
     pub sweep: Vec<(&'static Def, Vec<Value>)>,
     pub repetitions: Option<u32>,
     pub series: Option<Vec<String>>,
-}
-
-/// One workload on one link: every parameter set.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Point {
-    pub series: String,
-    pub params: Params,
-}
-
-impl Point {
-    /// A stable identifier of the point, for resuming and joining.
-    pub fn key(&self) -> String {
-        let mut s = format!("series={}", self.series);
-        for (d, v) in self.params.iter() {
-            s.push_str(&format!(";{}={}", d.name, v.text));
-        }
-        s
-    }
-
-    pub fn text(&self, name: &str) -> &str {
-        self.params.get(name).map_or("", |v| v.text.as_str())
-    }
-
-    pub fn num(&self, name: &str) -> Option<f64> {
-        self.params.get(name).and_then(|v| v.num)
-    }
-
-    /// Seconds of load.
-    pub fn runtime(&self) -> f64 {
-        self.num("runtime").unwrap_or(8.0)
-    }
 }
 
 #[derive(Deserialize)]
@@ -1226,8 +1047,8 @@ pub fn parse(name: &str, file: &str, text: &str) -> Result<Experiment, SpecError
             }
         };
         for p in &points {
-            crate::run::link_args(p)
-                .and_then(|_| crate::run::check_point(p))
+            crate::point::link_args(p)
+                .and_then(|_| crate::point::check_point(p))
                 .map_err(|m| cx.err(format!("point {}{mode}", p.key()), m))?;
         }
         if !quick {

@@ -149,12 +149,12 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
     }
     let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
     let dev = Arc::new(DeviceServer::new(vec![(0, lu)]));
-    let limits = mcsi_target::config::Limits::default();
+    let offer = mcsi_target_core::offer::TargetOffer::default();
     let base = Instant::now();
     let disks = s
         .disk
         .map(|d| disk::Disks::new(d, base, s.seed.wrapping_mul(0x9e37_79b9)));
-    let mut params = limits.local_params();
+    let mut params = offer.local_params();
     if let Some(pdu) = s.pdu {
         if !(512..=16_777_215).contains(&pdu) {
             return Err(setup(format!(
@@ -163,7 +163,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         }
         params.max_recv_data_segment_length = pdu;
     }
-    let mut target = Target::new(dev, params, limits.queue_depth, disks);
+    let mut target = Target::new(dev, offer, params, disks);
     let link = Link::new(&s.link).map_err(|e| setup(format!("link: {e}")))?;
 
     let mut inis = Vec::with_capacity(s.initiators);

@@ -15,10 +15,11 @@ use mcsi_proto::login::{
 use mcsi_proto::pdu::{Framing, Isid, LoginRequest, Pdu, ScsiCommand};
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, Nexus, Outcome, TaskAttribute};
-use mcsi_target_core::control::{logout, task_management, Tmf, TmfStep};
+use mcsi_target_core::control::Tmf;
 use mcsi_target_core::datain::{read_expected, response_pdus};
+use mcsi_target_core::offer::TargetOffer;
 use mcsi_target_core::session::Lus;
-use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore};
+use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore, TmfStep};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -110,6 +111,8 @@ struct Conn {
 pub struct Target {
     params: LocalParams,
     queue_depth: u32,
+    /// NOP-In pings: interval and answer timeout, the core's defaults as production's.
+    keepalive: (Duration, Duration),
     dev: Arc<DeviceServer>,
     sessions: Vec<Session>,
     conns: Vec<Conn>,
@@ -233,17 +236,18 @@ impl LoginEnv for Env<'_> {
 }
 
 impl Target {
-    /// A target with `dev`'s LUs, offering `params` and taking `queue_depth` commands per
-    /// session (as `mcsi target` does with its `[limits]`).
+    /// A target with `dev`'s LUs, offering `params` (`offer`'s, perhaps changed) and keeping to
+    /// `offer`'s command window and keepalive, as `mcsi target` does with its `[limits]`.
     pub fn new(
         dev: Arc<DeviceServer>,
+        offer: TargetOffer,
         params: LocalParams,
-        queue_depth: u32,
         disks: Option<crate::disk::Disks>,
     ) -> Target {
         Target {
             params,
-            queue_depth,
+            queue_depth: offer.queue_depth,
+            keepalive: (offer.nop_interval, offer.nop_timeout),
             dev,
             sessions: Vec::new(),
             conns: Vec::new(),
@@ -498,8 +502,8 @@ impl Target {
                 }
                 sess.conns.retain(|(c, _)| *c != cid);
                 sess.conns.push((cid, i));
-                sess.core
-                    .start_keepalive(cid, Duration::from_secs(5), Duration::from_secs(5), now);
+                let (interval, timeout) = self.keepalive;
+                sess.core.start_keepalive(cid, interval, timeout, now);
                 self.conns[i].phase = Phase::Full { session: s, tc };
                 self.touch(s);
                 Ok(())
@@ -548,12 +552,11 @@ impl Target {
         for r in runs {
             match r {
                 Run::Control(c, Pdu::LogoutRequest(l)) => {
-                    let _ = logout(&mut self.sessions[s].core, &c, &l, |_| {});
+                    let _ = self.sessions[s].core.logout(&c, &l, |_| {});
                 }
                 Run::Control(c, Pdu::TaskMgmtRequest(t)) => {
                     let plan = Tmf::plan(&t, self.dev.lu(t.lun).is_some());
-                    let step = task_management(
-                        &mut self.sessions[s].core,
+                    let step = self.sessions[s].core.task_management(
                         &c,
                         t.itt,
                         &plan,

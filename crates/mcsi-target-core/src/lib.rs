@@ -15,6 +15,7 @@
 //! - [`control`]: NOP-Out, Logout and Task Management as plans (what to abort, in which
 //!   scope, with which answer).
 //! - [`keepalive`]: NOP-In pings and their timeout on passed-in time.
+//! - [`offer`]: what the target offers at login and its protocol timers' defaults.
 //! - [`qos`]: a session's bandwidth per direction (seed 004), token buckets on passed-in time.
 //! - [`retain`]: what a connection keeps of what it sent for ErrorRecoveryLevel 1 (statuses,
 //!   Data-In, R2Ts) and the SNACKs that ask for it again.
@@ -29,6 +30,7 @@ pub mod control;
 pub mod datain;
 pub mod dispatch;
 pub mod keepalive;
+pub mod offer;
 pub mod qos;
 pub mod report;
 pub mod retain;

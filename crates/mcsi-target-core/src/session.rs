@@ -36,8 +36,11 @@ use std::time::{Duration, Instant};
 
 mod arrive;
 mod recover;
+mod requests;
+pub use crate::control::TaskRef;
 pub use arrive::{Arrival, Fault, Lus, NoUnits, Note, RunNow};
 pub use recover::Reassigned;
+pub use requests::{Busy, TmfStep};
 /// Task Management response codes of TASK REASSIGN beyond [`mcsi_proto::codes::tmf_response`].
 pub mod recover_codes {
     pub use super::recover::{FUNCTION_REJECTED, STILL_ALLEGIANT};
@@ -455,16 +458,6 @@ pub enum DataOutcome {
 struct Key {
     id: u64,
     itt: u32,
-}
-
-/// What identifies a task for task management, logout and connection loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskRef {
-    pub itt: u32,
-    /// The connection its command came on.
-    pub cid: u16,
-    pub lun: u64,
-    pub cmd_sn: u32,
 }
 
 /// A new task, as [`SessionCore::register`] takes it.

@@ -35,9 +35,11 @@ use mcsi_proto::pdu::{
 };
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
-use mcsi_target_core::control::{logout, task_management, Logout, Tmf, TmfStep};
+use mcsi_target_core::control::{Logout, Tmf};
 use mcsi_target_core::datain::{read_expected, response_pdus};
-use mcsi_target_core::session::{Arrival, Close, CoreConn, Expired, Note, Run, SessionCore};
+use mcsi_target_core::session::{
+    Arrival, Close, CoreConn, Expired, Note, Run, SessionCore, TmfStep,
+};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -423,7 +425,10 @@ impl World {
 
     fn logout(&mut self, l: LogoutRequest) {
         let tc = self.tc.clone();
-        let plan = logout(&mut self.tgt, &tc, &l, |_| {}).expect("room for the answer");
+        let plan = self
+            .tgt
+            .logout(&tc, &l, |_| {})
+            .expect("room for the answer");
         assert_eq!(plan, Logout::CloseSession);
         self.run_ready();
         // Its connection closes once the answer is sent; its end ends the session.
@@ -488,7 +493,10 @@ impl World {
     fn task_management(&mut self, t: TaskMgmtRequest) {
         let plan = Tmf::plan(&t, self.dev.lu(t.lun).is_some());
         let tc = self.tc.clone();
-        match task_management(&mut self.tgt, &tc, t.itt, &plan, t.immediate, |_| {}) {
+        match self
+            .tgt
+            .task_management(&tc, t.itt, &plan, t.immediate, |_| {})
+        {
             TmfStep::Answered { runs, .. } => assert!(runs.is_empty()),
             _ => panic!("not in this test"),
         }

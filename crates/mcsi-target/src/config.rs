@@ -4,8 +4,9 @@
 
 use crate::name;
 use mcsi_proto::chap::ChapCredentials;
-use mcsi_proto::keys::{Digest, LocalParams};
+use mcsi_proto::keys::LocalParams;
 use mcsi_scsi::backend::Backend;
+use mcsi_target_core::offer::TargetOffer;
 pub use mcsi_tcp::Congestion;
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -1022,23 +1023,20 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
+        // The protocol's defaults are the core's, which the simulator starts from too.
+        let offer = TargetOffer::default();
         Limits {
-            max_connections: 8,
-            max_recv_data_segment_length: 262_144,
-            max_burst_length: 1_048_576,
-            // A write up to 256 KiB goes out whole with its command (immediate data up to our
-            // MaxRecvDataSegmentLength, unsolicited Data-Out after it) instead of waiting a round
-            // trip for an R2T, which matters most on long links.
-            first_burst_length: 262_144,
-            max_outstanding_r2t: 8,
-            // "No" lets initiators send the first burst without waiting a round trip for an R2T,
-            // which matters on long links; InitialR2T is an OR key so an initiator may still ask.
-            initial_r2t: false,
-            immediate_data: true,
-            queue_depth: 128,
-            nop_interval: Duration::from_secs(30),
-            nop_timeout: Duration::from_secs(15),
-            asymmetric: true,
+            max_connections: offer.max_connections,
+            max_recv_data_segment_length: offer.max_recv_data_segment_length,
+            max_burst_length: offer.max_burst_length,
+            first_burst_length: offer.first_burst_length,
+            max_outstanding_r2t: offer.max_outstanding_r2t,
+            initial_r2t: offer.initial_r2t,
+            immediate_data: offer.immediate_data,
+            queue_depth: offer.queue_depth,
+            nop_interval: offer.nop_interval,
+            nop_timeout: offer.nop_timeout,
+            asymmetric: offer.asymmetric,
             max_sessions: 256,
             max_target_connections: 1024,
             congestion: None,
@@ -1055,9 +1053,7 @@ impl Default for Limits {
             // Longer than a NOP-In ping's interval and answer together on a healthy link, so
             // that only an initiator that has stopped sending is cut off.
             data_out_timeout: Duration::from_secs(60),
-            // What an initiator asks for, up to level 2 (standard initiators offer 0 unless told
-            // otherwise).
-            max_erl: 2,
+            max_erl: offer.max_erl,
             // One initiator must not end every other's sessions unless the operator says so.
             allow_cold_reset: false,
             qos: None,
@@ -1194,29 +1190,27 @@ impl ServerLimits {
 }
 
 impl Limits {
-    /// What the target offers and accepts in a login (RFC 7143 section 13): the limits above,
-    /// both digests, ErrorRecoveryLevel up to `max_erl`, data in order, and DefaultTime2Retain 0 (no
-    /// connection recovery at ERL 0); DefaultTime2Wait takes the initiator's value (maximum
-    /// function against 0).
+    /// What the target offers and accepts in a login (RFC 7143 section 13): see
+    /// [`TargetOffer::local_params`].
     pub fn local_params(&self) -> LocalParams {
-        LocalParams {
-            header_digest: vec![Digest::None, Digest::Crc32c],
-            data_digest: vec![Digest::None, Digest::Crc32c],
-            max_recv_data_segment_length: self.max_recv_data_segment_length,
+        self.offer().local_params()
+    }
+
+    /// The protocol part of these limits, as the core takes it.
+    pub fn offer(&self) -> TargetOffer {
+        TargetOffer {
             max_connections: self.max_connections,
-            initial_r2t: self.initial_r2t,
-            immediate_data: self.immediate_data,
+            max_recv_data_segment_length: self.max_recv_data_segment_length,
             max_burst_length: self.max_burst_length,
             first_burst_length: self.first_burst_length,
-            // Level 2 keeps a failed connection's tasks this long for reassignment (the lower
-            // of both offers); below, nothing is kept.
-            default_time2wait: if self.max_erl >= 2 { 2 } else { 0 },
-            default_time2retain: if self.max_erl >= 2 { 20 } else { 0 },
             max_outstanding_r2t: self.max_outstanding_r2t,
-            data_pdu_in_order: true,
-            data_sequence_in_order: true,
-            error_recovery_level: self.max_erl,
-            ..LocalParams::default()
+            initial_r2t: self.initial_r2t,
+            immediate_data: self.immediate_data,
+            queue_depth: self.queue_depth,
+            nop_interval: self.nop_interval,
+            nop_timeout: self.nop_timeout,
+            asymmetric: self.asymmetric,
+            max_erl: self.max_erl,
         }
     }
 }

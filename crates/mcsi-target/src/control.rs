@@ -6,7 +6,8 @@
 use crate::session::{wait_all, Conn, InOrder, Run, Session, SessionEnd, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, Pdu, TaskMgmtRequest};
 use mcsi_target_core::control::tmf_function;
-use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf, TmfStep};
+use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf};
+use mcsi_target_core::session::TmfStep;
 use mcsi_target_core::session::MAX_PARKED_IMMEDIATE;
 use std::sync::Arc;
 use tracing::{debug, info, warn, Instrument};

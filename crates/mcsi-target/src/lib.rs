@@ -33,7 +33,8 @@
 //! - `counters`: what the hot path counts (atomics); [`stats`] shows it. `transport`: what a
 //!   connection runs over.
 //!
-//! No two modules import each other, directly or around a circle (`tests/module_graph.rs`):
+//! No two modules import each other, directly or around a circle
+//! (`crates/mcsi/tests/module_graph.rs`):
 //! server > login > admission > session, conn > control > scsi > session, and so on down to
 //! leaves such as `counters`, `transport`, `config` and `name`.
 

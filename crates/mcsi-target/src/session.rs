@@ -1805,22 +1805,22 @@ impl Session {
         (!done.aborted && sent).then_some(done.out)
     }
 
-    /// A Logout Request ([`mcsi_target_core::control::logout`]): the core makes the
+    /// A Logout Request ([`SessionCore::logout`]): the core makes the
     /// connections leave, aborts, answers once the aborted tasks have ended, and closes.
     pub fn logout(
         &self,
         conn: &Arc<Conn>,
         l: &mcsi_proto::pdu::LogoutRequest,
-    ) -> Result<mcsi_target_core::control::Logout, mcsi_target_core::control::Busy> {
+    ) -> Result<mcsi_target_core::control::Logout, mcsi_target_core::session::Busy> {
         let mut core = self.lock();
-        let plan = mcsi_target_core::control::logout(&mut core, conn, l, |io| {
+        let plan = core.logout(conn, l, |io| {
             let _ = io.abort();
         });
         self.wake(&mut core);
         plan
     }
 
-    /// Task management within this session ([`mcsi_target_core::control::task_management`]):
+    /// Task management within this session ([`SessionCore::task_management`]):
     /// the core aborts (running tasks are told to stop) and its answer goes out once they have
     /// ended, or now.
     pub fn task_management(
@@ -1829,18 +1829,11 @@ impl Session {
         itt: u32,
         plan: &mcsi_target_core::control::Tmf,
         immediate: bool,
-    ) -> mcsi_target_core::control::TmfStep<Arc<Conn>> {
+    ) -> mcsi_target_core::session::TmfStep<Arc<Conn>> {
         let mut core = self.lock();
-        let step = mcsi_target_core::control::task_management(
-            &mut core,
-            conn,
-            itt,
-            plan,
-            immediate,
-            |io| {
-                let _ = io.abort();
-            },
-        );
+        let step = core.task_management(conn, itt, plan, immediate, |io| {
+            let _ = io.abort();
+        });
         self.wake(&mut core);
         step
     }

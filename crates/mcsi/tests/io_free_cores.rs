@@ -148,6 +148,30 @@ fn no_async_runtime_in_the_dependency_graphs() {
     }
 }
 
+/// The simulator runs the cores on virtual time: it needs no runtime and no metrics, so it must
+/// not reach them through the tokio layers either. (socket2 stays reachable: mcsi-tcp, whose
+/// TCP state types the cores take, reads TCP_INFO with it.)
+#[test]
+fn the_simulator_depends_on_no_async_runtime_and_no_tokio_layer() {
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    let lock = std::fs::read_to_string(&lock_path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", lock_path.display()));
+    let graph = reachable(&lock, "mcsi-sim");
+    for needed in ["mcsi-target-core", "mcsi-initiator-core", "mcsi-scsi"] {
+        assert!(graph.contains(needed), "graph walk found {graph:?}");
+    }
+    let bad: Vec<&str> = FORBIDDEN_PACKAGES
+        .iter()
+        .copied()
+        .chain(["mcsi-target", "mcsi-initiator", "prometheus-client"])
+        .filter(|p| graph.contains(*p))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "mcsi-sim depends (directly or not) on {bad:?}"
+    );
+}
+
 #[test]
 fn the_checks_see_what_they_forbid() {
     let bad = "use tokio::sync::mpsc;\nlet t = std::time::Instant::now(); // fine here\nlet s = mcsi_tcp::tcp_state(fd);\n/// tokio in a doc comment is fine\n";

@@ -40,10 +40,12 @@ use mcsi_proto::pdu::{
 use mcsi_proto::serial::Sn;
 use mcsi_proto::vendor::ConnRole;
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, TaskAttribute};
-use mcsi_target_core::control::{logout, task_management, tmf_pdu, Reset, Tmf, TmfStep};
+use mcsi_target_core::control::{tmf_pdu, Reset, Tmf};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::retain::{LogBounds, SentLog};
-use mcsi_target_core::session::{Arrival, Close, CoreConn, Run, SessionCore, SharedBudget};
+use mcsi_target_core::session::{
+    Arrival, Close, CoreConn, Run, SessionCore, SharedBudget, TmfStep,
+};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -797,7 +799,7 @@ impl World {
                 Run::Control(c, Pdu::TaskMgmtRequest(t)) => self.tmf(&c, t, &mut runs),
                 Run::Control(c, Pdu::LogoutRequest(l)) => {
                     // Busy: an immediate logout beyond the answers that may wait; rejected.
-                    let _ = logout(&mut self.core, &c, &l, |_| ());
+                    let _ = self.core.logout(&c, &l, |_| ());
                 }
                 Run::Control(..) => {}
             }
@@ -807,7 +809,10 @@ impl World {
     fn tmf(&mut self, c: &Tc, t: TaskMgmtRequest, runs: &mut VecDeque<Run<Tc>>) {
         let plan = Tmf::plan(&t, dev().lu(t.lun).is_some());
 
-        let response = match task_management(&mut self.core, c, t.itt, &plan, t.immediate, |_| ()) {
+        let response = match self
+            .core
+            .task_management(c, t.itt, &plan, t.immediate, |_| ())
+        {
             TmfStep::Answered {
                 runs: more,
                 response,

@@ -89,9 +89,11 @@ pub fn run(c: Command) -> anyhow::Result<ExitCode> {
                     .map_err(|m| anyhow::anyhow!("{}: {m}", e.name))?;
             }
             // Simulated points (engine = "sim") need no namespaces.
-            let emulated = exps
-                .iter()
-                .any(|e| e.points(a.quick).iter().any(|p| !run::simulated(p)));
+            let emulated = exps.iter().any(|e| {
+                e.points(a.quick)
+                    .iter()
+                    .any(|p| !mcsi_lab::point::simulated(p))
+            });
             if let Some(why) = mcsi_link::run::missing_privileges().filter(|_| emulated) {
                 bail!(
                     "mcsi lab run: {why}; the experiments run behind mcsi link, which needs them"
