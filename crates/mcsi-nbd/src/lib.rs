@@ -12,4 +12,6 @@
 pub mod proto;
 pub mod server;
 
-pub use server::{Export, ExportInfo, ExportStats, Listener, NbdError, Server, ServerOptions};
+pub use server::{
+    Export, ExportInfo, ExportStats, Listener, NbdError, Server, ServerOptions, SetupError,
+};

@@ -180,18 +180,34 @@ pub struct OptionHeader {
 impl OptionHeader {
     pub const LEN: usize = 16;
 
-    pub fn parse(b: &[u8; 16]) -> Result<OptionHeader, String> {
+    pub fn parse(b: &[u8; 16]) -> Result<OptionHeader, PeerMisbehaved> {
         let magic = u64::from_be_bytes(b[0..8].try_into().unwrap_or_default());
         if magic != IHAVEOPT {
-            return Err(format!(
-                "option magic {magic:#018x}, expected IHAVEOPT {IHAVEOPT:#018x}"
-            ));
+            return Err(PeerMisbehaved::OptionMagic(magic));
         }
         Ok(OptionHeader {
             option: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
             len: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
         })
     }
+}
+
+/// What a client sent that the protocol does not allow: the connection cannot go on as it is
+/// (the option is refused, or the connection ends).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerMisbehaved {
+    #[error("option magic {0:#018x}, expected IHAVEOPT {IHAVEOPT:#018x}")]
+    OptionMagic(u64),
+    #[error("request magic {0:#010x}, expected {REQUEST_MAGIC:#010x}")]
+    RequestMagic(u32),
+    #[error("{0} bytes of data, 6 at least are needed")]
+    InfoTooShort(usize),
+    #[error("export name of {name} bytes in {data} bytes of data")]
+    NameTooLong { name: usize, data: usize },
+    #[error("the export name is not UTF-8")]
+    NameNotUtf8,
+    #[error("{count} information requests need {} bytes, {follow} follow", 2 * count)]
+    InfoRequests { count: usize, follow: usize },
 }
 
 /// An option reply: magic, option, reply type, data.
@@ -251,30 +267,29 @@ pub struct InfoRequest {
 impl InfoRequest {
     /// Parses the option data: u32 name length, name, u16 count, count x u16. Every length
     /// is checked against the data actually there.
-    pub fn parse(d: &[u8]) -> Result<InfoRequest, String> {
+    pub fn parse(d: &[u8]) -> Result<InfoRequest, PeerMisbehaved> {
         if d.len() < 6 {
-            return Err(format!("{} bytes of data, 6 at least are needed", d.len()));
+            return Err(PeerMisbehaved::InfoTooShort(d.len()));
         }
         let nlen = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
         let rest = &d[4..];
         if nlen > rest.len().saturating_sub(2) {
-            return Err(format!(
-                "export name of {nlen} bytes in {} bytes of data",
-                d.len()
-            ));
+            return Err(PeerMisbehaved::NameTooLong {
+                name: nlen,
+                data: d.len(),
+            });
         }
         let name = std::str::from_utf8(&rest[..nlen])
-            .map_err(|_| "the export name is not UTF-8".to_string())?
+            .map_err(|_| PeerMisbehaved::NameNotUtf8)?
             .to_string();
         let rest = &rest[nlen..];
         let n = u16::from_be_bytes([rest[0], rest[1]]) as usize;
         let rest = &rest[2..];
         if rest.len() != 2 * n {
-            return Err(format!(
-                "{n} information requests need {} bytes, {} follow",
-                2 * n,
-                rest.len()
-            ));
+            return Err(PeerMisbehaved::InfoRequests {
+                count: n,
+                follow: rest.len(),
+            });
         }
         let requests = rest
             .chunks_exact(2)
@@ -297,12 +312,10 @@ pub struct Request {
 impl Request {
     pub const LEN: usize = 28;
 
-    pub fn parse(b: &[u8; 28]) -> Result<Request, String> {
+    pub fn parse(b: &[u8; 28]) -> Result<Request, PeerMisbehaved> {
         let magic = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
         if magic != REQUEST_MAGIC {
-            return Err(format!(
-                "request magic {magic:#010x}, expected {REQUEST_MAGIC:#010x}"
-            ));
+            return Err(PeerMisbehaved::RequestMagic(magic));
         }
         let u64_at = |i: usize| {
             u64::from_be_bytes([
@@ -413,7 +426,10 @@ mod tests {
             })
         );
         h[0] = b'X';
-        assert!(OptionHeader::parse(&h).is_err());
+        assert!(matches!(
+            OptionHeader::parse(&h),
+            Err(PeerMisbehaved::OptionMagic(_))
+        ));
     }
 
     #[test]
@@ -434,12 +450,33 @@ mod tests {
         // A name longer than the data, a count that does not match, too short.
         let mut long = d.clone();
         long[0..4].copy_from_slice(&1000u32.to_be_bytes());
-        assert!(InfoRequest::parse(&long).is_err());
-        assert!(InfoRequest::parse(&d[..d.len() - 1]).is_err());
-        assert!(InfoRequest::parse(&d[..5]).is_err());
+        assert_eq!(
+            InfoRequest::parse(&long),
+            Err(PeerMisbehaved::NameTooLong {
+                name: 1000,
+                data: 13
+            })
+        );
+        assert_eq!(
+            InfoRequest::parse(&d[..d.len() - 1]),
+            Err(PeerMisbehaved::InfoRequests {
+                count: 2,
+                follow: 3
+            })
+        );
+        assert_eq!(
+            InfoRequest::parse(&d[..5]),
+            Err(PeerMisbehaved::InfoTooShort(5))
+        );
         let mut huge = d.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(InfoRequest::parse(&huge).is_err());
+        assert!(matches!(
+            InfoRequest::parse(&huge),
+            Err(PeerMisbehaved::NameTooLong { .. })
+        ));
+        let mut latin = d.clone();
+        latin[4] = 0xff;
+        assert_eq!(InfoRequest::parse(&latin), Err(PeerMisbehaved::NameNotUtf8));
     }
 
     #[test]
@@ -455,7 +492,10 @@ mod tests {
         assert_eq!(Request::parse(&b), Ok(r));
         let mut bad = b;
         bad[3] ^= 1;
-        assert!(Request::parse(&bad).is_err());
+        assert!(matches!(
+            Request::parse(&bad),
+            Err(PeerMisbehaved::RequestMagic(_))
+        ));
     }
 
     #[test]

@@ -226,17 +226,35 @@ struct Permits {
     _total: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// Why a server cannot be set up with the exports and options given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    #[error("no export to serve")]
+    NoExport,
+    #[error("two exports are named {0:?}")]
+    SameName(String),
+    #[error("export {name:?}: block size {block_size}, preferred {preferred}, maximum payload {max_payload}: want a power of two and multiples of it")]
+    BlockSizes {
+        name: String,
+        block_size: u32,
+        preferred: u32,
+        max_payload: u32,
+    },
+    #[error("{0} must be positive")]
+    Zero(&'static str),
+}
+
 impl<E: Export> Server<E> {
     /// A server for `exports`; the first one is what a client asking for the default export
     /// (an empty name) gets. Names must differ.
-    pub fn new(exports: Vec<Arc<E>>, opts: ServerOptions) -> Result<Server<E>, String> {
+    pub fn new(exports: Vec<Arc<E>>, opts: ServerOptions) -> Result<Server<E>, SetupError> {
         if exports.is_empty() {
-            return Err("no export to serve".into());
+            return Err(SetupError::NoExport);
         }
         for (i, e) in exports.iter().enumerate() {
             let inf = e.info();
             if exports[..i].iter().any(|o| o.info().name == inf.name) {
-                return Err(format!("two exports are named {:?}", inf.name));
+                return Err(SetupError::SameName(inf.name.clone()));
             }
             let bs = inf.block_size;
             if bs == 0
@@ -245,19 +263,21 @@ impl<E: Export> Server<E> {
                 || inf.max_payload % bs != 0
                 || inf.preferred % bs != 0
             {
-                return Err(format!(
-                    "export {:?}: block size {bs}, preferred {}, maximum payload {}: want a power of two and multiples of it",
-                    inf.name, inf.preferred, inf.max_payload
-                ));
+                return Err(SetupError::BlockSizes {
+                    name: inf.name.clone(),
+                    block_size: bs,
+                    preferred: inf.preferred,
+                    max_payload: inf.max_payload,
+                });
             }
         }
         if opts.max_requests == 0 || opts.max_buffered == 0 || opts.max_buffered_total == 0 {
-            return Err(
-                "max_requests, max_buffered and max_buffered_total must be positive".into(),
-            );
+            return Err(SetupError::Zero(
+                "max_requests, max_buffered and max_buffered_total",
+            ));
         }
         if opts.max_connections == 0 {
-            return Err("max_connections must be positive".into());
+            return Err(SetupError::Zero("max_connections"));
         }
         let total = Arc::new(Semaphore::new(
             opts.max_buffered_total.min(Semaphore::MAX_PERMITS),
@@ -398,7 +418,8 @@ impl<E: Export> Server<E> {
         loop {
             let mut h = [0u8; proto::OptionHeader::LEN];
             rd.read_exact(&mut h).await?;
-            let h = proto::OptionHeader::parse(&h).map_err(bad)?;
+            let h = proto::OptionHeader::parse(&h)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             if h.len > MAX_OPTION_DATA {
                 return Err(bad(format!(
                     "option {} carries {} bytes of data, more than the {MAX_OPTION_DATA} this server takes",
@@ -466,7 +487,7 @@ impl<E: Export> Server<E> {
                     let req = match InfoRequest::parse(&data) {
                         Ok(r) => r,
                         Err(e) => {
-                            wr.write_all(&err(rep::ERR_INVALID, e)).await?;
+                            wr.write_all(&err(rep::ERR_INVALID, e.to_string())).await?;
                             wr.flush().await?;
                             continue;
                         }

@@ -406,7 +406,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         idle_timeout: duration(&args.idle_timeout, "--idle-timeout")?,
         ..ServerOptions::default()
     };
-    let server = Arc::new(Server::new(exports.clone(), opts).map_err(anyhow::Error::msg)?);
+    let server = Arc::new(Server::new(exports.clone(), opts)?);
     let stats: Vec<Arc<ExportStats>> = (0..exports.len()).filter_map(|i| server.stats(i)).collect();
     if let Some(addr) = &args.metrics {
         let observer = NbdObserver {
