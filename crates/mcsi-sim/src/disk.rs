@@ -97,21 +97,25 @@ impl DiskConfig {
     }
 
     /// `cheetah-9lp` or `cheetah-9lp:N` (N drives, 8 by default).
-    pub fn parse(s: &str) -> Result<DiskConfig, String> {
+    pub fn parse(s: &str) -> Result<DiskConfig, crate::UnknownName> {
         let (name, n) = match s.split_once(':') {
             Some((a, b)) => (
                 a,
                 b.parse::<usize>()
                     .ok()
                     .filter(|n| (1..=64).contains(n))
-                    .ok_or_else(|| format!("disk {s:?}: the drive count is 1 to 64"))?,
+                    .ok_or_else(|| {
+                        crate::UnknownName::new("disk", s, "the drive count is 1 to 64")
+                    })?,
             ),
             None => (s, 8),
         };
         match name {
             "cheetah-9lp" => Ok(DiskConfig::seed_001(n)),
-            other => Err(format!(
-                "disk {other:?}: the simulator models cheetah-9lp (seed 001's Seagate Cheetah 9LP), as cheetah-9lp or cheetah-9lp:DRIVES"
+            other => Err(crate::UnknownName::new(
+                "disk",
+                other,
+                "the simulator models cheetah-9lp (seed 001's Seagate Cheetah 9LP), as cheetah-9lp or cheetah-9lp:DRIVES",
             )),
         }
     }

@@ -28,14 +28,16 @@ pub enum Rw {
 }
 
 impl Rw {
-    pub fn parse(s: &str) -> Result<Rw, String> {
+    pub fn parse(s: &str) -> Result<Rw, crate::UnknownName> {
         match s {
             "read" => Ok(Rw::Read),
             "write" => Ok(Rw::Write),
             "randread" => Ok(Rw::RandRead),
             "randwrite" => Ok(Rw::RandWrite),
-            other => Err(format!(
-                "rw {other:?}: expected read, write, randread or randwrite"
+            other => Err(crate::UnknownName::new(
+                "rw",
+                other,
+                "expected read, write, randread or randwrite",
             )),
         }
     }

@@ -112,11 +112,34 @@ pub struct DiskReport {
     pub max_queue: usize,
 }
 
+/// A word (on the command line or in a scenario) that names nothing the simulator has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {given:?}: {expected}")]
+pub struct UnknownName {
+    /// What the word was to name ("TCP stack", "disk").
+    pub what: &'static str,
+    pub given: String,
+    /// What it may be.
+    pub expected: &'static str,
+}
+
+impl UnknownName {
+    pub fn new(what: &'static str, given: &str, expected: &'static str) -> UnknownName {
+        UnknownName {
+            what,
+            given: given.to_string(),
+            expected,
+        }
+    }
+}
+
 /// Why a run could not be set up or did not end.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     #[error("{0}")]
     Setup(String),
+    #[error("{0}")]
+    Socket(#[from] net::SocketError),
     #[error("the simulation stopped at {at_s:.3} s of virtual time: {why}")]
     Stuck { at_s: f64, why: String },
 }
@@ -188,11 +211,8 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
         );
         let mut hs = Vec::new();
         for c in 0..ini.conn_count() {
-            hs.push(
-                h.connect(&s.tcp, net::target_addr(), 40000 + c as u16)
-                    .map_err(setup)?,
-            );
-            listeners.push((tgt_host.listen(&s.tcp).map_err(setup)?, None::<usize>));
+            hs.push(h.connect(&s.tcp, net::target_addr(), 40000 + c as u16)?);
+            listeners.push((tgt_host.listen(&s.tcp)?, None::<usize>));
         }
         inis.push(ini);
         hosts.push(h);

@@ -4,6 +4,7 @@
 //! own code, driven by the virtual clock instead of a TUN device.
 
 use crate::stream::Stream;
+use crate::UnknownName;
 use mcsi_link::{Dir, Link, Nanos};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
@@ -36,11 +37,11 @@ pub enum TcpStack {
 }
 
 impl TcpStack {
-    pub fn parse(s: &str) -> Result<TcpStack, String> {
+    pub fn parse(s: &str) -> Result<TcpStack, UnknownName> {
         match s {
             "linuxlike" => Ok(TcpStack::Linuxlike),
             "smoltcp" => Ok(TcpStack::Smoltcp),
-            other => Err(format!("TCP stack {other:?}: linuxlike or smoltcp")),
+            other => Err(UnknownName::new("TCP stack", other, "linuxlike or smoltcp")),
         }
     }
 
@@ -52,6 +53,15 @@ impl TcpStack {
     }
 }
 
+/// smoltcp refused to open a socket.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("listen: {0}")]
+    Listen(#[from] tcp::ListenError),
+    #[error("connect: {0}")]
+    Connect(#[from] tcp::ConnectError),
+}
+
 /// A socket's congestion control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Congestion {
@@ -60,12 +70,14 @@ pub enum Congestion {
 }
 
 impl Congestion {
-    pub fn parse(s: &str) -> Result<Congestion, String> {
+    pub fn parse(s: &str) -> Result<Congestion, UnknownName> {
         match s {
             "reno" => Ok(Congestion::Reno),
             "cubic" => Ok(Congestion::Cubic),
-            other => Err(format!(
-                "congestion control {other:?}: the simulator has reno and cubic"
+            other => Err(UnknownName::new(
+                "congestion control",
+                other,
+                "the simulator has reno and cubic",
             )),
         }
     }
@@ -193,9 +205,9 @@ impl SmolHost {
         s
     }
 
-    pub fn listen(&mut self, tcp: &TcpConfig) -> Result<SocketHandle, String> {
+    pub fn listen(&mut self, tcp: &TcpConfig) -> Result<SocketHandle, SocketError> {
         let mut s = SmolHost::socket(tcp);
-        s.listen(PORT).map_err(|e| format!("listen: {e}"))?;
+        s.listen(PORT)?;
         Ok(self.sockets.add(s))
     }
 
@@ -204,14 +216,13 @@ impl SmolHost {
         tcp: &TcpConfig,
         to: Ipv4Address,
         local_port: u16,
-    ) -> Result<SocketHandle, String> {
+    ) -> Result<SocketHandle, SocketError> {
         let mut s = SmolHost::socket(tcp);
         s.connect(
             self.iface.context(),
             (IpAddress::Ipv4(to), PORT),
             local_port,
-        )
-        .map_err(|e| format!("connect: {e}"))?;
+        )?;
         self.next_poll = Some(0);
         Ok(self.sockets.add(s))
     }
@@ -288,7 +299,7 @@ impl Host {
         }
     }
 
-    pub fn listen(&mut self, tcp: &TcpConfig) -> Result<Sock, String> {
+    pub fn listen(&mut self, tcp: &TcpConfig) -> Result<Sock, SocketError> {
         match self {
             Host::Smol(h) => h.listen(tcp).map(Sock::Smol),
             Host::Own(h) => Ok(Sock::Own(h.listen(tcp, PORT, Host::cc(tcp)))),
@@ -300,7 +311,7 @@ impl Host {
         tcp: &TcpConfig,
         to: Ipv4Address,
         local_port: u16,
-    ) -> Result<Sock, String> {
+    ) -> Result<Sock, SocketError> {
         match self {
             Host::Smol(h) => h.connect(tcp, to, local_port).map(Sock::Smol),
             Host::Own(h) => Ok(Sock::Own(h.connect(

@@ -235,6 +235,30 @@ impl LoginEnv for Env<'_> {
     }
 }
 
+/// Why the simulated target ended a connection: what came on it that the target does not take
+/// (at ErrorRecoveryLevel 0 the session ends with it).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnEnded {
+    #[error("target connection {conn}: {source}")]
+    Decode {
+        conn: usize,
+        source: mcsi_proto::pdu::DecodeError,
+    },
+    #[error("target connection {conn}: not a Login Request in login")]
+    NotLogin { conn: usize },
+    #[error("target connection {conn}: login refused")]
+    LoginRefused { conn: usize },
+    #[error("target connection {conn}: session {tsih} refused CID {cid}")]
+    CidRefused { conn: usize, tsih: u16, cid: u16 },
+    #[error("target connection {conn}: a SNACK at ErrorRecoveryLevel 0")]
+    Snack { conn: usize },
+    #[error("the target ends connection {conn}: {fault}")]
+    Fault {
+        conn: usize,
+        fault: mcsi_target_core::session::Fault,
+    },
+}
+
 impl Target {
     /// A target with `dev`'s LUs, offering `params` (`offer`'s, perhaps changed) and keeping to
     /// `offer`'s command window and keepalive, as `mcsi target` does with its `[limits]`.
@@ -384,7 +408,7 @@ impl Target {
     }
 
     /// Decodes and handles what connection `i` received.
-    pub fn receive(&mut self, i: usize, now: Instant) -> Result<(), String> {
+    pub fn receive(&mut self, i: usize, now: Instant) -> Result<(), ConnEnded> {
         loop {
             let rx = self.conns[i].rx;
             let pdu = match self.conns[i].stream.decode(&rx) {
@@ -392,22 +416,20 @@ impl Target {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     self.conns[i].phase = Phase::Closed;
-                    return Err(format!("target connection {i}: {e}"));
+                    return Err(ConnEnded::Decode { conn: i, source: e });
                 }
             };
             self.handle(i, pdu, now)?;
         }
     }
 
-    fn handle(&mut self, i: usize, pdu: Pdu, now: Instant) -> Result<(), String> {
+    fn handle(&mut self, i: usize, pdu: Pdu, now: Instant) -> Result<(), ConnEnded> {
         match &mut self.conns[i].phase {
             Phase::Closed => Ok(()),
             Phase::Login(_) => {
                 let Pdu::LoginRequest(req) = pdu else {
                     self.conns[i].phase = Phase::Closed;
-                    return Err(format!(
-                        "target connection {i}: not a Login Request in login"
-                    ));
+                    return Err(ConnEnded::NotLogin { conn: i });
                 };
                 self.login(i, req, now)
             }
@@ -421,7 +443,7 @@ impl Target {
         }
     }
 
-    fn login(&mut self, i: usize, req: LoginRequest, now: Instant) -> Result<(), String> {
+    fn login(&mut self, i: usize, req: LoginRequest, now: Instant) -> Result<(), ConnEnded> {
         let c = &mut self.conns[i];
         let Phase::Login(machine) = &mut c.phase else {
             return Ok(());
@@ -445,7 +467,7 @@ impl Target {
                     .stream
                     .send(&Pdu::LoginResponse(resp), &framing);
                 self.conns[i].phase = Phase::Closed;
-                Err(format!("target connection {i}: login refused"))
+                Err(ConnEnded::LoginRefused { conn: i })
             }
             LoginStep::FullFeature {
                 response,
@@ -496,9 +518,7 @@ impl Target {
                 let sess = &mut self.sessions[s];
                 if sess.core.add_conn(tc.clone()).is_err() {
                     self.conns[i].phase = Phase::Closed;
-                    return Err(format!(
-                        "target connection {i}: session {tsih} refused CID {cid}"
-                    ));
+                    return Err(ConnEnded::CidRefused { conn: i, tsih, cid });
                 }
                 sess.conns.retain(|(c, _)| *c != cid);
                 sess.conns.push((cid, i));
@@ -511,7 +531,7 @@ impl Target {
         }
     }
 
-    fn full_feature(&mut self, s: usize, tc: &Tc, pdu: Pdu, now: Instant) -> Result<(), String> {
+    fn full_feature(&mut self, s: usize, tc: &Tc, pdu: Pdu, now: Instant) -> Result<(), ConnEnded> {
         if matches!(pdu, Pdu::ScsiCommand(_)) {
             self.stats.commands += 1;
         }
@@ -537,10 +557,13 @@ impl Target {
                 self.runs(s, runs);
             }
             Arrival::Snack(_) => {
-                return Err("a SNACK at ErrorRecoveryLevel 0".into());
+                return Err(ConnEnded::Snack { conn: tc.index });
             }
             Arrival::End(fault) => {
-                return Err(format!("the target ends connection {}: {fault}", tc.index));
+                return Err(ConnEnded::Fault {
+                    conn: tc.index,
+                    fault,
+                });
             }
         }
         self.flush(s, now);
