@@ -12,6 +12,7 @@
 //! at once, and one that sends nothing for [`CLIENT_IDLE`] is dropped, so that idle clients
 //! cannot lock the socket out.
 
+use crate::link::PathError;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -27,25 +28,18 @@ pub enum Command {
 }
 
 /// Parses one line against a link of `paths` paths; the error says what is accepted.
-pub fn parse(line: &str, paths: usize) -> Result<Command, String> {
+pub fn parse(line: &str, paths: usize) -> Result<Command, PathError> {
     let words: Vec<&str> = line.split_whitespace().collect();
     let (up, n) = match words.as_slice() {
         ["down", n] => (false, *n),
         ["up", n] => (true, *n),
-        _ => {
-            return Err(format!(
-                "'{}': expected 'down PATH', 'up PATH' or 'paths'",
-                line.trim()
-            ))
-        }
+        _ => return Err(PathError::CommandSyntax(line.trim().to_string())),
     };
     let path: usize = n
         .parse()
-        .map_err(|_| format!("'{n}' is not a path number (0 is the first --path)"))?;
+        .map_err(|_| PathError::NotANumber(n.to_string()))?;
     if path >= paths {
-        return Err(format!(
-            "path {path} does not exist: the link has {paths} path(s), numbered from 0"
-        ));
+        return Err(PathError::NoSuchPath { path, paths });
     }
     Ok(Command::Path { path, up })
 }
@@ -250,12 +244,18 @@ mod tests {
             parse("  up   0 ", 2),
             Ok(Command::Path { path: 0, up: true })
         );
-        assert!(parse("down 2", 2).unwrap_err().contains("does not exist"));
-        assert!(parse("down x", 2)
-            .unwrap_err()
-            .contains("not a path number"));
-        assert!(parse("sideways 1", 2).unwrap_err().contains("expected"));
-        assert!(parse("down", 2).unwrap_err().contains("expected"));
+        assert_eq!(
+            parse("down 2", 2),
+            Err(PathError::NoSuchPath { path: 2, paths: 2 })
+        );
+        assert_eq!(parse("down x", 2), Err(PathError::NotANumber("x".into())));
+        let sideways = parse("sideways 1", 2).unwrap_err();
+        assert_eq!(sideways, PathError::CommandSyntax("sideways 1".into()));
+        assert!(sideways.to_string().contains("expected 'down PATH'"));
+        assert_eq!(
+            parse("down", 2),
+            Err(PathError::CommandSyntax("down".into()))
+        );
     }
 
     /// Four clients that connect and say nothing do not lock the socket out: each is dropped

@@ -39,7 +39,7 @@ pub mod wifi;
 
 pub use config::{ConfigError, DirConfig, JitterDist, LinkConfig, PathBy, PathConfig, QueueLimit};
 pub use dir::DropCause;
-pub use link::{Delivery, Dir, FlowKey, Link, PathEvent};
+pub use link::{Delivery, Dir, FlowKey, Link, PathError, PathEvent};
 pub use loss::LossModel;
 pub use stats::{DirStats, PathStats, Summary};
 pub use wifi::WifiParams;

@@ -225,31 +225,58 @@ pub struct PathEvent {
     pub up: bool,
 }
 
+/// A path event (`--path-down`, `--path-up`) or control command that names no path of the
+/// link, or is not written as one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("'{0}': expected PATH@TIME, e.g. 1@5s")]
+    EventSyntax(String),
+    #[error("'{event}': '{number}' is not a path number (0 is the first --path)")]
+    EventPath { event: String, number: String },
+    #[error("'{event}': {source}")]
+    EventTime {
+        event: String,
+        source: mcsi_units::UnitError,
+    },
+    #[error("'{0}': expected 'down PATH', 'up PATH' or 'paths'")]
+    CommandSyntax(String),
+    #[error("'{0}' is not a path number (0 is the first --path)")]
+    NotANumber(String),
+    #[error("path {path} does not exist: the link has {paths} path(s), numbered from 0 in the order of --path")]
+    NoSuchPath { path: usize, paths: usize },
+}
+
 impl PathEvent {
     /// Parses `I@TIME` (`1@5s`, `0@250ms`) for path `I` going down (`up` false) or up.
-    pub fn parse(s: &str, up: bool) -> Result<PathEvent, String> {
+    pub fn parse(s: &str, up: bool) -> Result<PathEvent, PathError> {
         let (i, t) = s
             .split_once('@')
-            .ok_or_else(|| format!("'{s}': expected PATH@TIME, e.g. 1@5s"))?;
+            .ok_or_else(|| PathError::EventSyntax(s.to_string()))?;
         let path = i
             .trim()
             .parse::<usize>()
-            .map_err(|_| format!("'{s}': '{i}' is not a path number (0 is the first --path)"))?;
+            .map_err(|_| PathError::EventPath {
+                event: s.to_string(),
+                number: i.to_string(),
+            })?;
         let at = mcsi_units::parse_duration(t.trim(), mcsi_units::BareUnit::Seconds)
-            .map_err(|e| format!("'{s}': {e}"))?
+            .map_err(|source| PathError::EventTime {
+                event: s.to_string(),
+                source,
+            })?
             .as_nanos() as Nanos;
         Ok(PathEvent { at, path, up })
     }
 
     /// Checks the event against a link of `paths` paths.
-    pub fn check(&self, paths: usize) -> Result<(), String> {
+    pub fn check(&self, paths: usize) -> Result<(), PathError> {
         if self.path < paths {
             Ok(())
         } else {
-            Err(format!(
-                "path {} does not exist: the link has {paths} path(s), numbered from 0 in the order of --path",
-                self.path
-            ))
+            Err(PathError::NoSuchPath {
+                path: self.path,
+                paths,
+            })
         }
     }
 }
@@ -278,7 +305,7 @@ impl Link {
 
     /// Schedules paths going down and up. A path that is down drops what arrives for it and
     /// what it held when it went down. Events naming a path the link lacks are an error.
-    pub fn schedule(&mut self, mut events: Vec<PathEvent>) -> Result<(), String> {
+    pub fn schedule(&mut self, mut events: Vec<PathEvent>) -> Result<(), PathError> {
         for e in &events {
             e.check(self.paths.len())?;
         }
@@ -548,13 +575,24 @@ mod tests {
             }
         );
         assert_eq!(PathEvent::parse("0@250ms", true).unwrap().at, 250_000_000);
-        assert!(PathEvent::parse("1", false)
-            .unwrap_err()
+        assert_eq!(
+            PathEvent::parse("1", false),
+            Err(PathError::EventSyntax("1".into()))
+        );
+        assert!(PathError::EventSyntax("1".into())
+            .to_string()
             .contains("PATH@TIME"));
-        assert!(PathEvent::parse("x@1s", false)
-            .unwrap_err()
-            .contains("not a path number"));
-        assert!(PathEvent::parse("1@soon", false).is_err());
+        assert_eq!(
+            PathEvent::parse("x@1s", false),
+            Err(PathError::EventPath {
+                event: "x@1s".into(),
+                number: "x".into()
+            })
+        );
+        assert!(matches!(
+            PathEvent::parse("1@soon", false),
+            Err(PathError::EventTime { .. })
+        ));
     }
 
     #[test]
