@@ -47,7 +47,7 @@ pub use lun::{Capabilities, Capacity, Inquiry, Lun};
 pub use mcsi_tcp::sched;
 pub use mcsi_tcp::{Congestion, TcpState};
 pub use negotiate::SessionParams;
-pub use route::Bind;
+pub use route::{Bind, BindError};
 pub use sched::{ConnLoad, LeastOutstanding, RoundRobin, Scheduler, TaskInfo};
 pub use sense::{Sense, SenseKey};
 pub use session::{connect, ConnectOptions, ConnectionStats, Session, SessionStats};

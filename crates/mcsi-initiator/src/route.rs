@@ -16,35 +16,53 @@ pub enum Bind {
     Iface(String),
 }
 
+/// Why a `--bind` value names no address or interface of this host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    #[error("empty: give an address of this host or an interface name")]
+    Empty,
+    #[error("{ip} is not an address of this host (its interfaces have: {local})")]
+    NotLocal { ip: IpAddr, local: String },
+    #[error("cannot bind {ip}: {why}")]
+    Bind { ip: IpAddr, why: String },
+    #[error("'{0}' is neither an IP address nor an interface name")]
+    Neither(String),
+    #[error("no interface named '{name}' on this host (it has: {present})")]
+    NoInterface { name: String, present: String },
+}
+
 impl Bind {
     /// Parses `ADDR` or `IFACE` and checks it against this host: the address must be one of the
     /// host's, the interface must exist.
-    pub fn parse(s: &str) -> Result<Bind, String> {
+    pub fn parse(s: &str) -> Result<Bind, BindError> {
         let s = s.trim();
         if s.is_empty() {
-            return Err("empty: give an address of this host or an interface name".into());
+            return Err(BindError::Empty);
         }
         if let Ok(ip) = s.parse::<IpAddr>() {
             // Binding a UDP socket is the kernel's own test of "an address of this host".
             return match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
                 Ok(_) => Ok(Bind::Addr(ip)),
-                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Err(format!(
-                    "{ip} is not an address of this host (its interfaces have: {})",
-                    host_addresses().join(", ")
-                )),
-                Err(e) => Err(format!("cannot bind {ip}: {e}")),
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                    Err(BindError::NotLocal {
+                        ip,
+                        local: host_addresses().join(", "),
+                    })
+                }
+                Err(e) => Err(BindError::Bind {
+                    ip,
+                    why: e.to_string(),
+                }),
             };
         }
         if s.len() > 15 || s.contains(['/', ' ', ':']) || s == "." || s == ".." {
-            return Err(format!(
-                "'{s}' is neither an IP address nor an interface name"
-            ));
+            return Err(BindError::Neither(s.to_string()));
         }
         if !std::path::Path::new("/sys/class/net").join(s).exists() {
-            return Err(format!(
-                "no interface named '{s}' on this host (it has: {})",
-                interfaces().join(", ")
-            ));
+            return Err(BindError::NoInterface {
+                name: s.to_string(),
+                present: interfaces().join(", "),
+            });
         }
         Ok(Bind::Iface(s.to_string()))
     }
@@ -143,17 +161,21 @@ mod tests {
         );
         assert_eq!(Bind::parse("lo").unwrap(), Bind::Iface("lo".into()));
         let e = Bind::parse("192.0.2.77").unwrap_err();
+        assert!(matches!(e, BindError::NotLocal { .. }), "{e}");
+        let e = e.to_string();
         assert!(
             e.contains("not an address of this host") && e.contains("127.0.0.1"),
             "{e}"
         );
         let e = Bind::parse("nosuchif0").unwrap_err();
+        assert!(matches!(e, BindError::NoInterface { .. }), "{e}");
+        let e = e.to_string();
         assert!(
             e.contains("no interface named 'nosuchif0'") && e.contains("lo"),
             "{e}"
         );
-        assert!(Bind::parse("a/b").unwrap_err().contains("neither"));
-        assert!(Bind::parse("").is_err());
+        assert_eq!(Bind::parse("a/b"), Err(BindError::Neither("a/b".into())));
+        assert_eq!(Bind::parse(""), Err(BindError::Empty));
     }
 
     #[test]

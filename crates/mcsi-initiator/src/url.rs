@@ -50,7 +50,7 @@ impl IscsiUrl {
         if user.as_deref() == Some("") {
             return Err(bad("the user name is empty"));
         }
-        let (host, port) = host_port(hostport).map_err(|e| bad(&e))?;
+        let (host, port) = host_port(hostport).map_err(|e| bad(&e.to_string()))?;
         let port = port.unwrap_or(DEFAULT_PORT);
         let path = path.trim_end_matches('/');
         let (target, lun) = path
@@ -129,20 +129,35 @@ fn join(host: &str, port: u16) -> String {
     }
 }
 
+/// Why a `HOST:PORT` is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortalError {
+    #[error("unterminated [ in the IPv6 address")]
+    Unterminated,
+    #[error("garbage after the IPv6 address")]
+    AfterAddress,
+    #[error("expected HOST:PORT (an IPv6 address in brackets: [2001:db8::1]:3260)")]
+    Unbracketed,
+    #[error("the host is empty")]
+    EmptyHost,
+    #[error("'{0}' is not a port (1 to 65535)")]
+    Port(String),
+    #[error("expected HOST:PORT, e.g. 192.0.2.10:3260")]
+    NoPort,
+}
+
 /// Splits `host[:port]` (an IPv6 address in brackets) and checks the port.
-fn host_port(s: &str) -> Result<(String, Option<u16>), String> {
+fn host_port(s: &str) -> Result<(String, Option<u16>), PortalError> {
     let (host, port) = if let Some(v6) = s.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or("unterminated [ in the IPv6 address")?;
+        let (h, after) = v6.split_once(']').ok_or(PortalError::Unterminated)?;
         let port = match after.strip_prefix(':') {
             Some(p) => Some(p),
             None if after.is_empty() => None,
-            None => return Err("garbage after the IPv6 address".into()),
+            None => return Err(PortalError::AfterAddress),
         };
         (h, port)
     } else if s.matches(':').count() > 1 {
-        return Err("expected HOST:PORT (an IPv6 address in brackets: [2001:db8::1]:3260)".into());
+        return Err(PortalError::Unbracketed);
     } else {
         match s.split_once(':') {
             Some((h, p)) => (h, Some(p)),
@@ -150,14 +165,14 @@ fn host_port(s: &str) -> Result<(String, Option<u16>), String> {
         }
     };
     if host.is_empty() {
-        return Err("the host is empty".into());
+        return Err(PortalError::EmptyHost);
     }
     let port = port
         .map(|p| {
             p.parse::<u16>()
                 .ok()
                 .filter(|&p| p != 0)
-                .ok_or_else(|| format!("'{p}' is not a port (1 to 65535)"))
+                .ok_or_else(|| PortalError::Port(p.to_string()))
         })
         .transpose()?;
     Ok((host.to_string(), port))
@@ -165,10 +180,10 @@ fn host_port(s: &str) -> Result<(String, Option<u16>), String> {
 
 /// A target portal given as `HOST:PORT` (an IPv6 address in brackets), checked and in the form
 /// a connection takes.
-pub fn portal(s: &str) -> Result<String, String> {
+pub fn portal(s: &str) -> Result<String, PortalError> {
     match host_port(s.trim())? {
         (host, Some(port)) => Ok(join(&host, port)),
-        (_, None) => Err("expected HOST:PORT, e.g. 192.0.2.10:3260".into()),
+        (_, None) => Err(PortalError::NoPort),
     }
 }
 
@@ -225,11 +240,13 @@ mod tests {
     fn portals() {
         assert_eq!(portal("10.0.0.1:3261").unwrap(), "10.0.0.1:3261");
         assert_eq!(portal("[::1]:3290").unwrap(), "[::1]:3290");
-        assert!(portal("10.0.0.1")
-            .unwrap_err()
-            .contains("expected HOST:PORT"));
-        assert!(portal("h:0").unwrap_err().contains("'0' is not a port"));
-        assert!(portal("::1:3260").unwrap_err().contains("in brackets"));
+        assert_eq!(portal("10.0.0.1"), Err(PortalError::NoPort));
+        assert_eq!(portal("h:0"), Err(PortalError::Port("0".into())));
+        assert_eq!(portal("::1:3260"), Err(PortalError::Unbracketed));
+        assert_eq!(portal("[::1"), Err(PortalError::Unterminated));
+        assert_eq!(portal("[::1]x"), Err(PortalError::AfterAddress));
+        assert_eq!(portal(":3260"), Err(PortalError::EmptyHost));
+        assert!(PortalError::Unbracketed.to_string().contains("in brackets"));
     }
 
     #[test]

@@ -252,7 +252,7 @@ pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, BackendError> {
         }
         #[cfg(feature = "rbd")]
         "rbd" => {
-            let r = crate::rbd::RbdSpec::parse(rest).map_err(|e| bad(&e))?;
+            let r = crate::rbd::RbdSpec::parse(rest).map_err(|e| bad(&e.to_string()))?;
             Ok(Arc::new(crate::rbd::RbdBackend::open(r)?))
         }
         #[cfg(not(feature = "rbd"))]

@@ -132,16 +132,27 @@ pub struct RbdSpec {
     pub cache: bool,
 }
 
+/// An `rbd:` spec that names no image, or asks for what the backend does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RbdSpecError {
+    #[error("'{0}' is not POOL/IMAGE")]
+    NotPoolImage(String),
+    #[error("unknown rbd option '{0}' (use conf=PATH, id=NAME, cache=on|off)")]
+    UnknownOption(String),
+    #[error("{what} '{value}' contains a NUL byte")]
+    NulByte { what: &'static str, value: String },
+}
+
 impl RbdSpec {
     /// Parses what follows `rbd:`: `POOL/IMAGE[,conf=PATH][,id=NAME][,cache=on|off]`.
-    pub fn parse(rest: &str) -> Result<RbdSpec, String> {
+    pub fn parse(rest: &str) -> Result<RbdSpec, RbdSpecError> {
         let mut parts = rest.split(',');
         let name = parts.next().unwrap_or("");
         let Some((pool, image)) = name.split_once('/') else {
-            return Err(format!("'{name}' is not POOL/IMAGE"));
+            return Err(RbdSpecError::NotPoolImage(name.into()));
         };
         if pool.is_empty() || image.is_empty() || image.contains('/') {
-            return Err(format!("'{name}' is not POOL/IMAGE"));
+            return Err(RbdSpecError::NotPoolImage(name.into()));
         }
         let mut spec = RbdSpec {
             pool: pool.into(),
@@ -156,11 +167,7 @@ impl RbdSpec {
                 Some(("id", v)) if !v.is_empty() => spec.id = Some(v.into()),
                 Some(("cache", "on")) => spec.cache = true,
                 Some(("cache", "off")) => spec.cache = false,
-                _ => {
-                    return Err(format!(
-                        "unknown rbd option '{p}' (use conf=PATH, id=NAME, cache=on|off)"
-                    ))
-                }
+                _ => return Err(RbdSpecError::UnknownOption(p.into())),
             }
         }
         Ok(spec)
@@ -194,8 +201,11 @@ pub struct RbdBackend {
 unsafe impl Send for RbdBackend {}
 unsafe impl Sync for RbdBackend {}
 
-fn cstr(what: &str, s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| format!("{what} '{s}' contains a NUL byte"))
+fn cstr(what: &'static str, s: &str) -> Result<CString, RbdSpecError> {
+    CString::new(s).map_err(|_| RbdSpecError::NulByte {
+        what,
+        value: s.into(),
+    })
 }
 
 /// librados and librbd return a negated errno.
@@ -211,7 +221,7 @@ impl RbdBackend {
             path: PathBuf::from(&name),
             why: format!("{step}: {why}"),
         };
-        let bad = |why: String| fail("invalid name", why);
+        let bad = |why: RbdSpecError| fail("invalid name", why.to_string());
         let id = spec
             .id
             .as_deref()
@@ -766,15 +776,24 @@ mod tests {
                 cache: false,
             })
         );
-        for bad in [
-            "disk",
-            "/disk",
-            "mcsi/",
-            "a/b/c",
-            "mcsi/disk,colour=red",
-            "mcsi/disk,conf=",
-        ] {
-            assert!(RbdSpec::parse(bad).is_err(), "{bad}");
+        for bad in ["disk", "/disk", "mcsi/", "a/b/c"] {
+            assert!(
+                matches!(RbdSpec::parse(bad), Err(RbdSpecError::NotPoolImage(_))),
+                "{bad}"
+            );
         }
+        for bad in ["mcsi/disk,colour=red", "mcsi/disk,conf="] {
+            assert!(
+                matches!(RbdSpec::parse(bad), Err(RbdSpecError::UnknownOption(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            cstr("pool", "a\0b"),
+            Err(RbdSpecError::NulByte {
+                what: "pool",
+                value: "a\0b".into()
+            })
+        );
     }
 }
