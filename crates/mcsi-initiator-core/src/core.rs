@@ -1258,7 +1258,12 @@ impl<C> SessionCore<C> {
 
     /// Take one PDU from connection `conn`. An error is connection-level: the driver drops the
     /// connection (and at ERL 0 recovers the session).
-    pub fn handle(&mut self, conn: usize, pdu: Pdu, out: &mut Vec<Action<C>>) -> Result<(), Error> {
+    pub fn handle_pdu(
+        &mut self,
+        conn: usize,
+        pdu: Pdu,
+        out: &mut Vec<Action<C>>,
+    ) -> Result<(), Error> {
         if let Some(c) = self.conns.get_mut(conn) {
             match &pdu {
                 Pdu::ScsiResponse(_) => c.statuses_in += 1,
@@ -1707,14 +1712,16 @@ mod tests {
         assert_eq!(c.oldest_without_status(at(0), limit), None, "stamps both");
         // The first completes at 20 s; a third task is first seen at 25 s.
         let mut out = Vec::new();
-        c.handle(0, good(itts[0], 1000, 3, 12), &mut out).unwrap();
+        c.handle_pdu(0, good(itts[0], 1000, 3, 12), &mut out)
+            .unwrap();
         c.submit(tur(), 2, &mut out);
         assert_eq!(c.oldest_without_status(at(25), limit), None);
         assert_eq!(c.oldest_without_status(at(29), limit), None);
         // At 30 s the second has waited 30 s; the third only 5.
         assert_eq!(c.oldest_without_status(at(30), limit), Some(itts[1]));
         let mut out = Vec::new();
-        c.handle(0, good(itts[1], 1001, 3, 12), &mut out).unwrap();
+        c.handle_pdu(0, good(itts[1], 1001, 3, 12), &mut out)
+            .unwrap();
         assert_eq!(c.oldest_without_status(at(54), limit), None);
         assert!(
             c.oldest_without_status(at(55), limit).is_some(),
@@ -1738,7 +1745,7 @@ mod tests {
         assert_eq!(c.outstanding(), 5);
         // Completing the first frees no slot until MaxCmdSN moves.
         let mut out = Vec::new();
-        c.handle(0, good(issued[0].2, 1000, 0, 1), &mut out)
+        c.handle_pdu(0, good(issued[0].2, 1000, 0, 1), &mut out)
             .unwrap();
         assert!(cmd_sns(&out).is_empty());
         assert!(matches!(
@@ -1750,7 +1757,7 @@ mod tests {
         ));
         // MaxCmdSN 3 opens two slots: CmdSN 2 and 3 go out, on connections 1 and 0.
         let mut out = Vec::new();
-        c.handle(1, good(issued[1].2, 1000, 1, 3), &mut out)
+        c.handle_pdu(1, good(issued[1].2, 1000, 1, 3), &mut out)
             .unwrap();
         let more = cmd_sns(&out);
         assert_eq!(
@@ -1794,9 +1801,11 @@ mod tests {
             })
         };
         let mut out = Vec::new();
-        c.handle(0, mk(0, 0, b"hello ", None), &mut out).unwrap();
+        c.handle_pdu(0, mk(0, 0, b"hello ", None), &mut out)
+            .unwrap();
         assert!(out.is_empty());
-        c.handle(0, mk(1, 6, b"world!", Some(0)), &mut out).unwrap();
+        c.handle_pdu(0, mk(1, 6, b"world!", Some(0)), &mut out)
+            .unwrap();
         let Action::Complete {
             handle: 7,
             result: Ok(r),
@@ -1861,14 +1870,15 @@ mod tests {
                 .collect()
         };
         let mut out = Vec::new();
-        c.handle(0, mk(0, 0, b"hell", None), &mut out).unwrap();
+        c.handle_pdu(0, mk(0, 0, b"hell", None), &mut out).unwrap();
         // DataSN 1 damaged: a Data SNACK for it.
         c.handle_damaged(0, mk(1, 4, b"XXXX", None), &mut out)
             .unwrap();
         assert_eq!(snacks(&out), [(0, itt, 1, 1, 1001)]);
         // The last, with status, comes whole: the read waits for DataSN 1.
         let mut out = Vec::new();
-        c.handle(0, mk(2, 8, b"rld!", Some(0)), &mut out).unwrap();
+        c.handle_pdu(0, mk(2, 8, b"rld!", Some(0)), &mut out)
+            .unwrap();
         assert!(!out.iter().any(|a| matches!(a, Action::Complete { .. })));
         // The TEST UNIT READY's status comes damaged (its sense data): a Status SNACK, and
         // ExpStatSN stays at it while a later status arrives.
@@ -1882,11 +1892,12 @@ mod tests {
         assert_eq!(snacks(&out), [(1, RESERVED_TAG, 1002, 1, 1001)]);
         c.submit(tur(), 9, &mut out);
         let third = cmd_sns(&out).last().map(|x| x.2).unwrap();
-        c.handle(0, good(third, 1003, 12, 40), &mut out).unwrap();
+        c.handle_pdu(0, good(third, 1003, 12, 40), &mut out)
+            .unwrap();
         assert_eq!(c.exp_stat_sn(0), 1001);
         // DataSN 1 again: the read completes whole.
         let mut out = Vec::new();
-        c.handle(0, mk(1, 4, b"o wo", None), &mut out).unwrap();
+        c.handle_pdu(0, mk(1, 4, b"o wo", None), &mut out).unwrap();
         let Some(Action::Complete {
             handle: 7,
             result: Ok(r),
@@ -1897,7 +1908,8 @@ mod tests {
         assert_eq!(&r.data[..], b"hello world!");
         assert_eq!(c.exp_stat_sn(0), 1002);
         // The status again: ExpStatSN moves past everything received.
-        c.handle(0, good(tur_itt, 1002, 12, 40), &mut out).unwrap();
+        c.handle_pdu(0, good(tur_itt, 1002, 12, 40), &mut out)
+            .unwrap();
         assert_eq!(c.exp_stat_sn(0), 1004);
         let s = &c.conn_stats()[0];
         assert_eq!((s.snacks, s.recovered), (2, 2));
@@ -1940,7 +1952,7 @@ mod tests {
         let itt = cmd.itt;
         let mut out = Vec::new();
         // The R2T arrives (on any connection); Data-Out goes to connection 1.
-        c.handle(
+        c.handle_pdu(
             2,
             Pdu::R2t(R2t {
                 lun: 0,
@@ -1972,7 +1984,7 @@ mod tests {
     fn nop_in_ping_is_answered_and_does_not_take_a_cmd_sn() {
         let (mut c, _) = core(2, 5, 10);
         let mut out = Vec::new();
-        c.handle(
+        c.handle_pdu(
             1,
             Pdu::NopIn(NopIn {
                 lun: 0,
@@ -2007,7 +2019,7 @@ mod tests {
         assert_eq!(first.len(), 4);
         // Complete handle 1, then lose the session.
         let mut out = Vec::new();
-        c.handle(1, good(first[1].2, 1000, 0xffff_ffff, 20), &mut out)
+        c.handle_pdu(1, good(first[1].2, 1000, 0xffff_ffff, 20), &mut out)
             .unwrap();
         c.session_down();
         assert_eq!(c.usable_conns(), 0);
@@ -2036,7 +2048,7 @@ mod tests {
         let mut done = Vec::new();
         for (conn, _, itt) in &again {
             let mut o = Vec::new();
-            c.handle(*conn, good(*itt, 10, 1, 50), &mut o).unwrap();
+            c.handle_pdu(*conn, good(*itt, 10, 1, 50), &mut o).unwrap();
             for a in o {
                 if let Action::Complete { handle, result } = a {
                     assert!(result.is_ok());
@@ -2090,7 +2102,8 @@ mod tests {
         assert_eq!(on1.len(), 3);
         // The first of them completes on its own connection before the stall is noticed.
         let mut out = Vec::new();
-        c.handle(1, good(on1[0].0, 1000, 1, 100), &mut out).unwrap();
+        c.handle_pdu(1, good(on1[0].0, 1000, 1, 100), &mut out)
+            .unwrap();
         let orphans = c.fail_over(1);
         assert!(!c.conn_alive(1) && c.conn_alive(0));
         assert_eq!(c.usable_conns(), 1);
@@ -2142,7 +2155,8 @@ mod tests {
         assert_eq!(orphans.len(), 1);
         // Its status still arrived (on a connection that carries it): it completes once.
         let mut out = Vec::new();
-        c.handle(0, good(on1.2, 1000, 3, 100), &mut out).unwrap();
+        c.handle_pdu(0, good(on1.2, 1000, 3, 100), &mut out)
+            .unwrap();
         assert!(out
             .iter()
             .any(|a| matches!(a, Action::Complete { handle: 1, .. })));
@@ -2170,7 +2184,7 @@ mod tests {
         // A response arriving on connection 3 completes a task sent on connection 0.
         let itt = cmd_sns(&out)[0].2;
         let mut o = Vec::new();
-        c.handle(3, good(itt, 0, 2, 100), &mut o).unwrap();
+        c.handle_pdu(3, good(itt, 0, 2, 100), &mut o).unwrap();
         assert!(matches!(
             o[0],
             Action::Complete {
@@ -2195,7 +2209,7 @@ mod tests {
             ]);
         }
         let mut out = Vec::new();
-        c.handle(0, resp, &mut out).unwrap();
+        c.handle_pdu(0, resp, &mut out).unwrap();
         let Action::Complete { result: Ok(r), .. } = out.remove(0) else {
             panic!()
         };
@@ -2209,7 +2223,7 @@ mod tests {
         header[0] = 0x01;
         header[16..20].copy_from_slice(&ids[1].2.to_be_bytes());
         let mut out = Vec::new();
-        c.handle(
+        c.handle_pdu(
             0,
             Pdu::Reject(mcsi_proto::pdu::Reject {
                 reason: 0x09,
@@ -2252,9 +2266,9 @@ mod tests {
         };
         let mut out = Vec::new();
         // Event 1 on connection 1 (CID 1): log out within 5 s (Parameter3, 11.9.1).
-        c.handle(1, msg(1, 0, 5), &mut out).unwrap();
-        c.handle(0, msg(3, 2, 20), &mut out).unwrap();
-        c.handle(0, msg(4, 0, 0), &mut out).unwrap();
+        c.handle_pdu(1, msg(1, 0, 5), &mut out).unwrap();
+        c.handle_pdu(0, msg(3, 2, 20), &mut out).unwrap();
+        c.handle_pdu(0, msg(4, 0, 0), &mut out).unwrap();
         let events: Vec<(usize, Event)> = out
             .into_iter()
             .filter_map(|a| match a {
@@ -2391,7 +2405,7 @@ mod tests {
             .2;
         c.conn_heard(0, t0);
         let mut out = Vec::new();
-        c.handle(0, logout_request(5), &mut out).unwrap();
+        c.handle_pdu(0, logout_request(5), &mut out).unwrap();
         assert_eq!(
             events(&out),
             vec![(
@@ -2411,7 +2425,7 @@ mod tests {
         assert!(cmd_sns(&out).iter().all(|x| x.0 == 1), "{out:?}");
         // Its task ends: the logout is due, and once.
         let mut out = Vec::new();
-        c.handle(0, good(on0, 1001, 1, 100), &mut out).unwrap();
+        c.handle_pdu(0, good(on0, 1001, 1, 100), &mut out).unwrap();
         assert_eq!(
             events(&out),
             vec![(
@@ -2429,7 +2443,7 @@ mod tests {
         let mut out = Vec::new();
         c.submit(tur(), 0, &mut out);
         c.conn_heard(0, t0);
-        c.handle(0, logout_request(5), &mut out).unwrap();
+        c.handle_pdu(0, logout_request(5), &mut out).unwrap();
         let fired = run_timers(&mut c, t0, t0 + Duration::from_secs(10));
         assert_eq!(
             fired,
@@ -2462,7 +2476,7 @@ mod tests {
         let mut out = Vec::new();
         c.handle_timeout(t0, &mut out);
         c.conn_heard(1, t0 + Duration::from_millis(100));
-        c.handle(1, good(on1, 1001, 1, 100), &mut out).unwrap();
+        c.handle_pdu(1, good(on1, 1001, 1, 100), &mut out).unwrap();
         let fired = run_timers(&mut c, t0, t0 + Duration::from_secs(6));
         let (at, conn, event) = fired.first().expect("the stall watch fires").clone();
         assert_eq!(conn, 0);
@@ -2532,7 +2546,7 @@ mod tests {
         c.submit(read(0, 4096), 5, &mut out);
         let itt = cmd_sns(&out)[0].2;
         let mut out = Vec::new();
-        c.handle(0, good(itt, 1000, 2, 10), &mut out).unwrap();
+        c.handle_pdu(0, good(itt, 1000, 2, 10), &mut out).unwrap();
         let Action::Complete {
             result: Err(Error::Protocol(m)),
             ..
@@ -2607,7 +2621,7 @@ mod tests {
             })
             .expect("the write on connection 1");
         let mut out = Vec::new();
-        c.handle(
+        c.handle_pdu(
             1,
             Pdu::R2t(R2t {
                 lun: 0,

@@ -1328,7 +1328,7 @@ fn on_pdus(shared: &Arc<Shared>, conn: usize, serial: u64, pdus: Vec<conn::Incom
     let mut failure = None;
     for p in pdus {
         let r = match p {
-            conn::Incoming::Whole(p) => inner.core.handle(conn, p, &mut out),
+            conn::Incoming::Whole(p) => inner.core.handle_pdu(conn, p, &mut out),
             conn::Incoming::Damaged(p) => inner.core.handle_damaged(conn, p, &mut out),
         };
         if let Err(e) = r {

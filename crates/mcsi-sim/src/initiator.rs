@@ -375,7 +375,7 @@ impl Initiator {
             }
             self.core.conn_heard(i, now);
             let mut out = std::mem::take(&mut self.out);
-            if let Err(e) = self.core.handle(i, pdu, &mut out) {
+            if let Err(e) = self.core.handle_pdu(i, pdu, &mut out) {
                 return self.fail(format!("connection {i}: {e}"));
             }
             self.act(out, now);

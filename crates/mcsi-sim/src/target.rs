@@ -435,7 +435,7 @@ impl Target {
             }
             Phase::Full { session, tc } => {
                 let (s, tc) = (*session, tc.clone());
-                self.sessions[s].core.heard(tc.cid, now);
+                self.sessions[s].core.conn_heard(tc.cid, now);
                 let r = self.full_feature(s, &tc, pdu, now);
                 self.touch(s);
                 r

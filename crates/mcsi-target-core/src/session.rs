@@ -889,7 +889,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// Connection `cid` received bytes at `now`: it is not idle. The layer above may tell it
     /// now and then rather than at every read (a ping then goes out at most that much early).
-    pub fn heard(&mut self, cid: u16, now: Instant) {
+    pub fn conn_heard(&mut self, cid: u16, now: Instant) {
         if let Some(k) = self.keepalives.get_mut(&cid) {
             k.received(now);
         }

@@ -337,7 +337,7 @@ impl World {
                 if self.lose_data_out && matches!(p, Pdu::DataOut(_)) {
                     continue;
                 }
-                self.tgt.heard(self.tc.cid(), self.now);
+                self.tgt.conn_heard(self.tc.cid(), self.now);
                 self.target_handles(p);
             } else if let Some(b) = self.to_initiator.pop_front() {
                 if self.deaf {
@@ -347,7 +347,7 @@ impl World {
                 self.ini.conn_heard(0, self.now);
                 let mut out = Vec::new();
                 self.ini
-                    .handle(0, p, &mut out)
+                    .handle_pdu(0, p, &mut out)
                     .expect("the initiator takes it");
                 self.initiator_actions(out);
             } else {

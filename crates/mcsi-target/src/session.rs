@@ -1670,7 +1670,7 @@ impl Session {
 
     /// `conn` received bytes at `now` ([`SessionCore::heard`]).
     pub fn heard(&self, conn: &Conn, now: std::time::Instant) {
-        self.lock().heard(conn.cid, now);
+        self.lock().conn_heard(conn.cid, now);
     }
 
     /// A PDU arrived on `conn` ([`SessionCore::handle_pdu`]): the core takes it, and what it

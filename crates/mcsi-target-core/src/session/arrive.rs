@@ -831,7 +831,7 @@ mod tests {
         let s = std::time::Duration::from_secs;
         core.start_keepalive(TC.cid(), s(5), s(2), t0);
         assert_eq!(core.poll_timeout(), Some(t0 + s(5)));
-        core.heard(TC.cid(), t0 + s(1));
+        core.conn_heard(TC.cid(), t0 + s(1));
         assert!(
             core.handle_timeout(t0 + s(5)).is_empty(),
             "heard since: not idle yet"

@@ -705,7 +705,7 @@ impl World {
         if !self.conns.contains(&cid) {
             return;
         }
-        self.core.heard(cid, self.now);
+        self.core.conn_heard(cid, self.now);
         if let (Some(logs), Some(e)) = (self.logs.as_mut(), p.exp_stat_sn()) {
             if let Some((log, _)) = logs.get_mut(&cid) {
                 log.ack(e);
