@@ -1154,7 +1154,7 @@ impl<C> SessionCore<C> {
     /// and above, RFC 7143 7.8): what it lost is asked for again with a SNACK on `conn` (the
     /// connection that sent it keeps it). A Data-In is asked for by its DataSN (with any gap
     /// before it); another PDU that took a StatSN by a Status SNACK, ExpStatSN staying at it
-    /// until it comes. An error is connection-level, as for [`SessionCore::handle`].
+    /// until it comes. An error is connection-level, as for [`SessionCore::handle_pdu`].
     pub fn handle_damaged(
         &mut self,
         conn: usize,
