@@ -3,7 +3,7 @@
 
 use crate::control;
 use crate::scsi;
-use crate::session::{Arrival, Conn, Out, OutQueue, Session};
+use crate::session::{Arrival, Conn, Out, OutQueue, Session, Units};
 use crate::session_core::RunNow;
 use bytes::BytesMut;
 use mcsi_proto::pdu::{self, DecodeError, Encoded, Framing, Gather, Pdu, SnackRequest};
@@ -393,12 +393,12 @@ impl Reader {
                         .counters
                         .digest_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let a = self.session.handle_data_digest_error(
+                    let (a, units) = self.session.handle_data_digest_error(
                         &self.conn,
                         header,
                         damaged.map(|p| *p),
                     );
-                    if let Err(e) = self.carry_out(a) {
+                    if let Err(e) = self.carry_out(a, &units) {
                         break e;
                     }
                     continue;
@@ -491,16 +491,16 @@ impl Reader {
                 log.lock().unwrap_or_else(|e| e.into_inner()).ack(e);
             }
         }
-        let a = self.session.handle_pdu(&self.conn, p);
-        self.carry_out(a)
+        let (a, units) = self.session.handle_pdu(&self.conn, p);
+        self.carry_out(a, &units)
     }
 
     /// Carries out what the session's core decided for a PDU: runs what is to run now on this
     /// reader, what came up in CmdSN order, or answers a SNACK. An Err ends the connection.
-    fn carry_out(&mut self, a: Arrival) -> Result<(), ConnEnd> {
+    fn carry_out(&mut self, a: Arrival, units: &Units) -> Result<(), ConnEnd> {
         match a {
             Arrival::Now(now) => {
-                if let Some(units) = self.session.units().as_ref() {
+                if let Some(units) = units.as_ref() {
                     let RunNow {
                         cmd,
                         phase,

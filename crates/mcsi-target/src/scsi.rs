@@ -180,9 +180,13 @@ fn account(
             // A LUN map's number counts for the target's LUN it names; one it does not map,
             // for none.
             let lun = mcsi_scsi::lun::decode(cmd.lun);
-            let lun = match &*session.view.load() {
-                Some(v) => lun.and_then(|n| v.map.load().get(&n).copied()),
-                None => lun,
+            let lun = if session.mapped.load(std::sync::atomic::Ordering::Acquire) {
+                match &*session.view.load() {
+                    Some(v) => lun.and_then(|n| v.map.load().get(&n).copied()),
+                    None => lun,
+                }
+            } else {
+                lun
             };
             t.with_lun_metrics(lun, account)
         }

@@ -1006,6 +1006,9 @@ fn grant(core: &mut Core, itt: u32, id: u64, permits: Permits) {
     }
 }
 
+/// The units a session addresses at one moment ([`Session::units`]).
+pub type Units = arc_swap::Guard<Option<Arc<DeviceServer>>>;
+
 /// An iSCSI session: discovery (no target) or normal.
 pub struct Session {
     pub tsih: u16,
@@ -1017,6 +1020,9 @@ pub struct Session {
     units: arc_swap::ArcSwapOption<DeviceServer>,
     /// Its initiator's LUN map, if it has one.
     pub(crate) view: arc_swap::ArcSwapOption<LunView>,
+    /// Whether `view` holds a map: one relaxed load on the per-command path where most
+    /// sessions have none (an ArcSwap load costs several dozen instructions).
+    pub(crate) mapped: AtomicBool,
     /// The target's `views_gen` when `units` and `view` were resolved.
     views_seen: AtomicU64,
     pub ops: SessionOps,
@@ -1179,6 +1185,7 @@ impl Session {
             .map(|t| view.as_ref().map_or(&t.dev, |v| &v.dev).clone());
         Arc::new_cyclic(|me| Session {
             units: arc_swap::ArcSwapOption::new(units),
+            mapped: AtomicBool::new(view.is_some()),
             view: arc_swap::ArcSwapOption::new(view),
             views_seen: AtomicU64::new(views_seen),
             me: me.clone(),
@@ -1677,7 +1684,9 @@ impl Session {
     /// decided is carried out (tasks started, R2Ts and answers queued); a command to run now on
     /// this reader is handed back ([`Arrival::Now`]).
     #[inline]
-    pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> Arrival {
+    /// Returns the units the PDU was planned against, so that a command to run now runs on
+    /// the same ones (and the session's map is looked up once per PDU).
+    pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> (Arrival, Units) {
         let mut core = self.lock();
         let units = self.units();
         let a = match units.as_ref() {
@@ -1688,7 +1697,7 @@ impl Session {
             self.wake(&mut core);
             self.after_input(core);
         }
-        a
+        (a, units)
     }
 
     /// A PDU arrived on `conn` with a data digest error
@@ -1699,7 +1708,7 @@ impl Session {
         conn: &Arc<Conn>,
         header: bytes::Bytes,
         damaged: Option<mcsi_proto::pdu::Pdu>,
-    ) -> Arrival {
+    ) -> (Arrival, Units) {
         let mut core = self.lock();
         let units = self.units();
         let a = match units.as_ref() {
@@ -1716,7 +1725,7 @@ impl Session {
             self.wake(&mut core);
             self.after_input(core);
         }
-        a
+        (a, units)
     }
 
     /// A PDU arrived on `conn` that could not be decoded but can be answered
@@ -1859,7 +1868,7 @@ impl Session {
     /// last looked switches here, and its I_T nexus is told REPORTED LUNS DATA HAS CHANGED by
     /// the units it addresses now. One atomic load when nothing changed.
     #[inline]
-    pub fn units(&self) -> arc_swap::Guard<Option<Arc<DeviceServer>>> {
+    pub fn units(&self) -> Units {
         if let Some(t) = &self.target {
             let gen = t.views_gen.load(Ordering::Acquire);
             if self.views_seen.load(Ordering::Acquire) != gen {
@@ -1895,6 +1904,7 @@ impl Session {
             tracing::info!(initiator = %self.initiator_name, tsih = self.tsih, mapped = view.is_some(), "the session now sees the target through its initiator's LUN map as changed");
         }
         self.units.store(Some(units));
+        self.mapped.store(view.is_some(), Ordering::Release);
         self.view.store(view);
         self.views_seen.store(gen, Ordering::Release);
     }
