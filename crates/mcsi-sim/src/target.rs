@@ -110,9 +110,8 @@ struct Conn {
 /// The target: its LUs, sessions and connections.
 pub struct Target {
     params: LocalParams,
-    queue_depth: u32,
-    /// NOP-In pings: interval and answer timeout, the core's defaults as production's.
-    keepalive: (Duration, Duration),
+    /// The command window and the keepalive (the core's defaults, as production's).
+    offer: TargetOffer,
     dev: Arc<DeviceServer>,
     sessions: Vec<Session>,
     conns: Vec<Conn>,
@@ -270,8 +269,7 @@ impl Target {
     ) -> Target {
         Target {
             params,
-            queue_depth: offer.queue_depth,
-            keepalive: (offer.nop_interval, offer.nop_timeout),
+            offer,
             dev,
             sessions: Vec::new(),
             conns: Vec::new(),
@@ -450,7 +448,7 @@ impl Target {
         };
         let mut env = Env {
             params: &self.params,
-            queue_depth: self.queue_depth,
+            queue_depth: self.offer.queue_depth,
             sessions: &self.sessions,
             stat_sn: &mut c.stat_sn,
         };
@@ -493,7 +491,8 @@ impl Target {
                 };
                 let s = usize::from(tsih) - 1;
                 if s == self.sessions.len() {
-                    let mut core = SessionCore::new(req.cmd_sn, self.queue_depth, false, None);
+                    let mut core =
+                        SessionCore::new(req.cmd_sn, self.offer.queue_depth, false, None);
                     let burst: BurstParams = (&session).into();
                     core.set_burst(burst);
                     self.sessions.push(Session {
@@ -522,8 +521,9 @@ impl Target {
                 }
                 sess.conns.retain(|(c, _)| *c != cid);
                 sess.conns.push((cid, i));
-                let (interval, timeout) = self.keepalive;
-                sess.core.start_keepalive(cid, interval, timeout, now);
+                let o = &self.offer;
+                sess.core
+                    .start_keepalive(cid, o.nop_interval, o.nop_timeout, now);
                 self.conns[i].phase = Phase::Full { session: s, tc };
                 self.touch(s);
                 Ok(())

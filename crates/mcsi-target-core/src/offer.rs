@@ -25,10 +25,12 @@ pub struct TargetOffer {
     /// the connection is dropped.
     pub nop_timeout: Duration,
     /// Agree to the asymmetric mode (thesis 4.3.2, `X-org.mcsi.Asymmetric`) when an initiator
-    /// offers it.
+    /// offers it: responses leave on the session's response connections.
     pub asymmetric: bool,
-    /// The highest ErrorRecoveryLevel agreed to (RFC 7143 7.1; the initiator's offer decides
-    /// below it).
+    /// The highest ErrorRecoveryLevel the target agrees to (RFC 7143 7.1; the initiator's offer
+    /// decides below it). At 1 each connection with data digests keeps what it sent until it
+    /// is acknowledged and answers SNACKs; at 2 (offered with DefaultTime2Retain 20 s) a failed
+    /// connection's tasks wait to be reassigned to another (TASK REASSIGN).
     pub max_erl: u8,
 }
 

@@ -28,6 +28,7 @@ use error::cerr;
 pub use error::ConfigError;
 pub use file::*;
 pub use limits::*;
+pub use mcsi_target_core::offer::TargetOffer;
 pub use qos::*;
 
 /// Default target name when none is given.
@@ -977,9 +978,9 @@ mod tests {
         )
         .unwrap();
         let l = &c.targets[0].limits;
-        assert_eq!(l.nop_interval, Duration::ZERO);
+        assert_eq!(l.offer.nop_interval, Duration::ZERO);
         assert_eq!(l.data_out_timeout, Duration::ZERO);
-        assert_ne!(Limits::default().nop_interval, Duration::ZERO);
+        assert_ne!(Limits::default().offer.nop_interval, Duration::ZERO);
     }
 
     #[test]
@@ -1150,14 +1151,17 @@ mod tests {
         .unwrap();
         assert_eq!(c.targets.len(), 2);
         let a = &c.targets[0];
-        assert_eq!(a.limits.max_connections, 4);
-        assert_eq!(a.limits.max_burst_length, 524_288);
-        assert!(a.limits.initial_r2t);
-        assert_eq!(a.limits.queue_depth, 32);
-        assert_eq!(a.limits.nop_interval, Duration::from_secs(10));
-        assert_eq!(a.limits.nop_timeout, Duration::from_millis(500));
-        assert_eq!(c.targets[1].limits.nop_interval, Duration::from_secs(30));
-        assert!(!a.limits.asymmetric && c.targets[1].limits.asymmetric);
+        assert_eq!(a.limits.offer.max_connections, 4);
+        assert_eq!(a.limits.offer.max_burst_length, 524_288);
+        assert!(a.limits.offer.initial_r2t);
+        assert_eq!(a.limits.offer.queue_depth, 32);
+        assert_eq!(a.limits.offer.nop_interval, Duration::from_secs(10));
+        assert_eq!(a.limits.offer.nop_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.targets[1].limits.offer.nop_interval,
+            Duration::from_secs(30)
+        );
+        assert!(!a.limits.offer.asymmetric && c.targets[1].limits.offer.asymmetric);
         assert_eq!(
             (a.limits.max_sessions, a.limits.max_target_connections),
             (16, 32)
@@ -1317,8 +1321,8 @@ mod tests {
                 "listen=[\"127.0.0.1:1\"]\n[[targets]]\niqn = \"iqn.2026-01.org.x\"\nmax_erl = {v}\n[[targets.luns]]\nbackend=\"ram:1M\"\n"
             ))
         };
-        assert_eq!(erl("0").unwrap().targets[0].limits.max_erl, 0);
-        assert_eq!(erl("2").unwrap().targets[0].limits.max_erl, 2);
+        assert_eq!(erl("0").unwrap().targets[0].limits.offer.max_erl, 0);
+        assert_eq!(erl("2").unwrap().targets[0].limits.offer.max_erl, 2);
         let e = erl("3").unwrap_err();
         assert_eq!(e.field, "targets[0].max_erl");
         assert!(e.why.contains("0 to 2"), "{e}");
@@ -1428,12 +1432,14 @@ mod tests {
         assert_eq!(
             f("nop_interval = \"0\"").unwrap().targets[0]
                 .limits
+                .offer
                 .nop_interval,
             Duration::ZERO
         );
         assert_eq!(
             f("nop_interval = \"1500ms\"").unwrap().targets[0]
                 .limits
+                .offer
                 .nop_interval,
             Duration::from_millis(1500)
         );
@@ -1657,7 +1663,7 @@ mod tests {
     #[test]
     fn the_documented_defaults_hold() {
         // docs/error-recovery.md: the target agrees to ErrorRecoveryLevel 2 by default.
-        assert_eq!(Limits::default().max_erl, 2);
+        assert_eq!(Limits::default().offer.max_erl, 2);
     }
 
     #[test]

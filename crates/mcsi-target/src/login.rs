@@ -44,7 +44,7 @@ fn vendor_keys(limits: &Limits) -> Vec<(KeyDef, String)> {
     // The session core handles a connection's immediate requests in order, so TASK REASSIGNs
     // right behind their Logout find the tasks it left.
     let reassign = (REASSIGN_BEHIND_LOGOUT, "Yes".to_string());
-    if limits.asymmetric {
+    if limits.offer.asymmetric {
         vec![
             (ASYMMETRIC, "Yes".into()),
             (CONNECTION_ROLE, "requests,responses,both".into()),
@@ -401,7 +401,7 @@ impl LoginEnv for Env<'_> {
             None => (
                 req.cmd_sn,
                 req.cmd_sn
-                    .wrapping_add(self.limits().queue_depth.max(1) - 1),
+                    .wrapping_add(self.limits().offer.queue_depth.max(1) - 1),
             ),
         };
         LoginNumbers {
@@ -519,7 +519,7 @@ async fn run_inner<S: Stream>(
                     ?connection,
                     "login negotiated"
                 );
-                let queue_depth = env.limits().queue_depth;
+                let queue_depth = env.limits().offer.queue_depth;
                 // A joining connection's role counts only in a session that agreed on the mode.
                 let asymmetric = match &env.joins {
                     Some(s) => s.ops.asymmetric,

@@ -582,7 +582,7 @@ allow_initiators = ["iqn.2026-01.org.x:h1"]
         assert_eq!(nums, [3, 7]);
         assert!(back.targets[0].luns[0].read_only);
         assert_eq!(back.targets[0].auth.allow_initiators.len(), 2);
-        assert_eq!(back.targets[0].limits.queue_depth, 64);
+        assert_eq!(back.targets[0].limits.offer.queue_depth, 64);
         // Hidden, the secret is not in the text.
         let hidden = render(&r, false).unwrap().text;
         assert!(

@@ -498,7 +498,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
                 .feed_tcp_samples(conn.clone(), stop_rx.clone()),
         );
     }
-    session.start_keepalive(&conn, limits.nop_interval, limits.nop_timeout);
+    session.start_keepalive(&conn, limits.offer.nop_interval, limits.offer.nop_timeout);
     let (rd, wr) = stream.split();
     let send_framing = n.connection.tx_framing();
     let recv_framing = n.connection.rx_framing();
@@ -521,7 +521,7 @@ async fn full_feature<S: Transport>(f: FullFeature, mut stream: S, _slots: (Slot
         conn,
         framing: recv_framing,
         buf,
-        heard_every: limits.nop_interval / 8,
+        heard_every: limits.offer.nop_interval / 8,
         last_pdu: 0,
         next_heard: tokio::time::Instant::now(),
         exp_stat_sn: None,

@@ -1224,8 +1224,8 @@ impl Session {
             let segment = self
                 .target
                 .as_ref()
-                .map_or(Limits::default().max_recv_data_segment_length, |t| {
-                    t.limits.max_recv_data_segment_length
+                .map_or(Limits::default().offer.max_recv_data_segment_length, |t| {
+                    t.limits.offer.max_recv_data_segment_length
                 });
             self.lock()
                 .set_storage_pacer(mcsi_target_core::qos::StoragePacer::new(

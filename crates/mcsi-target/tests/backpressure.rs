@@ -224,8 +224,8 @@ async fn verified_io(server: &mcsi_target::Server, isid: u8, secs: f64) -> (u64,
 
 fn server_limits(l: &mut mcsi_target::config::Limits) {
     l.output_budget = BUDGET;
-    l.nop_interval = Duration::from_secs(1);
-    l.nop_timeout = Duration::from_secs(1);
+    l.offer.nop_interval = Duration::from_secs(1);
+    l.offer.nop_timeout = Duration::from_secs(1);
     l.send_timeout = Duration::from_secs(3);
 }
 
@@ -328,7 +328,7 @@ async fn a_window_of_large_reads_not_read_is_bounded() {
         let server = start_with(|cfg| {
             server_limits(&mut cfg.targets[0].limits);
             // No keepalive: the send timeout (3 s) drops the stuck connection.
-            cfg.targets[0].limits.nop_interval = Duration::ZERO;
+            cfg.targets[0].limits.offer.nop_interval = Duration::ZERO;
             cfg.targets[0].limits.read_budget = READ_BUDGET;
             cfg.targets[0].luns = vec![mcsi_target::config::LunSpec::new(spec)];
         })
@@ -509,7 +509,7 @@ async fn stalled_writers_server(
         start_with(|cfg| {
             let l = &mut cfg.targets[0].limits;
             l.data_out_timeout = Duration::from_secs(3);
-            l.nop_interval = Duration::ZERO;
+            l.offer.nop_interval = Duration::ZERO;
             f(cfg);
         })
         .await,
@@ -603,8 +603,8 @@ async fn replies_on_a_response_connection_never_read_are_bounded() {
     let seen = log_count(SEND_TIMEOUT);
     let server = start(|l| {
         server_limits(l);
-        l.nop_interval = Duration::ZERO;
-        l.asymmetric = true;
+        l.offer.nop_interval = Duration::ZERO;
+        l.offer.asymmetric = true;
     })
     .await;
     let (_, alone) = verified_io(&server, 1, 1.0).await;
@@ -677,8 +677,8 @@ async fn a_write_flood_whose_r2ts_are_never_read_is_bounded() {
     const SESSION_BUDGET: u64 = 32 << 20;
     let server = start(|l| {
         server_limits(l);
-        l.nop_interval = Duration::ZERO;
-        l.asymmetric = true;
+        l.offer.nop_interval = Duration::ZERO;
+        l.offer.asymmetric = true;
         l.write_budget = SESSION_BUDGET;
         l.data_out_timeout = Duration::from_secs(3);
     })
@@ -817,7 +817,7 @@ async fn writes_held_behind_a_cmdsn_gap_are_held_to_the_unsolicited_budget() {
     const LEN: u32 = 256 << 10;
     let server = start_with(|cfg| {
         cfg.limits.unsolicited_budget = UNSOLICITED_BUDGET;
-        cfg.targets[0].limits.nop_interval = Duration::ZERO;
+        cfg.targets[0].limits.offer.nop_interval = Duration::ZERO;
     })
     .await;
     let before = rss();

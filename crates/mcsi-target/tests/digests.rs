@@ -265,7 +265,7 @@ fn data_out(r: &R2t, data_sn: u32, offset: u32, data: Bytes, final_: bool) -> Pd
 /// (RFC 7143 7.8 a): the write completes with the right data, on the same connection.
 #[tokio::test]
 async fn at_level_1_damaged_data_is_asked_for_again_and_the_write_completes() {
-    let server = start(|l| l.max_erl = 1).await;
+    let server = start(|l| l.offer.max_erl = 1).await;
     let (mut c, _, d) = login_erl(&server, vec![Digest::Crc32c], 1).await;
     assert!(d);
     // Immediate data damaged: the command stays, its data is asked for again.

@@ -329,7 +329,7 @@ async fn sessions_beyond_max_sessions_are_refused_out_of_resources() {
 async fn connections_beyond_max_target_connections_are_refused() {
     let server = start_with(|c| {
         c.limits.login_rate = 0;
-        c.targets[0].limits.max_connections = 4;
+        c.targets[0].limits.offer.max_connections = 4;
         c.targets[0].limits.max_target_connections = 3;
     })
     .await;
@@ -538,9 +538,9 @@ async fn next_r2t(c: &mut Client) -> R2t {
 async fn outstanding_r2ts_never_exceed_max_outstanding_r2t() {
     let server = start_with(|c| {
         let l = &mut c.targets[0].limits;
-        l.max_outstanding_r2t = 2;
-        l.max_burst_length = 8192;
-        l.first_burst_length = 4096;
+        l.offer.max_outstanding_r2t = 2;
+        l.offer.max_burst_length = 8192;
+        l.offer.first_burst_length = 4096;
     })
     .await;
     // The initiator asks for more; MaxOutstandingR2T is a minimum key (RFC 7143 13.17).
@@ -635,7 +635,7 @@ async fn first_burst_session(server: &Server) -> Client {
 }
 
 async fn first_burst_server() -> Server {
-    start_with(|c| c.targets[0].limits.first_burst_length = 4096).await
+    start_with(|c| c.targets[0].limits.offer.first_burst_length = 4096).await
 }
 
 /// What LBA 2000.. holds, read by a new session.

@@ -147,8 +147,8 @@ async fn write_immediate_then_read_back() {
 async fn unsolicited_data_then_r2t() {
     // FirstBurstLength 8192: 2048 immediate + 6144 unsolicited Data-Out, the rest by R2T.
     let server = start(|l| {
-        l.first_burst_length = 8192;
-        l.max_burst_length = 16384;
+        l.offer.first_burst_length = 8192;
+        l.offer.max_burst_length = 16384;
     })
     .await;
     let mut c = Client::normal(
@@ -293,7 +293,7 @@ async fn many_outstanding_commands() {
 
 #[tokio::test]
 async fn cmd_sn_window_across_two_connections() {
-    let server = start(|l| l.queue_depth = 16).await;
+    let server = start(|l| l.offer.queue_depth = 16).await;
     let mut a = Client::normal(&server, &[]).await;
     let first = a.cmd_sn;
     // Second connection of the same session: same ISID, the TSIH given, another CID.
@@ -553,8 +553,8 @@ async fn logout_and_session_reinstatement() {
 #[tokio::test]
 async fn keepalive_pings_idle_connections_and_drops_silent_ones() {
     let server = start(|l| {
-        l.nop_interval = Duration::from_millis(150);
-        l.nop_timeout = Duration::from_millis(300);
+        l.offer.nop_interval = Duration::from_millis(150);
+        l.offer.nop_timeout = Duration::from_millis(300);
     })
     .await;
     let mut c = Client::normal(&server, &[]).await;
@@ -595,8 +595,8 @@ async fn keepalive_pings_idle_connections_and_drops_silent_ones() {
     // taken for "the default" is caught by the config's and the keepalive's unit tests, which
     // need no 30 s wait).
     let server = start(|l| {
-        l.nop_interval = Duration::ZERO;
-        l.nop_timeout = Duration::from_millis(100);
+        l.offer.nop_interval = Duration::ZERO;
+        l.offer.nop_timeout = Duration::from_millis(100);
     })
     .await;
     let mut c = Client::normal(&server, &[]).await;

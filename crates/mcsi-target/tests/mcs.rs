@@ -84,7 +84,7 @@ async fn max_connections_is_negotiated_and_enforced() {
     assert_eq!(key(&c, "MaxConnections").as_deref(), Some("3"));
 
     // A limit of 2: the third CID is refused with 2/06, a known CID reinstates its connection.
-    let server = start(|l| l.max_connections = 2).await;
+    let server = start(|l| l.offer.max_connections = 2).await;
     let mut a = Client::connect(&server).await;
     let r = a
         .login(
@@ -122,7 +122,7 @@ async fn reinstating_the_only_connection_of_a_session_keeps_the_session() {
     // A session that may have 2 connections (so it runs on a session thread) has one; the
     // initiator replaces it under the same CID (connection reinstatement, RFC 7143 6.3.4). The
     // session must not end when the old connection goes: the new one carries on.
-    let server = start(|l| l.max_connections = 2).await;
+    let server = start(|l| l.offer.max_connections = 2).await;
     for round in 0..5u8 {
         let mut a = Client::connect(&server).await;
         let r = a
@@ -282,8 +282,8 @@ async fn send_data(c: &mut Client, itt: u32, r2t: &R2t, data: &Bytes) {
 async fn logging_out_one_connection_keeps_the_others_and_their_tasks() {
     // InitialR2T=Yes: a WRITE without immediate data waits for an R2T-solicited Data-Out.
     let server = start(|l| {
-        l.initial_r2t = true;
-        l.immediate_data = false;
+        l.offer.initial_r2t = true;
+        l.offer.immediate_data = false;
     })
     .await;
     let mut a = Client::normal(&server, &[]).await;
@@ -458,8 +458,8 @@ async fn asymmetric_session(server: &mcsi_target::Server) -> (Client, Client, Cl
 async fn asymmetric_mode_sends_replies_on_response_connections() {
     // InitialR2T=Yes and no immediate data: every write is solicited by an R2T.
     let server = start(|l| {
-        l.initial_r2t = true;
-        l.immediate_data = false;
+        l.offer.initial_r2t = true;
+        l.offer.immediate_data = false;
     })
     .await;
     let (mut a, mut b, mut c) = asymmetric_session(&server).await;
@@ -532,8 +532,8 @@ async fn asymmetric_mode_sends_replies_on_response_connections() {
 #[tokio::test]
 async fn a_logged_out_response_connection_hands_its_tasks_to_another() {
     let server = start(|l| {
-        l.initial_r2t = true;
-        l.immediate_data = false;
+        l.offer.initial_r2t = true;
+        l.offer.immediate_data = false;
     })
     .await;
     let (mut a, mut b, mut c) = asymmetric_session(&server).await;
@@ -565,7 +565,7 @@ async fn a_logged_out_response_connection_hands_its_tasks_to_another() {
 #[tokio::test]
 async fn asymmetric_mode_is_only_agreed_when_allowed_and_offered() {
     // A target configured without the mode answers No; the connection keeps both directions.
-    let server = start(|l| l.asymmetric = false).await;
+    let server = start(|l| l.offer.asymmetric = false).await;
     let mut c = Client::connect(&server).await;
     let r = c
         .login(
@@ -686,8 +686,8 @@ async fn a_duplicate_of_a_held_cmd_sn_is_dropped_without_a_trace() {
     // Two commands with one CmdSN behind a gap: the second is dropped silently (RFC 7143
     // 4.2.2.1) and must not keep a task or a queue slot (MaxCmdSN would shrink for good).
     let server = start(|l| {
-        l.initial_r2t = true;
-        l.immediate_data = false;
+        l.offer.initial_r2t = true;
+        l.offer.immediate_data = false;
     })
     .await;
     let mut a = Client::normal(&server, &[]).await;

@@ -45,19 +45,19 @@ async fn the_level_agreed_is_the_lower_of_the_offer_and_the_targets_cap() {
     let default = start(|_| {}).await;
     let c = Client::normal(&default, &[("ErrorRecoveryLevel", "2")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("2"));
-    let capped = start(|l| l.max_erl = 1).await;
+    let capped = start(|l| l.offer.max_erl = 1).await;
     let c = Client::normal(&capped, &[("ErrorRecoveryLevel", "2")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("1"));
     let c = Client::normal(&default, &[("ErrorRecoveryLevel", "0")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("0"));
-    let capped = start(|l| l.max_erl = 0).await;
+    let capped = start(|l| l.offer.max_erl = 0).await;
     let c = Client::normal(&capped, &[("ErrorRecoveryLevel", "2")]).await;
     assert_eq!(key(&c, "ErrorRecoveryLevel"), Some("0"));
 }
 
 #[tokio::test]
 async fn data_and_status_snacks_get_the_same_pdus_again_until_acknowledged() {
-    let server = start(|l| l.max_erl = 1).await;
+    let server = start(|l| l.offer.max_erl = 1).await;
     let mut c = Client::normal(
         &server,
         &[
@@ -191,7 +191,7 @@ async fn without_data_digests_nothing_is_kept_and_a_snack_is_refused() {
 
 #[tokio::test]
 async fn at_level_0_a_snack_is_a_protocol_error() {
-    let server = start(|l| l.max_erl = 1).await;
+    let server = start(|l| l.offer.max_erl = 1).await;
     let mut c = Client::normal(&server, &[("ErrorRecoveryLevel", "0")]).await;
     c.send(snack(1, RESERVED_TAG, 0, 0, 0)).await;
     let Pdu::Reject(rj) = c.recv().await else {
@@ -229,7 +229,7 @@ async fn tmf_response(c: &mut Client) -> u8 {
 /// read's data and status there, and the write asks there for the rest of its data.
 #[tokio::test]
 async fn at_level_2_tasks_of_a_dead_connection_complete_on_another() {
-    let server = start(|l| l.max_erl = 2).await;
+    let server = start(|l| l.offer.max_erl = 2).await;
     let mut a = Client::normal(
         &server,
         &[

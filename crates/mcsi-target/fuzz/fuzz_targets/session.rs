@@ -36,7 +36,9 @@ use mcsi_proto::pdu::{
 use mcsi_proto::serial::Sn;
 use mcsi_proto::vendor;
 use mcsi_scsi::{lun, status, Sense};
-use mcsi_target::config::{AuthSpec, Limits, LunSpec, ServerConfig, ServerLimits, TargetSpec};
+use mcsi_target::config::{
+    AuthSpec, Limits, LunSpec, ServerConfig, ServerLimits, TargetOffer, TargetSpec,
+};
 use mcsi_target::Server;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -69,13 +71,16 @@ static WORLD: OnceLock<World> = OnceLock::new();
 
 fn config() -> ServerConfig {
     let limits = Limits {
-        max_connections: 4,
-        max_recv_data_segment_length: TARGET_MRDSL,
-        first_burst_length: TARGET_FBL,
-        max_burst_length: TARGET_MBL,
-        max_outstanding_r2t: 4,
-        queue_depth: 16,
-        nop_interval: Duration::ZERO,
+        offer: TargetOffer {
+            max_connections: 4,
+            max_recv_data_segment_length: TARGET_MRDSL,
+            first_burst_length: TARGET_FBL,
+            max_burst_length: TARGET_MBL,
+            max_outstanding_r2t: 4,
+            queue_depth: 16,
+            nop_interval: Duration::ZERO,
+            ..TargetOffer::default()
+        },
         // Tight, so that a leaked session or connection shows up as refused logins.
         max_sessions: 8,
         max_target_connections: 16,

@@ -97,26 +97,14 @@ pub fn congestion(name: &str) -> Result<Congestion, mcsi_tcp::CongestionError> {
     Ok(cc)
 }
 
-/// Negotiation limits of one target (what it offers and accepts; RFC 7143 section 13).
+/// Limits of one target: what it offers and accepts at login (RFC 7143 section 13) and the
+/// budgets, timers and policies of its sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    pub max_connections: u16,
-    pub max_recv_data_segment_length: u32,
-    pub max_burst_length: u32,
-    pub first_burst_length: u32,
-    pub max_outstanding_r2t: u16,
-    pub initial_r2t: bool,
-    pub immediate_data: bool,
-    pub queue_depth: u32,
-    /// A connection that received nothing for this long gets a NOP-In ping (RFC 7143 11.19);
-    /// zero turns the keepalive off.
-    pub nop_interval: Duration,
-    /// The ping must be answered (NOP-Out with its Target Transfer Tag) within this time, or
-    /// the connection is dropped.
-    pub nop_timeout: Duration,
-    /// Agree to the asymmetric mode (thesis 4.3.2, `X-org.mcsi.Asymmetric`) when an initiator
-    /// offers it: responses leave on the session's response connections.
-    pub asymmetric: bool,
+    /// What the target offers at login and its protocol timers (negotiation limits, queue
+    /// depth, keepalive, asymmetric mode, highest ErrorRecoveryLevel): the session core's type,
+    /// with its defaults.
+    pub offer: TargetOffer,
     /// Sessions of this target at once; a leading login beyond it is refused with 3/02 (out of
     /// resources).
     pub max_sessions: u32,
@@ -147,11 +135,6 @@ pub struct Limits {
     /// this long ends its connection (at ErrorRecoveryLevel 0, the session); zero turns the
     /// check off.
     pub data_out_timeout: Duration,
-    /// The highest ErrorRecoveryLevel the target agrees to (RFC 7143 7.1; the initiator's offer
-    /// decides below it). At 1 each connection with data digests keeps what it sent until it
-    /// is acknowledged and answers SNACKs; at 2 (offered with DefaultTime2Retain 20 s) a failed
-    /// connection's tasks wait to be reassigned to another (TASK REASSIGN).
-    pub max_erl: u8,
     /// TARGET COLD RESET is honoured (it ends every session of the target, other initiators'
     /// too); otherwise it is answered "function authorization failed" (RFC 7143 11.6.1).
     pub allow_cold_reset: bool,
@@ -164,20 +147,9 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        // The protocol's defaults are the core's, which the simulator starts from too.
-        let offer = TargetOffer::default();
         Limits {
-            max_connections: offer.max_connections,
-            max_recv_data_segment_length: offer.max_recv_data_segment_length,
-            max_burst_length: offer.max_burst_length,
-            first_burst_length: offer.first_burst_length,
-            max_outstanding_r2t: offer.max_outstanding_r2t,
-            initial_r2t: offer.initial_r2t,
-            immediate_data: offer.immediate_data,
-            queue_depth: offer.queue_depth,
-            nop_interval: offer.nop_interval,
-            nop_timeout: offer.nop_timeout,
-            asymmetric: offer.asymmetric,
+            // The protocol's defaults are the core's, which the simulator starts from too.
+            offer: TargetOffer::default(),
             max_sessions: 256,
             max_target_connections: 1024,
             congestion: None,
@@ -194,7 +166,6 @@ impl Default for Limits {
             // Longer than a NOP-In ping's interval and answer together on a healthy link, so
             // that only an initiator that has stopped sending is cut off.
             data_out_timeout: Duration::from_secs(60),
-            max_erl: offer.max_erl,
             // One initiator must not end every other's sessions unless the operator says so.
             allow_cold_reset: false,
             qos: None,
@@ -334,25 +305,7 @@ impl Limits {
     /// What the target offers and accepts in a login (RFC 7143 section 13): see
     /// [`TargetOffer::local_params`].
     pub fn local_params(&self) -> LocalParams {
-        self.offer().local_params()
-    }
-
-    /// The protocol part of these limits, as the core takes it.
-    pub fn offer(&self) -> TargetOffer {
-        TargetOffer {
-            max_connections: self.max_connections,
-            max_recv_data_segment_length: self.max_recv_data_segment_length,
-            max_burst_length: self.max_burst_length,
-            first_burst_length: self.first_burst_length,
-            max_outstanding_r2t: self.max_outstanding_r2t,
-            initial_r2t: self.initial_r2t,
-            immediate_data: self.immediate_data,
-            queue_depth: self.queue_depth,
-            nop_interval: self.nop_interval,
-            nop_timeout: self.nop_timeout,
-            asymmetric: self.asymmetric,
-            max_erl: self.max_erl,
-        }
+        self.offer.local_params()
     }
 }
 
@@ -375,7 +328,7 @@ pub(super) fn limits_from(
         Ok(b as u32)
     };
     let max_connections = match t.max_connections {
-        None => d.max_connections,
+        None => d.offer.max_connections,
         Some(n) if (1..=65535).contains(&n) => n as u16,
         Some(n) => {
             return Err(cerr(
@@ -385,7 +338,7 @@ pub(super) fn limits_from(
         }
     };
     let max_outstanding_r2t = match t.max_outstanding_r2t {
-        None => d.max_outstanding_r2t,
+        None => d.offer.max_outstanding_r2t,
         Some(n) if (1..=65535).contains(&n) => n as u16,
         Some(n) => {
             return Err(cerr(
@@ -411,7 +364,7 @@ pub(super) fn limits_from(
         Some(n) => n,
     };
     let max_erl = match t.max_erl {
-        None => d.max_erl,
+        None => d.offer.max_erl,
         Some(n @ 0..=2) => n as u8,
         Some(n) => {
             return Err(cerr(
@@ -421,7 +374,7 @@ pub(super) fn limits_from(
         }
     };
     let queue_depth = match t.queue_depth {
-        None => d.queue_depth,
+        None => d.offer.queue_depth,
         Some(n) if (1..=65536).contains(&n) => n,
         Some(n) => {
             return Err(cerr(
@@ -431,25 +384,32 @@ pub(super) fn limits_from(
         }
     };
     let l = Limits {
-        max_connections,
-        max_recv_data_segment_length: size(
-            &t.max_recv_data_segment_length,
-            "max_recv_data_segment_length",
-            d.max_recv_data_segment_length,
-        )?,
-        max_burst_length: size(&t.max_burst_length, "max_burst_length", d.max_burst_length)?,
-        first_burst_length: size(
-            &t.first_burst_length,
-            "first_burst_length",
-            d.first_burst_length,
-        )?,
-        max_outstanding_r2t,
-        initial_r2t: t.initial_r2t.unwrap_or(d.initial_r2t),
-        immediate_data: t.immediate_data.unwrap_or(d.immediate_data),
-        queue_depth,
-        nop_interval: duration(&t.nop_interval, &at("nop_interval"), d.nop_interval)?,
-        nop_timeout: duration(&t.nop_timeout, &at("nop_timeout"), d.nop_timeout)?,
-        asymmetric: t.asymmetric.unwrap_or(d.asymmetric),
+        offer: TargetOffer {
+            max_connections,
+            max_recv_data_segment_length: size(
+                &t.max_recv_data_segment_length,
+                "max_recv_data_segment_length",
+                d.offer.max_recv_data_segment_length,
+            )?,
+            max_burst_length: size(
+                &t.max_burst_length,
+                "max_burst_length",
+                d.offer.max_burst_length,
+            )?,
+            first_burst_length: size(
+                &t.first_burst_length,
+                "first_burst_length",
+                d.offer.first_burst_length,
+            )?,
+            max_outstanding_r2t,
+            initial_r2t: t.initial_r2t.unwrap_or(d.offer.initial_r2t),
+            immediate_data: t.immediate_data.unwrap_or(d.offer.immediate_data),
+            queue_depth,
+            nop_interval: duration(&t.nop_interval, &at("nop_interval"), d.offer.nop_interval)?,
+            nop_timeout: duration(&t.nop_timeout, &at("nop_timeout"), d.offer.nop_timeout)?,
+            asymmetric: t.asymmetric.unwrap_or(d.offer.asymmetric),
+            max_erl,
+        },
         max_sessions,
         max_target_connections,
         congestion: match &t.congestion {
@@ -482,7 +442,6 @@ pub(super) fn limits_from(
             &at("data_out_timeout"),
             d.data_out_timeout,
         )?,
-        max_erl,
         allow_cold_reset: t.allow_cold_reset.unwrap_or(d.allow_cold_reset),
         qos: match &t.qos {
             None => d.qos,
@@ -499,25 +458,24 @@ pub(super) fn limits_from(
             }
         },
     };
-    if l.nop_timeout.is_zero() {
+    if l.offer.nop_timeout.is_zero() {
         return Err(cerr(
             at("nop_timeout"),
             "must be above zero (use nop_interval = \"0\" to turn the keepalive off)",
         ));
     }
-    if l.first_burst_length > l.max_burst_length {
+    if l.offer.first_burst_length > l.offer.max_burst_length {
         return Err(cerr(
             at("first_burst_length"),
             format!(
                 "{} exceeds max_burst_length {} (FirstBurstLength <= MaxBurstLength, RFC 7143 13.14)",
-                l.first_burst_length, l.max_burst_length
+                l.offer.first_burst_length, l.offer.max_burst_length
             ),
         ));
     }
     Ok(l)
 }
 
-/// A duration field: "30s", "500ms" (a number needs its unit; "0" alone is zero); at most one day.
 /// The smallest `output_budget`: a few PDUs.
 pub const OUTPUT_BUDGET_MIN: u64 = 64 << 10;
 
@@ -542,6 +500,7 @@ pub fn budget(v: &Option<SizeValue>, field: &str, min: u64, def: u64) -> Result<
     }
 }
 
+/// A duration field: "30s", "500ms" (a number needs its unit; "0" alone is zero); at most one day.
 pub fn duration(v: &Option<String>, field: &str, def: Duration) -> Result<Duration, ConfigError> {
     let Some(v) = v else { return Ok(def) };
     let d = mcsi_units::parse_duration(v, mcsi_units::BareUnit::Refuse)

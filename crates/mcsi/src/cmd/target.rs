@@ -274,10 +274,10 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             t.limits.qos_capacity = capacity;
         }
         if let Some(d) = nop_interval {
-            t.limits.nop_interval = d;
+            t.limits.offer.nop_interval = d;
         }
         if let Some(d) = nop_timeout {
-            t.limits.nop_timeout = d;
+            t.limits.offer.nop_timeout = d;
         }
         if let Some(n) = output_budget {
             t.limits.output_budget = n;
@@ -298,7 +298,7 @@ fn build_config(args: &Args) -> anyhow::Result<ServerConfig> {
             t.advertise = advertise.clone();
         }
         if let Some(n) = args.max_connections {
-            t.limits.max_connections = n;
+            t.limits.offer.max_connections = n;
         }
         if congestion.is_some() {
             t.limits.congestion = congestion;
