@@ -185,7 +185,7 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
     };
     // The unit the request addresses, looked up once: a LUN removed meanwhile is then not
     // mistaken for another by its number.
-    let unit = units.lu(t.lun);
+    let unit = units.dev.lu(t.lun);
     let mut plan = Tmf::plan(&t, unit.is_some());
     if matches!(
         plan,
@@ -204,7 +204,7 @@ async fn tmf(session: &Arc<Session>, conn: &Arc<Conn>, t: TaskMgmtRequest) {
             reset: Reset::Target | Reset::TargetCold,
             ..
         }
-    ) && session.view().is_some()
+    ) && units.view.is_some()
     {
         // An initiator with a LUN map sees only some of the target's units: a reset of the
         // whole target would reach the others' LUNs.
@@ -355,7 +355,7 @@ async fn abort_on_target(
             let theirs = match (by_lun, unit, mine) {
                 (_, _, true) | (false, _, _) => *plan,
                 (true, Some(lu), false) => {
-                    match s.units().as_ref().and_then(|u| u.raw_lun_of(lu)) {
+                    match s.units().as_ref().and_then(|u| u.dev.raw_lun_of(lu)) {
                         Some(lun) => Tmf::AbortOnTarget {
                             lun: Some(lun),
                             reset,

@@ -3,7 +3,7 @@
 //! (on tokio's blocking pool when the LU says so), then Data-In and status.
 
 use crate::datain::{read_expected, response_pdus};
-use crate::session::{Conn, Inline, Session, Started};
+use crate::session::{Bound, Conn, Inline, Session, Started};
 use bytes::Bytes;
 use mcsi_proto::pdu::ScsiCommand;
 use mcsi_scsi::{
@@ -16,10 +16,10 @@ use tracing::{debug, warn, Instrument};
 /// Runs a command whose turn has come with `data_out`, all of its data
 /// ([`crate::session_core::Arrival::Now`], [`crate::session_core::Run::Inline`]), to its end on
 /// the calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
-/// connection it came on.
+/// connection it came on. `units`: what the command was planned against.
 pub fn run_inline(
     session: &Session,
-    dev: &DeviceServer,
+    units: &Bound,
     conn: &Arc<Conn>,
     cmd: &ScsiCommand,
     phase: DataPhase,
@@ -27,6 +27,7 @@ pub fn run_inline(
     claim: Inline,
 ) {
     let started = std::time::Instant::now();
+    let dev = &*units.dev;
     let outcome = refused_overflow(dev, cmd).unwrap_or_else(|| {
         dev.execute(
             cmd.lun,
@@ -40,7 +41,7 @@ pub fn run_inline(
             },
         )
     });
-    account(session, conn, cmd, &outcome, started);
+    account(session, units, conn, cmd, &outcome, started);
     let out = claim.reply.as_ref().unwrap_or(conn);
     for p in response_pdus(
         cmd,
@@ -71,7 +72,7 @@ async fn run(s: Started) {
     let Started {
         session,
         conn,
-        dev,
+        units,
         attr,
         cmd,
         phase,
@@ -81,6 +82,7 @@ async fn run(s: Started) {
         done_tx,
     } = s;
     let itt = cmd.itt;
+    let dev = &units.dev;
     let started = std::time::Instant::now();
     let outcome = async {
         let read_expected = read_expected(&cmd);
@@ -92,7 +94,7 @@ async fn run(s: Started) {
             // peer may set far above it.
             p = session.read_permit(read_expected.min(phase.data_in_len)) => p,
         };
-        let run = execute(&session, &dev, &cmd, attr, data_out, read_expected);
+        let run = execute(&session, dev, &cmd, attr, data_out, read_expected);
         // Only an EXTENDED COPY looks its unit up (the opcode first: this runs for every task).
         let copy = LogicalUnit::is_copy(&cmd.cdb)
             .then(|| dev.lu(cmd.lun))
@@ -128,7 +130,7 @@ async fn run(s: Started) {
         None => (None, None),
     };
     if let Some(o) = &outcome {
-        account(&session, &conn, &cmd, o, started);
+        account(&session, &units, &conn, &cmd, o, started);
     }
     let out = session.finish_task(itt, id, &conn, outcome);
     if out.is_none() {
@@ -152,9 +154,11 @@ fn refused_overflow(dev: &DeviceServer, cmd: &ScsiCommand) -> Option<Outcome> {
         .flatten()
 }
 
-/// Counts a finished command on its LUN and its connection.
+/// Counts a finished command on its LUN (through the map of `units`, what the command ran on)
+/// and its connection.
 fn account(
     session: &Session,
+    units: &Bound,
     conn: &Conn,
     cmd: &ScsiCommand,
     o: &Outcome,
@@ -180,13 +184,9 @@ fn account(
             // A LUN map's number counts for the target's LUN it names; one it does not map,
             // for none.
             let lun = mcsi_scsi::lun::decode(cmd.lun);
-            let lun = if session.mapped.load(std::sync::atomic::Ordering::Acquire) {
-                match &*session.view.load() {
-                    Some(v) => lun.and_then(|n| v.map.load().get(&n).copied()),
-                    None => lun,
-                }
-            } else {
-                lun
+            let lun = match &units.view {
+                Some(v) => lun.and_then(|n| v.map.load().get(&n).copied()),
+                None => lun,
             };
             t.with_lun_metrics(lun, account)
         }

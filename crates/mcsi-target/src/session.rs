@@ -924,7 +924,8 @@ pub struct Started {
     pub session: Arc<Session>,
     /// The connection its command came on.
     pub conn: Arc<Conn>,
-    pub dev: Arc<DeviceServer>,
+    /// The units (and map) its command was planned against.
+    pub units: Arc<Bound>,
     pub attr: TaskAttribute,
     /// Its command (without its data) and the data phase its CDB asks for, as the core keeps
     /// them for its final PDUs.
@@ -1006,8 +1007,25 @@ fn grant(core: &mut Core, itt: u32, id: u64, permits: Permits) {
     }
 }
 
-/// The units a session addresses at one moment ([`Session::units`]).
-pub type Units = arc_swap::Guard<Option<Arc<DeviceServer>>>;
+/// What a session addresses at one moment: its initiator's LUN map, if it has one, and the
+/// units under it (the map's, or the whole target's). One value swapped whole, so that the
+/// units a command runs on and the map its LUN number goes through are always each other's.
+pub struct Bound {
+    pub dev: Arc<DeviceServer>,
+    pub view: Option<Arc<LunView>>,
+}
+
+impl Bound {
+    fn of(t: &Target, view: Option<Arc<LunView>>) -> Bound {
+        Bound {
+            dev: view.as_ref().map_or(&t.dev, |v| &v.dev).clone(),
+            view,
+        }
+    }
+}
+
+/// What a session addresses at one moment ([`Session::units`]); None for discovery.
+pub type Units = arc_swap::Guard<Option<Arc<Bound>>>;
 
 /// An iSCSI session: discovery (no target) or normal.
 pub struct Session {
@@ -1015,15 +1033,10 @@ pub struct Session {
     pub isid: Isid,
     pub initiator_name: String,
     pub target: Option<Arc<Target>>,
-    /// The units this session addresses: its initiator's LUN map's, or the target's
-    /// ([`Session::units`] keeps them as the target's maps are).
-    units: arc_swap::ArcSwapOption<DeviceServer>,
-    /// Its initiator's LUN map, if it has one.
-    pub(crate) view: arc_swap::ArcSwapOption<LunView>,
-    /// Whether `view` holds a map: one relaxed load on the per-command path where most
-    /// sessions have none (an ArcSwap load costs several dozen instructions).
-    pub(crate) mapped: AtomicBool,
-    /// The target's `views_gen` when `units` and `view` were resolved.
+    /// The units this session addresses and the map they come from ([`Session::units`]
+    /// keeps them as the target's maps are).
+    units: arc_swap::ArcSwapOption<Bound>,
+    /// The target's `views_gen` when `units` was resolved.
     views_seen: AtomicU64,
     pub ops: SessionOps,
     pub nexus: Nexus,
@@ -1179,14 +1192,11 @@ impl Session {
         let views_seen = target
             .as_ref()
             .map_or(0, |t| t.views_gen.load(Ordering::Acquire));
-        let view = target.as_ref().and_then(|t| t.view_of(&initiator_name));
         let units = target
             .as_ref()
-            .map(|t| view.as_ref().map_or(&t.dev, |v| &v.dev).clone());
+            .map(|t| Arc::new(Bound::of(t, t.view_of(&initiator_name))));
         Arc::new_cyclic(|me| Session {
             units: arc_swap::ArcSwapOption::new(units),
-            mapped: AtomicBool::new(view.is_some()),
-            view: arc_swap::ArcSwapOption::new(view),
             views_seen: AtomicU64::new(views_seen),
             me: me.clone(),
             window,
@@ -1472,7 +1482,7 @@ impl Session {
             (self.runner)(Started {
                 session: me,
                 conn: r.conn,
-                dev: units.clone(),
+                units: units.clone(),
                 attr: r.attr,
                 cmd,
                 phase,
@@ -1690,7 +1700,7 @@ impl Session {
         let mut core = self.lock();
         let units = self.units();
         let a = match units.as_ref() {
-            Some(u) => core.handle_pdu(conn, p, &**u, TaskIo::default),
+            Some(u) => core.handle_pdu(conn, p, &*u.dev, TaskIo::default),
             None => core.handle_pdu(conn, p, &crate::session_core::NoUnits, TaskIo::default),
         };
         if let Arrival::Taken { .. } = a {
@@ -1712,7 +1722,9 @@ impl Session {
         let mut core = self.lock();
         let units = self.units();
         let a = match units.as_ref() {
-            Some(u) => core.handle_data_digest_error(conn, header, damaged, &**u, TaskIo::default),
+            Some(u) => {
+                core.handle_data_digest_error(conn, header, damaged, &*u.dev, TaskIo::default)
+            }
             None => core.handle_data_digest_error(
                 conn,
                 header,
@@ -1878,34 +1890,25 @@ impl Session {
         self.units.load()
     }
 
-    /// Its initiator's LUN map, if it has one now.
-    pub fn view(&self) -> Option<Arc<LunView>> {
-        let _ = self.units();
-        self.view.load_full()
-    }
-
     #[cold]
     fn rebind(&self, t: &Target, gen: u64) {
-        let view = t.view_of(&self.initiator_name);
-        let same = match (&view, &*self.view.load()) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
+        let next = Bound::of(t, t.view_of(&self.initiator_name));
+        let same = match (&next.view, self.units.load().as_ref().map(|b| &b.view)) {
+            (Some(a), Some(Some(b))) => Arc::ptr_eq(a, b),
+            (None, Some(None) | None) => true,
             _ => false,
         };
-        let units = view.as_ref().map_or(&t.dev, |v| &v.dev).clone();
         if !same {
             let s = mcsi_scsi::Sense::new(
                 mcsi_scsi::sense::key::UNIT_ATTENTION,
                 mcsi_scsi::sense::asc::REPORTED_LUNS_DATA_HAS_CHANGED,
             );
-            for (_, lu) in units.luns().iter() {
+            for (_, lu) in next.dev.luns().iter() {
                 lu.unit_attention_for(std::slice::from_ref(&self.nexus), s);
             }
-            tracing::info!(initiator = %self.initiator_name, tsih = self.tsih, mapped = view.is_some(), "the session now sees the target through its initiator's LUN map as changed");
+            tracing::info!(initiator = %self.initiator_name, tsih = self.tsih, mapped = next.view.is_some(), "the session now sees the target through its initiator's LUN map as changed");
         }
-        self.units.store(Some(units));
-        self.mapped.store(view.is_some(), Ordering::Release);
-        self.view.store(view);
+        self.units.store(Some(Arc::new(next)));
         self.views_seen.store(gen, Ordering::Release);
     }
 
@@ -2120,6 +2123,56 @@ mod tests {
         assert_eq!(tpgs(&unit), 0, "the unit kept the old port groups");
     }
 
+    /// The interleaving of a command and a change of the LUN maps: the reader reads the
+    /// session's units, the map is removed, and the command runs and is counted. Its units and
+    /// the map its LUN number goes through were read as one value: they stay each other's (the
+    /// map's units with the map), and the next read is the whole target without one. With the
+    /// units and the map as two values, the count went through the map read after the change.
+    #[test]
+    fn a_sessions_units_and_lun_map_are_read_as_one() {
+        let cfg = crate::config::ServerConfig::from_toml(
+            r#"
+            listen = ["127.0.0.1:3260"]
+            [[targets]]
+            iqn = "iqn.2026-01.test:t"
+            luns = [{ backend = "ram:1MiB" }, { backend = "ram:1MiB" }]
+            "#,
+        )
+        .unwrap();
+        let luns: Vec<_> = (0..2u16).map(|n| (n, ram_unit())).collect();
+        let t = Target::new(&cfg.targets[0], luns, Vec::new(), &[]);
+        let shared = Arc::new(Shared::new(vec![t.clone()], AuthSpec::default()));
+        let name = "iqn.2026-01.test:host";
+        let map = crate::config::LunMap {
+            initiator: name.into(),
+            luns: [(4, 1)].into_iter().collect(),
+        };
+        assert!(t.set_lun_maps(std::slice::from_ref(&map)));
+        let s = Session::new(
+            shared.clone(),
+            1,
+            Isid([0x80, 0, 0, 0, 0, 1]),
+            name.into(),
+            Some(t.clone()),
+            SessionOps::new(&mcsi_proto::keys::SessionParams::default(), 8),
+            1,
+            |_| {},
+        );
+        shared.insert(s.clone());
+        let read = s.units();
+        assert!(t.set_lun_maps(&[]), "the map goes while the command runs");
+        let b = read.as_ref().unwrap();
+        let numbers: Vec<u16> = b.dev.luns().iter().map(|(n, _)| *n).collect();
+        let view = b.view.as_ref().expect("read with its map");
+        let mapped: Vec<u16> = view.map.load().keys().copied().collect();
+        assert_eq!(numbers, mapped, "the units read are the map's");
+        assert_eq!(numbers, [4]);
+        let now = s.units();
+        let now = now.as_ref().unwrap();
+        assert!(now.view.is_none());
+        assert_eq!(now.dev.luns().len(), 2);
+    }
+
     /// The interleaving of a login and a change of the LUN maps: the session resolves its
     /// units (no map: the whole target) before the map for its initiator is stored, and is
     /// registered after the change. Its next command must see the map, not the whole target.
@@ -2149,7 +2202,7 @@ mod tests {
             |_| {},
         );
         // Resolved at login: the whole target.
-        assert!(s.view.load().is_none());
+        assert!(s.units.load().as_ref().unwrap().view.is_none());
         let map = crate::config::LunMap {
             initiator: name.into(),
             luns: [(4, 1)].into_iter().collect(),
@@ -2161,16 +2214,17 @@ mod tests {
         let numbers: Vec<u16> = units
             .as_ref()
             .unwrap()
+            .dev
             .luns()
             .iter()
             .map(|(n, _)| *n)
             .collect();
         assert_eq!(numbers, [4], "the session kept the whole target");
-        assert!(s.view().is_some());
+        assert!(s.units().as_ref().unwrap().view.is_some());
         // And the map gone, the whole target again.
         assert!(t.set_lun_maps(&[]));
-        assert_eq!(s.units().as_ref().unwrap().luns().len(), 2);
-        assert!(s.view().is_none());
+        assert_eq!(s.units().as_ref().unwrap().dev.luns().len(), 2);
+        assert!(s.units().as_ref().unwrap().view.is_none());
         assert!(!t.set_lun_maps(&[]), "no change reported as one");
     }
 
