@@ -345,7 +345,7 @@ mod snack_type {
 
 /// Encode a LUN number as the 8-byte SAM-5 LUN (4.6, [`mcsi_scsi::lun::encode`]): peripheral
 /// addressing below 256, flat space up to 16383, extended flat space up to 65535. The URL and
-/// [`crate::Session::open_lun`] refuse larger numbers; one would be sent as 65535.
+/// `mcsi_initiator::Session::open_lun` refuse larger numbers; one would be sent as 65535.
 pub fn encode_lun(lun: u64) -> u64 {
     mcsi_scsi::lun::encode(u16::try_from(lun).unwrap_or(u16::MAX))
 }

@@ -2057,6 +2057,31 @@ fn logout_request_pdu(within_secs: u16) -> Pdu {
     })
 }
 
+/// The connection of the core's unit tests that need only a CID (8 KiB Data-In).
+#[cfg(test)]
+mod test_conn {
+    use super::CoreConn;
+    use mcsi_proto::vendor::ConnRole;
+
+    #[derive(Debug, Clone)]
+    pub(super) struct Tc(pub(super) u16);
+
+    impl CoreConn for Tc {
+        fn cid(&self) -> u16 {
+            self.0
+        }
+        fn role(&self) -> ConnRole {
+            ConnRole::Both
+        }
+        fn same(&self, o: &Self) -> bool {
+            self.0 == o.0
+        }
+        fn max_data_in(&self) -> u32 {
+            8192
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1685,17 +1685,16 @@ impl Session {
         self.after_input(core);
     }
 
-    /// `conn` received bytes at `now` ([`SessionCore::heard`]).
+    /// `conn` received bytes at `now` ([`SessionCore::conn_heard`]).
     pub fn heard(&self, conn: &Conn, now: std::time::Instant) {
         self.lock().conn_heard(conn.cid, now);
     }
 
     /// A PDU arrived on `conn` ([`SessionCore::handle_pdu`]): the core takes it, and what it
     /// decided is carried out (tasks started, R2Ts and answers queued); a command to run now on
-    /// this reader is handed back ([`Arrival::Now`]).
+    /// this reader is handed back ([`Arrival::Now`]), with the units the PDU was planned
+    /// against, so that it runs on those (and the session's map is read once per PDU).
     #[inline]
-    /// Returns the units the PDU was planned against, so that a command to run now runs on
-    /// the same ones (and the session's map is looked up once per PDU).
     pub fn handle_pdu(&self, conn: &Arc<Conn>, p: mcsi_proto::pdu::Pdu) -> (Arrival, Units) {
         let mut core = self.lock();
         let units = self.units();

@@ -533,29 +533,11 @@ mod tests {
     use super::*;
     use crate::session::{CoreConn, Run};
     use mcsi_proto::pdu::{DataOut, TaskAttr};
-    use mcsi_proto::vendor::ConnRole;
     use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
-    /// A connection, by its CID.
-    #[derive(Debug, Clone)]
-    struct Tc(u16);
-
-    impl CoreConn for Tc {
-        fn cid(&self) -> u16 {
-            self.0
-        }
-        fn role(&self) -> ConnRole {
-            ConnRole::Both
-        }
-        fn same(&self, o: &Self) -> bool {
-            self.0 == o.0
-        }
-        fn max_data_in(&self) -> u32 {
-            8192
-        }
-    }
+    use crate::session::test_conn::Tc;
 
     /// The connection of a session of one.
     const TC: Tc = Tc(1);

@@ -177,24 +177,7 @@ mod tests {
     use super::*;
     use crate::session::Turn;
 
-    /// A connection of the tests below.
-    #[derive(Debug, Clone)]
-    struct Tc(u16);
-
-    impl CoreConn for Tc {
-        fn cid(&self) -> u16 {
-            self.0
-        }
-        fn role(&self) -> mcsi_proto::vendor::ConnRole {
-            mcsi_proto::vendor::ConnRole::Both
-        }
-        fn same(&self, other: &Self) -> bool {
-            self.0 == other.0
-        }
-        fn max_data_in(&self) -> u32 {
-            8192
-        }
-    }
+    use crate::session::test_conn::Tc;
 
     #[derive(Default)]
     struct Io {
