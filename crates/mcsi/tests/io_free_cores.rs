@@ -104,6 +104,12 @@ fn reachable(lock: &str, root: &str) -> BTreeSet<String> {
     seen
 }
 
+/// The workspace's Cargo.lock.
+fn workspace_lock() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
 #[test]
 fn the_session_cores_do_no_io() {
     for core in CORES {
@@ -131,9 +137,7 @@ fn the_session_cores_do_no_io() {
 
 #[test]
 fn no_async_runtime_in_the_dependency_graphs() {
-    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
-    let lock = std::fs::read_to_string(&lock_path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", lock_path.display()));
+    let lock = workspace_lock();
     for core in CORES {
         let graph = reachable(&lock, core);
         assert!(graph.contains("mcsi-proto"), "graph walk found {graph:?}");
@@ -153,9 +157,7 @@ fn no_async_runtime_in_the_dependency_graphs() {
 /// TCP state types the cores take, reads TCP_INFO with it.)
 #[test]
 fn the_simulator_depends_on_no_async_runtime_and_no_tokio_layer() {
-    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
-    let lock = std::fs::read_to_string(&lock_path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", lock_path.display()));
+    let lock = workspace_lock();
     let graph = reachable(&lock, "mcsi-sim");
     for needed in ["mcsi-target-core", "mcsi-initiator-core", "mcsi-scsi"] {
         assert!(graph.contains(needed), "graph walk found {graph:?}");
