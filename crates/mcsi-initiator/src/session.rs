@@ -273,6 +273,8 @@ struct Inner {
     failovers: u32,
     rejoins: u32,
     next_serial: u64,
+    /// Set by [`Session::remeasure`]: the sampler starts its rate meters afresh.
+    remeasure: bool,
 }
 
 impl Inner {
@@ -533,6 +535,7 @@ async fn connect_as(
             failovers: 0,
             rejoins: 0,
             next_serial: 0,
+            remeasure: false,
         }),
         url: url.clone(),
         send_bucket: options.send_limit.map(|(rate, burst)| {
@@ -1167,6 +1170,9 @@ async fn sample_tcp_info(shared: Arc<Shared>, generation: u64) {
             inner.core.set_tcp(i, t);
         }
         let now = t0.elapsed().as_secs_f64();
+        if std::mem::take(&mut inner.remeasure) {
+            meters.clear();
+        }
         let stats = inner.core.conn_stats();
         meters.resize_with(stats.len(), Default::default);
         for (i, (c, m)) in stats.iter().zip(meters.iter_mut()).enumerate() {
@@ -1499,6 +1505,20 @@ impl Session {
     pub fn expected_completion(&self, bytes: u64) -> Option<Duration> {
         let s = lock(&self.shared).core.expected_completion(bytes)?;
         Duration::try_from_secs_f64(s).ok()
+    }
+
+    /// Forgets the rates the connections were measured at, and measures them afresh from the
+    /// next command on. Until then [`Session::expected_completion`] costs them by what TCP
+    /// reports (congestion window over round-trip time). A volume calls this for a member it
+    /// has given nothing for a while: a rate measured while the member was slow, or carried
+    /// few commands, would otherwise keep it idle for good, since an idle member is not
+    /// measured.
+    pub fn remeasure(&self) {
+        let mut inner = lock(&self.shared);
+        inner.remeasure = true;
+        for i in 0..inner.core.conn_count() {
+            inner.core.set_rate(i, None, None);
+        }
     }
 
     /// The target's latest report of each connection's sending side (`X-org.mcsi.TcpReport`;

@@ -44,7 +44,8 @@ pub enum Layout {
 pub enum MirrorReads {
     /// The member expected to complete it first: each member session's tcp-aware estimate
     /// ([`crate::Session::expected_completion`]: queued bytes at the measured rate plus the
-    /// round-trip time); the least busy while a member has no measurement yet.
+    /// path's smallest round-trip time); the least busy while a member has no measurement yet.
+    /// A member given less than half its even share of reads over a second is measured afresh.
     #[default]
     Soonest,
     /// The member with the fewest of the volume's commands in flight.
@@ -144,6 +145,8 @@ struct Member {
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
+    /// Reads given to it since its volume's `window` began ([`Volume::reader`]).
+    picked: AtomicU64,
     /// Active, failed (a mirror member whose session was lost, or that did not take a change:
     /// no commands go to it, and the regions it missed are marked) or resyncing (back: it takes
     /// writes, and reads only of regions it did not miss, while those are copied to it), with
@@ -433,6 +436,10 @@ struct Inner {
     rejoining: AtomicBool,
     /// Which member serves a mirror's read.
     reads: MirrorReads,
+    /// When the volume opened, and when (microseconds since) the members' `picked` counts
+    /// began: [`MirrorReads::Soonest`] looks at them once a [`REMEASURE_US`].
+    epoch: std::time::Instant,
+    window: AtomicU64,
     /// A mirror's record of what each member missed, kept in a file.
     bitmap: Option<BitmapFile>,
     /// The unit of that record ([`region_bytes`] of the volume's size).
@@ -528,6 +535,7 @@ impl Volume {
                 lun: std::sync::RwLock::new(lun),
                 name,
                 busy: AtomicUsize::new(0),
+                picked: AtomicU64::new(0),
                 changes: AtomicU64::new(0),
                 flushed: AtomicU64::new(0),
                 lost_unflushed: AtomicBool::new(false),
@@ -696,6 +704,8 @@ impl Volume {
                 members,
                 specs,
                 reads: spec.reads,
+                epoch: std::time::Instant::now(),
+                window: AtomicU64::new(0),
                 regions: Regions::default(),
                 rejoining: AtomicBool::new(false),
                 bitmap,
@@ -1602,6 +1612,7 @@ impl Volume {
     fn reader(&self, bytes: u64, span: (u64, u64), besides: Option<usize>) -> Option<usize> {
         let can = |i: usize| Some(i) != besides && self.holds(i, span);
         if self.inner.reads == MirrorReads::Soonest {
+            self.remeasure_neglected();
             let mut best: Option<(usize, std::time::Duration)> = None;
             let mut unmeasured = false;
             for (i, m) in self.inner.members.iter().enumerate() {
@@ -1616,16 +1627,58 @@ impl Volume {
             }
             // A member not measured yet: the least busy, so that it gets measured.
             if let (Some((i, _)), false) = (best, unmeasured) {
+                self.inner.members[i].picked.fetch_add(1, Ordering::Relaxed);
                 return Some(i);
             }
         }
-        self.inner
+        let pick = self
+            .inner
             .members
             .iter()
             .enumerate()
             .filter(|&(i, _)| can(i))
             .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
-            .map(|(i, _)| i)
+            .map(|(i, _)| i);
+        if let Some(i) = pick {
+            self.inner.members[i].picked.fetch_add(1, Ordering::Relaxed);
+        }
+        pick
+    }
+
+    /// Once a [`REMEASURE_US`], has every live member that got less than half its
+    /// even share of the reads measured afresh ([`crate::Session::remeasure`]). A member's rate
+    /// is measured at the load it is given: one that was slow for a moment (a cold cache, a
+    /// busy host) and so was given a read at a time shows the rate of one read at a time,
+    /// which keeps it at one read at a time for good when it is as fast as the others. Costed
+    /// by what TCP reports instead, it takes reads until it is measured at a load like theirs;
+    /// a member that is really slower is measured slow again within a few reads.
+    fn remeasure_neglected(&self) {
+        let now = self.inner.epoch.elapsed().as_micros() as u64;
+        if !overdue(&self.inner.window, now, REMEASURE_US) {
+            return;
+        }
+        let members = &self.inner.members;
+        let counts: Vec<u64> = members
+            .iter()
+            .map(|m| m.picked.swap(0, Ordering::Relaxed))
+            .collect();
+        let live: Vec<usize> = (0..members.len())
+            .filter(|&i| members[i].state() == State::Active)
+            .collect();
+        let total: u64 = live.iter().map(|&i| counts[i]).sum();
+        for &i in &live {
+            if counts[i] * 2 * (live.len() as u64) < total {
+                if let Some(l) = members[i].lun() {
+                    tracing::debug!(
+                        member = i,
+                        reads = counts[i],
+                        of = total,
+                        "volume member given few reads: its rate is measured afresh"
+                    );
+                    l.session().remeasure();
+                }
+            }
+        }
     }
 
     /// Whether member `m` holds every write to regions `span`: a live member does, a member
@@ -1640,6 +1693,20 @@ impl Volume {
         tracing::warn!(member = m, url = name, error = %e, "volume member failed a command");
         e
     }
+}
+
+/// How often [`MirrorReads::Soonest`] looks for members it neglects
+/// ([`Volume::remeasure_neglected`]), in microseconds.
+const REMEASURE_US: u64 = 1_000_000;
+
+/// Whether `last` (microseconds) is at least `idle` before `now`, and if so moves it to `now`:
+/// of the readers that find it overdue at once, exactly one is told so.
+fn overdue(last: &AtomicU64, now: u64, idle: u64) -> bool {
+    let seen = last.load(Ordering::Relaxed);
+    now.saturating_sub(seen) >= idle
+        && last
+            .compare_exchange(seen, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 /// A LUN or a volume: what a tool that moves blocks reads and writes.
@@ -1779,6 +1846,31 @@ mod tests {
             chunk_blocks,
             members,
         }
+    }
+
+    /// Readers that find the volume's members due a look at the same moment: exactly one of
+    /// them looks, and the next look is due a whole interval later.
+    #[test]
+    fn an_overdue_member_is_measured_again_once() {
+        let last = std::sync::Arc::new(AtomicU64::new(0));
+        assert!(!overdue(&last, 999_999, 1_000_000), "not yet a second");
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let told: usize = (0..8)
+            .map(|_| {
+                let (last, start) = (last.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    usize::from(overdue(&last, 1_000_000, 1_000_000))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(told, 1);
+        assert_eq!(last.load(Ordering::Relaxed), 1_000_000);
+        assert!(!overdue(&last, 1_999_999, 1_000_000));
+        assert!(overdue(&last, 2_000_000, 1_000_000));
     }
 
     #[test]

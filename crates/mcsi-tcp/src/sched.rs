@@ -176,6 +176,14 @@ impl TcpAware {
 /// shows at eight, so a volume comparing the measured rates would keep sending to the member
 /// it already loads most, and starve an equal one. The peak is what the member showed it can
 /// carry; a member that gets fewer commands keeps it, and with it its share.
+///
+/// And it adds the connection's smallest round-trip time (the path's own delay), not the
+/// smoothed one. On an iSCSI connection the ACK of a command rides on its answer, so the
+/// smoothed RTT is the target's response time, queue included: the queue is already counted
+/// (queued bytes at the rate), and on a member given nothing lately it is the response time
+/// of whenever it last had work. Measured through two rbd gateways on one host under load,
+/// it ranged from 0.2 to 5.6 ms from second to second, and a member that showed 5.6 ms once
+/// was given nothing after.
 pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
     // A read's path asks this for every member: no copy of the connections.
     let capacity = |c: &ConnLoad| TcpAware::rate_with(c, c.peak.or(c.rate));
@@ -187,7 +195,13 @@ pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
     conns
         .iter()
         .filter(|c| c.usable)
-        .filter_map(|c| TcpAware::cost_at(c, bytes, capacity(c).or(Some(best))))
+        .filter_map(|c| {
+            let rate = capacity(c).or(Some(best))?;
+            let delay = c.tcp.map_or(0.0, |t| {
+                f64::from(t.min_rtt_us.filter(|&m| m > 0).unwrap_or(t.rtt_us)) / 1e6
+            });
+            Some((c.outstanding_bytes + bytes) as f64 / rate + delay)
+        })
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
 }
 
@@ -439,6 +453,30 @@ mod tests {
         // A connection not yet measured is costed at the best known rate.
         let conns = [rated(4_000_000, 1e6), load(true, 0, 0)];
         assert_eq!(expected_completion(&conns, 1_000_000), Some(1.0));
+    }
+
+    /// Two gateways alike (1 MB/s each), one busy with 8 KB queued and a smoothed RTT of
+    /// 1 ms, the other idle with a smoothed RTT of 12 ms left from the last time it had work;
+    /// both paths' own delay (the smallest RTT) is 10 µs. The idle one finishes a 1 KB read
+    /// first: 1 ms + 10 µs against 9 ms + 10 µs, where the smoothed RTTs said 13 ms against
+    /// 10 ms, the other way. Without a smallest RTT the smoothed one is what there is.
+    #[test]
+    fn expected_completion_adds_the_paths_own_delay_not_the_targets_response_time() {
+        let gateway = |queued: u64, srtt_us: u32, min_rtt_us: Option<u32>| ConnLoad {
+            rate: Some(1e6),
+            tcp: Some(crate::TcpState {
+                rtt_us: srtt_us,
+                min_rtt_us,
+                ..Default::default()
+            }),
+            ..load(true, (queued / 1000) as u32, queued)
+        };
+        let eta = |c: ConnLoad| expected_completion(&[c], 1000).unwrap();
+        let busy = eta(gateway(8000, 1000, Some(10)));
+        let idle = eta(gateway(0, 12_000, Some(10)));
+        assert!((busy - 0.009_01).abs() < 1e-9, "{busy}");
+        assert!((idle - 0.001_01).abs() < 1e-9, "{idle}");
+        assert!((eta(gateway(0, 12_000, None)) - 0.013).abs() < 1e-9);
     }
 
     #[test]
