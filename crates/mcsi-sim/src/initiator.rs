@@ -3,7 +3,7 @@
 //! fixed number of commands outstanding, sequential or random, for a run time).
 
 use crate::stream::Stream;
-use crate::target::TARGET_NAME;
+use crate::TARGET_NAME;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use mcsi_initiator_core::core::{Action, Command, ConnStart, DataDir, Event, SessionCore, Timers};

@@ -24,6 +24,9 @@ pub mod target;
 pub mod tcp;
 pub mod timers;
 
+/// The target's name in every simulation.
+pub const TARGET_NAME: &str = "iqn.2026-01.org.mcsi:sim";
+
 use initiator::{Initiator, Workload};
 use mcsi_link::{Link, LinkConfig, Nanos};
 use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};

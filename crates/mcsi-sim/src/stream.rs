@@ -68,6 +68,14 @@ impl Stream {
         self.closed = true;
     }
 
+    /// The driver drops the connection: what waits to be sent is dropped with it, and the
+    /// network closes it.
+    pub fn abort(&mut self) {
+        self.out.clear();
+        self.queued = 0;
+        self.closed = true;
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed
     }

@@ -19,14 +19,13 @@ use mcsi_target_core::control::Tmf;
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::offer::TargetOffer;
 use mcsi_target_core::session::Lus;
-use mcsi_target_core::session::{Arrival, CoreConn, Run, SessionCore, TmfStep};
+use mcsi_target_core::session::{Arrival, Close, CoreConn, Run, SessionCore, TmfStep};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The target's name in every simulation.
-pub const TARGET_NAME: &str = "iqn.2026-01.org.mcsi:sim";
+pub use crate::TARGET_NAME;
 
 /// A connection as a session core knows it.
 #[derive(Debug, Clone)]
@@ -397,25 +396,72 @@ impl Target {
         self.timers.pop_due(now, &mut due);
         for s in due {
             let expired = self.sessions[s].core.handle_timeout(now);
-            if !expired.is_empty() {
-                tracing::debug!(session = s, ?expired, "target timers expired");
+            // A write whose data stopped coming, a ping not answered: the connection is
+            // dropped, as mcsi target's timer does.
+            for e in expired {
+                tracing::debug!(session = s, expired = ?e, "target timer expired; dropping the connection");
+                let cid = e.cid();
+                if let Some(&(_, k)) = self.sessions[s].conns.iter().find(|(c, _)| *c == cid) {
+                    self.conn_ended(k, now, true);
+                }
             }
             self.flush(s, now);
             self.touch(s);
         }
     }
 
-    /// Decodes and handles what connection `i` received.
+    /// Connection `k` ends: dropped by the target (`abort`: what waits to be sent goes with
+    /// it), or closed once its last answer is sent (a logout). The session core is told, as
+    /// mcsi target's `connection_ended` tells it: at ErrorRecoveryLevel 0 a connection that
+    /// failed takes its session with it, and the session's other connections are dropped.
+    fn conn_ended(&mut self, k: usize, now: Instant, abort: bool) {
+        let c = &mut self.conns[k];
+        if abort {
+            c.stream.abort();
+        } else {
+            c.stream.close();
+        }
+        let Phase::Full { session: s, tc } = std::mem::replace(&mut c.phase, Phase::Closed) else {
+            return;
+        };
+        let sess = &mut self.sessions[s];
+        sess.conns.retain(|&(_, i)| i != k);
+        let lost = sess.core.conn_failed(&tc, now, |_| ());
+        if lost.session_ends && !sess.core.is_closing() {
+            tracing::debug!(
+                session = s,
+                clean = lost.clean,
+                "target session ends with its connection"
+            );
+            let (others, _) = sess.core.close(|_| ());
+            for o in others {
+                self.conn_ended(o.index, now, true);
+            }
+        }
+        self.flush(s, now);
+        self.touch(s);
+    }
+
+    /// Decodes and handles what connection `i` received. A PDU the target does not take ends
+    /// the connection (and the session core is told).
     pub fn receive(&mut self, i: usize, now: Instant) -> Result<(), ConnEnded> {
+        let r = self.receive_all(i, now);
+        if r.is_err() {
+            self.conn_ended(i, now, true);
+        }
+        r
+    }
+
+    fn receive_all(&mut self, i: usize, now: Instant) -> Result<(), ConnEnded> {
         loop {
+            if matches!(self.conns[i].phase, Phase::Closed) {
+                return Ok(());
+            }
             let rx = self.conns[i].rx;
             let pdu = match self.conns[i].stream.decode(&rx) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Ok(()),
-                Err(e) => {
-                    self.conns[i].phase = Phase::Closed;
-                    return Err(ConnEnded::Decode { conn: i, source: e });
-                }
+                Err(e) => return Err(ConnEnded::Decode { conn: i, source: e }),
             };
             self.handle(i, pdu, now)?;
         }
@@ -656,9 +702,13 @@ impl Target {
                 self.send(s, &c, p);
                 progress = true;
             }
-            while let Some((c, _)) = self.sessions[s].core.poll_close() {
-                self.conns[c.index].phase = Phase::Closed;
-                self.conns[c.index].stream.close();
+            let mut closes = Vec::new();
+            while let Some(c) = self.sessions[s].core.poll_close() {
+                closes.push(c);
+            }
+            for (c, how) in closes {
+                self.conn_ended(c.index, now, how == Close::Now);
+                progress = true;
             }
             if !progress {
                 return;
@@ -707,5 +757,125 @@ impl Target {
             c.written = true;
             self.written.push(conn.index);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::initiator::{Initiator, Rw, Workload};
+    use mcsi_scsi::{LogicalUnit, LuConfig};
+
+    /// A target with one RAM LU and an initiator of one connection wired to it stream to
+    /// stream (no TCP): `pump` moves bytes both ways until nothing moves, `cut` stops it.
+    struct Bench {
+        target: Target,
+        ini: Initiator,
+        k: usize,
+    }
+
+    impl Bench {
+        fn new(rw: Rw, now: Instant) -> Bench {
+            let backend = mcsi_scsi::backend::open_backend("ram:4MiB").unwrap();
+            let lu = Arc::new(LogicalUnit::new(backend, LuConfig::default()));
+            let dev = Arc::new(DeviceServer::new(vec![(0, lu)]));
+            let offer = TargetOffer::default();
+            let params = offer.local_params();
+            let mut target = Target::new(dev, offer, params, None);
+            let work = Workload {
+                rw,
+                bs: 4096,
+                iodepth: 4,
+                runtime: Duration::from_secs(3600),
+                blocks: 8192,
+            };
+            let mut ini = Initiator::new(0, 1, "round-robin", work, None, 1).unwrap();
+            let k = target.accept(Stream::default());
+            ini.connecting(now);
+            ini.established(0, now);
+            Bench { target, ini, k }
+        }
+
+        /// Moves bytes until the session is up (the initiator then goes on issuing commands
+        /// for as long as bytes move).
+        fn pump(&mut self, now: Instant) {
+            while self.target.sessions.is_empty() {
+                let mut moved = false;
+                let to_target = self.target.stream(self.k);
+                self.ini.stream(0).drain_into(|b| {
+                    to_target.deliver(b);
+                    moved = true;
+                    b.len()
+                });
+                let _ = self.target.receive(self.k, now);
+                let to_ini = self.ini.stream(0);
+                self.target.stream(self.k).drain_into(|b| {
+                    to_ini.deliver(b);
+                    moved = true;
+                    b.len()
+                });
+                self.ini.receive(0, now);
+                if !moved {
+                    return;
+                }
+            }
+        }
+
+        fn session(&self) -> &SessionCore<Tc, Job> {
+            &self.target.sessions[0].core
+        }
+    }
+
+    /// The initiator stops answering (its link is cut) once the session is up: at the NOP-In
+    /// ping's timeout the target drops the connection, as mcsi target does, and at
+    /// ErrorRecoveryLevel 0 the session ends with it.
+    #[test]
+    fn an_unanswered_ping_drops_the_connection_and_ends_the_session() {
+        let t0 = Instant::now();
+        let mut b = Bench::new(Rw::Read, t0);
+        b.pump(t0);
+        assert_eq!(b.target.sessions.len(), 1, "logged in");
+        assert_eq!(b.session().conn_count(), 1);
+        let offer = TargetOffer::default();
+        // The link is cut: the target's timers run alone.
+        let mut now = t0;
+        let end = t0 + offer.nop_interval + offer.nop_timeout + Duration::from_secs(1);
+        while let Some(at) = b.target.poll_timeout().filter(|&at| at <= end) {
+            now = at.max(now);
+            b.target.handle_timeout(now);
+            if b.target.stream(b.k).is_closed() {
+                break;
+            }
+        }
+        assert!(
+            b.target.stream(b.k).is_closed(),
+            "the connection was dropped by {:?}",
+            now - t0
+        );
+        assert!(now - t0 >= offer.nop_interval + offer.nop_timeout);
+        assert_eq!(b.session().conn_count(), 0);
+        assert!(b.session().is_closing(), "the session ended with it");
+        assert_eq!(b.session().task_count(), 0);
+    }
+
+    /// A PDU the target cannot take (a data segment beyond the one negotiated) ends the
+    /// connection and, at
+    /// ErrorRecoveryLevel 0, the session: the core is told, where the simulated target used
+    /// to mark the connection closed and leave the session as it was.
+    #[test]
+    fn a_pdu_the_target_cannot_read_ends_the_connection_and_its_session() {
+        let t0 = Instant::now();
+        let mut b = Bench::new(Rw::Read, t0);
+        b.pump(t0);
+        assert_eq!(b.session().conn_count(), 1);
+        let mut junk = [0u8; 48];
+        junk[0] = 0x40; // an immediate NOP-Out
+        junk[5..8].copy_from_slice(&[0xff; 3]); // of 16 MiB, beyond what was negotiated
+        b.target.stream(b.k).deliver(&junk);
+        let r = b.target.receive(b.k, t0);
+        assert!(matches!(r, Err(ConnEnded::Decode { .. })), "{r:?}");
+        assert!(b.target.stream(b.k).is_closed());
+        assert_eq!(b.session().conn_count(), 0);
+        assert!(b.session().is_closing());
     }
 }
