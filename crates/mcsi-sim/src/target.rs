@@ -19,7 +19,7 @@ use mcsi_target_core::control::Tmf;
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::offer::TargetOffer;
 use mcsi_target_core::session::Lus;
-use mcsi_target_core::session::{Arrival, Close, CoreConn, Run, SessionCore, TmfStep};
+use mcsi_target_core::session::{Arrival, Close, CoreConn, OrderedRun, SessionCore, TmfStep};
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -617,13 +617,13 @@ impl Target {
     }
 
     /// Carries out what came up in CmdSN order.
-    fn runs(&mut self, s: usize, runs: Vec<Run<Tc>>) {
+    fn runs(&mut self, s: usize, runs: Vec<OrderedRun<Tc>>) {
         for r in runs {
             match r {
-                Run::Control(c, Pdu::LogoutRequest(l)) => {
+                OrderedRun::Control(c, Pdu::LogoutRequest(l)) => {
                     let _ = self.sessions[s].core.logout(&c, &l, |_| {});
                 }
-                Run::Control(c, Pdu::TaskMgmtRequest(t)) => {
+                OrderedRun::Control(c, Pdu::TaskMgmtRequest(t)) => {
                     let plan = Tmf::plan(&t, self.dev.lu(t.lun).is_some());
                     let step = self.sessions[s].core.task_management(
                         &c,
@@ -636,10 +636,10 @@ impl Target {
                         self.runs(s, runs);
                     }
                 }
-                Run::Control(_, other) => {
+                OrderedRun::Control(_, other) => {
                     tracing::debug!(opcode = ?other.opcode(), "control request not simulated");
                 }
-                Run::Inline(d, claim) => {
+                OrderedRun::Inline(d, claim) => {
                     let reply = claim.reply.clone().unwrap_or_else(|| d.conn.clone());
                     let data = d.data_out();
                     let o = self.execute(s, &d.cmd, data);
@@ -648,7 +648,7 @@ impl Target {
                         let _ = self.sessions[s].core.release_inline(d.cmd.lun);
                     }
                 }
-                Run::Task(d) => {
+                OrderedRun::Task(d) => {
                     let (more, _) = self.sessions[s].core.start_held(*d, Job);
                     self.runs(s, more);
                 }

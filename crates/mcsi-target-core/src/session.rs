@@ -144,7 +144,7 @@ pub struct Deferred<C> {
     /// The write's transfer state (all of its data came as immediate data).
     pub transfer: Option<crate::transfer::WriteTransfer>,
     /// Its immediate data's room in the server's unsolicited budget, held while it waits.
-    pub room: Option<Share>,
+    pub room: Option<BudgetRoom>,
 }
 
 impl<C> Deferred<C> {
@@ -169,7 +169,7 @@ fn immediate_data_out(
 
 /// A budget the server shares among its sessions (the room for data initiators send unasked):
 /// the core takes from it when a command brings such data and gives back when the data is let
-/// go, through a [`Share`].
+/// go, through a [`BudgetRoom`].
 pub trait SharedBudget: Send + Sync {
     /// Takes room for `bytes` now, if there is.
     fn try_take(&self, bytes: u32) -> bool;
@@ -178,29 +178,29 @@ pub trait SharedBudget: Send + Sync {
 }
 
 /// Room taken from a [`SharedBudget`], given back when dropped.
-pub struct Share {
+pub struct BudgetRoom {
     budget: std::sync::Arc<dyn SharedBudget>,
     bytes: u32,
 }
 
-impl Share {
+impl BudgetRoom {
     /// Room for `bytes` in `budget` now, if there is.
-    pub fn take(budget: &std::sync::Arc<dyn SharedBudget>, bytes: u32) -> Option<Share> {
-        budget.try_take(bytes).then(|| Share {
+    pub fn take(budget: &std::sync::Arc<dyn SharedBudget>, bytes: u32) -> Option<BudgetRoom> {
+        budget.try_take(bytes).then(|| BudgetRoom {
             budget: budget.clone(),
             bytes,
         })
     }
 }
 
-impl Drop for Share {
+impl Drop for BudgetRoom {
     fn drop(&mut self) {
         self.budget.give_back(self.bytes);
     }
 }
 
 /// What [`SessionCore::claim`] decided for a command that needs no task of its own.
-pub enum Turn<C> {
+pub enum ClaimOutcome<C> {
     /// Its turn has come: run it now on this reader.
     Now(Inline<C>),
     /// Commands before it have not arrived yet: hold it ([`SessionCore::hold`]).
@@ -210,7 +210,7 @@ pub enum Turn<C> {
 }
 
 /// Something that came up in CmdSN order, for the caller to carry out outside the session lock.
-pub enum Run<C> {
+pub enum OrderedRun<C> {
     /// A non-SCSI request.
     Control(C, Pdu),
     /// A held command to run now on this reader.
@@ -230,10 +230,10 @@ pub struct Inline<C> {
 }
 
 /// What came up in CmdSN order, with their connections.
-pub type InOrder<C> = Vec<Run<C>>;
+pub type InOrder<C> = Vec<OrderedRun<C>>;
 
 /// What [`SessionCore::hold`] did with a command.
-pub enum Held<C> {
+pub enum HoldOutcome<C> {
     /// Held or run: what came up in CmdSN order meanwhile (possibly the command itself).
     InOrder(InOrder<C>),
     /// Outside the CmdSN window or a duplicate: dropped silently (RFC 7143 4.2.2.1); given
@@ -245,7 +245,7 @@ pub enum Held<C> {
 
 /// Why a new task could not be registered.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Register {
+pub enum RegisterOutcome {
     /// Registered.
     Ok,
     /// Outside the CmdSN window, or a duplicate of a held CmdSN: dropped silently (RFC 7143
@@ -296,7 +296,7 @@ pub struct Task<T> {
     refused: bool,
     /// Its unsolicited data's room in the server's unsolicited budget, until it ends or its
     /// grant puts the whole write under the write budgets.
-    unsolicited: Option<Share>,
+    unsolicited: Option<BudgetRoom>,
     /// What the tokio layer attached to it.
     pub io: T,
 }
@@ -357,11 +357,11 @@ pub struct NewWrite {
     pub refused: bool,
     /// Its unsolicited data's room in the server's unsolicited budget, kept until the task ends
     /// or is granted its write budget.
-    pub room: Option<Share>,
+    pub room: Option<BudgetRoom>,
 }
 
 /// A task whose turn has come with all of its data ([`SessionCore::poll_ready`]).
-pub struct Ready<'a, C, T> {
+pub struct ReadyTask<'a, C, T> {
     pub itt: u32,
     /// The task's session-unique id ([`NewTask::id`]).
     pub id: u64,
@@ -1134,18 +1134,18 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         t: NewTask,
         write: Option<NewWrite>,
         io: T,
-    ) -> (Register, InOrder<C>) {
+    ) -> (RegisterOutcome, InOrder<C>) {
         if self.closing {
-            return (Register::Closing, Vec::new());
+            return (RegisterOutcome::Closing, Vec::new());
         }
         if !t.immediate && !self.window.takes(t.cmd_sn) {
-            return (Register::OutOfWindow, Vec::new());
+            return (RegisterOutcome::OutOfWindow, Vec::new());
         }
         if t.immediate && self.tasks.len() >= self.max_tasks {
             // Immediate commands are not bounded by the CmdSN window: beyond the session's
             // share they are answered TASK SET FULL (SAM-5 5.3), so a peer cannot pile up tasks
             // (and the buffers of their writes) without limit.
-            return (Register::TaskSetFull, Vec::new());
+            return (RegisterOutcome::TaskSetFull, Vec::new());
         }
         if self.tasks.contains_key(&t.itt) {
             // The CmdSN is still consumed so that later commands are not held forever.
@@ -1154,7 +1154,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             } else {
                 self.submit(t.cmd_sn, Ordered::Nothing)
             };
-            return (Register::IttInUse, ctl);
+            return (RegisterOutcome::IttInUse, ctl);
         }
         let refused = write.as_ref().is_some_and(|w| w.refused);
         let (collect, data, unsolicited) = match write {
@@ -1210,7 +1210,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         } else {
             self.submit(t.cmd_sn, Ordered::Task(t.id, t.itt))
         };
-        (Register::Ok, ctl)
+        (RegisterOutcome::Ok, ctl)
     }
 
     /// The next write whose turn has come and that must solicit data, each once: the caller
@@ -1456,14 +1456,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// The next task whose turn has come (CmdSN order and its task set allow it), with what is
     /// attached to it; each task once.
     #[inline]
-    pub fn poll_ready(&mut self) -> Option<Ready<'_, C, T>> {
+    pub fn poll_ready(&mut self) -> Option<ReadyTask<'_, C, T>> {
         if self.ready.is_empty() {
             return None;
         }
         self.next_ready()
     }
 
-    fn next_ready(&mut self) -> Option<Ready<'_, C, T>> {
+    fn next_ready(&mut self) -> Option<ReadyTask<'_, C, T>> {
         let (k, conn) = loop {
             let k = self.ready.pop_front()?;
             let Some(t) = self
@@ -1493,7 +1493,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         };
         let t = self.tasks.get_mut(&k.itt)?;
         t.started = true;
-        Some(Ready {
+        Some(ReadyTask {
             itt: k.itt,
             id: k.id,
             conn,
@@ -1524,7 +1524,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// Decides when a [`Deferred`] command runs, without a task of its own. When it is next in
     /// CmdSN order (or immediate) and no ORDERED task is pending in its LUN's task set (SAM-5
-    /// 8.6), its CmdSN is consumed and the caller runs it now ([`Turn::Now`]) to its end, queues
+    /// 8.6), its CmdSN is consumed and the caller runs it now ([`ClaimOutcome::Now`]) to its end, queues
     /// its final PDUs on [`Inline::reply`] (or its own connection) and, for a tracked claim,
     /// calls [`SessionCore::release_inline`]. A command ahead of ExpCmdSN (another connection
     /// has not delivered the ones before it yet) is given to [`SessionCore::hold`]. Nothing is
@@ -1534,35 +1534,35 @@ impl<C: CoreConn, T> SessionCore<C, T> {
     /// so nothing is tracked. With several, a running command counts in its LUN's task set as a
     /// running SIMPLE task, so that an ORDERED command arriving on another connection waits for
     /// it and task management waits for it to end ([`SessionCore::inline_running`]).
-    pub fn claim(&mut self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> Turn<C> {
+    pub fn claim(&mut self, itt: u32, lun: u64, cmd_sn: u32, immediate: bool) -> ClaimOutcome<C> {
         if self.closing || self.tasks.contains_key(&itt) {
-            return Turn::Task;
+            return ClaimOutcome::Task;
         }
         if self
             .task_sets
             .get(&lun)
             .is_some_and(|ts| !ts.admits_simple())
         {
-            return Turn::Task;
+            return ClaimOutcome::Task;
         }
         if immediate || self.window.take_next(cmd_sn) {
-            return Turn::Now(self.inline_claim(lun));
+            return ClaimOutcome::Now(self.inline_claim(lun));
         }
-        Turn::Wait
+        ClaimOutcome::Wait
     }
 
-    /// Holds a command whose turn has not come ([`Turn::Wait`]) in the window, with a queue
-    /// slot, to run on the reader that fills the gap before it ([`Run::Inline`]).
-    pub fn hold(&mut self, d: Box<Deferred<C>>) -> Held<C> {
+    /// Holds a command whose turn has not come ([`ClaimOutcome::Wait`]) in the window, with a queue
+    /// slot, to run on the reader that fills the gap before it ([`OrderedRun::Inline`]).
+    pub fn hold(&mut self, d: Box<Deferred<C>>) -> HoldOutcome<C> {
         if self.closing || self.tasks.contains_key(&d.cmd.itt) {
-            return Held::NeedsTask(d);
+            return HoldOutcome::NeedsTask(d);
         }
         let cmd_sn = d.cmd.cmd_sn;
         if !self.window.takes(cmd_sn) {
-            return Held::Dropped(d);
+            return HoldOutcome::Dropped(d);
         }
         self.window.task_started();
-        Held::InOrder(self.submit(cmd_sn, Ordered::Command(d)))
+        HoldOutcome::InOrder(self.submit(cmd_sn, Ordered::Command(d)))
     }
 
     /// A tracked inline command ended: lets the LUN's task set go on. Returns true when no
@@ -1849,7 +1849,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                 Ordered::Task(id, itt) => self.admit(Key { id, itt }),
                 // A NOP-Out ping is the core's to echo; the others are the caller's.
                 Ordered::Control(c, Pdu::NopOut(n)) => self.echo(&c, n),
-                Ordered::Control(c, p) => out.push(Run::Control(c, p)),
+                Ordered::Control(c, p) => out.push(OrderedRun::Control(c, p)),
                 Ordered::Command(d) => {
                     // Its queue slot is given back now; it runs right after the lock is let go.
                     self.window.task_done();
@@ -1859,10 +1859,10 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                         .get(&lun)
                         .is_some_and(|ts| !ts.admits_simple())
                     {
-                        out.push(Run::Task(d));
+                        out.push(OrderedRun::Task(d));
                     } else {
                         let claim = self.inline_claim(lun);
-                        out.push(Run::Inline(d, claim));
+                        out.push(OrderedRun::Inline(d, claim));
                     }
                 }
                 Ordered::Nothing => {}
@@ -2156,7 +2156,7 @@ mod tests {
         }
     }
 
-    fn register(core: &mut Core, on: &C, t: NewTask) -> (Register, InOrder<C>) {
+    fn register(core: &mut Core, on: &C, t: NewTask) -> (RegisterOutcome, InOrder<C>) {
         let (reg, runs) = core.register(on, t, None, Io::default());
         assert_eq!(core.poll_grant(), None);
         (reg, runs)
@@ -2243,7 +2243,7 @@ mod tests {
                 })),
                 ..task(itt, itt, Simple)
             };
-            assert_eq!(register(&mut core, &a, t).0, Register::Ok);
+            assert_eq!(register(&mut core, &a, t).0, RegisterOutcome::Ok);
         }
         assert_eq!(ready(&mut core), vec![1, 2]);
         let good = || Some(mcsi_scsi::Outcome::good(Bytes::from(vec![7u8; 16384])));
@@ -2266,7 +2266,7 @@ mod tests {
     fn inline(runs: &InOrder<C>) -> Vec<(u32, bool)> {
         runs.iter()
             .filter_map(|r| match r {
-                Run::Inline(d, i) => Some((d.cmd.itt, i.tracked)),
+                OrderedRun::Inline(d, i) => Some((d.cmd.itt, i.tracked)),
                 _ => None,
             })
             .collect()
@@ -2278,10 +2278,16 @@ mod tests {
         let mut core = core(&[&a, &b]);
         // Connection 2 delivers CmdSN 2, 3 (tasks) and 4 (a command without a task) before
         // connection 1 delivers CmdSN 1: nothing may start.
-        assert_eq!(register(&mut core, &b, task(20, 2, Simple)).0, Register::Ok);
-        assert_eq!(register(&mut core, &b, task(21, 3, Simple)).0, Register::Ok);
-        assert!(matches!(core.claim(40, 0, 4, false), Turn::Wait));
-        let Held::InOrder(runs) = core.hold(Box::new(deferred(&b, 40, 4))) else {
+        assert_eq!(
+            register(&mut core, &b, task(20, 2, Simple)).0,
+            RegisterOutcome::Ok
+        );
+        assert_eq!(
+            register(&mut core, &b, task(21, 3, Simple)).0,
+            RegisterOutcome::Ok
+        );
+        assert!(matches!(core.claim(40, 0, 4, false), ClaimOutcome::Wait));
+        let HoldOutcome::InOrder(runs) = core.hold(Box::new(deferred(&b, 40, 4))) else {
             panic!("the command should be held")
         };
         assert!(runs.is_empty());
@@ -2291,7 +2297,7 @@ mod tests {
         // CmdSN 1 arrives: everything runs, in CmdSN order; the held command on the reader
         // that filled the gap, tracked because another reader could meanwhile deliver more.
         let (reg, runs) = register(&mut core, &a, task(10, 1, Simple));
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
         assert_eq!(ready(&mut core), vec![10, 20, 21]);
         assert_eq!(inline(&runs), vec![(40, true)]);
         assert_eq!(core.held(), 0);
@@ -2311,14 +2317,14 @@ mod tests {
     fn a_command_in_order_on_a_single_connection_runs_at_once_untracked() {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
-        let Turn::Now(i) = core.claim(1, 0, 1, false) else {
+        let ClaimOutcome::Now(i) = core.claim(1, 0, 1, false) else {
             panic!("CmdSN 1 is next")
         };
         assert!(!i.tracked && i.reply.is_none());
         assert_eq!(core.cmd_sns().0, 2);
         // The next CmdSN but one waits; an immediate command does not.
-        assert!(matches!(core.claim(2, 0, 3, false), Turn::Wait));
-        assert!(matches!(core.claim(3, 0, 99, true), Turn::Now(_)));
+        assert!(matches!(core.claim(2, 0, 3, false), ClaimOutcome::Wait));
+        assert!(matches!(core.claim(3, 0, 99, true), ClaimOutcome::Now(_)));
     }
 
     #[test]
@@ -2328,27 +2334,30 @@ mod tests {
         // The window is [1, 8].
         assert_eq!(
             register(&mut core, &a, task(1, 9, Simple)).0,
-            Register::OutOfWindow
+            RegisterOutcome::OutOfWindow
         );
-        assert_eq!(register(&mut core, &a, task(2, 3, Simple)).0, Register::Ok);
+        assert_eq!(
+            register(&mut core, &a, task(2, 3, Simple)).0,
+            RegisterOutcome::Ok
+        );
         assert_eq!(
             register(&mut core, &b, task(3, 3, Simple)).0,
-            Register::OutOfWindow,
+            RegisterOutcome::OutOfWindow,
             "a duplicate of a held CmdSN"
         );
         assert!(matches!(
             core.hold(Box::new(deferred(&b, 4, 3))),
-            Held::Dropped(_)
+            HoldOutcome::Dropped(_)
         ));
         assert!(matches!(
             core.hold(Box::new(deferred(&b, 4, 0))),
-            Held::Dropped(_)
+            HoldOutcome::Dropped(_)
         ));
         assert_eq!(core.task_count(), 1);
         // An immediate command skips the window and still enters its task set.
         let mut imm = task(5, 1000, Simple);
         imm.immediate = true;
-        assert_eq!(register(&mut core, &a, imm).0, Register::Ok);
+        assert_eq!(register(&mut core, &a, imm).0, RegisterOutcome::Ok);
         assert_eq!(ready(&mut core), vec![5]);
         assert_eq!(core.cmd_sns().0, 1);
     }
@@ -2357,16 +2366,22 @@ mod tests {
     fn an_itt_in_use_is_refused_and_its_cmdsn_consumed() {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
-        assert_eq!(register(&mut core, &a, task(7, 1, Simple)).0, Register::Ok);
+        assert_eq!(
+            register(&mut core, &a, task(7, 1, Simple)).0,
+            RegisterOutcome::Ok
+        );
         assert_eq!(
             register(&mut core, &a, task(7, 2, Simple)).0,
-            Register::IttInUse
+            RegisterOutcome::IttInUse
         );
         assert_eq!(core.cmd_sns().0, 3, "CmdSN 2 is used up, so 3 is not held");
-        assert_eq!(register(&mut core, &a, task(8, 3, Simple)).0, Register::Ok);
+        assert_eq!(
+            register(&mut core, &a, task(8, 3, Simple)).0,
+            RegisterOutcome::Ok
+        );
         assert_eq!(ready(&mut core), vec![7, 8]);
         // A command whose ITT is a running task's needs a task of its own (to be refused).
-        assert!(matches!(core.claim(7, 0, 4, false), Turn::Task));
+        assert!(matches!(core.claim(7, 0, 4, false), ClaimOutcome::Task));
     }
 
     #[test]
@@ -2378,19 +2393,19 @@ mod tests {
         register(&mut core, &a, task(3, 3, Simple));
         assert_eq!(ready(&mut core), vec![1]);
         // A SIMPLE command may not run inline past a pending ORDERED one.
-        assert!(matches!(core.claim(4, 0, 4, false), Turn::Task));
+        assert!(matches!(core.claim(4, 0, 4, false), ClaimOutcome::Task));
         finish(&mut core, 1, &a);
         assert_eq!(ready(&mut core), vec![2]);
         finish(&mut core, 2, &b);
         assert_eq!(ready(&mut core), vec![3]);
         // A held command whose turn comes while an ORDERED task is pending becomes a task.
         register(&mut core, &a, task(5, 5, Ord_));
-        let Held::InOrder(runs) = core.hold(Box::new(deferred(&b, 6, 6))) else {
+        let HoldOutcome::InOrder(runs) = core.hold(Box::new(deferred(&b, 6, 6))) else {
             panic!("held")
         };
         assert!(runs.is_empty());
         let (_, runs) = core.submit_ordered(4, Ordered::Nothing);
-        assert!(matches!(runs.as_slice(), [Run::Task(d)] if d.cmd.itt == 6));
+        assert!(matches!(runs.as_slice(), [OrderedRun::Task(d)] if d.cmd.itt == 6));
     }
 
     #[test]
@@ -2400,7 +2415,7 @@ mod tests {
         register(&mut core, &a, task(10, 1, Simple));
         assert_eq!(ready(&mut core), vec![10]);
         // CmdSN 2 is missing; 3 (held command) and 4 (task) wait for it; 5 is another LUN.
-        let Held::InOrder(_) = core.hold(Box::new(deferred(&b, 30, 3))) else {
+        let HoldOutcome::InOrder(_) = core.hold(Box::new(deferred(&b, 30, 3))) else {
             panic!("held")
         };
         register(&mut core, &b, task(31, 4, Simple));
@@ -2445,7 +2460,7 @@ mod tests {
         register(&mut core, &a, task(10, 1, Simple));
         register(&mut core, &b, task(20, 2, Simple));
         assert_eq!(ready(&mut core), vec![10, 20]);
-        let Held::InOrder(_) = core.hold(Box::new(deferred(&a, 11, 4))) else {
+        let HoldOutcome::InOrder(_) = core.hold(Box::new(deferred(&a, 11, 4))) else {
             panic!("held")
         };
         register(&mut core, &b, task(21, 5, Simple));
@@ -2522,7 +2537,7 @@ mod tests {
             .collect();
         assert_eq!(picks, vec![2, 3, 2, 3]);
         // Inline commands take their turn in the same rotation.
-        let Turn::Now(i) = core.claim(9, 0, 5, false) else {
+        let ClaimOutcome::Now(i) = core.claim(9, 0, 5, false) else {
             panic!("in order")
         };
         assert_eq!(i.reply.map(|c| c.cid), Some(2));
@@ -2623,13 +2638,17 @@ mod tests {
                 lun: u64::from(itt) << 48,
                 ..task(itt, 1, Simple)
             };
-            assert_eq!(register(&mut core, &a, t).0, Register::Ok, "task {itt}");
+            assert_eq!(
+                register(&mut core, &a, t).0,
+                RegisterOutcome::Ok,
+                "task {itt}"
+            );
         }
         let t = NewTask {
             immediate: true,
             ..task(99, 1, Simple)
         };
-        assert_eq!(register(&mut core, &a, t).0, Register::TaskSetFull);
+        assert_eq!(register(&mut core, &a, t).0, RegisterOutcome::TaskSetFull);
         // Every task on a LUN of its own, as a peer may choose: one set each while they run,
         // none once they ended.
         assert_eq!(core.task_sets.len(), 16);
@@ -2643,7 +2662,11 @@ mod tests {
             immediate: true,
             ..task(99, 1, Simple)
         };
-        assert_eq!(register(&mut core, &a, t).0, Register::Ok, "room again");
+        assert_eq!(
+            register(&mut core, &a, t).0,
+            RegisterOutcome::Ok,
+            "room again"
+        );
     }
 
     #[test]
@@ -2663,7 +2686,7 @@ mod tests {
         let a = conn(1, ConnRole::Both);
         let mut core = core(&[&a]);
         register(&mut core, &a, task(1, 1, Simple));
-        let Held::InOrder(_) = core.hold(Box::new(deferred(&a, 2, 3))) else {
+        let HoldOutcome::InOrder(_) = core.hold(Box::new(deferred(&a, 2, 3))) else {
             panic!("held")
         };
         let mut told = 0;
@@ -2678,9 +2701,9 @@ mod tests {
         assert!(!core.close(|_| {}).1, "closed once");
         assert_eq!(
             register(&mut core, &a, task(3, 2, Simple)).0,
-            Register::Closing
+            RegisterOutcome::Closing
         );
-        assert!(matches!(core.claim(4, 0, 2, false), Turn::Task));
+        assert!(matches!(core.claim(4, 0, 2, false), ClaimOutcome::Task));
         // It had not been handed out to run: it ended with the close.
         assert!(core.task(1).is_none());
     }
@@ -2789,7 +2812,7 @@ mod tests {
                 Some(write(10_000, b"", params)),
                 Io::default(),
             );
-            assert_eq!(reg, Register::Ok);
+            assert_eq!(reg, RegisterOutcome::Ok);
         }
         // The initiator answers each R2T at once; the time moves to the core's next timeout.
         let mut now = t0;
@@ -2860,7 +2883,7 @@ mod tests {
             Some(write(10_000, b"", wide)),
             Io::default(),
         );
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
         assert!(
             grant_all(&mut core).is_empty(),
             "the R2T waits for the bucket"
@@ -2922,7 +2945,7 @@ mod tests {
             Some(write(40, b"abcd", burst(2))),
             Io::default(),
         );
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
         assert!(core.take_timer_wake(), "the sleeping timer is woken once");
         assert!(!core.take_timer_wake());
         // Drive the timer as a layer above does, to `until`: what timed out, and when.
@@ -2984,7 +3007,7 @@ mod tests {
             Some(write(40, b"abcd", burst(2))),
             Io::default(),
         );
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
         // Its turn came at once: it asks for the whole write's budget, and R2Ts go out once
         // granted.
         let g = core.poll_grant().expect("a grant request");
@@ -3391,21 +3414,21 @@ mod tests {
         fn drain(&mut self, runs: InOrder<C>) {
             for r in runs {
                 match r {
-                    Run::Inline(d, i) => {
+                    OrderedRun::Inline(d, i) => {
                         self.starts(d.cmd.cmd_sn);
                         if i.tracked {
                             self.core.release_inline(d.cmd.lun);
                         }
                     }
-                    Run::Task(d) => {
+                    OrderedRun::Task(d) => {
                         // Its CmdSN is used up: it enters its task set like an immediate task.
                         let mut t = task(d.cmd.itt, d.cmd.cmd_sn, Simple);
                         t.immediate = true;
                         let (reg, more) = self.core.register(&d.conn, t, None, Io::default());
-                        assert_eq!(reg, Register::Ok);
+                        assert_eq!(reg, RegisterOutcome::Ok);
                         assert!(more.is_empty());
                     }
-                    Run::Control(..) => unreachable!("no control requests here"),
+                    OrderedRun::Control(..) => unreachable!("no control requests here"),
                 }
             }
             while let Some(itt) = self.core.poll_ready().map(|r| r.itt) {
@@ -3420,7 +3443,7 @@ mod tests {
             let runs = match self.kind(sn) {
                 Kind::Task(a) => {
                     let (reg, runs) = self.core.register(&c, task(sn, sn, a), None, Io::default());
-                    assert_eq!(reg, Register::Ok);
+                    assert_eq!(reg, RegisterOutcome::Ok);
                     runs
                 }
                 Kind::Nothing => {
@@ -3429,22 +3452,22 @@ mod tests {
                     runs
                 }
                 Kind::Deferred => match self.core.claim(sn, 0, sn, false) {
-                    Turn::Now(i) => {
+                    ClaimOutcome::Now(i) => {
                         self.starts(sn);
                         if i.tracked {
                             self.core.release_inline(0);
                         }
                         Vec::new()
                     }
-                    Turn::Wait => match self.core.hold(Box::new(deferred(&c, sn, sn))) {
-                        Held::InOrder(runs) => runs,
+                    ClaimOutcome::Wait => match self.core.hold(Box::new(deferred(&c, sn, sn))) {
+                        HoldOutcome::InOrder(runs) => runs,
                         _ => panic!("CmdSN {sn} could not be held"),
                     },
-                    Turn::Task => {
+                    ClaimOutcome::Task => {
                         let (reg, runs) =
                             self.core
                                 .register(&c, task(sn, sn, Simple), None, Io::default());
-                        assert_eq!(reg, Register::Ok);
+                        assert_eq!(reg, RegisterOutcome::Ok);
                         runs
                     }
                 },

@@ -38,7 +38,7 @@ use mcsi_scsi::{DataPhase, DeviceServer, LogicalUnit, LuConfig, Nexus, Outcome, 
 use mcsi_target_core::control::{Logout, Tmf};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::session::{
-    Arrival, Close, CoreConn, Expired, Note, Run, SessionCore, TmfStep,
+    Arrival, Close, CoreConn, Expired, Note, OrderedRun, SessionCore, TmfStep,
 };
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::VecDeque;
@@ -411,8 +411,8 @@ impl World {
                 );
                 for r in runs {
                     match r {
-                        Run::Control(_, Pdu::TaskMgmtRequest(t)) => self.task_management(t),
-                        Run::Control(_, Pdu::LogoutRequest(l)) => self.logout(l),
+                        OrderedRun::Control(_, Pdu::TaskMgmtRequest(t)) => self.task_management(t),
+                        OrderedRun::Control(_, Pdu::LogoutRequest(l)) => self.logout(l),
                         _ => panic!("not in this test"),
                     }
                 }

@@ -3,7 +3,7 @@
 //! (`mcsi_target_core::control`); this layer aborts, waits for the aborted tasks to end, resets
 //! devices and sends the answer.
 
-use crate::session::{wait_all, Conn, InOrder, Run, Session, SessionEnd, Target};
+use crate::session::{wait_all, Conn, InOrder, OrderedRun, Session, SessionEnd, Target};
 use mcsi_proto::pdu::{reject_reason, LogoutRequest, Pdu, TaskMgmtRequest};
 use mcsi_target_core::control::tmf_function;
 use mcsi_target_core::control::{tmf_pdu, tmf_response, Logout, Reset, Tmf};
@@ -19,16 +19,16 @@ use tracing::{debug, info, warn, Instrument};
 /// gap may release a whole window of commands held for another connection, and their output
 /// must not land on a queue the initiator is not reading all at once.
 pub fn run_all(session: &Arc<Session>, ready: InOrder) {
-    let mut queue: std::collections::VecDeque<Run> = ready.into();
+    let mut queue: std::collections::VecDeque<OrderedRun> = ready.into();
     while let Some(r) = queue.pop_front() {
-        if let Run::Inline(d, claim) = &r {
+        if let OrderedRun::Inline(d, claim) = &r {
             let out = claim.reply.as_ref().unwrap_or(&d.conn);
             if out.out.full() {
                 queue.push_front(r);
                 let s = session.clone();
                 tokio::spawn(async move {
                     while let Some(r) = queue.pop_front() {
-                        if let Run::Inline(d, claim) = &r {
+                        if let OrderedRun::Inline(d, claim) = &r {
                             let out = claim.reply.as_ref().unwrap_or(&d.conn);
                             out.out.room().await;
                         }
@@ -43,10 +43,14 @@ pub fn run_all(session: &Arc<Session>, ready: InOrder) {
 }
 
 /// Runs one thing that came up in CmdSN order; what it puts in order goes to `queue`.
-fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDeque<Run>) {
+fn run_one(
+    session: &Arc<Session>,
+    r: OrderedRun,
+    queue: &mut std::collections::VecDeque<OrderedRun>,
+) {
     match r {
-        Run::Control(c, p) => run(session, c, p),
-        Run::Inline(d, claim) => {
+        OrderedRun::Control(c, p) => run(session, c, p),
+        OrderedRun::Inline(d, claim) => {
             if let Some(units) = session.units().as_ref() {
                 crate::scsi::run_inline(
                     session,
@@ -59,7 +63,7 @@ fn run_one(session: &Arc<Session>, r: Run, queue: &mut std::collections::VecDequ
                 );
             }
         }
-        Run::Task(d) => {
+        OrderedRun::Task(d) => {
             let (more, note) = session.start_held(d);
             if let Some(note) = note {
                 debug!("{note}");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tracing::{debug, warn, Instrument};
 
 /// Runs a command whose turn has come with `data_out`, all of its data
-/// ([`crate::session_core::Arrival::Now`], [`crate::session_core::Run::Inline`]), to its end on
+/// ([`crate::session_core::Arrival::Now`], [`crate::session_core::OrderedRun::Inline`]), to its end on
 /// the calling reader and queues its final PDUs: on `claim.reply`, or else on `conn`, the
 /// connection it came on. `units`: what the command was planned against.
 pub fn run_inline(

@@ -906,12 +906,12 @@ pub type Deferred = crate::session_core::Deferred<Arc<Conn>>;
 /// What the core did with an arriving command ([`crate::session_core::Arrival`]).
 pub type Arrival = crate::session_core::Arrival<Arc<Conn>>;
 pub use crate::session_core::Note;
-/// Something that came up in CmdSN order ([`crate::session_core::Run`]).
-pub type Run = crate::session_core::Run<Arc<Conn>>;
+/// Something that came up in CmdSN order ([`crate::session_core::OrderedRun`]).
+pub type OrderedRun = crate::session_core::OrderedRun<Arc<Conn>>;
 /// A command claimed to run on a reader ([`crate::session_core::Inline`]).
 pub type Inline = crate::session_core::Inline<Arc<Conn>>;
 /// What came up in CmdSN order, with their connections.
-pub type InOrder = Vec<Run>;
+pub type InOrder = Vec<OrderedRun>;
 pub use crate::session_core::TaskRef;
 
 /// The session core as the tokio layer instantiates it.

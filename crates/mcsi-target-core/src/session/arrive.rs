@@ -6,8 +6,8 @@
 //! [`SessionCore::poll_transmit`].
 
 use super::{
-    immediate_data_out, Answer, CoreConn, Deferred, Held, InOrder, Inline, NewTask, NewWrite,
-    Ordered, Register, SessionCore, Share, Turn,
+    immediate_data_out, Answer, BudgetRoom, ClaimOutcome, CoreConn, Deferred, HoldOutcome, InOrder,
+    Inline, NewTask, NewWrite, Ordered, RegisterOutcome, SessionCore,
 };
 use crate::command::CommandRefused;
 use crate::control::{nop_out, Nop};
@@ -188,7 +188,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                     self.echo(conn, n);
                     taken(Vec::new(), None)
                 }
-                p => taken(vec![super::Run::Control(conn.clone(), p)], None),
+                p => taken(vec![super::OrderedRun::Control(conn.clone(), p)], None),
             },
             Route::Control(p) => {
                 let cmd_sn = p.cmd_sn().unwrap_or(0);
@@ -343,7 +343,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         let mut held = None;
         if plan.inline {
             match self.claim(c.itt, c.lun, c.cmd_sn, c.immediate) {
-                Turn::Now(claim) => {
+                ClaimOutcome::Now(claim) => {
                     let data = immediate_data_out(&c, transfer.as_ref());
                     return Arrival::Now(RunNow {
                         cmd: c,
@@ -352,7 +352,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                         claim,
                     });
                 }
-                Turn::Wait => {
+                ClaimOutcome::Wait => {
                     // Held, it keeps its own CDB (not the reader's buffer around it) and its
                     // immediate data's room in the unsolicited budget.
                     c.cdb = Bytes::copy_from_slice(&c.cdb);
@@ -383,8 +383,8 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                         room,
                     });
                     match self.hold(d) {
-                        Held::InOrder(runs) => return Arrival::Taken { runs, note: None },
-                        Held::Dropped(d) => {
+                        HoldOutcome::InOrder(runs) => return Arrival::Taken { runs, note: None },
+                        HoldOutcome::Dropped(d) => {
                             return Arrival::Taken {
                                 runs: Vec::new(),
                                 note: Some(Note::Dropped {
@@ -393,7 +393,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                             }
                         }
                         // The session changed since the claim: a task of its own after all.
-                        Held::NeedsTask(d) => {
+                        HoldOutcome::NeedsTask(d) => {
                             let d = *d;
                             c = d.cmd;
                             transfer = d.transfer;
@@ -401,14 +401,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
                         }
                     }
                 }
-                Turn::Task => {}
+                ClaimOutcome::Task => {}
             }
         }
         let (runs, note) = self.start_task(conn, c, phase, attr, transfer, false, held, io);
         Arrival::Taken { runs, note }
     }
 
-    /// A held command whose turn came while an ORDERED task is pending ([`super::Run::Task`])
+    /// A held command whose turn came while an ORDERED task is pending ([`super::OrderedRun::Task`])
     /// starts as a task of its own, with `io` attached: its CmdSN is consumed already, it only
     /// enters its task set. Returns what came up in order and what to log.
     pub fn start_held(&mut self, d: Deferred<C>, io: T) -> (InOrder<C>, Option<Note>) {
@@ -436,7 +436,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         attr: TaskAttribute,
         transfer: Option<WriteTransfer>,
         in_order: bool,
-        held: Option<Option<Share>>,
+        held: Option<Option<BudgetRoom>>,
         io: impl FnOnce() -> T,
     ) -> (InOrder<C>, Option<Note>) {
         let unsolicited = transfer.as_ref().map_or(0, |t| t.unsolicited_len());
@@ -477,14 +477,14 @@ impl<C: CoreConn, T> SessionCore<C, T> {
         };
         let (reg, runs) = self.register(conn, task, write, io());
         let note = match reg {
-            Register::Ok => refused.then_some(Note::Refused { unsolicited }),
-            Register::Closing => None,
-            Register::OutOfWindow => Some(Note::Dropped { cmd_sn: cmd.cmd_sn }),
-            Register::TaskSetFull => {
+            RegisterOutcome::Ok => refused.then_some(Note::Refused { unsolicited }),
+            RegisterOutcome::Closing => None,
+            RegisterOutcome::OutOfWindow => Some(Note::Dropped { cmd_sn: cmd.cmd_sn }),
+            RegisterOutcome::TaskSetFull => {
                 self.task_set_full(conn, &cmd, phase);
                 Some(Note::TaskSetFull)
             }
-            Register::IttInUse => {
+            RegisterOutcome::IttInUse => {
                 let reject =
                     Pdu::reject_of(reject_reason::TASK_IN_PROGRESS, &Pdu::ScsiCommand(cmd));
                 self.transmit.push_back((conn.clone(), reject));
@@ -496,9 +496,9 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 
     /// Room for `bytes` of unsolicited data in the server's budget: `Ok(None)` when there is
     /// nothing to count, `Err` when there is no room.
-    fn take_unsolicited(&mut self, bytes: u32) -> Result<Option<Share>, ()> {
+    fn take_unsolicited(&mut self, bytes: u32) -> Result<Option<BudgetRoom>, ()> {
         match &self.unsolicited_budget {
-            Some(b) if bytes > 0 => Share::take(b, bytes).map(Some).ok_or(()),
+            Some(b) if bytes > 0 => BudgetRoom::take(b, bytes).map(Some).ok_or(()),
             _ => Ok(None),
         }
     }
@@ -531,7 +531,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{CoreConn, Run};
+    use crate::session::{CoreConn, OrderedRun};
     use mcsi_proto::pdu::{DataOut, TaskAttr};
     use mcsi_scsi::{DeviceServer, LogicalUnit, LuConfig};
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -641,7 +641,7 @@ mod tests {
         let itts: Vec<u32> = runs
             .iter()
             .map(|r| match r {
-                Run::Inline(d, _) => d.cmd.itt,
+                OrderedRun::Inline(d, _) => d.cmd.itt,
                 _ => panic!("in order, to run inline"),
             })
             .collect();

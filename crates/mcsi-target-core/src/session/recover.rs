@@ -6,7 +6,7 @@
 //! its Data-In from the DataSN the initiator expects, then its status. Tasks nobody reassigns
 //! in time are aborted ([`SessionCore::handle_timeout`]).
 
-use super::{ConnLost, CoreConn, Grant, Key, SessionCore, Share, SharedBudget};
+use super::{BudgetRoom, ConnLost, CoreConn, Grant, Key, SessionCore, SharedBudget};
 use mcsi_proto::codes::tmf_response;
 use mcsi_proto::pdu::Pdu;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ pub(super) struct Retained {
     cid: u16,
     until: Instant,
     pdus: Vec<Pdu>,
-    _room: Option<Share>,
+    _room: Option<BudgetRoom>,
 }
 
 /// What TASK REASSIGN did ([`SessionCore::reassign`]).
@@ -183,7 +183,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
             None => None,
             Some(b) => {
                 let bytes = u32::try_from(pdus_bytes(&pdus)).unwrap_or(u32::MAX);
-                match Share::take(b, bytes) {
+                match BudgetRoom::take(b, bytes) {
                     Some(s) => Some(s),
                     None => {
                         // The task is forgotten: as if aborted with its connection.
@@ -330,7 +330,7 @@ fn pdus_bytes(pdus: &[Pdu]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Answer, ConnRole, NewTask, NewWrite, Register};
+    use super::super::{Answer, ConnRole, NewTask, NewWrite, RegisterOutcome};
     use super::*;
     use crate::transfer::{BurstParams, WriteTransfer};
     use bytes::Bytes;
@@ -415,7 +415,7 @@ mod tests {
             })),
         };
         let (reg, _) = c.register(on, t, None, Io::default());
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
     }
 
     /// A write of `len` bytes asked for by R2Ts, registered on `on`.
@@ -438,7 +438,7 @@ mod tests {
             room: None,
         };
         let (reg, _) = c.register(on, t, Some(w), Io::default());
-        assert_eq!(reg, Register::Ok);
+        assert_eq!(reg, RegisterOutcome::Ok);
     }
 
     /// What the core queued: (CID, PDU).

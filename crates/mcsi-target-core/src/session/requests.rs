@@ -175,7 +175,7 @@ impl<C: CoreConn, T> SessionCore<C, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::Turn;
+    use crate::session::ClaimOutcome;
 
     use crate::session::test_conn::Tc;
 
@@ -197,7 +197,7 @@ mod tests {
             answer: None,
         };
         let (reg, _) = core.register(on, t, None, Io::default());
-        assert_eq!(reg, crate::session::Register::Ok);
+        assert_eq!(reg, crate::session::RegisterOutcome::Ok);
         assert_eq!(core.poll_ready().map(|r| r.itt), Some(itt), "it runs");
     }
 
@@ -326,7 +326,7 @@ mod tests {
         ));
         assert_eq!(answers(&mut core), vec![(101, tmf_response::COMPLETE)]);
         // ABORT TASK SET while a command runs inline: its answer waits for it.
-        let Turn::Now(claim) = core.claim(7, 0, 3, false) else {
+        let ClaimOutcome::Now(claim) = core.claim(7, 0, 3, false) else {
             panic!("runs now")
         };
         assert!(claim.tracked);

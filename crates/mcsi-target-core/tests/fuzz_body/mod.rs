@@ -44,7 +44,7 @@ use mcsi_target_core::control::{tmf_pdu, Reset, Tmf};
 use mcsi_target_core::datain::{read_expected, response_pdus};
 use mcsi_target_core::retain::{LogBounds, SentLog};
 use mcsi_target_core::session::{
-    Arrival, Close, CoreConn, Run, SessionCore, SharedBudget, TmfStep,
+    Arrival, Close, CoreConn, OrderedRun, SessionCore, SharedBudget, TmfStep,
 };
 use mcsi_target_core::transfer::BurstParams;
 use std::collections::{HashMap, VecDeque};
@@ -780,10 +780,10 @@ impl World {
         }
     }
 
-    fn carry_out(&mut self, mut runs: VecDeque<Run<Tc>>) {
+    fn carry_out(&mut self, mut runs: VecDeque<OrderedRun<Tc>>) {
         while let Some(r) = runs.pop_front() {
             match r {
-                Run::Inline(d, claim) => {
+                OrderedRun::Inline(d, claim) => {
                     let data = d.data_out();
                     let o = self.execute(&d.cmd, data, TaskAttribute::Simple);
                     let out = claim.reply.clone().unwrap_or_else(|| d.conn.clone());
@@ -792,21 +792,21 @@ impl World {
                         self.core.release_inline(d.cmd.lun);
                     }
                 }
-                Run::Task(d) => {
+                OrderedRun::Task(d) => {
                     let (more, _) = self.core.start_held(*d, ());
                     runs.extend(more);
                 }
-                Run::Control(c, Pdu::TaskMgmtRequest(t)) => self.tmf(&c, t, &mut runs),
-                Run::Control(c, Pdu::LogoutRequest(l)) => {
+                OrderedRun::Control(c, Pdu::TaskMgmtRequest(t)) => self.tmf(&c, t, &mut runs),
+                OrderedRun::Control(c, Pdu::LogoutRequest(l)) => {
                     // Busy: an immediate logout beyond the answers that may wait; rejected.
                     let _ = self.core.logout(&c, &l, |_| ());
                 }
-                Run::Control(..) => {}
+                OrderedRun::Control(..) => {}
             }
         }
     }
 
-    fn tmf(&mut self, c: &Tc, t: TaskMgmtRequest, runs: &mut VecDeque<Run<Tc>>) {
+    fn tmf(&mut self, c: &Tc, t: TaskMgmtRequest, runs: &mut VecDeque<OrderedRun<Tc>>) {
         let plan = Tmf::plan(&t, dev().lu(t.lun).is_some());
 
         let response = match self
