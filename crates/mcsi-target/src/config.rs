@@ -25,7 +25,7 @@ mod limits;
 mod qos;
 pub use cli::*;
 use error::cerr;
-pub use error::ConfigError;
+pub use error::{ConfigError, ValueError};
 pub use file::*;
 pub use limits::*;
 pub use mcsi_target_core::offer::TargetOffer;
@@ -84,22 +84,23 @@ impl std::fmt::Display for Network {
 
 impl Network {
     /// `ADDR/PREFIX` or a bare address (a single host).
-    pub fn parse(s: &str) -> Result<Network, String> {
+    pub fn parse(s: &str) -> Result<Network, ValueError> {
         let (a, p) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let addr: IpAddr = a.parse().map_err(|_| {
-            format!("'{s}' is not a network (use 10.0.0.0/8, fd00::/8 or an address)")
-        })?;
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| ValueError::NotANetwork { text: s.into() })?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
             None => max,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("'{s}': the prefix length must be 0 to {max}"))?,
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| {
+                ValueError::PrefixLength {
+                    text: s.into(),
+                    max,
+                }
+            })?,
         };
         Ok(Network { addr, prefix })
     }
@@ -458,9 +459,8 @@ impl LunSpec {
 }
 
 /// A NAA identifier as written: 32 hex digits, NAA type 6 (registered extended).
-pub fn parse_naa(s: &str) -> Result<[u8; 16], String> {
-    let bad =
-        || format!("'{s}' is not 32 hex digits beginning with 6 (NAA type 6, registered extended)");
+pub fn parse_naa(s: &str) -> Result<[u8; 16], ValueError> {
+    let bad = || ValueError::NotANaa { text: s.into() };
     if s.len() != 32 || !s.starts_with('6') {
         return Err(bad());
     }
@@ -588,13 +588,15 @@ pub fn numbered(luns: &[LunSpec]) -> Vec<(u16, &LunSpec)> {
 }
 
 /// Refuses a LUN number given twice.
-pub fn check_numbers(luns: &[LunSpec]) -> Result<(), String> {
+pub fn check_numbers(luns: &[LunSpec]) -> Result<(), ValueError> {
     let mut seen = std::collections::BTreeMap::new();
     for (j, (n, _)) in numbered(luns).into_iter().enumerate() {
         if let Some(k) = seen.insert(n, j) {
-            return Err(format!(
-                "LUN {n} is given twice (luns[{k}] and luns[{j}]); give one of them another `lun = N`"
-            ));
+            return Err(ValueError::LunGivenTwice {
+                lun: n,
+                first: k,
+                second: j,
+            });
         }
     }
     Ok(())
@@ -953,7 +955,7 @@ pub fn check_backend_spec(field: &str, spec: &str) -> Result<(), ConfigError> {
 
 /// A physical block size must be a power-of-two multiple of the logical one, at most 2^15 of
 /// them (the exponent READ CAPACITY(16) has room for).
-fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), String> {
+fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), ValueError> {
     let ok = physical >= block_size
         && physical.is_multiple_of(block_size)
         && (physical / block_size).is_power_of_two()
@@ -961,9 +963,10 @@ fn check_physical_block_size(physical: u32, block_size: u32) -> Result<(), Strin
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{physical} is not a power-of-two multiple of the block size {block_size} (use e.g. 4096 on 512-byte blocks)"
-        ))
+        Err(ValueError::PhysicalBlockSize {
+            physical,
+            block_size,
+        })
     }
 }
 

@@ -1,6 +1,6 @@
 //! The command line's parsers: `--listen` portals, `--lun` specs and service times.
 
-use super::error::{cerr, ConfigError};
+use super::error::{cerr, ConfigError, ValueError};
 use super::{check_backend_spec, check_physical_block_size, parse_naa, LunBackend, LunSpec};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,7 +18,7 @@ pub fn parse_portals(field: &str, list: &[String]) -> Result<Vec<SocketAddr>, Co
 }
 
 /// `ADDR:PORT`, `[V6]:PORT`, or an address alone (port 3260, the iSCSI well-known port).
-pub fn parse_portal(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_portal(s: &str) -> Result<SocketAddr, ValueError> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
@@ -28,9 +28,7 @@ pub fn parse_portal(s: &str) -> Result<SocketAddr, String> {
     {
         return Ok(SocketAddr::new(ip, 3260));
     }
-    Err(format!(
-        "'{s}' is not an address (use IP:PORT such as 127.0.0.1:3260 or [::1]:3260)"
-    ))
+    Err(ValueError::NotAPortal { text: s.into() })
 }
 
 /// A LUN's `service_time`: a duration of at most 10 s, with its unit.

@@ -2,7 +2,7 @@
 //! response policy) and server-wide ones, with their defaults and checks. The protocol's
 //! defaults are the session core's ([`TargetOffer`]).
 
-use super::error::{cerr, ConfigError};
+use super::error::{cerr, ConfigError, ValueError};
 use super::file::{FileLimits, FileTarget, SizeValue};
 use super::qos::{target_qos, QosSpec};
 use mcsi_proto::keys::LocalParams;
@@ -32,8 +32,8 @@ impl ResponsePolicy {
     pub const MAX_WEIGHTS: usize = 16;
 
     /// A policy name as `--policy` takes it (`weighted:3,1` with its weights).
-    pub fn parse(name: &str) -> Result<ResponsePolicy, String> {
-        let p = mcsi_tcp::sched::policy(name).map_err(|e| e.to_string())?;
+    pub fn parse(name: &str) -> Result<ResponsePolicy, ValueError> {
+        let p = mcsi_tcp::sched::policy(name)?;
         Ok(match p.name() {
             "round-robin" => ResponsePolicy::RoundRobin,
             "least-outstanding" => ResponsePolicy::LeastOutstanding,
@@ -46,10 +46,10 @@ impl ResponsePolicy {
                     .filter_map(|w| w.trim().parse().ok())
                     .collect();
                 if ws.len() > Self::MAX_WEIGHTS {
-                    return Err(format!(
-                        "policy {name:?}: at most {} weights (one per response connection)",
-                        Self::MAX_WEIGHTS
-                    ));
+                    return Err(ValueError::TooManyWeights {
+                        name: name.into(),
+                        max: Self::MAX_WEIGHTS,
+                    });
                 }
                 let mut weights = [1u16; Self::MAX_WEIGHTS];
                 weights[..ws.len()].copy_from_slice(&ws);
