@@ -51,7 +51,7 @@ impl Eq for QosSpec {}
 impl QosSpec {
     /// The rates for a session whose leading connection sends segments of `mss` bytes, and
     /// whose FirstBurstLength is `first_burst`.
-    pub fn plan(&self, mss: u32, first_burst: u32) -> Result<QosPlan, String> {
+    pub fn plan(&self, mss: u32, first_burst: u32) -> Result<QosPlan, mcsi_model::ModelError> {
         let frame = u64::from(mss) + mcsi_target_core::qos::FRAME_HEADERS;
         let default_burst = |rate: u64| (rate / 100).max(64 << 10);
         match *self {
@@ -76,7 +76,7 @@ impl QosSpec {
                     first_burst_bytes: u64::from(first_burst),
                     ..mcsi_model::qos::Framing::default()
                 };
-                let rep = mcsi_model::qos::bandwidth(&q, &framing).map_err(|e| e.to_string())?;
+                let rep = mcsi_model::qos::bandwidth(&q, &framing)?;
                 let p = rep.per_request;
                 // A burst of the largest request each way, of the kinds that occur: what the
                 // response-time floor (eq. 7-8) moves at once, and no more.
