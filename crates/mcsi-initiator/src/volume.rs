@@ -145,7 +145,8 @@ struct Member {
     name: String,
     /// Commands in flight on it, for reads of a mirror.
     busy: AtomicUsize,
-    /// Reads given to it since its volume's `window` began ([`Volume::reader`]).
+    /// Reads sent to it since its volume's `window` began (counted where a read goes out, not
+    /// in [`Volume::reader`], which a failover also asks whether another member is left).
     picked: AtomicU64,
     /// Active, failed (a mirror member whose session was lost, or that did not take a change:
     /// no commands go to it, and the regions it missed are marked) or resyncing (back: it takes
@@ -798,6 +799,7 @@ impl Volume {
                 let Some(m) = self.reader(u64::from(blocks) * bs, span, None) else {
                     return Err(Error::Closed);
                 };
+                self.inner.members[m].picked.fetch_add(1, Ordering::Relaxed);
                 match self
                     .on_member(m, |l| async move { l.read(lba, blocks).await })
                     .await
@@ -1627,22 +1629,16 @@ impl Volume {
             }
             // A member not measured yet: the least busy, so that it gets measured.
             if let (Some((i, _)), false) = (best, unmeasured) {
-                self.inner.members[i].picked.fetch_add(1, Ordering::Relaxed);
                 return Some(i);
             }
         }
-        let pick = self
-            .inner
+        self.inner
             .members
             .iter()
             .enumerate()
             .filter(|&(i, _)| can(i))
             .min_by_key(|(_, m)| m.busy.load(Ordering::Relaxed))
-            .map(|(i, _)| i);
-        if let Some(i) = pick {
-            self.inner.members[i].picked.fetch_add(1, Ordering::Relaxed);
-        }
-        pick
+            .map(|(i, _)| i)
     }
 
     /// Once a [`REMEASURE_US`], has every live member that got less than half its

@@ -154,14 +154,14 @@ impl TcpAware {
     /// Seconds until `c` would complete `bytes` more: what it has queued plus these at its rate
     /// (or `fallback`), plus its round-trip time. None when no rate is known.
     fn cost(c: &ConnLoad, bytes: u64, fallback: Option<f64>) -> Option<f64> {
-        Self::cost_at(c, bytes, Self::rate_of(c).or(fallback))
+        let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
+        Self::cost_at(c, bytes, Self::rate_of(c).or(fallback), rtt)
     }
 
-    /// Seconds until `c` would complete `bytes` more at `rate`.
-    fn cost_at(c: &ConnLoad, bytes: u64, rate: Option<f64>) -> Option<f64> {
-        let rate = rate?;
-        let rtt = c.tcp.map_or(0.0, |t| f64::from(t.rtt_us) / 1e6);
-        Some((c.outstanding_bytes + bytes) as f64 / rate + rtt)
+    /// Seconds until `c` would complete `bytes` more at `rate`, `delay` (a round-trip time)
+    /// included.
+    fn cost_at(c: &ConnLoad, bytes: u64, rate: Option<f64>, delay: f64) -> Option<f64> {
+        Some((c.outstanding_bytes + bytes) as f64 / rate? + delay)
     }
 }
 
@@ -196,11 +196,10 @@ pub fn expected_completion(conns: &[ConnLoad], bytes: u64) -> Option<f64> {
         .iter()
         .filter(|c| c.usable)
         .filter_map(|c| {
-            let rate = capacity(c).or(Some(best))?;
             let delay = c.tcp.map_or(0.0, |t| {
                 f64::from(t.min_rtt_us.filter(|&m| m > 0).unwrap_or(t.rtt_us)) / 1e6
             });
-            Some((c.outstanding_bytes + bytes) as f64 / rate + delay)
+            TcpAware::cost_at(c, bytes, capacity(c).or(Some(best)), delay)
         })
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
 }
