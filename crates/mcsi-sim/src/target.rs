@@ -443,11 +443,15 @@ impl Target {
     }
 
     /// Decodes and handles what connection `i` received. A PDU the target does not take ends
-    /// the connection (and the session core is told).
+    /// the connection (and the session core is told); a refused login's answer is sent first.
     pub fn receive(&mut self, i: usize, now: Instant) -> Result<(), ConnEnded> {
         let r = self.receive_all(i, now);
-        if r.is_err() {
-            self.conn_ended(i, now, true);
+        if let Err(e) = &r {
+            let answered = matches!(
+                e,
+                ConnEnded::LoginRefused { .. } | ConnEnded::CidRefused { .. }
+            );
+            self.conn_ended(i, now, !answered);
         }
         r
     }
@@ -767,7 +771,7 @@ mod tests {
     use mcsi_scsi::{LogicalUnit, LuConfig};
 
     /// A target with one RAM LU and an initiator of one connection wired to it stream to
-    /// stream (no TCP): `pump` moves bytes both ways until nothing moves, `cut` stops it.
+    /// stream (no TCP): `pump` moves bytes both ways until the session is up.
     struct Bench {
         target: Target,
         ini: Initiator,
@@ -859,9 +863,8 @@ mod tests {
     }
 
     /// A PDU the target cannot take (a data segment beyond the one negotiated) ends the
-    /// connection and, at
-    /// ErrorRecoveryLevel 0, the session: the core is told, where the simulated target used
-    /// to mark the connection closed and leave the session as it was.
+    /// connection and, at ErrorRecoveryLevel 0, the session: the core is told, where the
+    /// simulated target used to mark the connection closed and leave the session as it was.
     #[test]
     fn a_pdu_the_target_cannot_read_ends_the_connection_and_its_session() {
         let t0 = Instant::now();
@@ -877,5 +880,56 @@ mod tests {
         assert!(b.target.stream(b.k).is_closed());
         assert_eq!(b.session().conn_count(), 0);
         assert!(b.session().is_closing());
+    }
+
+    /// A login to a target that is not there is refused with an answer that says so, and
+    /// then the connection closes: the answer is sent, not dropped with the connection.
+    #[test]
+    fn a_refused_login_is_answered_before_the_connection_closes() {
+        use mcsi_initiator_core::negotiate::{Login, LoginConfig, Offers, SessionKind};
+        let t0 = Instant::now();
+        let mut b = Bench::new(Rw::Read, t0);
+        let cfg = LoginConfig {
+            initiator_name: "iqn.2026-01.org.mcsi:lost".into(),
+            target_name: Some("iqn.2026-01.org.mcsi:nobody".into()),
+            kind: SessionKind::Normal,
+            isid: Isid([0x80, 0, 0, 0, 9, 1]),
+            tsih: 0,
+            cid: 0,
+            itt: 0,
+            cmd_sn: 1,
+            offers: Offers::default(),
+            chap: None,
+            chap_algorithms: Vec::new(),
+            role: ConnRole::Both,
+            random: |b: &mut [u8]| b.fill(0x5a),
+        };
+        let req = Login::new(&cfg)
+            .unwrap()
+            .start_at(t0, Duration::from_secs(15));
+        let mut wire = Stream::default();
+        wire.send(&Pdu::LoginRequest(req), &Framing::default());
+        let to_target = b.target.stream(b.k);
+        wire.drain_into(|x| {
+            to_target.deliver(x);
+            x.len()
+        });
+        let r = b.target.receive(b.k, t0);
+        assert!(matches!(r, Err(ConnEnded::LoginRefused { .. })), "{r:?}");
+        let out = b.target.stream(b.k);
+        assert!(out.is_closed());
+        let mut answer = Stream::default();
+        out.drain_into(|x| {
+            answer.deliver(x);
+            x.len()
+        });
+        let Ok(Some(Pdu::LoginResponse(resp))) = answer.decode(&Framing::default()) else {
+            panic!("no Login Response was sent");
+        };
+        assert_eq!(
+            (resp.status_class, resp.status_detail),
+            mcsi_proto::login::status::NOT_FOUND
+        );
+        assert!(b.target.sessions.is_empty());
     }
 }
