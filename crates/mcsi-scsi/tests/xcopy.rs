@@ -549,8 +549,16 @@ fn a_reset_or_an_abort_ends_a_copy_within_one_chunk() {
         let t0 = std::time::Instant::now();
         let o = std::thread::scope(|s| {
             let h = s.spawn(|| run_as(&ds, &n, 0, &xcopy_cdb(&p), &p));
-            std::thread::sleep(std::time::Duration::from_millis(60));
+            // Stopped once it runs (not after a guess at when its thread starts): the stop
+            // then lands in its first chunks, long before the last.
             let lu = ds.lu(lun::encode(0)).unwrap();
+            while !lu.copy_running() {
+                assert!(
+                    !h.is_finished(),
+                    "{how}: the copy ended before it was seen running"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             if how == "LU reset" {
                 lu.reset();
             } else {

@@ -539,6 +539,14 @@ impl LogicalUnit {
         }
     }
 
+    /// Whether this unit runs a copy now (its copy manager's one place is taken).
+    pub fn copy_running(&self) -> bool {
+        self.copy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// Whether `cdb` is an EXTENDED COPY (it runs until done unless stopped:
     /// [`LogicalUnit::stop_copy`]).
     pub fn is_copy(cdb: &[u8]) -> bool {
