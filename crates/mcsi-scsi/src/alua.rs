@@ -6,8 +6,11 @@
 //!
 //! mcsi reports the states and changes them when the configuration says so (implicit ALUA,
 //! TPGS 01b): a group's state is what the administrator or a cluster manager sets, in every
-//! gateway alike. SET TARGET PORT GROUPS (explicit ALUA) is not supported: a gateway could
-//! change only its own copy of the states.
+//! gateway alike. Where the stored data keeps a record every gateway reads (an RBD image:
+//! [`crate::Backend::shared_port_groups`]), the states live there ([`Stored`]): a change made
+//! through one gateway reaches all, and initiators may change them too with SET TARGET PORT
+//! GROUPS (explicit ALUA, TPGS 11b). Elsewhere a gateway could change only its own copy of the
+//! states, so SET TARGET PORT GROUPS is refused.
 
 use std::fmt;
 
@@ -52,6 +55,111 @@ impl AccessState {
             AccessState::Standby => 0x2,
             AccessState::Unavailable => 0x3,
         }
+    }
+
+    /// The state an ASYMMETRIC ACCESS STATE code names, among those mcsi supports (not
+    /// transitioning, offline or logical block dependent).
+    pub fn from_code(code: u8) -> Option<AccessState> {
+        [
+            AccessState::ActiveOptimized,
+            AccessState::ActiveNonOptimized,
+            AccessState::Standby,
+            AccessState::Unavailable,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
+    }
+}
+
+/// Who last changed a group's state: REPORT TARGET PORT GROUPS's STATUS CODE (SPC-4 table 301).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangedBy {
+    /// SET TARGET PORT GROUPS (01h).
+    Explicit,
+    /// The target itself: its configuration, an administrator (02h).
+    Implicit,
+}
+
+impl ChangedBy {
+    fn code(self) -> u8 {
+        match self {
+            ChangedBy::Explicit => 0x01,
+            ChangedBy::Implicit => 0x02,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            ChangedBy::Explicit => "explicit",
+            ChangedBy::Implicit => "implicit",
+        }
+    }
+}
+
+/// The states stored with the data for every gateway to read: one line per group whose state
+/// was changed since the record began, `<group id> <state> <explicit|implicit>`, after a
+/// first line naming the format. Groups the record does not name keep their configured state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub states: std::collections::BTreeMap<u16, (AccessState, ChangedBy)>,
+}
+
+const STORED_HEADER: &str = "mcsi port group states 1";
+
+impl Stored {
+    /// Reads a record; empty bytes are an empty record (nothing changed yet). A record longer
+    /// than [`MAX_GROUPS`] lines, or one this version cannot read, is an error: the gateway
+    /// then keeps serving what it had.
+    pub fn parse(bytes: &[u8]) -> Result<Stored, AluaError> {
+        let mut out = Stored::default();
+        if bytes.is_empty() {
+            return Ok(out);
+        }
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| AluaError("the stored port group states are not UTF-8".into()))?;
+        let mut lines = text.lines();
+        if lines.next() != Some(STORED_HEADER) {
+            return Err(AluaError(format!(
+                "the stored port group states do not begin with {STORED_HEADER:?}"
+            )));
+        }
+        for (i, line) in lines.enumerate() {
+            if i >= MAX_GROUPS {
+                return Err(AluaError(format!(
+                    "the stored port group states name more than {MAX_GROUPS} groups"
+                )));
+            }
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let parsed = match f[..] {
+                [id, state, by] => {
+                    id.parse::<u16>()
+                        .ok()
+                        .zip(AccessState::parse(state))
+                        .zip(match by {
+                            "explicit" => Some(ChangedBy::Explicit),
+                            "implicit" => Some(ChangedBy::Implicit),
+                            _ => None,
+                        })
+                }
+                _ => None,
+            };
+            let Some(((id, state), by)) = parsed else {
+                return Err(AluaError(format!(
+                    "stored port group states, line {}: {line:?} is not `<group> <state> <explicit|implicit>`",
+                    i + 2
+                )));
+            };
+            out.states.insert(id, (state, by));
+        }
+        Ok(out)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut s = String::from(STORED_HEADER);
+        s.push('\n');
+        for (id, (state, by)) in &self.states {
+            s.push_str(&format!("{id} {} {}\n", state.name(), by.name()));
+        }
+        s.into_bytes()
     }
 }
 
@@ -160,10 +268,28 @@ impl Alua {
             .map_or(AccessState::ActiveOptimized, |g| g.state)
     }
 
+    /// The group with identifier `id`.
+    pub fn group(&self, id: u16) -> Option<&PortGroup> {
+        self.groups.iter().find(|g| g.id == id)
+    }
+
+    /// These groups with the states `stored` gives them (groups it does not name keep theirs;
+    /// groups only it names are not these groups, and are left out).
+    pub fn with_stored(&self, stored: &Stored) -> Alua {
+        let mut next = self.clone();
+        for g in &mut next.groups {
+            if let Some((state, _)) = stored.states.get(&g.id) {
+                g.state = *state;
+            }
+        }
+        next
+    }
+
     /// REPORT TARGET PORT GROUPS parameter data (SPC-4 6.37), in the length-only format or the
     /// extended one (IMPLICIT TRANSITION TIME 0: a change takes effect at once). `changed` are
-    /// the groups whose state the configuration changed, reported with STATUS CODE 02h.
-    pub fn report(&self, extended: bool, changed: &[u16]) -> Vec<u8> {
+    /// the groups whose state was changed since the unit began, with who changed it (STATUS
+    /// CODE 01h by SET TARGET PORT GROUPS, 02h by the target).
+    pub fn report(&self, extended: bool, changed: &[(u16, ChangedBy)]) -> Vec<u8> {
         let mut d = vec![0u8; if extended { 8 } else { 4 }];
         if extended {
             d[4] = 0x10; // FORMAT TYPE 001b
@@ -174,7 +300,10 @@ impl Alua {
             // Supported: active/optimized, active/non-optimized, standby, unavailable.
             h[1] = 0x0F;
             h[2..4].copy_from_slice(&g.id.to_be_bytes());
-            h[5] = if changed.contains(&g.id) { 0x02 } else { 0x00 };
+            h[5] = changed
+                .iter()
+                .find(|(id, _)| *id == g.id)
+                .map_or(0x00, |(_, by)| by.code());
             h[7] = g.ports.len() as u8;
             d.extend_from_slice(&h);
             for p in &g.ports {
@@ -293,7 +422,7 @@ mod tests {
             group(7, ActiveNonOptimized, &[2, 0x0102]),
         ])
         .unwrap();
-        let d = a.report(false, &[7]);
+        let d = a.report(false, &[(7, ChangedBy::Implicit)]);
         assert_eq!(
             u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize,
             d.len() - 4
@@ -301,6 +430,8 @@ mod tests {
         assert_eq!(&d[4..12], &[0x80, 0x0F, 0, 1, 0, 0, 0, 1]);
         assert_eq!(&d[12..16], &[0, 0, 0, 1]);
         assert_eq!(&d[16..24], &[0x01, 0x0F, 0, 7, 0, 0x02, 0, 2]);
+        let x = a.report(false, &[(1, ChangedBy::Explicit)]);
+        assert_eq!(&x[4..12], &[0x80, 0x0F, 0, 1, 0, 0x01, 0, 1]);
         assert_eq!(&d[24..32], &[0, 0, 0, 2, 0, 0, 1, 2]);
         assert_eq!(d.len(), 32);
         let e = a.report(true, &[]);
@@ -325,6 +456,45 @@ mod tests {
         }
         assert!(allowed(Standby, 0x5F, 0) && !allowed(Unavailable, 0x5F, 0));
         assert!(allowed(Standby, 0x1A, 0) && !allowed(Unavailable, 0x1A, 0));
+    }
+
+    #[test]
+    fn stored_states_read_back_and_override_the_configured_ones() {
+        use AccessState::*;
+        let mut st = Stored::default();
+        assert_eq!(Stored::parse(b"").unwrap(), st);
+        st.states.insert(2, (ActiveOptimized, ChangedBy::Explicit));
+        st.states.insert(1, (Unavailable, ChangedBy::Implicit));
+        let bytes = st.to_bytes();
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            "mcsi port group states 1\n1 unavailable implicit\n2 active/optimized explicit\n"
+        );
+        assert_eq!(Stored::parse(&bytes).unwrap(), st);
+        let a = Alua::new(vec![
+            group(1, ActiveOptimized, &[1]),
+            group(2, Standby, &[2]),
+            group(3, Standby, &[3]),
+        ])
+        .unwrap();
+        let b = a.with_stored(&st);
+        assert_eq!(
+            (b.state_of(1), b.state_of(2), b.state_of(3)),
+            (Unavailable, ActiveOptimized, Standby)
+        );
+        for bad in [
+            &b"1 standby explicit\n"[..],
+            b"mcsi port group states 1\n1 sleepy explicit\n",
+            b"mcsi port group states 1\n1 standby\n",
+            b"mcsi port group states 1\nx standby explicit\n",
+            b"\xff",
+        ] {
+            assert!(Stored::parse(bad).is_err(), "{bad:?}");
+        }
+        let many: String = std::iter::once("mcsi port group states 1\n".to_string())
+            .chain((1..=MAX_GROUPS + 1).map(|i| format!("{i} standby implicit\n")))
+            .collect();
+        assert!(Stored::parse(many.as_bytes()).is_err());
     }
 
     #[test]

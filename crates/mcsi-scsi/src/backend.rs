@@ -135,10 +135,17 @@ pub trait Backend: Send + Sync + 'static {
     fn shared_reservations(&self) -> Option<&dyn SharedState> {
         None
     }
+    /// Where the unit's ALUA port group states live when every gateway of the stored data
+    /// must see the same ones (an RBD image): configured states seed it, and a change through
+    /// any gateway (SET TARGET PORT GROUPS, a reload) is stored there and announced. None for
+    /// storage local to one machine.
+    fn shared_port_groups(&self) -> Option<&dyn SharedState> {
+        None
+    }
 }
 
 /// A small record kept with the stored data, which every gateway on it reads and replaces
-/// (the persistent reservations of an RBD image): versioned, so that two gateways changing it
+/// (the persistent reservations of an RBD image, its port group states): versioned, so that two gateways changing it
 /// at once cannot lose one change, and announced, so that each gateway hears of the others'
 /// changes before the change is acknowledged.
 pub trait SharedState: Send + Sync {

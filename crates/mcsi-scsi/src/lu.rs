@@ -79,6 +79,8 @@ pub(crate) mod op {
     pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
     pub const SA_REPORT_SUPPORTED_TMF: u8 = 0x0D;
     pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
+    /// MAINTENANCE OUT's SET TARGET PORT GROUPS.
+    pub const SA_SET_TARGET_PORT_GROUPS: u8 = 0x0A;
 }
 
 /// Limits advertised in the Block Limits VPD page (SBC-3 6.5.3) and enforced.
@@ -251,10 +253,19 @@ struct State {
     prevent: AHashSet<Nexus>,
     /// EXTENDED COPY results held for RECEIVE COPY RESULTS, bounded.
     copies: VecDeque<xcopy::CopyRecord>,
-    /// Target port groups and their access states (none: no ALUA, TPGS 0).
+    /// Target port groups and their access states as served (none: no ALUA, TPGS 0): the
+    /// configured groups, with the states stored with the data where it is shared.
     alua: Option<Arc<crate::alua::Alua>>,
-    /// Groups whose state the configuration changed (STATUS CODE 02h in their descriptor).
-    alua_changed: Vec<u16>,
+    /// The groups as configured ([`LogicalUnit::set_alua`]).
+    alua_config: Option<Arc<crate::alua::Alua>>,
+    /// Groups whose state changed since the unit began, and who changed it (the STATUS CODE in
+    /// their descriptor).
+    alua_changed: Vec<(u16, crate::alua::ChangedBy)>,
+    /// With port group states shared by gateways: the announcements heard when they were read
+    /// (u64::MAX: read them again before the next command).
+    alua_heard: u64,
+    /// Whether the shared port group states are watched yet.
+    alua_watched: bool,
 }
 
 impl Drop for LogicalUnit {
@@ -370,6 +381,8 @@ pub struct LogicalUnit {
     /// gateways' announcements heard so far; a command that finds more than its unit had when
     /// it read the reservations reads them again first.
     pr_heard: Arc<AtomicU64>,
+    /// The same for the port group states ([`Backend::shared_port_groups`]).
+    alua_heard: Arc<AtomicU64>,
 }
 
 impl LogicalUnit {
@@ -406,7 +419,10 @@ impl LogicalUnit {
                 prevent: AHashSet::new(),
                 copies: VecDeque::new(),
                 alua: None,
+                alua_config: None,
                 alua_changed: Vec::new(),
+                alua_heard: 0,
+                alua_watched: false,
             }),
             ranges: RangeLocks::default(),
             atomic_active: AtomicUsize::new(0),
@@ -415,6 +431,7 @@ impl LogicalUnit {
             sanitize_pending: std::sync::atomic::AtomicBool::new(false),
             copy: Mutex::new(None),
             pr_heard: Arc::new(AtomicU64::new(0)),
+            alua_heard: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -560,6 +577,7 @@ impl LogicalUnit {
             op::MODE_SELECT_6 => out = c.b(4) as u64,
             op::MODE_SELECT_10 => out = c.u16(7) as u64,
             op::PERSISTENT_RESERVE_OUT => out = c.u32(5) as u64,
+            op::MAINTENANCE_OUT => out = c.u32(6) as u64,
             op::SANITIZE => out = c.u16(7) as u64,
             op::EXTENDED_COPY if c.u32(10) <= xcopy::MAX_PARAMETER_LIST => out = c.u32(10) as u64,
             op::RECEIVE_COPY_RESULTS => inl = c.u32(10) as u64,
@@ -680,27 +698,182 @@ impl LogicalUnit {
         }
     }
 
-    /// Sets the target port groups and their states (None: no ALUA). A change of any group's
-    /// state, or of the groups, tells every nexus this unit has seen with the unit attention
-    /// ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.15.2.6); commands see the new states from
-    /// then on. True if something changed.
+    /// Sets the target port groups and their configured states (None: no ALUA). A change of
+    /// any group's state, or of the groups, tells every nexus this unit has seen with the unit
+    /// attention ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.15.2.6); commands see the new states
+    /// from then on. True if something changed.
+    ///
+    /// With port group states shared by gateways ([`Backend::shared_port_groups`]), the states
+    /// stored there are served over the configured ones: a gateway that starts takes the states
+    /// the others serve, and a group whose configured state this call changes (a reload) is
+    /// stored and announced, so that every gateway serves it.
     pub fn set_alua(&self, next: Option<crate::alua::Alua>) -> bool {
+        use crate::alua::ChangedBy;
         let mut st = self.st();
-        if st.alua.as_deref() == next.as_ref() {
+        if st.alua_config.as_deref() == next.as_ref() {
             return false;
         }
-        let changed = match (&st.alua, &next) {
-            (Some(was), Some(now)) => was.changed_groups(now),
-            _ => Vec::new(),
+        let was = std::mem::replace(&mut st.alua_config, next.map(Arc::new));
+        let (Some(sh), Some(config)) = (self.backend.shared_port_groups(), st.alua_config.clone())
+        else {
+            let served = st.alua_config.clone();
+            return self.serve_alua(&mut st, served, |_| ChangedBy::Implicit, None);
         };
-        st.alua = next.map(Arc::new);
-        st.alua_changed = changed;
+        if !st.alua_watched {
+            let heard = self.alua_heard.clone();
+            match sh.watch(Box::new(move || {
+                heard.fetch_add(1, Ordering::AcqRel);
+            })) {
+                Ok(()) => st.alua_watched = true,
+                Err(e) => {
+                    tracing::warn!(backend = %self.backend.describe(), "{e}; the port group states are read before each command instead")
+                }
+            }
+        }
+        // The groups whose configured state changed: stored for every gateway.
+        let changes: Vec<(u16, crate::alua::AccessState)> = match &was {
+            Some(was) => config
+                .groups()
+                .iter()
+                .filter(|g| was.group(g.id).is_some_and(|w| w.state != g.state))
+                .map(|g| (g.id, g.state))
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut announce = false;
+        if !changes.is_empty() {
+            match self.store_alua(sh, &mut st, &changes, ChangedBy::Implicit) {
+                Ok(stored) => announce = stored,
+                Err(e) => {
+                    tracing::error!(backend = %self.backend.describe(), "the configured port group states were not stored with the data, so the gateways keep serving the stored ones: {e}")
+                }
+            }
+        }
+        let (served, stored) = match self.read_alua(sh, &mut st) {
+            Ok(stored) => (Some(Arc::new(config.with_stored(&stored))), Some(stored)),
+            Err(e) => {
+                tracing::warn!(backend = %self.backend.describe(), "the shared port group states were not read; the configured ones are served until they are: {e}");
+                st.alua_heard = u64::MAX;
+                (Some(config.clone()), None)
+            }
+        };
+        let changed = self.serve_alua(&mut st, served, |_| ChangedBy::Implicit, None);
+        if let Some(stored) = stored {
+            changed_as_stored(&mut st, &stored);
+        }
+        drop(st);
+        if announce {
+            self.announce_alua(sh);
+        }
+        changed
+    }
+
+    /// Serves `next` as the unit's groups and states: true if they differ from those served,
+    /// and then a unit attention ASYMMETRIC ACCESS STATE CHANGED for every nexus seen but
+    /// `except` (the nexus whose SET TARGET PORT GROUPS made the change, SPC-4 5.15.2.6).
+    fn serve_alua(
+        &self,
+        st: &mut State,
+        next: Option<Arc<crate::alua::Alua>>,
+        by: impl Fn(u16) -> crate::alua::ChangedBy,
+        except: Option<&Nexus>,
+    ) -> bool {
+        if st.alua == next {
+            return false;
+        }
+        if let (Some(was), Some(now)) = (&st.alua, &next) {
+            for id in was.changed_groups(now) {
+                st.alua_changed.retain(|(g, _)| *g != id);
+                st.alua_changed.push((id, by(id)));
+            }
+        } else {
+            st.alua_changed.clear();
+        }
+        st.alua = next;
         let seen: Vec<Nexus> = st.seen.iter().cloned().collect();
         let s = Sense::new(key::UNIT_ATTENTION, asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
-        for n in &seen {
-            push_ua(&mut st, n, s);
+        for n in seen.iter().filter(|n| Some(*n) != except) {
+            push_ua(st, n, s);
         }
         true
+    }
+
+    /// Reads the shared port group states; the announcements heard are counted before the
+    /// read, so that one arriving during it makes the next command read again.
+    fn read_alua(
+        &self,
+        sh: &dyn SharedState,
+        st: &mut State,
+    ) -> Result<crate::alua::Stored, BackendError> {
+        let heard = self.alua_heard.load(Ordering::Acquire);
+        let (bytes, _) = sh.read()?;
+        let stored = crate::alua::Stored::parse(&bytes).map_err(|e| BackendError::Shared(e.0))?;
+        // Unwatched, every command reads them.
+        st.alua_heard = if st.alua_watched { heard } else { u64::MAX };
+        Ok(stored)
+    }
+
+    /// Stores `changes` on the shared port group states as they are now (read, changed, and
+    /// replaced at the version read; again when another gateway stored first, BUSY-like
+    /// failure after 8 tries). True if the record changed (and must be announced).
+    fn store_alua(
+        &self,
+        sh: &dyn SharedState,
+        st: &mut State,
+        changes: &[(u16, crate::alua::AccessState)],
+        by: crate::alua::ChangedBy,
+    ) -> Result<bool, BackendError> {
+        for _ in 0..8 {
+            let heard = self.alua_heard.load(Ordering::Acquire);
+            let (bytes, version) = sh.read()?;
+            let mut stored =
+                crate::alua::Stored::parse(&bytes).map_err(|e| BackendError::Shared(e.0))?;
+            let before = stored.clone();
+            for &(id, state) in changes {
+                stored.states.insert(id, (state, by));
+            }
+            if stored == before {
+                return Ok(false);
+            }
+            if sh.replace(&stored.to_bytes(), version)? {
+                // What this gateway read is current up to its own change.
+                st.alua_heard = heard;
+                return Ok(true);
+            }
+        }
+        Err(BackendError::Shared(
+            "the shared port group states kept changing under 8 tries to store them".into(),
+        ))
+    }
+
+    fn announce_alua(&self, sh: &dyn SharedState) {
+        if let Err(e) = sh.announce() {
+            tracing::warn!(backend = %self.backend.describe(), "port group states changed, and a gateway did not hear it in time (it reads them again when it next does): {e}");
+        }
+    }
+
+    /// Reads the shared port group states again when another gateway announced a change since
+    /// this unit last read them, and serves them (the command being admitted meets them).
+    fn sync_alua(&self, st: &mut State) {
+        let Some(sh) = self.backend.shared_port_groups() else {
+            return;
+        };
+        if st.alua_heard != u64::MAX && self.alua_heard.load(Ordering::Acquire) == st.alua_heard {
+            return;
+        }
+        let Some(config) = st.alua_config.clone() else {
+            return;
+        };
+        match self.read_alua(sh, st) {
+            Ok(stored) => {
+                let next = Some(Arc::new(config.with_stored(&stored)));
+                self.serve_alua(st, next, |_| crate::alua::ChangedBy::Implicit, None);
+                changed_as_stored(st, &stored);
+            }
+            Err(e) => {
+                tracing::warn!(backend = %self.backend.describe(), "shared port group states not read: {e}")
+            }
+        }
     }
 
     /// A unit attention for each of `nexuses` (whether or not this unit has seen them).
@@ -812,6 +985,7 @@ impl LogicalUnit {
         {
             let mut st = self.st();
             self.sync_shared(&mut st);
+            self.sync_alua(&mut st);
             // A lookup before the insert: the common case (a known nexus) then costs one hash and
             // no clone.
             if !st.seen.contains(cmd.nexus) {
@@ -960,6 +1134,9 @@ impl LogicalUnit {
                 op::SA_REPORT_TARGET_PORT_GROUPS => self.report_target_port_groups(c),
                 _ => Err(bad_cdb(1, Some(4))),
             },
+            op::MAINTENANCE_OUT if c.sa() == op::SA_SET_TARGET_PORT_GROUPS => {
+                self.set_target_port_groups(cmd, c)
+            }
             _ => Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE)),
         }
     }
@@ -1013,7 +1190,9 @@ impl LogicalUnit {
         d[4] = (d.len() - 5) as u8;
         d[5] = 0x08; // 3PC: EXTENDED COPY
         if self.st().alua.is_some() {
-            d[5] |= 0x10; // TPGS 01b: implicit asymmetric access
+            // TPGS 01b: implicit asymmetric access; 11b: explicit too, where the states are
+            // shared by the gateways.
+            d[5] |= if self.explicit_alua() { 0x30 } else { 0x10 };
         }
         d[6] = 0x00;
         d[7] = 0x02; // CMDQUE
@@ -1127,6 +1306,93 @@ impl LogicalUnit {
         d.resize(start + n, 0);
     }
 
+    /// Whether initiators may set the port group states (SET TARGET PORT GROUPS): only where
+    /// every gateway reads them from one record, since a gateway's own copy would leave the
+    /// others serving the old states.
+    fn explicit_alua(&self) -> bool {
+        self.backend.shared_port_groups().is_some()
+    }
+
+    /// SET TARGET PORT GROUPS (SPC-4 6.46): the states of the groups named, stored for every
+    /// gateway in one change (all or none), with ASYMMETRIC ACCESS STATE CHANGED for every
+    /// other nexus. GOOD once the other gateways have heard of it.
+    fn set_target_port_groups(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
+        let sh = match self.backend.shared_port_groups() {
+            Some(sh) if self.st().alua_config.is_some() => sh,
+            _ => return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE)),
+        };
+        let len = c.u32(6) as usize;
+        if len == 0 {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        // A 4-byte header, then 4-byte descriptors: at most one per group a unit may have.
+        if len < 4 || !len.is_multiple_of(4) || len > 4 + 4 * crate::alua::MAX_GROUPS {
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        if cmd.data_out.len() < len {
+            return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        let mut st = self.st();
+        let Some(config) = st.alua_config.clone() else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        let mut changes = Vec::new();
+        for (i, d) in cmd.data_out[4..len].chunks_exact(4).enumerate() {
+            let at = (4 + 4 * i) as u16;
+            let Some(state) = crate::alua::AccessState::from_code(d[0] & 0x0F) else {
+                return Err(Fail::Sense(Sense::invalid_param_field(at, Some(3))));
+            };
+            let id = u16::from_be_bytes([d[2], d[3]]);
+            if config.group(id).is_none() {
+                return Err(Fail::Sense(Sense::invalid_param_field(at + 2, None)));
+            }
+            changes.push((id, state));
+        }
+        use crate::alua::ChangedBy;
+        let stored = self
+            .store_alua(sh, &mut st, &changes, ChangedBy::Explicit)
+            .map_err(shared_failed)?;
+        let mut next = (*config).clone();
+        let mut read = None;
+        match self.read_alua(sh, &mut st) {
+            Ok(s) => {
+                next = next.with_stored(&s);
+                read = Some(s);
+            }
+            Err(e) => {
+                // Stored, but not read back: serve what was stored, and read at the next command.
+                tracing::warn!(backend = %self.backend.describe(), "{e}");
+                st.alua_heard = u64::MAX;
+                let mut s = crate::alua::Stored::default();
+                for &(id, state) in &changes {
+                    s.states.insert(id, (state, ChangedBy::Explicit));
+                }
+                next = next.with_stored(&s);
+            }
+        }
+        let explicit: Vec<u16> = changes.iter().map(|(id, _)| *id).collect();
+        self.serve_alua(
+            &mut st,
+            Some(Arc::new(next)),
+            |id| {
+                if explicit.contains(&id) {
+                    ChangedBy::Explicit
+                } else {
+                    ChangedBy::Implicit
+                }
+            },
+            Some(cmd.nexus),
+        );
+        if let Some(s) = read {
+            changed_as_stored(&mut st, &s);
+        }
+        drop(st);
+        if stored {
+            self.announce_alua(sh);
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
     /// REPORT TARGET PORT GROUPS (SPC-4 6.37), where the unit has target port groups.
     fn report_target_port_groups(&self, c: &Cdb) -> Res {
         let (alua, changed) = {
@@ -1160,8 +1426,11 @@ impl LogicalUnit {
         let req_op = c.b(3);
         let req_sa = c.u16(4);
         let alloc = c.u32(6) as usize;
-        let mut table: Vec<&crate::opcodes::Entry> =
-            crate::opcodes::supported(self.cfg.thin_provisioning, self.st().alua.is_some());
+        let mut table: Vec<&crate::opcodes::Entry> = crate::opcodes::supported(
+            self.cfg.thin_provisioning,
+            self.st().alua.is_some(),
+            self.explicit_alua(),
+        );
         if !self.cfg.allow_sanitize {
             table.retain(|e| e.op != op::SANITIZE);
         }
@@ -2299,6 +2568,16 @@ fn push_ua_seen(st: &mut State, uas: Vec<(Nexus, Sense)>) {
             push_ua(st, &n, s);
         }
     }
+}
+
+/// With port group states shared by gateways, who changed each group is what the record
+/// says, the same through every gateway (one started since included).
+fn changed_as_stored(st: &mut State, stored: &crate::alua::Stored) {
+    st.alua_changed = stored
+        .states
+        .iter()
+        .map(|(id, (_, by))| (*id, *by))
+        .collect();
 }
 
 fn shared_failed(e: impl std::fmt::Display) -> Fail {

@@ -334,14 +334,24 @@ const ALUA: &[Entry] = &[e(
     &[0xA3, 0xEA, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04],
 )];
 
+/// SET TARGET PORT GROUPS, where initiators may set the states (explicit ALUA).
+const EXPLICIT_ALUA: &[Entry] = &[e(
+    0xA4,
+    Some(0x0A),
+    &[0xA4, 0x0A, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04],
+)];
+
 /// Supported commands, in opcode order.
-pub(crate) fn supported(thin: bool, alua: bool) -> Vec<&'static Entry> {
+pub(crate) fn supported(thin: bool, alua: bool, explicit_alua: bool) -> Vec<&'static Entry> {
     let mut v: Vec<&'static Entry> = ALWAYS.iter().collect();
     if thin {
         v.extend(THIN.iter());
     }
     if alua {
         v.extend(ALUA.iter());
+        if explicit_alua {
+            v.extend(EXPLICIT_ALUA.iter());
+        }
     }
     v.sort_by_key(|e| (e.op, e.sa));
     v

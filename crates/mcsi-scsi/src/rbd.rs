@@ -194,6 +194,8 @@ pub struct RbdBackend {
     identity: String,
     /// The image's persistent reservations, shared by every gateway on it.
     record: Option<record::Record>,
+    /// The port group states every gateway of the image shares (mcsi.alua.<image id>).
+    alua_record: Option<record::Record>,
 }
 
 // librados and librbd handles may be used from any thread at once (librbd serialises what it
@@ -245,6 +247,7 @@ impl RbdBackend {
             stripe_unit: 0,
             identity: String::new(),
             record: None,
+            alua_record: None,
         };
         // SAFETY: each call gets valid NUL-terminated strings and out-pointers to this
         // struct's fields; a handle is used only after the call that sets it succeeded, and
@@ -356,7 +359,19 @@ impl RbdBackend {
                 rados_ioctx_get_id(b.ioctx),
                 text(&image_id)
             );
-            b.record = Some(record::Record::open(b.cluster, b.ioctx, &text(&image_id))?);
+            let id = text(&image_id);
+            b.record = Some(record::Record::open(
+                b.cluster,
+                b.ioctx,
+                &id,
+                record::Kind::Reservations,
+            )?);
+            b.alua_record = Some(record::Record::open(
+                b.cluster,
+                b.ioctx,
+                &id,
+                record::Kind::PortGroups,
+            )?);
         }
         if *b.size.get_mut() == 0 {
             return Err(fail("the image", "is empty (0 bytes)".into()));
@@ -389,6 +404,7 @@ impl Drop for RbdBackend {
     fn drop(&mut self) {
         // The record's watch goes first: it uses the pool context and the cluster.
         drop(self.record.take());
+        drop(self.alua_record.take());
         // SAFETY: each handle is non-null only if its open succeeded, and is released once.
         unsafe {
             if !self.image.is_null() {
@@ -611,6 +627,9 @@ impl Backend for RbdBackend {
     }
     fn shared_reservations(&self) -> Option<&dyn SharedState> {
         self.record.as_ref().map(|r| r as &dyn SharedState)
+    }
+    fn shared_port_groups(&self) -> Option<&dyn SharedState> {
+        self.alua_record.as_ref().map(|r| r as &dyn SharedState)
     }
 }
 

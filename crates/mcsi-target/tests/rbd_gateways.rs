@@ -4,7 +4,8 @@
 //! through both, each taking the same counter from v to v+1, let exactly one win every round
 //! (the other gets MISCOMPARE), because librbd runs COMPARE AND WRITE as one compare-and-write
 //! operation at the OSD. Persistent reservations made through one gateway are seen and
-//! enforced through the other, because both keep them in one RADOS object beside the image.
+//! enforced through the other, because both keep them in one RADOS object beside the image;
+//! so are ALUA port group states set with SET TARGET PORT GROUPS (explicit ALUA).
 //!
 //! It needs a Ceph cluster and a build with the rbd feature: `scripts/interop-rbd` runs it with
 //! `MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH` set (the image of at least 4 MiB, its blocks 0-8191
@@ -277,6 +278,111 @@ async fn reservations_made_through_one_gateway_are_seen_and_enforced_through_the
     );
     assert_eq!(pr_out(&mut b, 3, 0, 0xb2, 0).await.0, GOOD);
     println!("reservations through two gateways: A's registration and reservation seen and enforced through B, B's preemption enforced through A");
+    drop((a, b));
+    ga.shutdown().await.unwrap();
+    gb.shutdown().await.unwrap();
+}
+
+/// A target serving the image as LUN 0 through port `tpgt`, with two port groups: 1 (port 1,
+/// active/optimized as configured) and 2 (port 2, active/non-optimized).
+async fn alua_gateway(spec: &str, tpgt: u16) -> Server {
+    use mcsi_scsi::alua::{AccessState, Alua, PortGroup};
+    let g = |id, state, port| PortGroup {
+        id,
+        state,
+        preferred: false,
+        ports: vec![port],
+    };
+    let alua = Alua::new(vec![
+        g(1, AccessState::ActiveOptimized, 1),
+        g(2, AccessState::ActiveNonOptimized, 2),
+    ])
+    .unwrap();
+    start_with(|c| {
+        c.targets[0].luns = vec![LunSpec::new(spec)];
+        c.targets[0].tpgt = tpgt;
+        c.targets[0].alua = Some(alua);
+    })
+    .await
+}
+
+/// SET TARGET PORT GROUPS: (group, state code) pairs.
+async fn stpg(c: &mut Client, set: &[(u16, u8)]) -> (u8, Bytes) {
+    let mut p = vec![0u8; 4];
+    for &(id, code) in set {
+        p.extend_from_slice(&[code, 0]);
+        p.extend_from_slice(&id.to_be_bytes());
+    }
+    let len = (p.len() as u32).to_be_bytes();
+    let cdb = [0xA4, 0x0A, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0, 0];
+    let (s, sense, _) = exec(c, &cdb, Bytes::from(p), 0).await;
+    (s, sense)
+}
+
+/// REPORT TARGET PORT GROUPS: (group, state code, status code) per group.
+async fn rtpg(c: &mut Client) -> Vec<(u16, u8, u8)> {
+    let cdb = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let (s, sense, d) = exec(c, &cdb, Bytes::new(), 256).await;
+    assert_eq!(s, GOOD, "REPORT TARGET PORT GROUPS: {sense:02x?}");
+    let mut out = Vec::new();
+    let mut i = 4;
+    while i + 8 <= d.len() {
+        out.push((
+            u16::from_be_bytes([d[i + 2], d[i + 3]]),
+            d[i] & 0x0F,
+            d[i + 5],
+        ));
+        i += 8 + 4 * d[i + 7] as usize;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster and the rbd feature: scripts/interop-rbd runs it"]
+async fn port_group_states_set_through_one_gateway_are_served_by_the_other() {
+    let _one = ONE.lock().await;
+    let spec = std::env::var("MCSI_TEST_RBD")
+        .expect("MCSI_TEST_RBD=rbd:POOL/IMAGE,conf=PATH names the image to test on");
+    let (ga, gb) = (alua_gateway(&spec, 1).await, alua_gateway(&spec, 2).await);
+    let mut a = session(&ga, 5).await;
+    let mut b = session(&gb, 6).await;
+    let read = rw10(0x28, 16, 1);
+
+    // Explicit ALUA offered (TPGS 11b). Whatever an earlier run stored goes: the configured
+    // states set again.
+    let (s, _, d) = exec(&mut a, &[0x12, 0, 0, 0, 96, 0], Bytes::new(), 96).await;
+    assert_eq!((s, (d[5] >> 4) & 0x03), (GOOD, 0x03), "TPGS");
+    assert_eq!(stpg(&mut a, &[(1, 0), (2, 1)]).await.0, GOOD);
+    settle(&mut b).await;
+
+    // A fails the image over to gateway B: group 1 unavailable, group 2 active/optimized.
+    let (s, sense) = stpg(&mut a, &[(1, 3), (2, 0)]).await;
+    assert_eq!(s, GOOD, "SET TARGET PORT GROUPS: {sense:02x?}");
+    let (s, sense, _) = exec(&mut b, &read, Bytes::new(), BS as u32).await;
+    assert_eq!(s, CHECK_CONDITION, "B's first command after the change");
+    assert_eq!(
+        (sense[2] & 0x0F, sense[12], sense[13]),
+        (0x06, 0x2A, 0x06),
+        "ASYMMETRIC ACCESS STATE CHANGED: {sense:02x?}"
+    );
+    assert_eq!(rtpg(&mut b).await, vec![(1, 3, 1), (2, 0, 1)]);
+    let (s, _, _) = exec(&mut b, &read, Bytes::new(), BS as u32).await;
+    assert_eq!(s, GOOD, "a read through B, now active/optimized");
+    let (s, sense, _) = exec(&mut a, &read, Bytes::new(), BS as u32).await;
+    assert_eq!(s, CHECK_CONDITION, "a read through A, now unavailable");
+    assert_eq!(
+        (sense[2] & 0x0F, sense[12], sense[13]),
+        (0x02, 0x04, 0x0C),
+        "TARGET PORT IN UNAVAILABLE STATE: {sense:02x?}"
+    );
+
+    // And back, through B.
+    assert_eq!(stpg(&mut b, &[(1, 0), (2, 1)]).await.0, GOOD);
+    settle(&mut a).await;
+    assert_eq!(rtpg(&mut a).await, vec![(1, 0, 1), (2, 1, 1)]);
+    let (s, _, _) = exec(&mut a, &read, Bytes::new(), BS as u32).await;
+    assert_eq!(s, GOOD, "a read through A, active/optimized again");
+    println!("port group states through two gateways: A's SET TARGET PORT GROUPS served by B (unit attention, states, reads), B's served by A");
     drop((a, b));
     ga.shutdown().await.unwrap();
     gb.shutdown().await.unwrap();

@@ -1,5 +1,6 @@
-//! The persistent reservations of an RBD image, shared by every gateway on it: one RADOS
-//! object beside the image (`mcsi.pr.<image id>`, in the image's pool), replaced only at the
+//! What every gateway of an RBD image shares: its persistent reservations and its port group
+//! states, each one RADOS object beside the image (`mcsi.pr.<image id>`, `mcsi.alua.<image
+//! id>`, in the image's pool), replaced only at the
 //! version it was read at (an assert_version write), and announced with watch/notify: a
 //! gateway that changes it notifies the object, and librados returns once every gateway
 //! watching it has acknowledged (or after the timeout), each having marked its copy stale.
@@ -88,6 +89,8 @@ struct Watcher {
     /// This client's id: its own announcements are not news to it.
     me: u64,
     heard: Box<dyn Fn() + Send + Sync>,
+    /// What the record holds, for messages.
+    kind: &'static str,
     /// The watch broke (the cluster lost this client for a while): announcements may have
     /// been missed, and the watch is made again at the next read.
     broken: AtomicBool,
@@ -97,6 +100,8 @@ struct Watcher {
 /// backend keeps open longer than this: it drops the record first).
 pub(super) struct Record {
     cluster: rados_t,
+    /// What the record holds, for messages ("the shared persistent reservations").
+    kind: &'static str,
     io: rados_ioctx_t,
     oid: CString,
     /// The read and its version are two calls on the context: one read at a time.
@@ -108,11 +113,30 @@ pub(super) struct Record {
 unsafe impl Send for Record {}
 unsafe impl Sync for Record {}
 
-fn shared(what: &str, rc: c_int) -> BackendError {
-    BackendError::Shared(format!(
-        "{what} the shared persistent reservations: {}",
-        errno(rc.into())
-    ))
+/// What an RBD image shares with its gateways: the object's name prefix, and what it holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Kind {
+    Reservations,
+    PortGroups,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Reservations => "mcsi.pr.",
+            Kind::PortGroups => "mcsi.alua.",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Reservations => "the shared persistent reservations",
+            Kind::PortGroups => "the shared port group states",
+        }
+    }
+}
+
+fn shared(what: &str, kind: &str, rc: c_int) -> BackendError {
+    BackendError::Shared(format!("{what} {kind}: {}", errno(rc.into())))
 }
 
 impl Record {
@@ -121,8 +145,9 @@ impl Record {
         cluster: rados_t,
         io: rados_ioctx_t,
         image_id: &str,
+        kind: Kind,
     ) -> Result<Record, BackendError> {
-        let oid = CString::new(format!("mcsi.pr.{image_id}"))
+        let oid = CString::new(format!("{}{image_id}", kind.prefix()))
             .map_err(|_| BackendError::Shared(format!("image id {image_id:?} has a NUL")))?;
         // SAFETY: a fresh write op, released on every path; valid context and name.
         unsafe {
@@ -131,11 +156,12 @@ impl Record {
             let rc = rados_write_op_operate(op, io, oid.as_ptr(), std::ptr::null_mut(), 0);
             rados_release_write_op(op);
             if rc < 0 {
-                return Err(shared("creating", rc));
+                return Err(shared("creating", kind.name(), rc));
             }
         }
         Ok(Record {
             cluster,
+            kind: kind.name(),
             io,
             oid,
             reading: Mutex::new(()),
@@ -168,10 +194,7 @@ impl Record {
             )
         };
         if rc < 0 {
-            tracing::warn!(
-                "watching the shared persistent reservations again: {}",
-                errno(rc.into())
-            );
+            tracing::warn!("watching {} again: {}", self.kind, errno(rc.into()));
             (watcher.heard)();
         } else {
             watcher.broken.store(false, Ordering::Release);
@@ -188,7 +211,7 @@ impl SharedState for Record {
         // SAFETY: out-pointers to locals; valid context and name.
         let rc = unsafe { rados_stat(self.io, self.oid.as_ptr(), &mut size, &mut mtime) };
         if rc < 0 {
-            return Err(shared("reading", rc));
+            return Err(shared("reading", self.kind, rc));
         }
         // Room past the size seen, in case it grew since: a read that fills the buffer may be
         // short of the whole record, and is made again with more room.
@@ -196,7 +219,8 @@ impl SharedState for Record {
         loop {
             if room > MAX_RECORD {
                 return Err(BackendError::Shared(format!(
-                    "the shared persistent reservations are larger than {MAX_RECORD} bytes"
+                    "{} are larger than {MAX_RECORD} bytes",
+                    self.kind
                 )));
             }
             let mut buf = vec![0u8; room as usize];
@@ -212,7 +236,7 @@ impl SharedState for Record {
                 (rc, rados_get_last_version(self.io))
             };
             if rc < 0 {
-                return Err(shared("reading", rc));
+                return Err(shared("reading", self.kind, rc));
             }
             let n = rc as usize;
             if n < buf.len() {
@@ -237,7 +261,7 @@ impl SharedState for Record {
         match rc {
             // The version moved on (another gateway stored first).
             rc if rc == -libc::ERANGE || rc == -libc::EOVERFLOW => Ok(false),
-            rc if rc < 0 => Err(shared("storing", rc)),
+            rc if rc < 0 => Err(shared("storing", self.kind, rc)),
             _ => Ok(true),
         }
     }
@@ -262,7 +286,7 @@ impl SharedState for Record {
             rc
         };
         if rc < 0 {
-            return Err(shared("announcing a change of", rc));
+            return Err(shared("announcing a change of", self.kind, rc));
         }
         Ok(())
     }
@@ -270,9 +294,10 @@ impl SharedState for Record {
     fn watch(&self, heard: Box<dyn Fn() + Send + Sync>) -> Result<(), BackendError> {
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_some() {
-            return Err(BackendError::Shared(
-                "the shared persistent reservations are watched already".into(),
-            ));
+            return Err(BackendError::Shared(format!(
+                "{} are watched already",
+                self.kind
+            )));
         }
         let watcher = Box::new(Watcher {
             io: self.io,
@@ -280,6 +305,7 @@ impl SharedState for Record {
             // SAFETY: a connected cluster handle.
             me: unsafe { rados_get_instance_id(self.cluster) },
             heard,
+            kind: self.kind,
             broken: AtomicBool::new(false),
         });
         let mut cookie = 0u64;
@@ -297,7 +323,7 @@ impl SharedState for Record {
             )
         };
         if rc < 0 {
-            return Err(shared("watching", rc));
+            return Err(shared("watching", self.kind, rc));
         }
         *w = Some((cookie, watcher));
         Ok(())
@@ -346,7 +372,8 @@ extern "C" fn watch_err_cb(arg: *mut c_void, _cookie: u64, err: c_int) {
     // SAFETY: as in watch_cb.
     let w = unsafe { &*arg.cast::<Watcher>() };
     tracing::warn!(
-        "the watch on the shared persistent reservations broke ({}); they are read again",
+        "the watch on {} broke ({}); they are read again",
+        w.kind,
         errno(err.into())
     );
     w.broken.store(true, Ordering::Release);
