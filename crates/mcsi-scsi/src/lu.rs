@@ -1850,9 +1850,7 @@ impl LogicalUnit {
                         )));
                     }
                 }
-                for (n, s) in uas {
-                    push_ua(&mut st, &n, s);
-                }
+                push_pr_uas(&mut st, uas, false);
                 Ok(Outcome::good(Bytes::new()))
             }
             Err(PrError::Conflict) => Err(Fail::Status(status::RESERVATION_CONFLICT)),
@@ -2563,8 +2561,25 @@ fn parse_shared(bytes: &[u8]) -> Result<PrState, BackendError> {
 /// The unit attentions of a shared change for the nexuses this gateway has seen (the others
 /// are another gateway's: it raises theirs when it reads the change).
 fn push_ua_seen(st: &mut State, uas: Vec<(Nexus, Sense)>) {
+    push_pr_uas(st, uas, true);
+}
+
+/// The unit attentions a reservation change owes: each to its nexus (`only_seen`: if this unit
+/// has seen it), and one owed to an initiator device's registration to each port of it this
+/// unit has seen.
+fn push_pr_uas(st: &mut State, uas: Vec<(Nexus, Sense)>, only_seen: bool) {
     for (n, s) in uas {
-        if st.seen.contains(&n) {
+        if crate::pr::is_device(&n) {
+            let ports: Vec<Nexus> = st
+                .seen
+                .iter()
+                .filter(|m| crate::pr::covers(&n, m))
+                .cloned()
+                .collect();
+            for m in &ports {
+                push_ua(st, m, s);
+            }
+        } else if !only_seen || st.seen.contains(&n) {
             push_ua(st, &n, s);
         }
     }

@@ -185,11 +185,33 @@ fn no_room() -> PrError {
     .into()
 }
 
+/// Whether registration (or reservation holder) `reg` is that of nexus `n`: the same I_T
+/// nexus, or `reg` names an initiator device (an iSCSI name without an ISID, from a TransportID
+/// of format 00b) and `n` is one of its ports through the same target port.
+pub(crate) fn covers(reg: &Nexus, n: &Nexus) -> bool {
+    if reg == n {
+        return true;
+    }
+    if !is_device(reg) || reg.target_port != n.target_port || reg.relative_port != n.relative_port {
+        return false;
+    }
+    match n.initiator_port.rsplit_once(",i,0x") {
+        Some((name, _)) => name.eq_ignore_ascii_case(&reg.initiator_port),
+        None => false,
+    }
+}
+
+/// Whether `n` names an initiator device (every port of one iSCSI name) rather than one port.
+pub(crate) fn is_device(n: &Nexus) -> bool {
+    !n.initiator_port.contains(",i,0x")
+}
+
 /// An iSCSI TransportID (SPC-4 7.6.4.6) at the start of `b` (`at`: its offset in the
-/// parameter list, for the sense's field pointer): the I_T nexus of the initiator port it names
-/// ("<name>,i,0x<ISID>", as this target names its nexuses) through `n`'s target port (the
-/// target has one), and its length. Only the form with an ISID (format 01b) names one
-/// initiator port; the name alone is refused.
+/// parameter list, for the sense's field pointer), and its length. Format 01b names one
+/// initiator port: its I_T nexus ("<name>,i,0x<ISID>", as this target names its nexuses)
+/// through `n`'s target port (the target has one). Format 00b names an initiator device by
+/// its iSCSI name alone: a registration for it is that of every port of that name, those that
+/// log in later included ([`covers`]), as LIO registers a node ACL.
 fn transport_id(b: &[u8], at: usize, n: &Nexus) -> Result<(Nexus, usize), Sense> {
     if b.len() < 4 {
         return Err(length_error());
@@ -202,9 +224,11 @@ fn transport_id(b: &[u8], at: usize, n: &Nexus) -> Result<(Nexus, usize), Sense>
     if b[0] & 0x0F != 0x05 {
         return Err(field(0, Some(3)));
     }
-    if b[0] >> 6 != 0b01 {
-        return Err(field(0, Some(7)));
-    }
+    let device = match b[0] >> 6 {
+        0b00 => true,
+        0b01 => false,
+        _ => return Err(field(0, Some(7))),
+    };
     let add = u16::from_be_bytes([b[2], b[3]]) as usize;
     if add < 20 || !add.is_multiple_of(4) || 4 + add > b.len() {
         return Err(field(2, None));
@@ -212,6 +236,18 @@ fn transport_id(b: &[u8], at: usize, n: &Nexus) -> Result<(Nexus, usize), Sense>
     let text = &b[4..4 + add];
     let text = &text[..text.iter().position(|&c| c == 0).unwrap_or(text.len())];
     let text = std::str::from_utf8(text).map_err(|_| field(4, None))?;
+    if device {
+        // A name: no ISID, nor a separator this target's port names use.
+        if text.is_empty() || text.len() > 223 || text.contains(',') {
+            return Err(field(4, None));
+        }
+        let nexus = Nexus {
+            initiator_port: text.to_ascii_lowercase().into(),
+            target_port: n.target_port.clone(),
+            relative_port: n.relative_port,
+        };
+        return Ok((nexus, 4 + add));
+    }
     let (name, isid) = text
         .rsplit_once(",i,0x")
         .or_else(|| text.rsplit_once(",I,0X"))
@@ -354,14 +390,29 @@ impl PrState {
         })
     }
 
+    /// The registration of `n`: its own, or else its initiator device's.
+    fn reg_of(&self, n: &Nexus) -> Option<usize> {
+        self.regs
+            .iter()
+            .position(|(r, _)| r == n)
+            .or_else(|| self.regs.iter().position(|(r, _)| covers(r, n)))
+    }
+
+    /// Who holds what `n` reserves: its registration's nexus (an initiator device's
+    /// registration makes every port of it the holder, as in LIO).
+    fn registrant(&self, n: &Nexus) -> Nexus {
+        self.reg_of(n)
+            .map_or_else(|| n.clone(), |i| self.regs[i].0.clone())
+    }
+
     fn key_of(&self, n: &Nexus) -> Option<u64> {
-        self.regs.iter().find(|(r, _)| r == n).map(|(_, k)| *k)
+        self.reg_of(n).map(|i| self.regs[i].1)
     }
 
     fn is_holder(&self, n: &Nexus) -> bool {
         match &self.res {
             Some(r) if all_registrants(r.ty) => self.key_of(n).is_some(),
-            Some(r) => &r.holder == n,
+            Some(r) => covers(&r.holder, n),
             None => false,
         }
     }
@@ -499,11 +550,13 @@ impl PrState {
                     d.push(t);
                     d.extend_from_slice(&[0; 4]);
                     d.extend_from_slice(&reg.relative_port.to_be_bytes());
-                    // iSCSI TransportID, format 01b (name + ",i,0x" + ISID), SPC-4 7.6.4.6.
+                    // iSCSI TransportID, SPC-4 7.6.4.6: format 01b (name + ",i,0x" + ISID),
+                    // or 00b (the name) for an initiator device; at least 20 bytes of name.
                     let name = reg.initiator_port.as_bytes();
                     let mut tid_len = name.len() + 1;
-                    tid_len = tid_len.div_ceil(4) * 4;
-                    let mut tid = vec![0x40 | 0x05, 0];
+                    tid_len = (tid_len.div_ceil(4) * 4).max(20);
+                    let format = if is_device(reg) { 0x00 } else { 0x40 };
+                    let mut tid = vec![format | 0x05, 0];
                     tid.extend_from_slice(&(tid_len as u16).to_be_bytes());
                     tid.extend_from_slice(name);
                     tid.resize(4 + tid_len, 0);
@@ -604,7 +657,9 @@ impl PrState {
                         if self.regs.len() + 1 + also.len() > MAX_REGISTRATIONS {
                             return Err(no_room());
                         }
-                        for r in std::iter::once(n).chain(also.iter()) {
+                        // A listed initiator device that n is a port of registers n with it.
+                        let own = (!also.iter().any(|d| covers(d, n))).then_some(n);
+                        for r in own.into_iter().chain(also.iter()) {
                             self.regs.push((r.clone(), sark));
                             if all_tg_pt {
                                 self.all_tg_pt.push(r.clone());
@@ -617,8 +672,8 @@ impl PrState {
                         }
                         if sark == 0 {
                             self.unregister(n, &mut uas);
-                        } else if let Some(e) = self.regs.iter_mut().find(|(r, _)| r == n) {
-                            e.1 = sark;
+                        } else if let Some(i) = self.reg_of(n) {
+                            self.regs[i].1 = sark;
                         }
                     }
                 }
@@ -645,7 +700,7 @@ impl PrState {
                     }
                     None => {
                         self.res = Some(Reservation {
-                            holder: n.clone(),
+                            holder: self.registrant(n),
                             ty: prtype,
                         })
                     }
@@ -674,7 +729,7 @@ impl PrState {
                 // Registrants-only and all-registrants releases tell the other registrants.
                 if matches!(prtype, 5..=8) {
                     for (reg, _) in &self.regs {
-                        if reg != n {
+                        if !covers(reg, n) {
                             uas.push((
                                 reg.clone(),
                                 Sense::new(key::UNIT_ATTENTION, asc::RESERVATIONS_RELEASED),
@@ -690,7 +745,7 @@ impl PrState {
                     return Err(PrError::Conflict);
                 }
                 for (reg, _) in &self.regs {
-                    if reg != n {
+                    if !covers(reg, n) {
                         uas.push((
                             reg.clone(),
                             Sense::new(key::UNIT_ATTENTION, asc::RESERVATIONS_PREEMPTED),
@@ -714,7 +769,7 @@ impl PrState {
                     // Remove every other registration, take the reservation.
                     self.remove_others(n, &mut uas);
                     self.res = Some(Reservation {
-                        holder: n.clone(),
+                        holder: self.registrant(n),
                         ty: prtype,
                     });
                 } else if sark == 0 {
@@ -731,7 +786,7 @@ impl PrState {
                     let victims: Vec<Nexus> = self
                         .regs
                         .iter()
-                        .filter(|(r, k)| *k == sark && r != n)
+                        .filter(|(r, k)| *k == sark && !covers(r, n))
                         .map(|(r, _)| r.clone())
                         .collect();
                     for v in &victims {
@@ -743,7 +798,7 @@ impl PrState {
                     }
                     if holder_key == Some(sark) {
                         self.res = Some(Reservation {
-                            holder: n.clone(),
+                            holder: self.registrant(n),
                             ty: prtype,
                         });
                     }
@@ -793,7 +848,8 @@ impl PrState {
         if len != tlen {
             return Err(length_error().into());
         }
-        if dest == *n {
+        // The nexus the command came through, or its own initiator device.
+        if dest == *n || covers(&dest, n) {
             return Err(Sense::invalid_param_field(24, None).into());
         }
         match self.regs.iter_mut().find(|(r, _)| *r == dest) {
@@ -809,17 +865,23 @@ impl PrState {
             r.holder = dest;
         }
         if unreg {
-            self.regs.retain(|(r, _)| r != n);
-            self.all_tg_pt.retain(|a| a != n);
+            if let Some(i) = self.reg_of(n) {
+                let (r, _) = self.regs.remove(i);
+                self.all_tg_pt.retain(|a| *a != r);
+            }
         }
         self.aptpl = aptpl;
         self.generation = self.generation.wrapping_add(1);
         Ok(UaList::new())
     }
 
+    /// Removes `n`'s registration: its own, or its initiator device's (every port of that
+    /// name then unregistered, as a REGISTER with key 0 through any of them does in LIO).
     fn unregister(&mut self, n: &Nexus, uas: &mut UaList) {
         let was_holder = self.is_holder(n);
-        self.regs.retain(|(r, _)| r != n);
+        if let Some(i) = self.reg_of(n) {
+            self.regs.remove(i);
+        }
         if let Some(r) = &self.res {
             if all_registrants(r.ty) {
                 if self.regs.is_empty() {
@@ -842,13 +904,13 @@ impl PrState {
 
     fn remove_others(&mut self, n: &Nexus, uas: &mut UaList) {
         for (reg, _) in &self.regs {
-            if reg != n {
+            if !covers(reg, n) {
                 uas.push((
                     reg.clone(),
                     Sense::new(key::UNIT_ATTENTION, asc::REGISTRATIONS_PREEMPTED),
                 ));
             }
         }
-        self.regs.retain(|(r, _)| r == n);
+        self.regs.retain(|(r, _)| covers(r, n));
     }
 }

@@ -297,8 +297,8 @@ fn spec_i_pt_registers_the_listed_initiator_ports_with_the_same_key() {
         pr_out(&lu, 6, 1, 1, 0x77, 0, false),
         status::RESERVATION_CONFLICT
     );
-    // A registered nexus cannot name others; a TransportID without an ISID is refused; a
-    // list whose length does not add up is refused.
+    // A registered nexus cannot name others; a name-only TransportID (format 00b) that
+    // carries an ISID is refused; a list whose length does not add up is refused.
     assert_eq!(
         run(&lu, &nexus(1), &cdb(p.len()), &p).status,
         status::CHECK_CONDITION
@@ -422,4 +422,121 @@ fn register_and_move_hands_the_reservation_to_another_initiator_port() {
     assert_eq!(pr_out(&lu, 2, 1, 7, 0xD4, 0, false), status::GOOD);
     let o = register_and_move(&lu, 2, &move_params(0xD4, 0xE5, false, 5));
     assert_eq!(o.status, status::RESERVATION_CONFLICT);
+}
+
+/// The iSCSI TransportID (format 00b) of initiator device `name`: its name alone.
+fn device_tid(name: &str) -> Vec<u8> {
+    let mut t = tid_of(name);
+    t[0] = 0x05;
+    t
+}
+
+/// PERSISTENT RESERVE OUT through `n`, with the basic parameter list.
+fn pr_out_at(lu: &LogicalUnit, n: &mcsi_scsi::Nexus, sa: u8, ty: u8, rk: u64, sark: u64) -> u8 {
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&rk.to_be_bytes());
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    run(lu, n, &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p).status
+}
+
+#[test]
+fn a_name_only_transport_id_registers_every_port_of_that_initiator() {
+    let lu = unit(None);
+    // Ports of one initiator device: one iSCSI name, an ISID each.
+    let port = |isid: u8| mcsi_scsi::Nexus {
+        initiator_port: Arc::from(format!("iqn.2026-01.test:node-a,i,0x00023d00000{isid}")),
+        ..nexus(1)
+    };
+    let (p1, p2) = (port(1), port(2));
+    seen(&lu, &p1);
+    seen(&lu, &p2);
+    // Nexus 1 registers itself and, with SPEC_I_PT, the device by its name (in upper case:
+    // names compare normalized).
+    let tids = device_tid("IQN.2026-01.TEST:NODE-A");
+    let mut p = vec![0u8; 28];
+    p[8..16].copy_from_slice(&0x99u64.to_be_bytes());
+    p[20] = 0x08;
+    p[24..28].copy_from_slice(&(tids.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tids);
+    let len = (p.len() as u32).to_be_bytes();
+    let cdb = [0x5f, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0];
+    let o = run(&lu, &nexus(1), &cdb, &p);
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    assert_eq!(keys_and_reservation(&lu).0, vec![0x99, 0x99]);
+    // READ FULL STATUS names the device with a format 00b TransportID.
+    let d = pr_in(&lu, 3);
+    let second = 8 + 24 + u32::from_be_bytes(d[28..32].try_into().unwrap()) as usize;
+    let tid = &d[second + 24..];
+    assert_eq!(tid[0], 0x05, "format 00b, iSCSI");
+    let tlen = u16::from_be_bytes([tid[2], tid[3]]) as usize;
+    assert!(tlen >= 20 && tlen.is_multiple_of(4), "{tlen}");
+    assert!(tid[4..4 + tlen].starts_with(b"iqn.2026-01.test:node-a\0"));
+
+    // One port of the device reserves with its key; every port of it holds the reservation,
+    // one that logs in only now included; another initiator's write conflicts.
+    assert_eq!(pr_out_at(&lu, &p2, 1, 1, 0x99, 0), status::GOOD);
+    let p3 = port(3);
+    seen(&lu, &p3);
+    let write = |n: &mcsi_scsi::Nexus| run(&lu, n, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[1; 512]);
+    for n in [&p1, &p2, &p3] {
+        assert_eq!(write(n).status, status::GOOD, "{n:?}");
+    }
+    assert_eq!(write(&nexus(2)).status, status::RESERVATION_CONFLICT);
+
+    // Nexus 1 preempts the key: the device's registration goes, each of its ports hears it.
+    assert_eq!(pr_out_at(&lu, &nexus(1), 4, 1, 0x99, 0x99), status::GOOD);
+    assert_eq!(keys_and_reservation(&lu), (vec![0x99], Some((0x99, 1))));
+    for n in [&p1, &p2, &p3] {
+        expect(&write(n), 0x6, (0x2A, 0x05));
+        assert_eq!(write(n).status, status::RESERVATION_CONFLICT, "{n:?}");
+    }
+
+    // A name that carries a port's separator is not a name.
+    let mut q = p[..28].to_vec();
+    let bad = device_tid("iqn.2026-01.test:node-b,x");
+    q[24..28].copy_from_slice(&(bad.len() as u32).to_be_bytes());
+    q.extend_from_slice(&bad);
+    let len = (q.len() as u32).to_be_bytes();
+    let cdb = [0x5f, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0];
+    expect(
+        &run(&lu, &nexus(5), &cdb, &q),
+        ILLEGAL_REQUEST,
+        (0x26, 0x00),
+    );
+}
+
+#[test]
+fn register_and_move_to_an_initiator_device_hands_it_to_every_port() {
+    let lu = unit(None);
+    let port = |isid: u8| mcsi_scsi::Nexus {
+        initiator_port: Arc::from(format!("iqn.2026-01.test:node-b,i,0x00023d00000{isid}")),
+        ..nexus(1)
+    };
+    let (p1, p2) = (port(1), port(2));
+    seen(&lu, &p1);
+    seen(&lu, &p2);
+    assert_eq!(pr_out(&lu, 1, 0, 0, 0, 0x11, false), status::GOOD);
+    assert_eq!(pr_out(&lu, 1, 1, 3, 0x11, 0, false), status::GOOD);
+    // REGISTER AND MOVE to the device "iqn.2026-01.test:node-b", UNREG set.
+    let tid = device_tid("iqn.2026-01.test:node-b");
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&0x11u64.to_be_bytes());
+    p[8..16].copy_from_slice(&0x22u64.to_be_bytes());
+    p[17] = 0x02;
+    p[18..20].copy_from_slice(&1u16.to_be_bytes());
+    p[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tid);
+    let len = (p.len() as u32).to_be_bytes();
+    let cdb = [0x5f, 7, 3, 0, 0, len[0], len[1], len[2], len[3], 0];
+    let o = run(&lu, &nexus(1), &cdb, &p);
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    assert_eq!(keys_and_reservation(&lu), (vec![0x22], Some((0x22, 3))));
+    // EXCLUSIVE ACCESS held by the device: both its ports read; nexus 1, unregistered, cannot.
+    let read = |n: &mcsi_scsi::Nexus| run(&lu, n, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[]);
+    assert_eq!(read(&p1).status, status::GOOD);
+    assert_eq!(read(&p2).status, status::GOOD);
+    assert_eq!(read(&nexus(1)).status, status::RESERVATION_CONFLICT);
+    // Either port releases it for the device.
+    assert_eq!(pr_out_at(&lu, &p2, 2, 3, 0x22, 0), status::GOOD);
+    assert_eq!(keys_and_reservation(&lu), (vec![0x22], None));
 }
