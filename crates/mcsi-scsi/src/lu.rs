@@ -768,6 +768,18 @@ impl LogicalUnit {
         changed
     }
 
+    /// The port group states this unit serves, where they are shared by the gateways of its
+    /// data (None elsewhere: they are the configured ones): read again first if another gateway
+    /// announced a change.
+    pub fn shared_port_group_states(&self) -> Option<Vec<(u16, crate::alua::AccessState)>> {
+        self.backend.shared_port_groups()?;
+        let mut st = self.st();
+        self.sync_alua(&mut st);
+        st.alua
+            .as_ref()
+            .map(|a| a.groups().iter().map(|g| (g.id, g.state)).collect())
+    }
+
     /// Serves `next` as the unit's groups and states: true if they differ from those served,
     /// and then a unit attention ASYMMETRIC ACCESS STATE CHANGED for every nexus seen but
     /// `except` (the nexus whose SET TARGET PORT GROUPS made the change, SPC-4 5.15.2.6).

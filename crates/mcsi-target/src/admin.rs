@@ -126,6 +126,10 @@ pub struct LunView {
     pub serial: String,
     /// The NAA identifier of VPD 83h, 32 hex digits.
     pub naa: String,
+    /// Where the port group states live with the data (rbd): those served, as (group, state);
+    /// empty where they are the target's configured ones.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared_port_groups: Vec<(u16, String)>,
 }
 
 /// A handle on a running server for its administration ([`crate::Server::admin`]).
@@ -251,6 +255,12 @@ impl Admin {
                         read_only: lu.config().read_only,
                         serial: lu.config().serial.clone(),
                         naa: crate::config::naa_text(&lu.config().naa_id),
+                        shared_port_groups: lu
+                            .shared_port_group_states()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(id, state)| (id, state.name().to_string()))
+                            .collect(),
                     })
                     .collect(),
                 sessions: sessions

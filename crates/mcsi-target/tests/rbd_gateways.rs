@@ -358,6 +358,15 @@ async fn port_group_states_set_through_one_gateway_are_served_by_the_other() {
     // A fails the image over to gateway B: group 1 unavailable, group 2 active/optimized.
     let (s, sense) = stpg(&mut a, &[(1, 3), (2, 0)]).await;
     assert_eq!(s, GOOD, "SET TARGET PORT GROUPS: {sense:02x?}");
+    // B's administration shows the image's states before any command through B.
+    let view = gb.admin().targets();
+    assert_eq!(
+        view[0].luns[0].shared_port_groups,
+        vec![
+            (1, "unavailable".to_string()),
+            (2, "active/optimized".to_string())
+        ]
+    );
     let (s, sense, _) = exec(&mut b, &read, Bytes::new(), BS as u32).await;
     assert_eq!(s, CHECK_CONDITION, "B's first command after the change");
     assert_eq!(

@@ -1121,6 +1121,16 @@ fn print_human(req: &Request, v: &serde_json::Value) -> anyhow::Result<()> {
                         text(&l["serial"]),
                         text(&l["naa"])
                     );
+                    let shared: Vec<String> = list(&l["shared_port_groups"])
+                        .iter()
+                        .map(|g| format!("{}={}", text(&g[0]), text(&g[1])))
+                        .collect();
+                    if !shared.is_empty() {
+                        println!(
+                            "        port group states kept with the image: {}",
+                            shared.join(" ")
+                        );
+                    }
                 }
             }
         }
