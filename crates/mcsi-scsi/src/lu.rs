@@ -844,6 +844,11 @@ impl LogicalUnit {
             for &(id, state) in changes {
                 stored.states.insert(id, (state, by));
             }
+            // Groups the configuration no longer has go, so that renumbered groups cannot
+            // grow the record past what it may hold.
+            if let Some(config) = &st.alua_config {
+                stored.states.retain(|id, _| config.group(*id).is_some());
+            }
             if stored == before {
                 return Ok(false);
             }
@@ -1355,7 +1360,8 @@ impl LogicalUnit {
                 return Err(Fail::Sense(Sense::invalid_param_field(at, Some(3))));
             };
             let id = u16::from_be_bytes([d[2], d[3]]);
-            if config.group(id).is_none() {
+            // A group the unit does not have, or one named twice (which state would it take?).
+            if config.group(id).is_none() || changes.iter().any(|(g, _)| *g == id) {
                 return Err(Fail::Sense(Sense::invalid_param_field(at + 2, None)));
             }
             changes.push((id, state));
@@ -1862,7 +1868,7 @@ impl LogicalUnit {
                         )));
                     }
                 }
-                push_pr_uas(&mut st, uas, false);
+                push_pr_uas(&mut st, uas, false, Some(cmd.nexus));
                 Ok(Outcome::good(Bytes::new()))
             }
             Err(PrError::Conflict) => Err(Fail::Status(status::RESERVATION_CONFLICT)),
@@ -1902,7 +1908,7 @@ impl LogicalUnit {
             }
             st.pr = next;
             // This gateway's nexuses now; the others' when their gateway reads the change.
-            push_ua_seen(&mut st, uas);
+            push_ua_seen(&mut st, uas, Some(cmd.nexus));
             stored = true;
             break;
         }
@@ -1942,7 +1948,7 @@ impl LogicalUnit {
         let uas = st.pr.changed_elsewhere(&next);
         st.pr = next;
         st.pr_heard = heard;
-        push_ua_seen(st, uas);
+        push_ua_seen(st, uas, None);
         Ok(version)
     }
 
@@ -2572,26 +2578,26 @@ fn parse_shared(bytes: &[u8]) -> Result<PrState, BackendError> {
 
 /// The unit attentions of a shared change for the nexuses this gateway has seen (the others
 /// are another gateway's: it raises theirs when it reads the change).
-fn push_ua_seen(st: &mut State, uas: Vec<(Nexus, Sense)>) {
-    push_pr_uas(st, uas, true);
+fn push_ua_seen(st: &mut State, uas: Vec<(Nexus, Sense)>, except: Option<&Nexus>) {
+    push_pr_uas(st, uas, true, except);
 }
 
 /// The unit attentions a reservation change owes: each to its nexus (`only_seen`: if this unit
 /// has seen it), and one owed to an initiator device's registration to each port of it this
-/// unit has seen.
-fn push_pr_uas(st: &mut State, uas: Vec<(Nexus, Sense)>, only_seen: bool) {
+/// unit has seen; none to `except`, the nexus whose command made the change.
+fn push_pr_uas(st: &mut State, uas: Vec<(Nexus, Sense)>, only_seen: bool, except: Option<&Nexus>) {
     for (n, s) in uas {
         if crate::pr::is_device(&n) {
             let ports: Vec<Nexus> = st
                 .seen
                 .iter()
-                .filter(|m| crate::pr::covers(&n, m))
+                .filter(|m| crate::pr::covers(&n, m) && Some(*m) != except)
                 .cloned()
                 .collect();
             for m in &ports {
                 push_ua(st, m, s);
             }
-        } else if !only_seen || st.seen.contains(&n) {
+        } else if Some(&n) != except && (!only_seen || st.seen.contains(&n)) {
             push_ua(st, &n, s);
         }
     }

@@ -390,6 +390,11 @@ impl PrState {
         })
     }
 
+    /// Whether a port of initiator device `d` is registered by itself.
+    fn ports_registered(&self, d: &Nexus) -> bool {
+        self.regs.iter().any(|(r, _)| r != d && covers(d, r))
+    }
+
     /// The registration of `n`: its own, or else its initiator device's.
     fn reg_of(&self, n: &Nexus) -> Option<usize> {
         self.regs
@@ -615,6 +620,20 @@ impl PrState {
             let mut at = 28;
             while at < params.len() {
                 let (dest, len) = transport_id(&params[at..], at, n)?;
+                // A port is registered by itself or through its initiator device, never both:
+                // a device whose ports are registered already, or listed, is refused.
+                if is_device(&dest)
+                    && (self.ports_registered(&dest)
+                        || also.iter().any(|a| *a != dest && covers(&dest, a)))
+                {
+                    return Err(Sense::invalid_param_field(at as u16, None).into());
+                }
+                if also
+                    .iter()
+                    .any(|a| is_device(a) && covers(a, &dest) && *a != dest)
+                {
+                    return Err(Sense::invalid_param_field(at as u16, None).into());
+                }
                 // One already registered keeps its key (as LIO does).
                 if dest != *n && self.key_of(&dest).is_none() && !also.contains(&dest) {
                     // Refused as soon as the list outgrows what the unit holds: the list may
@@ -728,8 +747,10 @@ impl PrState {
                 self.res = None;
                 // Registrants-only and all-registrants releases tell the other registrants.
                 if matches!(prtype, 5..=8) {
+                    // The issuer's device too: its other ports are owed it (the issuer is
+                    // left out where the attentions are delivered).
                     for (reg, _) in &self.regs {
-                        if !covers(reg, n) {
+                        if reg != n {
                             uas.push((
                                 reg.clone(),
                                 Sense::new(key::UNIT_ATTENTION, asc::RESERVATIONS_RELEASED),
@@ -745,7 +766,7 @@ impl PrState {
                     return Err(PrError::Conflict);
                 }
                 for (reg, _) in &self.regs {
-                    if !covers(reg, n) {
+                    if reg != n {
                         uas.push((
                             reg.clone(),
                             Sense::new(key::UNIT_ATTENTION, asc::RESERVATIONS_PREEMPTED),
@@ -852,17 +873,31 @@ impl PrState {
         if dest == *n || covers(&dest, n) {
             return Err(Sense::invalid_param_field(24, None).into());
         }
-        match self.regs.iter_mut().find(|(r, _)| *r == dest) {
-            Some(e) => e.1 = sark,
+        // A device whose ports are registered by themselves, or a port registered through the
+        // same device as the holder, cannot take it.
+        let dest_reg = self.reg_of(&dest);
+        if (is_device(&dest) && self.ports_registered(&dest))
+            || (dest_reg.is_some() && dest_reg == self.reg_of(n))
+        {
+            return Err(Sense::invalid_param_field(24, None).into());
+        }
+        // The destination's registration (a port's own, or its device's) takes the key and
+        // holds the reservation.
+        let holder = match dest_reg {
+            Some(i) => {
+                self.regs[i].1 = sark;
+                self.regs[i].0.clone()
+            }
             None => {
                 if self.regs.len() >= MAX_REGISTRATIONS {
                     return Err(no_room());
                 }
                 self.regs.push((dest.clone(), sark));
+                dest
             }
-        }
+        };
         if let Some(r) = self.res.as_mut() {
-            r.holder = dest;
+            r.holder = holder;
         }
         if unreg {
             if let Some(i) = self.reg_of(n) {
@@ -878,10 +913,11 @@ impl PrState {
     /// Removes `n`'s registration: its own, or its initiator device's (every port of that
     /// name then unregistered, as a REGISTER with key 0 through any of them does in LIO).
     fn unregister(&mut self, n: &Nexus, uas: &mut UaList) {
-        let was_holder = self.is_holder(n);
-        if let Some(i) = self.reg_of(n) {
-            self.regs.remove(i);
-        }
+        let Some(i) = self.reg_of(n) else {
+            return;
+        };
+        let (gone, _) = self.regs.remove(i);
+        let was_holder = self.res.as_ref().is_some_and(|r| r.holder == gone);
         if let Some(r) = &self.res {
             if all_registrants(r.ty) {
                 if self.regs.is_empty() {

@@ -360,15 +360,16 @@ impl RbdBackend {
                 text(&image_id)
             );
             let id = text(&image_id);
+            let pool = rados_ioctx_get_id(b.ioctx);
             b.record = Some(record::Record::open(
                 b.cluster,
-                b.ioctx,
+                pool,
                 &id,
                 record::Kind::Reservations,
             )?);
             b.alua_record = Some(record::Record::open(
                 b.cluster,
-                b.ioctx,
+                pool,
                 &id,
                 record::Kind::PortGroups,
             )?);

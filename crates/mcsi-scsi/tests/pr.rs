@@ -540,3 +540,84 @@ fn register_and_move_to_an_initiator_device_hands_it_to_every_port() {
     assert_eq!(pr_out_at(&lu, &p2, 2, 3, 0x22, 0), status::GOOD);
     assert_eq!(keys_and_reservation(&lu), (vec![0x22], None));
 }
+
+/// SPEC_I_PT from `from` with the TransportIDs `tids`, key `sark`: its outcome.
+fn spec_i_pt(
+    lu: &LogicalUnit,
+    from: &mcsi_scsi::Nexus,
+    sark: u64,
+    tids: &[u8],
+) -> mcsi_scsi::Outcome {
+    let mut p = vec![0u8; 28];
+    p[8..16].copy_from_slice(&sark.to_be_bytes());
+    p[20] = 0x08;
+    p[24..28].copy_from_slice(&(tids.len() as u32).to_be_bytes());
+    p.extend_from_slice(tids);
+    let len = (p.len() as u32).to_be_bytes();
+    run(
+        lu,
+        from,
+        &[0x5f, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0],
+        &p,
+    )
+}
+
+#[test]
+fn a_port_is_registered_by_itself_or_through_its_device_never_both() {
+    let lu = unit(None);
+    let port = |isid: u8| mcsi_scsi::Nexus {
+        initiator_port: Arc::from(format!("iqn.2026-01.test:node-c,i,0x00023d00000{isid}")),
+        ..nexus(1)
+    };
+    let (p1, p2) = (port(1), port(2));
+    seen(&lu, &p1);
+    seen(&lu, &p2);
+    // Port 1 registers by itself; a list naming its device is refused, nothing registered.
+    assert_eq!(pr_out_at(&lu, &p1, 0, 0, 0, 0x10), status::GOOD);
+    let o = spec_i_pt(&lu, &nexus(2), 0x20, &device_tid("iqn.2026-01.test:node-c"));
+    let s = expect(&o, ILLEGAL_REQUEST, (0x26, 0x00));
+    assert_eq!(s.sks, Some([0x80, 0, 28]), "{s:?}");
+    // So is a list naming a port and its device.
+    let both = [
+        tid_of(&port(3).initiator_port),
+        device_tid("iqn.2026-01.test:node-c"),
+    ]
+    .concat();
+    expect(
+        &spec_i_pt(&lu, &nexus(4), 0x30, &both),
+        ILLEGAL_REQUEST,
+        (0x26, 0x00),
+    );
+    assert_eq!(keys_and_reservation(&lu).0, vec![0x10]);
+}
+
+#[test]
+fn a_release_through_one_port_of_a_device_tells_its_other_ports() {
+    let lu = unit(None);
+    let port = |isid: u8| mcsi_scsi::Nexus {
+        initiator_port: Arc::from(format!("iqn.2026-01.test:node-d,i,0x00023d00000{isid}")),
+        ..nexus(1)
+    };
+    let (p1, p2) = (port(1), port(2));
+    seen(&lu, &p1);
+    seen(&lu, &p2);
+    let o = spec_i_pt(&lu, &nexus(5), 0x50, &device_tid("iqn.2026-01.test:node-d"));
+    assert_eq!(o.status, status::GOOD, "{o:?}");
+    // WRITE EXCLUSIVE, REGISTRANTS ONLY through port 1, released through port 1: port 2 and
+    // nexus 5 hear RESERVATIONS RELEASED; port 1, which released it, does not.
+    assert_eq!(pr_out_at(&lu, &p1, 1, 5, 0x50, 0), status::GOOD);
+    assert_eq!(pr_out_at(&lu, &p1, 2, 5, 0x50, 0), status::GOOD);
+    let tur = |n: &mcsi_scsi::Nexus| run(&lu, n, &[0; 6], &[]);
+    expect(&tur(&p2), 0x6, (0x2A, 0x04));
+    expect(&tur(&nexus(5)), 0x6, (0x2A, 0x04));
+    assert_eq!(tur(&p1).status, status::GOOD);
+    // Port 2 unregisters the device: the reservation it no longer has stays gone, and port 1
+    // is unregistered with it.
+    assert_eq!(pr_out_at(&lu, &p1, 1, 1, 0x50, 0), status::GOOD);
+    assert_eq!(pr_out_at(&lu, &p2, 0, 0, 0x50, 0), status::GOOD);
+    assert_eq!(keys_and_reservation(&lu), (vec![0x50], None));
+    assert_eq!(
+        pr_out_at(&lu, &p1, 1, 1, 0x50, 0),
+        status::RESERVATION_CONFLICT
+    );
+}

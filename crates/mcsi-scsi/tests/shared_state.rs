@@ -408,6 +408,14 @@ fn set_target_port_groups_is_all_or_nothing_and_checked_before_it_stores() {
         key::ILLEGAL_REQUEST,
         asc::INVALID_FIELD_IN_PARAMETER_LIST,
     );
+    // A group named twice.
+    let o = stpg(&a, &na, &[(10, 0), (10, 3)]);
+    let s = expect(
+        &o,
+        key::ILLEGAL_REQUEST,
+        asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(s.sks, Some([0x80, 0, 10]), "{s:?}");
     assert_eq!(alua.stored.lock().unwrap().0, Vec::<u8>::new(), "stored");
     assert_eq!(rtpg(&b, &nb), vec![(10, 0, 0), (20, 1, 0)]);
     // A parameter list cut inside a descriptor, or longer than the data sent.

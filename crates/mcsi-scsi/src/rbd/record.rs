@@ -73,6 +73,8 @@ extern "C" {
         reply_len: *mut usize,
     ) -> c_int;
     fn rados_buffer_free(buf: *mut c_char);
+    fn rados_ioctx_create2(cluster: rados_t, pool_id: i64, ioctx: *mut rados_ioctx_t) -> c_int;
+    fn rados_ioctx_destroy(io: rados_ioctx_t);
     fn rados_watch_flush(cluster: rados_t) -> c_int;
     fn rados_get_instance_id(cluster: rados_t) -> u64;
 }
@@ -96,10 +98,15 @@ struct Watcher {
     broken: AtomicBool,
 }
 
-/// The record of one image, on the backend's cluster handle and pool context (which the
-/// backend keeps open longer than this: it drops the record first).
+/// The record of one image, on the backend's cluster handle (which the backend keeps open
+/// longer than this: it drops the record first) and two pool contexts of its own: one reads
+/// and replaces, the other watches and announces. A read's version is the context's last
+/// version, which any operation on the context sets (an announcement included), so nothing
+/// else may run on the reading context between the read and the taking of its version.
 pub(super) struct Record {
     cluster: rados_t,
+    /// Watches, acknowledges and announces.
+    notify_io: rados_ioctx_t,
     /// What the record holds, for messages ("the shared persistent reservations").
     kind: &'static str,
     io: rados_ioctx_t,
@@ -140,33 +147,57 @@ fn shared(what: &str, kind: &str, rc: c_int) -> BackendError {
 }
 
 impl Record {
-    /// The record of the image `image_id`, created empty when it does not exist yet.
+    /// The record of the image `image_id` in pool `pool_id`, created empty when it does not
+    /// exist yet.
     pub(super) fn open(
         cluster: rados_t,
-        io: rados_ioctx_t,
+        pool_id: i64,
         image_id: &str,
         kind: Kind,
     ) -> Result<Record, BackendError> {
         let oid = CString::new(format!("{}{image_id}", kind.prefix()))
             .map_err(|_| BackendError::Shared(format!("image id {image_id:?} has a NUL")))?;
-        // SAFETY: a fresh write op, released on every path; valid context and name.
-        unsafe {
-            let op = rados_create_write_op();
-            rados_write_op_create(op, 0, std::ptr::null());
-            let rc = rados_write_op_operate(op, io, oid.as_ptr(), std::ptr::null_mut(), 0);
-            rados_release_write_op(op);
+        let context = || {
+            let mut io: rados_ioctx_t = std::ptr::null_mut();
+            // SAFETY: a connected cluster handle; the context is destroyed by Drop (or below).
+            let rc = unsafe { rados_ioctx_create2(cluster, pool_id, &mut io) };
             if rc < 0 {
-                return Err(shared("creating", kind.name(), rc));
+                Err(shared("opening the pool of", kind.name(), rc))
+            } else {
+                Ok(io)
             }
-        }
-        Ok(Record {
+        };
+        let io = context()?;
+        let notify_io = match context() {
+            Ok(n) => n,
+            Err(e) => {
+                // SAFETY: created above, used by nothing else.
+                unsafe { rados_ioctx_destroy(io) };
+                return Err(e);
+            }
+        };
+        // From here Drop releases both contexts.
+        let record = Record {
             cluster,
+            notify_io,
             kind: kind.name(),
             io,
             oid,
             reading: Mutex::new(()),
             watch: Mutex::new(None),
-        })
+        };
+        // SAFETY: a fresh write op, released on every path; valid context and name.
+        unsafe {
+            let op = rados_create_write_op();
+            rados_write_op_create(op, 0, std::ptr::null());
+            let rc =
+                rados_write_op_operate(op, record.io, record.oid.as_ptr(), std::ptr::null_mut(), 0);
+            rados_release_write_op(op);
+            if rc < 0 {
+                return Err(shared("creating", kind.name(), rc));
+            }
+        }
+        Ok(record)
     }
 
     /// Makes the watch again after it broke; on failure the unit is told to read again at its
@@ -182,10 +213,10 @@ impl Record {
         // SAFETY: the old cookie is this record's; the watcher outlives the new watch (it is
         // dropped only after rados_unwatch2 and rados_watch_flush in Drop).
         let rc = unsafe {
-            rados_unwatch2(self.io, *cookie);
+            rados_unwatch2(self.notify_io, *cookie);
             let arg = std::ptr::from_ref::<Watcher>(watcher).cast_mut().cast();
             rados_watch2(
-                self.io,
+                self.notify_io,
                 self.oid.as_ptr(),
                 cookie,
                 watch_cb,
@@ -248,6 +279,8 @@ impl SharedState for Record {
     }
 
     fn replace(&self, bytes: &[u8], version: u64) -> Result<bool, BackendError> {
+        // Not while a read is between its read and its version (the same context).
+        let _one = self.reading.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: a fresh write op, released on every path; the buffer outlives the call.
         let rc = unsafe {
             let op = rados_create_write_op();
@@ -272,7 +305,7 @@ impl SharedState for Record {
         // SAFETY: the payload is a static; the reply buffer, when set, is freed once.
         let rc = unsafe {
             let rc = rados_notify2(
-                self.io,
+                self.notify_io,
                 self.oid.as_ptr(),
                 c"pr".as_ptr(),
                 2,
@@ -300,7 +333,7 @@ impl SharedState for Record {
             )));
         }
         let watcher = Box::new(Watcher {
-            io: self.io,
+            io: self.notify_io,
             oid: self.oid.clone(),
             // SAFETY: a connected cluster handle.
             me: unsafe { rados_get_instance_id(self.cluster) },
@@ -314,7 +347,7 @@ impl SharedState for Record {
         let rc = unsafe {
             let arg = std::ptr::from_ref::<Watcher>(&watcher).cast_mut().cast();
             rados_watch2(
-                self.io,
+                self.notify_io,
                 self.oid.as_ptr(),
                 &mut cookie,
                 watch_cb,
@@ -341,10 +374,15 @@ impl Drop for Record {
             // SAFETY: the cookie is this record's watch; after the flush no callback runs, so
             // the watcher can go.
             unsafe {
-                rados_unwatch2(self.io, cookie);
+                rados_unwatch2(self.notify_io, cookie);
                 rados_watch_flush(self.cluster);
             }
             drop(watcher);
+        }
+        // SAFETY: the record's own contexts, no longer used (no watch, no callback).
+        unsafe {
+            rados_ioctx_destroy(self.io);
+            rados_ioctx_destroy(self.notify_io);
         }
     }
 }
