@@ -147,6 +147,16 @@ pub struct Initiator {
 /// period).
 const TCP_SAMPLE: Duration = Duration::from_millis(20);
 
+/// Why a simulated initiator could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum InitiatorError {
+    /// The scheduler policy names none there is.
+    #[error(transparent)]
+    Policy(#[from] mcsi_initiator_core::sched::PolicyError),
+    #[error("latency histogram: {0}")]
+    Histogram(#[from] hdrhistogram::CreationError),
+}
+
 impl Initiator {
     /// Initiator `index` (its name and ISID follow from it), `conns` connections, the
     /// scheduler `policy` (as `mcsi bench --policy`), the MaxRecvDataSegmentLength it offers
@@ -158,8 +168,8 @@ impl Initiator {
         work: Workload,
         pdu: Option<u32>,
         seed: u64,
-    ) -> Result<Initiator, String> {
-        let scheduler = mcsi_initiator_core::sched::policy(policy).map_err(|e| e.to_string())?;
+    ) -> Result<Initiator, InitiatorError> {
+        let scheduler = mcsi_initiator_core::sched::policy(policy)?;
         let mut core = SessionCore::new(scheduler);
         core.set_timers(Timers {
             response: Duration::from_secs(30),
@@ -198,7 +208,7 @@ impl Initiator {
                 bytes: 0,
                 errors: 0,
                 elapsed: Duration::ZERO,
-                lat: Histogram::new(3).map_err(|e| e.to_string())?,
+                lat: Histogram::new(3)?,
                 events: 0,
                 login: Duration::ZERO,
             },
@@ -572,5 +582,26 @@ impl Initiator {
                 self.m.elapsed = l.saturating_duration_since(b);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_policy_is_refused_with_its_own_error() {
+        let work = Workload {
+            rw: Rw::Read,
+            bs: 4096,
+            iodepth: 1,
+            runtime: Duration::from_secs(1),
+            blocks: 8,
+        };
+        let e = Initiator::new(0, 1, "fastest-please", work, None, 1)
+            .err()
+            .expect("an unknown policy was taken");
+        assert!(matches!(e, InitiatorError::Policy(_)), "{e:?}");
+        assert!(e.to_string().contains("fastest-please"), "{e}");
     }
 }

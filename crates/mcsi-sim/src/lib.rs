@@ -143,6 +143,8 @@ pub enum SimError {
     Setup(String),
     #[error("{0}")]
     Socket(#[from] net::SocketError),
+    #[error("initiator: {0}")]
+    Initiator(#[from] initiator::InitiatorError),
     #[error("the simulation stopped at {at_s:.3} s of virtual time: {why}")]
     Stuck { at_s: f64, why: String },
 }
@@ -205,8 +207,7 @@ pub fn run(s: &Scenario) -> Result<Report, SimError> {
             work.clone(),
             s.pdu,
             s.seed.wrapping_add(i as u64),
-        )
-        .map_err(setup)?;
+        )?;
         let mut h = Host::new(
             net::initiator_addr(i),
             &s.tcp,
