@@ -58,7 +58,7 @@ pub enum AdminError {
     )]
     NoFile,
     #[error("not saved, nothing written: {0}")]
-    NotSaved(String),
+    NotSaved(#[from] crate::saved::SaveError),
 }
 
 /// What `save` wrote.
@@ -1074,13 +1074,14 @@ impl Admin {
         let _one = self.shared.admin_lock().await;
         let a = self.applied().clone();
         let r = a.running();
-        crate::saved::render(&r, secrets).map_err(AdminError::NotSaved)
+        Ok(crate::saved::render(&r, secrets)?)
     }
 
     /// Writes the running configuration to `to`, or to the file the server was started from:
     /// checked by reading it back, then written whole (a temporary file, synced and renamed).
     /// Saved to the server's own file, it is what the next reload compares with.
     pub async fn save(&self, to: Option<&std::path::Path>) -> Result<Saved, AdminError> {
+        use crate::saved::SaveError;
         let _one = self.shared.admin_lock().await;
         let a = self.applied().clone();
         let own = a.base.source.as_ref().map(|s| s.path.clone());
@@ -1095,32 +1096,33 @@ impl Admin {
             });
         if to_own {
             if a.base.access_from_flags {
-                return Err(AdminError::NotSaved(
-                    "access was given on the command line (--chap, --allow-initiator or --allow-any) over the file's: saving would write it into the file; start the target without those flags, or save --to another file".into(),
-                ));
+                return Err(SaveError::AccessFromFlags.into());
             }
             // The file as it is now must be the text the server read: an edit not yet reloaded
             // would be lost.
             if let Some(src) = &a.base.source {
-                let now = std::fs::read_to_string(&src.path)
-                    .map_err(|e| AdminError::NotSaved(format!("{}: {e}", src.path.display())))?;
+                let now =
+                    std::fs::read_to_string(&src.path).map_err(|e| SaveError::Unreadable {
+                        path: src.path.clone(),
+                        cause: e.to_string(),
+                    })?;
                 if now != src.text {
-                    return Err(AdminError::NotSaved(format!(
-                        "{} changed since the target read it: reload it first (mcsi ctl reload), or save --to another file",
-                        src.path.display()
-                    )));
+                    return Err(SaveError::ChangedSince(src.path.clone()).into());
                 }
             }
         }
         let r = a.running();
-        let out = crate::saved::render(&r, true).map_err(AdminError::NotSaved)?;
-        crate::saved::check(&out.text, &r).map_err(AdminError::NotSaved)?;
+        let out = crate::saved::render(&r, true)?;
+        crate::saved::check(&out.text, &r)?;
         let text = out.text.clone();
         let p2 = path.clone();
         let written = tokio::task::spawn_blocking(move || crate::saved::write_atomic(&p2, &text))
             .await
-            .map_err(|e| AdminError::NotSaved(e.to_string()))?
-            .map_err(|e| AdminError::NotSaved(format!("{}: {e}", path.display())))?;
+            .map_err(|e| SaveError::Writer(e.to_string()))?
+            .map_err(|e| SaveError::Write {
+                path,
+                cause: e.to_string(),
+            })?;
         let same = own
             .as_ref()
             .is_some_and(|o| std::fs::canonicalize(o).is_ok_and(|o| o == written));

@@ -24,6 +24,41 @@ pub struct Running<'a> {
     pub auth: &'a BTreeMap<String, AuthSpec>,
 }
 
+/// Why the running configuration was not saved (nothing was written).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SaveError {
+    #[error("{path}: the file the server read no longer parses as TOML: {cause}")]
+    SourceUnparsable { path: PathBuf, cause: String },
+    #[error("target {0} is in the file but not running")]
+    NotRunning(String),
+    #[error("target {0} runs but its [[targets]] entry could not be written")]
+    EntryNotWritten(String),
+    #[error(
+        "LUN {0} is served by a backend handed to the server by a program: it has no spec to write"
+    )]
+    NoSpec(u16),
+    #[error("LUN {0}: its sanitize_rate is too large to write")]
+    SanitizeRate(u16),
+    #[error("the text written would not load: {0}")]
+    WouldNotLoad(String),
+    /// What was written reads back as something else than what runs (`what`: "the LUNs",
+    /// "the LUN maps", "the access", "the portals").
+    #[error("target {iqn}: {what} written would not read back as what runs")]
+    ReadsBackOther { iqn: String, what: &'static str },
+    #[error("the targets written are not the running ones")]
+    OtherTargets,
+    #[error("access was given on the command line (--chap, --allow-initiator or --allow-any) over the file's: saving would write it into the file; start the target without those flags, or save --to another file")]
+    AccessFromFlags,
+    #[error("{path}: {cause}")]
+    Unreadable { path: PathBuf, cause: String },
+    #[error("{0} changed since the target read it: reload it first (mcsi ctl reload), or save --to another file")]
+    ChangedSince(PathBuf),
+    #[error("{path}: {cause}")]
+    Write { path: PathBuf, cause: String },
+    #[error("the writer stopped: {0}")]
+    Writer(String),
+}
+
 /// A rendered configuration, and what it leaves out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
@@ -33,15 +68,16 @@ pub struct Rendered {
 }
 
 /// The running configuration as TOML; CHAP secrets shown or [`HIDDEN`].
-pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
+pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, SaveError> {
     let mut notes = Vec::new();
     let mut doc = match &r.base.source {
-        Some(src) => src.text.parse::<DocumentMut>().map_err(|e| {
-            format!(
-                "{}: the file the server read no longer parses as TOML: {e}",
-                src.path.display()
-            )
-        })?,
+        Some(src) => src
+            .text
+            .parse::<DocumentMut>()
+            .map_err(|e| SaveError::SourceUnparsable {
+                path: src.path.clone(),
+                cause: e.to_string(),
+            })?,
         None => fresh(r.base, secrets, &mut notes),
     };
     // Discovery's access is the file's (it changes only by a reload): only its secrets may
@@ -104,14 +140,14 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
         }
     }
     let mut seen = Vec::new();
-    let mut each = |t: &mut dyn TableLike, inline: bool| -> Result<(), String> {
+    let mut each = |t: &mut dyn TableLike, inline: bool| -> Result<(), SaveError> {
         let Some(iqn) = iqn_of(t) else {
             return Ok(());
         };
         let luns = r
             .luns
             .get(&iqn)
-            .ok_or_else(|| format!("target {iqn} is in the file but not running"))?;
+            .ok_or_else(|| SaveError::NotRunning(iqn.clone()))?;
         set(t, "luns", Item::Value(Value::Array(lun_array(luns)?)));
         let auth = r.auth.get(&iqn).cloned().unwrap_or_default();
         set_auth(t, &auth, secrets, inline);
@@ -147,9 +183,7 @@ pub fn render(r: &Running<'_>, secrets: bool) -> Result<Rendered, String> {
     }
     for name in r.luns.keys() {
         if !seen.contains(name) {
-            return Err(format!(
-                "target {name} runs but its [[targets]] entry could not be written"
-            ));
+            return Err(SaveError::EntryNotWritten(name.clone()));
         }
     }
     Ok(Rendered {
@@ -275,13 +309,11 @@ fn set(t: &mut dyn TableLike, key: &str, item: Item) {
 }
 
 /// A target's LUNs as an array of inline tables, one per line, each with its number.
-fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, String> {
+fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, SaveError> {
     let mut arr = Array::new();
     for (n, l) in luns {
         let LunBackend::Spec(backend) = &l.backend else {
-            return Err(format!(
-                "LUN {n} is served by a backend handed to the server by a program: it has no spec to write"
-            ));
+            return Err(SaveError::NoSpec(*n));
         };
         let mut it = InlineTable::new();
         it.insert("lun", i64::from(*n).into());
@@ -302,7 +334,7 @@ fn lun_array(luns: &BTreeMap<u16, LunSpec>) -> Result<Array, String> {
             it.insert("naa", crate::config::naa_text(n).into());
         }
         if l.sanitize_rate != 0 {
-            let rate = i64::try_from(l.sanitize_rate).map_err(|_| "sanitize_rate too large")?;
+            let rate = i64::try_from(l.sanitize_rate).map_err(|_| SaveError::SanitizeRate(*n))?;
             it.insert("sanitize_rate", rate.into());
         }
         if l.allow_sanitize {
@@ -400,15 +432,15 @@ fn chap_user(u: &ChapUser, secrets: bool) -> InlineTable {
 
 /// Reads `text` back and checks that it gives what runs: the same targets, each with the same
 /// LUNs under the same numbers and the same access.
-pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
-    let back = ServerConfig::from_toml(text)
-        .map_err(|e| format!("the text written would not load: {e}"))?;
+pub fn check(text: &str, r: &Running<'_>) -> Result<(), SaveError> {
+    let back = ServerConfig::from_toml(text).map_err(|e| SaveError::WouldNotLoad(e.to_string()))?;
+    let other = |iqn: &str, what| SaveError::ReadsBackOther {
+        iqn: iqn.to_string(),
+        what,
+    };
     for t in &back.targets {
         if r.luns.get(&t.iqn) != Some(&t.luns_by_number()) {
-            return Err(format!(
-                "target {}: the LUNs written do not read back as the running ones",
-                t.iqn
-            ));
+            return Err(other(&t.iqn, "the LUNs"));
         }
         let maps = r
             .base
@@ -417,28 +449,19 @@ pub fn check(text: &str, r: &Running<'_>) -> Result<(), String> {
             .find(|x| x.iqn == t.iqn)
             .map(|x| &x.lun_maps);
         if maps.is_some_and(|m| *m != t.lun_maps) {
-            return Err(format!(
-                "target {}: the LUN maps written do not read back as the running ones",
-                t.iqn
-            ));
+            return Err(other(&t.iqn, "the LUN maps"));
         }
         if r.auth.get(&t.iqn).cloned().unwrap_or_default() != t.auth {
-            return Err(format!(
-                "target {}: the access written does not read back as the running one",
-                t.iqn
-            ));
+            return Err(other(&t.iqn, "the access"));
         }
     }
     if back.targets.len() != r.luns.len() {
-        return Err("the targets written are not the running ones".into());
+        return Err(SaveError::OtherTargets);
     }
     for t in &r.base.targets {
         let written = back.targets.iter().find(|b| b.iqn == t.iqn);
         if written.map(|b| &b.portals) != Some(&t.portals) {
-            return Err(format!(
-                "target {}: the portals written do not read back as the running ones",
-                t.iqn
-            ));
+            return Err(other(&t.iqn, "the portals"));
         }
     }
     Ok(())
@@ -600,7 +623,13 @@ allow_initiators = ["iqn.2026-01.org.x:h1"]
             luns: &luns,
             auth: &auth,
         };
-        assert!(check(text, &r2).unwrap_err().contains("LUNs"));
+        assert_eq!(
+            check(text, &r2).unwrap_err(),
+            SaveError::ReadsBackOther {
+                iqn: "iqn.2026-01.org.mcsi:a".into(),
+                what: "the LUNs"
+            }
+        );
     }
 
     #[test]
