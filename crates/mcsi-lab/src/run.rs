@@ -847,6 +847,70 @@ fn now_utc() -> String {
 /// Checks that the initiator's namespace may use every congestion control the points name: a
 /// namespace other than the host's may only choose from the host's
 /// net.ipv4.tcp_allowed_congestion_control.
+/// The programs besides mcsi that point `p` runs on this host, each with the Debian package
+/// that has it.
+pub(crate) fn tools(p: &Point) -> Vec<(&'static str, &'static str)> {
+    let mut t = Vec::new();
+    if simulated(p) {
+        return t;
+    }
+    let tgt = p.text("target") == "tgt";
+    if tgt {
+        t.extend([("tgtd", "tgt"), ("tgtadm", "tgt")]);
+    }
+    match p.text("client") {
+        "iscsi-perf" => t.push(("iscsi-perf", "libiscsi-bin")),
+        "nbd-fio" => t.push(("fio", "fio")),
+        _ => {}
+    }
+    if matches!(p.text("bulk"), "up" | "down" | "both") {
+        t.push(("iperf3", "iperf3"));
+    }
+    // tgtd and iscsi-perf speak MPTCP through Debian's wrapper (mcsi does by itself).
+    if mptcp(p) && (tgt || p.text("client") == "iscsi-perf") {
+        t.push(("mptcpize", "mptcpize"));
+    }
+    t
+}
+
+/// Every program the points need, looked up with `has` before the first run: a missing one
+/// stops the experiment at once, naming the package to install, rather than failing each run
+/// with what the missing program left undone.
+pub fn check_tools(points: &[Point], has: impl Fn(&str) -> bool) -> Result<(), String> {
+    let mut missing = std::collections::BTreeMap::new();
+    for p in points {
+        for (tool, package) in tools(p) {
+            if !missing.contains_key(tool) && !has(tool) {
+                missing.insert(tool, package);
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut packages: Vec<&str> = missing.values().copied().collect();
+    packages.sort_unstable();
+    packages.dedup();
+    Err(format!(
+        "its points run {} and this host has no such program{}: install {} (apt-get install {})",
+        missing.keys().copied().collect::<Vec<_>>().join(", "),
+        if missing.len() > 1 { "s" } else { "" },
+        packages.join(", "),
+        packages.join(" ")
+    ))
+}
+
+/// Whether an executable named `tool` is on the PATH.
+pub fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|d| {
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 pub fn check_congestion(points: &[Point]) -> Result<(), String> {
     let read =
         |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
@@ -894,6 +958,8 @@ pub fn check_congestion(points: &[Point]) -> Result<(), String> {
 /// Runs `exp` into `opts.out/NAME/runs.csv`, then writes `results.csv`.
 pub fn run(exp: &Experiment, opts: &Options) -> Result<Outcome, RunError> {
     check_congestion(&exp.points(opts.quick))
+        .map_err(|e| RunError::Other(format!("{}: {e}", exp.name)))?;
+    check_tools(&exp.points(opts.quick), on_path)
         .map_err(|e| RunError::Other(format!("{}: {e}", exp.name)))?;
     let dir = opts.out.join(&exp.name);
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
@@ -1226,6 +1292,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.iter().find(|(x, _)| *x == Metric::BwMbs).unwrap().1, 1.0);
+    }
+
+    #[test]
+    fn a_missing_program_stops_the_experiment_naming_its_package() {
+        let text = "title = \"t\"\nsource = \"s\"\nabout = \"a\"\n[base]\npath_by = \"source\"\nmptcp = true\nbulk = \"up\"\npaths = \"rate=10mbit,delay=10ms;rate=10mbit,delay=10ms\"\n[sweep]\nconnections = [1]\n[[series]]\nname = \"m\"\nlabel = \"m\"\nset = { target = \"mcsi\" }\n[[series]]\nname = \"t\"\nlabel = \"t\"\nset = { target = \"tgt\" }\n[[figure]]\nname = \"f\"\ntitle = \"f\"\nx = \"connections\"\ny = \"bw_mbs\"\n";
+        let points = crate::spec::parse("t", "t.toml", text)
+            .unwrap()
+            .points(false);
+        let e = check_tools(&points, |t| t != "mptcpize" && t != "iperf3").unwrap_err();
+        assert_eq!(
+            e,
+            "its points run iperf3, mptcpize and this host has no such programs: install iperf3, mptcpize (apt-get install iperf3 mptcpize)"
+        );
+        assert!(check_tools(&points, |_| true).is_ok());
+        // mcsi alone over MPTCP needs no wrapper.
+        let mcsi_only: Vec<Point> = points
+            .iter()
+            .filter(|p| p.text("target") != "tgt")
+            .cloned()
+            .collect();
+        assert!(check_tools(&mcsi_only, |t| t != "mptcpize").is_ok());
+        assert!(on_path("sh") && !on_path("no-such-program-here"));
     }
 
     #[test]
