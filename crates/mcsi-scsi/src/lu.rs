@@ -741,15 +741,23 @@ impl LogicalUnit {
             None => Vec::new(),
         };
         let mut announce = false;
+        let mut left = None;
         if !changes.is_empty() {
             match self.store_alua(sh, &mut st, &changes, ChangedBy::Implicit) {
-                Ok(stored) => announce = stored,
+                Ok((stored, changed)) => {
+                    announce = changed;
+                    left = Some(stored);
+                }
                 Err(e) => {
                     tracing::error!(backend = %self.backend.describe(), "the configured port group states were not stored with the data, so the gateways keep serving the stored ones: {e}")
                 }
             }
         }
-        let (served, stored) = match self.read_alua(sh, &mut st) {
+        let read = match left {
+            Some(stored) => Ok(stored),
+            None => self.read_alua(sh, &mut st),
+        };
+        let (served, stored) = match read {
             Ok(stored) => (Some(Arc::new(config.with_stored(&stored))), Some(stored)),
             Err(e) => {
                 tracing::warn!(backend = %self.backend.describe(), "the shared port group states were not read; the configured ones are served until they are: {e}");
@@ -820,21 +828,27 @@ impl LogicalUnit {
         let heard = self.alua_heard.load(Ordering::Acquire);
         let (bytes, _) = sh.read()?;
         let stored = crate::alua::Stored::parse(&bytes).map_err(|e| BackendError::Shared(e.0))?;
-        // Unwatched, every command reads them.
-        st.alua_heard = if st.alua_watched { heard } else { u64::MAX };
+        self.read_at(st, heard);
         Ok(stored)
     }
 
+    /// The shared port group states were read when `heard` announcements had been heard;
+    /// unwatched, every command reads them again.
+    fn read_at(&self, st: &mut State, heard: u64) {
+        st.alua_heard = if st.alua_watched { heard } else { u64::MAX };
+    }
+
     /// Stores `changes` on the shared port group states as they are now (read, changed, and
-    /// replaced at the version read; again when another gateway stored first, BUSY-like
-    /// failure after 8 tries). True if the record changed (and must be announced).
+    /// replaced at the version read; again when another gateway stored first, an error after
+    /// 8 tries). The record as it now stands, and whether this changed it (and must announce
+    /// it).
     fn store_alua(
         &self,
         sh: &dyn SharedState,
         st: &mut State,
         changes: &[(u16, crate::alua::AccessState)],
         by: crate::alua::ChangedBy,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<(crate::alua::Stored, bool), BackendError> {
         for _ in 0..8 {
             let heard = self.alua_heard.load(Ordering::Acquire);
             let (bytes, version) = sh.read()?;
@@ -850,12 +864,13 @@ impl LogicalUnit {
                 stored.states.retain(|id, _| config.group(*id).is_some());
             }
             if stored == before {
-                return Ok(false);
+                self.read_at(st, heard);
+                return Ok((stored, false));
             }
             if sh.replace(&stored.to_bytes(), version)? {
                 // What this gateway read is current up to its own change.
-                st.alua_heard = heard;
-                return Ok(true);
+                self.read_at(st, heard);
+                return Ok((stored, true));
             }
         }
         Err(BackendError::Shared(
@@ -1334,9 +1349,13 @@ impl LogicalUnit {
     /// gateway in one change (all or none), with ASYMMETRIC ACCESS STATE CHANGED for every
     /// other nexus. GOOD once the other gateways have heard of it.
     fn set_target_port_groups(&self, cmd: &Command<'_>, c: &Cdb) -> Res {
-        let sh = match self.backend.shared_port_groups() {
-            Some(sh) if self.st().alua_config.is_some() => sh,
-            _ => return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE)),
+        let Some(sh) = self.backend.shared_port_groups() else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
+        };
+        // The unit's groups, read once: a reload may change them meanwhile.
+        let mut st = self.st();
+        let Some(config) = st.alua_config.clone() else {
+            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
         };
         let len = c.u32(6) as usize;
         if len == 0 {
@@ -1349,10 +1368,6 @@ impl LogicalUnit {
         if cmd.data_out.len() < len {
             return Err(illegal(asc::PARAMETER_LIST_LENGTH_ERROR));
         }
-        let mut st = self.st();
-        let Some(config) = st.alua_config.clone() else {
-            return Err(illegal(asc::INVALID_COMMAND_OPERATION_CODE));
-        };
         let mut changes = Vec::new();
         for (i, d) in cmd.data_out[4..len].chunks_exact(4).enumerate() {
             let at = (4 + 4 * i) as u16;
@@ -1367,45 +1382,14 @@ impl LogicalUnit {
             changes.push((id, state));
         }
         use crate::alua::ChangedBy;
-        let stored = self
+        let (stored, changed) = self
             .store_alua(sh, &mut st, &changes, ChangedBy::Explicit)
             .map_err(shared_failed)?;
-        let mut next = (*config).clone();
-        let mut read = None;
-        match self.read_alua(sh, &mut st) {
-            Ok(s) => {
-                next = next.with_stored(&s);
-                read = Some(s);
-            }
-            Err(e) => {
-                // Stored, but not read back: serve what was stored, and read at the next command.
-                tracing::warn!(backend = %self.backend.describe(), "{e}");
-                st.alua_heard = u64::MAX;
-                let mut s = crate::alua::Stored::default();
-                for &(id, state) in &changes {
-                    s.states.insert(id, (state, ChangedBy::Explicit));
-                }
-                next = next.with_stored(&s);
-            }
-        }
-        let explicit: Vec<u16> = changes.iter().map(|(id, _)| *id).collect();
-        self.serve_alua(
-            &mut st,
-            Some(Arc::new(next)),
-            |id| {
-                if explicit.contains(&id) {
-                    ChangedBy::Explicit
-                } else {
-                    ChangedBy::Implicit
-                }
-            },
-            Some(cmd.nexus),
-        );
-        if let Some(s) = read {
-            changed_as_stored(&mut st, &s);
-        }
+        let next = Some(Arc::new(config.with_stored(&stored)));
+        self.serve_alua(&mut st, next, |_| ChangedBy::Explicit, Some(cmd.nexus));
+        changed_as_stored(&mut st, &stored);
         drop(st);
-        if stored {
+        if changed {
             self.announce_alua(sh);
         }
         Ok(Outcome::good(Bytes::new()))

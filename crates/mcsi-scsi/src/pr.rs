@@ -185,6 +185,15 @@ fn no_room() -> PrError {
     .into()
 }
 
+/// INVALID FIELD IN PARAMETER LIST at byte `at` of a parameter list that may be longer than
+/// the 16-bit field pointer reaches: past that, the sense says which field without where.
+fn param_field(at: usize, bit: Option<u8>) -> Sense {
+    match u16::try_from(at) {
+        Ok(p) => Sense::invalid_param_field(p, bit),
+        Err(_) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_PARAMETER_LIST),
+    }
+}
+
 /// Whether registration (or reservation holder) `reg` is that of nexus `n`: the same I_T
 /// nexus, or `reg` names an initiator device (an iSCSI name without an ISID, from a TransportID
 /// of format 00b) and `n` is one of its ports through the same target port.
@@ -216,11 +225,7 @@ fn transport_id(b: &[u8], at: usize, n: &Nexus) -> Result<(Nexus, usize), Sense>
     if b.len() < 4 {
         return Err(length_error());
     }
-    // The field pointer holds 16 bits: past that, the sense says which field without where.
-    let field = |byte: usize, bit: Option<u8>| match u16::try_from(at + byte) {
-        Ok(p) => Sense::invalid_param_field(p, bit),
-        Err(_) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_PARAMETER_LIST),
-    };
+    let field = |byte: usize, bit: Option<u8>| param_field(at + byte, bit);
     if b[0] & 0x0F != 0x05 {
         return Err(field(0, Some(3)));
     }
@@ -626,13 +631,13 @@ impl PrState {
                     && (self.ports_registered(&dest)
                         || also.iter().any(|a| *a != dest && covers(&dest, a)))
                 {
-                    return Err(Sense::invalid_param_field(at as u16, None).into());
+                    return Err(param_field(at, None).into());
                 }
                 if also
                     .iter()
                     .any(|a| is_device(a) && covers(a, &dest) && *a != dest)
                 {
-                    return Err(Sense::invalid_param_field(at as u16, None).into());
+                    return Err(param_field(at, None).into());
                 }
                 // One already registered keeps its key (as LIO does).
                 if dest != *n && self.key_of(&dest).is_none() && !also.contains(&dest) {
