@@ -334,6 +334,46 @@ impl Alua {
     }
 }
 
+/// One group of REPORT TARGET PORT GROUPS parameter data as an initiator reads it: its
+/// identifier, ASYMMETRIC ACCESS STATE code and STATUS CODE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    pub id: u16,
+    pub state: u8,
+    pub status: u8,
+}
+
+/// The groups of REPORT TARGET PORT GROUPS parameter data (either format); a descriptor cut
+/// short by the data's end is left out.
+pub fn read_report(d: &[u8]) -> Vec<Reported> {
+    let start = if d.get(4).is_some_and(|b| b & 0x70 == 0x10) {
+        8
+    } else {
+        4
+    };
+    let mut out = Vec::new();
+    let mut i = start;
+    while let Some(h) = d.get(i..i + 8) {
+        out.push(Reported {
+            id: u16::from_be_bytes([h[2], h[3]]),
+            state: h[0] & 0x0F,
+            status: h[5],
+        });
+        i += 8 + 4 * h[7] as usize;
+    }
+    out
+}
+
+/// SET TARGET PORT GROUPS parameter data setting each (group, ASYMMETRIC ACCESS STATE code).
+pub fn set_parameters(set: &[(u16, u8)]) -> Vec<u8> {
+    let mut p = vec![0u8; 4];
+    for &(id, code) in set {
+        p.extend_from_slice(&[code, 0]);
+        p.extend_from_slice(&id.to_be_bytes());
+    }
+    p
+}
+
 /// Whether a command with operation code `op` (service action `sa`) may run through a port in
 /// `state` (SPC-4 5.15.2.4): every command in the active states; in standby, those that
 /// identify the unit, its modes and logs, its reservations and its port groups; in the
@@ -434,7 +474,20 @@ mod tests {
         assert_eq!(&x[4..12], &[0x80, 0x0F, 0, 1, 0, 0x01, 0, 1]);
         assert_eq!(&d[24..32], &[0, 0, 0, 2, 0, 0, 1, 2]);
         assert_eq!(d.len(), 32);
+        let seen: Vec<(u16, u8, u8)> = read_report(&x)
+            .iter()
+            .map(|r| (r.id, r.state, r.status))
+            .collect();
+        assert_eq!(seen, vec![(1, 0, 1), (7, 1, 0)]);
+        let cut = &d[..20];
+        assert_eq!(
+            read_report(cut).len(),
+            1,
+            "a descriptor cut short is left out"
+        );
+        assert!(read_report(&[]).is_empty());
         let e = a.report(true, &[]);
+        assert_eq!(read_report(&e).len(), 2, "extended format");
         assert_eq!(&e[4..8], &[0x10, 0, 0, 0]);
         assert_eq!(e.len(), 36);
         assert_eq!(u32::from_be_bytes(e[0..4].try_into().unwrap()), 32);

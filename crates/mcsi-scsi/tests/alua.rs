@@ -65,13 +65,10 @@ fn rtpg(lu: &LogicalUnit, n: &Nexus) -> Vec<u8> {
 
 /// (group id, state code) of each descriptor.
 fn states(d: &[u8]) -> Vec<(u16, u8)> {
-    let mut out = Vec::new();
-    let mut i = 4;
-    while i + 8 <= d.len() {
-        out.push((u16::from_be_bytes([d[i + 2], d[i + 3]]), d[i] & 0x0F));
-        i += 8 + 4 * d[i + 7] as usize;
-    }
-    out
+    mcsi_scsi::alua::read_report(d)
+        .iter()
+        .map(|r| (r.id, r.state))
+        .collect()
 }
 
 /// The target port group designator of VPD 83h (type 5, association target port), if any.

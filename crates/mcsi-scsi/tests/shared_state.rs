@@ -306,27 +306,15 @@ fn alua_gateways() -> (
 fn rtpg(lu: &LogicalUnit, n: &Nexus) -> Vec<(u16, u8, u8)> {
     let o = run(lu, n, &[0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
     assert_eq!(o.status, status::GOOD, "{o:?}");
-    let d = o.data_in;
-    let mut out = Vec::new();
-    let mut i = 4;
-    while i + 8 <= d.len() {
-        out.push((
-            u16::from_be_bytes([d[i + 2], d[i + 3]]),
-            d[i] & 0x0F,
-            d[i + 5],
-        ));
-        i += 8 + 4 * d[i + 7] as usize;
-    }
-    out
+    mcsi_scsi::alua::read_report(&o.data_in)
+        .iter()
+        .map(|r| (r.id, r.state, r.status))
+        .collect()
 }
 
 /// SET TARGET PORT GROUPS with one descriptor per (group, state code).
 fn stpg(lu: &LogicalUnit, n: &Nexus, set: &[(u16, u8)]) -> mcsi_scsi::Outcome {
-    let mut p = vec![0u8; 4];
-    for &(id, code) in set {
-        p.extend_from_slice(&[code, 0]);
-        p.extend_from_slice(&id.to_be_bytes());
-    }
+    let p = mcsi_scsi::alua::set_parameters(set);
     let len = (p.len() as u32).to_be_bytes();
     let cdb = [0xA4, 0x0A, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0, 0];
     run(lu, n, &cdb, &p)

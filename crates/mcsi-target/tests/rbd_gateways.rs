@@ -308,11 +308,7 @@ async fn alua_gateway(spec: &str, tpgt: u16) -> Server {
 
 /// SET TARGET PORT GROUPS: (group, state code) pairs.
 async fn stpg(c: &mut Client, set: &[(u16, u8)]) -> (u8, Bytes) {
-    let mut p = vec![0u8; 4];
-    for &(id, code) in set {
-        p.extend_from_slice(&[code, 0]);
-        p.extend_from_slice(&id.to_be_bytes());
-    }
+    let p = mcsi_scsi::alua::set_parameters(set);
     let len = (p.len() as u32).to_be_bytes();
     let cdb = [0xA4, 0x0A, 0, 0, 0, 0, len[0], len[1], len[2], len[3], 0, 0];
     let (s, sense, _) = exec(c, &cdb, Bytes::from(p), 0).await;
@@ -324,17 +320,10 @@ async fn rtpg(c: &mut Client) -> Vec<(u16, u8, u8)> {
     let cdb = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
     let (s, sense, d) = exec(c, &cdb, Bytes::new(), 256).await;
     assert_eq!(s, GOOD, "REPORT TARGET PORT GROUPS: {sense:02x?}");
-    let mut out = Vec::new();
-    let mut i = 4;
-    while i + 8 <= d.len() {
-        out.push((
-            u16::from_be_bytes([d[i + 2], d[i + 3]]),
-            d[i] & 0x0F,
-            d[i + 5],
-        ));
-        i += 8 + 4 * d[i + 7] as usize;
-    }
-    out
+    mcsi_scsi::alua::read_report(&d)
+        .iter()
+        .map(|r| (r.id, r.state, r.status))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
